@@ -1,0 +1,160 @@
+"""Blocking client: one connection per (process, thread), rebuilt after fork() or any error."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from typing import Any
+
+from . import _wire
+from ._common import (
+    DEFAULT_TIMEOUT,
+    SOCKET_GRACE,
+    Lease,
+    LeaseExpires,
+    get_lease_request,
+    headroom_from,
+    headroom_request,
+    lease_from,
+    raise_for,
+    release_request,
+    socket_path,
+)
+from ._errors import RasdError, Timeout, Unavailable
+
+
+class _Conn:
+    __slots__ = ("path", "sock", "decoder", "ids", "pid")
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self.path = path
+        self.pid = os.getpid()
+        self.decoder = _wire.FrameDecoder()
+        self.ids = itertools.count(1)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise Unavailable(f"cannot connect to rasd at {path}: {exc}") from exc
+        self.sock = sock
+
+    def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        req_id = next(self.ids)
+        req["v"] = _wire.VERSION
+        req["id"] = req_id
+        self.sock.settimeout(timeout + SOCKET_GRACE)
+        self.sock.sendall(_wire.encode(req))
+        while True:
+            for frame in self.decoder.frames():
+                if isinstance(frame, _wire.BadFrame):
+                    raise RasdError(f"daemon sent a bad frame: {frame.reason}")
+                if frame.get("id") == req_id:
+                    return frame
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("rasd closed the connection")
+            self.decoder.feed(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Local(threading.local):
+    conns: dict[str, _Conn]
+
+    def __init__(self) -> None:
+        self.conns = {}
+
+
+_local = _Local()
+
+
+def _reset_after_fork() -> None:
+    # The parent's sockets are shared with the child after fork(); never use them here.
+    global _local
+    _local = _Local()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
+    conns = _local.conns
+    conn = conns.get(path)
+    if conn is not None and conn.pid != os.getpid():
+        conn = None
+    for attempt in (1, 2):
+        if conn is None:
+            conn = _Conn(path, timeout)
+            conns[path] = conn
+        try:
+            return conn.call(dict(req), timeout)
+        except socket.timeout as exc:
+            conn.close()
+            conns.pop(path, None)
+            raise Timeout(f"no answer from rasd within {timeout:.3f}s") from exc
+        except (ConnectionError, BrokenPipeError, OSError) as exc:
+            # A daemon restart closes idle connections: reconnect once, then give up.
+            conn.close()
+            conns.pop(path, None)
+            conn = None
+            if attempt == 2:
+                raise Unavailable(f"rasd connection failed: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def get_lease(
+    client_id: str,
+    pool_id: str,
+    key: str,
+    lease_expires: LeaseExpires,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    socket_path: str | None = None,
+) -> Lease:
+    """Return the lease ``key`` holds in the pool, acquiring one if needed."""
+    req = get_lease_request(client_id, pool_id, key, lease_expires, timeout)
+    return lease_from(_call(req, _path(socket_path), timeout))
+
+
+def release(
+    client_id: str,
+    pool_id: str,
+    key: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    socket_path: str | None = None,
+) -> None:
+    """Give the lease back early. Raises NotHeld when ``key`` holds no lease."""
+    raise_for(_call(release_request(client_id, pool_id, key, timeout), _path(socket_path), timeout))
+
+
+def headroom(
+    client_id: str,
+    pool_id: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    socket_path: str | None = None,
+) -> int:
+    """Estimated free resources of the pool in this daemon's region."""
+    req = headroom_request(client_id, pool_id, timeout)
+    return headroom_from(_call(req, _path(socket_path), timeout))
+
+
+def call_raw(
+    op: str, *, timeout: float = DEFAULT_TIMEOUT, socket_path: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """Send any op (``ping``, ``stats``...) and return the raw response map."""
+    req = {"op": op, "deadline_ms": int(timeout * 1000), **fields}
+    return raise_for(_call(req, _path(socket_path), timeout))
+
+
+def _path(explicit: str | None) -> str:
+    return socket_path(explicit)

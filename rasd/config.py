@@ -1,0 +1,183 @@
+"""One frozen config, loaded once at start-up from defaults < TOML file < RASD_* env < flags.
+
+Every field documents its default and why. ``rasd check-config`` prints the effective values.
+A bad value raises ``ConfigError`` with a message that names the field and its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lease import REGION_RE
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- where ---------------------------------------------------------------------------
+    #: DynamoDB table holding every pool (CONTRACT).
+    table: str = "rasd"
+    #: The RAS region whose items this daemon claims. Also the DynamoDB client's region unless
+    #: AWS_REGION says otherwise (so one table can stand in for a global table in tests).
+    region: str = "us-east-1"
+    #: Unix socket the daemon listens on (ignored under systemd socket activation).
+    socket: str = "/run/rasd/rasd.sock"
+    #: Socket file mode: owner and group (the app users' group) may connect.
+    socket_mode: int = 0o660
+    #: DynamoDB endpoint; None lets botocore read AWS_ENDPOINT_URL_DYNAMODB / AWS_ENDPOINT_URL.
+    endpoint_url: str | None = None
+
+    # --- cache and leases ----------------------------------------------------------------
+    #: Most leases kept in memory (~0.5 KB each).
+    cache_max_leases: int = 200_000
+    #: A cached lease is served only until lease_expires minus this margin: hosts' clocks may
+    #: disagree by this much before another host could see the lease as expired.
+    skew_margin: float = 5.0
+    #: Refresh-ahead: extend a sliding lease when its time left is below this fraction of the
+    #: duration asked for. 0.5 with "now + 1h" means about one write per key per 30 minutes.
+    extend_fraction: float = 0.5
+    #: How long a daemon holds the per-key acquisition lock (keeps two daemons of one region
+    #: from claiming two resources for one new key). Longer than an acquisition, short enough
+    #: that a crashed daemon blocks a key only briefly.
+    acq_lock_hold: float = 3.0
+
+    # --- prefetch ------------------------------------------------------------------------
+    #: Candidates kept per (client, pool): at least / at most.
+    prefetch_min: int = 4
+    prefetch_max: int = 64
+    #: Items read per refill Query; the daemon samples its candidates from this page at random
+    #: so daemons hold different items.
+    prefetch_page: int = 64
+    #: Candidates older than this are dropped: someone else has likely taken them.
+    candidate_max_age: float = 10.0
+    #: After a sweep of all ten sub-partitions finds nothing, answer NO_CAPACITY without
+    #: reading DynamoDB for this long.
+    exhausted_backoff: float = 1.0
+
+    # --- requests ------------------------------------------------------------------------
+    #: Deadline of a request whose client sent none.
+    default_deadline: float = 1.0
+    #: Pool definitions are re-read this often (new pools also load on first use).
+    pool_refresh: float = 30.0
+
+    # --- DynamoDB client -----------------------------------------------------------------
+    #: Connections kept to DynamoDB.
+    ddb_max_connections: int = 32
+    #: Connections opened at start-up before the daemon reports ready.
+    ddb_warm_connections: int = 4
+    ddb_connect_timeout: float = 1.0
+    ddb_read_timeout: float = 2.0
+
+    # --- operations ----------------------------------------------------------------------
+    log_level: str = "info"
+    #: Serve Prometheus metrics on this port (0 or None: off).
+    metrics_port: int | None = None
+    #: Which Unix users/groups may use which client_ids; empty: everyone may (rasd dev).
+    #: TOML: [acl] uid.1001 = ["demo"], gid.2000 = ["*"]
+    acl: dict[str, list[str]] = field(default_factory=dict)
+
+    def validate(self) -> Config:
+        problems: list[str] = []
+        if not self.table:
+            problems.append("table: must not be empty")
+        if not REGION_RE.match(self.region):
+            problems.append(f"region: {self.region!r} is not a region name")
+        if not 0.0 < self.extend_fraction < 1.0:
+            problems.append("extend_fraction: must be between 0 and 1")
+        if self.skew_margin < 0:
+            problems.append("skew_margin: must be >= 0")
+        if not 1 <= self.prefetch_min <= self.prefetch_max:
+            problems.append("prefetch_min/prefetch_max: need 1 <= min <= max")
+        if self.default_deadline <= 0:
+            problems.append("default_deadline: must be > 0")
+        if self.ddb_max_connections < 1:
+            problems.append("ddb_max_connections: must be >= 1")
+        if problems:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        return self
+
+    def public(self) -> dict[str, Any]:
+        """The effective config for printing (no secrets live here: AWS creds come from boto)."""
+        out = dataclasses.asdict(self)
+        out["socket_mode"] = oct(self.socket_mode)
+        return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(name: str, raw: Any, source: str) -> Any:
+    f = _FIELDS[name]
+    typ = str(f.type)
+    try:
+        if name == "acl":
+            if not isinstance(raw, dict):
+                raise TypeError("expected a table")
+            return {str(k): [str(x) for x in v] for k, v in raw.items()}
+        if raw is None or (isinstance(raw, str) and raw == "" and "None" in typ):
+            return None
+        if name == "socket_mode":
+            return int(raw, 8) if isinstance(raw, str) else int(raw)
+        if typ.startswith("int"):
+            return int(raw)
+        if typ.startswith("float"):
+            return float(raw)
+        if typ.startswith("str"):
+            return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} (from {source}): {raw!r} is not valid: {exc}") from exc
+    return raw
+
+
+def _flatten_acl(doc: dict[str, Any]) -> dict[str, Any]:
+    acl = doc.get("acl")
+    if isinstance(acl, dict):
+        flat: dict[str, list[str]] = {}
+        for kind, table in acl.items():
+            if isinstance(table, dict):
+                for ident, clients in table.items():
+                    flat[f"{kind}.{ident}"] = clients
+            else:
+                flat[kind] = table
+        doc = {**doc, "acl": flat}
+    return doc
+
+
+def load(
+    path: str | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Build the effective config. ``env`` defaults to os.environ."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                doc = _flatten_acl(tomllib.load(fh))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        doc = doc.get("rasd", doc) if isinstance(doc.get("rasd"), dict) else doc
+        for k, v in doc.items():
+            if k not in _FIELDS:
+                raise ConfigError(f"{path}: unknown setting {k!r}")
+            values[k] = _coerce(k, v, path)
+    for name in _FIELDS:
+        if name == "acl":
+            continue
+        raw = env.get(f"RASD_{name.upper()}")
+        if raw is not None:
+            values[name] = _coerce(name, raw, f"RASD_{name.upper()}")
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            values[k] = _coerce(k, v, f"--{k.replace('_', '-')}")
+    return Config(**values).validate()

@@ -1,0 +1,99 @@
+"""Shared fixtures: moto's server over real HTTP on loopback, a fresh table per test, uvloop.
+
+Integration tests never use an in-process fake of the store: everything goes through
+botocore/aiobotocore to ``ThreadedMotoServer`` on an ephemeral port.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+import uvloop
+
+from rasd import schema
+
+# Dummy credentials: moto accepts anything, and no test may ever reach real AWS.
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+)
+os.environ.pop("AWS_PROFILE", None)
+os.environ.pop("AWS_REGION", None)
+os.environ.pop("AWS_ENDPOINT_URL", None)
+os.environ.pop("AWS_ENDPOINT_URL_DYNAMODB", None)
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's server in a thread on 127.0.0.1, port picked by the OS."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def ddb(moto_endpoint: str) -> Any:
+    """A plain boto3 DynamoDB client on the moto endpoint (for seeding and auditing)."""
+    return boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+_table_ids = itertools.count()
+
+
+@pytest.fixture
+def table(ddb: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh table with the CONTRACT schema, deleted afterwards (moto reads whole tables)."""
+    name = f"t{os.getpid()}-{next(_table_ids)}"
+    schema.create_table(ddb, name)
+    yield name
+    try:
+        ddb.delete_table(TableName=name)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def seed_pool(
+    ddb: Any,
+    table: str,
+    client_id: str = "demo",
+    pool_id: str = "default",
+    region: str = "us-east-1",
+    count: int = 20,
+    max_lease_s: float = 7200,
+    prefix: str = "res-",
+) -> list[str]:
+    """Define a pool and add ``count`` free resources to ``region``; returns their names."""
+    schema.put_pool(ddb, table, client_id, pool_id, max_lease_s)
+    names = [f"{prefix}{i:05d}" for i in range(count)]
+    schema.add_resources(ddb, table, client_id, pool_id, region, names)
+    return names
+
+
+def scan_all(ddb: Any, table: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    kw: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
+    while True:
+        resp = ddb.scan(**kw)
+        items.extend(resp["Items"])
+        if "LastEvaluatedKey" not in resp:
+            return items
+        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
