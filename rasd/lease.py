@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 US = 1_000_000
 PARTITIONS = 10
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 
 #: client_id and pool_id: no dots (they separate the ``partition`` fields), no '#' (reserved
@@ -59,7 +59,7 @@ def parse_time(s: str) -> int:
     """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` -> epoch microseconds."""
     if len(s) != 27 or s[-1] != "Z":
         raise ValueError(f"not a fixed-width UTC time: {s!r}")
-    dt = datetime.fromisoformat(s[:-1]).replace(tzinfo=timezone.utc)
+    dt = datetime.fromisoformat(s[:-1]).replace(tzinfo=UTC)
     return (dt - _EPOCH) // _ONE_US
 
 
@@ -236,9 +236,7 @@ def _key(client_id: str, resource: str) -> Item:
     return {"client_id": {"S": client_id}, "resource": {"S": resource}}
 
 
-def claim(
-    item: ResourceItem, key: str, expires_us: int, now_us: int, region: str
-) -> Update:
+def claim(item: ResourceItem, key: str, expires_us: int, now_us: int, region: str) -> Update:
     """Take a free item: requires the version read, that it is free, and our region."""
     return {
         "Key": _key(item.client_id, item.resource),
@@ -362,7 +360,9 @@ def move(item: ResourceItem, to_region: str) -> Update:
     }
 
 
-def drop_acq_lock(client_id: str, pool_id: str, region: str, key: str, owner: str, now_us: int) -> Update:
+def drop_acq_lock(
+    client_id: str, pool_id: str, region: str, key: str, owner: str, now_us: int
+) -> Update:
     """Expire our acquisition lock at once (after a release), so the key can be re-acquired."""
     return {
         "Key": acq_key(client_id, pool_id, region, key),

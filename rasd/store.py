@@ -178,16 +178,27 @@ class Store:
         return [it for it in items if it.client_id == client_id]
 
     async def query_available(
-        self, partition: str, limit: int, forward: bool, deadline: float
+        self,
+        partition: str,
+        limit: int,
+        forward: bool,
+        deadline: float,
+        start: str | None = None,
     ) -> list[ResourceItem]:
-        """Up to ``limit`` free items of one sub-partition (``available_resources`` index)."""
+        """Up to ``limit`` free items of one sub-partition (``available_resources`` index),
+        from ``start`` (a lease_available time) on in the direction asked, or from an end."""
+        cond = "#p = :p"
+        values: dict[str, Any] = {":p": {"S": partition}}
+        if start is not None:
+            cond += " AND lease_available >= :s" if forward else " AND lease_available <= :s"
+            values[":s"] = {"S": start}
         resp = await self._call(
             "Query",
             deadline,
             IndexName="available_resources",
-            KeyConditionExpression="#p = :p",
+            KeyConditionExpression=cond,
             ExpressionAttributeNames={"#p": "partition"},
-            ExpressionAttributeValues={":p": {"S": partition}},
+            ExpressionAttributeValues=values,
             Limit=limit,
             ScanIndexForward=forward,
         )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Union
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ._errors import BadRequest, RasdError, error_from_wire
 
@@ -15,7 +15,7 @@ DEFAULT_TIMEOUT = 1.0
 #: Grace the client waits past its own deadline for the daemon's TIMEOUT/BUSY answer.
 SOCKET_GRACE = 0.25
 
-LeaseExpires = Union[datetime, timedelta, int, float]
+LeaseExpires = datetime | timedelta | int | float
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ def lease_from(resp: dict[str, Any]) -> Lease:
     try:
         return Lease(
             resource=resp["resource"],
-            lease_expires=datetime.fromtimestamp(resp["lease_expires_us"] / 1_000_000, timezone.utc),
+            lease_expires=datetime.fromtimestamp(resp["lease_expires_us"] / 1_000_000, UTC),
             version=int(resp["version"]),
             new=bool(resp["new"]),
             region=str(resp.get("region", "")),

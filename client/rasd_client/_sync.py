@@ -26,7 +26,7 @@ from ._errors import RasdError, Timeout, Unavailable
 
 
 class _Conn:
-    __slots__ = ("path", "sock", "decoder", "ids", "pid")
+    __slots__ = ("decoder", "ids", "path", "pid", "sock")
 
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
@@ -96,7 +96,7 @@ def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
             conns[path] = conn
         try:
             return conn.call(dict(req), timeout)
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             conn.close()
             conns.pop(path, None)
             raise Timeout(f"no answer from rasd within {timeout:.3f}s") from exc

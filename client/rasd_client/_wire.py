@@ -26,8 +26,6 @@ MAX_FRAME = 64 * 1024
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 
-_packer_default = msgpack.Packer(use_bin_type=True)
-
 
 class FrameTooLarge(Exception):
     """The peer announced a frame longer than MAX_FRAME; the stream cannot be trusted."""
@@ -47,7 +45,7 @@ class BadFrame:
 
 def encode(payload: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack of ``payload``."""
-    body = msgpack.packb(payload, use_bin_type=True)
+    body: bytes = msgpack.packb(payload, use_bin_type=True)
     return _HEADER.pack(len(body)) + body
 
 
@@ -84,7 +82,7 @@ class FrameDecoder:
 def _decode_body(body: bytes) -> dict[str, Any] | BadFrame:
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         return BadFrame(f"payload is not msgpack: {type(exc).__name__}")
     if not isinstance(obj, dict):
         return BadFrame(f"payload is a {type(obj).__name__}, expected a map")
@@ -94,7 +92,13 @@ def _decode_body(body: bytes) -> dict[str, Any] | BadFrame:
 def error_payload(
     req_id: Any, code: str, message: str, retry_after: float | None = None
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"v": VERSION, "id": req_id, "ok": False, "code": code, "message": message}
+    out: dict[str, Any] = {
+        "v": VERSION,
+        "id": req_id,
+        "ok": False,
+        "code": code,
+        "message": message,
+    }
     if retry_after is not None:
         out["retry_after"] = retry_after
     return out

@@ -28,7 +28,7 @@ from ._common import (
 )
 from ._errors import RasdError, Timeout, Unavailable
 
-__all__ = ["get_lease", "release", "headroom", "call_raw", "close"]
+__all__ = ["call_raw", "close", "get_lease", "headroom", "release"]
 
 
 class _AioConn:
@@ -75,7 +75,7 @@ class _AioConn:
         self.writer.write(_wire.encode(req))
         try:
             return await asyncio.wait_for(fut, timeout + SOCKET_GRACE)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise Timeout(f"no answer from rasd within {timeout:.3f}s") from exc
         finally:
             self.waiting.pop(req_id, None)

@@ -1,0 +1,137 @@
+"""``rasd``: the lease daemon and its helpers.
+
+rasd serve         run the daemon (systemd runs this)
+rasd dev           the embedded default: moto on loopback + demo pool + daemon
+rasd check-config  print the effective config and exit (non-zero if invalid)
+rasd stats         print a running daemon's counters
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from .config import Config, ConfigError, load
+
+ENV_HELP = """\
+environment:
+  RASD_TABLE, RASD_REGION, RASD_SOCKET   table, RAS region, socket path (flags override)
+  RASD_<SETTING>                          any config setting, e.g. RASD_SKEW_MARGIN=5
+  AWS_REGION                              DynamoDB client region (defaults to the RAS region)
+  AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID, ...
+                                          as boto3 reads them
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
+    p.add_argument("--socket", metavar="PATH", help="Unix socket to listen on / talk to")
+    p.add_argument("--table", help="DynamoDB table name (default: rasd)")
+    p.add_argument("--region", help="RAS region this daemon claims items of")
+    p.add_argument("--endpoint-url", metavar="URL", help="DynamoDB endpoint (default: AWS's)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load(
+        args.config,
+        overrides={
+            "socket": args.socket,
+            "table": args.table,
+            "region": args.region,
+            "endpoint_url": args.endpoint_url,
+            "log_level": args.log_level,
+        },
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rasd",
+        description="Per-host sidecar handing out exclusive, expiring leases from DynamoDB.",
+        epilog=ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the daemon",
+        description="Run the lease daemon. Takes its socket from systemd (LISTEN_FDS) when "
+        "socket-activated, else binds --socket. Logs JSON to stderr.",
+        epilog=ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(serve)
+    dev = sub.add_parser(
+        "dev",
+        help="embedded default: moto on loopback, a demo pool, and the daemon",
+        description="Start moto's DynamoDB server on a free loopback port (its request log "
+        "goes to DIR/moto.log), create the table, seed a demo pool and serve on DIR/rasd.sock. "
+        "Ctrl-C stops everything.",
+    )
+    dev.add_argument("--dir", default=".rasd-dev", help="working directory (default .rasd-dev)")
+    dev.add_argument("--resources", type=int, default=1000, help="demo resources (default 1000)")
+    dev.add_argument("--region", default="us-east-1", help="RAS region (default us-east-1)")
+    dev.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
+    check = sub.add_parser(
+        "check-config", help="print the effective config; exit 2 if it is invalid"
+    )
+    _common(check)
+    stats = sub.add_parser("stats", help="print a running daemon's counters as JSON")
+    stats.add_argument("--socket", metavar="PATH", help="daemon socket (default $RASD_SOCKET)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "dev":
+        from .dev import run_dev
+
+        return run_dev(args)
+    if args.cmd == "stats":
+        import rasd_client
+
+        try:
+            out = rasd_client.call_raw("stats", socket_path=args.socket)
+        except rasd_client.RasdError as exc:
+            print(f"rasd stats: {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
+        out.pop("v", None), out.pop("id", None), out.pop("ok", None)
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    try:
+        cfg = _config(args)
+    except ConfigError as exc:
+        print(f"rasd: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd == "check-config":
+        print(json.dumps(cfg.public(), indent=2, sort_keys=True))
+        return 0
+    return serve(cfg)
+
+
+def serve(cfg: Config, sock: Any = None) -> int:
+    import uvloop
+
+    from . import log
+    from .server import Daemon
+
+    log.configure(cfg.log_level)
+
+    async def _run() -> None:
+        daemon = Daemon(cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.stop)
+        await daemon.run(sock)
+
+    uvloop.run(_run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

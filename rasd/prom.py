@@ -1,0 +1,335 @@
+"""Optional Prometheus exporter: counters, latency histograms and gauges of one daemon.
+
+The hot path never touches ``prometheus_client``. It bumps plain ints (``Counters.inc``) and
+calls :meth:`LatencyHistograms.observe` (one ``bisect`` and two additions: no locks, no
+objects). :class:`RasdCollector` turns both into Prometheus metric families only when
+scraped. ``prometheus_client`` is imported lazily, so the daemon runs without it unless
+``metrics_port`` is set; then :func:`require` raises :class:`MetricsUnavailable` with the fix.
+
+Counter names map to metric families like this (anything unknown is still exported, as
+``rasd_<name with dots as underscores>_total``, so a new counter is never lost)::
+
+    ddb.Query, ddb.UpdateItem, ...   rasd_dynamodb_calls_total{op="Query"}
+    ddb.throttles, ddb.errors, ...   rasd_dynamodb_throttles_total, rasd_dynamodb_errors_total
+    cache.hit, cache.miss            rasd_cache_lookups_total{result="hit"|"miss"}
+    lease.new, lease.existing, ...   rasd_lease_requests_total{outcome="new"|...}
+    lease.extended, ...              rasd_lease_extensions_total{result="ok"|"conflict"|"error"}
+    prefetch.hits, prefetch.misses   rasd_prefetch_takes_total{result="hit"|"miss"}
+    shed.<reason>                    rasd_shed_requests_total{reason="busy"|"rate_limited"|...}
+    err.<CODE>                       rasd_request_errors_total{code="NO_CAPACITY"|...}
+    req.total                        rasd_requests_total
+
+Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server) while the event
+loop keeps writing. Reads here are copies taken in one C-level step under the GIL
+(``dict(counter)``, ``list(counts)``), so a scrape sees each value whole; a scrape may see a
+histogram's sum a few observations ahead of its buckets, which Prometheus tolerates. Gauge
+callbacks also run in that thread: they must only read (``len(x)``, a copy), never mutate,
+and one that raises is skipped (and counted in ``rasd_scrape_errors_total``), not fatal.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+#: Request-latency bucket bounds (seconds): a cache hit is ~50-200 us, an existing lease one
+#: Query (~2-10 ms), a new lease a few round trips (~10-50 ms); deadlines are ~1 s.
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+#: The request paths of get_lease: answered from the cache, an existing lease found in
+#: DynamoDB, a new lease claimed.
+PATHS: tuple[str, ...] = ("hit", "existing", "new")
+
+
+class MetricsUnavailable(RuntimeError):
+    """``metrics_port`` is set but ``prometheus_client`` is not installed."""
+
+
+def require() -> ModuleType:
+    """``prometheus_client``, or MetricsUnavailable saying how to get it."""
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise MetricsUnavailable(
+            "metrics_port is set but prometheus_client is not installed: "
+            "pip install 'rasd[metrics]' (or unset metrics_port)"
+        ) from exc
+    return prometheus_client
+
+
+# ------------------------------------------------------------------------------- latencies
+class _Hist:
+    __slots__ = ("counts", "total")
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * n
+        self.total = 0.0
+
+
+class LatencyHistograms:
+    """Fixed-bucket latency histograms, one per path. ``observe`` is the hot-path call."""
+
+    __slots__ = ("_h", "bounds")
+
+    def __init__(
+        self, paths: Sequence[str] = PATHS, bounds: Sequence[float] = DEFAULT_BUCKETS
+    ) -> None:
+        if list(bounds) != sorted(set(bounds)) or not bounds:
+            raise ValueError("bounds must be a non-empty, strictly increasing sequence")
+        self.bounds = tuple(bounds)
+        self._h: dict[str, _Hist] = {p: _Hist(len(self.bounds) + 1) for p in paths}
+
+    def observe(self, path: str, seconds: float) -> None:
+        """Record one request of ``path`` that took ``seconds`` (bucket ``le`` semantics)."""
+        h = self._h.get(path)
+        if h is None:
+            h = self._h[path] = _Hist(len(self.bounds) + 1)
+        h.counts[bisect_left(self.bounds, seconds)] += 1
+        h.total += seconds
+
+    def read(self) -> dict[str, tuple[list[int], float]]:
+        """Per path: a copy of the per-bucket counts (last one is +Inf) and the sum."""
+        return {p: (list(h.counts), h.total) for p, h in list(self._h.items())}
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per path: count, sum and p50/p90/p99 upper bounds (for the ``stats`` op)."""
+        out: dict[str, dict[str, float]] = {}
+        for path, (counts, total) in self.read().items():
+            n = sum(counts)
+            row: dict[str, float] = {"count": n, "sum": total}
+            for q in (0.5, 0.9, 0.99):
+                row[f"p{round(q * 100)}"] = self._quantile(counts, n, q)
+            out[path] = row
+        return out
+
+    def _quantile(self, counts: list[int], n: int, q: float) -> float:
+        if n == 0:
+            return 0.0
+        rank, seen = q * n, 0
+        for i, c in enumerate(counts):
+            seen += c
+            if seen >= rank:
+                return self.bounds[i] if i < len(self.bounds) else float("inf")
+        return float("inf")
+
+    def __repr__(self) -> str:
+        return f"LatencyHistograms({ {p: sum(h.counts) for p, h in self._h.items()} })"
+
+
+# -------------------------------------------------------------------------- counter names
+_EXACT: dict[str, tuple[str, str, str]] = {
+    "cache.hit": ("cache_lookups", "result", "hit"),
+    "cache.miss": ("cache_lookups", "result", "miss"),
+    "lease.new": ("lease_requests", "outcome", "new"),
+    "lease.existing": ("lease_requests", "outcome", "existing"),
+    "lease.relet": ("lease_requests", "outcome", "relet"),
+    "lease.no_capacity": ("lease_requests", "outcome", "no_capacity"),
+    "lease.extended": ("lease_extensions", "result", "ok"),
+    "lease.extend_conflicts": ("lease_extensions", "result", "conflict"),
+    "lease.extend_errors": ("lease_extensions", "result", "error"),
+    "prefetch.hits": ("prefetch_takes", "result", "hit"),
+    "prefetch.misses": ("prefetch_takes", "result", "miss"),
+}
+_PREFIX: dict[str, tuple[str, str]] = {
+    "shed.": ("shed_requests", "reason"),
+    "err.": ("request_errors", "code"),
+}
+_RENAME = {"req.total": "requests"}
+_HELP = {
+    "dynamodb_calls": "DynamoDB calls (each attempt, retries included) by operation.",
+    "dynamodb_throttles": "DynamoDB calls refused by throttling (retried within the deadline).",
+    "dynamodb_errors": "DynamoDB calls that failed with a server or network error.",
+    "cache_lookups": "Lease cache lookups by result.",
+    "lease_requests": "get_lease outcomes.",
+    "lease_extensions": "Background lease extensions (refresh-ahead) by result.",
+    "prefetch_takes": "Takes from the prefetched candidate buffer by result.",
+    "shed_requests": "Requests refused at once instead of queued, by reason.",
+    "request_errors": "Requests answered with an error, by wire code.",
+    "requests": "Requests received.",
+}
+_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def counter_family(name: str) -> tuple[str, str | None, str | None]:
+    """(family without ``rasd_`` and ``_total``, label name, label value) for a counter name."""
+    if name in _EXACT:
+        return _EXACT[name]
+    for prefix, (family, label) in _PREFIX.items():
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return family, label, name[len(prefix) :]
+    if name.startswith("ddb.") and name[4:5].isupper():
+        return "dynamodb_calls", "op", name[4:]
+    if name in _RENAME:
+        return _RENAME[name], None, None
+    if name.startswith("ddb."):
+        name = "dynamodb." + name[4:]
+    flat = _BAD.sub("_", name).lower().strip("_")
+    if flat.endswith("_total"):
+        flat = flat[: -len("_total")]
+    return flat, None, None
+
+
+# ------------------------------------------------------------------------------ collector
+class _Snapshot(Protocol):
+    def snapshot(self) -> Mapping[str, Any]: ...
+
+
+#: A gauge callback: one value, or one value per pool (``{"client/pool": 3}``).
+GaugeFn = Callable[[], "float | Mapping[str, float]"]
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """A gauge read at scrape time, e.g. ``Gauge("Cached leases.", lambda: len(cache))``."""
+
+    help: str
+    fn: GaugeFn
+    label: str = "pool"
+
+
+class RasdCollector:
+    """A prometheus_client collector over a ``Counters``-like object, latency histograms and
+    gauge callbacks. Register it on a registry (see :func:`build_registry`)."""
+
+    def __init__(
+        self,
+        counters: _Snapshot,
+        latency: LatencyHistograms | None = None,
+        gauges: Mapping[str, Gauge] | None = None,
+        *,
+        version: str | None = None,
+    ) -> None:
+        self.counters = counters
+        self.latency = latency
+        self.gauges = dict(gauges or {})
+        self.version = version
+        self.scrape_errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        pc = require()
+        core = pc.metrics_core
+        yield from self._counters(core)
+        if self.latency is not None:
+            yield from self._latency(core)
+        for name, g in self.gauges.items():
+            try:
+                value = g.fn()
+            except Exception:  # noqa: BLE001 - a broken gauge must not break the scrape
+                self.scrape_errors += 1
+                continue
+            if isinstance(value, Mapping):
+                fam = core.GaugeMetricFamily(f"rasd_{name}", g.help, labels=[g.label])
+                for key, v in sorted(value.items()):
+                    fam.add_metric([str(key)], float(v))
+            else:
+                fam = core.GaugeMetricFamily(f"rasd_{name}", g.help, value=float(value))
+            yield fam
+        if self.version is not None:
+            info = core.GaugeMetricFamily("rasd_build_info", "rasd version.", labels=["version"])
+            info.add_metric([self.version], 1.0)
+            yield info
+        yield core.CounterMetricFamily(
+            "rasd_scrape_errors", "Gauge callbacks that raised.", value=self.scrape_errors
+        )
+
+    def _counters(self, core: Any) -> Iterator[Metric]:
+        families: dict[str, Any] = {}
+        for name, value in sorted(dict(self.counters.snapshot()).items()):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            family, label, label_value = counter_family(name)
+            fam = families.get(family)
+            if fam is None:
+                doc = _HELP.get(family, f"rasd counter {name}.")
+                fam = families[family] = core.CounterMetricFamily(
+                    f"rasd_{family}", doc, labels=[label] if label else None
+                )
+            fam.add_metric([label_value] if label else [], value)
+        yield from families.values()
+
+    def _latency(self, core: Any) -> Iterator[Metric]:
+        assert self.latency is not None
+        bounds = self.latency.bounds
+        fam = core.HistogramMetricFamily(
+            "rasd_request_duration_seconds",
+            "get_lease latency in the daemon, by path (hit, existing, new).",
+            labels=["path"],
+        )
+        for path, (counts, total) in sorted(self.latency.read().items()):
+            cumulative, buckets = 0, []
+            for i, c in enumerate(counts):
+                cumulative += c
+                le = _fmt(bounds[i]) if i < len(bounds) else "+Inf"
+                buckets.append((le, float(cumulative)))
+            fam.add_metric([path], buckets, total)
+        yield fam
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x))
+
+
+def build_registry(
+    counters: _Snapshot,
+    latency: LatencyHistograms | None = None,
+    gauges: Mapping[str, Gauge] | None = None,
+    *,
+    version: str | None = None,
+    process: bool = True,
+) -> CollectorRegistry:
+    """A private registry with rasd's collector (and the process collector: RSS, CPU, open
+    fds, which is connections). Raises MetricsUnavailable without prometheus_client."""
+    pc = require()
+    registry: CollectorRegistry = pc.CollectorRegistry(auto_describe=False)
+    registry.register(RasdCollector(counters, latency, gauges, version=version))  # type: ignore[arg-type]
+    if process:
+        pc.ProcessCollector(registry=registry)
+    return registry
+
+
+@dataclass
+class MetricsServer:
+    """A running exporter: ``port`` (the real one when 0 was asked) and ``close()``."""
+
+    addr: str
+    port: int
+    _server: Any
+    _thread: Any
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_http(port: int, addr: str = "127.0.0.1", *, registry: CollectorRegistry) -> MetricsServer:
+    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread.
+
+    Loopback by default: the scraper is a local agent; expose it wider only on purpose.
+    """
+    pc = require()
+    server, thread = pc.start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(addr, int(server.server_port), server, thread)

@@ -1,0 +1,50 @@
+"""Daemons started in the test's event loop, on a socket in tmp_path, against moto over HTTP."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rasd.clock import Clock
+from rasd.config import Config
+from rasd.server import Daemon
+
+_ids = itertools.count()
+
+
+@pytest.fixture
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short directory (AF_UNIX paths are limited to 107 bytes)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="rasd-t-"))
+
+
+@pytest.fixture
+def make_daemon(
+    moto_endpoint: str, table: str, short_tmp: Path
+) -> Callable[..., Any]:
+    """``async with make_daemon(region=..., clock=...) as d:`` runs a Daemon in this loop."""
+
+    @asynccontextmanager
+    async def factory(clock: Clock | None = None, **overrides: Any) -> AsyncIterator[Daemon]:
+        cfg = Config(
+            table=table,
+            endpoint_url=moto_endpoint,
+            socket=str(short_tmp / f"d{next(_ids)}.sock"),
+            ddb_warm_connections=1,
+            **overrides,
+        ).validate()
+        d = Daemon(cfg, clock=clock)
+        await d.startup()
+        try:
+            yield d
+        finally:
+            await d.shutdown(drain=2.0)
+
+    return factory

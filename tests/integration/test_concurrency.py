@@ -1,0 +1,118 @@
+"""Many daemons, many client processes, one pool; then an audit of the table.
+
+3 daemon processes (``rasd serve``) share one table on moto's server; 8 client processes make
+2000 get_lease calls over 300 keys from a pool of 400. Afterwards the table must show: no key
+holding two resources in the region, and every lease a client was handed matching the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rasd_client
+from rasd import lease as L
+from tests.conftest import scan_all, seed_pool
+
+pytestmark = [pytest.mark.integration, pytest.mark.concurrency]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_daemon(sock: str, table: str, endpoint: str, region: str = "us-east-1") -> Any:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rasd", "serve", "--socket", sock, "--table", table,
+         "--region", region, "--endpoint-url", endpoint, "--log-level", "warning"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise AssertionError(f"daemon died: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if rasd_client.call_raw("ping", socket_path=sock, timeout=1.0)["ready"]:
+                return proc
+        except rasd_client.RasdError:
+            time.sleep(0.1)
+    raise AssertionError("daemon never became ready")
+
+
+def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> dict[str, int]:
+    rows = [L.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == "demo"]
+    by_resource = {r.resource: r for r in rows}
+    held: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        if r.key is not None:
+            assert r.lease_available is None, f"{r.resource} is both leased and available"
+            if r.region == region:
+                held[r.key].append(r.resource)
+        else:
+            assert r.lease_available is not None, f"{r.resource} neither leased nor free"
+    dup = {k: v for k, v in held.items() if len(v) > 1}
+    assert not dup, f"keys holding several resources in {region}: {dup}"
+    seen_by_clients: dict[str, set[str]] = defaultdict(set)
+    for res in results:
+        if "error" in res:
+            continue
+        row = by_resource[res["resource"]]
+        assert row.key == res["key"], f"client got {res}, table says {row}"
+        assert row.version >= res["version"]
+        seen_by_clients[res["resource"]].add(res["key"])
+    two = {r: ks for r, ks in seen_by_clients.items() if len(ks) > 1}
+    assert not two, f"resources handed to two keys: {two}"
+    return {"leased": sum(len(v) for v in held.values()), "keys": len(held)}
+
+
+@pytest.mark.slow
+def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str) -> None:
+    """2000 calls, 300 keys, pool of 400, 3 daemons, 8 processes: the table stays exact."""
+    seed_pool(ddb, table, count=400)
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="rasd-c-"))
+    socks = [str(tmp / f"d{i}.sock") for i in range(3)]
+    daemons = [start_daemon(s, table, moto_endpoint) for s in socks]
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.integration._worker", socks[i % 3], str(i),
+                 "250", "300"],
+                stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            )
+            for i in range(8)
+        ]
+        results: list[dict[str, Any]] = []
+        for w in workers:
+            out, _ = w.communicate(timeout=240)
+            assert w.returncode == 0
+            results.extend(json.loads(line) for line in out.splitlines())
+        stats = [rasd_client.call_raw("stats", socket_path=s)["counters"] for s in socks]
+    finally:
+        for p in daemons:
+            p.terminate()
+        for p in daemons:
+            p.wait(timeout=30)
+    assert len(results) == 2000
+    errors = [r for r in results if "error" in r]
+    assert not errors, errors[:5]
+    summary = audit(ddb, table, results, "us-east-1")
+    requested = {r["key"] for r in results}
+    assert summary["keys"] == len(requested)
+    assert summary["leased"] == len(requested)
+    new = sum(r["new"] for r in results)
+    assert new == len(requested), "each key was acquired exactly once"
+    assert sum(s.get("lease.new", 0) for s in stats) == len(requested)
+    print("lock_busy", sum(s.get("acq.lock_busy", 0) for s in stats),
+          "undone", sum(s.get("acq.undone", 0) for s in stats),
+          "conflicts", sum(s.get("prefetch.conflicts", 0) for s in stats))
