@@ -35,7 +35,7 @@ import structlog
 from .cache import CacheKey, LeaseCache
 from .clock import Clock
 from .config import Config
-from .errors import BadRequest, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
+from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
 from .lease import (
     US,
     Lease,
@@ -46,6 +46,7 @@ from .lease import (
     drop_acq_lock,
     extend,
     lease_from_item,
+    miss_report_update,
     partition_name,
     pick,
     release,
@@ -53,6 +54,7 @@ from .lease import (
     should_extend,
     take_acq_lock,
 )
+from .limits import BucketTable
 from .metrics import Counters
 from .prefetch import Prefetcher
 from .store import Store
@@ -91,6 +93,9 @@ class Acquirer:
         self._extending: set[CacheKey] = set()
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
         self._bg: set[asyncio.Task[Any]] = set()
+        self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
+        self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
+        self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
 
     # ------------------------------------------------------------------------ pools
     async def load_pools(self, deadline: float) -> int:
@@ -197,10 +202,16 @@ class Acquirer:
     async def _acquire_new(
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> Lease | None:
+        wait = self.buckets.try_take((pool.client_id, pool.pool_id), self.clock.mono())
+        if wait > 0:
+            self.counters.inc("shed.rate_limited")
+            raise Busy(
+                f"acquisition rate limit of pool {pool.pool_id!r} reached",
+                retry_after=round(wait, 3),
+            )
         cand = await self.prefetch.candidate(pool, deadline)
         if cand is None:
-            self.counters.inc("lease.no_capacity")
-            raise NoCapacity(f"no free resource in pool {pool.pool_id!r} in {self.region}")
+            raise self._no_capacity(pool)
         now = self.clock.now_us()
         hold = int(self.cfg.acq_lock_hold * US)
         lock = take_acq_lock(pool.client_id, pool.pool_id, self.region, key, self.owner, now, hold)
@@ -222,14 +233,44 @@ class Acquirer:
             self.counters.inc("prefetch.conflicts")
             cand = await self.prefetch.candidate(pool, deadline)
             if cand is None:
-                self.counters.inc("lease.no_capacity")
-                raise NoCapacity(f"no free resource in pool {pool.pool_id!r} in {self.region}")
+                raise self._no_capacity(pool)
             upd = claim(cand.item, key, requested_us, self.clock.now_us(), self.region)
             claim_res = await self.store.update(upd, deadline)
         lease = lease_from_item(claim_res)
         self.cache.put(lease)
         self.counters.inc("lease.new")
         return lease
+
+    def _no_capacity(self, pool: Pool) -> NoCapacity:
+        self.counters.inc("lease.no_capacity")
+        k = (pool.client_id, pool.pool_id)
+        self._misses[k] = self._misses.get(k, 0) + 1
+        return NoCapacity(f"no free resource in pool {pool.pool_id!r} in {self.region}")
+
+    async def flush_misses(self, deadline: float) -> None:
+        """Write the NO_CAPACITY answers since the last report to our miss counter items."""
+        misses, self._misses = self._misses, {}
+        for (client_id, pool_id), n in misses.items():
+            upd = miss_report_update(
+                client_id, pool_id, self.region, self.owner, n, self.clock.now_us()
+            )
+            try:
+                await self.store.update_raw(upd, deadline)
+                self.counters.inc("misses.reported", n)
+            except RasdError:
+                self._misses[(client_id, pool_id)] = self._misses.get((client_id, pool_id), 0) + n
+                raise
+
+    async def report_misses_forever(self) -> None:
+        """Unmet demand never reaches the stream, so report it for the balancer: at most one
+        write per pool every ``miss_report_interval`` seconds, and only when there were misses."""
+        while True:
+            await asyncio.sleep(self.cfg.miss_report_interval)
+            if self._misses:
+                try:
+                    await self.flush_misses(time.monotonic() + 5.0)
+                except RasdError as exc:
+                    log.warning("miss_report_failed", error=str(exc))
 
     async def _undo_claim(self, lease: Lease) -> None:
         deadline = time.monotonic() + EXTEND_DEADLINE
@@ -245,6 +286,9 @@ class Acquirer:
         k = (lease.client_id, lease.pool_id, lease.key)
         if k in self._extending:
             return
+        backoff = self._extend_after.get(k)
+        if backoff is not None and self.clock.mono() < backoff[0]:
+            return  # the last attempt failed: retry later, not on every hit
         self._extending.add(k)
         self.spawn(self._extend(lease, requested_us, k))
 
@@ -252,6 +296,7 @@ class Acquirer:
         deadline = time.monotonic() + EXTEND_DEADLINE
         try:
             got = await self.store.update(extend(lease, requested_us, self.region), deadline)
+            self._extend_after.pop(k, None)
             if got is not None:
                 self.cache.put(lease_from_item(got))
                 self.counters.inc("lease.extended")
@@ -266,15 +311,25 @@ class Acquirer:
             else:
                 self.cache.put(lease_from_item(chosen))
         except RasdError as exc:
+            # Retried on a later cache hit after a backoff (1, 2, 4 ... 30 s), until the lease
+            # leaves the cache; a lease that gets close to its end is logged as at risk.
             self.counters.inc("lease.extend_errors")
+            failures = self._extend_after.get(k, (0.0, 0))[1] + 1
+            retry_in = min(30.0, 2.0 ** (failures - 1))
+            self._extend_after[k] = (self.clock.mono() + retry_in, failures)
+            if len(self._extend_after) > 10_000:
+                self._extend_after.pop(next(iter(self._extend_after)))
             left = (lease.expires_us - self.clock.now_us()) / US
-            log.warning(
-                "lease_extension_failed",
+            at_risk = left < max(4 * self.cfg.skew_margin, 60.0)
+            (log.error if at_risk else log.warning)(
+                "lease_at_risk" if at_risk else "lease_extension_failed",
                 client_id=lease.client_id,
                 pool_id=lease.pool_id,
+                key=lease.key,
                 resource=lease.resource,
                 seconds_left=round(left, 1),
-                at_risk=left < 2 * self.cfg.skew_margin,
+                failures=failures,
+                retry_in_s=retry_in,
                 error=str(exc),
             )
         finally:

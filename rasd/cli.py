@@ -28,7 +28,9 @@ environment:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
+    p.add_argument(
+        "--config", metavar="FILE", help="TOML config file (see systemd/rasd.toml.example)"
+    )
     p.add_argument("--socket", metavar="PATH", help="Unix socket to listen on / talk to")
     p.add_argument("--table", help="DynamoDB table name (default: rasd)")
     p.add_argument("--region", help="RAS region this daemon claims items of")
@@ -109,27 +111,56 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
     if args.cmd == "check-config":
+        from .peercred import Acl, AclError
+
+        try:
+            Acl.from_config(cfg.acl)
+        except AclError as exc:
+            print(f"rasd: {exc}", file=sys.stderr)
+            return 2
         print(json.dumps(cfg.public(), indent=2, sort_keys=True))
         return 0
-    return serve(cfg)
+    return serve(cfg, reloader=lambda: _config(args))
 
 
-def serve(cfg: Config, sock: Any = None) -> int:
+def serve(cfg: Config, reloader: Any = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT. Takes systemd's socket when socket-activated."""
     import uvloop
 
     from . import log
+    from .peercred import AclError
+    from .sdnotify import listen_fds_with_names
     from .server import Daemon
 
     log.configure(cfg.log_level)
+    if cfg.metrics_port:
+        from .prom import MetricsUnavailable, require
+
+        try:
+            require()
+        except MetricsUnavailable as exc:
+            print(f"rasd: {exc}", file=sys.stderr)
+            return 2
+    try:
+        inherited = dict(listen_fds_with_names())
+    except ValueError as exc:
+        print(f"rasd: bad LISTEN_FDS from the service manager: {exc}", file=sys.stderr)
+        return 2
+    sock = inherited.get("rasd") or next(iter(inherited.values()), None)
 
     async def _run() -> None:
-        daemon = Daemon(cfg)
+        daemon = Daemon(cfg, reloader=reloader)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop)
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload)
         await daemon.run(sock)
 
-    uvloop.run(_run())
+    try:
+        uvloop.run(_run())
+    except AclError as exc:
+        print(f"rasd: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

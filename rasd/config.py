@@ -66,6 +66,19 @@ class Config:
     default_deadline: float = 1.0
     #: Pool definitions are re-read this often (new pools also load on first use).
     pool_refresh: float = 30.0
+    #: NO_CAPACITY answers are reported to the balancer (a counter item per daemon and pool)
+    #: at most this often, and only when there were some.
+    miss_report_interval: float = 5.0
+
+    #: Bound on requests doing DynamoDB work at once; beyond it (or when a request could
+    #: not finish before its deadline at the recent service time) the answer is BUSY at once.
+    max_inflight: int = 64
+    #: New acquisitions per (client, pool) per second, with bursts up to rate_burst. Stops a
+    #: runaway client (a new key per request) from draining a pool; over it: BUSY+retry_after.
+    rate_limit: float = 200.0
+    rate_burst: float = 1000.0
+    #: Seconds in-flight requests get to finish on SIGTERM before they are cancelled.
+    drain_timeout: float = 5.0
 
     # --- DynamoDB client -----------------------------------------------------------------
     #: Connections kept to DynamoDB.
@@ -74,6 +87,13 @@ class Config:
     ddb_warm_connections: int = 4
     ddb_connect_timeout: float = 1.0
     ddb_read_timeout: float = 2.0
+    #: Circuit breaker: this many failed DynamoDB calls (network errors, 5xx, timeouts)
+    #: within breaker_window seconds open it; new work then fails fast with UNAVAILABLE for
+    #: breaker_cooldown seconds, after which one probe call decides. Cached leases are served
+    #: throughout. Throttles do not count (they are per partition, not an outage).
+    breaker_failures: int = 20
+    breaker_window: float = 5.0
+    breaker_cooldown: float = 2.0
 
     # --- operations ----------------------------------------------------------------------
     log_level: str = "info"
@@ -97,6 +117,12 @@ class Config:
             problems.append("prefetch_min/prefetch_max: need 1 <= min <= max")
         if self.default_deadline <= 0:
             problems.append("default_deadline: must be > 0")
+        if self.max_inflight < 1:
+            problems.append("max_inflight: must be >= 1")
+        if self.rate_limit <= 0 or self.rate_burst < 1:
+            problems.append("rate_limit/rate_burst: need rate_limit > 0 and rate_burst >= 1")
+        if self.breaker_failures < 1:
+            problems.append("breaker_failures: must be >= 1")
         if self.ddb_max_connections < 1:
             problems.append("ddb_max_connections: must be >= 1")
         if problems:

@@ -395,3 +395,39 @@ def take_acq_lock(
             ":ttl": {"N": str((now_us + hold_us) // US + 3600)},
         },
     }
+
+
+# ------------------------------------------------------------------ unmet demand (misses)
+#: NO_CAPACITY answers write nothing, so a region that runs dry would look idle to the
+#: balancer. Each daemon reports its misses in a counter item of its own (docs/global.md).
+MISS_PREFIX = "misses#"
+MISS_TTL_S = 7 * 24 * 3600  # a counter of a host gone for a week is reaped by DynamoDB TTL
+
+
+def miss_resource(client_id: str, pool_id: str, region: str, daemon_id: str) -> str:
+    return f"{MISS_PREFIX}{client_id}#{pool_id}#{region}#{daemon_id}"
+
+
+def miss_report_update(
+    client_id: str, pool_id: str, region: str, daemon_id: str, n: int, now_us: int
+) -> dict[str, Any]:
+    """UpdateItem kwargs (without ``TableName``) with which a daemon reports ``n`` NO_CAPACITY
+    answers since its previous report. One item per daemon, written only by that daemon in its
+    own region, so concurrent ADDs never meet in different replicas of the global table."""
+    if n <= 0:
+        raise ValueError("report a positive number of misses")
+    if not daemon_id or "#" in daemon_id:
+        raise ValueError("daemon_id must be non-empty and contain no '#'")
+    return {
+        "Key": {
+            "client_id": {"S": META_CLIENT},
+            "resource": {"S": miss_resource(client_id, pool_id, region, daemon_id)},
+        },
+        "UpdateExpression": "ADD #c :n SET #u = :now, #ttl = :ttl",
+        "ExpressionAttributeNames": {"#c": "count", "#u": "updated", "#ttl": "ttl"},
+        "ExpressionAttributeValues": {
+            ":n": {"N": str(n)},
+            ":now": {"S": fmt_time(now_us)},
+            ":ttl": {"N": str(now_us // US + MISS_TTL_S)},
+        },
+    }

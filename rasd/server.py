@@ -1,8 +1,14 @@
 """The daemon: a Unix-socket server speaking msgpack frames, with a readable lifecycle.
 
-    startup()   -> open and warm the DynamoDB pool, load pool definitions, bind the socket
-    main_loop() -> serve until stop() (SIGTERM/SIGINT)
-    shutdown()  -> stop accepting, drain in-flight requests within a bound, close everything
+    startup()   -> open and warm the DynamoDB pool, load pool definitions, listen (our own
+                   socket, or systemd's via LISTEN_FDS), then READY=1 and the watchdog
+    main_loop() -> serve until stop() (SIGTERM/SIGINT); reload() on SIGHUP
+    shutdown()  -> STOPPING=1, stop accepting, drain in-flight requests within a bound, close
+
+Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, checked
+once per connection) against the ACL -> FORBIDDEN; a cache hit is answered at once; anything
+that needs DynamoDB must get a slot in the in-flight gate before its deadline or it is shed
+with BUSY at once, never queued (the RTB bidder seed).
 
 Each connection is an ``asyncio.Protocol``: frames are decoded as bytes arrive; a cache hit is
 answered inside ``data_received`` without creating a task; anything else runs as a task that
@@ -13,20 +19,28 @@ requests at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
+
 from rasd_client._wire import BadFrame, FrameDecoder, FrameTooLarge, encode, error_payload
 
+from . import log as logsetup
 from . import protocol
 from .acquire import Acquirer
 from .clock import Clock
 from .config import Config
-from .errors import Internal, RasdError, Timeout
+from .errors import Busy, Forbidden, Internal, RasdError, Timeout
+from .limits import InflightGate
 from .metrics import Counters
+from .peercred import Acl, Grant, peer_credentials, peer_gids
+from .prom import LatencyHistograms
+from .sdnotify import Notifier, run_watchdog, watchdog_interval
 from .store import Store
 
 log = structlog.get_logger("rasd.server")
@@ -35,8 +49,11 @@ MAX_PENDING_PER_CONN = 256
 STARTUP_DEADLINE = 30.0
 
 
+_NOBODY = Grant(False, frozenset())
+
+
 class Connection(asyncio.Protocol):
-    __slots__ = ("closed", "daemon", "decoder", "pending", "transport")
+    __slots__ = ("closed", "daemon", "decoder", "grant", "pending", "transport")
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
@@ -44,11 +61,13 @@ class Connection(asyncio.Protocol):
         self.pending = 0
         self.closed = False
         self.transport: asyncio.Transport | None = None
+        self.grant = _NOBODY
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.daemon.connections.add(self)
         self.daemon.counters.inc("conn.opened")
+        self.grant = self.daemon.grant_for(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -82,8 +101,14 @@ class Daemon:
         clock: Clock | None = None,
         store: Store | None = None,
         counters: Counters | None = None,
+        reloader: Callable[[], Config] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.reloader = reloader
+        self.acl = Acl.from_config(cfg.acl)
+        self.gate = InflightGate(cfg.max_inflight)
+        self.latency = LatencyHistograms()
+        self.notifier = Notifier()
         self.clock = clock or Clock()
         self.counters = counters or (store.counters if store else Counters())
         self.store = store or Store(cfg, self.counters)
@@ -95,6 +120,8 @@ class Daemon:
         self.ready = False
         self._stop = asyncio.Event()
         self._bound_path: str | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._metrics: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     async def startup(self, sock: socket.socket | None = None) -> None:
@@ -114,15 +141,90 @@ class Daemon:
             self.server = await loop.create_unix_server(lambda: Connection(self), path=path)
             os.chmod(path, self.cfg.socket_mode)
             self._bound_path = path
+        if self.cfg.metrics_port:
+            self._metrics = self._start_metrics(self.cfg.metrics_port)
+        self._tasks.append(loop.create_task(self._refresh_pools()))
+        self._tasks.append(loop.create_task(self.acquirer.report_misses_forever()))
+        interval = watchdog_interval()
+        if interval:
+            self._tasks.append(loop.create_task(run_watchdog(self.notifier, interval)))
         self.ready = True
-        self._refresher = loop.create_task(self._refresh_pools())
+        self.notifier.ready(status=f"serving {n} pools in {self.cfg.region}")
         log.info(
             "ready",
             socket=self.cfg.socket if sock is None else "inherited",
             region=self.cfg.region,
             table=self.cfg.table,
             pools=n,
+            acl="open" if self.acl.open else "enforced",
+            metrics_port=self._metrics.port if self._metrics else None,
         )
+
+    def _start_metrics(self, port: int) -> Any:
+        from . import __version__
+        from .prom import Gauge, build_registry, start_http
+
+        acq = self.acquirer
+        registry = build_registry(
+            self.counters,
+            self.latency,
+            {
+                "cache_leases": Gauge("Leases in the daemon's cache", lambda: len(acq.cache._c)),
+                "prefetch_candidates": Gauge(
+                    "Prefetched claim candidates per pool",
+                    lambda: {f"{c}/{p}": len(b) for (c, p), b in acq.prefetch.buffers.items()},
+                ),
+                "inflight": Gauge("Requests doing DynamoDB work", lambda: self.gate.inflight),
+            },
+            version=__version__,
+        )
+        return start_http(port, registry=registry)
+
+    def grant_for(self, transport: asyncio.BaseTransport) -> Grant:
+        """What the peer may use, from its kernel-reported uid and groups (SO_PEERCRED)."""
+        acl = self.acl
+        if acl.open:
+            return acl.grant(0, ())  # type: ignore[no-any-return]
+        sock = transport.get_extra_info("socket")
+        try:
+            cred = peer_credentials(sock)
+            return acl.grant(cred.uid, peer_gids(sock, cred))
+        except OSError as exc:
+            log.warning("peer_credentials_failed", error=str(exc))
+            return _NOBODY
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; apply what is safe to change live (acl, log_level,
+        rate limits, max_inflight). A bad config is logged and the old one kept."""
+        if self.reloader is None:
+            return
+        self.notifier.reloading()
+        try:
+            new = self.reloader()
+            acl = Acl.from_config(new.acl)
+        except ValueError as exc:  # ConfigError and AclError
+            log.error("reload_failed", error=str(exc))
+            self.notifier.ready(status="reload failed; old config kept")
+            return
+        from .limits import BucketTable
+
+        self.acl = acl
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.grant = self.grant_for(conn.transport)
+        self.gate.limit = new.max_inflight
+        self.acquirer.buckets = BucketTable(new.rate_limit, new.rate_burst)
+        logsetup.configure(new.log_level)
+        self.cfg = dataclasses.replace(
+            self.cfg,
+            acl=new.acl,
+            log_level=new.log_level,
+            max_inflight=new.max_inflight,
+            rate_limit=new.rate_limit,
+            rate_burst=new.rate_burst,
+        )
+        self.notifier.ready(status="reloaded")
+        log.info("reloaded", acl="open" if acl.open else "enforced")
 
     async def main_loop(self) -> None:
         await self._stop.wait()
@@ -133,11 +235,14 @@ class Daemon:
     async def shutdown(self, drain: float = 5.0) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close."""
         self.ready = False
+        self.notifier.stopping(status="draining")
         log.info("stopping", inflight=len(self.inflight), drain_s=drain)
         if self.server is not None:
             self.server.close()
-        if getattr(self, "_refresher", None):
-            self._refresher.cancel()
+        for t in self._tasks:
+            t.cancel()
+        if self._metrics is not None:
+            self._metrics.close()
         if self.inflight:
             await asyncio.wait(set(self.inflight), timeout=drain)
         for t in set(self.inflight):
@@ -145,9 +250,14 @@ class Daemon:
         await self.acquirer.drain(timeout=drain)
         for conn in list(self.connections):
             conn.close()
+        try:
+            await self.acquirer.flush_misses(time.monotonic() + 1.0)
+        except RasdError:
+            pass
         await self.store.close()
         if self._bound_path and os.path.exists(self._bound_path):
             os.unlink(self._bound_path)
+        self.notifier.close()
         log.info("stopped")
 
     async def run(self, sock: socket.socket | None = None) -> None:
@@ -155,7 +265,7 @@ class Daemon:
         try:
             await self.main_loop()
         finally:
-            await self.shutdown()
+            await self.shutdown(self.cfg.drain_timeout)
 
     async def _refresh_pools(self) -> None:
         while True:
@@ -179,7 +289,13 @@ class Daemon:
             counters.inc("req.bad_request")
             conn.send(error_payload(protocol.request_id(frame), exc.code, exc.message))
             return
+        if req.client_id and not conn.grant.allows(req.client_id):
+            self._send_error(
+                conn, req, Forbidden(f"this process may not use client_id {req.client_id!r}")
+            )
+            return
         if req.op == "get_lease":
+            t0 = time.perf_counter()
             try:
                 lease = self.acquirer.try_hit(
                     req.client_id, req.pool_id, req.key, req.lease_expires_us
@@ -189,6 +305,7 @@ class Daemon:
                 return
             if lease is not None:
                 conn.send(protocol.lease_response(req.id, lease, False))
+                self.latency.observe("hit", time.perf_counter() - t0)
                 return
         elif req.op == "ping":
             conn.send(protocol.ok(req.id, ready=self.ready, region=self.cfg.region))
@@ -196,28 +313,36 @@ class Daemon:
         elif req.op == "stats":
             conn.send(protocol.ok(req.id, **self.stats()))
             return
+        budget = (req.deadline_ms / 1000) if req.deadline_ms else self.cfg.default_deadline
+        now = time.monotonic()
         if conn.pending >= MAX_PENDING_PER_CONN:
             counters.inc("shed.conn_pending")
-            conn.send(
-                error_payload(req.id, "BUSY", "too many requests in flight on this connection")
-            )
+            self._send_error(conn, req, Busy("too many requests in flight on this connection"))
+            return
+        if not self.gate.try_enter(now + budget, now):
+            counters.inc("shed.busy")
+            self._send_error(conn, req, Busy("daemon at capacity; retry shortly", retry_after=0.01))
             return
         conn.pending += 1
-        task = asyncio.get_running_loop().create_task(self._slow(conn, req))
+        task = asyncio.get_running_loop().create_task(self._slow(conn, req, now, budget))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
-    async def _slow(self, conn: Connection, req: protocol.Request) -> None:
-        budget = (req.deadline_ms / 1000) if req.deadline_ms else self.cfg.default_deadline
-        deadline = time.monotonic() + budget
+    async def _slow(
+        self, conn: Connection, req: protocol.Request, t0: float, budget: float
+    ) -> None:
+        deadline = t0 + budget
         acq = self.acquirer
         try:
-            async with asyncio.timeout(budget):
+            # The store enforces the deadline on DynamoDB calls; this outer bound (a little
+            # later) catches everything else.
+            async with asyncio.timeout(budget + 0.05):
                 if req.op == "get_lease":
                     lease, new = await acq.get_lease(
                         req.client_id, req.pool_id, req.key, req.lease_expires_us, deadline
                     )
                     resp = protocol.lease_response(req.id, lease, new)
+                    self.latency.observe("new" if new else "existing", time.monotonic() - t0)
                 elif req.op == "release":
                     n = await acq.release(req.client_id, req.pool_id, req.key, deadline)
                     resp = protocol.ok(req.id, released=n)
@@ -237,6 +362,7 @@ class Daemon:
             self._send_error(conn, req, Internal(f"{type(exc).__name__}: {exc}"))
         finally:
             conn.pending -= 1
+            self.gate.leave(time.monotonic() - t0)
 
     def _send_error(self, conn: Connection, req: protocol.Request, exc: RasdError) -> None:
         self.counters.inc(f"err.{exc.code}")
@@ -254,5 +380,7 @@ class Daemon:
             "prefetch_depth": acq.prefetch.depth(),
             "connections": len(self.connections),
             "inflight": len(self.inflight),
+            "breaker": self.store.breaker.state,
+            "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),
         }

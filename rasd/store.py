@@ -21,7 +21,7 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .config import Config
-from .errors import Unavailable
+from .errors import Timeout, Unavailable
 from .lease import (
     META_CLIENT,
     Item,
@@ -31,6 +31,7 @@ from .lease import (
     item_from_ddb,
     pool_meta_key,
 )
+from .limits import CircuitBreaker
 from .metrics import Counters
 
 log = structlog.get_logger("rasd.store")
@@ -64,6 +65,9 @@ class Store:
         self.counters = counters or Counters()
         self._client: Any = None
         self._ctx: Any = None
+        self.breaker = CircuitBreaker(
+            config.breaker_failures, config.breaker_window, config.breaker_cooldown
+        )
 
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -103,34 +107,54 @@ class Store:
     async def _call(self, op: str, deadline: float, **kw: Any) -> dict[str, Any] | None:
         """One DynamoDB call with retries until ``deadline`` (monotonic seconds).
 
-        Returns None when a condition failed (a lost race). Raises Unavailable otherwise.
+        Returns None when a condition failed (a lost race). Raises ``Timeout`` when DynamoDB
+        gave no answer before the deadline, ``Unavailable`` when it kept failing (or the
+        circuit breaker is open).
         """
         method = getattr(self._client, _METHODS[op])
+        breaker = self.breaker
         attempt = 0
         while True:
             attempt += 1
-            self.counters.inc(f"ddb.{op}")
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 self.counters.inc("ddb.deadline")
-                raise Unavailable(f"DynamoDB {op}: deadline passed after {attempt - 1} tries")
+                raise Timeout(f"DynamoDB {op}: deadline passed after {attempt - 1} tries")
+            if not breaker.allow(now):
+                self.counters.inc("ddb.breaker_open")
+                raise Unavailable(
+                    "DynamoDB is failing; circuit breaker open",
+                    retry_after=round(breaker.retry_after(now), 3),
+                )
+            self.counters.inc(f"ddb.{op}")
             try:
                 async with asyncio.timeout(left):
-                    return await method(TableName=self.table, **kw)  # type: ignore[no-any-return]
+                    resp: dict[str, Any] = await method(TableName=self.table, **kw)
+                breaker.record_success(time.monotonic())
+                return resp
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
                 if code == "ConditionalCheckFailedException":
+                    breaker.record_success(time.monotonic())
                     self.counters.inc("ddb.conditional_failed")
                     return None
-                if code not in RETRYABLE:
+                if code in THROTTLES:
+                    self.counters.inc("ddb.throttles")  # per partition: not an outage
+                elif code in RETRYABLE:
+                    breaker.record_failure(time.monotonic())
+                    self.counters.inc("ddb.errors")
+                else:
+                    breaker.record_success(time.monotonic())  # DynamoDB answered
                     self.counters.inc("ddb.errors")
                     raise Unavailable(f"DynamoDB {op} failed: {code}: {exc}") from exc
-                self.counters.inc("ddb.throttles" if code in THROTTLES else "ddb.errors")
                 reason = code
             except TimeoutError:
+                breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.timeouts")
-                raise Unavailable(f"DynamoDB {op}: no answer within the deadline") from None
+                raise Timeout(f"DynamoDB {op}: no answer within the deadline") from None
             except (BotoCoreError, OSError) as exc:
+                breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.errors")
                 reason = type(exc).__name__
             sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))

@@ -26,9 +26,7 @@ def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_daemon(
-    moto_endpoint: str, table: str, short_tmp: Path
-) -> Callable[..., Any]:
+def make_daemon(moto_endpoint: str, table: str, short_tmp: Path) -> Callable[..., Any]:
     """``async with make_daemon(region=..., clock=...) as d:`` runs a Daemon in this loop."""
 
     @asynccontextmanager

@@ -30,8 +30,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_daemon(sock: str, table: str, endpoint: str, region: str = "us-east-1") -> Any:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rasd", "serve", "--socket", sock, "--table", table,
-         "--region", region, "--endpoint-url", endpoint, "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "rasd",
+            "serve",
+            "--socket",
+            sock,
+            "--table",
+            table,
+            "--region",
+            region,
+            "--endpoint-url",
+            endpoint,
+            "--log-level",
+            "warning",
+        ],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -86,9 +100,19 @@ def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.integration._worker", socks[i % 3], str(i),
-                 "250", "300"],
-                stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.integration._worker",
+                    socks[i % 3],
+                    str(i),
+                    "250",
+                    "300",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
             )
             for i in range(8)
         ]
@@ -113,6 +137,11 @@ def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str)
     new = sum(r["new"] for r in results)
     assert new == len(requested), "each key was acquired exactly once"
     assert sum(s.get("lease.new", 0) for s in stats) == len(requested)
-    print("lock_busy", sum(s.get("acq.lock_busy", 0) for s in stats),
-          "undone", sum(s.get("acq.undone", 0) for s in stats),
-          "conflicts", sum(s.get("prefetch.conflicts", 0) for s in stats))
+    print(
+        "lock_busy",
+        sum(s.get("acq.lock_busy", 0) for s in stats),
+        "undone",
+        sum(s.get("acq.undone", 0) for s in stats),
+        "conflicts",
+        sum(s.get("prefetch.conflicts", 0) for s in stats),
+    )

@@ -28,8 +28,11 @@ C, P = "demo", "default"
 
 
 def ddb_calls(d: Any) -> int:
-    return sum(v for k, v in d.counters.snapshot().items() if k in {
-        "ddb.GetItem", "ddb.Query", "ddb.UpdateItem", "ddb.BatchWriteItem"})
+    return sum(
+        v
+        for k, v in d.counters.snapshot().items()
+        if k in {"ddb.GetItem", "ddb.Query", "ddb.UpdateItem", "ddb.BatchWriteItem"}
+    )
 
 
 def item_of(ddb: Any, table: str, resource: str) -> dict[str, Any]:
@@ -63,9 +66,7 @@ async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> 
         assert first.new and first.version == 1 and first.region == "us-east-1"
         row = item_of(ddb, table, first.resource)
         assert row["key"]["S"] == "k1" and "lease_available" not in row
-        assert L.parse_time(row["lease_expires"]["S"]) == int(
-            first.lease_expires.timestamp() * 1e6
-        )
+        assert L.parse_time(row["lease_expires"]["S"]) == int(first.lease_expires.timestamp() * 1e6)
         before = ddb_calls(d)
         again = await rasd_aio.get_lease(C, P, "k1", timedelta(hours=1), socket_path=sock)
         assert not again.new and again.resource == first.resource
@@ -228,10 +229,21 @@ async def test_malformed_frames_get_bad_request_and_daemon_keeps_serving(
     async with make_daemon() as d:
         s = d.cfg.socket
         junk = (
-            struct.pack(">I", 3) + b"\xc1\xc1\xc1"
-            + _wire.encode({"v": 1, "id": 1, "op": "get_lease", "client_id": C, "pool_id": P,
-                            "key": 42, "lease_expires_us": 1})
-            + struct.pack(">I", 4) + msgpack.packb([1, 2, 3])
+            struct.pack(">I", 3)
+            + b"\xc1\xc1\xc1"
+            + _wire.encode(
+                {
+                    "v": 1,
+                    "id": 1,
+                    "op": "get_lease",
+                    "client_id": C,
+                    "pool_id": P,
+                    "key": 42,
+                    "lease_expires_us": 1,
+                }
+            )
+            + struct.pack(">I", 4)
+            + msgpack.packb([1, 2, 3])
             + _wire.encode({"v": 1, "id": 99, "op": "ping"})
         )
         out = await asyncio.to_thread(raw_exchange, s, junk)

@@ -55,8 +55,17 @@ def test_expires_forms() -> None:
 
 def test_wire_codes_map_to_classes() -> None:
     """Every CONTRACT code maps to its RasdError subclass carrying .code."""
-    for code in ("BAD_REQUEST", "UNKNOWN_POOL", "NO_CAPACITY", "BUSY", "TIMEOUT",
-                 "UNAVAILABLE", "FORBIDDEN", "NOT_HELD", "INTERNAL"):
+    for code in (
+        "BAD_REQUEST",
+        "UNKNOWN_POOL",
+        "NO_CAPACITY",
+        "BUSY",
+        "TIMEOUT",
+        "UNAVAILABLE",
+        "FORBIDDEN",
+        "NOT_HELD",
+        "INTERNAL",
+    ):
         err = error_from_wire(code, "m")
         assert isinstance(err, rasd_client.RasdError) and err.code == code
     assert error_from_wire("BUSY", "m", 0.5).retry_after == 0.5

@@ -1,0 +1,247 @@
+"""Pure logic of the offline jobs: no DynamoDB, no network."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+import pytest
+import structlog
+
+from rasd.lease import US, ResourceItem, fmt_time
+from rasd_jobs import admin, common, dedupe, liberator
+
+NOW = 1_800_000_000 * US
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog() -> Any:
+    """main() configures structlog for a CLI process; put the session's setup back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def item(
+    resource: str,
+    region: str = "us-east-1",
+    key: str | None = "k",
+    acquired: int | None = None,
+    expires: int | None = None,
+    pool: str = "p",
+) -> ResourceItem:
+    return ResourceItem(
+        client_id="c",
+        resource=resource,
+        pool_id=pool,
+        region=region,
+        partition=f"c.{pool}.{region}.0",
+        version=3,
+        key=key,
+        lease_expires_us=expires if key else None,
+        lease_acquired_us=acquired,
+        lease_available=None if key else fmt_time(NOW),
+    )
+
+
+def test_dedupe_plan_keeps_earliest_claim_then_region_then_resource() -> None:
+    """The survivor is pick()'s choice (the daemons' rule); every other item is an extra."""
+    a = item("r-b", acquired=NOW - 5)
+    b = item("r-a", region="eu-west-1", acquired=NOW - 5)
+    c = item("r-0", acquired=NOW - 1)
+    keep, extras = dedupe.plan([a, b, c])
+    assert keep is b  # same claim time as a: region order decides
+    assert extras == [c, a]
+    keep, extras = dedupe.plan([c, item("r-z", acquired=NOW - 9)])
+    assert keep.resource == "r-z" and extras == [c]
+
+
+def test_dedupe_duplicates_only_groups_of_two_or_more() -> None:
+    """A key held once, or the same key in two pools, is not a duplicate."""
+    groups = {
+        ("c", "p", "k1"): [item("a"), item("b")],
+        ("c", "p", "k2"): [item("x")],
+        ("c", "q", "k2"): [item("y", pool="q")],
+    }
+    assert [k for k, _ in dedupe.duplicates(groups)] == [("c", "p", "k1")]
+
+
+def test_liberator_scan_filters_by_cutoff_and_region_with_attribute_names() -> None:
+    """The Scan asks DynamoDB for lease_expires < now - grace of our region only, and names
+    the reserved word ``region`` through ExpressionAttributeNames."""
+    opts = liberator.Options(table="t", region="us-east-1", now_us=NOW, grace_us=60 * US)
+    kw = liberator.scan_kwargs(opts)
+    assert kw["IndexName"] == "leased_resources"
+    assert kw["ExpressionAttributeValues"][":cutoff"] == {"S": fmt_time(NOW - 60 * US)}
+    assert "#r = :region" in kw["FilterExpression"]
+    assert kw["ExpressionAttributeNames"] == {"#r": "region"}
+    assert "Limit" not in kw
+    every = liberator.scan_kwargs(liberator.Options(table="t", region=None, now_us=NOW))
+    assert "region" not in every["FilterExpression"] and "ExpressionAttributeNames" not in every
+
+
+def test_liberator_run_frees_nothing_in_dry_run_and_checks_expiry_itself() -> None:
+    """Even if a page returned a running lease or another region's item (a filter bug), the
+    liberator re-checks and leaves it; in dry-run it never writes."""
+
+    class Fake:
+        def __init__(self, items: list[dict[str, Any]]) -> None:
+            self.items = items
+            self.writes: list[dict[str, Any]] = []
+
+        def scan(self, **kw: Any) -> dict[str, Any]:
+            return {"Items": self.items, "ScannedCount": len(self.items)}
+
+        def update_item(self, **kw: Any) -> dict[str, Any]:
+            self.writes.append(kw)
+            return {}
+
+    def raw(resource: str, expires_us: int, region: str = "us-east-1") -> dict[str, Any]:
+        return {
+            "client_id": {"S": "c"},
+            "resource": {"S": resource},
+            "pool_id": {"S": "p"},
+            "region": {"S": region},
+            "key": {"S": "k"},
+            "lease_expires": {"S": fmt_time(expires_us)},
+            "version": {"N": "1"},
+        }
+
+    pages = [raw("old", NOW - 3600 * US), raw("live", NOW + 1), raw("west", 0, "eu-west-1")]
+    fake = Fake(pages)
+    opts = liberator.Options(table="t", region="us-east-1", now_us=NOW, segments=1)
+    s = liberator.run(fake, opts)
+    assert (s["scanned"], s["expired"], s["freed"]) == (3, 1, 1)
+    assert [w["Key"]["resource"]["S"] for w in fake.writes] == ["old"]
+    fake = Fake(pages)
+    s = liberator.run(fake, liberator.Options(**{**opts.__dict__, "dry_run": True}))
+    assert (s["expired"], s["freed"], s["would_free"]) == (1, 0, 1) and fake.writes == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1800000000", NOW),
+        ("1800000000.5", NOW + US // 2),
+        (fmt_time(NOW), NOW),
+        ("2027-01-15T08:00:00Z", 1_800_000_000 * US),
+    ],
+)
+def test_parse_now_accepts_epoch_seconds_and_utc_times(raw: str, expected: int) -> None:
+    """--now takes epoch seconds or the table's fixed-width UTC time (fraction optional)."""
+    assert common.parse_now(raw) == expected
+
+
+def test_parse_now_rejects_garbage_as_usage_error() -> None:
+    with pytest.raises(common.UsageError, match="--now"):
+        common.parse_now("yesterday")
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "#meta", "x" * 65, "sp ace", "ünï"])
+def test_check_name_rejects_what_the_daemon_rejects(bad: str) -> None:
+    """Names the jobs accept are exactly rasd.lease.valid_name's: no '.', no '#'."""
+    with pytest.raises(common.UsageError, match="bad pool"):
+        common.check_name("pool", bad)
+
+
+def test_ras_region_from_flag_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags override RASD_REGION; a missing region is a usage error only where required."""
+    monkeypatch.setenv("RASD_REGION", "eu-west-1")
+    assert common.ras_region(argparse.Namespace(region=None)) == "eu-west-1"
+    assert common.ras_region(argparse.Namespace(region="us-east-1")) == "us-east-1"
+    monkeypatch.delenv("RASD_REGION")
+    assert common.ras_region(argparse.Namespace(region=None), required=False) is None
+    with pytest.raises(common.UsageError, match="RASD_REGION"):
+        common.ras_region(argparse.Namespace(region=None))
+
+
+def test_parse_peer() -> None:
+    assert dedupe.parse_peer("eu-west-1=https://ddb.example:443") == (
+        "eu-west-1",
+        "https://ddb.example:443",
+    )
+    for bad in ["eu-west-1", "eu-west-1=", "EU=http://x", "eu-west-1=ftp://x"]:
+        with pytest.raises(common.UsageError):
+            dedupe.parse_peer(bad)
+
+
+def test_admin_state_of() -> None:
+    """free / leased / expired (leased, past lease_expires, not yet liberated)."""
+    assert admin.state_of(item("a", key=None), NOW) == "free"
+    assert admin.state_of(item("a", expires=NOW + 1), NOW) == "leased"
+    assert admin.state_of(item("a", expires=NOW), NOW) == "expired"
+
+
+def test_admin_resource_names_never_reuse_an_existing_name() -> None:
+    """--count skips names that exist (they might be leased); --file skips them and its own
+    repeats, and ignores blank lines."""
+    args = argparse.Namespace(count=3, prefix="r-", pool="p", file=None)
+    names, skipped = admin.resource_names(args, {"r-000000", "r-000002"})
+    assert names == ["r-000001", "r-000003", "r-000004"] and skipped == 0
+    args = argparse.Namespace(count=None, prefix=None, pool="p", file="-")
+    stdin = io.StringIO("a\n\n b \na\nexists\n")
+    mp = pytest.MonkeyPatch()
+    mp.setattr("sys.stdin", stdin)
+    try:
+        names, skipped = admin.resource_names(args, {"exists"})
+    finally:
+        mp.undo()
+    assert names == ["a", "b"] and skipped == 2
+
+
+def test_render_table() -> None:
+    out = admin.render_table([{"a": 1, "bb": None}, {"a": 22, "bb": "x"}], ["a", "bb"])
+    assert out.splitlines() == ["A   BB", "1   -", "22  x"]
+
+
+def test_progress_draws_only_on_a_terminal() -> None:
+    """Progress goes to stderr only when it is a TTY: logs piped to Jenkins stay clean."""
+    s = io.StringIO()
+    p = common.Progress("x", 10, stream=s)
+    p.add(10)
+    p.close()
+    assert s.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    t = Tty()
+    p = common.Progress("x", 2, stream=t)
+    p.add(2)
+    p.close()
+    assert "2/2" in t.getvalue() and t.getvalue().endswith("\n")
+
+
+def test_liberator_without_region_exits_2_before_any_io(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --region and no RASD_REGION: a clear message and exit 2, no client made."""
+    monkeypatch.delenv("RASD_REGION", raising=False)
+
+    def no_client(*a: Any, **k: Any) -> Any:
+        raise AssertionError("no DynamoDB client may be made")
+
+    monkeypatch.setattr(common, "make_client", no_client)
+    assert liberator.main(["--table", "t"]) == 2
+    assert dedupe.main(["--table", "t"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("no region: pass --region or set RASD_REGION") == 2
+
+
+def test_help_mentions_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every --help explains the flags and the environment variables."""
+    for main, argv in [
+        (liberator.main, ["--help"]),
+        (dedupe.main, ["--help"]),
+        (admin.main, ["--help"]),
+        (admin.main, ["add-resources", "--help"]),
+        (admin.main, ["stats", "--help"]),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        for var in ("RASD_TABLE", "RASD_REGION", "AWS_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
+            assert var in out, (argv, var)
