@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full sim clean
+.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ bench: $(STAMP)
 
 bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
+
+# The global simulation: 3 regions, replication lag, the balancer against a static split.
+sim: $(STAMP)
+	$(BIN)/python -m sim --quick
+
+sim-full: $(STAMP)
+	$(BIN)/python -m sim --full
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -20,8 +20,13 @@ def main() -> None:
             lease = rasd_client.get_lease(
                 "demo", "default", key, timedelta(hours=1), socket_path=sock, timeout=5.0
             )
-            out = {"key": key, "resource": lease.resource, "version": lease.version,
-                   "new": lease.new, "region": lease.region}
+            out = {
+                "key": key,
+                "resource": lease.resource,
+                "version": lease.version,
+                "new": lease.new,
+                "region": lease.region,
+            }
         except rasd_client.RasdError as exc:
             out = {"key": key, "error": exc.code, "message": exc.message}
         print(json.dumps(out), flush=True)

@@ -1,0 +1,737 @@
+"""``rasadmin``: create the table, define pools, add/list/show/release/delete resources, stats.
+
+Listings print a human table, or one JSON document with ``--json``. Commands that change the
+table print a one-line JSON summary on stdout. Logs and progress go to stderr (the progress
+line only when stderr is a terminal). Exit 0 done, 1 failed or refused, 2 bad usage/names.
+
+Read-only commands (list-*, show-*, stats) cover every region unless ``--region`` is given on
+the command line; ``RASD_REGION`` is not applied to them as a filter. Commands that write a
+region's items (add-resources, release-resource) need the region: ``--region`` or
+``RASD_REGION``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import structlog
+
+from rasd import schema
+from rasd.lease import (
+    MAX_RESOURCE_LEN,
+    ResourceItem,
+    item_from_ddb,
+    lease_from_item,
+    parse_time,
+    pool_meta_key,
+    release,
+)
+
+from . import common
+
+log = structlog.get_logger("rasd_jobs.admin")
+
+DEFAULT_MAX_LEASE_S = 86_400  # one day: the paper's leases are 1-1.5 h; room for long tests
+PROG = "rasadmin"
+
+
+# -------------------------------------------------------------------------------- helpers
+def state_of(item: ResourceItem, now_us: int) -> str:
+    """free | leased | expired (leased but past lease_expires, not yet liberated)."""
+    if not item.leased:
+        return "free"
+    return "expired" if item.expired(now_us) else "leased"
+
+
+def row_of(item: ResourceItem, now_us: int) -> dict[str, Any]:
+    return {
+        "client_id": item.client_id,
+        "pool_id": item.pool_id,
+        "resource": item.resource,
+        "region": item.region,
+        "state": state_of(item, now_us),
+        "key": item.key,
+        "lease_expires": common.iso(item.lease_expires_us),
+        "lease_acquired": common.iso(item.lease_acquired_us),
+        "lease_available": item.lease_available,
+        "partition": item.partition,
+        "version": item.version,
+    }
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A plain left-aligned text table (no dependency); empty cells print as '-'."""
+    cells = [[str(c).upper() for c in columns]]
+    cells += [["-" if r.get(c) is None else str(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def show(args: argparse.Namespace, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(list(rows), default=str) + "\n")
+    elif rows:
+        sys.stdout.write(render_table(rows, columns) + "\n")
+    else:
+        sys.stdout.write("(none)\n")
+    sys.stdout.flush()
+
+
+def get_pool(ddb: Any, table: str, client_id: str, pool_id: str) -> dict[str, Any] | None:
+    resp = ddb.get_item(TableName=table, Key=pool_meta_key(client_id, pool_id), ConsistentRead=True)
+    item = resp.get("Item")
+    if item is None:
+        return None
+    return pool_row(item)
+
+
+def pool_row(item: dict[str, Any]) -> dict[str, Any]:
+    _, client_id, pool_id = item["resource"]["S"].split("#", 2)
+    return {
+        "client_id": client_id,
+        "pool_id": pool_id,
+        "max_lease": _number(item.get("max_lease", {"N": "0"})["N"]),
+    }
+
+
+def _number(n: str) -> int | float:
+    x = float(n)
+    return int(x) if x.is_integer() else x
+
+
+def client_items(
+    ddb: Any,
+    table: str,
+    client_id: str,
+    pool_id: str | None = None,
+    region: str | None = None,
+) -> Iterator[ResourceItem]:
+    """Resource items of a client (a Query on the base table), optionally of one pool/region.
+    Strongly consistent: the admin acts on what it shows."""
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":c": {"S": client_id}}
+    filters = []
+    if pool_id is not None:
+        filters.append("pool_id = :p")
+        values[":p"] = {"S": pool_id}
+    if region is not None:
+        filters.append("#r = :r")
+        names["#r"] = "region"
+        values[":r"] = {"S": region}
+    kw: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "client_id = :c",
+        "ExpressionAttributeValues": values,
+        "ConsistentRead": True,
+    }
+    if filters:
+        kw["FilterExpression"] = " AND ".join(filters)
+    if names:
+        kw["ExpressionAttributeNames"] = names
+    for page in common.scan_pages(ddb, kw):
+        for raw in page.get("Items", []):
+            yield item_from_ddb(raw)
+
+
+def is_resource(raw: dict[str, Any]) -> bool:
+    """Meta items (pool definitions, locks, job state) have a '#' client_id and no pool_id."""
+    return not raw["client_id"]["S"].startswith("#") and "pool_id" in raw
+
+
+def require_pool(ddb: Any, table: str, client_id: str, pool_id: str) -> dict[str, Any]:
+    pool = get_pool(ddb, table, client_id, pool_id)
+    if pool is None:
+        raise common.UsageError(
+            f"no pool {client_id}/{pool_id} in table {table}: define it with `rasadmin add-pool`"
+        )
+    return pool
+
+
+def get_resource(ddb: Any, table: str, client_id: str, resource: str) -> ResourceItem:
+    resp = ddb.get_item(
+        TableName=table,
+        Key={"client_id": {"S": client_id}, "resource": {"S": resource}},
+        ConsistentRead=True,
+    )
+    raw = resp.get("Item")
+    if raw is None or not is_resource(raw):
+        raise common.JobError(f"no resource {resource!r} of client {client_id} in {table}")
+    return item_from_ddb(raw)
+
+
+def check_resource_name(resource: str) -> None:
+    if not resource or len(resource) > MAX_RESOURCE_LEN:
+        raise common.UsageError(
+            f"bad resource {resource[:40]!r}: 1-{MAX_RESOURCE_LEN} characters expected"
+        )
+
+
+def ticking(it: Iterable[Any], progress: common.Progress) -> Iterator[Any]:
+    for x in it:
+        progress.add()
+        yield x
+
+
+# ------------------------------------------------------------------------------- commands
+def cmd_create_table(ddb: Any, args: argparse.Namespace) -> int:
+    created = schema.create_table(ddb, args.table, wait=not args.no_wait)
+    common.emit({"command": "create-table", "table": args.table, "created": created})
+    return 0
+
+
+def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    common.check_name("pool", args.pool)
+    if not 0 < args.max_lease <= 366 * 86_400:
+        raise common.UsageError(f"bad --max-lease {args.max_lease:g}: 1 s to 366 days")
+    existed = get_pool(ddb, args.table, args.client, args.pool) is not None
+    schema.put_pool(ddb, args.table, args.client, args.pool, args.max_lease)
+    common.emit(
+        {
+            "command": "add-pool",
+            "client_id": args.client,
+            "pool_id": args.pool,
+            "max_lease": args.max_lease,
+            "updated": existed,
+        }
+    )
+    return 0
+
+
+def cmd_list_pools(ddb: Any, args: argparse.Namespace) -> int:
+    rows = sorted(
+        (pool_row(it) for it in schema.list_pool_items(ddb, args.table)),
+        key=lambda r: (r["client_id"], r["pool_id"]),
+    )
+    if args.client:
+        rows = [r for r in rows if r["client_id"] == args.client]
+    show(args, rows, ["client_id", "pool_id", "max_lease"])
+    return 0
+
+
+def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    common.check_name("pool", args.pool)
+    pool = get_pool(ddb, args.table, args.client, args.pool)
+    now = common.now_us(args)
+    per_region: dict[str, Counter[str]] = {}
+    for it in client_items(ddb, args.table, args.client, args.pool, args.region):
+        per_region.setdefault(it.region, Counter())[state_of(it, now)] += 1
+    if pool is None and not per_region:
+        raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
+    regions = [
+        {"region": r, **{s: c[s] for s in ("free", "leased", "expired")}, "total": c.total()}
+        for r, c in sorted(per_region.items())
+    ]
+    doc = {
+        "client_id": args.client,
+        "pool_id": args.pool,
+        "defined": pool is not None,
+        "max_lease": pool["max_lease"] if pool else None,
+        "regions": regions,
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(doc) + "\n")
+    else:
+        head = f"pool {args.client}/{args.pool}: "
+        head += f"max_lease {pool['max_lease']:g}s" if pool else "NOT DEFINED (orphan items)"
+        sys.stdout.write(head + "\n")
+        show(args, regions, ["region", "free", "leased", "expired", "total"])
+    return 0
+
+
+def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    common.check_name("pool", args.pool)
+    now = common.now_us(args)
+    pool = get_pool(ddb, args.table, args.client, args.pool)
+    items = list(client_items(ddb, args.table, args.client, args.pool))
+    if pool is None and not items:
+        raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
+    held = [it for it in items if state_of(it, now) == "leased"]
+    if held and not args.force:
+        raise common.JobError(
+            f"refusing to delete pool {args.client}/{args.pool}: {len(held)} lease(s) held "
+            f"(e.g. {held[0].resource!r} by key {held[0].key!r} until "
+            f"{common.iso(held[0].lease_expires_us)}); wait for them to end or pass --force"
+        )
+    summary: dict[str, Any] = {
+        "command": "delete-pool",
+        "client_id": args.client,
+        "pool_id": args.pool,
+        "dry_run": args.dry_run,
+        "resources": len(items),
+        "held": len(held),
+        "deleted": 0,
+        "changed_meanwhile": 0,
+    }
+    if args.dry_run:
+        common.emit(summary)
+        return 0
+    # Definition first: daemons stop handing out this pool at their next pool refresh.
+    if pool is not None:
+        ddb.delete_item(TableName=args.table, Key=pool_meta_key(args.client, args.pool))
+    progress = common.Progress("deleting", len(items))
+    for it in items:
+        kw: dict[str, Any] = {
+            "TableName": args.table,
+            "Key": {"client_id": {"S": it.client_id}, "resource": {"S": it.resource}},
+        }
+        if not args.force:  # only as we read it: a lease taken since then survives
+            kw["ConditionExpression"] = "version = :v"
+            kw["ExpressionAttributeValues"] = {":v": {"N": str(it.version)}}
+        try:
+            ddb.delete_item(**kw)
+            summary["deleted"] += 1
+        except Exception as exc:
+            if not common.is_lost_race(exc):
+                raise
+            summary["changed_meanwhile"] += 1
+            log.warning("changed_meanwhile", resource=it.resource)
+        progress.add()
+    progress.close()
+    common.emit(summary)
+    return 1 if summary["changed_meanwhile"] else 0
+
+
+def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[str], int]:
+    """New names to add and how many given names already existed (skipped)."""
+    if args.count is not None:
+        prefix = args.prefix if args.prefix is not None else f"{args.pool}-"
+        check_resource_name(prefix + "0" * 6)
+        names: list[str] = []
+        i = 0
+        while len(names) < args.count:
+            name = f"{prefix}{i:06d}"
+            if name not in existing:
+                names.append(name)
+            i += 1
+        return names, 0
+    if args.file == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise common.UsageError(f"cannot read --file {args.file}: {exc.strerror}")
+    names, seen, skipped = [], set(), 0
+    for n, line in enumerate(lines, 1):
+        name = line.strip()
+        if not name:
+            continue
+        if len(name) > MAX_RESOURCE_LEN:
+            raise common.UsageError(f"{args.file}:{n}: resource longer than {MAX_RESOURCE_LEN}")
+        if name in existing or name in seen:
+            skipped += 1
+            continue
+        seen.add(name)
+        names.append(name)
+    return names, skipped
+
+
+def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    common.check_name("pool", args.pool)
+    region = common.ras_region(args)
+    assert region is not None
+    require_pool(ddb, args.table, args.client, args.pool)
+    # A resource is unique per client (it is the sort key): never overwrite an existing item,
+    # which might be leased, whatever pool it is in.
+    existing = {
+        it["resource"]["S"]
+        for page in common.scan_pages(
+            ddb,
+            {
+                "TableName": args.table,
+                "KeyConditionExpression": "client_id = :c",
+                "ExpressionAttributeValues": {":c": {"S": args.client}},
+                "ProjectionExpression": "#res",
+                "ExpressionAttributeNames": {"#res": "resource"},
+                "ConsistentRead": True,
+            },
+        )
+        for it in page.get("Items", [])
+    }
+    names, skipped = resource_names(args, existing)
+    added = 0
+    if not args.dry_run and names:
+        progress = common.Progress("adding", len(names))
+        added = schema.add_resources(
+            ddb,
+            args.table,
+            args.client,
+            args.pool,
+            region,
+            ticking(names, progress),
+            now_us=common.now_us(args),
+        )
+        progress.close()
+    common.emit(
+        {
+            "command": "add-resources",
+            "client_id": args.client,
+            "pool_id": args.pool,
+            "region": region,
+            "dry_run": args.dry_run,
+            "added": added,
+            "skipped_existing": skipped,
+            **({"would_add": len(names)} if args.dry_run else {}),
+        }
+    )
+    return 0
+
+
+RESOURCE_COLUMNS = ["pool_id", "resource", "region", "state", "key", "lease_expires", "version"]
+
+
+def cmd_list_resources(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    if args.pool is not None:
+        common.check_name("pool", args.pool)
+    if args.region is not None:
+        common.check_region(args.region)
+    now = common.now_us(args)
+    want = args.state
+    rows = []
+    for it in client_items(ddb, args.table, args.client, args.pool, args.region):
+        if want is not None and state_of(it, now) != want:
+            continue
+        rows.append(row_of(it, now))
+        if args.limit and len(rows) >= args.limit:
+            break
+    show(args, rows, RESOURCE_COLUMNS)
+    return 0
+
+
+def cmd_show_resource(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    check_resource_name(args.resource)
+    it = get_resource(ddb, args.table, args.client, args.resource)
+    row = row_of(it, common.now_us(args))
+    if args.json:
+        sys.stdout.write(json.dumps(row) + "\n")
+    else:
+        width = max(len(k) for k in row)
+        for k, v in row.items():
+            sys.stdout.write(f"{k.ljust(width)}  {'-' if v is None else v}\n")
+    return 0
+
+
+def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    check_resource_name(args.resource)
+    region = common.ras_region(args)
+    assert region is not None
+    it = get_resource(ddb, args.table, args.client, args.resource)
+    base = {"command": "release-resource", "client_id": args.client, "resource": args.resource}
+    if it.region != region:
+        raise common.JobError(
+            f"{args.resource!r} belongs to region {it.region}, not {region}: release it with "
+            f"--region {it.region} against that region's table"
+        )
+    if not it.leased:
+        common.emit({**base, "released": False, "reason": "not leased"})
+        return 0
+    try:
+        ddb.update_item(
+            TableName=args.table, **release(lease_from_item(it), common.now_us(args), region)
+        )
+    except Exception as exc:
+        if not common.is_lost_race(exc):
+            raise
+        raise common.JobError(
+            f"{args.resource!r} changed after it was read (a daemon wrote it); look again"
+        )
+    common.emit({**base, "released": True, "key": it.key, "version": it.version + 1})
+    return 0
+
+
+def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
+    common.check_name("client", args.client)
+    check_resource_name(args.resource)
+    it = get_resource(ddb, args.table, args.client, args.resource)
+    if state_of(it, common.now_us(args)) == "leased" and not args.force:
+        raise common.JobError(
+            f"refusing to delete {args.resource!r}: leased by key {it.key!r} until "
+            f"{common.iso(it.lease_expires_us)}; pass --force to delete it anyway"
+        )
+    kw: dict[str, Any] = {
+        "TableName": args.table,
+        "Key": {"client_id": {"S": it.client_id}, "resource": {"S": it.resource}},
+    }
+    if not args.force:
+        kw["ConditionExpression"] = "version = :v"
+        kw["ExpressionAttributeValues"] = {":v": {"N": str(it.version)}}
+    try:
+        ddb.delete_item(**kw)
+    except Exception as exc:
+        if not common.is_lost_race(exc):
+            raise
+        raise common.JobError(f"{args.resource!r} changed after it was read; look again")
+    common.emit(
+        {
+            "command": "delete-resource",
+            "client_id": it.client_id,
+            "resource": it.resource,
+            "deleted": True,
+        }
+    )
+    return 0
+
+
+STATS_PROJECTION = "client_id, pool_id, #r, #k, lease_expires"
+
+
+def collect_stats(
+    ddb: Any, table: str, now_us: int, client_id: str | None, segments: int
+) -> dict[tuple[str, str, str], Counter[str]]:
+    """(client, pool, region) -> Counter(free, leased, expired). Parallel Scan of the table
+    (or a Query of one client), page by page."""
+    per_seg: list[dict[tuple[str, str, str], Counter[str]]] = [{} for _ in range(segments)]
+    progress = common.Progress("scanning")
+
+    def handle(seg: int, page: dict[str, Any]) -> None:
+        out = per_seg[seg]
+        for raw in page.get("Items", []):
+            if not is_resource(raw):
+                continue
+            k = (raw["client_id"]["S"], raw["pool_id"]["S"], raw.get("region", {}).get("S", ""))
+            exp = raw.get("lease_expires", {}).get("S")
+            if "key" not in raw:
+                state = "free"
+            elif exp is not None and parse_time(exp) <= now_us:
+                state = "expired"
+            else:
+                state = "leased"
+            out.setdefault(k, Counter())[state] += 1
+        progress.add(int(page.get("ScannedCount", 0)))
+
+    kw: dict[str, Any] = {
+        "TableName": table,
+        "ProjectionExpression": STATS_PROJECTION,
+        "ExpressionAttributeNames": {"#r": "region", "#k": "key"},
+    }
+    if client_id is not None:
+        kw["KeyConditionExpression"] = "client_id = :c"
+        kw["ExpressionAttributeValues"] = {":c": {"S": client_id}}
+        for page in common.scan_pages(ddb, kw):
+            handle(0, page)
+    else:
+        for exc in common.parallel_scan(ddb, kw, segments, handle):
+            if exc is not None:
+                raise exc
+    progress.close()
+    total: dict[tuple[str, str, str], Counter[str]] = {}
+    for d in per_seg:
+        for k, c in d.items():
+            total.setdefault(k, Counter()).update(c)
+    return total
+
+
+def cmd_stats(ddb: Any, args: argparse.Namespace) -> int:
+    if args.client is not None:
+        common.check_name("client", args.client)
+    if args.pool is not None:
+        common.check_name("pool", args.pool)
+    if args.region is not None:
+        common.check_region(args.region)
+    now = common.now_us(args)
+    stats = collect_stats(ddb, args.table, now, args.client, args.segments)
+    # Defined pools without any resource show up too (region "-"), so they are not forgotten.
+    for it in schema.list_pool_items(ddb, args.table):
+        pr = pool_row(it)
+        if not any(k[:2] == (pr["client_id"], pr["pool_id"]) for k in stats):
+            stats[(pr["client_id"], pr["pool_id"], "-")] = Counter()
+    rows = []
+    for (c, p, r), cnt in sorted(stats.items()):
+        if args.client is not None and c != args.client:
+            continue
+        if args.pool is not None and p != args.pool:
+            continue
+        if args.region is not None and r != args.region:
+            continue
+        rows.append(
+            {
+                "client_id": c,
+                "pool_id": p,
+                "region": r,
+                "free": cnt["free"],
+                "leased": cnt["leased"],
+                "expired": cnt["expired"],
+                "total": cnt.total(),
+            }
+        )
+    show(args, rows, ["client_id", "pool_id", "region", "free", "leased", "expired", "total"])
+    return 0
+
+
+# --------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    conn = common.connection_parent()
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    dry = argparse.ArgumentParser(add_help=False)
+    dry.add_argument("--dry-run", action="store_true", help="report, change nothing")
+
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=common.wrap(
+            "Admin CLI for rasd's DynamoDB table: the table, pools, resources, stats. "
+            "Listings print a table (or JSON with --json); changes print a one-line JSON "
+            "summary. Read-only commands cover every region unless --region is given on the "
+            "command line (RASD_REGION is not used as a filter); add-resources and "
+            "release-resource need --region or RASD_REGION. Run `rasadmin COMMAND --help` "
+            "for each command's flags."
+        ),
+        epilog=common.ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(
+        name: str,
+        fn: Callable[[Any, argparse.Namespace], int],
+        help: str,
+        parents: Sequence[argparse.ArgumentParser],
+    ) -> argparse.ArgumentParser:
+        sp = sub.add_parser(
+            name,
+            help=help,
+            description=common.wrap(help),
+            parents=[conn, *parents],
+            epilog=common.ENV_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sp.set_defaults(func=fn)
+        return sp
+
+    def client_pool(sp: argparse.ArgumentParser, pool_required: bool = True) -> None:
+        sp.add_argument("--client", required=True, help="client_id")
+        sp.add_argument("--pool", required=pool_required, help="pool_id")
+
+    sp = add(
+        "create-table",
+        cmd_create_table,
+        "create the table with both indexes and the stream (no-op if it exists)",
+        [],
+    )
+    sp.add_argument("--no-wait", action="store_true", help="do not wait until it is ACTIVE")
+
+    sp = add("add-pool", cmd_add_pool, "define (or redefine) a client's pool", [])
+    client_pool(sp)
+    sp.add_argument(
+        "--max-lease",
+        type=float,
+        default=DEFAULT_MAX_LEASE_S,
+        metavar="SECONDS",
+        help=f"longest lease a client may ask for (default {DEFAULT_MAX_LEASE_S})",
+    )
+
+    sp = add("list-pools", cmd_list_pools, "list pool definitions", [out])
+    sp.add_argument("--client", help="only this client's pools")
+
+    sp = add("show-pool", cmd_show_pool, "a pool's definition and counts per region", [out])
+    client_pool(sp)
+
+    sp = add(
+        "delete-pool",
+        cmd_delete_pool,
+        "delete a pool's definition and all its resource items (every region); refuses "
+        "while a lease in it is held",
+        [dry],
+    )
+    client_pool(sp)
+    sp.add_argument("--force", action="store_true", help="delete even while leases are held")
+
+    sp = add(
+        "add-resources",
+        cmd_add_resources,
+        "add free resources to a pool in one region (spread over the 10 sub-partitions); "
+        "names that already exist for the client are skipped, never overwritten",
+        [dry],
+    )
+    client_pool(sp)
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--count", type=common.positive_int, help="add N generated names")
+    src.add_argument(
+        "--file", metavar="F", help="one resource per line ('-' = stdin); blank lines skipped"
+    )
+    sp.add_argument(
+        "--prefix", help="with --count: names are PREFIX000000, PREFIX000001... (default 'POOL-')"
+    )
+
+    sp = add("list-resources", cmd_list_resources, "list a client's resource items", [out])
+    client_pool(sp, pool_required=False)
+    st = sp.add_mutually_exclusive_group()
+    for flag, what in (
+        ("leased", "only leases that are running"),
+        ("free", "only free items"),
+        ("expired", "only leases past their end, not yet liberated"),
+    ):
+        st.add_argument(f"--{flag}", dest="state", action="store_const", const=flag, help=what)
+    sp.add_argument("--limit", type=common.positive_int, help="print at most N items")
+
+    sp = add("show-resource", cmd_show_resource, "one resource item, every attribute", [out])
+    sp.add_argument("--client", required=True, help="client_id")
+    sp.add_argument("--resource", required=True, help="the resource string")
+
+    sp = add(
+        "release-resource",
+        cmd_release_resource,
+        "free a leased item now (conditional on the version read; only items of --region)",
+        [],
+    )
+    sp.add_argument("--client", required=True, help="client_id")
+    sp.add_argument("--resource", required=True, help="the resource string")
+
+    sp = add(
+        "delete-resource",
+        cmd_delete_resource,
+        "delete one resource item; refuses while it is leased",
+        [],
+    )
+    sp.add_argument("--client", required=True, help="client_id")
+    sp.add_argument("--resource", required=True, help="the resource string")
+    sp.add_argument("--force", action="store_true", help="delete even while leased")
+
+    sp = add(
+        "stats",
+        cmd_stats,
+        "free / leased / expired-not-liberated counts per client, pool and region",
+        [out],
+    )
+    sp.add_argument("--client", help="only this client (a Query instead of a Scan)")
+    sp.add_argument("--pool", help="only this pool")
+    sp.add_argument(
+        "--segments", type=common.positive_int, default=4, help="parallel Scan segments"
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    common.setup_logging(args.log_level)
+
+    def body() -> int:
+        region = args.region or None
+        if region is None:
+            try:
+                region = common.ras_region(args, required=False)
+            except common.UsageError:
+                region = None
+        ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
+        return int(args.func(ddb, args))
+
+    return common.run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,633 @@
+"""``ras-balancer``: move free resources between regions ahead of projected demand (Jenkins,
+every 5 minutes). See docs/global.md.
+
+One run, top to bottom (:func:`run`):
+
+1. take the lock item ``#meta`` / ``lock#balancer`` (conditional UpdateItem; expires by itself)
+   - when another balancer holds it, report ``"status": "locked"`` and stop (exit 0);
+2. load the previous state from S3 (``rasd_jobs.s3state``);
+3. read the table's stream in this region from the checkpoints (``rasd_jobs.stream``):
+   acquisitions and releases per (client, pool, region);
+4. read the daemons' miss counters (Query ``#meta`` ``begins_with misses#``), take deltas;
+5. count free items per (client, pool, region) (Query COUNT on ``available_resources`` over
+   the 10 sub-partitions);
+6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
+7. move: candidates from the donor region's ``available_resources`` index, each moved with
+   ``rasd.lease.move`` (conditional on version, free and region; a lost race is counted and
+   the next candidate tried);
+8. write the headroom meta items; save state + snapshot to S3; release the lock.
+
+``--dry-run`` does 2-6 and prints the plan in the summary; it writes nothing (no lock either).
+
+Replicas: every write goes to this region's table (the paper's single-region job) unless
+``--peer-endpoint REGION=URL`` names the donor region's replica: then that donor's candidates
+are read and moved there, where the conditional check is ordered with its own daemons' claims
+(in a global table, a move written in another replica races a claim by last-writer-wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import structlog
+from botocore.exceptions import ClientError
+
+from rasd.lease import (
+    META_CLIENT,
+    PARTITIONS,
+    REGION_RE,
+    ResourceItem,
+    fmt_time,
+    item_from_ddb,
+    move,
+    partition_name,
+)
+from rasd.schema import list_pool_items
+
+from . import balance_model as bm
+from . import common, s3state
+from . import stream as st
+from .dedupe import parse_peer
+
+log = structlog.get_logger("rasd_jobs.balancer")
+
+STATE_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class Options:
+    table: str
+    region: str  # whose stream and table this run reads and writes
+    now_us: int
+    params: bm.Params = field(default_factory=bm.Params)
+    regions: tuple[str, ...] = ()  # the RAS regions; empty: the regions seen (see run())
+    state_uri: str | None = None
+    dry_run: bool = False
+    lock_s: float = 240.0  # lock expiry; a run stops moving after lock_s - 30 s
+    stream_budget_s: float = 60.0
+
+
+@dataclass
+class Clients:
+    """The boto3 clients of one run; tests pass wrappers (fault injection, races)."""
+
+    ddb: Any  # this region's DynamoDB replica
+    streams: Any  # this region's DynamoDB Streams
+    s3: Any | None = None
+    peers: dict[str, Any] = field(default_factory=dict)  # region -> that replica's DynamoDB
+
+    def for_region(self, region: str) -> Any:
+        """Where the items of ``region`` are read and moved: its replica if we know one."""
+        return self.peers.get(region, self.ddb)
+
+
+# ------------------------------------------------------------------------------------ lock
+def lock_key() -> dict[str, Any]:
+    return {"client_id": {"S": META_CLIENT}, "resource": {"S": bm.LOCK_RESOURCE}}
+
+
+def take_lock(ddb: Any, table: str, owner: str, now_us: int, hold_s: float) -> str | None:
+    """Take the balancer lock. Returns None when taken, else the current holder."""
+    try:
+        ddb.update_item(
+            TableName=table,
+            Key=lock_key(),
+            UpdateExpression="SET lock_owner = :o, lock_expires = :until, lock_taken = :now",
+            ConditionExpression="attribute_not_exists(lock_expires) OR lock_expires < :now",
+            ExpressionAttributeValues={
+                ":o": {"S": owner},
+                ":until": {"S": fmt_time(now_us + int(hold_s * 1_000_000))},
+                ":now": {"S": fmt_time(now_us)},
+            },
+        )
+        return None
+    except ClientError as exc:
+        if not common.is_lost_race(exc):
+            raise
+    item = ddb.get_item(TableName=table, Key=lock_key(), ConsistentRead=True).get("Item", {})
+    return str(item.get("lock_owner", {}).get("S", "?"))
+
+
+def drop_lock(ddb: Any, table: str, owner: str) -> bool:
+    """Release the lock if we still hold it (False: it expired and someone else took it)."""
+    try:
+        ddb.update_item(
+            TableName=table,
+            Key=lock_key(),
+            UpdateExpression="REMOVE lock_expires, lock_owner",
+            ConditionExpression="lock_owner = :o",
+            ExpressionAttributeValues={":o": {"S": owner}},
+        )
+        return True
+    except ClientError as exc:
+        if common.is_lost_race(exc):
+            return False
+        raise
+
+
+# ---------------------------------------------------------------------------------- reading
+def read_pools(ddb: Any, table: str) -> tuple[list[tuple[str, str]], set[str]]:
+    """Defined pools ``(client, pool)`` and any regions their items list (``regions``)."""
+    pools: list[tuple[str, str]] = []
+    regions: set[str] = set()
+    for it in list_pool_items(ddb, table):
+        parts = it["resource"]["S"].split("#")
+        if len(parts) != 3:
+            continue
+        pools.append((parts[1], parts[2]))
+        raw = it.get("regions", {})
+        for r in raw.get("SS", []) + [v.get("S", "") for v in raw.get("L", [])]:
+            if REGION_RE.match(r):
+                regions.add(r)
+    return sorted(pools), regions
+
+
+def read_miss_counters(ddb: Any, table: str) -> dict[str, int]:
+    """All daemons' cumulative miss counters: ``misses#...`` resource -> count."""
+    out: dict[str, int] = {}
+    kw: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "client_id = :m AND begins_with(#res, :pfx)",
+        "ProjectionExpression": "#res, #c",
+        "ExpressionAttributeNames": {"#res": "resource", "#c": "count"},
+        "ExpressionAttributeValues": {":m": {"S": META_CLIENT}, ":pfx": {"S": bm.MISS_PREFIX}},
+    }
+    for page in common.scan_pages(ddb, kw):
+        for it in page.get("Items", []):
+            out[it["resource"]["S"]] = int(it.get("count", {}).get("N", "0"))
+    return out
+
+
+def count_free(ddb: Any, table: str, client_id: str, pool_id: str, region: str) -> int:
+    """Free items of one (client, pool, region): Select=COUNT over the 10 sub-partitions."""
+    total = 0
+    for n in range(PARTITIONS):
+        kw: dict[str, Any] = {
+            "TableName": table,
+            "IndexName": "available_resources",
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": "partition"},
+            "ExpressionAttributeValues": {
+                ":p": {"S": partition_name(client_id, pool_id, region, n)}
+            },
+            "Select": "COUNT",
+        }
+        for page in common.scan_pages(ddb, kw):
+            total += int(page.get("Count", 0))
+    return total
+
+
+def candidates(
+    ddb: Any, table: str, client_id: str, pool_id: str, region: str, want: int
+) -> list[ResourceItem]:
+    """Up to ``want`` free items of (client, pool, region), spread over the sub-partitions
+    (round robin), so that moving them keeps the donor's sub-partitions even."""
+    per = math.ceil(want / PARTITIONS) + 1
+    lists: list[list[ResourceItem]] = []
+    more: list[tuple[int, dict[str, Any]]] = []
+    for n in range(PARTITIONS):
+        kw: dict[str, Any] = {
+            "TableName": table,
+            "IndexName": "available_resources",
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": "partition"},
+            "ExpressionAttributeValues": {
+                ":p": {"S": partition_name(client_id, pool_id, region, n)}
+            },
+            "Limit": per,
+        }
+        resp = ddb.query(**kw)
+        lists.append([item_from_ddb(i) for i in resp.get("Items", [])])
+        if "LastEvaluatedKey" in resp:
+            more.append((n, {**kw, "ExclusiveStartKey": resp["LastEvaluatedKey"]}))
+    # uneven sub-partitions: top up from those that have more
+    while sum(map(len, lists)) < want and more:
+        n, kw = more.pop(0)
+        resp = ddb.query(**{**kw, "Limit": want})
+        lists[n].extend(item_from_ddb(i) for i in resp.get("Items", []))
+        if "LastEvaluatedKey" in resp:
+            more.append((n, {**kw, "ExclusiveStartKey": resp["LastEvaluatedKey"]}))
+    out: list[ResourceItem] = []
+    for i in range(max(map(len, lists), default=0)):
+        out.extend(lst[i] for lst in lists if i < len(lst))
+    return [it for it in out if it.region == region and not it.leased][:want]
+
+
+# ----------------------------------------------------------------------------------- moving
+@dataclass
+class MoveResult:
+    moved: int = 0
+    lost_races: int = 0
+    short: int = 0  # planned but no candidate left (claimed since the count)
+
+
+def execute(ddb: Any, table: str, m: bm.Move, out_of_time: Callable[[], bool]) -> MoveResult:
+    """Move ``m.count`` free items from ``m.src`` to ``m.dst`` (``ddb``: the src replica)."""
+    res = MoveResult()
+    extra = max(2, m.count // 4)  # spare candidates for the races we will lose
+    for item in candidates(ddb, table, m.client_id, m.pool_id, m.src, m.count + extra):
+        if res.moved >= m.count or out_of_time():
+            break
+        try:
+            ddb.update_item(TableName=table, **move(item, m.dst))
+            res.moved += 1
+        except ClientError as exc:
+            if not common.is_lost_race(exc):
+                raise
+            res.lost_races += 1  # claimed (or moved) since we read it: normal
+    res.short = m.count - res.moved
+    return res
+
+
+# ------------------------------------------------------------------------------------- run
+def _regions(
+    opts: Options, state: dict[str, Any] | None, pool_regions: set[str], seen: set[str]
+) -> list[str]:
+    if opts.regions:
+        return sorted(set(opts.regions))
+    known = set((state or {}).get("regions", []))
+    return sorted(known | pool_regions | seen | {opts.region})
+
+
+def _window_s(
+    opts: Options, state: dict[str, Any] | None, read: st.StreamRead
+) -> tuple[float, bool]:
+    """Seconds the observed events cover, and whether this is the first run. First run: the
+    stream (up to 24 h) since its oldest record, at least one interval."""
+    last = (state or {}).get("last_run_us")
+    if last is not None:
+        return (opts.now_us - int(last)) / 1_000_000, False
+    span = 0.0
+    if read.first_at_us is not None and read.last_at_us is not None:
+        span = (read.last_at_us - read.first_at_us) / 1_000_000
+    return max(opts.params.interval_s, span), True
+
+
+def run(
+    opts: Options, clients: Clients, clock: Callable[[], float] = time.monotonic
+) -> dict[str, Any]:
+    """One balancer run. Returns the summary (also for ``--dry-run`` and ``locked``)."""
+    t0 = clock()
+    owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    summary: dict[str, Any] = {"status": "ok", "dry_run": opts.dry_run}
+    if not opts.dry_run:
+        holder = take_lock(clients.ddb, opts.table, owner, opts.now_us, opts.lock_s)
+        if holder is not None:
+            log.warning("locked", holder=holder)
+            return {"status": "locked", "holder": holder, "seconds": round(clock() - t0, 3)}
+    try:
+        summary |= _run_locked(opts, clients, clock, t0)
+    finally:
+        if not opts.dry_run and not drop_lock(clients.ddb, opts.table, owner):
+            log.warning("lock_lost", owner=owner)
+    summary["seconds"] = round(clock() - t0, 3)
+    return summary
+
+
+def _run_locked(
+    opts: Options, clients: Clients, clock: Callable[[], float], t0: float
+) -> dict[str, Any]:
+    p = opts.params
+    loc = s3state.parse_uri(opts.state_uri) if opts.state_uri else None
+    state: dict[str, Any] | None = None
+    if loc is not None:
+        assert clients.s3 is not None
+        state, _ = s3state.load(clients.s3, loc)
+    if state is not None and state.get("version") != STATE_VERSION:
+        log.warning("state_version_unknown", version=state.get("version"))
+        state = None
+
+    # -- signals: stream
+    arn = st.stream_arn(clients.ddb, opts.table)
+    sstate = (state or {}).get("stream", {})
+    checkpoints = sstate.get("checkpoints", {}) if sstate.get("arn") == arn else {}
+    read = st.read_stream(clients.streams, arn, checkpoints, opts.stream_budget_s, clock)
+    dt_s, first = _window_s(opts, state, read)
+
+    # -- signals: misses
+    counters = read_miss_counters(clients.ddb, opts.table)
+    misses, miss_memory = bm.miss_deltas(
+        counters, None if state is None else state.get("misses", {})
+    )
+
+    # -- what exists
+    pools, pool_regions = read_pools(clients.ddb, opts.table)
+    seen = {e.region for e in read.events} | {e.from_region for e in read.events if e.from_region}
+    seen |= {k[2] for k in misses}
+    regions = _regions(opts, state, pool_regions, seen)
+    keys = {(c, pl, r) for c, pl in pools for r in regions}
+
+    acq: Counter[bm.Key] = Counter()
+    rel: Counter[bm.Key] = Counter()
+    for e in read.events:
+        k = (e.client_id, e.pool_id, e.region)
+        if k not in keys:
+            continue
+        if e.kind == st.ACQUIRE:
+            acq[k] += 1
+        elif e.kind == st.RELEASE:
+            rel[k] += 1
+    counts = {
+        k: bm.Counts(acq[k], rel[k], misses.get(k, 0))
+        for k in keys
+        if acq[k] or rel[k] or misses.get(k)
+    }
+
+    prev = {
+        bm.key_parse(ks): bm.Signal.from_json(v)
+        for ks, v in (state or {}).get("signals", {}).items()
+    }
+    signals = bm.observe({k: v for k, v in prev.items() if k in keys}, counts, keys, dt_s, p)
+
+    free = {k: count_free(clients.for_region(k[2]), opts.table, *k) for k in sorted(keys)}
+    the_plan = bm.plan(free, signals, p)
+    planned = [
+        {"client": m.client_id, "pool": m.pool_id, "from": m.src, "to": m.dst, "count": m.count}
+        for m in the_plan.moves
+    ]
+    log.info(
+        "plan",
+        window_s=round(dt_s, 3),
+        first_run=first,
+        moves=planned,
+        capped=the_plan.capped,
+        stream_caught_up=read.caught_up,
+    )
+    summary: dict[str, Any] = {
+        "pools": len(pools),
+        "regions": regions,
+        "moves_planned": the_plan.total,
+        "moved": 0,
+        "lost_races": 0,
+        "stream_records": read.records,
+        "acquisitions": sum(acq.values()),
+        "releases": sum(rel.values()),
+        "misses": sum(misses.values()),
+        "capped": the_plan.capped,
+    }
+    if not read.caught_up:
+        summary["stream_caught_up"] = False
+    if opts.dry_run:
+        summary["plan"] = planned
+        return summary
+
+    # -- moves
+    deadline = t0 + max(0.0, opts.lock_s - 30.0)
+    done: list[bm.Move] = []
+    short = 0
+    for m in the_plan.moves:
+        r = execute(clients.for_region(m.src), opts.table, m, lambda: clock() >= deadline)
+        summary["moved"] += r.moved
+        summary["lost_races"] += r.lost_races
+        short += r.short
+        if r.moved:
+            done.append(bm.Move(m.client_id, m.pool_id, m.src, m.dst, r.moved))
+        log.info(
+            "moved",
+            client=m.client_id,
+            pool=m.pool_id,
+            src=m.src,
+            dst=m.dst,
+            planned=m.count,
+            moved=r.moved,
+            lost_races=r.lost_races,
+        )
+    if short:
+        summary["short"] = short
+    after = bm.apply_moves(free, done)
+
+    # -- headroom items
+    for k in sorted(keys):
+        clients.ddb.put_item(
+            TableName=opts.table,
+            Item=bm.headroom_item(k, after[k], the_plan.projected[k], opts.now_us, p.horizon_s),
+        )
+    summary["headroom_items"] = len(keys)
+
+    # -- state + snapshot
+    if loc is not None:
+        assert clients.s3 is not None
+        new_state = {
+            "version": STATE_VERSION,
+            "last_run_us": opts.now_us,
+            "regions": regions,
+            "signals": {bm.key_str(k): v.to_json() for k, v in sorted(signals.items())},
+            "stream": {"arn": arn, "checkpoints": read.checkpoints},
+            "misses": miss_memory,
+        }
+        snapshot = {
+            "now": fmt_time(opts.now_us),
+            "window_s": dt_s,
+            "params": {
+                "interval_s": p.interval_s,
+                "horizon_s": p.horizon_s,
+                "alpha": p.alpha,
+                "beta": p.beta,
+                "safety": p.safety,
+                "floor": p.floor,
+                "max_moves": p.max_moves,
+            },
+            "pools": {
+                bm.key_str(k): {
+                    "free_before": free[k],
+                    "free_after": after[k],
+                    "projected_demand": round(the_plan.projected[k], 3),
+                    "target": the_plan.targets[k],
+                    "window": {
+                        "acquired": acq[k],
+                        "released": rel[k],
+                        "missed": misses.get(k, 0),
+                    },
+                    "signal": signals[k].to_json(),
+                }
+                for k in sorted(keys)
+            },
+            "moves": [
+                {
+                    "client": m.client_id,
+                    "pool": m.pool_id,
+                    "from": m.src,
+                    "to": m.dst,
+                    "count": m.count,
+                }
+                for m in done
+            ],
+        }
+        s3state.save(clients.s3, loc, new_state, snapshot, opts.now_us)
+    else:
+        log.warning("no_state_uri", note="demand is relearned on every run")
+    return summary
+
+
+# ------------------------------------------------------------------------------------- CLI
+def _regions_arg(s: str) -> tuple[str, ...]:
+    out = tuple(r.strip() for r in s.split(",") if r.strip())
+    if not out:
+        raise argparse.ArgumentTypeError("empty region list")
+    for r in out:
+        if not REGION_RE.match(r):
+            raise argparse.ArgumentTypeError(f"bad region {r!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = bm.Params()
+    p: argparse.ArgumentParser = common.parser(
+        "ras-balancer",
+        "Move free resources between regions ahead of projected demand. Reads this region's "
+        "stream and the daemons' miss counters, projects demand per (client, pool, region) "
+        "over the horizon (Holt's EWMA level + trend), moves free items from regions above "
+        "their target to regions below it, writes headroom items, and keeps its state on S3. "
+        "One balancer at a time (lock item #meta/lock#balancer). Prints one JSON summary "
+        "line on stdout: pools, regions, moves_planned, moved, lost_races, stream_records, "
+        "misses, seconds. Exit 0 also when another balancer holds the lock (status "
+        '"locked"). The stream is read at --endpoint-url, else '
+        "AWS_ENDPOINT_URL_DYNAMODBSTREAMS, else AWS_ENDPOINT_URL_DYNAMODB. See docs/global.md.",
+        [common.connection_parent()],
+    )
+    g = p.add_argument_group("balancer")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compute and print the plan (in the summary); write nothing",
+    )
+    g.add_argument(
+        "--regions",
+        type=_regions_arg,
+        default=None,
+        metavar="R1,R2,...",
+        help="the RAS regions (default: regions named on pool items, seen in the "
+        "stream, the miss counters or the previous state, plus --region)",
+    )
+    g.add_argument(
+        "--state-uri",
+        default=os.environ.get("RASD_STATE_URI"),
+        help="s3://bucket/prefix for state and snapshot (env RASD_STATE_URI; "
+        "required unless --dry-run; S3 endpoint: AWS_ENDPOINT_URL_S3 or "
+        "AWS_ENDPOINT_URL, as boto3 reads them)",
+    )
+    g.add_argument(
+        "--interval",
+        type=common.non_negative_float,
+        default=d.interval_s,
+        help=f"seconds between runs: demand is a rate per interval (default {d.interval_s:g})",
+    )
+    g.add_argument(
+        "--horizon",
+        type=common.non_negative_float,
+        default=d.horizon_s,
+        help=f"seconds ahead to provision for (default {d.horizon_s:g})",
+    )
+    g.add_argument(
+        "--max-moves",
+        type=int,
+        default=d.max_moves,
+        help=f"items moved per run, all pools together (default {d.max_moves})",
+    )
+    g.add_argument(
+        "--safety",
+        type=float,
+        default=d.safety,
+        help=f"target free = projected demand x safety + floor (default {d.safety:g})",
+    )
+    g.add_argument(
+        "--floor",
+        type=int,
+        default=d.floor,
+        help=f"free items kept in every region (default {d.floor})",
+    )
+    g.add_argument(
+        "--peer-endpoint",
+        action="append",
+        default=[],
+        metavar="REGION=URL",
+        help="DynamoDB endpoint of REGION's replica: that region's items are read "
+        "and moved there, ordered with its daemons' claims (repeatable)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    common.setup_logging(args.log_level)
+
+    def body() -> int:
+        region = common.ras_region(args)
+        assert region is not None
+        try:
+            params = bm.Params(
+                interval_s=args.interval,
+                horizon_s=args.horizon,
+                safety=args.safety,
+                floor=args.floor,
+                max_moves=args.max_moves,
+            )
+        except ValueError as exc:
+            raise common.UsageError(str(exc))
+        if not args.state_uri and not args.dry_run:
+            raise common.UsageError("no state: pass --state-uri or set RASD_STATE_URI")
+        if args.state_uri:
+            try:
+                s3state.parse_uri(args.state_uri)
+            except ValueError as exc:
+                raise common.UsageError(str(exc))
+        peer_urls = dict(parse_peer(s) for s in args.peer_endpoint)
+        peer_urls.pop(region, None)
+        ddb = common.make_client(args, region)
+        streams_url = (
+            args.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_DYNAMODBSTREAMS")
+            or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
+        )
+        streams = boto3.client(
+            "dynamodbstreams",
+            region_name=os.environ.get("AWS_REGION") or region,
+            endpoint_url=streams_url,
+        )
+        s3 = boto3.client("s3") if args.state_uri else None
+        clients = Clients(
+            ddb=ddb,
+            streams=streams,
+            s3=s3,
+            peers={r: common.client_for(u, r, exact_region=True) for r, u in peer_urls.items()},
+        )
+        opts = Options(
+            table=args.table,
+            region=region,
+            now_us=common.now_us(args),
+            params=params,
+            regions=args.regions or (),
+            state_uri=args.state_uri,
+            dry_run=args.dry_run,
+        )
+        log.info(
+            "start",
+            table=args.table,
+            region=region,
+            regions=opts.regions,
+            dry_run=opts.dry_run,
+            peers=sorted(peer_urls),
+        )
+        try:
+            summary = run(opts, clients)
+        except st.NoStream as exc:
+            raise common.JobError(str(exc))
+        common.emit(summary)
+        return common.EXIT_OK
+
+    return common.run_main("ras-balancer", body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

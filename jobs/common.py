@@ -1,0 +1,341 @@
+"""Plumbing shared by ``rasadmin``, ``ras-liberator`` and ``ras-dedupe``.
+
+Conventions every job keeps (docs/operations.md):
+
+* flags override the environment: ``--table`` / ``RASD_TABLE``, ``--region`` / ``RASD_REGION``,
+  ``--endpoint-url`` (else botocore reads ``AWS_ENDPOINT_URL_DYNAMODB`` / ``AWS_ENDPOINT_URL``);
+* the DynamoDB client's region is ``AWS_REGION`` when set, else the RAS region, so one table can
+  stand in for a replicated global table in tests;
+* logs are JSON lines on **stderr** (structlog); the result is one JSON line on **stdout**;
+* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names.
+
+Time is a parameter: every job takes a hidden ``--now`` so tests never sleep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TextIO
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from rasd import log as rasd_log
+from rasd.lease import REGION_RE, US, fmt_time, parse_time, valid_name
+
+EXIT_OK = 0
+EXIT_ERRORS = 1
+EXIT_USAGE = 2
+
+ENV_HELP = """\
+environment (flags override):
+  RASD_TABLE                 table name (default "rasd")
+  RASD_REGION                the RAS region whose items this command manages
+  AWS_REGION                 the DynamoDB client's region (default: the RAS region)
+  AWS_ENDPOINT_URL_DYNAMODB  DynamoDB endpoint (else AWS_ENDPOINT_URL, else AWS)
+  AWS_PROFILE, AWS_ACCESS_KEY_ID, ...  credentials, as boto3 reads them
+
+exit status: 0 done, 1 the job hit errors (see the logs on stderr), 2 bad usage or names.
+"""
+
+
+class UsageError(Exception):
+    """Bad flags or names: the command prints the message and exits 2."""
+
+
+class JobError(Exception):
+    """The job cannot go on (table missing, endpoint unreachable): message and exit 1."""
+
+
+# ------------------------------------------------------------------------------ arguments
+def connection_parent() -> argparse.ArgumentParser:
+    """``--table``, ``--region``, ``--endpoint-url``, ``--log-level``: on every command."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("connection")
+    g.add_argument(
+        "--table",
+        default=os.environ.get("RASD_TABLE") or "rasd",
+        help='DynamoDB table (env RASD_TABLE, default "rasd")',
+    )
+    g.add_argument(
+        "--region",
+        default=None,
+        help="the RAS region: whose items to manage (env RASD_REGION). The DynamoDB client "
+        "uses AWS_REGION if set, else this",
+    )
+    g.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="DynamoDB endpoint (default: boto3 reads AWS_ENDPOINT_URL_DYNAMODB, then "
+        "AWS_ENDPOINT_URL, then uses AWS)",
+    )
+    g.add_argument(
+        "--log-level",
+        default=os.environ.get("RASD_LOG_LEVEL") or "info",
+        choices=["debug", "info", "warning", "error"],
+        help="stderr log level (env RASD_LOG_LEVEL, default info)",
+    )
+    # Hidden: the jobs' notion of "now", so tests pass time in instead of sleeping.
+    g.add_argument("--now", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def job_parent() -> argparse.ArgumentParser:
+    """Options of the scheduled jobs (liberator, dedupe) on top of the connection ones."""
+    p = argparse.ArgumentParser(add_help=False, parents=[connection_parent()])
+    g = p.add_argument_group("job")
+    g.add_argument(
+        "--dry-run", action="store_true", help="read and report, write nothing to the table"
+    )
+    g.add_argument(
+        "--segments",
+        type=positive_int,
+        default=4,
+        help="parallel Scan segments, one thread each (default 4)",
+    )
+    g.add_argument(
+        "--page-size",
+        type=positive_int,
+        default=None,
+        help="items per Scan page (Limit); smaller pages smooth read capacity use "
+        "(default: DynamoDB's 1 MB pages)",
+    )
+    return p
+
+
+def wrap(text: str) -> str:
+    """Fill a description to 79 columns (the help formatter keeps it raw for the epilog)."""
+    return textwrap.fill(text, 79)
+
+
+def parser(prog: str, description: str, parents: Sequence[argparse.ArgumentParser]) -> Any:
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=wrap(description),
+        parents=list(parents),
+        epilog=ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def positive_int(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {s!r}")
+    return n
+
+
+def non_negative_float(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}")
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {s!r}")
+    return x
+
+
+def ras_region(args: argparse.Namespace, required: bool = True) -> str | None:
+    """The RAS region: ``--region``, else ``RASD_REGION``. Validated; UsageError if missing."""
+    region = args.region or os.environ.get("RASD_REGION") or None
+    if region is None:
+        if required:
+            raise UsageError("no region: pass --region or set RASD_REGION")
+        return None
+    check_region(region)
+    return region
+
+
+def check_region(region: str) -> None:
+    if not REGION_RE.match(region):
+        raise UsageError(f"bad region {region!r}: expected lower-case letters, digits and '-'")
+
+
+def check_name(what: str, value: str) -> None:
+    if not valid_name(value):
+        raise UsageError(
+            f"bad {what} {value!r}: 1-64 characters of letters, digits, '_' and '-' (no '.' or '#')"
+        )
+
+
+def now_us(args: argparse.Namespace) -> int:
+    """``--now`` (epoch seconds or ``YYYY-MM-DDTHH:MM:SS[.ffffff]Z``), else the wall clock."""
+    raw = getattr(args, "now", None)
+    if raw is None:
+        return time.time_ns() // 1000
+    return parse_now(raw)
+
+
+def parse_now(raw: str) -> int:
+    try:
+        return int(float(raw) * US)
+    except ValueError:
+        pass
+    s = raw if "." in raw else raw.replace("Z", ".000000Z")
+    try:
+        return parse_time(s)
+    except ValueError:
+        raise UsageError(f"bad --now {raw!r}: epoch seconds or YYYY-MM-DDTHH:MM:SS.ffffffZ")
+
+
+# --------------------------------------------------------------------------------- client
+def make_client(args: argparse.Namespace, region: str | None, pool: int = 10) -> Any:
+    """A boto3 DynamoDB client. Region: ``AWS_REGION`` if set, else the RAS region (else
+    boto3's own resolution). Retries in botocore's adaptive mode: jobs are batch work and
+    should slow down under throttling rather than fail."""
+    return client_for(getattr(args, "endpoint_url", None), region, pool)
+
+
+def client_for(
+    endpoint_url: str | None, region: str | None, pool: int = 10, exact_region: bool = False
+) -> Any:
+    """A client for ``endpoint_url``. Its region is ``AWS_REGION`` if set, else ``region``;
+    ``exact_region=True`` signs for ``region`` whatever AWS_REGION says (ras-balancer's peer
+    replicas; ras-dedupe's peers follow AWS_REGION so that one moto table can stand in for
+    every replica in tests)."""
+    return boto3.client(
+        "dynamodb",
+        region_name=region if exact_region else (os.environ.get("AWS_REGION") or region),
+        endpoint_url=endpoint_url,
+        config=BotoConfig(
+            max_pool_connections=max(10, pool),
+            retries={"max_attempts": 8, "mode": "adaptive"},
+            connect_timeout=5,
+            read_timeout=30,
+        ),
+    )
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def is_lost_race(exc: BaseException) -> bool:
+    return isinstance(exc, ClientError) and error_code(exc) == "ConditionalCheckFailedException"
+
+
+# -------------------------------------------------------------------------------- logging
+def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
+    """structlog: one JSON object per line on stderr, with an ISO UTC timestamp."""
+    rasd_log.configure(level, stream, cache=False)
+
+
+def emit(summary: dict[str, Any], stream: TextIO | None = None) -> None:
+    """The one-line JSON result on stdout."""
+    out = stream or sys.stdout
+    out.write(json.dumps(summary, sort_keys=False, default=str) + "\n")
+    out.flush()
+
+
+def fail(prog: str, message: str, code: int) -> int:
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def run_main(prog: str, body: Callable[[], int]) -> int:
+    """Turn UsageError/JobError/botocore failures into a message on stderr and an exit code."""
+    try:
+        return body()
+    except UsageError as exc:
+        return fail(prog, str(exc), EXIT_USAGE)
+    except JobError as exc:
+        return fail(prog, str(exc), EXIT_ERRORS)
+    except ClientError as exc:
+        code = error_code(exc)
+        if code == "ResourceNotFoundException":
+            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", 1)
+        return fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
+    except BotoCoreError as exc:
+        return fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
+    except KeyboardInterrupt:
+        return fail(prog, "interrupted", 130)
+
+
+# ------------------------------------------------------------------------------ scanning
+def scan_pages(ddb: Any, kw: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Scan or Query responses, page by page (kw must hold TableName)."""
+    op = ddb.query if "KeyConditionExpression" in kw else ddb.scan
+    kw = dict(kw)
+    while True:
+        resp: dict[str, Any] = op(**kw)
+        yield resp
+        if "LastEvaluatedKey" not in resp:
+            return
+        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def parallel_scan(
+    ddb: Any,
+    kw: dict[str, Any],
+    segments: int,
+    handle: Callable[[int, dict[str, Any]], None],
+) -> list[BaseException | None]:
+    """Scan in ``segments`` threads (``Segment``/``TotalSegments``), handing each page to
+    ``handle(segment, page)`` before reading the next: memory stays at one page per thread.
+
+    Returns per segment the exception that stopped it, or None. ``handle`` must be
+    thread-safe (the jobs keep per-segment counters and sum them at the end)."""
+
+    def one(seg: int) -> BaseException | None:
+        try:
+            for page in scan_pages(ddb, {**kw, "Segment": seg, "TotalSegments": segments}):
+                handle(seg, page)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller, per segment
+            return exc
+        return None
+
+    if segments == 1:
+        return [one(0)]
+    with ThreadPoolExecutor(max_workers=segments, thread_name_prefix="scan") as pool:
+        return list(pool.map(one, range(segments)))
+
+
+# ------------------------------------------------------------------------------ progress
+class Progress:
+    """A one-line progress counter on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.on = self.stream.isatty()
+        self.label = label
+        self.total = total
+        self.done = 0
+        self._last = 0.0
+
+    def add(self, n: int = 1) -> None:
+        self.done += n
+        if not self.on:
+            return
+        t = time.monotonic()
+        if t - self._last < 0.1 and (self.total is None or self.done < self.total):
+            return
+        self._last = t
+        if self.total:
+            width = 30
+            filled = width * min(self.done, self.total) // self.total
+            bar = "#" * filled + "." * (width - filled)
+            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
+        else:
+            self.stream.write(f"\r{self.label} {self.done}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.on and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def iso(us: int | None) -> str | None:
+    return fmt_time(us) if us is not None else None

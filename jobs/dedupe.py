@@ -1,0 +1,278 @@
+"""``ras-dedupe``: release the extra resources of a key that got several (Jenkins, 15 min).
+
+Two regions that both miss a brand-new key before replication shows them each other's claim
+each take a resource for it (the paper's 0.1%). This job scans ``leased_resources``, groups
+the items by (client_id, pool_id, key), and for every group of two or more keeps the one
+``rasd.lease.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
+rule the daemons follow, so they already serve the survivor) and releases the others with
+``rasd.lease.release()``: conditional on the version and key read and on the item's region.
+
+Only live leases are grouped (expired ones are the liberator's): the daemons choose among
+live leases, and so must this job, or it could release the lease they serve.
+
+Before releasing anything it re-reads the survivor (strongly consistent GetItem): if the
+survivor no longer holds the key, the group changed under us and is left for the next run.
+
+Only items of the job's own region are released. Extras of other regions are reported in the
+log (``foreign_duplicate``) and counted as ``foreign_reported``, unless ``--peer-endpoint
+REGION=URL`` names that region's DynamoDB endpoint: then the release goes to that region's
+replica, where its own daemons' writes are ordered with ours.
+
+Memory: one small record per leased key (the grouping needs them all); about 60 MB at 155K
+leases. The writes themselves are rare (duplicates are rare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from rasd.lease import ResourceItem, fmt_time, item_from_ddb, lease_from_item, pick, release
+
+from . import common
+
+log = structlog.get_logger("rasd_jobs.dedupe")
+
+GroupKey = tuple[str, str, str]  # (client_id, pool_id, key)
+
+PROJECTION = "client_id, #res, pool_id, #r, #p, #k, lease_expires, lease_acquired, version"
+PROJECTION_NAMES = {"#res": "resource", "#r": "region", "#p": "partition", "#k": "key"}
+
+
+@dataclass(frozen=True)
+class Options:
+    table: str
+    region: str
+    now_us: int
+    segments: int = 4
+    page_size: int | None = None
+    dry_run: bool = False
+    #: region -> boto3 client of that region's replica (from --peer-endpoint)
+    peers: dict[str, Any] = field(default_factory=dict)
+
+
+def duplicates(
+    groups: dict[GroupKey, list[ResourceItem]],
+) -> list[tuple[GroupKey, list[ResourceItem]]]:
+    """Groups holding more than one item, in a stable order."""
+    return sorted(((k, v) for k, v in groups.items() if len(v) > 1), key=lambda kv: kv[0])
+
+
+def plan(items: list[ResourceItem]) -> tuple[ResourceItem, list[ResourceItem]]:
+    """(survivor, extras) for one key's items: ``pick()``'s choice and the rest."""
+    keep = pick(items)
+    assert keep is not None
+    extras = sorted(
+        (it for it in items if (it.client_id, it.resource) != (keep.client_id, keep.resource)),
+        key=lambda it: (it.region, it.resource),
+    )
+    return keep, extras
+
+
+def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, list[ResourceItem]]:
+    """Scan ``leased_resources`` in parallel segments; group items by (client, pool, key)."""
+    kw: dict[str, Any] = {
+        "TableName": opts.table,
+        "IndexName": "leased_resources",
+        "ProjectionExpression": PROJECTION,
+        "ExpressionAttributeNames": PROJECTION_NAMES,
+    }
+    if opts.page_size:
+        kw["Limit"] = opts.page_size
+    per_seg: list[list[ResourceItem]] = [[] for _ in range(opts.segments)]
+    seg_counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
+
+    def handle(seg: int, page: dict[str, Any]) -> None:
+        seg_counts[seg]["scanned"] += int(page.get("ScannedCount", 0))
+        for raw in page.get("Items", []):
+            try:
+                per_seg[seg].append(item_from_ddb(raw))
+            except (KeyError, ValueError) as exc:
+                seg_counts[seg]["errors"] += 1
+                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+
+    failures = common.parallel_scan(ddb, kw, opts.segments, handle)
+    for c in seg_counts:
+        counts.update(c)
+    for seg, exc in enumerate(failures):
+        if exc is not None:
+            counts["errors"] += 1
+            counts["failed_segments"] += 1
+            log.error("segment_failed", segment=seg, error=repr(exc))
+    groups: dict[GroupKey, list[ResourceItem]] = {}
+    for items in per_seg:
+        for it in items:
+            assert it.key is not None
+            if it.expired(opts.now_us):
+                # Lapsed leases are the liberator's. The daemons pick among live leases only,
+                # so dedupe must too, or it could release the one they serve.
+                counts["expired_skipped"] += 1
+                continue
+            groups.setdefault((it.client_id, it.pool_id, it.key), []).append(it)
+        items.clear()
+    return groups
+
+
+def still_holds(ddb: Any, table: str, item: ResourceItem) -> bool:
+    """Does the survivor still hold its key (strongly consistent read of this replica)?"""
+    resp = ddb.get_item(
+        TableName=table,
+        Key={"client_id": {"S": item.client_id}, "resource": {"S": item.resource}},
+        ConsistentRead=True,
+        ProjectionExpression="#k, pool_id",
+        ExpressionAttributeNames={"#k": "key"},
+    )
+    cur = resp.get("Item")
+    return (
+        cur is not None
+        and cur.get("key", {}).get("S") == item.key
+        and cur.get("pool_id", {}).get("S") == item.pool_id
+    )
+
+
+def run(ddb: Any, opts: Options) -> dict[str, Any]:
+    started = time.monotonic()
+    counts: Counter[str] = Counter()
+    groups = collect(ddb, opts, counts)
+    dups = duplicates(groups)
+    del groups
+    for (client_id, pool_id, key), items in dups:
+        counts["duplicate_keys"] += 1
+        keep, extras = plan(items)
+        ctx = {"client_id": client_id, "pool_id": pool_id, "key": key}
+        log.info(
+            "duplicate_key",
+            keep=keep.resource,
+            keep_region=keep.region,
+            extras=[f"{it.region}:{it.resource}" for it in extras],
+            **ctx,
+        )
+        try:
+            if not still_holds(ddb, opts.table, keep):
+                counts["lost_races"] += 1
+                log.info("survivor_changed", resource=keep.resource, **ctx)
+                continue
+        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+            counts["errors"] += 1
+            log.error("read_failed", resource=keep.resource, error=repr(exc), **ctx)
+            continue
+        for it in extras:
+            ictx = {**ctx, "resource": it.resource, "region": it.region, "version": it.version}
+            client = ddb if it.region == opts.region else opts.peers.get(it.region)
+            if client is None:
+                counts["foreign_reported"] += 1
+                log.warning(
+                    "foreign_duplicate",
+                    lease_acquired=fmt_time(it.lease_acquired_us or 0),
+                    hint=f"run ras-dedupe --region {it.region} against that region's table",
+                    **ictx,
+                )
+                continue
+            if opts.dry_run:
+                counts["would_release"] += 1
+                log.info("would_release", **ictx)
+                continue
+            try:
+                client.update_item(
+                    TableName=opts.table,
+                    **release(lease_from_item(it), opts.now_us, it.region),
+                )
+            except Exception as exc:  # noqa: BLE001 - a lost race is a value, others count
+                if common.is_lost_race(exc):
+                    counts["lost_races"] += 1
+                    log.info("lost_race", **ictx)
+                else:
+                    counts["errors"] += 1
+                    log.error("release_failed", error=repr(exc), **ictx)
+                continue
+            counts["released"] += 1
+            log.info("released", **ictx)
+    summary: dict[str, Any] = {
+        "job": "dedupe",
+        "table": opts.table,
+        "region": opts.region,
+        "dry_run": opts.dry_run,
+        "scanned": counts["scanned"],
+        "duplicate_keys": counts["duplicate_keys"],
+        "released": counts["released"],
+        "foreign_reported": counts["foreign_reported"],
+        "lost_races": counts["lost_races"],
+        "errors": counts["errors"],
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if opts.dry_run:
+        summary["would_release"] = counts["would_release"]
+    if counts["failed_segments"]:
+        summary["failed_segments"] = counts["failed_segments"]
+    return summary
+
+
+def parse_peer(s: str) -> tuple[str, str]:
+    region, sep, url = s.partition("=")
+    if not sep or not url:
+        raise common.UsageError(f"bad --peer-endpoint {s!r}: expected REGION=URL")
+    common.check_region(region)
+    if not url.startswith(("http://", "https://")):
+        raise common.UsageError(f"bad --peer-endpoint {s!r}: URL must start with http(s)://")
+    return region, url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = common.parser(
+        "ras-dedupe",
+        "Release extra resources of keys that got several (cross-region races): keep the "
+        "one the daemons also pick (earliest lease_acquired, then region, then resource) and "
+        "release the others of this region; report the other regions' extras, or release "
+        "them through --peer-endpoint. Prints one JSON summary line on stdout: scanned, "
+        "duplicate_keys, released, foreign_reported, lost_races, errors, seconds.",
+        [common.job_parent()],
+    )
+    p.add_argument(
+        "--peer-endpoint",
+        action="append",
+        default=[],
+        metavar="REGION=URL",
+        help="DynamoDB endpoint of another region's replica; extras of REGION are released "
+        "there instead of reported (repeatable)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    common.setup_logging(args.log_level)
+
+    def body() -> int:
+        region = common.ras_region(args)
+        assert region is not None
+        peers_urls = dict(parse_peer(s) for s in args.peer_endpoint)
+        if region in peers_urls:
+            raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
+        now = common.now_us(args)
+        ddb = common.make_client(args, region, pool=args.segments + 2)
+        peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
+        opts = Options(
+            table=args.table,
+            region=region,
+            now_us=now,
+            segments=args.segments,
+            page_size=args.page_size,
+            dry_run=args.dry_run,
+            peers=peers,
+        )
+        log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
+        summary = run(ddb, opts)
+        common.emit(summary)
+        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
+
+    return common.run_main("ras-dedupe", body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""``ras-liberator``: free expired leases (Jenkins, hourly).
+
+Scans the sparse ``leased_resources`` index in parallel segments, page by page (memory stays
+at one page per thread however many leases there are), and frees every item of the region
+whose ``lease_expires`` is older than ``now - grace`` with ``rasd.lease.liberate()``: an
+UpdateItem conditional on the version read, the ``lease_expires`` read and the region. A
+lease that a daemon extended or re-let after our read fails that condition and is left alone
+(counted in ``lost_races``), so the job is safe to run twice at once and next to daemons.
+
+Only items whose ``region`` is the job's region are touched: with a replicated global table
+each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
+frees every region's items and is meant for a single, unreplicated table (development, tests)
+or for cleaning up after a region whose daemons are gone; see docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from rasd.lease import US, fmt_time, item_from_ddb, liberate
+
+from . import common
+
+log = structlog.get_logger("rasd_jobs.liberator")
+
+DEFAULT_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Options:
+    table: str
+    region: str | None  # None: every region (--all-regions)
+    now_us: int
+    grace_us: int = int(DEFAULT_GRACE_S * US)
+    segments: int = 4
+    page_size: int | None = None
+    dry_run: bool = False
+
+
+def scan_kwargs(opts: Options) -> dict[str, Any]:
+    """The Scan of ``leased_resources`` with the expiry (and region) filtered server-side."""
+    cond = "lease_expires < :cutoff"
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":cutoff": {"S": fmt_time(opts.now_us - opts.grace_us)}}
+    if opts.region is not None:
+        cond += " AND #r = :region"
+        names["#r"] = "region"
+        values[":region"] = {"S": opts.region}
+    kw: dict[str, Any] = {
+        "TableName": opts.table,
+        "IndexName": "leased_resources",
+        "FilterExpression": cond,
+        "ExpressionAttributeValues": values,
+    }
+    if names:
+        kw["ExpressionAttributeNames"] = names
+    if opts.page_size:
+        kw["Limit"] = opts.page_size
+    return kw
+
+
+def run(ddb: Any, opts: Options) -> dict[str, Any]:
+    """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...)."""
+    started = time.monotonic()
+    cutoff = opts.now_us - opts.grace_us
+    # One counter per segment thread, summed at the end: no shared mutable state.
+    counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
+
+    def handle(seg: int, page: dict[str, Any]) -> None:
+        c = counts[seg]
+        c["scanned"] += int(page.get("ScannedCount", 0))
+        for raw in page.get("Items", []):
+            try:
+                item = item_from_ddb(raw)
+            except (KeyError, ValueError) as exc:
+                c["errors"] += 1
+                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+                continue
+            # The filter ran server-side; check again, it is cheap and the rule is ours.
+            if item.lease_expires_us is None or item.lease_expires_us >= cutoff:
+                continue
+            if opts.region is not None and item.region != opts.region:
+                continue
+            c["expired"] += 1
+            ctx = {
+                "client_id": item.client_id,
+                "pool_id": item.pool_id,
+                "resource": item.resource,
+                "region": item.region,
+                "lease_expires": fmt_time(item.lease_expires_us),
+                "version": item.version,
+            }
+            if opts.dry_run:
+                c["would_free"] += 1
+                log.debug("would_free", **ctx)
+                continue
+            try:
+                ddb.update_item(TableName=opts.table, **liberate(item, opts.now_us))
+            except Exception as exc:  # noqa: BLE001 - a lost race is a value, others count
+                if common.is_lost_race(exc):
+                    c["lost_races"] += 1
+                    log.info("lost_race", **ctx)
+                else:
+                    c["errors"] += 1
+                    log.error("free_failed", error=repr(exc), **ctx)
+                continue
+            c["freed"] += 1
+            log.debug("freed", **ctx)
+
+    failures = common.parallel_scan(ddb, scan_kwargs(opts), opts.segments, handle)
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    for seg, exc in enumerate(failures):
+        if exc is not None:
+            total["errors"] += 1
+            total["failed_segments"] += 1
+            log.error("segment_failed", segment=seg, error=repr(exc))
+    summary: dict[str, Any] = {
+        "job": "liberator",
+        "table": opts.table,
+        "region": opts.region if opts.region is not None else "*",
+        "dry_run": opts.dry_run,
+        "cutoff": fmt_time(cutoff),
+        "scanned": total["scanned"],
+        "expired": total["expired"],
+        "freed": total["freed"],
+        "lost_races": total["lost_races"],
+        "errors": total["errors"],
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if opts.dry_run:
+        summary["would_free"] = total["would_free"]
+    if total["failed_segments"]:
+        summary["failed_segments"] = total["failed_segments"]
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = common.parser(
+        "ras-liberator",
+        "Free expired leases: every leased item of the region whose lease_expires is older "
+        "than now minus --grace goes back to the available_resources index. Conditional "
+        "writes make it safe next to daemons and other liberators. Prints one JSON summary "
+        "line on stdout: scanned, expired, freed, lost_races (changed by someone else after "
+        "our read; left alone), errors, seconds.",
+        [common.job_parent()],
+    )
+    p.add_argument(
+        "--grace",
+        type=common.non_negative_float,
+        default=DEFAULT_GRACE_S,
+        help=f"seconds a lease must be past its end before it is freed; covers clock skew "
+        f"between hosts (default {DEFAULT_GRACE_S:g})",
+    )
+    p.add_argument(
+        "--all-regions",
+        action="store_true",
+        help="free expired leases of every region, not just --region. Only for a single, "
+        "unreplicated table or a region whose daemons are gone: on a global table, writing "
+        "another region's items can race its daemons across replicas",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    common.setup_logging(args.log_level)
+
+    def body() -> int:
+        region = common.ras_region(args, required=not args.all_regions)
+        opts = Options(
+            table=args.table,
+            region=None if args.all_regions else region,
+            now_us=common.now_us(args),
+            grace_us=int(args.grace * US),
+            segments=args.segments,
+            page_size=args.page_size,
+            dry_run=args.dry_run,
+        )
+        ddb = common.make_client(args, region, pool=args.segments + 2)
+        log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
+        summary = run(ddb, opts)
+        common.emit(summary)
+        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
+
+    return common.run_main("ras-liberator", body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,688 @@
+"""The offline jobs (rasadmin, ras-liberator, ras-dedupe) against moto's server over HTTP.
+
+Jobs are called in-process through ``main(argv)`` (time passed in with the hidden ``--now``),
+and the console scripts once each through a subprocess. Races are injected with a wrapper
+around the real boto3 client that acts just before the job's write.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from rasd.lease import (
+    US,
+    ResourceItem,
+    claim,
+    extend,
+    fmt_time,
+    item_from_ddb,
+    lease_from_item,
+    partition_name,
+    pick,
+    release,
+)
+from rasd_jobs import admin, common, dedupe, liberator
+from tests.conftest import scan_all, seed_pool
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_800_000_000 * US  # the jobs' "now" in every test
+HOUR = 3600 * US
+EAST, WEST = "us-east-1", "eu-west-1"
+
+
+# ------------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def _one_table_for_all_regions(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """AWS_REGION pins every job's DynamoDB client to moto's us-east-1, so the one table
+    stands in for the replicated global table whatever RAS region a job manages. The jobs
+    configure structlog for a CLI process; the test session's setup is put back after."""
+    monkeypatch.setenv("AWS_REGION", EAST)
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def get(ddb: Any, table: str, resource: str, client: str = "demo") -> ResourceItem:
+    raw = ddb.get_item(
+        TableName=table,
+        Key={"client_id": {"S": client}, "resource": {"S": resource}},
+        ConsistentRead=True,
+    )["Item"]
+    return item_from_ddb(raw)
+
+
+def lease(
+    ddb: Any,
+    table: str,
+    resource: str,
+    key: str,
+    expires_us: int,
+    acquired_us: int | None = None,
+    client: str = "demo",
+) -> ResourceItem:
+    """Lease ``resource`` to ``key`` the way a daemon does: ``rasd.lease.claim()``."""
+    item = get(ddb, table, resource, client)
+    acquired = acquired_us if acquired_us is not None else min(expires_us, NOW) - HOUR
+    upd = claim(item, key, expires_us, acquired, item.region)
+    resp = ddb.update_item(TableName=table, ReturnValues="ALL_NEW", **upd)
+    return item_from_ddb(resp["Attributes"])
+
+
+def by_resource(ddb: Any, table: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(it["client_id"]["S"], it["resource"]["S"]): it for it in scan_all(ddb, table)}
+
+
+def leased_items(ddb: Any, table: str) -> list[ResourceItem]:
+    return [
+        item_from_ddb(it)
+        for it in scan_all(ddb, table)
+        if "key" in it and not it["client_id"]["S"].startswith("#")
+    ]
+
+
+def base(table: str, endpoint: str, region: str | None = EAST, now_us: int = NOW) -> list[str]:
+    """Connection flags, the RAS region (omitted when None) and the jobs' ``--now``."""
+    argv = ["--table", table, "--endpoint-url", endpoint, "--now", str(now_us / US)]
+    return [*argv, "--region", region] if region is not None else argv
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def summary(self) -> Any:
+        return json.loads(self.out.strip().splitlines()[-1])
+
+    def __repr__(self) -> str:
+        return f"Result(code={self.code}, out={self.out[-500:]!r}, err={self.err[-1500:]!r})"
+
+
+def call(
+    main: Callable[[Sequence[str]], int], argv: Sequence[str], capsys: pytest.CaptureFixture[str]
+) -> Result:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return Result(code, out, err)
+
+
+class Wrapped:
+    """The real boto3 client, with a hook run just before chosen calls (fault injection)."""
+
+    def __init__(self, real: Any, **hooks: Callable[[dict[str, Any]], None]) -> None:
+        self._real = real
+        self._hooks = hooks
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._real, name)
+        hook = self._hooks.get(name)
+        if hook is None:
+            return attr
+
+        def wrapper(**kw: Any) -> Any:
+            hook(kw)
+            return attr(**kw)
+
+        return wrapper
+
+
+# ------------------------------------------------------------------------------ liberator
+def seed_leases(ddb: Any, table: str) -> dict[str, list[str]]:
+    """20 east + 5 west items; leases: long expired, expired within the grace, running."""
+    names = seed_pool(ddb, table, region=EAST, count=20)
+    west = seed_pool(ddb, table, region=WEST, count=5, prefix="w-")
+    groups = {
+        "old": names[0:4],  # expired an hour ago: freed
+        "grace": names[4:6],  # expired 10 s ago, inside the 60 s grace: kept
+        "live": names[6:10],  # running: kept
+        "west_old": west[0:2],  # expired, but another region's: kept
+        "free": names[10:],
+    }
+    for i, r in enumerate(groups["old"]):
+        lease(ddb, table, r, f"old-{i}", NOW - HOUR)
+    for i, r in enumerate(groups["grace"]):
+        lease(ddb, table, r, f"grace-{i}", NOW - 10 * US)
+    for i, r in enumerate(groups["live"]):
+        lease(ddb, table, r, f"live-{i}", NOW + HOUR)
+    for i, r in enumerate(groups["west_old"]):
+        lease(ddb, table, r, f"west-{i}", NOW - HOUR)
+    return groups
+
+
+def test_liberator_frees_only_expired_leases_of_its_region(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only leases past lease_expires + grace, of the job's own region, are freed; a freed
+    item leaves leased_resources (key, lease_expires removed) and joins available_resources
+    (lease_available = now) with its version incremented once."""
+    groups = seed_leases(ddb, table)
+    before = by_resource(ddb, table)
+    r = call(liberator.main, base(table, moto_endpoint), capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["expired"], s["freed"], s["lost_races"], s["errors"]) == (4, 4, 0, 0), s
+    assert s["scanned"] >= 4 and s["seconds"] >= 0
+    after = by_resource(ddb, table)
+    for res in groups["old"]:
+        old, new = item_from_ddb(before[("demo", res)]), item_from_ddb(after[("demo", res)])
+        assert new.key is None and new.lease_expires_us is None
+        assert new.lease_available == fmt_time(NOW)
+        assert new.version == old.version + 1
+        assert "lease_acquired" not in after[("demo", res)]
+    untouched = groups["grace"] + groups["live"] + groups["west_old"] + groups["free"]
+    for res in untouched:
+        assert after[("demo", res)] == before[("demo", res)], res
+
+
+def test_liberator_all_regions_and_dry_run(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run writes nothing; --all-regions also frees other regions' expired leases."""
+    groups = seed_leases(ddb, table)
+    before = by_resource(ddb, table)
+    r = call(liberator.main, [*base(table, moto_endpoint), "--all-regions", "--dry-run"], capsys)
+    assert r.code == 0, r
+    assert (r.summary["expired"], r.summary["freed"], r.summary["would_free"]) == (6, 0, 6)
+    assert by_resource(ddb, table) == before
+    r = call(liberator.main, [*base(table, moto_endpoint), "--all-regions"], capsys)
+    assert r.code == 0 and r.summary["freed"] == 6, r
+    for res in groups["west_old"]:
+        assert get(ddb, table, res).key is None
+
+
+def test_liberator_second_run_changes_nothing(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The liberator is idempotent: run again at the same time, it writes nothing."""
+    seed_leases(ddb, table)
+    argv = [*base(table, moto_endpoint), "--segments", "3", "--page-size", "3"]
+    assert call(liberator.main, argv, capsys).summary["freed"] == 4
+    snapshot = by_resource(ddb, table)
+    r = call(liberator.main, argv, capsys)
+    assert r.code == 0, r
+    assert (r.summary["expired"], r.summary["freed"], r.summary["errors"]) == (0, 0, 0)
+    assert by_resource(ddb, table) == snapshot
+
+
+def test_liberator_spares_a_lease_extended_between_read_and_write(
+    ddb: Any,
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon that extends an expired-looking lease after the liberator read it wins: the
+    liberator's write (conditional on version and lease_expires) fails, counts as a lost race,
+    and the lease keeps its key and new end. The other expired leases are still freed."""
+    groups = seed_leases(ddb, table)
+    victim = groups["old"][1]
+    new_end = NOW + 2 * HOUR
+
+    def extend_first(kw: dict[str, Any]) -> None:
+        if kw["Key"]["resource"]["S"] == victim:
+            cur = lease_from_item(get(ddb, table, victim))
+            ddb.update_item(TableName=table, **extend(cur, new_end, EAST))
+
+    real_make = common.make_client
+    monkeypatch.setattr(
+        common,
+        "make_client",
+        lambda *a, **k: Wrapped(real_make(*a, **k), update_item=extend_first),
+    )
+    r = call(liberator.main, base(table, moto_endpoint), capsys)
+    assert r.code == 0, r
+    assert (r.summary["expired"], r.summary["freed"], r.summary["lost_races"]) == (4, 3, 1)
+    kept = get(ddb, table, victim)
+    assert kept.key == "old-1" and kept.lease_expires_us == new_end
+    assert kept.lease_available is None
+    for res in groups["old"]:
+        if res != victim:
+            assert get(ddb, table, res).key is None
+
+
+def test_two_liberators_at_once_free_each_item_once(ddb: Any, table: str) -> None:
+    """Two liberators that read the same expired leases and then write at the same time free
+    each item exactly once: one write per item succeeds, the other is a lost race, and every
+    freed item's version went up by exactly one. (A barrier makes both finish their Scan
+    before either writes, so every item is contested.)"""
+    names = seed_pool(ddb, table, region=EAST, count=30)
+    claimed = {r: lease(ddb, table, r, f"k{i}", NOW - HOUR).version for i, r in enumerate(names)}
+    barrier = threading.Barrier(2, timeout=60)
+    first = [True, True]
+
+    def wait_once(i: int) -> Callable[[dict[str, Any]], None]:
+        def hook(kw: dict[str, Any]) -> None:
+            if first[i]:
+                first[i] = False
+                barrier.wait()
+
+        return hook
+
+    results: list[dict[str, Any]] = [{}, {}]
+
+    def one(i: int) -> None:
+        opts = liberator.Options(table=table, region=EAST, now_us=NOW, segments=1)
+        results[i] = liberator.run(Wrapped(ddb, update_item=wait_once(i)), opts)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    a, b = results
+    assert a["expired"] == b["expired"] == 30, results
+    assert a["freed"] + b["freed"] == 30, results
+    assert a["lost_races"] + b["lost_races"] == 30, results
+    assert a["errors"] == b["errors"] == 0
+    for r, v in claimed.items():
+        it = get(ddb, table, r)
+        assert it.key is None and it.version == v + 1, (r, it)
+
+
+def test_liberator_subprocess_console_script(ddb: Any, table: str, moto_endpoint: str) -> None:
+    """The installed ``ras-liberator`` reads RASD_TABLE/RASD_REGION/AWS_ENDPOINT_URL_DYNAMODB,
+    prints exactly one JSON line on stdout and logs JSON on stderr."""
+    seed_leases(ddb, table)
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoint,
+        "RASD_TABLE": table,
+        "RASD_REGION": EAST,
+    }
+    exe = Path(sys.executable).parent / "ras-liberator"
+    p = subprocess.run(
+        [str(exe), "--now", str(NOW / US)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1
+    summary = json.loads(lines[0])
+    assert summary["freed"] == 4 and summary["table"] == table and summary["region"] == EAST
+    for line in p.stderr.strip().splitlines():
+        json.loads(line)  # every log line is JSON
+
+    admin_exe = Path(sys.executable).parent / "rasadmin"
+    p = subprocess.run(
+        [str(admin_exe), "stats", "--json", "--now", str(NOW / US)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = {(r["pool_id"], r["region"]): r for r in json.loads(p.stdout)}
+    assert rows[("default", EAST)]["free"] == 14  # 10 never leased + 4 just freed
+
+
+def test_job_exits_1_when_table_is_missing(
+    moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken dependency (no such table) is a job error: exit 1, summary counts it."""
+    r = call(liberator.main, base("no-such-table", moto_endpoint), capsys)
+    assert r.code == 1, r
+    assert r.summary["errors"] >= 1
+
+
+# --------------------------------------------------------------------------------- dedupe
+def seed_duplicates(ddb: Any, table: str) -> None:
+    """Keys that got several resources, as cross-region (or same-region) races leave them."""
+    seed_pool(ddb, table, region=EAST, count=20, prefix="e-")
+    seed_pool(ddb, table, region=WEST, count=10, prefix="w-")
+    seed_pool(ddb, table, pool_id="other", region=EAST, count=5, prefix="o-")
+    end = NOW + HOUR
+    # k1: three east items; the earliest claim (e-00002) wins
+    lease(ddb, table, "e-00001", "k1", end, acquired_us=NOW - 50 * US)
+    lease(ddb, table, "e-00002", "k1", end, acquired_us=NOW - 90 * US)
+    lease(ddb, table, "e-00003", "k1", end, acquired_us=NOW - 70 * US)
+    # k2: the west claim is earlier: the east extra is released here
+    lease(ddb, table, "e-00004", "k2", end, acquired_us=NOW - 10 * US)
+    lease(ddb, table, "w-00001", "k2", end, acquired_us=NOW - 20 * US)
+    # k3: east is earlier: the west extra is only reported by the east job
+    lease(ddb, table, "e-00005", "k3", end, acquired_us=NOW - 30 * US)
+    lease(ddb, table, "w-00002", "k3", end, acquired_us=NOW - 5 * US)
+    # k4: same claim time in both regions: region order decides (eu-west-1 < us-east-1)
+    lease(ddb, table, "e-00006", "k4", end, acquired_us=NOW - 40 * US)
+    lease(ddb, table, "w-00003", "k4", end, acquired_us=NOW - 40 * US)
+    # not duplicates: one item per key, and one key in two different pools
+    lease(ddb, table, "e-00007", "solo", end)
+    lease(ddb, table, "e-00008", "k5", end)
+    lease(ddb, table, "o-00000", "k5", end)
+
+
+def holders(ddb: Any, table: str) -> dict[tuple[str, str, str], list[ResourceItem]]:
+    out: dict[tuple[str, str, str], list[ResourceItem]] = {}
+    for it in leased_items(ddb, table):
+        assert it.key is not None
+        out.setdefault((it.client_id, it.pool_id, it.key), []).append(it)
+    return out
+
+
+def test_dedupe_keeps_exactly_one_resource_per_key(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After each region's dedupe ran, every (client, pool, key) holds exactly one resource,
+    the one ``pick()`` chose before; each job released only its own region's extras and
+    reported the others."""
+    seed_duplicates(ddb, table)
+    chosen = {k: pick(v) for k, v in holders(ddb, table).items()}
+    assert chosen[("demo", "default", "k1")].resource == "e-00002"  # type: ignore[union-attr]
+    assert chosen[("demo", "default", "k4")].resource == "w-00003"  # type: ignore[union-attr]
+
+    r = call(dedupe.main, base(table, moto_endpoint, EAST), capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["duplicate_keys"], s["released"], s["foreign_reported"]) == (4, 4, 1), s
+    assert (s["lost_races"], s["errors"]) == (0, 0)
+    assert "foreign_duplicate" in r.err and "w-00002" in r.err
+    # the west extra of k3 is still there: only the west job may release it
+    assert len(holders(ddb, table)[("demo", "default", "k3")]) == 2
+
+    r = call(dedupe.main, base(table, moto_endpoint, WEST), capsys)
+    assert r.code == 0, r
+    assert (r.summary["duplicate_keys"], r.summary["released"]) == (1, 1), r
+    assert r.summary["foreign_reported"] == 0
+
+    after = holders(ddb, table)
+    assert set(after) == set(chosen)
+    for k, items in after.items():
+        assert len(items) == 1, (k, items)
+        assert items[0].resource == chosen[k].resource, k  # type: ignore[union-attr]
+    released = get(ddb, table, "e-00001")
+    assert released.key is None and released.lease_available == fmt_time(NOW)
+
+
+def test_dedupe_ignores_lapsed_leases(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An expired (not yet liberated) earlier claim does not win over the live lease the
+    daemons serve: dedupe groups live leases only and leaves lapsed ones to the liberator."""
+    seed_pool(ddb, table, region=EAST, count=4, prefix="e-")
+    lease(ddb, table, "e-00000", "kx", NOW - US, acquired_us=NOW - 2 * HOUR)  # lapsed
+    lease(ddb, table, "e-00001", "kx", NOW + HOUR, acquired_us=NOW - 60 * US)  # live
+    r = call(dedupe.main, base(table, moto_endpoint, EAST), capsys)
+    assert r.code == 0, r
+    assert (r.summary["duplicate_keys"], r.summary["released"]) == (0, 0), r.summary
+    assert get(ddb, table, "e-00001").key == "kx"
+
+
+def test_dedupe_second_run_changes_nothing(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run again, dedupe finds only the (reported) foreign duplicate and writes nothing."""
+    seed_duplicates(ddb, table)
+    assert call(dedupe.main, base(table, moto_endpoint), capsys).summary["released"] == 4
+    snapshot = by_resource(ddb, table)
+    r = call(dedupe.main, [*base(table, moto_endpoint), "--segments", "2"], capsys)
+    assert r.code == 0, r
+    assert (r.summary["released"], r.summary["foreign_reported"]) == (0, 1), r
+    assert by_resource(ddb, table) == snapshot
+
+
+def test_dedupe_dry_run_and_peer_endpoint(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run writes nothing; --peer-endpoint REGION=URL releases that region's extras
+    through its endpoint instead of reporting them (one table stands in for both here)."""
+    seed_duplicates(ddb, table)
+    snapshot = by_resource(ddb, table)
+    r = call(dedupe.main, [*base(table, moto_endpoint), "--dry-run"], capsys)
+    assert r.code == 0 and r.summary["would_release"] == 4 and r.summary["released"] == 0, r
+    assert by_resource(ddb, table) == snapshot
+    argv = [*base(table, moto_endpoint), "--peer-endpoint", f"{WEST}={moto_endpoint}"]
+    r = call(dedupe.main, argv, capsys)
+    assert r.code == 0, r
+    assert (r.summary["released"], r.summary["foreign_reported"]) == (5, 0), r
+    assert all(len(v) == 1 for v in holders(ddb, table).values())
+
+
+def test_dedupe_leaves_group_alone_when_survivor_changed(ddb: Any, table: str) -> None:
+    """If the survivor lost its key after the scan (released, liberated), releasing the
+    extras would leave the key with nothing it was using: the group is skipped (lost race)."""
+    seed_duplicates(ddb, table)
+
+    def release_survivor(kw: dict[str, Any]) -> None:
+        if kw["Key"]["resource"]["S"] == "e-00002":  # k1's survivor
+            cur = lease_from_item(get(ddb, table, "e-00002"))
+            ddb.update_item(TableName=table, **release(cur, NOW, EAST))
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW, segments=2)
+    s = dedupe.run(Wrapped(ddb, get_item=release_survivor), opts)
+    assert s["lost_races"] == 1 and s["released"] == 2, s  # k2's and k4's east extras
+    assert {it.resource for it in holders(ddb, table)[("demo", "default", "k1")]} == {
+        "e-00001",
+        "e-00003",
+    }
+
+
+def test_dedupe_extra_changed_between_read_and_write_is_a_lost_race(ddb: Any, table: str) -> None:
+    """An extra that a daemon wrote after the scan (here: extended) is not released."""
+    seed_duplicates(ddb, table)
+
+    def extend_extra(kw: dict[str, Any]) -> None:
+        if kw["Key"]["resource"]["S"] == "e-00004":
+            cur = lease_from_item(get(ddb, table, "e-00004"))
+            ddb.update_item(TableName=table, **extend(cur, NOW + 2 * HOUR, EAST))
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
+    s = dedupe.run(Wrapped(ddb, update_item=extend_extra), opts)
+    assert (s["released"], s["lost_races"], s["errors"]) == (3, 1, 0), s
+    assert get(ddb, table, "e-00004").key == "k2"
+
+
+# -------------------------------------------------------------------------------- rasadmin
+def test_rasadmin_pool_and_resource_lifecycle(
+    ddb: Any,
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The admin commands do what the operations guide says, end to end: define, add (never
+    overwriting an existing name), list with filters, show, stats, release (own region
+    only), and delete only what is not leased."""
+    b = base(table, moto_endpoint, region=None)  # read-only commands: every region
+    r = call(admin.main, ["create-table", *b], capsys)
+    assert r.code == 0 and r.summary["created"] is False, r  # the fixture made it: idempotent
+    r = call(admin.main, ["add-pool", *b, "--client", "acme", "--pool", "ads"], capsys)
+    assert r.code == 0 and r.summary["max_lease"] == admin.DEFAULT_MAX_LEASE_S, r
+
+    r = call(admin.main, ["add-resources", *b, "--client", "acme", "--pool", "ads",
+                          "--count", "30", "--region", EAST], capsys)  # fmt: skip
+    assert r.code == 0 and r.summary["added"] == 30, r
+    r = call(admin.main, ["add-resources", *b, "--client", "acme", "--pool", "ads",
+                          "--count", "5", "--prefix", "ads-", "--region", EAST],
+             capsys)  # fmt: skip
+    assert r.summary["added"] == 5, r  # numbering continues after the existing names
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ads-000000\n\nx1\nx2\nx1\n"))
+    r = call(admin.main, ["add-resources", *b, "--client", "acme", "--pool", "ads",
+                          "--file", "-", "--region", WEST], capsys)  # fmt: skip
+    assert (r.summary["added"], r.summary["skipped_existing"]) == (2, 2), r
+
+    items = [item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == "acme"]
+    assert len(items) == 37
+    assert len({it.resource for it in items}) == 37
+    east = [it for it in items if it.region == EAST]
+    assert {it.partition for it in east} == {
+        partition_name("acme", "ads", EAST, n) for n in range(10)
+    }  # spread over all ten sub-partitions
+    assert all(it.lease_available == fmt_time(NOW) and it.version == 0 for it in items)
+
+    lease(ddb, table, "ads-000001", "live", NOW + HOUR, client="acme")
+    lease(ddb, table, "ads-000002", "dead", NOW - HOUR, client="acme")
+    lease(ddb, table, "x1", "west", NOW + HOUR, client="acme")
+
+    r = call(admin.main, ["list-pools", *b, "--json"], capsys)
+    assert {(p["client_id"], p["pool_id"]) for p in json.loads(r.out)} == {("acme", "ads")}
+    r = call(admin.main, ["show-pool", *b, "--client", "acme", "--pool", "ads", "--json"], capsys)
+    regions = {x["region"]: x for x in json.loads(r.out)["regions"]}
+    assert (regions[EAST]["free"], regions[EAST]["leased"], regions[EAST]["expired"]) == (33, 1, 1)
+    assert (regions[WEST]["free"], regions[WEST]["leased"]) == (1, 1)
+
+    def listing(*flags: str) -> set[str]:
+        r = call(admin.main, ["list-resources", *b, "--client", "acme", "--json", *flags], capsys)
+        assert r.code == 0, r
+        return {row["resource"] for row in json.loads(r.out)}
+
+    assert listing("--leased") == {"ads-000001", "x1"}
+    assert listing("--expired") == {"ads-000002"}
+    assert listing("--leased", "--region", WEST) == {"x1"}
+    assert len(listing("--free")) == 34
+    r = call(admin.main, ["list-resources", *b, "--client", "acme", "--leased"], capsys)
+    assert r.out.splitlines()[0].split()[:3] == ["POOL_ID", "RESOURCE", "REGION"]
+
+    r = call(admin.main, ["stats", *b, "--json"], capsys)
+    stats = {(x["pool_id"], x["region"]): x for x in json.loads(r.out)}
+    assert stats[("ads", EAST)] == {
+        "client_id": "acme", "pool_id": "ads", "region": EAST,
+        "free": 33, "leased": 1, "expired": 1, "total": 35,
+    }  # fmt: skip
+    r = call(admin.main, ["show-resource", *b, "--client", "acme", "--resource", "x1", "--json"],
+             capsys)  # fmt: skip
+    assert json.loads(r.out)["key"] == "west"
+
+    # release-resource: only items of --region; conditional on the version read
+    rel = ["release-resource", *b, "--region", EAST, "--client", "acme", "--resource"]
+    r = call(admin.main, [*rel, "x1"], capsys)
+    assert r.code == 1 and "belongs to region eu-west-1" in r.err, r
+    r = call(admin.main, [*rel, "ads-000001"], capsys)
+    assert r.code == 0 and r.summary["released"] is True, r
+    assert get(ddb, table, "ads-000001", "acme").key is None
+
+    # delete-resource: refuses a running lease without --force
+    dele = ["delete-resource", *b, "--client", "acme", "--resource"]
+    r = call(admin.main, [*dele, "x1"], capsys)
+    assert r.code == 1 and "refusing" in r.err, r
+    assert call(admin.main, [*dele, "ads-000003"], capsys).code == 0
+    assert call(admin.main, [*dele, "x1", "--force"], capsys).code == 0
+    assert call(admin.main, [*dele, "x1"], capsys).code == 1  # gone
+
+
+def test_delete_pool_refuses_while_leases_are_held(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pool with a running lease is not deleted without --force (nothing changes); with
+    --force its definition and all its items go, and other pools are untouched."""
+    seed_pool(ddb, table, count=10)
+    seed_pool(ddb, table, pool_id="keep", count=3, prefix="k-")
+    lease(ddb, table, "res-00003", "live", NOW + HOUR)
+    before = by_resource(ddb, table)
+    argv = ["delete-pool", *base(table, moto_endpoint), "--client", "demo", "--pool", "default"]
+    r = call(admin.main, argv, capsys)
+    assert r.code == 1 and "refusing" in r.err and "--force" in r.err, r
+    assert by_resource(ddb, table) == before
+
+    r = call(admin.main, [*argv, "--force"], capsys)
+    assert r.code == 0 and r.summary["deleted"] == 10, r
+    left = by_resource(ddb, table)
+    assert ("#meta", "pool#demo#default") not in left
+    assert not [k for k, it in left.items() if it.get("pool_id", {}).get("S") == "default"]
+    assert ("#meta", "pool#demo#keep") in left and len(left) == len(before) - 11
+
+
+def test_delete_pool_with_only_expired_leases_needs_no_force(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Expired, not yet liberated leases are not held: the pool can be deleted."""
+    seed_pool(ddb, table, count=4)
+    lease(ddb, table, "res-00000", "dead", NOW - HOUR)
+    argv = ["delete-pool", *base(table, moto_endpoint), "--client", "demo", "--pool", "default"]
+    r = call(admin.main, argv, capsys)
+    assert r.code == 0 and r.summary["deleted"] == 4, r
+    assert list(by_resource(ddb, table)) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["add-pool", "--client", "bad.name", "--pool", "p"], "bad client"),
+        (["add-pool", "--client", "c", "--pool", "#meta"], "bad pool"),
+        (["add-pool", "--client", "c", "--pool", "p", "--max-lease", "0"], "--max-lease"),
+        (["add-resources", "--client", "demo", "--pool", "nope", "--count", "3"], "add-pool"),
+        (["add-resources", "--client", "demo", "--pool", "default", "--count", "0"], "--count"),
+        (["add-resources", "--client", "demo", "--pool", "default"], "--count"),
+        (["list-resources", "--client", "demo", "--region", "US_EAST"], "bad region"),
+        (["show-resource", "--client", "a b", "--resource", "r"], "bad client"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_rasadmin_bad_input_exits_2(
+    ddb: Any,
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """Bad flags or names stop before any write with a clear message on stderr and exit 2."""
+    seed_pool(ddb, table, count=2)
+    before = by_resource(ddb, table)
+    full = argv if argv == ["frobnicate"] else [argv[0], *base(table, moto_endpoint), *argv[1:]]
+    r = call(admin.main, full, capsys)
+    assert r.code == 2, r
+    assert message in r.err, r
+    assert by_resource(ddb, table) == before
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "message"),
+    [
+        (liberator.main, ["--segments", "0"], "--segments"),
+        (liberator.main, ["--grace", "-1"], "--grace"),
+        (liberator.main, ["--region", "Not A Region"], "bad region"),
+        (liberator.main, ["--now", "yesterday"], "--now"),
+        (dedupe.main, ["--peer-endpoint", "eu-west-1"], "REGION=URL"),
+        (dedupe.main, ["--peer-endpoint", "us-east-1=http://x:1"], "own region"),
+    ],
+)
+def test_jobs_bad_input_exits_2(
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    main: Callable[[Sequence[str]], int],
+    argv: list[str],
+    message: str,
+) -> None:
+    """The jobs reject bad flags with a message naming the flag and exit 2."""
+    r = call(main, [*base(table, moto_endpoint), *argv], capsys)
+    assert r.code == 2, r
+    assert message in r.err, r
+
+
+def test_rasadmin_dry_runs_write_nothing(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run of add-resources and delete-pool reports what it would do and writes
+    nothing; stats lists a defined pool that has no resources yet (region '-')."""
+    seed_pool(ddb, table, count=5)
+    b = base(table, moto_endpoint)
+    before = by_resource(ddb, table)
+    argv = ["add-resources", *b, "--client", "demo", "--pool", "default", "--count", "7",
+            "--dry-run"]  # fmt: skip
+    r = call(admin.main, argv, capsys)
+    assert (r.code, r.summary["added"], r.summary["would_add"]) == (0, 0, 7), r
+    argv = ["delete-pool", *b, "--client", "demo", "--pool", "default", "--dry-run"]
+    r = call(admin.main, argv, capsys)
+    assert (r.code, r.summary["resources"], r.summary["deleted"]) == (0, 5, 0), r
+    assert by_resource(ddb, table) == before
+
+    assert (
+        call(admin.main, ["add-pool", *b, "--client", "demo", "--pool", "empty"], capsys).code == 0
+    )
+    r = call(admin.main, ["stats", *base(table, moto_endpoint, region=None), "--json"], capsys)
+    rows = {(x["pool_id"], x["region"]): x["total"] for x in json.loads(r.out)}
+    assert rows == {("default", EAST): 5, ("empty", "-"): 0}
