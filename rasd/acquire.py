@@ -47,6 +47,7 @@ from .lease import (
     extend,
     lease_from_item,
     miss_report_update,
+    parse_time,
     partition_name,
     pick,
     release,
@@ -63,6 +64,7 @@ log = structlog.get_logger("rasd.acquire")
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
 HEADROOM_TTL = 10.0
+HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
 EXTEND_DEADLINE = 5.0
 LOCK_WAIT_FIRST = 0.005
 
@@ -384,8 +386,10 @@ class Acquirer:
         if cached is not None and cached[0] > now:
             return cached[1]
         meta = await self.store.get_meta(f"headroom#{client_id}#{pool_id}#{self.region}", deadline)
-        if meta is not None and "headroom" in meta:
-            value = int(float(meta["headroom"]["N"]))
+        if meta is not None and "headroom" in meta and self._fresh(meta):
+            # free minus the demand projected over the next 10 minutes; a projected shortfall
+            # is reported as 0 (no spare resources), never as a negative count.
+            value = max(0, int(float(meta["headroom"]["N"])))
         else:
             counts = await asyncio.gather(
                 *(
@@ -398,6 +402,16 @@ class Acquirer:
             value = sum(counts)
         self._headroom[k] = (now + HEADROOM_TTL, value)
         return value
+
+    def _fresh(self, meta: dict[str, Any]) -> bool:
+        """A balancer figure older than HEADROOM_STALE (three missed runs) is not trusted."""
+        updated = meta.get("updated", {}).get("S")
+        if not updated:
+            return False
+        try:
+            return self.clock.now_us() - parse_time(updated) < HEADROOM_STALE * US
+        except ValueError:
+            return False
 
     # ----------------------------------------------------------------- background
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

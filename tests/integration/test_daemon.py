@@ -255,3 +255,37 @@ async def test_malformed_frames_get_bad_request_and_daemon_keeps_serving(
         ok = await rasd_aio.get_lease(C, P, "still-fine", timedelta(hours=1), socket_path=s)
         assert ok.new
         assert d.counters["req.bad_frame"] >= 3
+
+
+async def test_headroom_from_balancer_metadata_or_count(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """headroom() serves the balancer's fresh figure (floored at 0) and falls back to counting
+    free items when there is none or it is stale."""
+    seed_pool(ddb, table, count=12)
+    clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
+
+    def put_headroom(value: int, updated_us: int) -> None:
+        ddb.put_item(
+            TableName=table,
+            Item={
+                "client_id": {"S": L.META_CLIENT},
+                "resource": {"S": f"headroom#{C}#{P}#us-east-1"},
+                "headroom": {"N": str(value)},
+                "free": {"N": "12"},
+                "updated": {"S": L.fmt_time(updated_us)},
+            },
+        )
+
+    async with make_daemon(clock=clock) as d:
+        s = d.cfg.socket
+        assert await rasd_aio.headroom(C, P, socket_path=s) == 12  # counted
+        put_headroom(7, clock.now_us())
+        d.acquirer._headroom.clear()
+        assert await rasd_aio.headroom(C, P, socket_path=s) == 7
+        put_headroom(-3, clock.now_us())
+        d.acquirer._headroom.clear()
+        assert await rasd_aio.headroom(C, P, socket_path=s) == 0
+        put_headroom(7, clock.now_us() - 3600 * L.US)  # stale: count again
+        d.acquirer._headroom.clear()
+        assert await rasd_aio.headroom(C, P, socket_path=s) == 12
