@@ -224,7 +224,10 @@ class Acquirer:
         )
         if lock_res is not True:
             if isinstance(claim_res, ResourceItem):  # we won a claim we must not keep
-                self.spawn(self._undo_claim(lease_from_item(claim_res)))
+                # Give it back before polling for the winner's lease: our next Query would
+                # otherwise find this claim and hand it out while the undo frees it. Shielded:
+                # the undo goes on (and retries) even if this request is cancelled.
+                await asyncio.shield(self.spawn(self._undo_claim(lease_from_item(claim_res))))
             if isinstance(lock_res, BaseException):
                 raise lock_res
             self.counters.inc("acq.lock_busy")
@@ -275,9 +278,29 @@ class Acquirer:
                     log.warning("miss_report_failed", error=str(exc))
 
     async def _undo_claim(self, lease: Lease) -> None:
-        deadline = time.monotonic() + EXTEND_DEADLINE
-        got = await self.store.update(release(lease, self.clock.now_us(), self.region), deadline)
-        self.counters.inc("acq.undone" if got else "acq.undo_lost")
+        """Release a claim made alongside a lock we did not get. Retried for about a minute:
+        until it lands, the key holds two resources in this region (ras-dedupe's job if we
+        die first; see docs/design.md)."""
+        for attempt in range(6):
+            try:
+                got = await self.store.update(
+                    release(lease, self.clock.now_us(), self.region),
+                    time.monotonic() + EXTEND_DEADLINE,
+                )
+                self.counters.inc("acq.undone" if got else "acq.undo_lost")
+                return
+            except RasdError as exc:
+                self.counters.inc("acq.undo_errors")
+                log.error(
+                    "speculative_claim_not_undone",
+                    client_id=lease.client_id,
+                    pool_id=lease.pool_id,
+                    key=lease.key,
+                    resource=lease.resource,
+                    attempt=attempt + 1,
+                    error=str(exc),
+                )
+                await asyncio.sleep(min(2.0**attempt, 16.0))
 
     # ------------------------------------------------------------------ extension
     def _maybe_extend(self, lease: Lease, requested_us: int) -> None:
@@ -414,10 +437,11 @@ class Acquirer:
             return False
 
     # ----------------------------------------------------------------- background
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg_done)
+        return task
 
     def _bg_done(self, task: asyncio.Task[Any]) -> None:
         self._bg.discard(task)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -31,9 +30,8 @@ def _socket_path(workdir: str) -> str:
 def run_dev(args: argparse.Namespace) -> int:
     import boto3
     import uvloop
-    from moto.server import ThreadedMotoServer
 
-    from . import log, schema
+    from . import log, motoserver, schema
     from .server import Daemon
 
     os.makedirs(args.dir, exist_ok=True)
@@ -42,16 +40,7 @@ def run_dev(args: argparse.Namespace) -> int:
     os.environ.pop("AWS_PROFILE", None)
 
     moto_log = os.path.join(args.dir, "moto.log")
-    handler = logging.FileHandler(moto_log)
-    wlog = logging.getLogger("werkzeug")
-    wlog.handlers[:] = [handler]
-    wlog.propagate = False
-    wlog.setLevel(logging.INFO)
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    server, endpoint = motoserver.start(log_file=moto_log)
 
     table = "rasd"
     ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name=args.region)

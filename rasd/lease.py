@@ -23,6 +23,7 @@ ISO-8601 strings ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` so string order is time order.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -163,12 +164,13 @@ def item_from_ddb(item: Item) -> ResourceItem:
 
 def lease_from_item(item: ResourceItem) -> Lease:
     assert item.key is not None and item.lease_expires_us is not None
+    # client, pool and region repeat across every cached lease: share one string each.
     return Lease(
-        client_id=item.client_id,
-        pool_id=item.pool_id,
+        client_id=sys.intern(item.client_id),
+        pool_id=sys.intern(item.pool_id),
         key=item.key,
         resource=item.resource,
-        region=item.region,
+        region=sys.intern(item.region),
         expires_us=item.lease_expires_us,
         version=item.version,
         acquired_us=item.lease_acquired_us or 0,

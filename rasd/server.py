@@ -73,6 +73,17 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.daemon.connections.discard(self)
 
+    def pause_writing(self) -> None:
+        # The peer is not reading its answers (its socket and our write buffer are full):
+        # stop reading its requests until it catches up, so a stuck or hostile client cannot
+        # make the daemon buffer answers without bound.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)
         try:

@@ -7,7 +7,6 @@ botocore/aiobotocore to ``ThreadedMotoServer`` on an ephemeral port.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,14 +38,11 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """moto's server in a thread on 127.0.0.1, port picked by the OS."""
-    from moto.server import ThreadedMotoServer
+    """moto's server in a thread on 127.0.0.1, port picked by the OS (rasd.motoserver)."""
+    from rasd import motoserver
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    server, url = motoserver.start()  # conditional writes made atomic, as in DynamoDB
+    yield url
     server.stop()
 
 

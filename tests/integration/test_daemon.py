@@ -185,11 +185,14 @@ async def test_two_daemons_one_new_key(ddb: Any, table: str, make_daemon: Any) -
         for round_ in range(5):
             key = f"race-{round_}"
             a, b = await asyncio.gather(
-                rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d1.cfg.socket),
-                rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d2.cfg.socket),
+                rasd_aio.get_lease(
+                    C, P, key, timedelta(hours=1), socket_path=d1.cfg.socket, timeout=10
+                ),
+                rasd_aio.get_lease(
+                    C, P, key, timedelta(hours=1), socket_path=d2.cfg.socket, timeout=10
+                ),
             )
             assert a.resource == b.resource
-        await asyncio.sleep(0.1)  # let undo-releases of lost speculative claims land
     rows = [L.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == C]
     per_key: dict[str, int] = {}
     for r in rows:

@@ -1,0 +1,395 @@
+"""DynamoDB misbehaving under a live daemon: throttling, 5xx, an outage, slowness, overload.
+
+Faults are injected with ``rasd.testing.FaultyStore`` *below* ``Store._call``: the daemon's own
+retry, deadline, circuit-breaker and shedding logic runs exactly as in production, against
+moto's server over HTTP. Lease time comes from a ``FakeClock`` where it matters; the only real
+waits are for real timers (the breaker's cooldown, a slow fault) and bounded polls for
+background work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+import rasd_client
+from rasd import acquire
+from rasd import lease as L
+from rasd.clock import Clock, FakeClock
+from rasd.config import Config
+from rasd.server import Daemon
+from rasd.testing import Faults, FaultyStore, Rule
+from rasd_client import aio as rasd_aio
+from tests.conftest import scan_all, seed_pool
+
+pytestmark = pytest.mark.integration
+
+C, P = "demo", "default"
+HOUR = timedelta(hours=1)
+_ids = itertools.count()
+
+
+@pytest.fixture
+def faulty_daemon(moto_endpoint: str, table: str, short_tmp: Path) -> Callable[..., Any]:
+    """``async with faulty_daemon(faults, clock=..., **cfg) as d`` runs a Daemon in this loop
+    whose store is a ``FaultyStore`` driven by ``faults`` (the plan may change mid-test)."""
+
+    @asynccontextmanager
+    async def factory(
+        faults: Faults, clock: Clock | None = None, **overrides: Any
+    ) -> AsyncIterator[Daemon]:
+        cfg = Config(
+            table=table,
+            endpoint_url=moto_endpoint,
+            socket=str(short_tmp / f"f{next(_ids)}.sock"),
+            ddb_warm_connections=1,
+            **overrides,
+        ).validate()
+        d = Daemon(cfg, clock=clock, store=FaultyStore(cfg, faults=faults))
+        await d.startup()
+        try:
+            yield d
+        finally:
+            faults.clear()  # let shutdown's own DynamoDB calls (miss reports) go through
+            await d.shutdown(drain=2.0)
+
+    return factory
+
+
+async def wait_for(pred: Callable[[], bool], what: str, tries: int = 500) -> None:
+    """Wait for background work (bounded poll; not a timing assertion)."""
+    for _ in range(tries):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def real_clock_fake() -> FakeClock:
+    """A FakeClock starting at the real time, so clients' ``timedelta`` ends are valid."""
+    return FakeClock(now_us=time.time_ns() // 1000)
+
+
+def at(clock: FakeClock, seconds: float) -> float:
+    """Epoch seconds ``seconds`` after the fake clock's now (what a sliding client sends)."""
+    return (clock.now_us() + int(seconds * L.US)) / L.US
+
+
+async def test_throttling_and_5xx_are_retried_within_the_deadline(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """Throttles and 500s are retried with backoff inside the request's deadline: the caller
+    never sees them, and each failed attempt is counted (``ddb.throttles``/``ddb.errors``)."""
+    seed_pool(ddb, table, count=10)
+    faults = Faults(seed=1)
+    async with faulty_daemon(faults) as d:
+        faults.add("throttle", ops={"Query"}, times=3)
+        faults.add("server_error", ops={"UpdateItem"}, times=2)
+        lease = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert lease.new
+        assert faults.injected == {"throttle": 3, "server_error": 2}
+        assert d.counters["ddb.throttles"] == 3
+        assert d.counters["ddb.errors"] == 2
+        assert d.store.breaker.state == "closed"
+        # a 500 on a read is retried the same way
+        faults.add("server_error", ops={"Query"}, times=2)
+        other = await rasd_aio.get_lease(C, P, "k2", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert other.new and other.resource != lease.resource
+        assert d.counters["ddb.errors"] == 4
+    print(f"faults injected: {dict(faults.injected)}, attempts seen: {faults.calls()}")
+
+
+async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """DynamoDB down: cached leases are still served with no DynamoDB call; new work fails
+    with UNAVAILABLE; after ``breaker_failures`` failures the breaker opens and requests fail
+    without calling DynamoDB at all; once DynamoDB heals, the breaker closes by itself after
+    its cooldown (no operator, no restart)."""
+    seed_pool(ddb, table, count=10)
+    faults = Faults(seed=2)
+    cfg = {"breaker_failures": 5, "breaker_window": 30.0, "breaker_cooldown": 0.2}
+    async with faulty_daemon(faults, **cfg) as d:
+        s = d.cfg.socket
+        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        faults.add("down")  # every operation: connection refused
+        seen = faults.calls()
+        again = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        assert again.resource == cached.resource and faults.calls() == seen
+
+        with pytest.raises(rasd_client.Unavailable):
+            await rasd_aio.get_lease(C, P, "new-1", HOUR, socket_path=s, timeout=5)
+        assert faults.injected["down"] == cfg["breaker_failures"]
+        assert d.stats()["breaker"] == "open"
+        assert d.counters["ddb.breaker_open"] >= 1
+
+        # Hold the circuit open while we look (the cooldown is read live): a slow machine
+        # must not reach the half-open probe in the middle of these assertions.
+        d.store.breaker.cooldown = 600.0
+        seen = faults.calls()
+        for i in range(5):
+            with pytest.raises(rasd_client.Unavailable) as err:
+                await rasd_aio.get_lease(C, P, f"new-open-{i}", HOUR, socket_path=s, timeout=5)
+            assert err.value.retry_after is not None and err.value.retry_after > 0
+        assert faults.calls() == seen, "an open breaker must not call DynamoDB"
+        hit = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        assert hit.resource == cached.resource
+        assert d.counters["ddb.breaker_open"] >= 6
+
+        faults.clear()  # heal; the real 0.2 s cooldown then lets one probe through
+        d.store.breaker.cooldown = cfg["breaker_cooldown"]
+        recovered = None
+        for _ in range(200):
+            try:
+                recovered = await rasd_aio.get_lease(C, P, "after", HOUR, socket_path=s)
+                break
+            except rasd_client.Unavailable:
+                await asyncio.sleep(0.05)
+        assert recovered is not None and recovered.new, "breaker never closed after healing"
+        assert d.stats()["breaker"] == "closed"
+        assert d.store.breaker.opened == 1
+    print(
+        f"outage: {faults.injected['down']} refused attempts, "
+        f"breaker_open answers {d.counters['ddb.breaker_open']}"
+    )
+
+
+async def test_slow_dynamodb_beyond_the_client_timeout_gives_timeout(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """DynamoDB answering later than the request's deadline gives TIMEOUT (not a hang, not
+    UNAVAILABLE), while cached leases are still served."""
+    seed_pool(ddb, table, count=10)
+    faults = Faults(seed=3)
+    async with faulty_daemon(faults) as d:
+        s = d.cfg.socket
+        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        faults.add("slow", delay=1.0)
+        with pytest.raises(rasd_client.Timeout):
+            await rasd_aio.get_lease(C, P, "slow-key", HOUR, socket_path=s, timeout=0.2)
+        # the daemon itself answered TIMEOUT (the client's grace is longer than its deadline)
+        await wait_for(lambda: d.counters["err.TIMEOUT"] == 1, "daemon TIMEOUT answer")
+        assert d.counters["ddb.timeouts"] == 1
+        hit = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s, timeout=0.2)
+        assert hit.resource == cached.resource
+
+
+async def test_load_shedding_answers_busy_at_once(ddb: Any, table: str, faulty_daemon: Any) -> None:
+    """With ``max_inflight=2`` and slow DynamoDB, of 10 concurrent new-key requests the 8
+    that find no slot get BUSY at once (``shed.busy``): every BUSY answer arrives before any
+    admitted request finishes, i.e. nothing waits in a queue for a slot."""
+    seed_pool(ddb, table, count=20)
+    faults = Faults(seed=4)
+    async with faulty_daemon(faults, max_inflight=2) as d:
+        s = d.cfg.socket
+        await rasd_aio.call_raw("ping", socket_path=s)  # open the shared connection first
+        faults.add("slow", ops={"Query"}, delay=0.3)
+        order: list[str] = []
+
+        async def one(i: int) -> None:
+            try:
+                await rasd_aio.get_lease(C, P, f"shed-{i}", HOUR, socket_path=s, timeout=10)
+                order.append("ok")
+            except rasd_client.Busy as exc:
+                assert exc.retry_after is not None
+                order.append("busy")
+
+        await asyncio.gather(*(one(i) for i in range(10)))
+        assert sorted(order) == ["busy"] * 8 + ["ok"] * 2
+        assert order[:8] == ["busy"] * 8, f"a BUSY came after an admitted request: {order}"
+        assert d.counters["shed.busy"] == 8
+        assert d.gate.inflight == 0
+
+
+async def test_acquisition_rate_limit_busy_with_retry_after(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """A runaway client making a new key per call is stopped by the per-pool token bucket
+    after the burst: BUSY with ``retry_after > 0``. Leases already held are still served, and
+    the bucket refills with (fake) time."""
+    seed_pool(ddb, table, count=20)
+    clock = real_clock_fake()
+    async with faulty_daemon(Faults(), clock=clock, rate_limit=1.0, rate_burst=3.0) as d:
+        s = d.cfg.socket
+        got = [
+            await rasd_aio.get_lease(C, P, f"run-{i}", at(clock, 3600), socket_path=s)
+            for i in range(3)
+        ]
+        assert all(x.new for x in got)
+        busy = 0
+        for i in range(3, 8):
+            with pytest.raises(rasd_client.Busy) as err:
+                await rasd_aio.get_lease(C, P, f"run-{i}", at(clock, 3600), socket_path=s)
+            assert err.value.retry_after is not None and err.value.retry_after > 0
+            busy += 1
+        assert d.counters["shed.rate_limited"] == busy == 5
+        assert d.counters["lease.new"] == 3
+        held = await rasd_aio.get_lease(C, P, "run-0", at(clock, 3600), socket_path=s)
+        assert held.resource == got[0].resource and not held.new
+        clock.advance(1.0)  # one token back
+        more = await rasd_aio.get_lease(C, P, "run-3", at(clock, 3600), socket_path=s)
+        assert more.new
+
+
+async def test_failed_background_extension_is_logged_and_retried_after_backoff(
+    ddb: Any, table: str, faulty_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh-ahead extension that fails is logged (``lease_at_risk`` when the lease is
+    near its end), is not retried on every hit (backoff), and is retried on a later hit once
+    the backoff has passed; the lease then really is extended in the table."""
+    seed_pool(ddb, table, count=5)
+    clock = real_clock_fake()
+    faults = Faults(seed=6)
+    async with faulty_daemon(faults, clock=clock, skew_margin=5.0) as d:
+        d.acquirer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
+        s = d.cfg.socket
+        first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        clock.advance(60)  # 40 s left of the 100 asked for: below half -> extend
+        faults.add("validation", ops={"UpdateItem"}, times=1)
+        with capture_logs() as logs:
+            # a fresh logger proxy, so a logger cached by an earlier test cannot bypass capture
+            monkeypatch.setattr(acquire, "log", structlog.get_logger("rasd.acquire"))
+            hit = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+            assert hit.resource == first.resource and hit.version == first.version
+            await wait_for(lambda: d.counters["lease.extend_errors"] == 1, "failed extension")
+        events = [e for e in logs if e["event"] in ("lease_at_risk", "lease_extension_failed")]
+        assert len(events) == 1, logs
+        assert events[0]["event"] == "lease_at_risk" and events[0]["log_level"] == "error"
+        assert events[0]["key"] == "k" and events[0]["retry_in_s"] == 1.0
+
+        # within the backoff: hits are served, no new write is attempted
+        writes = faults.calls("UpdateItem")
+        for _ in range(3):
+            await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        assert faults.calls("UpdateItem") == writes
+
+        clock.advance(1.5)  # past the 1 s backoff: the next hit retries
+        await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        await wait_for(lambda: d.counters["lease.extended"] == 1, "retried extension")
+        after = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        assert after.version == first.version + 1
+        assert after.lease_expires > first.lease_expires
+        assert d.counters["lease.extend_errors"] == 1
+
+
+@dataclass
+class SlowNthWrite(Faults):
+    """No faults, except that the ``nth`` UpdateItem attempt is ``delay`` seconds late."""
+
+    nth: int = 3
+    delay: float = 1.0
+
+    def pick(self, op: str) -> Rule | None:
+        rule = super().pick(op)
+        if op == "UpdateItem" and self.calls("UpdateItem") == self.nth:
+            self.injected["slow"] += 1
+            return Rule("slow", delay=self.delay)
+        return rule
+
+
+async def test_lock_loser_never_hands_out_the_claim_it_is_giving_back(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """When another daemon holds a new key's acquisition lock, this daemon's concurrent claim
+    (if it won) must be given back and must never be handed to the caller: whatever lease the
+    caller gets must still be that key's in the table once background work is done.
+
+    Here the lock is held by a "ghost" daemon (written directly) until the test moves the
+    daemon's clock past it, and the undo of the speculative claim (the 3rd UpdateItem: lock,
+    claim, undo) is slow, as a DynamoDB hiccup makes it; meanwhile the waiting request polls
+    the key with Queries."""
+    seed_pool(ddb, table, count=5)
+    clock = real_clock_fake()
+    faults = SlowNthWrite(nth=3, delay=1.0)
+    async with faulty_daemon(faults, clock=clock) as d:
+        hold = int(60 * L.US)
+        ghost = L.take_acq_lock(C, P, "us-east-1", "contended", "ghost", clock.now_us(), hold)
+        ddb.update_item(TableName=table, **ghost)
+        call = asyncio.ensure_future(
+            rasd_aio.get_lease(C, P, "contended", HOUR, socket_path=d.cfg.socket, timeout=5)
+        )
+        await wait_for(lambda: faults.calls("UpdateItem") >= 3, "the undo of the lost claim")
+        clock.advance(120)  # the ghost's lock has lapsed (for this daemon)
+        lease = await call
+        assert d.counters["acq.lock_busy"] >= 1
+        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
+        assert d.counters["acq.undone"] == 1
+        row = ddb.get_item(
+            TableName=table,
+            Key={"client_id": {"S": C}, "resource": {"S": lease.resource}},
+            ConsistentRead=True,
+        )["Item"]
+        assert row.get("key", {}).get("S") == "contended", (
+            f"caller holds {lease.resource} for 'contended', the table says {row}"
+        )
+        again = await rasd_aio.get_lease(C, P, "contended", HOUR, socket_path=d.cfg.socket)
+        assert again.resource == lease.resource
+
+
+@dataclass
+class WinnerClaimsThenUndoFails(Faults):
+    """At the loser's undo (the ``nth`` UpdateItem: lock, claim, undo), first let the lock's
+    owner (a "ghost" daemon) land its own claim, then fail the undo, as a crash of the loser
+    (kill -9) or a DynamoDB error right after its claim landed would leave it."""
+
+    nth: int = 3
+    on_undo: Callable[[], None] = lambda: None
+
+    def pick(self, op: str) -> Rule | None:
+        rule = super().pick(op)
+        if op == "UpdateItem" and self.calls("UpdateItem") == self.nth:
+            self.on_undo()  # a blocking boto3 write: fine in a test
+            self.injected["validation"] += 1
+            return Rule("validation")
+        return rule
+
+
+async def test_lock_loser_leaves_no_claim_behind(ddb: Any, table: str, faulty_daemon: Any) -> None:
+    """Two daemons of one region race for a new key; the lock's owner wins and claims. The
+    loser's concurrent claim must not survive it, even when its first undo write fails (it is
+    retried): the key must hold exactly one resource in the region, and the loser's caller,
+    if answered, must get that one. (A loser killed between claim and undo is the documented
+    residual case: docs/design.md.)"""
+    seed_pool(ddb, table, count=5)
+    clock = real_clock_fake()  # frozen: the ghost's lock stays held for this daemon
+
+    def ghost_claims() -> None:
+        for row in scan_all(ddb, table):
+            item = L.item_from_ddb(row) if row["client_id"]["S"] == C else None
+            if item is not None and item.key is None:
+                exp = clock.now_us() + 3600 * L.US
+                ddb.update_item(
+                    TableName=table, **L.claim(item, "race", exp, clock.now_us(), "us-east-1")
+                )
+                return
+        raise AssertionError("no free item left for the ghost")
+
+    faults = WinnerClaimsThenUndoFails(on_undo=ghost_claims)
+    async with faulty_daemon(faults, clock=clock) as d:
+        hold = int(60 * L.US)
+        ghost = L.take_acq_lock(C, P, "us-east-1", "race", "ghost", clock.now_us(), hold)
+        ddb.update_item(TableName=table, **ghost)
+        try:
+            got = await rasd_aio.get_lease(C, P, "race", HOUR, socket_path=d.cfg.socket, timeout=3)
+        except rasd_client.RasdError:
+            got = None
+        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
+        assert d.counters["acq.lock_busy"] >= 1 and faults.injected["validation"] == 1
+    held = [
+        L.item_from_ddb(r).resource
+        for r in scan_all(ddb, table)
+        if r["client_id"]["S"] == C and r.get("key", {}).get("S") == "race"
+    ]
+    assert len(held) == 1, f"'race' holds {held} in us-east-1"
+    assert got is None or got.resource == held[0]

@@ -1,0 +1,185 @@
+"""The simulation's pure parts: the traffic model and the replicator's last-writer-wins rule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from sim import traffic
+from sim.replicator import audit_events, image_hash, stamp_of, wins
+
+SCN = traffic.default_scenario()
+
+
+# ----------------------------------------------------------------------------- traffic
+def test_each_region_peaks_at_its_hour_without_events() -> None:
+    calm = traffic.Scenario(SCN.regions)
+    for prof in calm.regions:
+        by_minute = {m: traffic.rate(calm, prof.name, m) for m in range(0, 1440, 5)}
+        peak = max(by_minute, key=lambda m: by_minute[m])
+        assert peak == pytest.approx(prof.peak_hour * 60, abs=5)
+        assert by_minute[peak] == pytest.approx(prof.weight)
+        trough = min(by_minute.values())
+        assert trough == pytest.approx(prof.weight * prof.night, rel=0.01)
+
+
+def test_peaks_are_at_different_utc_hours() -> None:
+    assert len({p.peak_hour for p in SCN.regions}) == len(SCN.regions)
+
+
+def test_spike_multiplies_only_its_region() -> None:
+    s = SCN.spike
+    assert s is not None
+    mid = (s.start_min + s.end_min) / 2
+    calm = traffic.Scenario(SCN.regions)
+    for r in SCN.names:
+        ratio = traffic.rate(traffic.Scenario(SCN.regions, spike=s), r, mid) / traffic.rate(
+            calm, r, mid
+        )
+        assert ratio == pytest.approx(s.factor if r == s.region else 1.0)
+    # fast rise, slower decay, nothing before
+    assert traffic.spike_factor(s.start_min - 1, s, s.region) == 1.0
+    assert traffic.spike_factor(s.start_min + s.rise_min, s, s.region) == pytest.approx(s.factor)
+    after = traffic.spike_factor(s.end_min + s.decay_min / 2, s, s.region)
+    assert 1.0 < after < s.factor
+    assert traffic.spike_factor(s.end_min + s.decay_min + 1, s, s.region) == 1.0
+
+
+def test_evacuation_empties_the_region_and_conserves_total() -> None:
+    ev = SCN.evacuation
+    assert ev is not None
+    no_evac = traffic.Scenario(SCN.regions, spike=SCN.spike)
+    for m in range(0, 1440, 7):
+        a, b = traffic.rates(SCN, m), traffic.rates(no_evac, m)
+        assert sum(a.values()) == pytest.approx(sum(b.values()))
+        assert all(v >= 0 for v in a.values())
+    mid = (ev.start_min + ev.end_min) / 2
+    assert traffic.rates(SCN, mid)[ev.region] == 0.0
+    assert traffic.rates(SCN, ev.end_min + ev.ramp_min + 1) == traffic.rates(
+        no_evac, ev.end_min + ev.ramp_min + 1
+    )
+
+
+def test_schedule_is_deterministic_and_follows_the_rate() -> None:
+    a = traffic.schedule(SCN, 7, day_s=60, keys_per_s=20, lease_s=5)
+    b = traffic.schedule(SCN, 7, day_s=60, keys_per_s=20, lease_s=5)
+    c = traffic.schedule(SCN, 8, day_s=60, keys_per_s=20, lease_s=5)
+    assert a == b and a != c
+    assert all(0 <= r.t < 60 for r in a.requests)
+    assert [r.t for r in a.requests] == sorted(r.t for r in a.requests)
+    # expected new keys: the integral of the rates
+    expected = sum(
+        sum(traffic.rates(SCN, traffic.sim_minute(i * 0.1 + 0.05, 60)).values()) * 20 * 0.1
+        for i in range(600)
+    )
+    assert a.new_keys == pytest.approx(expected, rel=0.1)
+    keys = [r.key for r in a.requests if r.first]
+    assert len(keys) == len(set(keys))
+
+
+def test_second_requests_go_elsewhere_within_the_lease() -> None:
+    s = traffic.schedule(SCN, 3, day_s=60, keys_per_s=20, lease_s=5, p_global=1.0, gap_mean_s=2.0)
+    firsts = {r.key: r for r in s.requests if r.first}
+    seconds = [r for r in s.requests if not r.first]
+    assert seconds
+    for r in seconds:
+        f = firsts[r.key]
+        assert r.region != f.region
+        assert r.gap < 5 and r.t == pytest.approx(f.t + r.gap)
+    none = traffic.schedule(SCN, 3, day_s=60, keys_per_s=20, lease_s=5, p_global=0.0)
+    assert none.second_requests == 0
+
+
+def test_occupancy_counts_overlapping_leases() -> None:
+    sched = traffic.Schedule(
+        [
+            traffic.Request(0.0, "a", "k1", True),
+            traffic.Request(0.5, "a", "k2", True),
+            traffic.Request(0.7, "b", "k1", False, 0.7),
+        ],
+        day_s=4.0,
+    )
+    occ = traffic.occupancy(sched, hold_s=1.0, names=("a", "b"), step_s=0.5)
+    assert occ["a"][:4] == [1, 2, 2, 1]
+    assert max(occ["b"]) == 0  # second requests hold nothing new
+
+
+# ----------------------------------------------------------------------------- LWW rule
+def test_wins_higher_version_first() -> None:
+    assert wins((5, 100, "a", 1), (4, 999, "z", 9))
+    assert not wins((4, 999, "z", 9), (5, 100, "a", 1))
+
+
+def test_wins_equal_version_later_write_then_region() -> None:
+    assert wins((5, 200, "a", 1), (5, 100, "b", 1))
+    assert not wins((5, 100, "b", 1), (5, 200, "a", 1))
+    assert wins((5, 100, "b", 1), (5, 100, "a", 1))  # same ms: region name decides
+    assert not wins((5, 100, "a", 1), (5, 100, "b", 1))
+
+
+def test_wins_is_a_total_order_so_replicas_converge() -> None:
+    x, y = (3, 10, "eu-west-1", 4), (3, 10, "us-east-1", 2)
+    assert wins(x, y) != wins(y, x)  # exactly one of two conflicting writes survives
+    assert not wins(x, x)  # the same write is never applied twice
+    assert wins(x, None)  # an absent item is always created
+
+
+def _rec(old: dict | None, new: dict | None, t: float, seq: int = 1) -> dict:
+    d: dict = {
+        "Keys": {"client_id": {"S": "c"}, "resource": {"S": "r1"}},
+        "ApproximateCreationDateTime": datetime.fromtimestamp(t, UTC),
+        "SequenceNumber": str(seq),
+    }
+    if old is not None:
+        d["OldImage"] = old
+    if new is not None:
+        d["NewImage"] = new
+    return {"dynamodb": d}
+
+
+def _img(version: int, region: str, key: str | None = None) -> dict:
+    img = {
+        "client_id": {"S": "c"},
+        "resource": {"S": "r1"},
+        "region": {"S": region},
+        "version": {"N": str(version)},
+    }
+    if key:
+        img["key"] = {"S": key}
+    return img
+
+
+def test_stamp_of_record() -> None:
+    rec = _rec(None, _img(7, "eu-west-1"), 1000.5, 42)
+    assert stamp_of(rec, "eu-west-1") == (7, 1000500, "eu-west-1", 42)
+
+
+def test_conflict_claim_vs_move_resolves_by_time() -> None:
+    """The race of docs/global.md: a move written in one replica and a claim in another, both
+    from version 5. The later one wins, in both replicas."""
+    move = stamp_of(_rec(_img(5, "b"), _img(6, "c"), 10.000), "a")
+    claim = stamp_of(_rec(_img(5, "b"), _img(6, "b", "k"), 10.300), "b")
+    assert wins(claim, move) and not wins(move, claim)
+
+
+def test_image_hash_is_order_independent() -> None:
+    a = {"x": {"S": "1"}, "y": {"N": "2"}}
+    b = {"y": {"N": "2"}, "x": {"S": "1"}}
+    assert image_hash(a) == image_hash(b)
+
+
+def test_audit_flags_leased_moves_only() -> None:
+    free_move = audit_events(_rec(_img(1, "a"), _img(2, "b"), 1.0), "a")
+    assert free_move == [
+        {"ev": "move", "res": "r1", "from": "a", "to": "b", "t": 1000, "leased": False, "in": "a"}
+    ]
+    bad = audit_events(_rec(_img(1, "a", "k"), _img(2, "b", "k"), 1.0), "a")
+    assert bad[0]["leased"] is True
+    acq = audit_events(_rec(_img(1, "a"), _img(2, "a", "k"), 1.0), "a")
+    assert [e["ev"] for e in acq] == ["acq"]
+    rel = audit_events(_rec(_img(2, "a", "k"), _img(3, "a"), 1.0), "a")
+    assert [e["ev"] for e in rel] == ["rel"]
+    meta = _rec(None, {"client_id": {"S": "#meta"}, "resource": {"S": "x"}}, 1.0)
+    meta["dynamodb"]["Keys"]["client_id"] = {"S": "#meta"}
+    assert audit_events(meta, "a") == []
