@@ -126,7 +126,8 @@ class Acquirer:
 
     # --------------------------------------------------------------------- hot path
     def try_hit(self, client_id: str, pool_id: str, key: str, requested_us: int) -> Lease | None:
-        """Answer from the cache, or None. Never awaits and never touches DynamoDB."""
+        """Answer from the cache, or None. Never awaits and never touches DynamoDB.
+        (The server counts hits and misses: this is also called again after a miss.)"""
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None
@@ -134,9 +135,7 @@ class Acquirer:
         k = (client_id, pool_id, key)
         lease = self.cache.get(k)
         if lease is None:
-            self.counters.inc("cache.miss")
             return None
-        self.counters.inc("cache.hit")
         self._maybe_extend(lease, requested_us)
         return lease
 

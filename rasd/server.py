@@ -316,8 +316,10 @@ class Daemon:
                 return
             if lease is not None:
                 conn.send(protocol.lease_response(req.id, lease, False))
+                counters.inc("cache.hit")
                 self.latency.observe("hit", time.perf_counter() - t0)
                 return
+            counters.inc("cache.miss")
         elif req.op == "ping":
             conn.send(protocol.ok(req.id, ready=self.ready, region=self.cfg.region))
             return
