@@ -1,0 +1,168 @@
+"""``python -m sim --quick|--full [--lag 1.0] [--seed N] [--out sim/results]``
+
+Runs the global simulation twice on the same traffic (same seed): with ``ras-balancer``, then
+with the balancer off (the static equal split), each on fresh backends; prints the table,
+writes ``{out}/{mode}.json`` (and ``latest-{mode}.json``) and ``{out}/{mode}.png``.
+See docs/global.md, "Global simulation".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import report, traffic
+from .world import Params, World, size_pool
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # about 4 minutes on 2 idle cores: two runs of a 100 s day plus set-up and checks.
+    # Leases of 8 s are 2 simulated hours: shorter ones would make the balancer's reaction
+    # time (interval + run + 2 replications, ~4 s) longer than a lease.
+    "quick": {
+        "day_s": 100.0,
+        "lease_s": 8.0,
+        "keys_per_s": 6.0,
+        "balance_every_s": 1.5,
+        "horizon_s": 3.0,
+        "liberate_every_s": 0.5,
+    },
+    # about 22 minutes: two runs of a 10-minute day. Leases of 25 s are one simulated hour
+    # and the balancer runs every 2.5 s (6 simulated minutes) with a 5 s horizon: the
+    # production ratios (1 h leases, every 5 minutes, 10-minute horizon).
+    "full": {
+        "day_s": 600.0,
+        "lease_s": 25.0,
+        "keys_per_s": 3.0,
+        "balance_every_s": 2.5,
+        "horizon_s": 5.0,
+        "liberate_every_s": 1.0,
+    },
+    # the smoke test: seconds, not a measurement
+    "tiny": {
+        "day_s": 20.0,
+        "lease_s": 2.0,
+        "keys_per_s": 3.0,
+        "balance_every_s": 2.0,
+        "probe_keys": 3,
+    },
+}
+
+
+def run_pair(
+    params: Params, scn: traffic.Scenario, static: bool = True, log: Any = print
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    sched = traffic.schedule(
+        scn,
+        params.seed,
+        params.day_s,
+        params.keys_per_s,
+        params.lease_s,
+        params.p_global,
+        params.gap_mean_s,
+    )
+    total, split = size_pool(sched, params, list(scn.names))
+    info = {
+        "new_keys": sched.new_keys,
+        "second_region_requests": sched.second_requests,
+        "resources": total,
+        "split": split,
+    }
+    log(
+        f"traffic: {sched.new_keys} new keys, {sched.second_requests} second-region requests; "
+        f"{total} resources, {split}"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    for mode in ("balancer", "static") if static else ("balancer",):
+        p = replace(params, balancer=(mode == "balancer"), resources=total)
+        with tempfile.TemporaryDirectory(prefix=f"sim-{mode}-") as d:
+            t0 = time.monotonic()
+            log(f"run {mode}: day of {p.day_s:g} s ...")
+            res = World(p, scn, Path(d)).run(sched, split)
+            results[mode] = report.analyze(res, scn)
+            log(f"run {mode}: done in {time.monotonic() - t0:.0f} s")
+    return results["balancer"], results.get("static"), info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__.split("\n\n")[1])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_const", dest="preset", const="quick")
+    g.add_argument("--full", action="store_const", dest="preset", const="full")
+    g.add_argument("--tiny", action="store_const", dest="preset", const="tiny")
+    ap.add_argument("--lag", type=float, default=1.0, help="replication lag, seconds (1.0)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="sim/results")
+    ap.add_argument("--no-static", action="store_true", help="skip the static-split run")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument(
+        "--from-json", metavar="FILE", help="print the table and redraw the plot of a saved run"
+    )
+    args = ap.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        if not args.no_plot:
+            report.plot(
+                saved["balancer"], saved["static"], Path(args.from_json).with_suffix(".png")
+            )
+        print(report.table(saved["balancer"], saved["static"]))
+        lag = float(saved["params"]["lag_s"])
+        for k, v in report.verdicts(saved["balancer"], saved["static"], lag).items():
+            print(f"{'MET   ' if v['met'] else 'MISSED'} {k}: {_short(v)}")
+        return 0
+    preset = args.preset or "quick"
+    params = Params(seed=args.seed, lag_s=args.lag, **PRESETS[preset])
+    scn = traffic.default_scenario()
+
+    def log(msg: str) -> None:
+        print(f"[sim {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    t0 = time.monotonic()
+    bal, static, info = run_pair(params, scn, static=not args.no_static, log=log)
+    verdicts = report.verdicts(bal, static, params.lag_s)
+    out = {
+        "preset": preset,
+        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "params": {k: v for k, v in vars(params).items() if k != "balancer"},
+        "scenario": {
+            "regions": [vars(r) if hasattr(r, "__dict__") else _dc(r) for r in scn.regions],
+            "spike": _dc(scn.spike),
+            "evacuation": _dc(scn.evacuation),
+        },
+        "traffic": info,
+        "verdicts": verdicts,
+        "balancer": bal,
+        "static": static,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    name = preset if args.lag == 1.0 else f"{preset}-lag{args.lag:g}"
+    report.write(out, outdir / f"{name}.json")
+    if not args.no_plot:
+        report.plot(bal, static, outdir / f"{name}.png")
+    print(report.table(bal, static))
+    for k, v in verdicts.items():
+        print(f"{'MET   ' if v['met'] else 'MISSED'} {k}: {_short(v)}")
+    print(f"wrote {outdir / (name + '.json')}" + ("" if args.no_plot else f", {name}.png"))
+    return 0
+
+
+def _dc(x: Any) -> Any:
+    if x is None:
+        return None
+    return {f: getattr(x, f) for f in x.__dataclass_fields__}
+
+
+def _short(v: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={w}" for k, w in v.items() if k != "met")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

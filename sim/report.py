@@ -1,0 +1,336 @@
+"""Figures of a simulation run, the comparison of the two runs, the table, the JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from rasd.lease import parse_time
+
+from . import traffic
+from .world import RunResult
+
+
+def _rate(n: int, d: int) -> float | None:
+    return round(n / d, 5) if d else None
+
+
+def duplicates_from_audit(
+    audit: list[dict[str, Any]], exclude_prefix: str = "probe-"
+) -> dict[str, Any]:
+    """Keys that held two different resources at the same time, from the stream audit of
+    every region's local writes (acquisitions and releases)."""
+    acqs = [e for e in audit if e["ev"] == "acq" and not e["key"].startswith(exclude_prefix)]
+    rels: dict[str, list[int]] = defaultdict(list)
+    for e in audit:
+        if e["ev"] == "rel":
+            rels[e["res"]].append(e["t"])
+    for v in rels.values():
+        v.sort()
+    by_key: dict[str, list[tuple[int, int, str, str]]] = defaultdict(list)
+    for e in acqs:
+        end = parse_time(e["exp"]) // 1000 if e.get("exp") else e["t"]
+        later = [t for t in rels[e["res"]] if t >= e["t"]]
+        if later:
+            end = min(end, later[0])
+        by_key[e["key"]].append((e["t"], end, e["res"], e.get("region") or ""))
+    dup_keys = []
+    for k, ivs in by_key.items():
+        ivs.sort()
+        if any(a[2] != b[2] and b[0] < a[1] for i, a in enumerate(ivs) for b in ivs[i + 1 :]):
+            dup_keys.append(k)
+    return {"keys_acquired": len(by_key), "duplicate_keys": len(dup_keys), "examples": dup_keys[:5]}
+
+
+def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[str, Any]:
+    p = res.params
+    regions = list(scn.names)
+    probe = "probe-"
+    outs = [o for o in res.outcomes if not o.key.startswith(probe)]
+    per: dict[str, dict[str, Any]] = {}
+    for r in regions:
+        mine = [o for o in outs if o.region == r]
+        codes = Counter(o.code for o in mine)
+        first = [o for o in mine if o.first]
+        miss_first = sum(1 for o in first if o.code == "NO_CAPACITY")
+        per[r] = {
+            "requests": len(mine),
+            "new_key_requests": len(first),
+            "ok": codes["OK"],
+            "no_capacity": codes["NO_CAPACITY"],
+            "no_capacity_rate": _rate(codes["NO_CAPACITY"], len(mine)),
+            "no_capacity_new_keys": miss_first,
+            "other_errors": {c: n for c, n in codes.items() if c not in ("OK", "NO_CAPACITY")},
+            "daemon_counters": res.daemon_stats.get(r, {}),
+            "initial_items": res.initial_split.get(r, 0),
+            "final_items": res.end.get("items_per_region_end", {}).get(r),
+        }
+    total_req = sum(v["requests"] for v in per.values())
+    total_miss = sum(v["no_capacity"] for v in per.values())
+    bal = [j for j in res.jobs if j.get("job") == "balancer"]
+    lib = [j for j in res.jobs if j.get("job") == "liberator"]
+    # duplicates
+    first_ok = {o.key for o in outs if o.first and o.code == "OK"}
+    seconds = [o for o in outs if not o.first]
+    lease_s = float(p["lease_s"])
+    dup_driver = [
+        o for o in seconds if o.code == "OK" and o.new and o.key in first_ok and o.gap < lease_s
+    ]
+    eligible = [o for o in seconds if o.key in first_ok]
+    new_keys = len({o.key for o in outs if o.first})
+    audit_d = duplicates_from_audit(res.audit)
+    gaps_dup = sorted(o.gap for o in dup_driver)
+    gaps_nodup = sorted(o.gap for o in eligible if o not in dup_driver and o.code == "OK")
+    moves_audit = [e for e in res.audit if e["ev"] == "move"]
+    leased_moves = [e for e in moves_audit if e["leased"]]
+    return {
+        "mode": "balancer" if p["balancer"] else "static",
+        "wall_s": res.wall_s,
+        "resources": res.resources,
+        "miss_reporter": res.miss_reporter,
+        "regions": per,
+        "requests": total_req,
+        "no_capacity": total_miss,
+        "no_capacity_rate": _rate(total_miss, total_req),
+        "balancer": {
+            "runs": len(bal),
+            "ok_runs": sum(1 for j in bal if j.get("status") == "ok"),
+            "errors": [j.get("error") for j in bal if j.get("status") == "error"][:3],
+            "moved": sum(int(j.get("moved", 0)) for j in bal),
+            "lost_races": sum(int(j.get("lost_races", 0)) for j in bal),
+            "misses_seen": sum(int(j.get("misses", 0)) for j in bal),
+            "mean_seconds": round(sum(j.get("seconds", 0) for j in bal) / len(bal), 3)
+            if bal
+            else None,
+        },
+        "liberator": {
+            "runs": len(lib),
+            "freed": sum(int(j.get("freed", 0)) for j in lib),
+            "errors": sum(int(j.get("errors", 0)) for j in lib)
+            + sum(1 for j in lib if j.get("status") == "error"),
+        },
+        "balancer_trace": [
+            {
+                k: j.get(k)
+                for k in (
+                    "t",
+                    "moved",
+                    "moves_planned",
+                    "misses",
+                    "acquisitions",
+                    "releases",
+                    "lost_races",
+                    "seconds",
+                )
+            }
+            for j in bal
+        ],
+        "moves_in_streams": len(moves_audit),
+        "leased_items_moved": len(leased_moves),
+        "replicator": res.replicator,
+        "duplicates": {
+            "new_keys": new_keys,
+            "second_region_requests": len(seconds),
+            "second_requests_after_a_lease": len(eligible),
+            "duplicate_keys_driver": len(dup_driver),
+            "duplicate_keys_audit": audit_d["duplicate_keys"],
+            "rate_of_new_keys": _rate(audit_d["duplicate_keys"], new_keys),
+            "gap_s_of_duplicates_max": round(gaps_dup[-1], 3) if gaps_dup else None,
+            "gap_s_of_non_duplicates_min": round(gaps_nodup[0], 3) if gaps_nodup else None,
+            "second_requests_within_1s": sum(1 for o in eligible if o.gap < 1.0),
+        },
+        "end": res.end,
+        "timeline": timeline(res, regions, buckets),
+    }
+
+
+def timeline(res: RunResult, regions: list[str], buckets: int) -> dict[str, Any]:
+    """Per bucket of simulated time: demand (new keys per real second), allocation (items
+    assigned, sampled), leased (sampled) and misses, per region."""
+    day_s = float(res.params["day_s"])
+    width = day_s / buckets
+    hours = [round((i + 0.5) * 24 / buckets, 3) for i in range(buckets)]
+    demand = {r: [0.0] * buckets for r in regions}
+    misses = {r: [0] * buckets for r in regions}
+    for o in res.outcomes:
+        if o.key.startswith("probe-"):
+            continue
+        i = min(buckets - 1, int(o.t // width))
+        if o.first:
+            demand[o.region][i] += 1 / width
+        if o.code == "NO_CAPACITY":
+            misses[o.region][i] += 1
+    alloc: dict[str, list[float | None]] = {r: [None] * buckets for r in regions}
+    leased: dict[str, list[float | None]] = {r: [None] * buckets for r in regions}
+    acc: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for row in res.samples:
+        i = int(row["t"] // width)
+        if i >= buckets:
+            continue
+        for r in regions:
+            if r in row:
+                acc[(r, i)].append((row[r]["items"], row[r]["leased"]))
+    for (r, i), vals in acc.items():
+        alloc[r][i] = round(sum(v[0] for v in vals) / len(vals), 2)
+        leased[r][i] = round(sum(v[1] for v in vals) / len(vals), 2)
+    return {
+        "sim_hour": hours,
+        "demand_keys_per_s": {r: [round(x, 3) for x in v] for r, v in demand.items()},
+        "allocation": alloc,
+        "leased": leased,
+        "misses": misses,
+    }
+
+
+# --------------------------------------------------------------------------------- output
+def verdicts(bal: dict[str, Any], static: dict[str, Any] | None, lag: float) -> dict[str, Any]:
+    d = bal["duplicates"]
+    out: dict[str, Any] = {}
+    rate = d["rate_of_new_keys"]
+    out["duplicates_le_0.1pct_at_lag"] = {
+        "lag_s": lag,
+        "measured": rate,
+        "met": rate is not None and rate <= 0.001,
+    }
+    after = bal["end"].get("duplicate_keys_after_dedupe", {})
+    out["zero_after_one_dedupe"] = {
+        "before": bal["end"].get("duplicate_keys_before_dedupe"),
+        "after": after,
+        "met": bool(after) and all(v == 0 for v in after.values()),
+    }
+    if static is not None:
+        sb, ss = bal["no_capacity"], static["no_capacity"]
+        out["misses_balancer_le_one_fifth_static"] = {
+            "balancer": sb,
+            "static": ss,
+            "ratio": round(sb / ss, 4) if ss else None,
+            "met": ss > 0 and sb * 5 <= ss,
+            # every failed request, capacity or not (TIMEOUT/BUSY/UNAVAILABLE: overload)
+            "all_failures_balancer": sb + _other(bal),
+            "all_failures_static": ss + _other(static),
+        }
+    out["no_leased_item_moved"] = {
+        "leased_items_moved": bal["leased_items_moved"],
+        "met": bal["leased_items_moved"] == 0 and bal["replicator"].get("leased_moves", 0) == 0,
+    }
+    return out
+
+
+def _other(run: dict[str, Any]) -> int:
+    return sum(sum(v["other_errors"].values()) for v in run["regions"].values())
+
+
+def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
+    lines = []
+    regions = list(bal["regions"])
+    hdr = f"{'':28}" + "".join(f"{r:>14}" for r in regions) + f"{'total':>14}"
+    lines.append(hdr)
+    for name, run in (("balancer", bal), ("static split", static)):
+        if run is None:
+            continue
+        cells = [
+            f"{run['regions'][r]['no_capacity']}/{run['regions'][r]['requests']}" for r in regions
+        ]
+        tot = f"{run['no_capacity']}/{run['requests']}"
+        lines.append(
+            f"{'NO_CAPACITY ' + name:28}" + "".join(f"{c:>14}" for c in cells) + f"{tot:>14}"
+        )
+        rates = [run["regions"][r]["no_capacity_rate"] or 0 for r in regions]
+        lines.append(
+            f"{'  rate':28}"
+            + "".join(f"{x * 100:>13.2f}%" for x in rates)
+            + f"{(run['no_capacity_rate'] or 0) * 100:>13.2f}%"
+        )
+    for name, run in (("balancer", bal), ("static split", static)):
+        if run is None:
+            continue
+        other: Counter[str] = Counter()
+        for r in regions:
+            other.update(run["regions"][r]["other_errors"])
+        if other:
+            lines.append(f"other errors, {name}: {dict(other)} (overloaded backends, not capacity)")
+    lines.append(
+        f"{'items end (balancer)':28}"
+        + "".join(f"{bal['regions'][r]['final_items'] or 0:>14}" for r in regions)
+        + f"{bal['resources']:>14}"
+    )
+    d = bal["duplicates"]
+    lines.append(
+        f"moved by the balancer: {bal['balancer']['moved']} in {bal['balancer']['runs']} runs; "
+        f"leased items moved: {bal['leased_items_moved']}"
+    )
+    lines.append(
+        f"duplicates: {d['duplicate_keys_audit']} of {d['new_keys']} new keys "
+        f"({(d['rate_of_new_keys'] or 0) * 100:.3f}%), driver view {d['duplicate_keys_driver']}; "
+        f"end of run: {bal['end'].get('duplicate_keys_before_dedupe')} before ras-dedupe, "
+        f"{bal['end'].get('duplicate_keys_after_dedupe')} after"
+    )
+    rep = bal["replicator"]
+    lines.append(
+        f"replication: lag {rep.get('lag_s')} s, achieved p50 {rep.get('achieved_lag_p50_s')} "
+        f"p99 {rep.get('achieved_lag_p99_s')} s, applied {rep.get('applied')}, "
+        f"conflicts {rep.get('conflicts')}, converged {bal['end'].get('converged_after_dedupe')}"
+    )
+    return "\n".join(lines)
+
+
+def plot(bal: dict[str, Any], static: dict[str, Any] | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regions = list(bal["regions"])
+    runs = [("balancer", bal)] + ([("static split", static)] if static else [])
+    fig, axes = plt.subplots(
+        len(regions),
+        len(runs),
+        figsize=(6.5 * len(runs), 2.6 * len(regions)),
+        sharex=True,
+        squeeze=False,
+    )
+    for j, (name, run) in enumerate(runs):
+        tl = run["timeline"]
+        x = tl["sim_hour"]
+        for i, r in enumerate(regions):
+            ax = axes[i][j]
+            for series, label, color in (
+                (tl["allocation"][r], "items in region", "tab:blue"),
+                (tl["leased"][r], "leased", "tab:green"),
+            ):  # buckets without a sample (a slow scan) are skipped, not drawn as gaps
+                pts = [(a, b) for a, b in zip(x, series, strict=True) if b is not None]
+                ax.plot([a for a, _ in pts], [b for _, b in pts], label=label, color=color)
+            ax2 = ax.twinx()
+            ax2.plot(
+                x,
+                tl["demand_keys_per_s"][r],
+                label="demand (new keys/s)",
+                color="tab:gray",
+                linestyle="--",
+            )
+            ax.bar(
+                x,
+                tl["misses"][r],
+                width=0.4,
+                color="tab:red",
+                alpha=0.7,
+                label="NO_CAPACITY",
+            )
+            ax.set_title(f"{name}: {r}", fontsize=9)
+            ax.set_ylabel("items / misses", fontsize=8)
+            ax2.set_ylabel("keys/s", fontsize=8)
+            if i == 0 and j == 0:
+                h1, l1 = ax.get_legend_handles_labels()
+                h2, l2 = ax2.get_legend_handles_labels()
+                ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+        axes[-1][j].set_xlabel("simulated UTC hour")
+        axes[-1][j].set_xticks(range(0, 25, 3))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(out: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")

@@ -1,0 +1,615 @@
+"""One run of the global simulation: three moto backends (one per region), the replicator, real
+``rasd serve`` daemons, the jobs, a traffic driver and a sampler; then the end-of-run checks
+(replicas converged, duplicates before and after one ``ras-dedupe`` run).
+
+Every child is a separate process (moto's server and the daemons are CPU-bound Python; the
+GIL would otherwise serialise them). Real time is compressed: the simulated UTC day lasts
+``day_s`` real seconds and leases last ``lease_s`` real seconds (about one simulated hour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config as BotoConfig
+
+from rasd import schema
+from rasd.config import Config
+from rasd.lease import new_resource_item
+from rasd_jobs import balance_model as bm
+
+from . import traffic
+
+CLIENT, POOL = "sim", "default"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Params:
+    """Everything one run depends on (both runs of a comparison share all but ``balancer``)."""
+
+    seed: int = 1
+    lag_s: float = 1.0
+    day_s: float = 90.0  # real seconds per simulated day
+    lease_s: float = 4.0  # real seconds per lease (about one simulated hour at day_s=90)
+    keys_per_s: float = 6.0  # new keys per real second at relative demand 1.0
+    p_global: float = 0.3
+    gap_mean_s: float = 60.0
+    capacity_factor: float = 1.25  # resources = factor x the most leases the traffic needs
+    liberate_every_s: float = 0.5
+    balance_every_s: float = 2.0
+    horizon_s: float | None = None  # default 2 x balance_every_s
+    daemons_per_region: int = 1
+    sample_every_s: float = 1.0
+    probe_keys: int = 10  # keys requested in all regions at once at the end (dedupe check)
+    balancer: bool = True
+    resources: int | None = None  # default: from the traffic (capacity_factor)
+    table: str = "rasd-sim"
+
+
+@dataclass
+class Outcome:
+    t: float
+    region: str
+    key: str
+    first: bool
+    gap: float
+    code: str  # "OK" or the error code
+    new: bool = False
+    resource: str | None = None
+    latency_ms: float = 0.0
+
+
+@dataclass
+class RunResult:
+    params: dict[str, Any]
+    resources: int
+    initial_split: dict[str, int]
+    outcomes: list[Outcome] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    replicator: dict[str, Any] = field(default_factory=dict)
+    daemon_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    miss_reporter: str = "daemon"
+    wall_s: float = 0.0
+
+
+# ------------------------------------------------------------------------------- children
+# moto with atomic conditional writes (rasd.motoserver), in its own process: plain moto lets
+# two concurrent conditional writes on one item both succeed, which DynamoDB never does.
+_MOTO_CMD = ["-m", "rasd.motoserver"]
+
+
+def aws_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("AWS_") or k.startswith("RASD_"):
+            del env[k]
+    env.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
+    return env
+
+
+def _popen(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen[str]:
+    err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+    )
+
+
+def _readline(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {proc.args!r} exited ({proc.poll()})")
+        if line.startswith(prefix):
+            return line.strip()
+    raise RuntimeError(f"child did not say {prefix!r}")
+
+
+def _close(proc: subprocess.Popen[str], timeout: float = 10.0) -> str:
+    """Close the child's stdin (its signal to stop) and return the rest of its stdout."""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    out = ""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdout:
+            out = proc.stdout.read()
+            proc.stdout.close()
+    return out
+
+
+def _client(service: str, url: str, region: str) -> Any:
+    return boto3.client(  # type: ignore[call-overload]
+        service,
+        endpoint_url=url,
+        region_name=region,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        config=BotoConfig(retries={"max_attempts": 8, "mode": "standard"}),
+    )
+
+
+def daemon_reports_misses() -> bool:
+    """Whether this checkout's daemon writes ``misses#`` counters (config setting
+    ``miss_report_interval``). If not, the simulation's driver writes them for it, from the
+    NO_CAPACITY answers it receives, with the same UpdateItem (balance_model)."""
+    return "miss_report_interval" in Config.__dataclass_fields__
+
+
+# --------------------------------------------------------------------------------- a run
+class World:
+    def __init__(self, p: Params, scn: traffic.Scenario, workdir: Path) -> None:
+        self.p = p
+        self.scn = scn
+        self.regions = list(scn.names)
+        self.dir = workdir
+        self.children: list[subprocess.Popen[str]] = []
+        self.daemons: list[subprocess.Popen[str]] = []
+        self._sock_dir: Path | None = None
+        self.endpoints: dict[str, str] = {}
+        self.sockets: dict[str, list[str]] = {}
+        self.env = aws_env()
+
+    # -- set-up
+    def start_backends(self) -> None:
+        procs = {r: _popen([sys.executable, *_MOTO_CMD], self.env, None) for r in self.regions}
+        for r, proc in procs.items():
+            self.children.append(proc)
+            port = int(_readline(proc, "PORT").split()[1])
+            self.endpoints[r] = f"http://127.0.0.1:{port}"
+
+    def seed(self, split: dict[str, int]) -> None:
+        """The same items in every replica (a global table's state): the pool, and the
+        resources with their initial regions, with identical timestamps."""
+        now = time.time_ns() // 1000
+        items = []
+        n = 0
+        for r in self.regions:
+            for _ in range(split[r]):
+                items.append(new_resource_item(CLIENT, POOL, r, f"res-{n:05d}", now))
+                n += 1
+        for r, url in self.endpoints.items():
+            ddb = _client("dynamodb", url, r)
+            schema.create_table(ddb, self.p.table)
+            schema.put_pool(ddb, self.p.table, CLIENT, POOL, 3600)
+            schema.batch_write(ddb, self.p.table, items)
+        _client("s3", self.endpoints[self.regions[0]], self.regions[0]).create_bucket(
+            Bucket="sim-balancer"
+        )
+
+    def start_replicator(self) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "sim.replicator", "--table", self.p.table]
+        cmd += ["--lag", str(self.p.lag_s), "--audit", str(self.dir / "audit.jsonl")]
+        for r, u in self.endpoints.items():
+            cmd += ["--endpoint", f"{r}={u}"]
+        proc = _popen(cmd, self.env, self.dir / "replicator.log")
+        self.children.append(proc)
+        _readline(proc, "READY")
+        return proc
+
+    def start_daemons(self) -> None:
+        env = dict(self.env)
+        env.update(
+            {
+                "RASD_SKEW_MARGIN": "0.5",
+                "RASD_EXHAUSTED_BACKOFF": "0.25",
+                "RASD_DDB_WARM_CONNECTIONS": "1",
+                "RASD_ACQ_LOCK_HOLD": "1.0",
+            }
+        )
+        if daemon_reports_misses():
+            env["RASD_MISS_REPORT_INTERVAL"] = "0.5"
+        sock_dir = Path(tempfile.mkdtemp(prefix="rasd-sim-"))
+        self._sock_dir = sock_dir
+        for r in self.regions:
+            self.sockets[r] = []
+            for i in range(self.p.daemons_per_region):
+                sock = str(sock_dir / f"{r}-{i}.sock")
+                cmd = [sys.executable, "-m", "rasd", "serve", "--socket", sock]
+                cmd += ["--table", self.p.table, "--region", r]
+                cmd += ["--endpoint-url", self.endpoints[r], "--log-level", "warning"]
+                proc = _popen(cmd, env, self.dir / f"rasd-{r}-{i}.log")
+                self.children.append(proc)
+                self.daemons.append(proc)
+                self.sockets[r].append(sock)
+        import rasd_client
+
+        deadline = time.monotonic() + 60
+        for socks in self.sockets.values():
+            for s in socks:
+                while True:
+                    try:
+                        rasd_client.call_raw("stats", socket_path=s, timeout=1.0)
+                        break
+                    except Exception:  # noqa: BLE001 - not up yet
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"daemon {s} did not start") from None
+                        time.sleep(0.1)
+
+    def start_jobs(self) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "sim.jobs", "--table", self.p.table]
+        cmd += ["--out", str(self.dir / "jobs.jsonl")]
+        cmd += ["--liberate-every", str(self.p.liberate_every_s)]
+        cmd += ["--balance-every", str(self.p.balance_every_s)]
+        if self.p.horizon_s:
+            cmd += ["--horizon", str(self.p.horizon_s)]
+        if not self.p.balancer:
+            cmd += ["--no-balancer"]
+        for r, u in self.endpoints.items():
+            cmd += ["--endpoint", f"{r}={u}"]
+        proc = _popen(cmd, self.env, self.dir / "jobs.log")
+        self.children.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        """Daemons get SIGTERM (they drain and exit); the other children stop when their
+        stdin closes. All are signalled first, then waited for."""
+        for proc in self.children:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError, ValueError):
+                    if proc.stdin:
+                        proc.stdin.close()
+                if proc in self.daemons:
+                    proc.terminate()
+        for proc in reversed(self.children):
+            if proc.poll() is None:
+                _close(proc, 10)
+        if self._sock_dir is not None:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+    # -- reading the replicas
+    def resource_items(self, region: str) -> dict[str, dict[str, Any]]:
+        ddb = _client("dynamodb", self.endpoints[region], region)
+        out: dict[str, dict[str, Any]] = {}
+        kw: dict[str, Any] = {
+            "TableName": self.p.table,
+            "ConsistentRead": True,
+            "FilterExpression": "client_id = :c",
+            "ExpressionAttributeValues": {":c": {"S": CLIENT}},
+        }
+        while True:
+            resp = ddb.scan(**kw)
+            for it in resp.get("Items", []):
+                out[it["resource"]["S"]] = {
+                    "region": it.get("region", {}).get("S"),
+                    "key": it.get("key", {}).get("S"),
+                    "version": int(it.get("version", {}).get("N", "0")),
+                    "pool_id": it.get("pool_id", {}).get("S"),
+                    "lease_acquired": it.get("lease_acquired", {}).get("S"),
+                    "lease_expires": it.get("lease_expires", {}).get("S"),
+                }
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def duplicate_keys(self, items: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+        by_key: dict[str, list[str]] = {}
+        for res, it in items.items():
+            if it["key"] is not None:
+                by_key.setdefault(it["key"], []).append(res)
+        return {k: v for k, v in by_key.items() if len(v) > 1}
+
+    def settle(self, rep: subprocess.Popen[str], quiet_s: float) -> None:
+        """Wait until the replicator has had nothing to do for ``quiet_s`` seconds."""
+        assert rep.stdin is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rep.stdin.write("IDLE?\n")
+            rep.stdin.flush()
+            idle = float(_readline(rep, "IDLE").split()[1])
+            if idle >= quiet_s:
+                return
+            time.sleep(max(0.05, quiet_s - idle))
+
+    # -- the run
+    def run(self, sched: traffic.Schedule, split: dict[str, int]) -> RunResult:
+        t_wall = time.monotonic()
+        res = RunResult(
+            params=asdict(self.p), resources=sum(split.values()), initial_split=dict(split)
+        )
+        res.miss_reporter = "daemon" if daemon_reports_misses() else "sim-driver"
+        try:
+            self.start_backends()
+            self.seed(split)
+            rep = self.start_replicator()
+            self.start_daemons()
+            jobs = self.start_jobs()
+            sampler = Sampler(self, self.p.sample_every_s)
+            sampler.start()
+            res.outcomes, res.end["probe"] = asyncio.run(
+                self.drive_and_probe(sched, res.miss_reporter == "sim-driver")
+            )
+            sampler.stop()
+            res.samples = sampler.rows
+            _close(jobs, 30)
+            res.jobs = _read_jsonl(self.dir / "jobs.jsonl")
+            res.daemon_stats = self.daemon_stats()
+            self.settle(rep, max(1.0, self.p.lag_s + 0.5))
+            res.end |= self.check_and_dedupe(rep)
+            out = _close(rep, 30)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            res.replicator = json.loads(lines[-1]) if lines else {}
+            res.audit = _read_jsonl(self.dir / "audit.jsonl")
+        finally:
+            self.stop_all()
+        res.wall_s = round(time.monotonic() - t_wall, 1)
+        return res
+
+    def daemon_stats(self) -> dict[str, dict[str, Any]]:
+        import rasd_client
+
+        out: dict[str, dict[str, Any]] = {}
+        for r, socks in self.sockets.items():
+            total: Counter[str] = Counter()
+            for s in socks:
+                with contextlib.suppress(Exception):
+                    c = rasd_client.call_raw("stats", socket_path=s, timeout=2.0)
+                    total.update(
+                        {k: v for k, v in c.get("counters", {}).items() if isinstance(v, int)}
+                    )
+            keep = ("lease.no_capacity", "err.NO_CAPACITY", "lease.new", "req.total")
+            out[r] = {k: total[k] for k in keep if k in total} | {
+                k: v for k, v in total.items() if k.startswith(("lease.", "err.", "misses."))
+            }
+        return out
+
+    def run_dedupe(self) -> dict[str, Any]:
+        """``ras-dedupe`` once, as Jenkins would: the CLI, in the first region, with the
+        other regions' replicas as peers (their extras are released there)."""
+        home = self.regions[0]
+        cmd = [sys.executable, "-m", "rasd_jobs.dedupe", "--table", self.p.table]
+        cmd += ["--region", home, "--endpoint-url", self.endpoints[home], "--log-level", "warning"]
+        for r in self.regions[1:]:
+            cmd += ["--peer-endpoint", f"{r}={self.endpoints[r]}"]
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+        try:
+            dedupe: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            dedupe = {"error": proc.stderr[-500:]}
+        dedupe["exit"] = proc.returncode
+        return dedupe
+
+    def check_and_dedupe(self, rep: subprocess.Popen[str]) -> dict[str, Any]:
+        views = {r: self.resource_items(r) for r in self.regions}
+        home = self.regions[0]
+        first = views[home]
+        converged = all(v == first for v in views.values())
+        dups_before = self.duplicate_keys(first)
+        dedupe = self.run_dedupe()
+        self.settle(rep, max(1.0, self.p.lag_s + 0.5))
+        views2 = {r: self.resource_items(r) for r in self.regions}
+        first2 = views2[home]
+        left = self.duplicate_keys(first2)
+        out: dict[str, Any] = {
+            "converged_before_dedupe": converged,
+            "duplicate_keys_before_dedupe": len(dups_before),
+            "dedupe": dedupe,
+            "duplicate_keys_after_dedupe": {
+                r: len(self.duplicate_keys(v)) for r, v in views2.items()
+            },
+            "converged_after_dedupe": all(v == first2 for v in views2.values()),
+            "items_per_region_end": dict(Counter(it["region"] for it in first2.values())),
+        }
+        if left:  # keep what is needed to understand it, and see whether a second run helps
+            out["left_after_dedupe"] = {k: {r: first2[r] for r in v} for k, v in left.items()}
+            out["left_before_dedupe"] = {
+                k: {r: first[r] for r in v} for k, v in dups_before.items() if k in left
+            }
+            out["dedupe_second_run"] = self.run_dedupe()
+            self.settle(rep, max(1.0, self.p.lag_s + 0.5))
+            out["duplicate_keys_after_second_dedupe"] = len(
+                self.duplicate_keys(self.resource_items(home))
+            )
+        return out
+
+    async def drive_and_probe(
+        self, sched: traffic.Schedule, report_misses: bool
+    ) -> tuple[list[Outcome], dict[str, Any]]:
+        from rasd_client import aio
+
+        outcomes = await self.drive(sched, report_misses)
+        probe = await self.probe()
+        await aio.close()
+        await asyncio.sleep(0.05)  # let the connections' reader tasks finish
+        return outcomes, probe
+
+    async def drive(self, sched: traffic.Schedule, report_misses: bool) -> list[Outcome]:
+        """Replay the schedule against the daemons (rasd_client.aio, one connection per
+        daemon); a region with several daemons spreads its requests round robin."""
+        from rasd_client import RasdError, aio
+
+        outcomes: list[Outcome] = []
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        rr: Counter[str] = Counter()
+        misses: Counter[str] = Counter()
+
+        async def one(req: traffic.Request) -> None:
+            socks = self.sockets[req.region]
+            sock = socks[rr[req.region] % len(socks)]
+            rr[req.region] += 1
+            t0 = time.perf_counter()
+            o = Outcome(req.t, req.region, req.key, req.first, req.gap, "OK")
+            try:
+                lease = await aio.get_lease(
+                    CLIENT,
+                    POOL,
+                    req.key,
+                    timedelta(seconds=self.p.lease_s),
+                    timeout=2.0,
+                    socket_path=sock,
+                )
+                o.new, o.resource = lease.new, lease.resource
+            except RasdError as exc:
+                o.code = exc.code
+                if exc.code == "NO_CAPACITY":
+                    misses[req.region] += 1
+            o.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
+            outcomes.append(o)
+
+        reporter = None
+        if report_misses:
+            reporter = asyncio.create_task(self._report_misses(misses))
+        tasks = []
+        for req in sched.requests:
+            delay = start + req.t - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(req)))
+        await asyncio.gather(*tasks)
+        if reporter:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            await self._flush_misses(misses)
+        return sorted(outcomes, key=lambda o: o.t)
+
+    async def _report_misses(self, misses: Counter[str]) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            await self._flush_misses(misses)
+
+    async def _flush_misses(self, misses: Counter[str]) -> None:
+        sent = getattr(self, "_sent", Counter())
+        self._sent = sent
+        loop = asyncio.get_running_loop()
+        for r in self.regions:
+            n = misses[r] - sent[r]
+            if n <= 0:
+                continue
+            sent[r] += n
+            kw = bm.miss_report_update(CLIENT, POOL, r, "sim-driver", n, time.time_ns() // 1000)
+            ddb = self._ddb(r)
+            await loop.run_in_executor(
+                None, lambda ddb=ddb, kw=kw: ddb.update_item(TableName=self.p.table, **kw)
+            )
+
+    def _ddb(self, r: str) -> Any:
+        cache = getattr(self, "_ddbs", None)
+        if cache is None:
+            cache = self._ddbs = {}
+        if r not in cache:
+            cache[r] = _client("dynamodb", self.endpoints[r], r)
+        return cache[r]
+
+    async def probe(self) -> dict[str, Any]:
+        """``probe_keys`` keys requested in every region at the same instant (a global
+        experiment launched everywhere at once): the worst case for duplicates, so that the
+        dedupe check at the end has something to clean."""
+        from rasd_client import RasdError, aio
+
+        got: Counter[str] = Counter()
+
+        async def one(key: str, region: str) -> None:
+            try:
+                lease = await aio.get_lease(
+                    CLIENT,
+                    POOL,
+                    key,
+                    timedelta(seconds=120),
+                    timeout=2.0,
+                    socket_path=self.sockets[region][0],
+                )
+                got["new" if lease.new else "existing"] += 1
+            except RasdError as exc:
+                got[exc.code] += 1
+
+        keys = [f"probe-{self.p.seed}-{i}" for i in range(self.p.probe_keys)]
+        await asyncio.gather(*(one(k, r) for k in keys for r in self.regions))
+        return {"keys": len(keys), "requests": len(keys) * len(self.regions), **dict(got)}
+
+
+class Sampler:
+    """Every ``every`` seconds: per region, items assigned to it and items leased, read in
+    that region's own replica (a Scan: the tables are small)."""
+
+    def __init__(self, world: World, every: float) -> None:
+        self.world = world
+        self.every = every
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self._t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic() - self.t0
+            row: dict[str, Any] = {"t": round(t, 2)}
+            for r in self.world.regions:
+                try:
+                    items = self.world.resource_items(r)
+                except Exception:  # noqa: BLE001 - a missed sample is a gap in the plot
+                    continue
+                mine = [it for it in items.values() if it["region"] == r]
+                row[r] = {"items": len(mine), "leased": sum(1 for it in mine if it["key"])}
+            self.rows.append(row)
+            self._stop.wait(max(0.0, self.every - (time.monotonic() - self.t0 - t)))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+# ------------------------------------------------------------------------------ helpers
+def size_pool(sched: traffic.Schedule, p: Params, regions: list[str]) -> tuple[int, dict[str, int]]:
+    """Resources and their static equal split: ``capacity_factor`` x the most leases the
+    whole traffic holds at once (lease + half a liberator period), rounded up to a multiple
+    of the number of regions."""
+    if p.resources is not None:
+        total = p.resources
+    else:
+        occ = traffic.occupancy(sched, p.lease_s + p.liberate_every_s / 2, tuple(regions), 0.5)
+        peak = max(sum(col) for col in zip(*occ.values(), strict=True))
+        total = math.ceil(peak * p.capacity_factor)
+    n = len(regions)
+    total = math.ceil(total / n) * n
+    return total, {r: total // n for r in regions}
