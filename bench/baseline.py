@@ -1,0 +1,117 @@
+"""The baseline: the paper's agent, a plain in-process boto3 module with no daemon and no cache.
+
+``get_lease(client_id, pool_id, key, lease_expires)`` does what the paper describes:
+
+1. Query the ``leased_resources`` index by ``key`` (the paper's "GetItem(key)"): if the key
+   holds an unexpired lease in the pool, return it. One round trip.
+2. On a miss, Query one random sub-partition of ``available_resources``.
+3. Make the conditional claim (``rasd.lease.claim``: the same UpdateItem the daemon makes, on
+   the same table, so the comparison is fair). Three round trips for a new lease.
+
+A lost race (the condition failed) tries the next candidate of the page; an empty
+sub-partition tries another random one. Every DynamoDB call is counted in ``calls``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config as BotoConfig
+
+from rasd import lease as L
+
+
+@dataclass(frozen=True)
+class BaselineLease:
+    resource: str
+    expires_us: int
+    version: int
+    new: bool
+
+
+class NoCapacity(Exception):
+    pass
+
+
+class BaselineAgent:
+    def __init__(
+        self,
+        table: str,
+        region: str,
+        endpoint_url: str | None,
+        page: int = 10,
+        ddb: Any = None,
+        max_pool_connections: int = 10,
+    ) -> None:
+        self.table = table
+        self.region = region
+        self.page = page
+        self.calls: Counter[str] = Counter()
+        self.conflicts = 0
+        self.ddb = ddb or boto3.client(
+            "dynamodb",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=BotoConfig(
+                retries={"max_attempts": 3, "mode": "standard"},
+                max_pool_connections=max_pool_connections,
+                tcp_keepalive=True,
+            ),
+        )
+
+    def _query(self, **kw: Any) -> dict[str, Any]:
+        self.calls["Query"] += 1
+        return self.ddb.query(TableName=self.table, **kw)  # type: ignore[no-any-return]
+
+    def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
+        resp = self._query(
+            IndexName="leased_resources",
+            KeyConditionExpression="#k = :k AND pool_id = :p",
+            ExpressionAttributeNames={"#k": "key"},
+            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
+        )
+        items = [L.item_from_ddb(it) for it in resp.get("Items", [])]
+        items = [it for it in items if it.client_id == client_id and not it.expired(now_us)]
+        it = L.pick(items)
+        if it is None:
+            return None
+        assert it.lease_expires_us is not None
+        return BaselineLease(it.resource, it.lease_expires_us, it.version, False)
+
+    def get_lease(
+        self, client_id: str, pool_id: str, key: str, lease_expires_us: int
+    ) -> BaselineLease:
+        now = time.time_ns() // 1000
+        found = self.lookup(client_id, pool_id, key, now)
+        if found is not None:
+            return found
+        parts = list(range(L.PARTITIONS))
+        random.shuffle(parts)
+        for n in parts:
+            resp = self._query(
+                IndexName="available_resources",
+                KeyConditionExpression="#p = :p",
+                ExpressionAttributeNames={"#p": "partition"},
+                ExpressionAttributeValues={
+                    ":p": {"S": L.partition_name(client_id, pool_id, self.region, n)}
+                },
+                Limit=self.page,
+            )
+            cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
+            random.shuffle(cands)
+            for cand in cands:
+                upd = L.claim(cand, key, lease_expires_us, time.time_ns() // 1000, self.region)
+                self.calls["UpdateItem"] += 1
+                try:
+                    r = self.ddb.update_item(TableName=self.table, ReturnValues="ALL_NEW", **upd)
+                except self.ddb.exceptions.ConditionalCheckFailedException:
+                    self.conflicts += 1
+                    continue
+                it = L.item_from_ddb(r["Attributes"])
+                return BaselineLease(it.resource, lease_expires_us, it.version, True)
+        raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")

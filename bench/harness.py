@@ -1,0 +1,258 @@
+"""The pieces scenarios are built from: a backend behind the delay proxy, tables and pools,
+daemons (``rasd serve`` processes), the echo server, load generators and RSS readings."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config as BotoConfig
+
+import rasd_client
+from rasd import schema
+
+from .backends import BENCH_DIR, Proxy, aws_env, start_backend
+
+CLIENT = "bench"
+POOL = "p"
+REGION = "us-east-1"
+LOG_DIR = BENCH_DIR / ".cache" / "logs"  # gitignored
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def rasd_bin() -> str:
+    cand = Path(sys.executable).parent / "rasd"
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("rasd")
+    if not found:
+        raise RuntimeError("the `rasd` command is not installed (pip install -e .)")
+    return found
+
+
+class Daemon:
+    """One ``rasd serve`` process on its own socket."""
+
+    def __init__(
+        self, env: Env, table: str, name: str, settings: dict[str, Any] | None = None
+    ) -> None:
+        self.name = name
+        self.socket = os.path.join(env.tmp, f"{name}.sock")
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOG_DIR / f"{name}.log"
+        penv = aws_env()
+        for k, v in (settings or {}).items():
+            penv[f"RASD_{k.upper()}"] = str(v)
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                *env.daemon_cmd,
+                "serve",
+                "--socket",
+                self.socket,
+                "--table",
+                table,
+                "--region",
+                REGION,
+                "--endpoint-url",
+                env.endpoint,
+                "--log-level",
+                "warning",
+            ],
+            env=penv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"daemon {self.name} exited ({self.proc.returncode}); see {self.log_path}:\n"
+                    + self.log_path.read_text()[-2000:]
+                )
+            if os.path.exists(self.socket):
+                try:
+                    r = rasd_client.call_raw("ping", socket_path=self.socket, timeout=1.0)
+                    if r.get("ready"):
+                        return
+                except rasd_client.RasdError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon {self.name} not ready after {timeout}s; see {self.log_path}")
+
+    def stats(self) -> dict[str, Any]:
+        return rasd_client.call_raw("stats", socket_path=self.socket, timeout=5.0)
+
+    def counters(self) -> Counter[str]:
+        return Counter(self.stats().get("counters", {}))
+
+    def rss_kb(self) -> int:
+        return rss_kb(self.pid)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+class Echo:
+    """``bench.echo`` in its own process (the IPC floor)."""
+
+    def __init__(self, env: Env) -> None:
+        self.socket = os.path.join(env.tmp, "echo.sock")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.echo", "--socket", self.socket],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=str(BENCH_DIR.parent),
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "READY":
+            raise RuntimeError(f"echo server did not start: {line!r}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+class Env:
+    """A backend, the proxy in front of it, and helpers for tables and daemons."""
+
+    _ids = itertools.count()
+
+    def __init__(
+        self,
+        backend: str,
+        delay_ms: float,
+        handshake_rtts: float = 2.0,
+        trace: str | None = None,
+        daemon_cmd: list[str] | None = None,
+    ) -> None:
+        os.environ.update({k: v for k, v in aws_env().items() if k.startswith("AWS_")})
+        for k in ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB"):
+            os.environ.pop(k, None)
+        self.backend_kind = backend
+        self.delay_ms = delay_ms
+        self.tmp = tempfile.mkdtemp(prefix="rasd-bench-")
+        self.backend = start_backend(backend)
+        self.proxy = Proxy(self.backend.endpoint, delay_ms, handshake_rtts, trace)
+        #: how to start a daemon (default: the `rasd` command); bench.profile wraps it
+        self.daemon_cmd = daemon_cmd or [rasd_bin()]
+        self.endpoint = self.proxy.endpoint  # what daemons and the baseline use
+        #: provisioning and audits go straight to the backend (no modelled delay)
+        self.direct = boto3.client(
+            "dynamodb",
+            endpoint_url=self.backend.endpoint,
+            region_name=REGION,
+            config=BotoConfig(max_pool_connections=16, retries={"max_attempts": 5}),
+        )
+        self.daemons: list[Daemon] = []
+
+    def new_table(self, resources: int, prefix: str = "r", max_lease_s: int = 86400) -> str:
+        name = f"bench{os.getpid()}x{next(self._ids)}"
+        schema.create_table(self.direct, name)
+        schema.put_pool(self.direct, name, CLIENT, POOL, max_lease_s)
+        if resources:
+            self.add_resources(name, resources, prefix)
+        return name
+
+    def add_resources(self, table: str, count: int, prefix: str = "r", threads: int = 4) -> None:
+        """Free resources ``{prefix}-0000000``... Large counts are written by 3 processes (the
+        boto3 side of BatchWriteItem is CPU-bound under one GIL; the backend is not)."""
+        names = [f"{prefix}-{i:07d}" for i in range(count)]
+        if count < 5000 or threads <= 1:
+            schema.add_resources(self.direct, table, CLIENT, POOL, REGION, names)
+            return
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        procs = [
+            ctx.Process(target=_seed, args=(self.backend.endpoint, table, names[i::3]))
+            for i in range(3)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+            if p.exitcode != 0:
+                raise RuntimeError(f"seeding process failed with exit code {p.exitcode}")
+
+    def drop_table(self, table: str) -> None:
+        try:
+            self.direct.delete_table(TableName=table)
+        except Exception:  # noqa: BLE001 - best effort clean-up
+            pass
+
+    def daemon(self, table: str, name: str | None = None, **settings: Any) -> Daemon:
+        d = Daemon(self, table, name or f"d{len(self.daemons)}", settings)
+        self.daemons.append(d)
+        return d
+
+    def start_daemons(self, table: str, n: int, prefix: str = "d", **settings: Any) -> list[Daemon]:
+        ds = [self.daemon(table, f"{prefix}{i}", **settings) for i in range(n)]
+        for d in ds:
+            d.wait_ready(timeout=60 + 5 * n)
+        return ds
+
+    def stop_daemons(self, ds: list[Daemon]) -> None:
+        for d in ds:
+            d.stop()
+            if d in self.daemons:
+                self.daemons.remove(d)
+
+    def close(self) -> None:
+        self.stop_daemons(list(self.daemons))
+        self.proxy.stop()
+        self.backend.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _seed(endpoint: str, table: str, names: list[str]) -> None:
+    ddb = boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        config=BotoConfig(retries={"max_attempts": 10}),
+    )
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        list(
+            ex.map(
+                lambda c: schema.add_resources(ddb, table, CLIENT, POOL, REGION, c),
+                [names[0::2], names[1::2]],
+            )
+        )
+
+
+def lease_until(hours: float = 2.0) -> float:
+    """A fixed absolute lease end (epoch seconds): repeated calls never trigger an extension."""
+    return time.time() + hours * 3600

@@ -1,0 +1,106 @@
+"""CPU cost of one cached get_lease inside the daemon, without sockets: ``python -m bench.hotpath``.
+
+Feeds encoded request frames to ``rasd.server.Connection.data_received`` (a cache hit is
+answered right there) with a fake transport, and does the same with ``bench.echo.EchoConn``:
+the difference is what the daemon spends per request above the IPC floor. Then prints the
+top of a cProfile of the rasd loop. No DynamoDB, no event loop needed for a hit.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from typing import Any
+
+from rasd.config import Config
+from rasd.lease import Lease, Pool
+from rasd.server import Connection, Daemon
+from rasd_client import _wire
+
+from .echo import EchoConn
+
+
+class _FakeTransport:
+    def __init__(self) -> None:
+        self.out = 0
+
+    def write(self, data: bytes) -> None:
+        self.out += len(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def close(self) -> None:
+        pass
+
+
+def _frames(n: int, exp_us: int) -> list[bytes]:
+    return [
+        _wire.encode(
+            {
+                "v": 1,
+                "id": i,
+                "op": "get_lease",
+                "client_id": "bench",
+                "pool_id": "p",
+                "key": f"k{i % 50}",
+                "lease_expires_us": exp_us,
+                "deadline_ms": 1000,
+            }
+        )
+        for i in range(n)
+    ]
+
+
+def measure(n: int = 50_000) -> dict[str, Any]:
+    exp_us = int((time.time() + 7200) * 1e6)
+    daemon = Daemon(Config(table="t", socket="/nonexistent/x.sock").validate())
+    daemon.acquirer.pools[("bench", "p")] = Pool("bench", "p", 86400 * 1_000_000)
+    for i in range(50):
+        daemon.acquirer.cache.put(
+            Lease("bench", "p", f"k{i}", f"res-{i}", "us-east-1", exp_us, 1, exp_us - 10**9)
+        )
+    conn = Connection(daemon)
+    t = _FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    echo = EchoConn()
+    echo.connection_made(_FakeTransport())  # type: ignore[arg-type]
+    frames = _frames(n, exp_us)
+    res: dict[str, Any] = {}
+    for name, target in (("echo", echo), ("rasd", conn)):
+        for f in frames[:2000]:
+            target.data_received(f)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            for f in frames:
+                target.data_received(f)
+            best = min(best, (time.perf_counter_ns() - t0) / n / 1000)
+        res[f"{name}_us_per_request"] = best
+    hits = daemon.counters["cache.hit"]
+    res["rasd_cache_hits"] = hits
+    prof = cProfile.Profile()
+    prof.enable()
+    for f in frames:
+        conn.data_received(f)
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+    res["profile"] = s.getvalue()
+    return res
+
+
+def main() -> int:
+    r = measure()
+    print(f"echo (floor) : {r['echo_us_per_request']:.2f} us/request (decode + encode)")
+    print(f"rasd (hit)   : {r['rasd_us_per_request']:.2f} us/request")
+    print(f"cache hits   : {r['rasd_cache_hits']}")
+    print(r["profile"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
