@@ -27,7 +27,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -41,8 +41,10 @@ from .lease import (
     Lease,
     Pool,
     ResourceItem,
+    acq_key,
     check_expiry,
     claim,
+    claim_stands,
     drop_acq_lock,
     extend,
     lease_from_item,
@@ -175,12 +177,23 @@ class Acquirer:
             now = self.clock.now_us()
             live = [it for it in items if not it.expired(now)]
             chosen = pick(live)
+            while chosen is not None and not await self._stands(pool, key, chosen, deadline):
+                live.remove(chosen)  # a lock loser's claim being given back: not a lease
+                chosen = pick(live)
             if chosen is not None:
                 lease = lease_from_item(chosen)
                 self.cache.put(lease)
                 self.counters.inc("lease.existing")
                 self._maybe_extend(lease, requested_us)
                 return lease, False
+            if len(live) < len([it for it in items if not it.expired(now)]):
+                # Only doomed claims were found: the lock's owner is acquiring. Wait for it.
+                self.counters.inc("acq.loser_claim_skipped")
+                if time.monotonic() + wait >= deadline:
+                    raise Timeout("another daemon is acquiring this key; deadline passed")
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 0.1)
+                continue
             expired_mine = pick([it for it in items if it.region == self.region])
             if expired_mine is not None:
                 upd = relet(lease_from_item(expired_mine), requested_us, now, self.region)
@@ -200,6 +213,22 @@ class Acquirer:
             await asyncio.sleep(wait)
             wait = min(wait * 2, 0.1)
 
+    async def _stands(self, pool: Pool, key: str, item: ResourceItem, deadline: float) -> bool:
+        """Is this item's claim a lease? Only a fresh claim of our own region can be a lock
+        loser's claim still being given back; those cost one consistent read of the lock."""
+        if item.region != self.region or item.claimed_by is None:
+            return True
+        if item.claimed_by == self.owner:
+            return True
+        fresh_us = int((self.cfg.acq_lock_hold + self.cfg.skew_margin) * US)
+        if (item.lease_acquired_us or 0) < self.clock.now_us() - fresh_us:
+            return True
+        self.counters.inc("acq.lock_checks")
+        lock = await self.store.get_lock(
+            acq_key(pool.client_id, pool.pool_id, self.region, key), deadline
+        )
+        return claim_stands(item, lock)
+
     async def _acquire_new(
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> Lease | None:
@@ -218,7 +247,7 @@ class Acquirer:
         lock = take_acq_lock(pool.client_id, pool.pool_id, self.region, key, self.owner, now, hold)
         lock_res, claim_res = await asyncio.gather(
             self.store.update_raw(lock, deadline),
-            self.store.update(claim(cand.item, key, requested_us, now, self.region), deadline),
+            self._claim(cand.item, key, requested_us, now, deadline),
             return_exceptions=True,
         )
         if lock_res is not True:
@@ -238,12 +267,24 @@ class Acquirer:
             cand = await self.prefetch.candidate(pool, deadline)
             if cand is None:
                 raise self._no_capacity(pool)
-            upd = claim(cand.item, key, requested_us, self.clock.now_us(), self.region)
-            claim_res = await self.store.update(upd, deadline)
+            claim_res = await self._claim(
+                cand.item, key, requested_us, self.clock.now_us(), deadline
+            )
         lease = lease_from_item(claim_res)
         self.cache.put(lease)
         self.counters.inc("lease.new")
         return lease
+
+    async def _claim(
+        self, item: ResourceItem, key: str, requested_us: int, now_us: int, deadline: float
+    ) -> ResourceItem | None:
+        upd = claim(item, key, requested_us, now_us, self.region, self.owner)
+        nv = item.version + 1
+
+        def ours(cur: ResourceItem) -> bool:  # our own earlier attempt landed
+            return cur.version == nv and cur.key == key and cur.claimed_by == self.owner
+
+        return await self.store.update(upd, deadline, ours)
 
     def _no_capacity(self, pool: Pool) -> NoCapacity:
         self.counters.inc("lease.no_capacity")
@@ -375,7 +416,9 @@ class Acquirer:
             for it in mine:
                 now = self.clock.now_us()
                 got = await self.store.update(
-                    release(lease_from_item(it), now, self.region), deadline
+                    release(lease_from_item(it), now, self.region),
+                    deadline,
+                    _freed_at(it.version + 1),
                 )
                 if got is None:
                     lost = True
@@ -454,3 +497,8 @@ class Acquirer:
             await asyncio.wait(pending, timeout=timeout)
         for t in set(self._bg):
             t.cancel()
+
+
+def _freed_at(version: int) -> Callable[[ResourceItem], bool]:
+    """Does the item show our release (for a release retried after an ambiguous error)?"""
+    return lambda cur: cur.version == version and cur.key is None

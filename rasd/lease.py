@@ -115,6 +115,9 @@ class ResourceItem:
     lease_expires_us: int | None = None
     lease_available: str | None = None
     lease_acquired_us: int | None = None
+    #: the daemon that made the current claim (see acquire.py: a claim made alongside a lock
+    #: its daemon lost is not a lease)
+    claimed_by: str | None = None
 
     @property
     def leased(self) -> bool:
@@ -159,6 +162,7 @@ def item_from_ddb(item: Item) -> ResourceItem:
         lease_expires_us=parse_time(exp) if exp else None,
         lease_available=s("lease_available"),
         lease_acquired_us=parse_time(acq) if acq else None,
+        claimed_by=s("claimed_by"),
     )
 
 
@@ -238,13 +242,16 @@ def _key(client_id: str, resource: str) -> Item:
     return {"client_id": {"S": client_id}, "resource": {"S": resource}}
 
 
-def claim(item: ResourceItem, key: str, expires_us: int, now_us: int, region: str) -> Update:
-    """Take a free item: requires the version read, that it is free, and our region."""
-    return {
+def claim(
+    item: ResourceItem, key: str, expires_us: int, now_us: int, region: str, owner: str = ""
+) -> Update:
+    """Take a free item: requires the version read, that it is free, and our region.
+    ``owner`` (the claiming daemon) is recorded as ``claimed_by``."""
+    upd: Update = {
         "Key": _key(item.client_id, item.resource),
         "UpdateExpression": (
             "SET #k = :key, lease_expires = :exp, lease_acquired = :now, version = :nv "
-            "REMOVE lease_available"
+            "REMOVE lease_available, claimed_by"
         ),
         "ConditionExpression": (
             "version = :v AND attribute_exists(lease_available) AND #r = :region"
@@ -259,6 +266,32 @@ def claim(item: ResourceItem, key: str, expires_us: int, now_us: int, region: st
             ":region": {"S": region},
         },
     }
+    if owner:
+        upd["UpdateExpression"] = (
+            "SET #k = :key, lease_expires = :exp, lease_acquired = :now, version = :nv, "
+            "claimed_by = :owner REMOVE lease_available"
+        )
+        upd["ExpressionAttributeValues"][":owner"] = {"S": owner}
+    return upd
+
+
+def claim_stands(item: ResourceItem, lock: Item | None) -> bool:
+    """Is ``item``'s claim a lease, given the key's acquisition lock item as read now?
+
+    A daemon sends its claim together with the per-key lock; if it loses the lock it gives
+    the claim back. Until then the claim is visible in ``leased_resources`` but is not a
+    lease. It stands when there is no lock, when its claimant holds the lock, or when the lock
+    of another daemon had already expired when the claim was made.
+    """
+    if lock is None or item.claimed_by is None:
+        return True
+    owner = lock.get("lock_owner", {}).get("S")
+    if owner == item.claimed_by:
+        return True
+    until = lock.get("lock_expires", {}).get("S")
+    if until is None or item.lease_acquired_us is None:
+        return True
+    return parse_time(until) < item.lease_acquired_us
 
 
 def relet(lease: Lease, expires_us: int, now_us: int, region: str) -> Update:
@@ -303,7 +336,8 @@ def release(lease: Lease, now_us: int, region: str) -> Update:
     return {
         "Key": _key(lease.client_id, lease.resource),
         "UpdateExpression": (
-            "SET lease_available = :now, version = :nv REMOVE #k, lease_expires, lease_acquired"
+            "SET lease_available = :now, version = :nv "
+            "REMOVE #k, lease_expires, lease_acquired, claimed_by"
         ),
         "ConditionExpression": "version = :v AND #k = :key AND #r = :region",
         "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
@@ -324,7 +358,8 @@ def liberate(item: ResourceItem, now_us: int) -> Update:
     return {
         "Key": _key(item.client_id, item.resource),
         "UpdateExpression": (
-            "SET lease_available = :now, version = :nv REMOVE #k, lease_expires, lease_acquired"
+            "SET lease_available = :now, version = :nv "
+            "REMOVE #k, lease_expires, lease_acquired, claimed_by"
         ),
         "ConditionExpression": "version = :v AND lease_expires = :exp AND #r = :region",
         "ExpressionAttributeNames": {"#k": "key", "#r": "region"},

@@ -13,6 +13,7 @@ import asyncio
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aioboto3
@@ -104,7 +105,9 @@ class Store:
             self._client = None
 
     # ---------------------------------------------------------------------------- calls
-    async def _call(self, op: str, deadline: float, **kw: Any) -> dict[str, Any] | None:
+    async def _call(
+        self, op: str, deadline: float, ambiguous: list[bool] | None = None, **kw: Any
+    ) -> dict[str, Any] | None:
         """One DynamoDB call with retries until ``deadline`` (monotonic seconds).
 
         Returns None when a condition failed (a lost race). Raises ``Timeout`` when DynamoDB
@@ -144,6 +147,8 @@ class Store:
                 elif code in RETRYABLE:
                     breaker.record_failure(time.monotonic())
                     self.counters.inc("ddb.errors")
+                    if ambiguous is not None:
+                        ambiguous.append(True)  # a 5xx write may have been applied
                 else:
                     breaker.record_success(time.monotonic())  # DynamoDB answered
                     self.counters.inc("ddb.errors")
@@ -156,6 +161,8 @@ class Store:
             except (BotoCoreError, OSError) as exc:
                 breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.errors")
+                if ambiguous is not None:
+                    ambiguous.append(True)  # e.g. a read timeout: the write may have landed
                 reason = type(exc).__name__
             sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
             if time.monotonic() + sleep >= deadline:
@@ -257,12 +264,37 @@ class Store:
         return item
 
     # --------------------------------------------------------------------------- writes
-    async def update(self, upd: Update, deadline: float) -> ResourceItem | None:
-        """A conditional UpdateItem on a resource item: the new item, or None if we lost."""
-        resp = await self._call("UpdateItem", deadline, ReturnValues="ALL_NEW", **upd)
-        if resp is None:
-            return None
-        return item_from_ddb(resp["Attributes"])
+    async def update(
+        self,
+        upd: Update,
+        deadline: float,
+        applied: Callable[[ResourceItem], bool] | None = None,
+    ) -> ResourceItem | None:
+        """A conditional UpdateItem on a resource item: the new item, or None if we lost.
+
+        A retry after a timeout or 5xx may fail its condition because the *first* attempt was
+        applied. When that happened and ``applied`` is given, the item is read back (strongly
+        consistent) and returned if ``applied(item)`` says it carries our write.
+        """
+        ambiguous: list[bool] = []
+        resp = await self._call("UpdateItem", deadline, ambiguous, ReturnValues="ALL_NEW", **upd)
+        if resp is not None:
+            return item_from_ddb(resp["Attributes"])
+        if ambiguous and applied is not None:
+            self.counters.inc("ddb.ambiguous_writes")
+            got = await self._call("GetItem", deadline, Key=upd["Key"], ConsistentRead=True)
+            item = got.get("Item") if got else None
+            if item is not None and applied(current := item_from_ddb(item)):
+                self.counters.inc("ddb.ambiguous_applied")
+                return current
+        return None
+
+    async def get_lock(self, key: Item, deadline: float) -> Item | None:
+        """The per-key acquisition lock item, strongly consistent (None if absent)."""
+        resp = await self._call("GetItem", deadline, Key=key, ConsistentRead=True)
+        assert resp is not None
+        item: Item | None = resp.get("Item")
+        return item
 
     async def update_raw(self, upd: Update, deadline: float) -> bool:
         """A conditional UpdateItem on a non-resource item (locks, counters): did it apply?"""

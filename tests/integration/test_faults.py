@@ -393,3 +393,67 @@ async def test_lock_loser_leaves_no_claim_behind(ddb: Any, table: str, faulty_da
     ]
     assert len(held) == 1, f"'race' holds {held} in us-east-1"
     assert got is None or got.resource == held[0]
+
+
+async def test_a_third_daemon_never_adopts_a_lock_losers_claim(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """While a lock loser's claim is still visible (before its undo lands), a third daemon
+    that misses the key must not hand that claim out: it waits for the lock owner's lease."""
+    seed_pool(ddb, table, count=6)
+    now = __import__("time").time_ns() // 1000
+    rows = {
+        r["resource"]["S"]: L.item_from_ddb(r)
+        for r in scan_all(ddb, table)
+        if r["client_id"]["S"] == C
+    }
+    loser_item, winner_item = rows["res-00000"], rows["res-00001"]
+    ddb.update_item(
+        TableName=table, **L.take_acq_lock(C, P, "us-east-1", "k3", "winner", now, 60 * L.US)
+    )
+    ddb.update_item(
+        TableName=table,
+        **L.claim(loser_item, "k3", now + 3600 * L.US, now, "us-east-1", owner="loser"),
+    )
+    async with make_daemon() as d:
+        task = asyncio.ensure_future(
+            rasd_aio.get_lease(C, P, "k3", HOUR, socket_path=d.cfg.socket, timeout=5)
+        )
+        await wait_for(lambda: d.counters["acq.loser_claim_skipped"] >= 1, "skipped claim")
+        assert not task.done()
+        # the winner's claim lands, then the loser gives its claim back
+        ddb.update_item(
+            TableName=table,
+            **L.claim(winner_item, "k3", now + 3600 * L.US, now, "us-east-1", owner="winner"),
+        )
+        got = await task
+        assert got.resource == "res-00001"
+        assert d.counters["acq.lock_checks"] >= 1
+
+
+async def test_a_claim_applied_before_a_timeout_is_recognised(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """A claim whose first attempt landed but whose answer was lost (read timeout) must not
+    be taken for a lost race: the daemon reads it back and keeps it, never claiming twice."""
+    from botocore.exceptions import ReadTimeoutError
+
+    seed_pool(ddb, table, count=6)
+    async with make_daemon() as d:
+        client = d.store._client
+        real = client.update_item
+        state = {"armed": True}
+
+        async def applied_then_lost(**kw: Any) -> Any:
+            resp = await real(**kw)
+            if state["armed"] and ":key" in kw.get("ExpressionAttributeValues", {}):
+                state["armed"] = False
+                raise ReadTimeoutError(endpoint_url="http://moto")
+            return resp
+
+        client.update_item = applied_then_lost
+        got = await rasd_aio.get_lease(C, P, "once", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert got.new
+        assert d.counters["ddb.ambiguous_applied"] == 1
+    held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "once"]
+    assert held == [got.resource]

@@ -121,3 +121,32 @@ def test_names() -> None:
     assert L.valid_name("demo_1-x")
     for bad in ("", "a.b", "#meta", "a b", "x" * 65, 3):
         assert not L.valid_name(bad)
+
+
+def test_claim_records_claimant_and_release_clears_it() -> None:
+    """A claim records its daemon (claimed_by); releasing and liberating remove it."""
+    free = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available="x")
+    upd = L.claim(free, "k", NOW + L.US, NOW, "us-east-1", owner="host:1:ab")
+    assert "claimed_by = :owner" in upd["UpdateExpression"]
+    assert upd["ExpressionAttributeValues"][":owner"] == {"S": "host:1:ab"}
+    lease = mk_lease(NOW + L.US)
+    assert "claimed_by" in L.release(lease, NOW, "us-east-1")["UpdateExpression"]
+
+
+def test_claim_stands_only_for_the_lock_owner() -> None:
+    """A fresh claim is a lease only if its claimant holds the key's lock, there is no lock,
+    or the other daemon's lock had expired before the claim was made."""
+
+    def item(by: str | None, acquired: int = NOW) -> L.ResourceItem:
+        return L.ResourceItem(
+            "c", "r", "p", "us-east-1", "x", 1, "k", NOW + L.US, None, acquired, by
+        )
+
+    def lock(owner: str, until: int) -> dict[str, dict[str, str]]:
+        return {"lock_owner": {"S": owner}, "lock_expires": {"S": L.fmt_time(until)}}
+
+    assert L.claim_stands(item("a"), None)
+    assert L.claim_stands(item(None), lock("b", NOW + L.US))
+    assert L.claim_stands(item("a"), lock("a", NOW + L.US))
+    assert not L.claim_stands(item("a"), lock("b", NOW + L.US))  # a lost the lock to b
+    assert L.claim_stands(item("a", acquired=NOW), lock("b", NOW - 1))  # b's lock had expired
