@@ -44,7 +44,7 @@ from .store import Store
 log = structlog.get_logger("rasd.prefetch")
 
 REFILL_HORIZON = 2.0  # seconds of demand a buffer should hold
-DEMAND_HALF_LIFE = 10.0  # seconds
+DEMAND_HALF_LIFE = 3.0  # seconds: react within a few seconds to a burst of new keys
 
 
 @dataclass(slots=True)
@@ -190,6 +190,12 @@ class Prefetcher:
                 return c
         await self._sweep(pool, buf, deadline)
         return buf.take(self.clock.mono())
+
+    def warm(self, pools: list[Pool], limit: int = 64) -> None:
+        """Start filling the buffers of (up to ``limit``) known pools in the background, so
+        the first new lease of each does not pay for a sweep."""
+        for pool in pools[:limit]:
+            self._start_refill(pool, self.buffer(pool))
 
     def give_back(self, pool: Pool, item: ResourceItem) -> None:
         self.buffer(pool).give_back(item, self.clock.mono())

@@ -154,6 +154,7 @@ class Daemon:
             self._bound_path = path
         if self.cfg.metrics_port:
             self._metrics = self._start_metrics(self.cfg.metrics_port)
+        self.acquirer.prefetch.warm(list(self.acquirer.pools.values()))
         self._tasks.append(loop.create_task(self._refresh_pools()))
         self._tasks.append(loop.create_task(self.acquirer.report_misses_forever()))
         interval = watchdog_interval()
