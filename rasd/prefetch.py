@@ -191,11 +191,18 @@ class Prefetcher:
         await self._sweep(pool, buf, deadline)
         return buf.take(self.clock.mono())
 
-    def warm(self, pools: list[Pool], limit: int = 64) -> None:
-        """Start filling the buffers of (up to ``limit``) known pools in the background, so
-        the first new lease of each does not pay for a sweep."""
+    async def idle(self, timeout: float = 5.0) -> None:
+        """Wait for background refills in flight (tests; shutdown)."""
+        pending = [t for t in self._refills.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    async def warm(self, pools: list[Pool], timeout: float, limit: int = 64) -> None:
+        """Fill the buffers of (up to ``limit``) known pools, waiting at most ``timeout``
+        seconds, so the first new lease of each does not pay for a sweep."""
         for pool in pools[:limit]:
             self._start_refill(pool, self.buffer(pool))
+        await self.idle(timeout)
 
     def give_back(self, pool: Pool, item: ResourceItem) -> None:
         self.buffer(pool).give_back(item, self.clock.mono())

@@ -1,6 +1,7 @@
 """The daemon: a Unix-socket server speaking msgpack frames, with a readable lifecycle.
 
-    startup()   -> open and warm the DynamoDB pool, load pool definitions, listen (our own
+    startup()   -> open and warm the DynamoDB pool, load pool definitions, prefetch their
+                   first candidates (bounded), listen (our own
                    socket, or systemd's via LISTEN_FDS), then READY=1 and the watchdog
     main_loop() -> serve until stop() (SIGTERM/SIGINT); reload() on SIGHUP
     shutdown()  -> STOPPING=1, stop accepting, drain in-flight requests within a bound, close
@@ -141,6 +142,7 @@ class Daemon:
         await self.store.start()
         await self.store.warm()
         n = await self.acquirer.load_pools(deadline)
+        await self.acquirer.prefetch.warm(list(self.acquirer.pools.values()), timeout=2.0)
         loop = asyncio.get_running_loop()
         if sock is not None:
             self.server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
@@ -154,7 +156,6 @@ class Daemon:
             self._bound_path = path
         if self.cfg.metrics_port:
             self._metrics = self._start_metrics(self.cfg.metrics_port)
-        self.acquirer.prefetch.warm(list(self.acquirer.pools.values()))
         self._tasks.append(loop.create_task(self._refresh_pools()))
         self._tasks.append(loop.create_task(self.acquirer.report_misses_forever()))
         interval = watchdog_interval()

@@ -119,10 +119,13 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
     its cooldown (no operator, no restart)."""
     seed_pool(ddb, table, count=10)
     faults = Faults(seed=2)
-    cfg = {"breaker_failures": 5, "breaker_window": 30.0, "breaker_cooldown": 0.2}
+    # cooldown above the store's longest retry sleep (0.25 s): otherwise a retry may become
+    # the half-open probe and the count of refused attempts depends on the jitter.
+    cfg = {"breaker_failures": 5, "breaker_window": 30.0, "breaker_cooldown": 1.0}
     async with faulty_daemon(faults, **cfg) as d:
         s = d.cfg.socket
         cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        await d.acquirer.prefetch.idle()  # a refill succeeding later would reset the count
         faults.add("down")  # every operation: connection refused
         seen = faults.calls()
         again = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
@@ -130,7 +133,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
 
         with pytest.raises(rasd_client.Unavailable):
             await rasd_aio.get_lease(C, P, "new-1", HOUR, socket_path=s, timeout=5)
-        assert faults.injected["down"] == cfg["breaker_failures"]
+        assert faults.injected["down"] == cfg["breaker_failures"], str(faults.history[-8:])
         assert d.stats()["breaker"] == "open"
         assert d.counters["ddb.breaker_open"] >= 1
 
@@ -147,7 +150,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
         assert hit.resource == cached.resource
         assert d.counters["ddb.breaker_open"] >= 6
 
-        faults.clear()  # heal; the real 0.2 s cooldown then lets one probe through
+        faults.clear()  # heal; the real 1 s cooldown then lets one probe through
         d.store.breaker.cooldown = cfg["breaker_cooldown"]
         recovered = None
         for _ in range(200):
