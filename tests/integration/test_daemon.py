@@ -292,3 +292,29 @@ async def test_headroom_from_balancer_metadata_or_count(
         put_headroom(7, clock.now_us() - 3600 * L.US)  # stale: count again
         d.acquirer._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 12
+
+
+async def test_prometheus_endpoint_exports_the_daemons_counters(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """With metrics_port set, /metrics on loopback shows the cache hit/miss counters, DynamoDB
+    calls per operation and latency per path of the live daemon."""
+    import urllib.request
+
+    seed_pool(ddb, table, count=5)
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    async with make_daemon(metrics_port=port) as d:
+        s = d.cfg.socket
+        for _ in range(3):
+            await rasd_aio.get_lease(C, P, "m", timedelta(hours=1), socket_path=s)
+        url = f"http://127.0.0.1:{port}/metrics"
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+    text = body.decode()
+    assert 'rasd_cache_lookups_total{result="hit"} 2.0' in text
+    assert 'rasd_cache_lookups_total{result="miss"} 1.0' in text
+    assert 'rasd_dynamodb_calls_total{op="Query"}' in text
+    assert 'rasd_request_duration_seconds_count{path="new"} 1.0' in text
+    assert "rasd_cache_leases" in text
