@@ -38,13 +38,14 @@ from .config import Config
 from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
 from .lease import (
     US,
+    Item,
     Lease,
     Pool,
     ResourceItem,
     acq_key,
     check_expiry,
     claim,
-    claim_stands,
+    claim_verdict,
     drop_acq_lock,
     extend,
     lease_from_item,
@@ -172,62 +173,69 @@ class Acquirer:
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
         wait = LOCK_WAIT_FIRST
+        lock_key = acq_key(pool.client_id, pool.pool_id, self.region, key)
         while True:
-            items = await self.store.query_key(pool.client_id, pool.pool_id, key, deadline)
+            # The key's lock is read together with the index (same round trip): it tells a
+            # lease from a lock loser's claim that is being given back (docs/design.md).
+            items, lock = await asyncio.gather(
+                self.store.query_key(pool.client_id, pool.pool_id, key, deadline),
+                self.store.get_lock(lock_key, deadline),
+            )
             now = self.clock.now_us()
-            live = [it for it in items if not it.expired(now)]
-            chosen = pick(live)
-            while chosen is not None and not await self._stands(pool, key, chosen, deadline):
-                live.remove(chosen)  # a lock loser's claim being given back: not a lease
-                chosen = pick(live)
-            if chosen is not None:
+            standing: list[ResourceItem] = []
+            undecided = False
+            for it in items:
+                if it.expired(now):
+                    continue
+                verdict = self._verdict(it, lock, now)
+                if verdict:
+                    standing.append(it)
+                elif verdict is None:
+                    undecided = True
+                else:
+                    self.counters.inc("acq.loser_claim_skipped")
+            chosen = pick(standing)
+            if chosen is not None and not undecided:
                 lease = lease_from_item(chosen)
                 self.cache.put(lease)
                 self.counters.inc("lease.existing")
                 self._maybe_extend(lease, requested_us)
                 return lease, False
-            if len(live) < len([it for it in items if not it.expired(now)]):
-                # Only doomed claims were found: the lock's owner is acquiring. Wait for it.
-                self.counters.inc("acq.loser_claim_skipped")
-                if time.monotonic() + wait >= deadline:
-                    raise Timeout("another daemon is acquiring this key; deadline passed")
-                await asyncio.sleep(wait)
-                wait = min(wait * 2, 0.1)
-                continue
-            expired_mine = pick([it for it in items if it.region == self.region])
-            if expired_mine is not None:
-                upd = relet(lease_from_item(expired_mine), requested_us, now, self.region)
-                got = await self.store.update(upd, deadline)
-                if got is not None:
-                    lease = lease_from_item(got)
-                    self.cache.put(lease)
-                    self.counters.inc("lease.relet")
-                    return lease, True
-                continue  # someone changed it under us: read again
-            acquired = await self._acquire_new(pool, key, requested_us, deadline)
-            if acquired is not None:
-                return acquired, True
+            if chosen is None and not undecided and not self._lock_held_by_other(lock, now):
+                expired_mine = pick(
+                    [it for it in items if it.region == self.region and it.expired(now)]
+                )
+                if expired_mine is not None:
+                    upd = relet(lease_from_item(expired_mine), requested_us, now, self.region)
+                    got = await self.store.update(upd, deadline)
+                    if got is not None:
+                        lease = lease_from_item(got)
+                        self.cache.put(lease)
+                        self.counters.inc("lease.relet")
+                        return lease, True
+                    continue  # someone changed it under us: read again
+                acquired = await self._acquire_new(pool, key, requested_us, deadline)
+                if acquired is not None:
+                    return acquired, True
             # Another daemon of this region is acquiring this key: its lease will show up.
+            self.counters.inc("acq.waits")
             if time.monotonic() + wait >= deadline:
                 raise Timeout("another daemon is acquiring this key; deadline passed")
             await asyncio.sleep(wait)
             wait = min(wait * 2, 0.1)
 
-    async def _stands(self, pool: Pool, key: str, item: ResourceItem, deadline: float) -> bool:
-        """Is this item's claim a lease? Only a fresh claim of our own region can be a lock
-        loser's claim still being given back; those cost one consistent read of the lock."""
-        if item.region != self.region or item.claimed_by is None:
-            return True
-        if item.claimed_by == self.owner:
-            return True
+    def _verdict(self, item: ResourceItem, lock: Item | None, now_us: int) -> bool | None:
+        if item.region != self.region or item.claimed_by == self.owner:
+            return True  # other regions have their own locks; our own claims we know
         fresh_us = int((self.cfg.acq_lock_hold + self.cfg.skew_margin) * US)
-        if (item.lease_acquired_us or 0) < self.clock.now_us() - fresh_us:
-            return True
-        self.counters.inc("acq.lock_checks")
-        lock = await self.store.get_lock(
-            acq_key(pool.client_id, pool.pool_id, self.region, key), deadline
-        )
-        return claim_stands(item, lock)
+        return claim_verdict(item, lock, now_us, fresh_us)
+
+    def _lock_held_by_other(self, lock: Item | None, now_us: int) -> bool:
+        """Someone else is acquiring this key right now: do not race them with a claim."""
+        if lock is None or lock.get("lock_owner", {}).get("S") == self.owner:
+            return False
+        until = lock.get("lock_expires", {}).get("S")
+        return until is not None and parse_time(until) >= now_us
 
     async def _acquire_new(
         self, pool: Pool, key: str, requested_us: int, deadline: float

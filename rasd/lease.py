@@ -275,23 +275,24 @@ def claim(
     return upd
 
 
-def claim_stands(item: ResourceItem, lock: Item | None) -> bool:
-    """Is ``item``'s claim a lease, given the key's acquisition lock item as read now?
+def claim_verdict(item: ResourceItem, lock: Item | None, now_us: int, fresh_us: int) -> bool | None:
+    """Is ``item``'s claim a lease, given the key's acquisition lock as read with it?
 
-    A daemon sends its claim together with the per-key lock; if it loses the lock it gives
-    the claim back. Until then the claim is visible in ``leased_resources`` but is not a
-    lease. It stands when there is no lock, when its claimant holds the lock, or when the lock
-    of another daemon had already expired when the claim was made.
+    A daemon sends its claim together with the per-key lock and gives the claim back if it
+    loses the lock; until then the claim is visible but is not a lease. True: it is a lease
+    (not fresh, no claimant recorded, or its claimant holds the lock). False: another daemon
+    holds the lock, so this claim is being given back. None: undecided, the claimant's lock
+    write has not landed yet; read again. A claim older than ``fresh_us`` is trusted.
     """
-    if lock is None or item.claimed_by is None:
+    if item.claimed_by is None or (item.lease_acquired_us or 0) < now_us - fresh_us:
         return True
-    owner = lock.get("lock_owner", {}).get("S")
+    owner = lock.get("lock_owner", {}).get("S") if lock else None
     if owner == item.claimed_by:
         return True
-    until = lock.get("lock_expires", {}).get("S")
-    if until is None or item.lease_acquired_us is None:
-        return True
-    return parse_time(until) < item.lease_acquired_us
+    until = lock.get("lock_expires", {}).get("S") if lock else None
+    if owner is not None and until is not None and parse_time(until) >= now_us:
+        return False
+    return None
 
 
 def relet(lease: Lease, expires_us: int, now_us: int, region: str) -> Update:

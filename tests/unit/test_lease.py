@@ -133,9 +133,11 @@ def test_claim_records_claimant_and_release_clears_it() -> None:
     assert "claimed_by" in L.release(lease, NOW, "us-east-1")["UpdateExpression"]
 
 
-def test_claim_stands_only_for_the_lock_owner() -> None:
-    """A fresh claim is a lease only if its claimant holds the key's lock, there is no lock,
-    or the other daemon's lock had expired before the claim was made."""
+def test_claim_verdict_only_the_lock_owner_holds_a_lease() -> None:
+    """A fresh claim is a lease only if its claimant holds the key's lock; a claim whose
+    daemon lost the lock to another is not; with no lock (yet) it is undecided; an old claim,
+    or one with no claimant recorded, is trusted."""
+    fresh = 8 * L.US
 
     def item(by: str | None, acquired: int = NOW) -> L.ResourceItem:
         return L.ResourceItem(
@@ -145,8 +147,10 @@ def test_claim_stands_only_for_the_lock_owner() -> None:
     def lock(owner: str, until: int) -> dict[str, dict[str, str]]:
         return {"lock_owner": {"S": owner}, "lock_expires": {"S": L.fmt_time(until)}}
 
-    assert L.claim_stands(item("a"), None)
-    assert L.claim_stands(item(None), lock("b", NOW + L.US))
-    assert L.claim_stands(item("a"), lock("a", NOW + L.US))
-    assert not L.claim_stands(item("a"), lock("b", NOW + L.US))  # a lost the lock to b
-    assert L.claim_stands(item("a", acquired=NOW), lock("b", NOW - 1))  # b's lock had expired
+    assert L.claim_verdict(item("a"), lock("a", NOW + L.US), NOW, fresh) is True
+    assert L.claim_verdict(item("a"), lock("b", NOW + L.US), NOW, fresh) is False
+    assert L.claim_verdict(item("a"), None, NOW, fresh) is None  # a's lock not landed yet
+    assert L.claim_verdict(item("a"), lock("b", NOW - 1), NOW, fresh) is None  # stale lock
+    assert L.claim_verdict(item(None), lock("b", NOW + L.US), NOW, fresh) is True
+    old = item("a", acquired=NOW - fresh - 1)
+    assert L.claim_verdict(old, lock("b", NOW + L.US), NOW, fresh) is True
