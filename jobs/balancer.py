@@ -44,6 +44,7 @@ from botocore.exceptions import ClientError
 
 from rasd.lease import (
     META_CLIENT,
+    MISS_PREFIX,
     PARTITIONS,
     REGION_RE,
     ResourceItem,
@@ -161,7 +162,7 @@ def read_miss_counters(ddb: Any, table: str) -> dict[str, int]:
         "KeyConditionExpression": "client_id = :m AND begins_with(#res, :pfx)",
         "ProjectionExpression": "#res, #c",
         "ExpressionAttributeNames": {"#res": "resource", "#c": "count"},
-        "ExpressionAttributeValues": {":m": {"S": META_CLIENT}, ":pfx": {"S": bm.MISS_PREFIX}},
+        "ExpressionAttributeValues": {":m": {"S": META_CLIENT}, ":pfx": {"S": MISS_PREFIX}},
     }
     for page in common.scan_pages(ddb, kw):
         for it in page.get("Items", []):
