@@ -58,7 +58,6 @@ from rasd.schema import list_pool_items
 from . import balance_model as bm
 from . import common, s3state
 from . import stream as st
-from .dedupe import parse_peer
 
 log = structlog.get_logger("rasd_jobs.balancer")
 
@@ -548,12 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.floor,
         help=f"free items kept in every region (default {d.floor})",
     )
-    g.add_argument(
-        "--peer-endpoint",
-        action="append",
-        default=[],
-        metavar="REGION=URL",
-        help="DynamoDB endpoint of REGION's replica: that region's items are read "
+    common.add_peer_endpoint(
+        g,
+        "DynamoDB endpoint of REGION's replica: that region's items are read "
         "and moved there, ordered with its daemons' claims (repeatable)",
     )
     return p
@@ -583,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s3state.parse_uri(args.state_uri)
             except ValueError as exc:
                 raise common.UsageError(str(exc))
-        peer_urls = dict(parse_peer(s) for s in args.peer_endpoint)
+        peer_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
         peer_urls.pop(region, None)
         ddb = common.make_client(args, region)
         streams_url = (

@@ -339,3 +339,21 @@ class Progress:
 
 def iso(us: int | None) -> str | None:
     return fmt_time(us) if us is not None else None
+
+
+def parse_peer(s: str) -> tuple[str, str]:
+    """``REGION=URL`` from ``--peer-endpoint`` (another region's replica endpoint)."""
+    region, sep, url = s.partition("=")
+    if not sep or not url:
+        raise UsageError(f"bad --peer-endpoint {s!r}: expected REGION=URL")
+    check_region(region)
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"bad --peer-endpoint {s!r}: URL must start with http(s)://")
+    return region, url
+
+
+def add_peer_endpoint(group: Any, help: str) -> None:
+    """The repeatable ``--peer-endpoint REGION=URL`` flag (ras-dedupe, ras-balancer)."""
+    group.add_argument(
+        "--peer-endpoint", action="append", default=[], metavar="REGION=URL", help=help
+    )

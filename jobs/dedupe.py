@@ -213,16 +213,6 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     return summary
 
 
-def parse_peer(s: str) -> tuple[str, str]:
-    region, sep, url = s.partition("=")
-    if not sep or not url:
-        raise common.UsageError(f"bad --peer-endpoint {s!r}: expected REGION=URL")
-    common.check_region(region)
-    if not url.startswith(("http://", "https://")):
-        raise common.UsageError(f"bad --peer-endpoint {s!r}: URL must start with http(s)://")
-    return region, url
-
-
 def build_parser() -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = common.parser(
         "ras-dedupe",
@@ -233,12 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         "duplicate_keys, released, foreign_reported, lost_races, errors, seconds.",
         [common.job_parent()],
     )
-    p.add_argument(
-        "--peer-endpoint",
-        action="append",
-        default=[],
-        metavar="REGION=URL",
-        help="DynamoDB endpoint of another region's replica; extras of REGION are released "
+    common.add_peer_endpoint(
+        p,
+        "DynamoDB endpoint of another region's replica; extras of REGION are released "
         "there instead of reported (repeatable)",
     )
     return p
@@ -251,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         region = common.ras_region(args)
         assert region is not None
-        peers_urls = dict(parse_peer(s) for s in args.peer_endpoint)
+        peers_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
         if region in peers_urls:
             raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
         now = common.now_us(args)

@@ -20,22 +20,10 @@ import threading
 import time
 from typing import Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, common, liberator
 
-
-def _client(service: str, url: str, region: str) -> Any:
-    return boto3.client(  # type: ignore[call-overload]
-        service,
-        endpoint_url=url,
-        region_name=region,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        config=BotoConfig(retries={"max_attempts": 8, "mode": "standard"}),
-    )
+from .world import _client
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -157,13 +157,13 @@ def test_ras_region_from_flag_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parse_peer() -> None:
-    assert dedupe.parse_peer("eu-west-1=https://ddb.example:443") == (
+    assert common.parse_peer("eu-west-1=https://ddb.example:443") == (
         "eu-west-1",
         "https://ddb.example:443",
     )
     for bad in ["eu-west-1", "eu-west-1=", "EU=http://x", "eu-west-1=ftp://x"]:
         with pytest.raises(common.UsageError):
-            dedupe.parse_peer(bad)
+            common.parse_peer(bad)
 
 
 def test_admin_state_of() -> None:
