@@ -1,23 +1,24 @@
-"""get_lease, release and headroom: the daemon's lease logic around cache, prefetch and store.
+"""get_lease, release and headroom: the driver around the protocol's pure decisions.
 
 Theory of operation
 -------------------
-``try_hit`` is the hot path and never awaits: a cached lease is answered at once, and if the
-caller's sliding ``lease_expires`` calls for it (``lease.should_extend``) an extension is
-started in the background (refresh-ahead), so the caller is still served from the cache.
+``try_hit`` is the hot path and never awaits: a cached lease is answered at once. The cache
+holds each answer at most ``confirm_interval`` (S) after it was last confirmed; a hit past S/2
+starts a background re-confirmation (one consistent read), and a hit whose sliding
+``lease_expires`` calls for it (``lease.should_extend``) starts a background extension.
 
 A miss goes through ``get_lease``, which makes concurrent requests for one
-(client, pool, key) share one resolution (single-flight), then:
+(client, pool, key) share one resolution (single-flight). The resolution reads the key's
+mapping items (one strongly consistent Query) and does what ``rasd.decide`` says:
 
-1. one Query on ``leased_resources``: a live lease (any region) is cached and returned; an
-   expired, not yet liberated lease of our region is re-let to the same key;
-2. otherwise a new lease: the per-key acquisition lock (``lease.take_acq_lock``) and the claim
-   of a prefetched candidate go out *together*, so an uncontended new lease costs the Query
-   plus one round trip. If another daemon holds the lock, our claim (if it won) is released
-   in the background and we wait for that daemon's lease to appear. A lost claim is a normal
-   outcome: take the next candidate.
+* serve a live lease (one round trip for an uncached existing lease);
+* verify a pending one against its resource item, wait for its acquirer, or fence it;
+* acquire: the mapping write and the claim of a prefetched candidate go out together (one
+  round trip after the read), and ``decide.after_acquire`` says what their outcomes mean.
 
-Only our region's items are ever written; another region's lease is returned as it is.
+This module decides nothing itself: every branch is a decision of ``rasd.decide``, which the
+protocol checker (``check/``) explores. docs/design.md argues the invariants.
+Only our region's items are ever written; another region's lease is served as it is.
 """
 
 from __future__ import annotations
@@ -27,49 +28,54 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
 
+from . import decide as D
 from .cache import CacheKey, LeaseCache
 from .clock import Clock
 from .config import Config
 from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
 from .lease import (
     US,
-    Item,
     Lease,
+    Mapping,
     Pool,
     ResourceItem,
-    acq_key,
     check_expiry,
     claim,
-    claim_verdict,
-    drop_acq_lock,
-    extend,
-    lease_from_item,
+    extend_resource,
+    fence_resource,
+    fmt_time,
+    free_claim,
+    map_acquire,
+    map_confirm,
+    map_drop_dead,
+    map_extend,
+    map_pk,
+    map_release,
     miss_report_update,
     parse_time,
     partition_name,
-    pick,
-    release,
-    relet,
+    resource_from,
     should_extend,
-    take_acq_lock,
 )
 from .limits import BucketTable
 from .metrics import Counters
 from .prefetch import Prefetcher
-from .store import Store
+from .store import Store, WriteResult
+from .writes import Value
 
 log = structlog.get_logger("rasd.acquire")
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
 HEADROOM_TTL = 10.0
 HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
-EXTEND_DEADLINE = 5.0
-LOCK_WAIT_FIRST = 0.005
+BACKGROUND_DEADLINE = 5.0  # extensions, confirmations, give-backs: not bound to a request
+WAIT_FIRST = 0.005  # polling a pending mapping: 5 ms, doubling, up to WAIT_MAX
+WAIT_MAX = 0.1
 
 
 class Acquirer:
@@ -82,12 +88,15 @@ class Acquirer:
         rng: random.Random | None = None,
     ) -> None:
         self.cfg = cfg
+        self.rules = cfg.rules()
         self.region = cfg.region
         self.store = store
         self.clock = clock or Clock()
         self.counters = counters or store.counters
         self.rng = rng or random.Random()
-        self.cache = LeaseCache(self.clock, cfg.cache_max_leases, int(cfg.skew_margin * US))
+        self.cache = LeaseCache(
+            self.clock, cfg.cache_max_leases, int(cfg.skew_margin * US), cfg.confirm_interval
+        )
         self.prefetch = Prefetcher(cfg, store, self.clock, self.counters, self.rng)
         self.pools: dict[tuple[str, str], Pool] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
@@ -95,7 +104,7 @@ class Acquirer:
         self.extend_fraction = cfg.extend_fraction * self.rng.uniform(0.9, 1.0)
         self._unknown: dict[tuple[str, str], float] = {}
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
-        self._extending: set[CacheKey] = set()
+        self._refreshing: set[CacheKey] = set()
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
         self._bg: set[asyncio.Task[Any]] = set()
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
@@ -134,12 +143,14 @@ class Acquirer:
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None
-        self._check(pool, requested_us, self.clock.now_us())
+        now = self.clock.now_us()
+        self._check(pool, requested_us, now)
         k = (client_id, pool_id, key)
         lease = self.cache.get(k)
         if lease is None:
             return None
-        self._maybe_extend(lease, requested_us)
+        if k not in self._refreshing:
+            self._maybe_refresh(k, lease, requested_us, now)
         return lease
 
     async def get_lease(
@@ -169,77 +180,72 @@ class Acquirer:
             task.exception()  # retrieved: every waiter may have given up already
 
     # ------------------------------------------------------------------ resolution
+    async def _read(
+        self, pool: Pool, key: str, deadline: float
+    ) -> tuple[Mapping | None, list[Mapping]]:
+        ms = await self.store.query_mappings(pool.client_id, pool.pool_id, key, deadline)
+        own = next((m for m in ms if m.region == self.region), None)
+        return own, [m for m in ms if m.region != self.region]
+
+    async def _resource(
+        self, client_id: str, resource: str, deadline: float
+    ) -> ResourceItem | None:
+        got = await self.store.get_item((client_id, resource), deadline)
+        return resource_from(got) if got is not None else None
+
     async def _resolve(
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        wait = LOCK_WAIT_FIRST
-        lock_key = acq_key(pool.client_id, pool.pool_id, self.region, key)
+        wait = WAIT_FIRST
         while True:
-            # The key's lock is read together with the index (same round trip): it tells a
-            # lease from a lock loser's claim that is being given back (docs/design.md).
-            items, lock = await asyncio.gather(
-                self.store.query_key(pool.client_id, pool.pool_id, key, deadline),
-                self.store.get_lock(lock_key, deadline),
-            )
-            now = self.clock.now_us()
-            standing: list[ResourceItem] = []
-            undecided = False
-            for it in items:
-                if it.expired(now):
-                    continue
-                verdict = self._verdict(it, lock, now)
-                if verdict:
-                    standing.append(it)
-                elif verdict is None:
-                    undecided = True
-                else:
-                    self.counters.inc("acq.loser_claim_skipped")
-            chosen = pick(standing)
-            if chosen is not None and not undecided:
-                lease = lease_from_item(chosen)
-                self.cache.put(lease)
+            sent = self.clock.mono()  # the answer is confirmed as of the read's departure
+            own, others = await self._read(pool, key, deadline)
+            d = D.on_read(own, others, self.clock.now_us(), self.rules)
+            if isinstance(d, D.Verify):
+                r = await self._resource(pool.client_id, d.mapping.resource or "", deadline)
+                d = D.on_resource(d.mapping, r, self.clock.now_us(), self.rules)
+            if isinstance(d, D.Serve):
+                self.cache.put(d.lease, sent)
+                if d.confirm is not None:
+                    self.spawn(self._confirm(d.confirm))
                 self.counters.inc("lease.existing")
-                self._maybe_extend(lease, requested_us)
-                return lease, False
-            if chosen is None and not undecided and not self._lock_held_by_other(lock, now):
-                expired_mine = pick(
-                    [it for it in items if it.region == self.region and it.expired(now)]
-                )
-                if expired_mine is not None:
-                    upd = relet(lease_from_item(expired_mine), requested_us, now, self.region)
-                    got = await self.store.update(upd, deadline)
-                    if got is not None:
-                        lease = lease_from_item(got)
-                        self.cache.put(lease)
-                        self.counters.inc("lease.relet")
-                        return lease, True
-                    continue  # someone changed it under us: read again
-                acquired = await self._acquire_new(pool, key, requested_us, deadline)
-                if acquired is not None:
-                    return acquired, True
-            # Another daemon of this region is acquiring this key: its lease will show up.
+                k = (pool.client_id, pool.pool_id, key)
+                self._maybe_refresh(k, d.lease, requested_us, self.clock.now_us())
+                return d.lease, False
+            if isinstance(d, D.Extend):
+                lease = await self._extend_now(d.mapping, requested_us, deadline)
+                if lease is not None:
+                    return lease, False
+                continue
+            if isinstance(d, D.Acquire):
+                lease = await self._acquire(pool, key, requested_us, d.expect_ver, deadline)
+                if lease is not None:
+                    return lease, True
+                continue
+            if isinstance(d, D.FenceResource):
+                await self._fence(d.resource, deadline)
+                continue
+            # Wait: another daemon of this region is acquiring this key.
             self.counters.inc("acq.waits")
             if time.monotonic() + wait >= deadline:
                 raise Timeout("another daemon is acquiring this key; deadline passed")
             await asyncio.sleep(wait)
-            wait = min(wait * 2, 0.1)
+            wait = min(wait * 2, WAIT_MAX)
 
-    def _verdict(self, item: ResourceItem, lock: Item | None, now_us: int) -> bool | None:
-        if item.region != self.region or item.claimed_by == self.owner:
-            return True  # other regions have their own locks; our own claims we know
-        fresh_us = int((self.cfg.acq_lock_hold + self.cfg.skew_margin) * US)
-        return claim_verdict(item, lock, now_us, fresh_us)
+    async def _fence(self, r: ResourceItem, deadline: float) -> None:
+        res = await self.store.write(fence_resource(r.ident, r.version), deadline)
+        self.counters.inc("acq.fenced" if res.outcome is D.Outcome.APPLIED else "acq.fence_lost")
+        if res.error is not None and res.outcome is not D.Outcome.REJECTED:
+            raise res.error
 
-    def _lock_held_by_other(self, lock: Item | None, now_us: int) -> bool:
-        """Someone else is acquiring this key right now: do not race them with a claim."""
-        if lock is None or lock.get("lock_owner", {}).get("S") == self.owner:
-            return False
-        until = lock.get("lock_expires", {}).get("S")
-        return until is not None and parse_time(until) >= now_us
+    def _new_token(self) -> str:
+        return f"{self.rng.getrandbits(64):016x}"
 
-    async def _acquire_new(
-        self, pool: Pool, key: str, requested_us: int, deadline: float
+    async def _acquire(
+        self, pool: Pool, key: str, requested_us: int, expect_ver: int, deadline: float
     ) -> Lease | None:
+        """Claim a candidate and name it in the key's mapping, both in one round trip.
+        None: re-read (someone else wrote the mapping first)."""
         wait = self.buckets.try_take((pool.client_id, pool.pool_id), self.clock.mono())
         if wait > 0:
             self.counters.inc("shed.rate_limited")
@@ -247,52 +253,108 @@ class Acquirer:
                 f"acquisition rate limit of pool {pool.pool_id!r} reached",
                 retry_after=round(wait, 3),
             )
-        cand = await self.prefetch.candidate(pool, deadline)
-        if cand is None:
-            raise self._no_capacity(pool)
-        now = self.clock.now_us()
-        hold = int(self.cfg.acq_lock_hold * US)
-        lock = take_acq_lock(pool.client_id, pool.pool_id, self.region, key, self.owner, now, hold)
-        lock_res, claim_res = await asyncio.gather(
-            self.store.update_raw(lock, deadline),
-            self._claim(cand.item, key, requested_us, now, deadline),
-            return_exceptions=True,
-        )
-        if lock_res is not True:
-            if isinstance(claim_res, ResourceItem):  # we won a claim we must not keep
-                # Give it back before polling for the winner's lease: our next Query would
-                # otherwise find this claim and hand it out while the undo frees it. Shielded:
-                # the undo goes on (and retries) even if this request is cancelled.
-                await asyncio.shield(self.spawn(self._undo_claim(lease_from_item(claim_res))))
-            if isinstance(lock_res, BaseException):
-                raise lock_res
-            self.counters.inc("acq.lock_busy")
-            return None
-        if isinstance(claim_res, BaseException):
-            raise claim_res
-        while claim_res is None:
-            self.counters.inc("prefetch.conflicts")
+        token = self._new_token()
+        ident = (map_pk(pool.client_id, pool.pool_id, key), self.region)
+        while True:
             cand = await self.prefetch.candidate(pool, deadline)
             if cand is None:
                 raise self._no_capacity(pool)
-            claim_res = await self._claim(
-                cand.item, key, requested_us, self.clock.now_us(), deadline
+            item = cand.item
+            now = self.clock.now_us()
+            mw = map_acquire(
+                ident, expect_ver, token, item.resource, item.version, requested_us, now, self.owner
             )
-        lease = lease_from_item(claim_res)
-        self.cache.put(lease)
-        self.counters.inc("lease.new")
-        return lease
+            cw = claim(item, key, requested_us, now, token, expect_ver + 1)
+            sent = self.clock.mono()
+            mres, cres = await asyncio.gather(
+                self.store.write(mw, deadline, _names(token, item.resource)),
+                self.store.write(cw, deadline, _holds(token, key)),
+            )
+            step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
+            if isinstance(step, D.Won):
+                lease = Lease(
+                    pool.client_id,
+                    pool.pool_id,
+                    key,
+                    item.resource,
+                    self.region,
+                    requested_us,
+                    item.version + 1,
+                    now,
+                    token,
+                )
+                self.cache.put(lease, sent)
+                pending = Mapping(
+                    pool.client_id,
+                    pool.pool_id,
+                    key,
+                    self.region,
+                    expect_ver + 1,
+                    "pending",
+                    token,
+                    item.resource,
+                    item.version,
+                    requested_us,
+                    now,
+                )
+                self.spawn(self._confirm(pending))
+                self.counters.inc("lease.new")
+                return lease
+            if isinstance(step, D.NextCandidate):
+                self.counters.inc("prefetch.conflicts")
+                expect_ver = step.expect_ver
+                continue
+            if isinstance(step, D.GiveBack):
+                self.counters.inc("acq.gave_back")
+                await asyncio.shield(self.spawn(self._free_claim(item.ident, key, token)))
+                return None
+            if isinstance(step, D.FenceOwnClaim):
+                self.counters.inc("acq.fence_own")
+                self.spawn(self._fence_own_claim(item, key, token))
+                return None
+            if isinstance(step, D.Reread):
+                self.counters.inc("acq.lost_mapping")
+                return None
+            assert isinstance(step, D.GiveUp)
+            self.counters.inc("acq.gave_up")
+            raise _error_of(mres, cres) or Timeout(step.why)
 
-    async def _claim(
-        self, item: ResourceItem, key: str, requested_us: int, now_us: int, deadline: float
-    ) -> ResourceItem | None:
-        upd = claim(item, key, requested_us, now_us, self.region, self.owner)
-        nv = item.version + 1
+    async def _confirm(self, m: Mapping) -> None:
+        res = await self.store.write(map_confirm(m), time.monotonic() + BACKGROUND_DEADLINE)
+        self.counters.inc(f"acq.confirm_{res.outcome.value}")
 
-        def ours(cur: ResourceItem) -> bool:  # our own earlier attempt landed
-            return cur.version == nv and cur.key == key and cur.claimed_by == self.owner
+    async def _free_claim(self, ident: tuple[str, str], key: str, token: str) -> None:
+        """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
+        about a minute; if the daemon dies first, the liberator's orphan repair frees it."""
+        for attempt in range(6):
+            now = self.clock.now_us()
+            w = free_claim(ident, key, token, now, now + self.rules.quarantine_us)
+            res = await self.store.write(
+                w, time.monotonic() + BACKGROUND_DEADLINE, _not_held_by(token)
+            )
+            if res.outcome is not D.Outcome.UNKNOWN and res.error is None:
+                self.counters.inc(f"acq.free_claim_{res.outcome.value}")
+                return
+            self.counters.inc("acq.free_claim_errors")
+            log.warning(
+                "claim_not_given_back",
+                resource=ident[1],
+                key=key,
+                attempt=attempt + 1,
+                error=str(res.error),
+            )
+            await asyncio.sleep(min(2.0**attempt, 16.0))
 
-        return await self.store.update(upd, deadline, ours)
+    async def _fence_own_claim(self, item: ResourceItem, key: str, token: str) -> None:
+        """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
+        or give it back if it did."""
+        deadline = time.monotonic() + BACKGROUND_DEADLINE
+        res = await self.store.write(fence_resource(item.ident, item.version), deadline)
+        if res.outcome is D.Outcome.APPLIED:
+            return
+        cur = await self._resource(item.client_id, item.resource, deadline)
+        if cur is not None and cur.holder == token:
+            await self._free_claim(item.ident, key, token)
 
     def _no_capacity(self, pool: Pool) -> NoCapacity:
         self.counters.inc("lease.no_capacity")
@@ -325,128 +387,204 @@ class Acquirer:
                 except RasdError as exc:
                     log.warning("miss_report_failed", error=str(exc))
 
-    async def _undo_claim(self, lease: Lease) -> None:
-        """Release a claim made alongside a lock we did not get. Retried for about a minute:
-        until it lands, the key holds two resources in this region (ras-dedupe's job if we
-        die first; see docs/design.md)."""
-        for attempt in range(6):
-            try:
-                got = await self.store.update(
-                    release(lease, self.clock.now_us(), self.region),
-                    time.monotonic() + EXTEND_DEADLINE,
-                )
-                self.counters.inc("acq.undone" if got else "acq.undo_lost")
-                return
-            except RasdError as exc:
-                self.counters.inc("acq.undo_errors")
-                log.error(
-                    "speculative_claim_not_undone",
-                    client_id=lease.client_id,
-                    pool_id=lease.pool_id,
-                    key=lease.key,
-                    resource=lease.resource,
-                    attempt=attempt + 1,
-                    error=str(exc),
-                )
-                await asyncio.sleep(min(2.0**attempt, 16.0))
-
-    # ------------------------------------------------------------------ extension
-    def _maybe_extend(self, lease: Lease, requested_us: int) -> None:
-        if lease.region != self.region:
-            return  # another region's lease: returned as it is, never written by us
-        if not should_extend(lease, requested_us, self.clock.now_us(), self.extend_fraction):
+    # ------------------------------------------------------- extension and re-confirmation
+    def _maybe_refresh(self, k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
+        """After a hit: extend a sliding lease that needs it, else re-confirm a stale answer."""
+        if k in self._refreshing:
             return
-        k = (lease.client_id, lease.pool_id, lease.key)
-        if k in self._extending:
-            return
-        backoff = self._extend_after.get(k)
-        if backoff is not None and self.clock.mono() < backoff[0]:
-            return  # the last attempt failed: retry later, not on every hit
-        self._extending.add(k)
-        self.spawn(self._extend(lease, requested_us, k))
+        if (
+            lease.region == self.region
+            and lease.token is not None
+            and should_extend(lease, requested_us, now_us, self.extend_fraction)
+        ):
+            backoff = self._extend_after.get(k)
+            if backoff is not None and self.clock.mono() < backoff[0]:
+                return  # the last attempt failed: retry later, not on every hit
+            self._refreshing.add(k)
+            self.spawn(self._extend_bg(k, lease, requested_us))
+        elif self.cache.stale(k, self.clock.mono()):
+            self._refreshing.add(k)
+            self.spawn(self._reconfirm(k, lease))
 
-    async def _extend(self, lease: Lease, requested_us: int, k: CacheKey) -> None:
-        deadline = time.monotonic() + EXTEND_DEADLINE
+    async def _extend(
+        self, lease: Lease, requested_us: int, deadline: float
+    ) -> tuple[D.ExtendStep, WriteResult]:
+        """The resource first, then the mapping: the mapping's end never passes the
+        resource's."""
+        want = fmt_time(requested_us)
+        res = await self.store.write(
+            extend_resource(lease, requested_us), deadline, _extended(lease.token, want)
+        )
+        mres: WriteResult | None = None
+        if res.outcome is D.Outcome.APPLIED:
+            mres = await self.store.write(
+                map_extend(lease, requested_us), deadline, _map_extended(lease.token, want)
+            )
+        step = D.after_extend(res.outcome, mres.outcome if mres else None)
+        if isinstance(step, D.FreeOrphan):
+            self.counters.inc("lease.extend_orphaned")
+            assert lease.token is not None
+            self.spawn(self._free_claim((lease.client_id, lease.resource), lease.key, lease.token))
+        return step, mres or res
+
+    async def _extend_now(self, m: Mapping, requested_us: int, deadline: float) -> Lease | None:
+        """Our lease is too close to its end to serve: extend it (None: re-read)."""
+        lease = Lease(
+            m.client_id,
+            m.pool_id,
+            m.key,
+            m.resource or "",
+            m.region,
+            m.expires_us or 0,
+            m.rver + 1,
+            m.since_us,
+            m.token,
+        )
+        now = self.clock.now_us()
+        if requested_us <= lease.expires_us:
+            # The caller asks for no more than the lease has: it is valid until its end.
+            return lease if lease.expires_us > now else None
+        sent = self.clock.mono()
+        step, last = await self._extend(lease, requested_us, deadline)
+        if isinstance(step, D.Extended):
+            new = Lease(*_with_expiry(lease, requested_us))
+            self.cache.put(new, sent)
+            self.counters.inc("lease.extended")
+            return new
+        if last.outcome is D.Outcome.UNKNOWN or (
+            last.error is not None and last.outcome is not D.Outcome.APPLIED
+        ):
+            raise last.error or Timeout("extension outcome unknown")
+        if isinstance(step, D.Forget):
+            # The resource write lost: if the resource is no longer ours the lease is over
+            # (liberated), and the mapping is ended so the key can acquire again.
+            r = await self._resource(m.client_id, lease.resource, deadline)
+            if r is None or r.holder != m.token:
+                assert m.token is not None
+                await self.store.write(map_release(m.ident, m.token, now), deadline)
+                self.counters.inc("lease.ended_lapsed")
+        return None
+
+    async def _extend_bg(self, k: CacheKey, lease: Lease, requested_us: int) -> None:
         try:
-            got = await self.store.update(extend(lease, requested_us, self.region), deadline)
-            self._extend_after.pop(k, None)
-            if got is not None:
-                self.cache.put(lease_from_item(got))
+            sent = self.clock.mono()
+            step, last = await self._extend(
+                lease, requested_us, time.monotonic() + BACKGROUND_DEADLINE
+            )
+            if isinstance(step, D.Extended):
+                self._extend_after.pop(k, None)
+                self.cache.put(Lease(*_with_expiry(lease, requested_us)), sent)
                 self.counters.inc("lease.extended")
                 return
-            # Lost: someone else extended, released or liberated it. Re-read the truth.
-            self.counters.inc("lease.extend_conflicts")
-            items = await self.store.query_key(lease.client_id, lease.pool_id, lease.key, deadline)
-            now = self.clock.now_us()
-            chosen = pick([it for it in items if not it.expired(now)])
-            if chosen is None:
+            if last.outcome is D.Outcome.REJECTED and last.error is None:
+                # Lost: someone else extended, released or liberated it. Forget it here; the
+                # next request reads the truth.
+                self._extend_after.pop(k, None)
+                self.counters.inc("lease.extend_conflicts")
                 self.cache.drop(k)
-            else:
-                self.cache.put(lease_from_item(chosen))
-        except RasdError as exc:
-            # Retried on a later cache hit after a backoff (1, 2, 4 ... 30 s), until the lease
-            # leaves the cache; a lease that gets close to its end is logged as at risk.
-            self.counters.inc("lease.extend_errors")
-            failures = self._extend_after.get(k, (0.0, 0))[1] + 1
-            retry_in = min(30.0, 2.0 ** (failures - 1))
-            self._extend_after[k] = (self.clock.mono() + retry_in, failures)
-            if len(self._extend_after) > 10_000:
-                self._extend_after.pop(next(iter(self._extend_after)))
-            left = (lease.expires_us - self.clock.now_us()) / US
-            at_risk = left < max(4 * self.cfg.skew_margin, 60.0)
-            (log.error if at_risk else log.warning)(
-                "lease_at_risk" if at_risk else "lease_extension_failed",
-                client_id=lease.client_id,
-                pool_id=lease.pool_id,
-                key=lease.key,
-                resource=lease.resource,
-                seconds_left=round(left, 1),
-                failures=failures,
-                retry_in_s=retry_in,
-                error=str(exc),
-            )
+                return
+            self._extension_failed(k, lease, last.error or Timeout("extension outcome unknown"))
         finally:
-            self._extending.discard(k)
+            self._refreshing.discard(k)
+
+    def _extension_failed(self, k: CacheKey, lease: Lease, exc: RasdError) -> None:
+        # Retried on a later cache hit after a backoff (1, 2, 4 ... 30 s), until the lease
+        # leaves the cache; a lease that gets close to its end is logged as at risk.
+        self.counters.inc("lease.extend_errors")
+        failures = self._extend_after.get(k, (0.0, 0))[1] + 1
+        retry_in = min(30.0, 2.0 ** (failures - 1))
+        self._extend_after[k] = (self.clock.mono() + retry_in, failures)
+        if len(self._extend_after) > 10_000:
+            self._extend_after.pop(next(iter(self._extend_after)))
+        left = (lease.expires_us - self.clock.now_us()) / US
+        at_risk = left < max(4 * self.cfg.skew_margin, 60.0)
+        (log.error if at_risk else log.warning)(
+            "lease_at_risk" if at_risk else "lease_extension_failed",
+            client_id=lease.client_id,
+            pool_id=lease.pool_id,
+            key=lease.key,
+            resource=lease.resource,
+            seconds_left=round(left, 1),
+            failures=failures,
+            retry_in_s=retry_in,
+            error=str(exc),
+        )
+
+    async def _reconfirm(self, k: CacheKey, lease: Lease) -> None:
+        """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
+        confirmed as of this read. Anything else: dropped, the next request resolves it."""
+        try:
+            sent = self.clock.mono()
+            pool = self.pools.get((k[0], k[1]))
+            if pool is None:
+                return
+            own, others = await self._read(pool, k[2], time.monotonic() + BACKGROUND_DEADLINE)
+            d = D.on_read(own, others, self.clock.now_us(), self.rules)
+            if (
+                isinstance(d, D.Serve)
+                and d.lease.resource == lease.resource
+                and d.lease.token == lease.token
+            ):
+                self.cache.put(d.lease, sent)
+                self.counters.inc("lease.reconfirmed")
+            else:
+                self.cache.drop(k)
+                self.counters.inc("lease.reconfirm_dropped")
+        except RasdError as exc:
+            self.counters.inc("lease.reconfirm_errors")  # served until S, then dropped
+            log.warning("reconfirm_failed", key=k[2], error=str(exc))
+        finally:
+            self._refreshing.discard(k)
 
     # -------------------------------------------------------------------- release
     async def release(self, client_id: str, pool_id: str, key: str, deadline: float) -> int:
-        """Free every item of our region that ``key`` holds in the pool. Returns the count."""
+        """Give back the key's lease in our region: the mapping first, then the resource with
+        quarantine (docs/design.md, I3). Returns 1, or raises NotHeld."""
         pool = await self.pool(client_id, pool_id, deadline)
         k = (client_id, pool_id, key)
         self.cache.drop(k)
-        released = 0
-        for _ in range(3):
-            items = await self.store.query_key(client_id, pool_id, key, deadline)
-            mine = [it for it in items if it.region == self.region]
-            if not mine:
-                break
-            lost = False
-            for it in mine:
-                now = self.clock.now_us()
-                got = await self.store.update(
-                    release(lease_from_item(it), now, self.region),
-                    deadline,
-                    _freed_at(it.version + 1),
+        wait = WAIT_FIRST
+        while True:
+            own, others = await self._read(pool, key, deadline)
+            now = self.clock.now_us()
+            d = D.on_release_read(own, now, self.rules)
+            if isinstance(d, D.Verify):
+                r = await self._resource(client_id, d.mapping.resource or "", deadline)
+                d = D.on_release_resource(d.mapping, r, now, self.rules)
+            if isinstance(d, D.NotHeld):
+                held = sorted(m.region for m in others if D.servable(m, now, self.rules))
+                if held:
+                    raise NotHeld(
+                        f"{key!r} holds no lease in {self.region} (held in {', '.join(held)})"
+                    )
+                raise NotHeld(f"{key!r} holds no lease in pool {pool_id!r}")
+            if isinstance(d, D.ReleaseLease):
+                lease = d.lease
+                assert lease.token is not None and own is not None
+                res = await self.store.write(
+                    map_release(own.ident, lease.token, now), deadline, _no_token(lease.token)
                 )
-                if got is None:
-                    lost = True
-                    continue
-                released += 1
-                self.prefetch.give_back(pool, got)
-            if not lost:
-                break
-        self.cache.drop(k)
-        if released:
-            self.counters.inc("lease.released", released)
-            upd = drop_acq_lock(
-                client_id, pool_id, self.region, key, self.owner, self.clock.now_us()
-            )
-            self.spawn(self.store.update_raw(upd, time.monotonic() + EXTEND_DEADLINE))
-            return released
-        others = sorted({it.region for it in items if it.region != self.region})
-        if others:
-            raise NotHeld(f"{key!r} holds no lease in {self.region} (held in {', '.join(others)})")
-        raise NotHeld(f"{key!r} holds no lease in pool {pool_id!r}")
+                if res.outcome is D.Outcome.REJECTED and res.error is None:
+                    continue  # changed under us: read again
+                if res.outcome is not D.Outcome.APPLIED:
+                    raise res.error or Timeout("release outcome unknown")
+                self.cache.drop(k)
+                self.counters.inc("lease.released")
+                # The resource: quarantined, so caches elsewhere run out first. If this write
+                # is lost the liberator's orphan repair frees it (also with quarantine).
+                self.spawn(self._free_claim((client_id, lease.resource), key, lease.token))
+                return 1
+            if isinstance(d, D.DropMapping):
+                await self.store.write(map_drop_dead(d.mapping, now), deadline)
+                continue
+            if isinstance(d, D.FenceResource):
+                await self._fence(d.resource, deadline)
+                continue
+            self.counters.inc("acq.waits")
+            if time.monotonic() + wait >= deadline:
+                raise Timeout("another daemon is acquiring this key; deadline passed")
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, WAIT_MAX)
 
     # ------------------------------------------------------------------- headroom
     async def headroom(self, client_id: str, pool_id: str, deadline: float) -> int:
@@ -507,6 +645,49 @@ class Acquirer:
             t.cancel()
 
 
-def _freed_at(version: int) -> Callable[[ResourceItem], bool]:
-    """Does the item show our release (for a release retried after an ambiguous error)?"""
-    return lambda cur: cur.version == version and cur.key is None
+# ------------------------------------------------------------ read-back predicates (I4)
+def _names(token: str, resource: str) -> Any:
+    """Does the mapping item carry our acquisition (after an ambiguous write)?"""
+    return lambda it: it.get("token") == token and it.get("res") == resource
+
+
+def _holds(token: str, key: str) -> Any:
+    return lambda it: it.get("holder") == token and it.get("key") == key
+
+
+def _not_held_by(token: str) -> Any:
+    return lambda it: it.get("holder") != token
+
+
+def _no_token(token: str) -> Any:
+    return lambda it: it.get("token") != token
+
+
+def _extended(token: str | None, want: str) -> Any:
+    return lambda it: it.get("holder") == token and _ge(it.get("lease_expires"), want)
+
+
+def _map_extended(token: str | None, want: str) -> Any:
+    return lambda it: it.get("token") == token and _ge(it.get("exp"), want)
+
+
+def _ge(v: Value | None, want: str) -> bool:
+    return isinstance(v, str) and v >= want
+
+
+def _with_expiry(lease: Lease, expires_us: int) -> tuple[Any, ...]:
+    return (
+        lease.client_id,
+        lease.pool_id,
+        lease.key,
+        lease.resource,
+        lease.region,
+        expires_us,
+        lease.version,
+        lease.acquired_us,
+        lease.token,
+    )
+
+
+def _error_of(*results: WriteResult) -> RasdError | None:
+    return next((r.error for r in results if r.error is not None), None)

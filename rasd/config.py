@@ -12,7 +12,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lease import REGION_RE
+from .decide import Rules
+from .lease import REGION_RE, US
 
 
 class ConfigError(ValueError):
@@ -43,10 +44,20 @@ class Config:
     #: Refresh-ahead: extend a sliding lease when its time left is below this fraction of the
     #: duration asked for. 0.5 with "now + 1h" means about one write per key per 30 minutes.
     extend_fraction: float = 0.5
-    #: How long a daemon holds the per-key acquisition lock (keeps two daemons of one region
-    #: from claiming two resources for one new key). Longer than an acquisition, short enough
-    #: that a crashed daemon blocks a key only briefly.
-    acq_lock_hold: float = 3.0
+    #: S: a cached answer is served at most this long after the daemon last confirmed it (its
+    #: own write, or a strongly consistent read). Busy keys are re-confirmed in the background
+    #: after S/2, one read per key per host; cached leases survive a DynamoDB outage this long.
+    confirm_interval: float = 30.0
+    #: Bound on the clock difference between any two hosts (daemons and jobs). The liberator's
+    #: --grace must be at least this; quarantines include it.
+    max_clock_skew: float = 2.0
+    #: Bound on global-table replication lag, for another region's lease served from our
+    #: replica; quarantines include it (docs/design.md, I1 across regions).
+    replication_lag: float = 25.0
+    #: A pending mapping younger than this is left to its acquirer: other daemons wait for it
+    #: instead of fencing it. Longer than an acquisition, short enough that a crashed acquirer
+    #: blocks a key only briefly.
+    pending_hold: float = 2.0
 
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most.
@@ -113,6 +124,12 @@ class Config:
             problems.append("extend_fraction: must be between 0 and 1")
         if self.skew_margin < 0:
             problems.append("skew_margin: must be >= 0")
+        if self.confirm_interval <= 0:
+            problems.append("confirm_interval: must be > 0")
+        if self.max_clock_skew < 0 or self.replication_lag < 0:
+            problems.append("max_clock_skew/replication_lag: must be >= 0")
+        if self.pending_hold <= 0:
+            problems.append("pending_hold: must be > 0")
         if not 1 <= self.prefetch_min <= self.prefetch_max:
             problems.append("prefetch_min/prefetch_max: need 1 <= min <= max")
         if self.default_deadline <= 0:
@@ -128,6 +145,22 @@ class Config:
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         return self
+
+    @property
+    def quarantine(self) -> float:
+        """Q: how long every early free keeps a resource unclaimable. Q >= S + skew (+ lag
+        for leases served across regions): docs/design.md, I3."""
+        return self.confirm_interval + self.max_clock_skew + self.replication_lag
+
+    def rules(self) -> Rules:
+        """The protocol's time bounds (rasd.decide), derived here and nowhere else."""
+        return Rules(
+            margin_us=int(self.skew_margin * US),
+            grace_us=int(self.max_clock_skew * US),
+            pending_hold_us=int(self.pending_hold * US),
+            quarantine_us=int(self.quarantine * US),
+            confirm_us=int(self.confirm_interval * US),
+        )
 
     def public(self) -> dict[str, Any]:
         """The effective config for printing (no secrets live here: AWS creds come from boto)."""

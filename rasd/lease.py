@@ -1,20 +1,24 @@
-"""Lease rules and the DynamoDB writes they make. Pure: no I/O, time is always passed in.
+"""Lease items, their rules and every write made to them. Pure: no I/O, time passed in.
 
-Theory of operation
--------------------
-A resource item moves between two sparse indexes (see docs/schema.md):
+Theory of operation (the argument is in docs/design.md, "Invariants")
+---------------------------------------------------------------------
+Two kinds of item carry a lease (docs/schema.md):
 
-* free:   ``lease_available`` set, ``key``/``lease_expires`` absent -> in ``available_resources``
-* leased: ``key``/``lease_expires`` set, ``lease_available`` absent -> in ``leased_resources``
+* the **resource item** R (``client_id``, ``resource``): free (``lease_available`` set: since
+  when it may be claimed) or held (``key``, ``lease_expires``, ``holder``: the token of the
+  acquisition that claimed it, ``mver``: the mapping version that acquisition wrote);
+* the **mapping item** M (``#map#{client}#{pool}#{key}``, region): which resource the key
+  holds in that region. ``state`` is ``pending`` (an acquisition is under way: ``token`` and
+  ``res`` name its claim, ``rver`` the resource version the claim was conditioned on),
+  ``live`` (the claim is known to have landed) or ``free``. ``ver`` grows on every write.
 
-Every write is an UpdateItem conditional on the ``version`` that was read (and on the region
-being the writer's own), and increments ``version``. A failed condition is a lost race, a
-normal outcome that the caller handles by reading again or trying the next candidate.
+The truth for "which resource does key k hold in region X" is M(k, X), read with a strongly
+consistent read; never an index. A lease exists exactly when M names ``(token, resource)`` and
+R is held by that same token. Writes keep M's expiry at or below R's (R is extended first),
+and every free that happens before a lease's end keeps R unclaimable for a quarantine.
 
-The functions here build those UpdateItem requests (without ``TableName``) and decide the
-rules: is a lease expired, should a sliding ``lease_expires`` trigger an extension, which of
-several items holding one key is the real one. The daemon (``rasd.acquire``) and the jobs
-(``rasd_jobs``) call them, and the unit tests drive them without DynamoDB.
+Every write is a :class:`rasd.writes.Write` (conditions as data): the daemon renders it for
+DynamoDB, the protocol checker (``check/``) applies it to its model of the table.
 
 All times are integers: microseconds since the epoch, UTC. On the table they are fixed-width
 ISO-8601 strings ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` so string order is time order.
@@ -28,13 +32,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .writes import Cond, ItemKey, Value, Write, item_from_av
+
 US = 1_000_000
 PARTITIONS = 10
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 
 #: client_id and pool_id: no dots (they separate the ``partition`` fields), no '#' (reserved
-#: for the table's meta items), short enough to keep keys small.
+#: for the table's meta and mapping items), short enough to keep keys small.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 REGION_RE = re.compile(r"^[a-z0-9-]{1,32}$")
 MAX_KEY_LEN = 512
@@ -44,10 +50,17 @@ MAX_RESOURCE_LEN = 1024
 #: '#' is not allowed in a client_id, so a meta item can never collide with a resource, and
 #: meta items carry neither ``key`` nor ``partition``, so they appear in no index.
 META_CLIENT = "#meta"
-ACQ_PREFIX = "#acq#"
+#: Partition key prefix of mapping items: ``#map#{client_id}#{pool_id}#{key}``. Mapping items
+#: have no ``key``, ``pool_id``, ``partition`` or ``lease_available`` attribute: no index.
+MAP_PREFIX = "#map#"
+#: Mapping items are reaped by DynamoDB's TTL this long after their lease ends or is freed;
+#: far longer than any request can stay in flight (a signed request is refused after minutes).
+MAP_TTL_S = 24 * 3600
 
 Item = dict[str, dict[str, Any]]  # DynamoDB low-level attribute map
 Update = dict[str, Any]  # UpdateItem keyword arguments, without TableName
+
+PENDING, LIVE, FREE = "pending", "live", "free"
 
 
 # --------------------------------------------------------------------------------------- time
@@ -85,12 +98,9 @@ def pool_meta_key(client_id: str, pool_id: str) -> Item:
     return {"client_id": {"S": META_CLIENT}, "resource": {"S": f"pool#{client_id}#{pool_id}"}}
 
 
-def acq_key(client_id: str, pool_id: str, region: str, key: str) -> Item:
-    """Key of the short-lived acquisition lock item for (client, pool, region, key)."""
-    return {
-        "client_id": {"S": f"{ACQ_PREFIX}{client_id}#{pool_id}#{region}"},
-        "resource": {"S": key},
-    }
+def map_pk(client_id: str, pool_id: str, key: str) -> str:
+    """Partition key of a key's mapping items (one item per region under it)."""
+    return f"{MAP_PREFIX}{client_id}#{pool_id}#{key}"
 
 
 # ---------------------------------------------------------------------------------- types
@@ -115,21 +125,61 @@ class ResourceItem:
     lease_expires_us: int | None = None
     lease_available: str | None = None
     lease_acquired_us: int | None = None
-    #: the daemon that made the current claim (see acquire.py: a claim made alongside a lock
-    #: its daemon lost is not a lease)
-    claimed_by: str | None = None
+    #: token of the acquisition holding it, and the mapping version that acquisition wrote
+    holder: str | None = None
+    mver: int = 0
 
     @property
     def leased(self) -> bool:
         return self.key is not None
 
+    @property
+    def ident(self) -> ItemKey:
+        return (self.client_id, self.resource)
+
     def expired(self, now_us: int) -> bool:
         return self.lease_expires_us is not None and self.lease_expires_us <= now_us
+
+    def claimable(self, now_us: int) -> bool:
+        """Free, and out of any quarantine, by ``now_us``."""
+        return (
+            self.key is None
+            and self.lease_available is not None
+            and self.lease_available <= fmt_time(now_us)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """A key's mapping item in one region (see the module docstring)."""
+
+    client_id: str
+    pool_id: str
+    key: str
+    region: str
+    ver: int
+    state: str
+    token: str | None = None
+    resource: str | None = None
+    rver: int = 0
+    expires_us: int | None = None
+    since_us: int = 0
+    owner: str | None = None
+
+    @property
+    def ident(self) -> ItemKey:
+        return (map_pk(self.client_id, self.pool_id, self.key), self.region)
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A key's lease as the daemon knows it."""
+    """A key's lease as the daemon serves it.
+
+    ``version`` is the resource item's version when this lease was claimed: a later holder of
+    the same resource always has a greater one, so apps can use it as a fencing token.
+    ``token`` names the acquisition (the resource's ``holder``); None for a lease the daemon
+    did not confirm by token (never the case for leases of its own region).
+    """
 
     client_id: str
     pool_id: str
@@ -139,36 +189,81 @@ class Lease:
     expires_us: int
     version: int
     acquired_us: int = 0
+    token: str | None = None
 
     def remaining_us(self, now_us: int) -> int:
         return self.expires_us - now_us
 
 
-def item_from_ddb(item: Item) -> ResourceItem:
-    def s(name: str) -> str | None:
-        v = item.get(name)
-        return v["S"] if v is not None else None
+def _s(d: dict[str, Value], name: str) -> str | None:
+    v = d.get(name)
+    return v if isinstance(v, str) else None
 
-    exp = s("lease_expires")
-    acq = s("lease_acquired")
+
+def _n(d: dict[str, Value], name: str) -> int:
+    v = d.get(name)
+    return v if isinstance(v, int) else 0
+
+
+def resource_from(d: dict[str, Value]) -> ResourceItem:
+    """A resource item from its plain-dict form (``rasd.writes.item_from_av``)."""
+    exp = _s(d, "lease_expires")
+    acq = _s(d, "lease_acquired")
     return ResourceItem(
-        client_id=item["client_id"]["S"],
-        resource=item["resource"]["S"],
-        pool_id=s("pool_id") or "",
-        region=s("region") or "",
-        partition=s("partition") or "",
-        version=int(item.get("version", {"N": "0"})["N"]),
-        key=s("key"),
+        client_id=str(d["client_id"]),
+        resource=str(d["resource"]),
+        pool_id=_s(d, "pool_id") or "",
+        region=_s(d, "region") or "",
+        partition=_s(d, "partition") or "",
+        version=_n(d, "version"),
+        key=_s(d, "key"),
         lease_expires_us=parse_time(exp) if exp else None,
-        lease_available=s("lease_available"),
+        lease_available=_s(d, "lease_available"),
         lease_acquired_us=parse_time(acq) if acq else None,
-        claimed_by=s("claimed_by"),
+        holder=_s(d, "holder"),
+        mver=_n(d, "mver"),
     )
 
 
+def item_from_ddb(item: Item) -> ResourceItem:
+    return resource_from(item_from_av(item))
+
+
+def is_mapping_pk(pk: str) -> bool:
+    return pk.startswith(MAP_PREFIX)
+
+
+def mapping_from(d: dict[str, Value]) -> Mapping:
+    """A mapping item from its plain-dict form."""
+    pk = str(d["client_id"])
+    if not pk.startswith(MAP_PREFIX):
+        raise ValueError(f"not a mapping item: {pk!r}")
+    client_id, pool_id, key = pk[len(MAP_PREFIX) :].split("#", 2)
+    exp = _s(d, "exp")
+    since = _s(d, "since")
+    return Mapping(
+        client_id=client_id,
+        pool_id=pool_id,
+        key=key,
+        region=str(d["resource"]),
+        ver=_n(d, "ver"),
+        state=_s(d, "state") or FREE,
+        token=_s(d, "token"),
+        resource=_s(d, "res"),
+        rver=_n(d, "rver"),
+        expires_us=parse_time(exp) if exp else None,
+        since_us=parse_time(since) if since else 0,
+        owner=_s(d, "owner"),
+    )
+
+
+def mapping_from_ddb(item: Item) -> Mapping:
+    return mapping_from(item_from_av(item))
+
+
 def lease_from_item(item: ResourceItem) -> Lease:
+    """The lease a held resource item stands for (jobs; tests)."""
     assert item.key is not None and item.lease_expires_us is not None
-    # client, pool and region repeat across every cached lease: share one string each.
     return Lease(
         client_id=sys.intern(item.client_id),
         pool_id=sys.intern(item.pool_id),
@@ -178,6 +273,24 @@ def lease_from_item(item: ResourceItem) -> Lease:
         expires_us=item.lease_expires_us,
         version=item.version,
         acquired_us=item.lease_acquired_us or 0,
+        token=item.holder,
+    )
+
+
+def lease_from_mapping(m: Mapping) -> Lease:
+    """The lease a live (or verified pending) mapping names."""
+    assert m.resource is not None and m.expires_us is not None
+    # client, pool and region repeat across every cached lease: share one string each.
+    return Lease(
+        client_id=sys.intern(m.client_id),
+        pool_id=sys.intern(m.pool_id),
+        key=m.key,
+        resource=m.resource,
+        region=sys.intern(m.region),
+        expires_us=m.expires_us,
+        version=m.rver + 1,
+        acquired_us=m.since_us,
+        token=m.token,
     )
 
 
@@ -206,11 +319,6 @@ def check_expiry(requested_us: int, now_us: int, max_lease_us: int) -> str | Non
     return None
 
 
-def cache_until(expires_us: int, skew_margin_us: int) -> int:
-    """A cached lease is served only until its end minus the clock-skew margin."""
-    return expires_us - skew_margin_us
-
-
 def should_extend(lease: Lease, requested_us: int, now_us: int, fraction: float) -> bool:
     """Refresh-ahead rule for sliding ``lease_expires``.
 
@@ -223,216 +331,254 @@ def should_extend(lease: Lease, requested_us: int, now_us: int, fraction: float)
     return lease.remaining_us(now_us) < fraction * (requested_us - now_us)
 
 
-def pick(items: list[ResourceItem]) -> ResourceItem | None:
-    """The one item that stands for a key when several hold it (duplicates from races).
+def pick_mapping(ms: list[Mapping]) -> Mapping | None:
+    """The one mapping that stands for a key when several regions hold it (a cross-region
+    race). Earliest acquisition wins, then region, then resource: the choice ``ras-dedupe``
+    makes, so every daemon in every region converges on the lease that survives clean-up."""
+    if not ms:
+        return None
+    return min(ms, key=lambda m: (m.since_us, m.region, m.resource or ""))
 
-    Earliest claim wins, then the smaller resource: the same choice ``ras-dedupe`` makes, so
-    every daemon in every region converges on the resource that survives the clean-up.
-    """
+
+def pick(items: list[ResourceItem]) -> ResourceItem | None:
+    """The same choice as :func:`pick_mapping`, among resource items (``ras-dedupe``)."""
     if not items:
         return None
     return min(items, key=lambda it: (it.lease_acquired_us or 0, it.region, it.resource))
 
 
-# ------------------------------------------------------------------------------- writes
-_NAMES_ALL = {"#k": "key", "#r": "region", "#p": "partition"}
-
-
-def _key(client_id: str, resource: str) -> Item:
-    return {"client_id": {"S": client_id}, "resource": {"S": resource}}
+# ------------------------------------------------------------------ writes: resource item
+_HELD_ATTRS = ("key", "lease_expires", "lease_acquired", "holder", "mver")
 
 
 def claim(
-    item: ResourceItem, key: str, expires_us: int, now_us: int, region: str, owner: str = ""
-) -> Update:
-    """Take a free item: requires the version read, that it is free, and our region.
-    ``owner`` (the claiming daemon) is recorded as ``claimed_by``."""
-    upd: Update = {
-        "Key": _key(item.client_id, item.resource),
-        "UpdateExpression": (
-            "SET #k = :key, lease_expires = :exp, lease_acquired = :now, version = :nv "
-            "REMOVE lease_available, claimed_by"
+    item: ResourceItem, key: str, expires_us: int, now_us: int, token: str, mver: int
+) -> Write:
+    """Take a free item for ``key``: the version read, free, out of quarantine, our region.
+    Records the acquisition's ``token`` and the mapping version ``mver`` it wrote."""
+    return Write(
+        key=item.ident,
+        conds=(
+            Cond("version", "=", item.version),
+            Cond("lease_available", "exists"),
+            Cond("lease_available", "<=", fmt_time(now_us)),
+            Cond("region", "=", item.region),
         ),
-        "ConditionExpression": (
-            "version = :v AND attribute_exists(lease_available) AND #r = :region"
+        set=(
+            ("key", key),
+            ("lease_expires", fmt_time(expires_us)),
+            ("lease_acquired", fmt_time(now_us)),
+            ("holder", token),
+            ("mver", mver),
+            ("version", item.version + 1),
         ),
-        "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
-        "ExpressionAttributeValues": {
-            ":key": {"S": key},
-            ":exp": {"S": fmt_time(expires_us)},
-            ":now": {"S": fmt_time(now_us)},
-            ":v": {"N": str(item.version)},
-            ":nv": {"N": str(item.version + 1)},
-            ":region": {"S": region},
-        },
-    }
-    if owner:
-        upd["UpdateExpression"] = (
-            "SET #k = :key, lease_expires = :exp, lease_acquired = :now, version = :nv, "
-            "claimed_by = :owner REMOVE lease_available"
-        )
-        upd["ExpressionAttributeValues"][":owner"] = {"S": owner}
-    return upd
+        remove=("lease_available",),
+        kind="claim",
+    )
 
 
-def claim_verdict(item: ResourceItem, lock: Item | None, now_us: int, fresh_us: int) -> bool | None:
-    """Is ``item``'s claim a lease, given the key's acquisition lock as read with it?
-
-    A daemon sends its claim together with the per-key lock and gives the claim back if it
-    loses the lock; until then the claim is visible but is not a lease. True: it is a lease
-    (not fresh, no claimant recorded, or its claimant holds the lock). False: another daemon
-    holds the lock, so this claim is being given back. None: undecided, the claimant's lock
-    write has not landed yet; read again. A claim older than ``fresh_us`` is trusted.
-    """
-    if item.claimed_by is None or (item.lease_acquired_us or 0) < now_us - fresh_us:
-        return True
-    owner = lock.get("lock_owner", {}).get("S") if lock else None
-    if owner == item.claimed_by:
-        return True
-    until = lock.get("lock_expires", {}).get("S") if lock else None
-    if owner is not None and until is not None and parse_time(until) >= now_us:
-        return False
-    return None
+def fence_resource(ident: ItemKey, version: int) -> Write:
+    """Bump a resource item's version if it is still ``version``: afterwards no write that was
+    conditioned on ``version`` (a claim still in flight) can ever apply."""
+    return Write(
+        key=ident,
+        conds=(Cond("version", "=", version),),
+        set=(("version", version + 1),),
+        kind="fence_resource",
+    )
 
 
-def relet(lease: Lease, expires_us: int, now_us: int, region: str) -> Update:
-    """Re-lease an expired, not yet liberated item to the same key it holds."""
-    return {
-        "Key": _key(lease.client_id, lease.resource),
-        "UpdateExpression": "SET lease_expires = :exp, lease_acquired = :now, version = :nv",
-        "ConditionExpression": "version = :v AND #k = :key AND #r = :region",
-        "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
-        "ExpressionAttributeValues": {
-            ":key": {"S": lease.key},
-            ":exp": {"S": fmt_time(expires_us)},
-            ":now": {"S": fmt_time(now_us)},
-            ":v": {"N": str(lease.version)},
-            ":nv": {"N": str(lease.version + 1)},
-            ":region": {"S": region},
-        },
-    }
+def free_claim(ident: ItemKey, key: str, token: str, now_us: int, available_us: int) -> Write:
+    """Free a claim held by ``token``: claimable again from ``available_us`` on. A claim that
+    no mapping ever named (a lost acquisition's) may use ``now``; a lease that may have been
+    served gets ``now + quarantine`` (see docs/design.md, I3)."""
+    assert available_us >= now_us
+    return Write(
+        key=ident,
+        conds=(Cond("holder", "=", token), Cond("key", "=", key)),
+        set=(("lease_available", fmt_time(available_us)),),
+        remove=_HELD_ATTRS,
+        incr=("version",),
+        kind="free_claim",
+    )
 
 
-def extend(lease: Lease, expires_us: int, region: str) -> Update:
-    """Push ``lease_expires`` later. Conditional on version, key and region; never shortens."""
-    return {
-        "Key": _key(lease.client_id, lease.resource),
-        "UpdateExpression": "SET lease_expires = :exp, version = :nv",
-        "ConditionExpression": (
-            "version = :v AND #k = :key AND #r = :region AND lease_expires < :exp"
+def extend_resource(lease: Lease, expires_us: int) -> Write:
+    """Push the resource's ``lease_expires`` later; only while ``lease.token`` holds it."""
+    assert lease.token is not None
+    return Write(
+        key=(lease.client_id, lease.resource),
+        conds=(
+            Cond("holder", "=", lease.token),
+            Cond("key", "=", lease.key),
+            Cond("region", "=", lease.region),
+            Cond("lease_expires", "<", fmt_time(expires_us)),
         ),
-        "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
-        "ExpressionAttributeValues": {
-            ":key": {"S": lease.key},
-            ":exp": {"S": fmt_time(expires_us)},
-            ":v": {"N": str(lease.version)},
-            ":nv": {"N": str(lease.version + 1)},
-            ":region": {"S": region},
-        },
-    }
+        set=(("lease_expires", fmt_time(expires_us)),),
+        incr=("version",),
+        kind="extend_resource",
+    )
 
 
-def release(lease: Lease, now_us: int, region: str) -> Update:
-    """Make the item free again (``lease_available`` = now); conditional on version and key."""
-    return {
-        "Key": _key(lease.client_id, lease.resource),
-        "UpdateExpression": (
-            "SET lease_available = :now, version = :nv "
-            "REMOVE #k, lease_expires, lease_acquired, claimed_by"
-        ),
-        "ConditionExpression": "version = :v AND #k = :key AND #r = :region",
-        "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
-        "ExpressionAttributeValues": {
-            ":key": {"S": lease.key},
-            ":now": {"S": fmt_time(now_us)},
-            ":v": {"N": str(lease.version)},
-            ":nv": {"N": str(lease.version + 1)},
-            ":region": {"S": region},
-        },
-    }
-
-
-def liberate(item: ResourceItem, now_us: int) -> Update:
-    """Free an expired lease (the liberator). Conditional on version AND the expiry it read,
-    so a lease extended in the meantime is left alone. Only for the item's own region."""
+def liberate(item: ResourceItem, now_us: int) -> Write:
+    """Free an expired lease (the liberator). Conditional on the version and expiry read (from
+    the index, perhaps stale: the conditions are checked on the item itself), so a lease
+    extended since is left alone. Claimable at once: its end has passed."""
     assert item.key is not None and item.lease_expires_us is not None
-    return {
-        "Key": _key(item.client_id, item.resource),
-        "UpdateExpression": (
-            "SET lease_available = :now, version = :nv "
-            "REMOVE #k, lease_expires, lease_acquired, claimed_by"
+    return Write(
+        key=item.ident,
+        conds=(
+            Cond("version", "=", item.version),
+            Cond("lease_expires", "=", fmt_time(item.lease_expires_us)),
+            Cond("region", "=", item.region),
         ),
-        "ConditionExpression": "version = :v AND lease_expires = :exp AND #r = :region",
-        "ExpressionAttributeNames": {"#k": "key", "#r": "region"},
-        "ExpressionAttributeValues": {
-            ":now": {"S": fmt_time(now_us)},
-            ":exp": {"S": fmt_time(item.lease_expires_us)},
-            ":v": {"N": str(item.version)},
-            ":nv": {"N": str(item.version + 1)},
-            ":region": {"S": item.region},
-        },
-    }
+        set=(("lease_available", fmt_time(now_us)), ("version", item.version + 1)),
+        remove=_HELD_ATTRS,
+        kind="liberate",
+    )
 
 
-def move(item: ResourceItem, to_region: str) -> Update:
-    """Move a FREE item to another region (the balancer). Never touches a leased item."""
-    return {
-        "Key": _key(item.client_id, item.resource),
-        "UpdateExpression": "SET #r = :to, #p = :part, version = :nv",
-        "ConditionExpression": (
-            "version = :v AND #r = :from AND attribute_exists(lease_available) "
-            "AND attribute_not_exists(#k)"
+def free_orphan(item: ResourceItem, now_us: int, quarantine_us: int) -> Write:
+    """Free a held resource no mapping names (a crash left it): with quarantine, since it may
+    have been served before the crash."""
+    assert item.holder is not None
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version), Cond("holder", "=", item.holder)),
+        set=(
+            ("lease_available", fmt_time(now_us + quarantine_us)),
+            ("version", item.version + 1),
         ),
-        "ExpressionAttributeNames": dict(_NAMES_ALL),
-        "ExpressionAttributeValues": {
-            ":to": {"S": to_region},
-            ":from": {"S": item.region},
-            ":part": {
-                "S": partition_name(
+        remove=_HELD_ATTRS,
+        kind="free_orphan",
+    )
+
+
+def move(item: ResourceItem, to_region: str) -> Write:
+    """Move a FREE item to another region (the balancer). Never touches a held item; a
+    quarantined item stays quarantined (``lease_available`` is kept)."""
+    return Write(
+        key=item.ident,
+        conds=(
+            Cond("version", "=", item.version),
+            Cond("region", "=", item.region),
+            Cond("lease_available", "exists"),
+            Cond("key", "not_exists"),
+        ),
+        set=(
+            ("region", to_region),
+            (
+                "partition",
+                partition_name(
                     item.client_id, item.pool_id, to_region, partition_of(item.resource)
-                )
-            },
-            ":v": {"N": str(item.version)},
-            ":nv": {"N": str(item.version + 1)},
-        },
-    }
-
-
-def drop_acq_lock(
-    client_id: str, pool_id: str, region: str, key: str, owner: str, now_us: int
-) -> Update:
-    """Expire our acquisition lock at once (after a release), so the key can be re-acquired."""
-    return {
-        "Key": acq_key(client_id, pool_id, region, key),
-        "UpdateExpression": "SET lock_expires = :now",
-        "ConditionExpression": "lock_owner = :owner",
-        "ExpressionAttributeValues": {":owner": {"S": owner}, ":now": {"S": fmt_time(now_us)}},
-    }
-
-
-def take_acq_lock(
-    client_id: str, pool_id: str, region: str, key: str, owner: str, now_us: int, hold_us: int
-) -> Update:
-    """Short lock that makes one daemon per region the acquirer of a new key.
-
-    Without it two daemons that both miss a brand-new key would each claim a resource for it.
-    The lock expires by itself (``lock_expires``), so a crashed acquirer blocks nobody for
-    long; ``ttl`` lets DynamoDB's TTL reap the item later.
-    """
-    return {
-        "Key": acq_key(client_id, pool_id, region, key),
-        "UpdateExpression": "SET lock_owner = :owner, lock_expires = :until, #ttl = :ttl",
-        "ConditionExpression": (
-            "attribute_not_exists(lock_expires) OR lock_expires < :now OR lock_owner = :owner"
+                ),
+            ),
+            ("version", item.version + 1),
         ),
-        "ExpressionAttributeNames": {"#ttl": "ttl"},
-        "ExpressionAttributeValues": {
-            ":owner": {"S": owner},
-            ":until": {"S": fmt_time(now_us + hold_us)},
-            ":now": {"S": fmt_time(now_us)},
-            ":ttl": {"N": str((now_us + hold_us) // US + 3600)},
-        },
-    }
+        kind="move",
+    )
+
+
+# ------------------------------------------------------------------- writes: mapping item
+def _ver_is(ver: int) -> Cond:
+    return Cond("ver", "not_exists") if ver == 0 else Cond("ver", "=", ver)
+
+
+def _ttl(until_us: int) -> int:
+    return until_us // US + MAP_TTL_S
+
+
+def map_acquire(
+    ident: ItemKey,
+    expect_ver: int,
+    token: str,
+    resource: str,
+    rver: int,
+    expires_us: int,
+    now_us: int,
+    owner: str,
+) -> Write:
+    """Name our claim in the key's mapping (state ``pending``), if the mapping is still at the
+    version we read (``0``: absent). One acquisition per key and region wins this write."""
+    return Write(
+        key=ident,
+        conds=(_ver_is(expect_ver),),
+        set=(
+            ("state", PENDING),
+            ("token", token),
+            ("res", resource),
+            ("rver", rver),
+            ("exp", fmt_time(expires_us)),
+            ("since", fmt_time(now_us)),
+            ("owner", owner),
+            ("ttl", _ttl(expires_us)),
+            ("ver", expect_ver + 1),
+        ),
+        kind="map_acquire",
+    )
+
+
+def map_confirm(m: Mapping) -> Write:
+    """``pending`` -> ``live`` once the named claim is known to have landed."""
+    assert m.token is not None
+    return Write(
+        key=m.ident,
+        conds=(Cond("ver", "=", m.ver), Cond("token", "=", m.token), Cond("state", "=", PENDING)),
+        set=(("state", LIVE), ("ver", m.ver + 1)),
+        kind="map_confirm",
+    )
+
+
+def map_extend(lease: Lease, expires_us: int) -> Write:
+    """Push the mapping's ``exp`` later (after the resource's: M.exp <= R.exp always)."""
+    assert lease.token is not None
+    return Write(
+        key=(map_pk(lease.client_id, lease.pool_id, lease.key), lease.region),
+        conds=(
+            Cond("token", "=", lease.token),
+            Cond("res", "=", lease.resource),
+            Cond("exp", "<", fmt_time(expires_us)),
+        ),
+        set=(("exp", fmt_time(expires_us)), ("state", LIVE), ("ttl", _ttl(expires_us))),
+        incr=("ver",),
+        kind="map_extend",
+    )
+
+
+def map_release(ident: ItemKey, token: str, now_us: int) -> Write:
+    """The key no longer holds what ``token`` claimed: mapping -> ``free``."""
+    return Write(
+        key=ident,
+        conds=(Cond("token", "=", token),),
+        set=(("state", FREE), ("ttl", _ttl(now_us))),
+        remove=("token", "res", "rver", "exp", "owner"),
+        incr=("ver",),
+        kind="map_release",
+    )
+
+
+def map_fence(ident: ItemKey, ver: int, now_us: int) -> Write:
+    """Move a mapping past version ``ver`` (creating it, free, when ``ver`` is 0) so that no
+    write conditioned on ``ver`` (an acquisition still in flight) can ever apply."""
+    if ver == 0:
+        return Write(
+            key=ident,
+            conds=(_ver_is(0),),
+            set=(("state", FREE), ("ver", 1), ("ttl", _ttl(now_us))),
+            kind="map_fence",
+        )
+    return Write(key=ident, conds=(_ver_is(ver),), set=(("ver", ver + 1),), kind="map_fence")
+
+
+def map_drop_dead(m: Mapping, now_us: int) -> Write:
+    """Free a pending mapping whose claim is known never to land (checked and fenced)."""
+    return Write(
+        key=m.ident,
+        conds=(_ver_is(m.ver),),
+        set=(("state", FREE), ("ver", m.ver + 1), ("ttl", _ttl(now_us))),
+        remove=("token", "res", "rver", "exp", "owner"),
+        kind="map_drop_dead",
+    )
 
 
 # ------------------------------------------------------------------ unmet demand (misses)

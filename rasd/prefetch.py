@@ -16,9 +16,12 @@ Sizing: the buffer tracks demand as an EWMA of takes per second and keeps about
 the background when it falls below half of that. Candidates older than ``candidate_max_age``
 are dropped: by then another daemon has likely taken them.
 
+Only items claimable now are kept: an early free (release, give-back, dedupe) sets
+``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
+conditional on ``lease_available <= now``.
+
 When a sweep of all ten sub-partitions finds nothing, the pool is marked exhausted for
 ``exhausted_backoff`` seconds and NO_CAPACITY is answered without reading DynamoDB at all.
-A release by this daemon clears the mark (and its item becomes a candidate at once).
 
 ``Prefetcher`` does the I/O around the buffers.
 """
@@ -103,11 +106,6 @@ class CandidateBuffer:
         for it in fresh:
             self.q.append(Candidate(it, now))
         return len(fresh)
-
-    def give_back(self, item: ResourceItem, now: float) -> None:
-        """An item this daemon just freed: the best candidate there is."""
-        self.q.appendleft(Candidate(item, now))
-        self.exhausted_until = 0.0
 
     def learn_span(self, n: int, items: list[ResourceItem]) -> None:
         times = [parse_time(it.lease_available) for it in items if it.lease_available]
@@ -204,9 +202,6 @@ class Prefetcher:
             self._start_refill(pool, self.buffer(pool))
         await self.idle(timeout)
 
-    def give_back(self, pool: Pool, item: ResourceItem) -> None:
-        self.buffer(pool).give_back(item, self.clock.mono())
-
     # -- I/O -----------------------------------------------------------------------------
     def _start_refill(self, pool: Pool, buf: CandidateBuffer) -> None:
         k = (pool.client_id, pool.pool_id)
@@ -242,8 +237,12 @@ class Prefetcher:
         items = await self.store.query_available(
             part, self.cfg.prefetch_page, forward, deadline, start=start
         )
-        if not items and start is not None:  # nothing past the random start: read the head
-            items = await self.store.query_available(part, self.cfg.prefetch_page, True, deadline)
         buf.learn_span(n, items)
+        items = [it for it in items if it.claimable(self.clock.now_us())]
+        if not items and (start is not None or not forward):
+            # Nothing claimable past the random start, or only quarantined items at the tail
+            # (early frees are claimable from a future ``lease_available``): read the head.
+            items = await self.store.query_available(part, self.cfg.prefetch_page, True, deadline)
+            items = [it for it in items if it.claimable(self.clock.now_us())]
         buf.add(items, self.clock.mono())
         return bool(items)

@@ -1,10 +1,17 @@
 """The only module of the daemon that talks to DynamoDB (through one long-lived aioboto3 client).
 
-Uses GetItem, Query, UpdateItem and BatchWriteItem only. A failed condition is a lost race and
-comes back as ``None``; throttling, 5xx and network errors are retried with full-jitter backoff
-inside the request's deadline and then raise ``Unavailable``. Every call is counted by
-operation in ``counters`` (``ddb.Query``, ``ddb.UpdateItem``...), which is how the tests prove
-that a cache hit made no DynamoDB call.
+Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
+engine serves them). Throttling, 5xx and network errors are retried with full-jitter backoff
+inside the request's deadline. Every call is counted by operation in ``counters``
+(``ddb.Query``, ``ddb.UpdateItem``...), which is how the tests prove that a cache hit made no
+DynamoDB call.
+
+Writes (``write``) never guess (docs/design.md, I4): each returns an ``Outcome``. APPLIED
+carries the item as written. REJECTED means the write did not and will not apply: its
+condition failed (a lost race, a normal value), or nothing that could apply was ever sent.
+UNKNOWN means an attempt may have applied (a timeout, a lost reply, a 5xx) and no read-back
+could tell before the deadline. Each attempt gets at most ATTEMPT_SHARE of the time left, so
+an attempt that hangs leaves time for a retry or a read-back within the request's deadline.
 """
 
 from __future__ import annotations
@@ -14,26 +21,37 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aioboto3
 import structlog
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+)
 
 from .config import Config
-from .errors import Timeout, Unavailable
+from .decide import Outcome
+from .errors import RasdError, Timeout, Unavailable
 from .lease import (
     META_CLIENT,
     Item,
+    Mapping,
     Pool,
     ResourceItem,
     Update,
     item_from_ddb,
+    map_pk,
+    mapping_from,
     pool_meta_key,
 )
 from .limits import CircuitBreaker
 from .metrics import Counters
+from .writes import ItemKey, Value, Write, item_from_av, key_av, render
 
 log = structlog.get_logger("rasd.store")
 
@@ -55,6 +73,19 @@ THROTTLES = frozenset(
 )
 BACKOFF_BASE = 0.01
 BACKOFF_CAP = 0.25
+#: An attempt may use at most this share of the time left before the deadline (all of it when
+#: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
+ATTEMPT_SHARE = 0.6
+MIN_ATTEMPT = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    outcome: Outcome
+    #: the item as written (APPLIED), as a plain dict (``rasd.writes.item_from_av``)
+    item: dict[str, Value] | None = None
+    #: why the outcome is not APPLIED, when an error (not a condition) decided it
+    error: RasdError | None = None
 
 
 class Store:
@@ -131,8 +162,9 @@ class Store:
                     retry_after=round(breaker.retry_after(now), 3),
                 )
             self.counters.inc(f"ddb.{op}")
+            budget = left if left < MIN_ATTEMPT else max(MIN_ATTEMPT, left * ATTEMPT_SHARE)
             try:
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(budget):
                     resp: dict[str, Any] = await method(TableName=self.table, **kw)
                 breaker.record_success(time.monotonic())
                 return resp
@@ -157,15 +189,21 @@ class Store:
             except TimeoutError:
                 breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.timeouts")
-                raise Timeout(f"DynamoDB {op}: no answer within the deadline") from None
+                if ambiguous is not None:
+                    ambiguous.append(True)  # sent, no answer: the write may have landed
+                if time.monotonic() >= deadline - 0.001:
+                    raise Timeout(f"DynamoDB {op}: no answer within the deadline") from None
+                reason = "timeout"
             except (BotoCoreError, OSError) as exc:
                 breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.errors")
-                if ambiguous is not None:
+                if ambiguous is not None and not isinstance(exc, _NOT_SENT):
                     ambiguous.append(True)  # e.g. a read timeout: the write may have landed
                 reason = type(exc).__name__
             sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
             if time.monotonic() + sleep >= deadline:
+                if reason == "timeout":
+                    raise Timeout(f"DynamoDB {op}: no answer within the deadline")
                 raise Unavailable(f"DynamoDB {op}: {reason}, no time left to retry")
             log.debug("ddb_retry", op=op, reason=reason, attempt=attempt, sleep=sleep)
             await asyncio.sleep(sleep)
@@ -192,21 +230,27 @@ class Store:
         item = resp.get("Item")
         return _pool_from(item) if item else None
 
-    async def query_key(
+    async def query_mappings(
         self, client_id: str, pool_id: str, key: str, deadline: float
-    ) -> list[ResourceItem]:
-        """Items holding ``key`` in the pool, every region (``leased_resources`` index)."""
+    ) -> list[Mapping]:
+        """The key's mapping items, one per region: a strongly consistent Query of one
+        partition (our region's item is exact; other regions' are replicated copies)."""
         resp = await self._call(
             "Query",
             deadline,
-            IndexName="leased_resources",
-            KeyConditionExpression="#k = :k AND pool_id = :p",
-            ExpressionAttributeNames={"#k": "key"},
-            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
+            KeyConditionExpression="client_id = :pk",
+            ExpressionAttributeValues={":pk": {"S": map_pk(client_id, pool_id, key)}},
+            ConsistentRead=True,
         )
         assert resp is not None
-        items = [item_from_ddb(it) for it in resp.get("Items", [])]
-        return [it for it in items if it.client_id == client_id]
+        return [mapping_from(item_from_av(it)) for it in resp.get("Items", [])]
+
+    async def get_item(self, key: ItemKey, deadline: float) -> dict[str, Value] | None:
+        """One item, strongly consistent, as a plain dict (None if absent)."""
+        resp = await self._call("GetItem", deadline, Key=key_av(key), ConsistentRead=True)
+        assert resp is not None
+        item = resp.get("Item")
+        return item_from_av(item) if item else None
 
     async def query_available(
         self,
@@ -264,40 +308,44 @@ class Store:
         return item
 
     # --------------------------------------------------------------------------- writes
-    async def update(
+    async def write(
         self,
-        upd: Update,
+        w: Write,
         deadline: float,
-        applied: Callable[[ResourceItem], bool] | None = None,
-    ) -> ResourceItem | None:
-        """A conditional UpdateItem on a resource item: the new item, or None if we lost.
+        mine: Callable[[dict[str, Value]], bool] | None = None,
+    ) -> WriteResult:
+        """One conditional write; never raises for DynamoDB's or the network's failures.
 
-        A retry after a timeout or 5xx may fail its condition because the *first* attempt was
-        applied. When that happened and ``applied`` is given, the item is read back (strongly
-        consistent) and returned if ``applied(item)`` says it carries our write.
+        A retry after an ambiguous attempt may fail its condition because the *first*
+        attempt applied. Then, if ``mine`` is given, the item is read back (strongly
+        consistent) and the write counts as APPLIED when ``mine(item)`` says it carries it.
         """
         ambiguous: list[bool] = []
-        resp = await self._call("UpdateItem", deadline, ambiguous, ReturnValues="ALL_NEW", **upd)
+        try:
+            resp = await self._call(
+                "UpdateItem", deadline, ambiguous, ReturnValues="ALL_NEW", **render(w)
+            )
+        except RasdError as exc:
+            if ambiguous:
+                self.counters.inc("ddb.unknown_writes")
+                return WriteResult(Outcome.UNKNOWN, error=exc)
+            return WriteResult(Outcome.REJECTED, error=exc)  # nothing that could apply was sent
         if resp is not None:
-            return item_from_ddb(resp["Attributes"])
-        if ambiguous and applied is not None:
+            return WriteResult(Outcome.APPLIED, item_from_av(resp["Attributes"]))
+        if ambiguous and mine is not None:
             self.counters.inc("ddb.ambiguous_writes")
-            got = await self._call("GetItem", deadline, Key=upd["Key"], ConsistentRead=True)
-            item = got.get("Item") if got else None
-            if item is not None and applied(current := item_from_ddb(item)):
+            try:
+                cur = await self.get_item(w.key, deadline)
+            except RasdError as exc:
+                self.counters.inc("ddb.unknown_writes")
+                return WriteResult(Outcome.UNKNOWN, error=exc)
+            if cur is not None and mine(cur):
                 self.counters.inc("ddb.ambiguous_applied")
-                return current
-        return None
-
-    async def get_lock(self, key: Item, deadline: float) -> Item | None:
-        """The per-key acquisition lock item, strongly consistent (None if absent)."""
-        resp = await self._call("GetItem", deadline, Key=key, ConsistentRead=True)
-        assert resp is not None
-        item: Item | None = resp.get("Item")
-        return item
+                return WriteResult(Outcome.APPLIED, cur)
+        return WriteResult(Outcome.REJECTED)
 
     async def update_raw(self, upd: Update, deadline: float) -> bool:
-        """A conditional UpdateItem on a non-resource item (locks, counters): did it apply?"""
+        """A conditional UpdateItem on a meta item (miss counters): did it apply?"""
         return await self._call("UpdateItem", deadline, **upd) is not None
 
 
@@ -305,8 +353,9 @@ _METHODS = {
     "GetItem": "get_item",
     "Query": "query",
     "UpdateItem": "update_item",
-    "BatchWriteItem": "batch_write_item",
 }
+#: failures that happen before a request is on the wire: a write that met one did not apply
+_NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
 
 
 def _pool_from(item: Item) -> Pool:

@@ -1,0 +1,301 @@
+"""What to do with what was read: the acquisition protocol's decisions. Pure: no I/O.
+
+Theory of operation
+-------------------
+A daemon resolving ``get_lease(k)`` or ``release(k)`` reads, decides, writes, and reads again
+until a decision ends the request. Every decision is a function here, with time passed in;
+``rasd.acquire`` is the driver that does the I/O a decision asks for, and the protocol checker
+(``check/``) drives the same functions against a model of DynamoDB. The invariants these
+rules keep, and why, are in docs/design.md ("Invariants").
+
+The steps:
+
+1. :func:`on_read` (after one strongly consistent Query of the key's mapping items, one per
+   region): serve a live lease, extend one that is about to end, verify a pending one against
+   its resource item, or acquire.
+2. :func:`on_resource` (a pending mapping and its resource item, read consistently): the claim
+   landed (serve and confirm), is young (wait), may still land (fence it), or never will
+   (take the mapping over).
+3. :func:`after_acquire` (the mapping write and the claim, sent together): won, try the next
+   candidate, give back a claim no mapping names, re-read, or give up without guessing.
+4. :func:`after_extend` and :func:`on_release_read` for sliding leases and early release.
+
+An outcome of a write is ``APPLIED``, ``REJECTED`` (its condition failed: definitive) or
+``UNKNOWN`` (timeout, lost reply, 5xx not resolved by a read-back): nothing is ever decided
+from an unknown outcome except to stop and leave the state for a reader to resolve (I4).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from .lease import FREE, LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
+
+
+class Outcome(enum.Enum):
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The protocol's time bounds, in microseconds (derived from Config in one place)."""
+
+    #: a lease is served only while more than this is left (clock skew between hosts)
+    margin_us: int
+    #: the liberator frees a lease only this long after its end (>= the clock-skew bound)
+    grace_us: int
+    #: a pending mapping younger than this is left to its acquirer (readers wait)
+    pending_hold_us: int
+    #: early frees keep a resource unclaimable this long (>= confirm + skew + replication lag)
+    quarantine_us: int
+    #: a cached answer is served at most this long after it was last confirmed (S)
+    confirm_us: int
+
+
+# ------------------------------------------------------------------------- decisions
+@dataclass(frozen=True, slots=True)
+class Serve:
+    lease: Lease
+    #: a pending mapping just verified: write it ``live`` in the background
+    confirm: Mapping | None = None
+    #: another region's lease: served as it is, never written by this daemon
+    foreign: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Our region's lease is too close to its end to serve: extend it first (R, then M)."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Verify:
+    """A pending mapping: read its resource item (strongly consistent) and ask on_resource."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """No lease in our region: claim a candidate and write the mapping at ``expect_ver``."""
+
+    expect_ver: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResource:
+    """A pending claim may still land: bump the resource's version so it never does."""
+
+    resource: ResourceItem
+
+
+@dataclass(frozen=True, slots=True)
+class DropMapping:
+    """A pending mapping whose claim never landed: free it (conditional on its version)."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class NotHeld:
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    """Free a lease: the mapping first, then the resource with quarantine."""
+
+    lease: Lease
+
+
+Decision = (
+    Serve | Extend | Verify | Acquire | Wait | FenceResource | DropMapping | NotHeld | ReleaseLease
+)
+
+
+# ---------------------------------------------------------------------------- reading
+def servable(m: Mapping, now_us: int, rules: Rules) -> bool:
+    """A live mapping whose lease has more than the margin left."""
+    return m.state == LIVE and m.expires_us is not None and m.expires_us - rules.margin_us > now_us
+
+
+def on_read(own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules) -> Decision:
+    """After a consistent read of the key's mappings: ``own`` is our region's, ``others`` are
+    other regions' (replicated copies: a little stale, used only to avoid a cross-region
+    duplicate, never written)."""
+    foreign = [m for m in others if servable(m, now_us, rules)]
+    best_foreign = min(foreign, key=_order) if foreign else None
+    if own is not None and own.state == LIVE and own.expires_us is not None:
+        if servable(own, now_us, rules):
+            if best_foreign is not None and _order(best_foreign) < _order(own):
+                return Serve(lease_from_mapping(best_foreign), foreign=True)
+            return Serve(lease_from_mapping(own))
+        if now_us < own.expires_us + rules.grace_us:
+            # Still ours (the liberator waits for the grace), just too close to its end.
+            return Extend(own)
+        # Lapsed: a new acquisition (the old resource is the liberator's).
+    if own is not None and own.state == PENDING:
+        if best_foreign is not None:
+            return Serve(lease_from_mapping(best_foreign), foreign=True)
+        return Verify(own)
+    if best_foreign is not None:
+        return Serve(lease_from_mapping(best_foreign), foreign=True)
+    return Acquire(own.ver if own is not None else 0)
+
+
+def _order(m: Mapping) -> tuple[int, str, str]:
+    return (m.since_us, m.region, m.resource or "")
+
+
+def claim_landed(m: Mapping, r: ResourceItem | None) -> bool:
+    """Does the resource item carry the claim the mapping names?"""
+    return (
+        r is not None
+        and m.token is not None
+        and r.holder == m.token
+        and r.key == m.key
+        and r.resource == m.resource
+    )
+
+
+def on_resource(m: Mapping, r: ResourceItem | None, now_us: int, rules: Rules) -> Decision:
+    """A pending mapping ``m`` and its resource item ``r`` (strongly consistent read)."""
+    assert m.state == PENDING
+    if claim_landed(m, r):
+        live = replace(m, state=LIVE)
+        if not servable(live, now_us, rules):
+            return Extend(live)  # landed, but too close to its end to serve as it is
+        return Serve(lease_from_mapping(m), confirm=m)
+    if now_us - m.since_us < rules.pending_hold_us:
+        return Wait("another daemon is acquiring this key")
+    if r is not None and r.version == m.rver:
+        return FenceResource(r)
+    # The claim can never land (the resource moved past the version it was conditioned on):
+    # the mapping is ours to take over.
+    return Acquire(m.ver)
+
+
+# ---------------------------------------------------------------------------- writing
+@dataclass(frozen=True, slots=True)
+class Won:
+    """Both writes applied: serve the claim, confirm the mapping in the background."""
+
+
+@dataclass(frozen=True, slots=True)
+class NextCandidate:
+    """The mapping is ours (at ``expect_ver``), the candidate was taken: try another."""
+
+    expect_ver: int
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Our claim applied but the mapping write lost: no mapping names it, free it now."""
+
+
+@dataclass(frozen=True, slots=True)
+class FenceOwnClaim:
+    """The mapping write lost and our claim's outcome is unknown: fence the resource (or free
+    the claim if it landed) in the background, then re-read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reread:
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """An outcome is unknown: answer the caller with an error and leave the state as it is; a
+    reader resolves a pending mapping by its resource item (on_resource)."""
+
+    why: str
+
+
+AcquireStep = Won | NextCandidate | GiveBack | FenceOwnClaim | Reread | GiveUp
+
+
+def after_acquire(mapping: Outcome, claim: Outcome, expect_ver: int) -> AcquireStep:
+    """The mapping write (``map_acquire`` at ``expect_ver``) and the claim were sent together."""
+    match (mapping, claim):
+        case (Outcome.APPLIED, Outcome.APPLIED):
+            return Won()
+        case (Outcome.APPLIED, Outcome.REJECTED):
+            return NextCandidate(expect_ver + 1)
+        case (Outcome.REJECTED, Outcome.APPLIED):
+            return GiveBack()
+        case (Outcome.REJECTED, Outcome.REJECTED):
+            return Reread("another daemon wrote the mapping first")
+        case (Outcome.REJECTED, Outcome.UNKNOWN):
+            return FenceOwnClaim()
+    return GiveUp(f"DynamoDB's answer was lost (mapping {mapping.value}, claim {claim.value})")
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """Both writes applied: the cached lease now ends later, confirmed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FreeOrphan:
+    """The resource was extended but the mapping no longer names it: free the resource with
+    quarantine (it was served until now)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Drop the cached lease; the next request resolves it from the table."""
+
+    why: str
+
+
+ExtendStep = Extended | FreeOrphan | Forget
+
+
+def after_extend(resource: Outcome, mapping: Outcome | None) -> ExtendStep:
+    """``extend_resource`` was sent, then (if it applied) ``map_extend``."""
+    if resource is not Outcome.APPLIED:
+        return Forget(f"resource extension {resource.value}")
+    if mapping is Outcome.APPLIED:
+        return Extended()
+    if mapping is Outcome.REJECTED:
+        return FreeOrphan()
+    return Forget("mapping extension unknown")
+
+
+# --------------------------------------------------------------------------- releasing
+def on_release_read(own: Mapping | None, now_us: int, rules: Rules) -> Decision:
+    """``release(k)`` after a consistent read of our region's mapping."""
+    if own is None or own.state == FREE or own.token is None:
+        return NotHeld("the key holds no lease in this region")
+    if own.state == LIVE:
+        assert own.expires_us is not None
+        if now_us >= own.expires_us + rules.grace_us:
+            return NotHeld("the key's lease has ended")
+        return ReleaseLease(lease_from_mapping(own))
+    return Verify(own)
+
+
+def on_release_resource(m: Mapping, r: ResourceItem | None, now_us: int, rules: Rules) -> Decision:
+    """``release(k)`` found a pending mapping and read its resource item."""
+    if claim_landed(m, r):
+        return ReleaseLease(lease_from_mapping(m))
+    d = on_resource(m, r, now_us, rules)
+    if isinstance(d, Acquire):
+        return DropMapping(m)  # the claim never landed: nothing is held
+    return d
+
+
+def cache_valid_until_us(confirmed_us: int, expires_us: int, rules: Rules) -> int:
+    """A cached answer is served until the earlier of: S after its confirmation, or the lease
+    end minus the margin (both on the daemon's clock)."""
+    return min(confirmed_us + rules.confirm_us, expires_us - rules.margin_us)

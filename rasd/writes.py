@@ -1,0 +1,175 @@
+"""Conditional single-item writes as data. Pure: no I/O.
+
+Theory of operation
+-------------------
+Every write rasd makes to a resource or mapping item is a :class:`Write`: the item's key, a
+conjunction of conditions, and the attributes it sets, removes and increments. The same value
+is used twice:
+
+* :func:`render` turns it into the keyword arguments of DynamoDB's ``UpdateItem`` (what the
+  daemon and the jobs send);
+* :func:`apply` evaluates it against an item held as a plain ``dict`` (what the protocol
+  checker in ``rasd.check`` runs, and what ``tests/integration/test_writes_model.py`` compares
+  with moto's answers for the same writes).
+
+So the model checker checks the very conditions production sends, not a paraphrase of them.
+
+Values are ``str`` or ``int`` (DynamoDB ``S`` and ``N``). Times are fixed-width ISO-8601
+strings, so string order is time order and ``<``/``<=`` on them compare times.
+
+``UpdateItem`` creates a missing item unless a condition forbids it; every write here that must
+not create (claims, releases, extensions) carries an ``exists``-style condition, and ``apply``
+follows the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Value = str | int
+Op = Literal["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists"]
+ItemKey = tuple[str, str]  # (client_id, resource): the table's hash and range key
+
+
+@dataclass(frozen=True, slots=True)
+class Cond:
+    attr: str
+    op: Op
+    value: Value | None = None
+
+    def holds(self, item: dict[str, Value] | None) -> bool:
+        cur = None if item is None else item.get(self.attr)
+        if self.op == "exists":
+            return cur is not None
+        if self.op == "not_exists":
+            return cur is None
+        if cur is None or type(cur) is not type(self.value):
+            return False  # DynamoDB: a comparison with a missing or other-typed value is false
+        v: Any = self.value
+        c: Any = cur
+        match self.op:
+            case "=":
+                return bool(c == v)
+            case "<>":
+                return bool(c != v)
+            case "<":
+                return bool(c < v)
+            case "<=":
+                return bool(c <= v)
+            case ">":
+                return bool(c > v)
+            case ">=":
+                return bool(c >= v)
+        raise AssertionError(self.op)
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One conditional UpdateItem. ``incr`` attributes go up by one (created at 1)."""
+
+    key: ItemKey
+    conds: tuple[Cond, ...]
+    set: tuple[tuple[str, Value], ...] = ()
+    remove: tuple[str, ...] = ()
+    incr: tuple[str, ...] = ()
+    #: what the write is, for logs and the checker's traces (claim, release, fence, ...)
+    kind: str = field(default="write", compare=False)
+
+
+def apply(item: dict[str, Value] | None, w: Write) -> dict[str, Value] | None:
+    """The item after ``w``, or None when a condition fails (the item is then unchanged).
+    ``item`` None means the item does not exist."""
+    if not all(c.holds(item) for c in w.conds):
+        return None
+    new: dict[str, Value] = (
+        dict(item) if item is not None else {"client_id": w.key[0], "resource": w.key[1]}
+    )
+    for a, v in w.set:
+        new[a] = v
+    for a in w.remove:
+        new.pop(a, None)
+    for a in w.incr:
+        cur = new.get(a, 0)
+        assert isinstance(cur, int)
+        new[a] = cur + 1
+    return new
+
+
+# ------------------------------------------------------------------------------ DynamoDB
+def to_av(v: Value) -> dict[str, str]:
+    if isinstance(v, bool):  # bool is an int: never let one slip through as N
+        raise TypeError("booleans are not stored")
+    if isinstance(v, int):
+        return {"N": str(v)}
+    return {"S": v}
+
+
+def from_av(av: dict[str, Any]) -> Value:
+    if "S" in av:
+        return str(av["S"])
+    if "N" in av:
+        return int(av["N"])
+    raise ValueError(f"unsupported attribute value {av!r}")
+
+
+def item_from_av(raw: dict[str, dict[str, Any]]) -> dict[str, Value]:
+    """A low-level DynamoDB item as a plain dict (S and N attributes only; others skipped)."""
+    out: dict[str, Value] = {}
+    for k, av in raw.items():
+        if "S" in av or "N" in av:
+            out[k] = from_av(av)
+    return out
+
+
+def key_av(key: ItemKey) -> dict[str, dict[str, str]]:
+    return {"client_id": {"S": key[0]}, "resource": {"S": key[1]}}
+
+
+_OPS_SQL = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def render(w: Write) -> dict[str, Any]:
+    """UpdateItem keyword arguments (without ``TableName``) for ``w``."""
+    names: dict[str, str] = {}
+    values: dict[str, dict[str, str]] = {}
+
+    def n(attr: str) -> str:
+        for k, v in names.items():
+            if v == attr:
+                return k
+        k = f"#a{len(names)}"
+        names[k] = attr
+        return k
+
+    def v(val: Value) -> str:
+        k = f":v{len(values)}"
+        values[k] = to_av(val)
+        return k
+
+    conds: list[str] = []
+    for c in w.conds:
+        if c.op == "exists":
+            conds.append(f"attribute_exists({n(c.attr)})")
+        elif c.op == "not_exists":
+            conds.append(f"attribute_not_exists({n(c.attr)})")
+        else:
+            assert c.value is not None
+            conds.append(f"{n(c.attr)} {_OPS_SQL[c.op]} {v(c.value)}")
+    parts: list[str] = []
+    sets = [f"{n(a)} = {v(val)}" for a, val in w.set]
+    if sets:
+        parts.append("SET " + ", ".join(sets))
+    if w.remove:
+        parts.append("REMOVE " + ", ".join(n(a) for a in w.remove))
+    if w.incr:
+        one = v(1)
+        parts.append("ADD " + ", ".join(f"{n(a)} {one}" for a in w.incr))
+    kw: dict[str, Any] = {"Key": key_av(w.key), "UpdateExpression": " ".join(parts)}
+    if conds:
+        kw["ConditionExpression"] = " AND ".join(conds)
+    if names:
+        kw["ExpressionAttributeNames"] = names
+    if values:
+        kw["ExpressionAttributeValues"] = values
+    return kw
