@@ -22,17 +22,17 @@ from typing import Any
 import structlog
 
 from rasd import schema
+from rasd.config import Config
 from rasd.lease import (
     MAX_RESOURCE_LEN,
+    US,
     ResourceItem,
     item_from_ddb,
-    lease_from_item,
     parse_time,
     pool_meta_key,
-    release,
 )
 
-from . import common
+from . import common, leases
 
 log = structlog.get_logger("rasd_jobs.admin")
 
@@ -440,17 +440,25 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
     if not it.leased:
         common.emit({**base, "released": False, "reason": "not leased"})
         return 0
-    try:
-        ddb.update_item(
-            TableName=args.table, **release(lease_from_item(it), common.now_us(args), region)
+    if it.holder is None:
+        raise common.JobError(
+            f"{args.resource!r} was leased by an older rasd (no holder token); the liberator "
+            "frees it when its lease ends"
         )
-    except Exception as exc:
-        if not common.is_lost_race(exc):
-            raise
+    now = common.now_us(args)
+    got = leases.release_held(ddb, args.table, it, now, int(args.quarantine * US))
+    if got == "lost_race":
         raise common.JobError(
             f"{args.resource!r} changed after it was read (a daemon wrote it); look again"
         )
-    common.emit({**base, "released": True, "key": it.key, "version": it.version + 1})
+    common.emit(
+        {
+            **base,
+            "released": True,
+            "key": it.key,
+            "claimable_from": common.iso(now + int(args.quarantine * US)),
+        }
+    )
     return 0
 
 
@@ -686,11 +694,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add(
         "release-resource",
         cmd_release_resource,
-        "free a leased item now (conditional on the version read; only items of --region)",
+        "give a leased item back the way a daemon does: the key's mapping first, then the "
+        "item, claimable again after --quarantine (only items of --region)",
         [],
     )
     sp.add_argument("--client", required=True, help="client_id")
     sp.add_argument("--resource", required=True, help="the resource string")
+    sp.add_argument(
+        "--quarantine",
+        type=common.non_negative_float,
+        default=Config().quarantine,
+        help="seconds the item stays unclaimable, so daemons still serving it from their "
+        "caches stop first; at least the daemons' confirm_interval + max_clock_skew + "
+        f"replication_lag (default {Config().quarantine:g})",
+    )
 
     sp = add(
         "delete-resource",

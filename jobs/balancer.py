@@ -54,6 +54,7 @@ from rasd.lease import (
     partition_name,
 )
 from rasd.schema import list_pool_items
+from rasd.writes import render
 
 from . import balance_model as bm
 from . import common, s3state
@@ -240,7 +241,7 @@ def execute(ddb: Any, table: str, m: bm.Move, out_of_time: Callable[[], bool]) -
         if res.moved >= m.count or out_of_time():
             break
         try:
-            ddb.update_item(TableName=table, **move(item, m.dst))
+            ddb.update_item(TableName=table, **render(move(item, m.dst)))
             res.moved += 1
         except ClientError as exc:
             if not common.is_lost_race(exc):

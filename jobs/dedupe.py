@@ -4,8 +4,9 @@ Two regions that both miss a brand-new key before replication shows them each ot
 each take a resource for it (the paper's 0.1%). This job scans ``leased_resources``, groups
 the items by (client_id, pool_id, key), and for every group of two or more keeps the one
 ``rasd.lease.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
-rule the daemons follow, so they already serve the survivor) and releases the others with
-``rasd.lease.release()``: conditional on the version and key read and on the item's region.
+rule the daemons follow, so they already serve the survivor) and releases the others the way
+a daemon releases (``jobs/leases.py``): the key's mapping first, then the resource, which stays
+unclaimable for the quarantine so that caches still serving it run out first (I1).
 
 Only live leases are grouped (expired ones are the liberator's): the daemons choose among
 live leases, and so must this job, or it could release the lease they serve.
@@ -33,9 +34,10 @@ from typing import Any
 
 import structlog
 
-from rasd.lease import ResourceItem, fmt_time, item_from_ddb, lease_from_item, pick, release
+from rasd.config import Config
+from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, pick
 
-from . import common
+from . import common, leases
 
 log = structlog.get_logger("rasd_jobs.dedupe")
 
@@ -55,6 +57,7 @@ class Options:
     dry_run: bool = False
     #: region -> boto3 client of that region's replica (from --peer-endpoint)
     peers: dict[str, Any] = field(default_factory=dict)
+    quarantine_us: int = int(Config().quarantine * US)
 
 
 def duplicates(
@@ -179,17 +182,22 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
                 log.info("would_release", **ictx)
                 continue
             try:
-                client.update_item(
-                    TableName=opts.table,
-                    **release(lease_from_item(it), opts.now_us, it.region),
-                )
-            except Exception as exc:  # noqa: BLE001 - a lost race is a value, others count
-                if common.is_lost_race(exc):
+                # The index is eventually consistent: decide on a consistent read.
+                fresh = leases.get_resource(client, opts.table, it.ident)
+                if fresh is None or fresh.key != it.key or fresh.holder is None:
                     counts["lost_races"] += 1
                     log.info("lost_race", **ictx)
-                else:
-                    counts["errors"] += 1
-                    log.error("release_failed", error=repr(exc), **ictx)
+                    continue
+                got = leases.release_held(
+                    client, opts.table, fresh, opts.now_us, opts.quarantine_us
+                )
+            except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+                counts["errors"] += 1
+                log.error("release_failed", error=repr(exc), **ictx)
+                continue
+            if got == "lost_race":
+                counts["lost_races"] += 1
+                log.info("lost_race", **ictx)
                 continue
             counts["released"] += 1
             log.info("released", **ictx)

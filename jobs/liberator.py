@@ -1,4 +1,4 @@
-"""``ras-liberator``: free expired leases (Jenkins, hourly).
+"""``ras-liberator``: free expired leases and repair orphans (Jenkins, hourly).
 
 Scans the sparse ``leased_resources`` index in parallel segments, page by page (memory stays
 at one page per thread however many leases there are), and frees every item of the region
@@ -6,6 +6,11 @@ whose ``lease_expires`` is older than ``now - grace`` with ``rasd.lease.liberate
 UpdateItem conditional on the version read, the ``lease_expires`` read and the region. A
 lease that a daemon extended or re-let after our read fails that condition and is left alone
 (counted in ``lost_races``), so the job is safe to run twice at once and next to daemons.
+
+It also repairs what a crash left half-done (docs/design.md): a held resource older than
+``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
+names it, and none ever will (``rasd.decide.orphan_verdict``), it is freed with quarantine
+(``jobs/leases.py``), because it may have been served before the crash.
 
 Only items whose ``region`` is the job's region are touched: with a replicated global table
 each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
@@ -24,13 +29,18 @@ from typing import Any
 
 import structlog
 
-from rasd.lease import US, fmt_time, item_from_ddb, liberate
+from rasd.config import Config
+from rasd.decide import Orphan, orphan_verdict
+from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, liberate
+from rasd.writes import render
 
-from . import common
+from . import common, leases
 
 log = structlog.get_logger("rasd_jobs.liberator")
 
 DEFAULT_GRACE_S = 60.0
+DEFAULT_ORPHAN_AGE_S = 120.0
+DEFAULT_QUARANTINE_S = Config().quarantine
 
 
 @dataclass(frozen=True)
@@ -42,13 +52,20 @@ class Options:
     segments: int = 4
     page_size: int | None = None
     dry_run: bool = False
+    #: held resources acquired longer ago than this are checked for orphans (None: never)
+    orphan_age_us: int | None = int(DEFAULT_ORPHAN_AGE_S * US)
+    quarantine_us: int = int(DEFAULT_QUARANTINE_S * US)
 
 
 def scan_kwargs(opts: Options) -> dict[str, Any]:
-    """The Scan of ``leased_resources`` with the expiry (and region) filtered server-side."""
+    """The Scan of ``leased_resources`` with the expiry and age (and region) filtered
+    server-side."""
     cond = "lease_expires < :cutoff"
     names: dict[str, str] = {}
     values: dict[str, Any] = {":cutoff": {"S": fmt_time(opts.now_us - opts.grace_us)}}
+    if opts.orphan_age_us is not None:
+        cond = "(lease_expires < :cutoff OR lease_acquired < :old)"
+        values[":old"] = {"S": fmt_time(opts.now_us - opts.orphan_age_us)}
     if opts.region is not None:
         cond += " AND #r = :region"
         names["#r"] = "region"
@@ -73,6 +90,34 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     # One counter per segment thread, summed at the end: no shared mutable state.
     counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
 
+    def check_orphan(item: ResourceItem, c: Counter[str]) -> None:
+        old = opts.now_us - (opts.orphan_age_us or 0)
+        if opts.orphan_age_us is None or item.holder is None:
+            return
+        if item.lease_acquired_us is None or item.lease_acquired_us >= old:
+            return
+        c["checked"] += 1
+        ctx = {"client_id": item.client_id, "resource": item.resource, "key": item.key}
+        try:
+            # The index is eventually consistent: decide only on consistent reads.
+            fresh = leases.get_resource(ddb, opts.table, item.ident)
+            if fresh is None or fresh.holder != item.holder:
+                return
+            m = leases.get_mapping(ddb, opts.table, fresh)
+            if orphan_verdict(fresh, m) is Orphan.LEASE:
+                return
+            c["orphans"] += 1
+            if opts.dry_run:
+                log.info("would_free_orphan", **ctx)
+                return
+            got = leases.repair(ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us)
+        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+            c["errors"] += 1
+            log.error("repair_failed", error=repr(exc), **ctx)
+            return
+        c["orphans_freed" if got == "freed_orphan" else "lost_races"] += 1
+        log.warning("orphan_freed" if got == "freed_orphan" else "lost_race", **ctx)
+
     def handle(seg: int, page: dict[str, Any]) -> None:
         c = counts[seg]
         c["scanned"] += int(page.get("ScannedCount", 0))
@@ -83,10 +128,11 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
                 c["errors"] += 1
                 log.error("bad_item", item=str(raw)[:300], error=str(exc))
                 continue
+            if opts.region is not None and item.region != opts.region:
+                continue
             # The filter ran server-side; check again, it is cheap and the rule is ours.
             if item.lease_expires_us is None or item.lease_expires_us >= cutoff:
-                continue
-            if opts.region is not None and item.region != opts.region:
+                check_orphan(item, c)
                 continue
             c["expired"] += 1
             ctx = {
@@ -102,7 +148,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
                 log.debug("would_free", **ctx)
                 continue
             try:
-                ddb.update_item(TableName=opts.table, **liberate(item, opts.now_us))
+                ddb.update_item(TableName=opts.table, **render(liberate(item, opts.now_us)))
             except Exception as exc:  # noqa: BLE001 - a lost race is a value, others count
                 if common.is_lost_race(exc):
                     c["lost_races"] += 1
@@ -133,6 +179,9 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "expired": total["expired"],
         "freed": total["freed"],
         "lost_races": total["lost_races"],
+        "orphans_checked": total["checked"],
+        "orphans": total["orphans"],
+        "orphans_freed": total["orphans_freed"],
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -161,6 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
         f"between hosts (default {DEFAULT_GRACE_S:g})",
     )
     p.add_argument(
+        "--orphan-age",
+        type=common.non_negative_float,
+        default=DEFAULT_ORPHAN_AGE_S,
+        help="held resources acquired longer ago than this many seconds are checked against "
+        "their key's mapping and freed (with quarantine) when no mapping names them: what a "
+        f"daemon killed between two writes leaves (default {DEFAULT_ORPHAN_AGE_S:g})",
+    )
+    p.add_argument(
+        "--quarantine",
+        type=common.non_negative_float,
+        default=DEFAULT_QUARANTINE_S,
+        help="seconds a freed orphan stays unclaimable; at least the daemons' "
+        "confirm_interval + max_clock_skew + replication_lag "
+        f"(default {DEFAULT_QUARANTINE_S:g})",
+    )
+    p.add_argument(
         "--all-regions",
         action="store_true",
         help="free expired leases of every region, not just --region. Only for a single, "
@@ -181,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             region=None if args.all_regions else region,
             now_us=common.now_us(args),
             grace_us=int(args.grace * US),
+            orphan_age_us=int(args.orphan_age * US),
+            quarantine_us=int(args.quarantine * US),
             segments=args.segments,
             page_size=args.page_size,
             dry_run=args.dry_run,

@@ -299,3 +299,29 @@ def cache_valid_until_us(confirmed_us: int, expires_us: int, rules: Rules) -> in
     """A cached answer is served until the earlier of: S after its confirmation, or the lease
     end minus the margin (both on the daemon's clock)."""
     return min(confirmed_us + rules.confirm_us, expires_us - rules.margin_us)
+
+
+# ------------------------------------------------------------------------ repair (jobs)
+class Orphan(enum.Enum):
+    LEASE = "lease"  # the mapping names this claim: a lease (perhaps not yet confirmed)
+    ORPHAN = "orphan"  # no mapping names it, and none ever will: free it, with quarantine
+    FENCE_MAPPING = "fence_mapping"  # the acquisition's mapping write may still land: fence it
+
+
+def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
+    """A held resource item ``r`` and its key's mapping in ``r``'s region (consistent read).
+
+    The claim's acquisition wrote (or tried to write) mapping version ``r.mver``; mapping
+    versions only grow, so once the mapping is at or past ``r.mver`` without naming this claim,
+    that write either lost or was superseded, and nothing can make the mapping name the claim
+    again. Below it (``r.mver - 1``: the write has not landed), the write could still land, so
+    the mapping is fenced first.
+    """
+    assert r.holder is not None
+    if m is not None and m.token == r.holder and m.resource == r.resource and m.state != FREE:
+        return Orphan.LEASE
+    current = m.ver if m is not None else 0
+    if current >= r.mver or (m is None and r.mver > 1):
+        # (absent at a version past 1: reaped by TTL long after it moved on)
+        return Orphan.ORPHAN
+    return Orphan.FENCE_MAPPING

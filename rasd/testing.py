@@ -34,6 +34,9 @@ Kinds:
 ``down``          ``EndpointConnectionError`` (connection refused): retried.
 ``slow``          waits ``delay`` seconds, then makes the real call (a long delay exercises
                   the deadline path: ``Store._call``'s own ``asyncio.timeout``).
+``lost_reply``    the real call is made (a write APPLIES), then its reply is lost: after
+                  ``delay`` seconds, ``ReadTimeoutError``, or the store's own attempt timeout
+                  first. What the daemon must never act on without reading back (I4).
 ``condition``     ``ConditionalCheckFailedException``: a lost race (``None``), not an error.
 ``validation``    ``ValidationException`` (HTTP 400): not retryable; ``Unavailable`` at once.
 """
@@ -54,7 +57,7 @@ from .metrics import Counters
 from .store import _METHODS, Store
 
 FaultKind = Literal[
-    "throttle", "server_error", "timeout", "down", "slow", "condition", "validation"
+    "throttle", "server_error", "timeout", "down", "slow", "condition", "validation", "lost_reply"
 ]
 KINDS: frozenset[str] = frozenset(get_args(FaultKind))
 _OPS_BY_METHOD = {method: op for op, method in _METHODS.items()}
@@ -170,7 +173,7 @@ def fault_exception(kind: FaultKind, op: str) -> Exception | None:
             },
         }
         return ClientError(response, op)  # type: ignore[arg-type]
-    if kind == "timeout":
+    if kind in ("timeout", "lost_reply"):
         return ReadTimeoutError(endpoint_url=FAKE_ENDPOINT)
     if kind == "down":
         return EndpointConnectionError(
@@ -199,6 +202,10 @@ class FaultyClient:
 
         async def call(**kw: Any) -> Any:
             rule = self.faults.pick(op)
+            if rule is not None and rule.kind == "lost_reply":
+                await real(**kw)  # applied...
+                await self._sleep(rule.delay)  # ...and the reply never comes
+                raise ReadTimeoutError(endpoint_url=FAKE_ENDPOINT)
             if rule is not None:
                 if rule.kind in ("slow", "timeout") and rule.delay > 0:
                     await self._sleep(rule.delay)

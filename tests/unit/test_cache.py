@@ -1,4 +1,5 @@
-"""The lease cache with an injected clock: entries die at lease end minus the skew margin."""
+"""The lease cache with an injected clock: an entry is served until the earlier of S after its
+last confirmation and its lease end minus the skew margin (docs/design.md, I3)."""
 
 from __future__ import annotations
 
@@ -6,47 +7,97 @@ from rasd.cache import LeaseCache
 from rasd.clock import FakeClock
 from rasd.lease import US, Lease
 
+K = ("c", "p", "k")
+S = 30.0
+
 
 def lease(clock: FakeClock, seconds: float, version: int = 1, resource: str = "r") -> Lease:
-    return Lease("c", "p", "k", resource, "us-east-1", clock.now_us() + int(seconds * US), version)
+    exp = clock.now_us() + int(seconds * US)
+    return Lease("c", "p", "k", resource, "us-east-1", exp, version, token="t")
+
+
+def make(clock: FakeClock, maxsize: int = 100) -> LeaseCache:
+    return LeaseCache(clock, maxsize, 5 * US, S)
 
 
 def test_entry_expires_before_lease_by_margin() -> None:
     """A cached lease is never served within skew_margin of its end."""
     clock = FakeClock()
-    cache = LeaseCache(clock, 100, 5 * US)
-    cache.put(lease(clock, 60))
-    clock.advance(54.9)
-    assert cache.get(("c", "p", "k")) is not None
+    cache = make(clock)
+    cache.put(lease(clock, 20), clock.mono())
+    clock.advance(14.9)
+    assert cache.get(K) is not None
     clock.advance(0.2)
-    assert cache.get(("c", "p", "k")) is None
+    assert cache.get(K) is None
+
+
+def test_entry_is_served_at_most_s_after_confirmation() -> None:
+    """I3: an hour-long lease is still dropped S after it was last confirmed."""
+    clock = FakeClock()
+    cache = make(clock)
+    cache.put(lease(clock, 3600), clock.mono())
+    clock.advance(S - 0.1)
+    assert cache.get(K) is not None
+    clock.advance(0.2)
+    assert cache.get(K) is None
+
+
+def test_confirmation_time_is_when_the_read_was_sent() -> None:
+    """A slow read confirms as of its departure, not its arrival."""
+    clock = FakeClock()
+    cache = make(clock)
+    sent = clock.mono()
+    clock.advance(10)  # the read took 10 s
+    cache.put(lease(clock, 3600), sent)
+    clock.advance(S - 10 - 0.1)
+    assert cache.get(K) is not None
+    clock.advance(0.2)
+    assert cache.get(K) is None
+
+
+def test_stale_after_half_of_s() -> None:
+    """A hit past S/2 asks for a background re-confirmation; a re-put restarts the clock."""
+    clock = FakeClock()
+    cache = make(clock)
+    cache.put(lease(clock, 3600), clock.mono())
+    clock.advance(S / 2 - 0.1)
+    assert not cache.stale(K, clock.mono())
+    clock.advance(0.2)
+    assert cache.stale(K, clock.mono())
+    cache.put(lease(clock, 3600), clock.mono())
+    assert not cache.stale(K, clock.mono())
+    clock.advance(S - 0.1)
+    assert cache.get(K) is not None
 
 
 def test_lease_inside_margin_is_not_cached() -> None:
     """A lease that is already within the margin is not kept at all."""
     clock = FakeClock()
-    cache = LeaseCache(clock, 100, 5 * US)
-    cache.put(lease(clock, 3))
-    assert cache.get(("c", "p", "k")) is None
+    cache = make(clock)
+    cache.put(lease(clock, 3), clock.mono())
+    assert cache.get(K) is None
 
 
-def test_older_version_never_replaces_newer() -> None:
-    """A late answer carrying an older version of the same item does not roll the cache back."""
+def test_older_confirmation_never_replaces_newer() -> None:
+    """A late answer confirmed earlier does not roll the cache back."""
     clock = FakeClock()
-    cache = LeaseCache(clock, 100, 5 * US)
-    cache.put(lease(clock, 100, version=5))
-    cache.put(lease(clock, 60, version=4))
-    got = cache.get(("c", "p", "k"))
+    cache = make(clock)
+    early = clock.mono()
+    clock.advance(1)
+    cache.put(lease(clock, 100, version=5), clock.mono())
+    cache.put(lease(clock, 60, version=4), early)
+    got = cache.get(K)
     assert got is not None and got.version == 5
-    cache.put(lease(clock, 60, version=6, resource="other"))
-    got = cache.get(("c", "p", "k"))
+    cache.put(lease(clock, 60, version=6, resource="other"), clock.mono())
+    got = cache.get(K)
     assert got is not None and got.resource == "other"
 
 
 def test_bounded_size() -> None:
     """The cache holds at most maxsize leases."""
     clock = FakeClock()
-    cache = LeaseCache(clock, 10, 5 * US)
+    cache = make(clock, maxsize=10)
     for i in range(50):
-        cache.put(Lease("c", "p", f"k{i}", "r", "us-east-1", clock.now_us() + 60 * US, 1))
+        exp = clock.now_us() + 3600 * US
+        cache.put(Lease("c", "p", f"k{i}", f"r{i}", "us-east-1", exp, 1), clock.mono())
     assert len(cache) == 10

@@ -7,12 +7,25 @@ from collections import Counter
 import pytest
 
 from rasd import lease as L
+from rasd import writes as W
 
 NOW = 1_800_000_000 * L.US
 
 
 def mk_lease(expires_us: int, version: int = 3, region: str = "us-east-1") -> L.Lease:
-    return L.Lease("c", "p", "k", "r1", region, expires_us, version)
+    return L.Lease("c", "p", "k", "r1", region, expires_us, version, token="tok")
+
+
+FREE = L.ResourceItem(
+    "c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available=L.fmt_time(NOW)
+)
+HELD = L.ResourceItem(
+    "c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, "k", NOW + L.US, None, NOW, "tok", 2
+)
+
+
+def conds(w: W.Write) -> set[tuple[str, str, object]]:
+    return {(c.attr, c.op, c.value) for c in w.conds}
 
 
 def test_time_roundtrip_and_fixed_width() -> None:
@@ -52,18 +65,6 @@ def test_should_extend_only_below_fraction_and_never_shortens() -> None:
     assert not L.should_extend(half_gone, half_gone.expires_us, NOW, 0.5)
 
 
-def test_pick_is_deterministic_earliest_claim() -> None:
-    """Among duplicates every daemon picks the same one: earliest claim, then region/resource."""
-
-    def item(res: str, region: str, acq: int) -> L.ResourceItem:
-        return L.ResourceItem("c", res, "p", region, "x", 1, "k", NOW, None, acq)
-
-    a, b, c = item("r2", "eu-west-1", 5), item("r1", "us-east-1", 5), item("r0", "us-east-1", 9)
-    assert L.pick([a, b, c]) is a
-    assert L.pick([c, b, a]) is a
-    assert L.pick([]) is None
-
-
 def test_partitions_spread_evenly() -> None:
     """Resources spread over the 10 sub-partitions evenly (within 10%) for generated names."""
     counts = Counter(L.partition_of(f"res-{i}") for i in range(10_000))
@@ -71,49 +72,105 @@ def test_partitions_spread_evenly() -> None:
     assert max(counts.values()) <= 1100 and min(counts.values()) >= 900
 
 
-def test_claim_is_conditional_on_version_free_and_region() -> None:
-    """The claim asserts the version read, that the item is free, and our region; bumps version."""
-    item = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available="x")
-    upd = L.claim(item, "k", NOW + L.US, NOW, "us-east-1")
-    cond = upd["ConditionExpression"]
-    assert "version = :v" in cond and "attribute_exists(lease_available)" in cond
-    assert "#r = :region" in cond
-    assert upd["ExpressionAttributeValues"][":v"] == {"N": "7"}
-    assert upd["ExpressionAttributeValues"][":nv"] == {"N": "8"}
-    assert "REMOVE lease_available" in upd["UpdateExpression"]
-    assert upd["ExpressionAttributeNames"]["#k"] == "key"
+def test_pick_is_deterministic_earliest_acquisition() -> None:
+    """Among cross-region duplicates every daemon picks the same: earliest, then region."""
+
+    def m(res: str, region: str, since: int) -> L.Mapping:
+        return L.Mapping("c", "p", "k", region, 2, L.LIVE, "t", res, 0, NOW + L.US, since)
+
+    a, b, c = m("r2", "eu-west-1", 5), m("r1", "us-east-1", 5), m("r0", "us-east-1", 9)
+    assert L.pick_mapping([a, b, c]) is a
+    assert L.pick_mapping([c, b, a]) is a
+    assert L.pick_mapping([]) is None
 
 
-def test_writes_use_attribute_names_for_reserved_words() -> None:
+def test_claim_is_conditional_on_version_free_quarantine_and_region() -> None:
+    """The claim asserts the version read, that the item is free and out of quarantine
+    (lease_available <= now), and our region; it records the token and mapping version."""
+    w = L.claim(FREE, "k", NOW + L.US, NOW, "tok", 3)
+    assert conds(w) == {
+        ("version", "=", 7),
+        ("lease_available", "exists", None),
+        ("lease_available", "<=", L.fmt_time(NOW)),
+        ("region", "=", "us-east-1"),
+    }
+    after = W.apply(W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), w)
+    assert after is None  # version 0 read as 7: lost
+    item = {**W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 7}
+    after = W.apply(item, w)
+    assert after is not None
+    got = L.resource_from(after)
+    assert (got.key, got.holder, got.mver, got.version) == ("k", "tok", 3, 8)
+    assert got.lease_available is None
+
+
+def test_quarantined_item_cannot_be_claimed() -> None:
+    """An early free sets lease_available in the future; a claim before then fails."""
+    w = L.free_claim(HELD.ident, "k", "tok", NOW, NOW + 60 * L.US)
+    held = W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW))
+    held.update(key="k", holder="tok", version=7, lease_expires=L.fmt_time(NOW + L.US))
+    del held["lease_available"]
+    freed = W.apply(held, w)
+    assert freed is not None and "key" not in freed and freed["version"] == 8
+    item = L.resource_from(freed)
+    assert not item.claimable(NOW + 59 * L.US) and item.claimable(NOW + 60 * L.US)
+    assert W.apply(freed, L.claim(item, "k2", NOW + 2 * L.US, NOW + 59 * L.US, "t2", 1)) is None
+    assert W.apply(freed, L.claim(item, "k2", NOW + 90 * L.US, NOW + 60 * L.US, "t2", 1))
+
+
+def test_writes_never_use_reserved_words_bare() -> None:
     """key/region/partition/resource never appear bare in an expression (reserved words)."""
     lease = mk_lease(NOW + L.US)
-    item = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, "k", NOW, None, NOW)
-    free = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available="x")
-    for upd in (
-        L.extend(lease, NOW + 2 * L.US, "us-east-1"),
-        L.release(lease, NOW, "us-east-1"),
-        L.relet(lease, NOW + 2 * L.US, NOW, "us-east-1"),
-        L.liberate(item, NOW),
-        L.move(free, "eu-west-1"),
+    for w in (
+        L.claim(FREE, "k", NOW + L.US, NOW, "tok", 1),
+        L.extend_resource(lease, NOW + 2 * L.US),
+        L.free_claim(HELD.ident, "k", "tok", NOW, NOW),
+        L.liberate(HELD, NOW),
+        L.free_orphan(HELD, NOW, L.US),
+        L.move(FREE, "eu-west-1"),
+        L.map_release(("#map#c#p#k", "us-east-1"), "tok", NOW),
     ):
-        text = upd["UpdateExpression"] + " " + upd["ConditionExpression"]
+        kw = W.render(w)
+        text = kw["UpdateExpression"] + " " + kw.get("ConditionExpression", "")
         for word in text.replace(",", " ").replace("(", " ").replace(")", " ").split():
-            assert word not in ("key", "region", "partition", "resource"), (word, text)
+            assert word.lower() not in ("key", "region", "partition", "resource"), (word, text)
 
 
-def test_extend_never_shortens_by_condition() -> None:
-    """The extension write itself refuses to move lease_expires earlier."""
-    upd = L.extend(mk_lease(NOW + 10 * L.US), NOW + 20 * L.US, "us-east-1")
-    assert "lease_expires < :exp" in upd["ConditionExpression"]
+def test_extend_never_shortens_and_needs_the_holder() -> None:
+    """The extension write refuses to move lease_expires earlier, and to extend a resource
+    another acquisition holds."""
+    w = L.extend_resource(mk_lease(NOW + 10 * L.US), NOW + 20 * L.US)
+    assert ("lease_expires", "<", L.fmt_time(NOW + 20 * L.US)) in conds(w)
+    assert ("holder", "=", "tok") in conds(w)
 
 
 def test_move_only_free_items() -> None:
     """The balancer's move requires a free item of the source region."""
-    free = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available="x")
-    upd = L.move(free, "eu-west-1")
-    assert "attribute_not_exists(#k)" in upd["ConditionExpression"]
-    part = upd["ExpressionAttributeValues"][":part"]["S"]
-    assert part.startswith("c.p.eu-west-1.")
+    w = L.move(FREE, "eu-west-1")
+    assert ("key", "not_exists", None) in conds(w)
+    assert dict(w.set)["partition"].startswith("c.p.eu-west-1.")  # type: ignore[union-attr]
+
+
+def test_mapping_item_round_trip_and_no_index_attributes() -> None:
+    """A mapping item parses back, and carries none of the attributes the indexes key on."""
+    ident = ("#map#c#p#key#with#hashes", "us-east-1")
+    w = L.map_acquire(ident, 0, "tok", "r1", 4, NOW + L.US, NOW, "host")
+    item = W.apply(None, w)
+    assert item is not None
+    assert not {"key", "pool_id", "partition", "lease_available"} & set(item)
+    m = L.mapping_from(item)
+    assert (m.key, m.region, m.state, m.token, m.resource, m.rver, m.ver) == (
+        "key#with#hashes",
+        "us-east-1",
+        L.PENDING,
+        "tok",
+        "r1",
+        4,
+        1,
+    )
+    assert W.apply(item, L.map_acquire(ident, 0, "t2", "r2", 0, NOW + L.US, NOW, "h")) is None
+    lease = L.lease_from_mapping(m)
+    assert lease.version == 5  # the resource's version after the claim: a fencing token
 
 
 def test_names() -> None:
@@ -121,36 +178,3 @@ def test_names() -> None:
     assert L.valid_name("demo_1-x")
     for bad in ("", "a.b", "#meta", "a b", "x" * 65, 3):
         assert not L.valid_name(bad)
-
-
-def test_claim_records_claimant_and_release_clears_it() -> None:
-    """A claim records its daemon (claimed_by); releasing and liberating remove it."""
-    free = L.ResourceItem("c", "r", "p", "us-east-1", "c.p.us-east-1.3", 7, lease_available="x")
-    upd = L.claim(free, "k", NOW + L.US, NOW, "us-east-1", owner="host:1:ab")
-    assert "claimed_by = :owner" in upd["UpdateExpression"]
-    assert upd["ExpressionAttributeValues"][":owner"] == {"S": "host:1:ab"}
-    lease = mk_lease(NOW + L.US)
-    assert "claimed_by" in L.release(lease, NOW, "us-east-1")["UpdateExpression"]
-
-
-def test_claim_verdict_only_the_lock_owner_holds_a_lease() -> None:
-    """A fresh claim is a lease only if its claimant holds the key's lock; a claim whose
-    daemon lost the lock to another is not; with no lock (yet) it is undecided; an old claim,
-    or one with no claimant recorded, is trusted."""
-    fresh = 8 * L.US
-
-    def item(by: str | None, acquired: int = NOW) -> L.ResourceItem:
-        return L.ResourceItem(
-            "c", "r", "p", "us-east-1", "x", 1, "k", NOW + L.US, None, acquired, by
-        )
-
-    def lock(owner: str, until: int) -> dict[str, dict[str, str]]:
-        return {"lock_owner": {"S": owner}, "lock_expires": {"S": L.fmt_time(until)}}
-
-    assert L.claim_verdict(item("a"), lock("a", NOW + L.US), NOW, fresh) is True
-    assert L.claim_verdict(item("a"), lock("b", NOW + L.US), NOW, fresh) is False
-    assert L.claim_verdict(item("a"), None, NOW, fresh) is None  # a's lock not landed yet
-    assert L.claim_verdict(item("a"), lock("b", NOW - 1), NOW, fresh) is None  # stale lock
-    assert L.claim_verdict(item(None), lock("b", NOW + L.US), NOW, fresh) is True
-    old = item("a", acquired=NOW - fresh - 1)
-    assert L.claim_verdict(old, lock("b", NOW + L.US), NOW, fresh) is True

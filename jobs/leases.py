@@ -1,0 +1,100 @@
+"""The lease writes the jobs make, with boto3: the same rules as the daemon (rasd.lease,
+rasd.decide) in the same order (docs/design.md, "Invariants").
+
+* ``release_held``: give back a held resource the way a daemon does: the key's mapping first,
+  then the resource, claimable again only after the quarantine. Used by ``ras-dedupe`` and
+  ``rasadmin release-resource``.
+* ``repair``: a held resource that no mapping names (a crash between two writes left it) is
+  freed, with quarantine; if its acquisition's mapping write could still land, the mapping is
+  fenced first. Used by ``ras-liberator``.
+
+Every write is a ``rasd.writes.Write`` rendered for UpdateItem; a failed condition is a lost
+race (someone changed the item since it was read), reported as such, never retried blindly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rasd.decide import Orphan, orphan_verdict
+from rasd.lease import (
+    Mapping,
+    ResourceItem,
+    free_claim,
+    free_orphan,
+    map_fence,
+    map_pk,
+    map_release,
+    mapping_from,
+    resource_from,
+)
+from rasd.writes import ItemKey, Write, item_from_av, key_av, render
+
+from . import common
+
+Result = Literal["released", "freed_orphan", "lease", "lost_race"]
+
+
+def write(ddb: Any, table: str, w: Write) -> bool:
+    """Apply ``w``; False when its condition failed (a lost race)."""
+    try:
+        ddb.update_item(TableName=table, **render(w))
+    except Exception as exc:
+        if common.is_lost_race(exc):
+            return False
+        raise
+    return True
+
+
+def mapping_ident(r: ResourceItem) -> ItemKey:
+    assert r.key is not None
+    return (map_pk(r.client_id, r.pool_id, r.key), r.region)
+
+
+def get(ddb: Any, table: str, ident: ItemKey) -> dict[str, Any] | None:
+    resp = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True)
+    raw = resp.get("Item")
+    return item_from_av(raw) if raw else None
+
+
+def get_mapping(ddb: Any, table: str, r: ResourceItem) -> Mapping | None:
+    got = get(ddb, table, mapping_ident(r))
+    return mapping_from(got) if got else None
+
+
+def get_resource(ddb: Any, table: str, ident: ItemKey) -> ResourceItem | None:
+    got = get(ddb, table, ident)
+    return resource_from(got) if got else None
+
+
+def release_held(ddb: Any, table: str, r: ResourceItem, now_us: int, quarantine_us: int) -> Result:
+    """Release what ``r`` (read consistently, held) holds: mapping, then resource."""
+    assert r.key is not None and r.holder is not None
+    m = get_mapping(ddb, table, r)
+    verdict = orphan_verdict(r, m)
+    if verdict is not Orphan.LEASE:
+        return repair(ddb, table, r, m, now_us, quarantine_us)
+    if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us)):
+        return "lost_race"
+    write(ddb, table, free_claim(r.ident, r.key, r.holder, now_us, now_us + quarantine_us))
+    return "released"
+
+
+def repair(
+    ddb: Any,
+    table: str,
+    r: ResourceItem,
+    m: Mapping | None,
+    now_us: int,
+    quarantine_us: int,
+) -> Result:
+    """Free ``r`` if no mapping names it (fencing the mapping first when needed)."""
+    verdict = orphan_verdict(r, m)
+    if verdict is Orphan.LEASE:
+        return "lease"
+    fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
+    if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
+        return "lost_race"
+    if not write(ddb, table, free_orphan(r, now_us, quarantine_us)):
+        return "lost_race"
+    return "freed_orphan"

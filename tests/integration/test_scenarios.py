@@ -1,0 +1,277 @@
+"""The double allocations of ../shared/evidence/repro_lost_responses.py (scenarios A, B, C),
+replayed deterministically against moto on the new protocol: each must now keep I1 (a resource
+is never answered to two keys while a lease on it runs) and I2 (one resource per key per
+region). On the old protocol (lock item + index adoption) each of them double-allocated.
+
+Faults are injected under the store, at the aiobotocore client (a wrapper around the real
+store, as ``rasd.testing`` does): "applied, reply lost" makes the real write, then never
+answers, so the store's attempt timeout fires and the outcome is ambiguous (I4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from rasd import lease as L
+from rasd.acquire import Acquirer
+from rasd.clock import Clock, FakeClock
+from rasd.config import Config
+from rasd.errors import NoCapacity, RasdError
+from rasd.store import Store
+from rasd_jobs import dedupe, liberator
+from tests.conftest import scan_all, seed_pool
+
+pytestmark = pytest.mark.integration
+
+C, P = "demo", "default"
+Hook = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
+
+
+class Hooked:
+    """Wraps the aiobotocore client; ``hook(method, kw, real)`` decides what a call does."""
+
+    def __init__(self, inner: Any, hook: Hook) -> None:
+        self._inner, self._hook = inner, hook
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._inner, name)
+        if not callable(real) or name.startswith("_"):
+            return real
+
+        async def call(**kw: Any) -> Any:
+            return await self._hook(name, kw, real)
+
+        return call
+
+
+def names(kw: dict[str, Any]) -> set[str]:
+    return set(kw.get("ExpressionAttributeNames", {}).values())
+
+
+def is_map_acquire(kw: dict[str, Any]) -> bool:
+    vals = kw.get("ExpressionAttributeValues", {}).values()
+    return kw["Key"]["client_id"]["S"].startswith("#map#") and {"S": "pending"} in vals
+
+
+def is_claim(kw: dict[str, Any]) -> bool:
+    return "lease_available" in names(kw) and "attribute_exists" in kw.get(
+        "ConditionExpression", ""
+    )
+
+
+@asynccontextmanager
+async def daemons(
+    url: str, table: str, n: int, clock: Clock | None = None
+) -> AsyncIterator[list[Acquirer]]:
+    out: list[Acquirer] = []
+    try:
+        for i in range(n):
+            cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock")
+            store = Store(cfg.validate())
+            await store.start()
+            acq = Acquirer(cfg, store, clock=clock)
+            acq.owner = f"d{i + 1}"
+            await acq.load_pools(time.monotonic() + 5)
+            out.append(acq)
+        yield out
+    finally:
+        for a in out:
+            await a.drain(2.0)
+            await a.store.close()
+
+
+def req(clock: Clock | None = None, deadline: float = 1.0) -> tuple[int, float]:
+    """A request: lease end in an hour, and its deadline. Hooked requests get a roomy deadline
+    so the scenario does not depend on how loaded the machine is."""
+    now = clock.now_us() if clock else int(time.time() * L.US)
+    return now + 3600 * L.US, time.monotonic() + deadline
+
+
+def holders(ddb: Any, table: str) -> dict[str, str | None]:
+    return {
+        it["resource"]["S"]: it.get("key", {}).get("S")
+        for it in scan_all(ddb, table)
+        if it["client_id"]["S"] == C
+    }
+
+
+async def try_get(d: Acquirer, key: str, clock: Clock | None = None) -> str | None:
+    exp, dl = req(clock)
+    try:
+        lease, _ = await d.get_lease(C, P, key, exp, dl)
+    except NoCapacity:
+        return None
+    return lease.resource
+
+
+async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table: str) -> None:
+    """A: d1's mapping write lands but its reply is lost; meanwhile d2 serves the key. d1
+    must not give the claim back on a guess (I4), so no third key can get the resource."""
+    seed_pool(ddb, table, count=1, prefix="res-A")
+    async with daemons(moto_endpoint, table, 3) as (d1, d2, d3):
+        landed = asyncio.Event()
+        state: dict[str, Any] = {}
+
+        async def hook(name: str, kw: dict[str, Any], real: Any) -> Any:
+            if name == "update_item" and is_claim(kw):
+                resp = await real(**kw)
+                landed.set()
+                return resp
+            if name == "update_item" and is_map_acquire(kw) and "lost" not in state:
+                state["lost"] = await real(**kw)  # APPLIED
+                await landed.wait()
+                exp, dl = req(deadline=4.0)
+                lease, _ = await d2.get_lease(C, P, "k23", exp, dl)
+                state["d2"] = lease.resource
+                await asyncio.sleep(30)  # the reply is lost
+            return await real(**kw)
+
+        d1.store._client = Hooked(d1.store._client, hook)
+        exp, dl = req(deadline=8.0)
+        try:
+            got1: str | None = (await d1.get_lease(C, P, "k23", exp, dl))[0].resource
+        except RasdError:
+            got1 = None
+        assert state["d2"] == "res-A00000"
+        assert got1 in (None, "res-A00000")  # d1 may resolve it by reading back: same lease
+        await d1.drain(2.0)
+        assert await try_get(d3, "k99") is None  # NO_CAPACITY: res-A is k23's
+        hit = d2.try_hit(C, P, "k23", exp)
+        assert hit is not None and hit.resource == "res-A00000"
+        assert holders(ddb, table) == {"res-A00000": "k23"}
+
+
+async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table: str) -> None:
+    """B: d1 loses the mapping race to d2 and its claim's replies are all lost. The orphan
+    claim is never served (no mapping names it), is fenced or given back with quarantine, and
+    ras-dedupe / the liberator never free what d2 serves."""
+    seed_pool(ddb, table, count=2, prefix="res-")
+    async with daemons(moto_endpoint, table, 3) as (d1, d2, d3):
+        from rasd.prefetch import Candidate
+
+        for d, r in ((d1, "res-00000"), (d2, "res-00001")):
+            raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
+            item = L.item_from_ddb(raw["Item"])
+
+            async def cand(pool: Any, deadline: float, d: Acquirer = d, item: Any = item) -> Any:
+                return Candidate(item, d.clock.mono())
+
+            d.prefetch.candidate = cand  # type: ignore[method-assign]
+        d2_done = asyncio.Event()
+        state: dict[str, Any] = {}
+
+        async def hook(name: str, kw: dict[str, Any], real: Any) -> Any:
+            if name == "update_item" and is_map_acquire(kw) and "race" not in state:
+                state["race"] = True
+                exp, dl = req(deadline=4.0)  # d2 misses the same new key at once and wins
+                lease, _ = await d2.get_lease(C, P, "k23", exp, dl)
+                state["d2"] = lease.resource
+                d2_done.set()
+                return await real(**kw)  # d1's mapping write: condition fails
+            if name == "update_item" and is_claim(kw):
+                await d2_done.wait()
+                if "claimed" not in state:
+                    state["claimed"] = await real(**kw)  # APPLIED
+                await asyncio.sleep(30)  # every reply lost
+            return await real(**kw)
+
+        d1.store._client = Hooked(d1.store._client, hook)
+        exp, dl = req(deadline=8.0)
+        try:
+            await d1.get_lease(C, P, "k23", exp, dl)
+        except RasdError:
+            pass
+        assert state["d2"] == "res-00001"
+        d1.store._client = d1.store._client._inner  # heal
+        await d1.drain(3.0)
+        exp, dl = req()
+        l1, _ = await d1.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
+        assert l1.resource == "res-00001", "d1 must serve the mapping's lease, not its orphan"
+        now = int(time.time() * L.US)
+        dedupe.run(ddb, dedupe.Options(table=table, region="us-east-1", now_us=now))
+        liberator.run(
+            ddb, liberator.Options(table=table, region="us-east-1", now_us=now, orphan_age_us=0)
+        )
+        # Neither resource is claimable now: res-00001 is k23's, res-00000 is quarantined.
+        assert await try_get(d3, "k99") is None
+        hit = d2.try_hit(C, P, "k23", exp)
+        assert hit is not None and hit.resource == "res-00001"
+        assert holders(ddb, table) == {"res-00000": None, "res-00001": "k23"}
+
+
+async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: str) -> None:
+    """C: k23 is cached on d1 and d2 and released through d1. The resource stays unclaimable
+    for the quarantine, longer than d2 may serve its cached answer (S); after both, it is
+    claimable again."""
+    seed_pool(ddb, table, count=2, prefix="res-")
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    async with daemons(moto_endpoint, table, 2, clock=clock) as (d1, d2):
+        a = await try_get(d1, "k23", clock)
+        b = await try_get(d2, "k23", clock)
+        assert a is not None and a == b
+        assert await d1.release(C, P, "k23", time.monotonic() + 1) == 1
+        await d1.drain(2.0)
+        other = await try_get(d1, "k99", clock)
+        assert other is not None and other != a
+        exp, _ = req(clock)
+        hit = d2.try_hit(C, P, "k23", exp)
+        assert hit is not None and hit.resource == a  # stale, within S: allowed by I3
+        assert await try_get(d1, "k77", clock) is None  # the only other one is quarantined
+        cfg = d1.cfg
+        clock.advance(cfg.confirm_interval + 0.1)
+        assert d2.try_hit(C, P, "k23", req(clock)[0]) is None  # S passed: not served
+        clock.advance(cfg.quarantine - cfg.confirm_interval)
+        d1.prefetch.buffers.clear()
+        assert await try_get(d1, "k77", clock) == a  # Q passed: claimable again
+
+
+async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, table: str) -> None:
+    """A daemon whose clock runs ahead by the skew bound claims a released resource no earlier
+    than quarantine - skew after the release: still after every cache elsewhere has let the
+    old answer go (quarantine >= S + skew)."""
+    seed_pool(ddb, table, count=1, prefix="res-")
+    base = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    async with daemons(moto_endpoint, table, 1, clock=base) as (d1,):
+        skew = d1.cfg.max_clock_skew
+        ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
+        async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
+            assert await try_get(d1, "k1", base) == "res-00000"
+            assert await d1.release(C, P, "k1", time.monotonic() + 1) == 1
+            await d1.drain(2.0)
+            q = d1.cfg.quarantine
+            for c in (base, ahead):
+                c.advance(q - skew - 0.5)
+            assert await try_get(d2, "k2", ahead) is None
+            assert q - skew - 0.5 > d1.cfg.confirm_interval  # every cache let go by now
+            for c in (base, ahead):
+                c.advance(1.0)
+            d2.prefetch.buffers.clear()
+            assert await try_get(d2, "k2", ahead) == "res-00000"
+
+
+def test_liberator_waits_for_the_grace(ddb: Any, table: str) -> None:
+    """The liberator frees a lease only when its end plus --grace has passed on its own clock,
+    so a liberator whose clock runs ahead by up to the grace never frees a running lease."""
+    seed_pool(ddb, table, count=1, prefix="res-")
+    now = int(time.time() * L.US)
+    raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": "res-00000"}})
+    item = L.item_from_ddb(raw["Item"])
+    from rasd.writes import render
+
+    exp = now + 10 * L.US
+    ddb.update_item(TableName=table, **render(L.claim(item, "k", exp, now, "tok", 1)))
+    grace = 2 * L.US
+    for at, freed in ((exp + grace - 1, 0), (exp + grace + 1, 1)):
+        got = liberator.run(
+            ddb,
+            liberator.Options(
+                table=table, region="us-east-1", now_us=at, grace_us=grace, orphan_age_us=None
+            ),
+        )
+        assert got["freed"] == freed

@@ -1,0 +1,203 @@
+"""Every branch of the acquisition protocol's pure decisions (rasd.decide), time passed in.
+The protocol checker (check/) explores how they compose; these pin each one down."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rasd import decide as D
+from rasd import lease as L
+
+NOW = 1_800_000_000 * L.US
+S = L.US
+RULES = D.Rules(
+    margin_us=5 * S, grace_us=2 * S, pending_hold_us=2 * S, quarantine_us=57 * S, confirm_us=30 * S
+)
+A, R, U = D.Outcome.APPLIED, D.Outcome.REJECTED, D.Outcome.UNKNOWN
+
+
+def m(
+    state: str = L.LIVE,
+    exp: int = NOW + 3600 * S,
+    region: str = "us-east-1",
+    since: int = NOW - 10 * S,
+    res: str = "r1",
+    ver: int = 3,
+    token: str = "tok",
+    rver: int = 4,
+) -> L.Mapping:
+    return L.Mapping("c", "p", "k", region, ver, state, token, res, rver, exp, since)
+
+
+def r(holder: str | None = "tok", key: str | None = "k", version: int = 5) -> L.ResourceItem:
+    return L.ResourceItem(
+        "c", "r1", "p", "us-east-1", "x", version, key, NOW + 3600 * S, None, NOW, holder, 3
+    )
+
+
+# ------------------------------------------------------------------------------ on_read
+def test_no_mapping_acquires_at_version_zero() -> None:
+    assert D.on_read(None, [], NOW, RULES) == D.Acquire(0)
+
+
+def test_free_mapping_acquires_at_its_version() -> None:
+    assert D.on_read(m(state=L.FREE, ver=7), [], NOW, RULES) == D.Acquire(7)
+
+
+def test_live_mapping_is_served() -> None:
+    d = D.on_read(m(), [], NOW, RULES)
+    assert isinstance(d, D.Serve) and d.lease.resource == "r1" and not d.foreign
+    assert d.lease.token == "tok" and d.lease.version == 5
+
+
+def test_live_mapping_near_its_end_is_extended_not_served() -> None:
+    """Within the margin of its end (and until the liberator's grace), extend first."""
+    assert D.on_read(m(exp=NOW + 4 * S), [], NOW, RULES) == D.Extend(m(exp=NOW + 4 * S))
+    assert isinstance(D.on_read(m(exp=NOW - 1 * S), [], NOW, RULES), D.Extend)
+
+
+def test_lapsed_mapping_acquires_anew() -> None:
+    """Past its end plus the grace, the liberator may free the resource: acquire again."""
+    assert D.on_read(m(exp=NOW - 2 * S, ver=9), [], NOW, RULES) == D.Acquire(9)
+
+
+def test_pending_mapping_is_verified() -> None:
+    p = m(state=L.PENDING)
+    assert D.on_read(p, [], NOW, RULES) == D.Verify(p)
+
+
+def test_foreign_lease_is_served_instead_of_acquiring() -> None:
+    """Another region's live lease is served as it is (avoids a cross-region duplicate)."""
+    f = m(region="eu-west-1", res="rf")
+    d = D.on_read(None, [f], NOW, RULES)
+    assert isinstance(d, D.Serve) and d.foreign and d.lease.resource == "rf"
+    d = D.on_read(m(state=L.PENDING), [f], NOW, RULES)
+    assert isinstance(d, D.Serve) and d.foreign
+
+
+def test_earliest_of_cross_region_duplicates_is_served_everywhere() -> None:
+    own = m(since=NOW - 5 * S)
+    older = m(region="eu-west-1", res="rf", since=NOW - 9 * S)
+    newer = m(region="eu-west-1", res="rf", since=NOW - 1 * S)
+    d = D.on_read(own, [older], NOW, RULES)
+    assert isinstance(d, D.Serve) and d.lease.resource == "rf"
+    d = D.on_read(own, [newer], NOW, RULES)
+    assert isinstance(d, D.Serve) and d.lease.resource == "r1"
+
+
+def test_foreign_pending_or_ending_is_ignored() -> None:
+    assert D.on_read(None, [m(region="eu-west-1", state=L.PENDING)], NOW, RULES) == D.Acquire(0)
+    ending = m(region="eu-west-1", exp=NOW + 1 * S)
+    assert D.on_read(None, [ending], NOW, RULES) == D.Acquire(0)
+
+
+# -------------------------------------------------------------------------- on_resource
+def test_pending_whose_claim_landed_is_served_and_confirmed() -> None:
+    p = m(state=L.PENDING)
+    d = D.on_resource(p, r(), NOW, RULES)
+    assert isinstance(d, D.Serve) and d.confirm == p
+
+
+def test_pending_whose_claim_landed_near_its_end_is_extended() -> None:
+    p = m(state=L.PENDING, exp=NOW + 1 * S)
+    d = D.on_resource(p, r(), NOW, RULES)
+    assert isinstance(d, D.Extend) and d.mapping.state == L.LIVE
+
+
+def test_young_pending_waits_for_its_acquirer() -> None:
+    p = m(state=L.PENDING, since=NOW - 1 * S)
+    assert isinstance(D.on_resource(p, r(holder="other"), NOW, RULES), D.Wait)
+    assert isinstance(D.on_resource(p, None, NOW, RULES), D.Wait)
+
+
+def test_old_pending_whose_claim_may_still_land_is_fenced() -> None:
+    """The resource is still at the version the claim was conditioned on: fence it."""
+    p = m(state=L.PENDING, rver=4)
+    free = replace(r(holder=None, key=None, version=4))
+    assert D.on_resource(p, free, NOW, RULES) == D.FenceResource(free)
+
+
+def test_old_pending_whose_claim_can_never_land_is_taken_over() -> None:
+    """The resource moved past the claim's version without the claim: take over."""
+    p = m(state=L.PENDING, rver=4, ver=6)
+    assert D.on_resource(p, r(holder="other", version=5), NOW, RULES) == D.Acquire(6)
+    assert D.on_resource(p, None, NOW, RULES) == D.Acquire(6)
+
+
+def test_claim_landed_needs_token_key_and_resource() -> None:
+    p = m(state=L.PENDING)
+    assert D.claim_landed(p, r())
+    assert not D.claim_landed(p, r(holder="other"))
+    assert not D.claim_landed(p, r(key="k2"))
+    assert not D.claim_landed(replace(p, resource="r9"), r())
+    assert not D.claim_landed(p, None)
+
+
+# ------------------------------------------------------------------------ after_acquire
+@pytest.mark.parametrize(
+    ("mapping", "claim", "expected"),
+    [
+        (A, A, D.Won()),
+        (A, R, D.NextCandidate(4)),
+        (R, A, D.GiveBack()),
+        (R, R, D.Reread("another daemon wrote the mapping first")),
+        (R, U, D.FenceOwnClaim()),
+    ],
+)
+def test_after_acquire(mapping: D.Outcome, claim: D.Outcome, expected: D.AcquireStep) -> None:
+    assert D.after_acquire(mapping, claim, 3) == expected
+
+
+@pytest.mark.parametrize(("mapping", "claim"), [(A, U), (U, A), (U, R), (U, U)])
+def test_after_acquire_never_acts_on_an_unknown_mapping_or_own_claim(
+    mapping: D.Outcome, claim: D.Outcome
+) -> None:
+    """I4: with the mapping's or (mapping applied) the claim's outcome unknown, give up and
+    leave the state for a reader to resolve; never give a claim back on a guess."""
+    assert isinstance(D.after_acquire(mapping, claim, 3), D.GiveUp)
+
+
+# ------------------------------------------------------------------------- after_extend
+def test_after_extend() -> None:
+    assert D.after_extend(A, A) == D.Extended()
+    assert D.after_extend(A, R) == D.FreeOrphan()
+    assert isinstance(D.after_extend(A, U), D.Forget)
+    assert isinstance(D.after_extend(R, None), D.Forget)
+    assert isinstance(D.after_extend(U, None), D.Forget)
+
+
+# ------------------------------------------------------------------------------ release
+def test_release_decisions() -> None:
+    assert isinstance(D.on_release_read(None, NOW, RULES), D.NotHeld)
+    assert isinstance(D.on_release_read(m(state=L.FREE), NOW, RULES), D.NotHeld)
+    assert isinstance(D.on_release_read(m(exp=NOW - 3 * S), NOW, RULES), D.NotHeld)
+    d = D.on_release_read(m(), NOW, RULES)
+    assert isinstance(d, D.ReleaseLease) and d.lease.token == "tok"
+    p = m(state=L.PENDING)
+    assert D.on_release_read(p, NOW, RULES) == D.Verify(p)
+    assert isinstance(D.on_release_resource(p, r(), NOW, RULES), D.ReleaseLease)
+    dead = m(state=L.PENDING, rver=4)
+    assert D.on_release_resource(dead, r(holder="x", version=6), NOW, RULES) == D.DropMapping(dead)
+    young = m(state=L.PENDING, since=NOW)
+    assert isinstance(D.on_release_resource(young, r(holder="x"), NOW, RULES), D.Wait)
+
+
+# ------------------------------------------------------------------------------- repair
+def test_orphan_verdict() -> None:
+    """A held resource no mapping names (and none ever will) is an orphan; one whose mapping
+    write could still land needs the mapping fenced first."""
+    held = replace(r(), mver=3)
+    assert D.orphan_verdict(held, m(ver=3)) is D.Orphan.LEASE
+    assert D.orphan_verdict(held, m(state=L.PENDING, ver=3)) is D.Orphan.LEASE
+    assert D.orphan_verdict(held, m(token="other", ver=3)) is D.Orphan.ORPHAN
+    assert D.orphan_verdict(held, m(state=L.FREE, ver=5)) is D.Orphan.ORPHAN
+    assert D.orphan_verdict(held, m(token="other", ver=2)) is D.Orphan.FENCE_MAPPING
+    assert D.orphan_verdict(replace(held, mver=1), None) is D.Orphan.FENCE_MAPPING
+    assert D.orphan_verdict(held, None) is D.Orphan.ORPHAN  # reaped by TTL long ago
+
+
+def test_cache_validity_is_the_earlier_bound() -> None:
+    assert D.cache_valid_until_us(NOW, NOW + 3600 * S, RULES) == NOW + 30 * S
+    assert D.cache_valid_until_us(NOW, NOW + 10 * S, RULES) == NOW + 5 * S
