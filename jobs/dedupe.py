@@ -11,8 +11,9 @@ unclaimable for the quarantine so that caches still serving it run out first (I1
 Only live leases are grouped (expired ones are the liberator's): the daemons choose among
 live leases, and so must this job, or it could release the lease they serve.
 
-Before releasing anything it re-reads the survivor (strongly consistent GetItem): if the
-survivor no longer holds the key, the group changed under us and is left for the next run.
+The index is eventually consistent, so nothing is decided from it: every item of a group is
+read again, strongly consistently, with its region's mapping item. Within a region only the
+item the mapping names is a lease; any other is an orphan (a crash left it), freed like one.
 
 Only items of the job's own region are released. Extras of other regions are reported in the
 log (``foreign_duplicate``) and counted as ``foreign_reported``, unless ``--peer-endpoint
@@ -35,6 +36,7 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
+from rasd.decide import Orphan, orphan_verdict
 from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, pick
 
 from . import common, leases
@@ -65,17 +67,6 @@ def duplicates(
 ) -> list[tuple[GroupKey, list[ResourceItem]]]:
     """Groups holding more than one item, in a stable order."""
     return sorted(((k, v) for k, v in groups.items() if len(v) > 1), key=lambda kv: kv[0])
-
-
-def plan(items: list[ResourceItem]) -> tuple[ResourceItem, list[ResourceItem]]:
-    """(survivor, extras) for one key's items: ``pick()``'s choice and the rest."""
-    keep = pick(items)
-    assert keep is not None
-    extras = sorted(
-        (it for it in items if (it.client_id, it.resource) != (keep.client_id, keep.resource)),
-        key=lambda it: (it.region, it.resource),
-    )
-    return keep, extras
 
 
 def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, list[ResourceItem]]:
@@ -122,21 +113,65 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     return groups
 
 
-def still_holds(ddb: Any, table: str, item: ResourceItem) -> bool:
-    """Does the survivor still hold its key (strongly consistent read of this replica)?"""
-    resp = ddb.get_item(
-        TableName=table,
-        Key={"client_id": {"S": item.client_id}, "resource": {"S": item.resource}},
-        ConsistentRead=True,
-        ProjectionExpression="#k, pool_id",
-        ExpressionAttributeNames={"#k": "key"},
-    )
-    cur = resp.get("Item")
-    return (
-        cur is not None
-        and cur.get("key", {}).get("S") == item.key
-        and cur.get("pool_id", {}).get("S") == item.pool_id
-    )
+def replica(ddb: Any, opts: Options, region: str) -> Any | None:
+    """The client that may write ``region``'s items: ours, or a --peer-endpoint's."""
+    return ddb if region == opts.region else opts.peers.get(region)
+
+
+def examine(
+    ddb: Any, opts: Options, items: list[ResourceItem]
+) -> tuple[list[ResourceItem], list[ResourceItem]]:
+    """(leases, orphans) among one key's items, decided on strongly consistent reads of each
+    item and of its region's mapping (in that region's replica when we can write there): a
+    held item its region's mapping does not name is an orphan, never a lease."""
+    real: list[ResourceItem] = []
+    orphans: list[ResourceItem] = []
+    for it in items:
+        client = replica(ddb, opts, it.region) or ddb
+        fresh = leases.get_resource(client, opts.table, it.ident)
+        if fresh is None or fresh.key != it.key or fresh.holder is None:
+            continue  # changed since the scan (released, liberated): nothing to do
+        m = leases.get_mapping(client, opts.table, fresh)
+        (real if orphan_verdict(fresh, m) is Orphan.LEASE else orphans).append(fresh)
+    return real, orphans
+
+
+def release_one(
+    ddb: Any,
+    opts: Options,
+    it: ResourceItem,
+    what: str,
+    counts: Counter[str],
+    ctx: dict[str, Any],
+) -> None:
+    ictx = {**ctx, "resource": it.resource, "region": it.region, "version": it.version}
+    client = replica(ddb, opts, it.region)
+    if client is None:
+        counts["foreign_reported"] += 1
+        log.warning(
+            "foreign_duplicate",
+            kind=what,
+            lease_acquired=fmt_time(it.lease_acquired_us or 0),
+            hint=f"run ras-dedupe --region {it.region} against that region's table",
+            **ictx,
+        )
+        return
+    if opts.dry_run:
+        counts["would_release"] += 1
+        log.info("would_release", kind=what, **ictx)
+        return
+    try:
+        got = leases.release_held(client, opts.table, it, opts.now_us, opts.quarantine_us)
+    except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+        counts["errors"] += 1
+        log.error("release_failed", error=repr(exc), **ictx)
+        return
+    if got == "lost_race":
+        counts["lost_races"] += 1
+        log.info("lost_race", **ictx)
+        return
+    counts["orphans_freed" if got == "freed_orphan" else "released"] += 1
+    log.info("released", kind=what, **ictx)
 
 
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
@@ -147,60 +182,26 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     del groups
     for (client_id, pool_id, key), items in dups:
         counts["duplicate_keys"] += 1
-        keep, extras = plan(items)
         ctx = {"client_id": client_id, "pool_id": pool_id, "key": key}
-        log.info(
-            "duplicate_key",
-            keep=keep.resource,
-            keep_region=keep.region,
-            extras=[f"{it.region}:{it.resource}" for it in extras],
-            **ctx,
-        )
         try:
-            if not still_holds(ddb, opts.table, keep):
-                counts["lost_races"] += 1
-                log.info("survivor_changed", resource=keep.resource, **ctx)
-                continue
+            real, orphans = examine(ddb, opts, items)
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             counts["errors"] += 1
-            log.error("read_failed", resource=keep.resource, error=repr(exc), **ctx)
+            log.error("read_failed", error=repr(exc), **ctx)
             continue
-        for it in extras:
-            ictx = {**ctx, "resource": it.resource, "region": it.region, "version": it.version}
-            client = ddb if it.region == opts.region else opts.peers.get(it.region)
-            if client is None:
-                counts["foreign_reported"] += 1
-                log.warning(
-                    "foreign_duplicate",
-                    lease_acquired=fmt_time(it.lease_acquired_us or 0),
-                    hint=f"run ras-dedupe --region {it.region} against that region's table",
-                    **ictx,
-                )
-                continue
-            if opts.dry_run:
-                counts["would_release"] += 1
-                log.info("would_release", **ictx)
-                continue
-            try:
-                # The index is eventually consistent: decide on a consistent read.
-                fresh = leases.get_resource(client, opts.table, it.ident)
-                if fresh is None or fresh.key != it.key or fresh.holder is None:
-                    counts["lost_races"] += 1
-                    log.info("lost_race", **ictx)
-                    continue
-                got = leases.release_held(
-                    client, opts.table, fresh, opts.now_us, opts.quarantine_us
-                )
-            except Exception as exc:  # noqa: BLE001 - counted; the next run retries
-                counts["errors"] += 1
-                log.error("release_failed", error=repr(exc), **ictx)
-                continue
-            if got == "lost_race":
-                counts["lost_races"] += 1
-                log.info("lost_race", **ictx)
-                continue
-            counts["released"] += 1
-            log.info("released", **ictx)
+        keep = pick(real)
+        extras = sorted(
+            (it for it in real if it is not keep), key=lambda it: (it.region, it.resource)
+        )
+        log.info(
+            "duplicate_key",
+            keep=f"{keep.region}:{keep.resource}" if keep else None,
+            extras=[f"{it.region}:{it.resource}" for it in extras],
+            orphans=[f"{it.region}:{it.resource}" for it in orphans],
+            **ctx,
+        )
+        for it, what in [*((o, "orphan") for o in orphans), *((e, "extra") for e in extras)]:
+            release_one(ddb, opts, it, what, counts, ctx)
     summary: dict[str, Any] = {
         "job": "dedupe",
         "table": opts.table,
@@ -209,6 +210,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "scanned": counts["scanned"],
         "duplicate_keys": counts["duplicate_keys"],
         "released": counts["released"],
+        "orphans_freed": counts["orphans_freed"],
         "foreign_reported": counts["foreign_reported"],
         "lost_races": counts["lost_races"],
         "errors": counts["errors"],
