@@ -93,3 +93,50 @@ def scan_all(ddb: Any, table: str) -> list[dict[str, Any]]:
         if "LastEvaluatedKey" not in resp:
             return items
         kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def hold(
+    ddb: Any,
+    table: str,
+    resource: str,
+    key: str,
+    expires_us: int,
+    now_us: int,
+    client_id: str = "demo",
+    token: str | None = None,
+) -> str:
+    """Lease ``resource`` to ``key`` exactly as a daemon does (docs/design.md): the mapping
+    item at the version read, the claim with the same token, then the confirmation. Returns
+    the token. Leasing a key again in the same region leaves the earlier resource an orphan,
+    as a crash can."""
+    from rasd import lease as L
+    from rasd.writes import item_from_av, key_av, render
+
+    raw = ddb.get_item(
+        TableName=table,
+        Key={"client_id": {"S": client_id}, "resource": {"S": resource}},
+        ConsistentRead=True,
+    )["Item"]
+    item = L.item_from_ddb(raw)
+    ident = (L.map_pk(client_id, item.pool_id, key), item.region)
+    got = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True).get("Item")
+    ver = L.mapping_from(item_from_av(got)).ver if got else 0
+    tok = token or f"tok-{resource}-{ver}"
+    w = L.map_acquire(ident, ver, tok, resource, item.version, expires_us, now_us, "test")
+    ddb.update_item(TableName=table, **render(w))
+    ddb.update_item(TableName=table, **render(L.claim(item, key, expires_us, now_us, tok, ver + 1)))
+    m = L.Mapping(
+        client_id,
+        item.pool_id,
+        key,
+        item.region,
+        ver + 1,
+        L.PENDING,
+        tok,
+        resource,
+        item.version,
+        expires_us,
+        now_us,
+    )
+    ddb.update_item(TableName=table, **render(L.map_confirm(m)))
+    return tok

@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from rasd import lease
 from rasd.lease import US, item_from_ddb, partition_name
+from rasd.writes import render
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, s3state
 from tests.conftest import scan_all, seed_pool
@@ -81,8 +82,9 @@ def claim_n(ddb: Any, table: str, region: str, n: int, now_us: int, prefix: str 
             if len(got) == n:
                 return got
             it = item_from_ddb(raw)
-            upd = lease.claim(it, f"{prefix}{len(got)}", now_us + 3600 * US, now_us, region)
-            ddb.update_item(TableName=table, **upd)
+            k = f"{prefix}{len(got)}"
+            upd = lease.claim(it, k, now_us + 3600 * US, now_us, f"tok-{k}", 1)
+            ddb.update_item(TableName=table, **render(upd))
             got.append(it)
     assert len(got) == n
     return got
@@ -120,7 +122,8 @@ class Hooked:
 
 
 def is_move(kw: dict[str, Any]) -> bool:
-    return ":to" in kw.get("ExpressionAttributeValues", {})
+    """The balancer's move: the only write that sets ``partition`` (rasd.lease.move)."""
+    return "partition" in kw.get("ExpressionAttributeNames", {}).values()
 
 
 # --------------------------------------------------------------------------------- tests
@@ -188,7 +191,8 @@ def test_move_racing_a_claim_leaves_exactly_one_owner(
     def claim_it(kw: dict[str, Any]) -> None:
         raw = ddb.get_item(TableName=table, Key=kw["Key"], ConsistentRead=True)["Item"]
         it = item_from_ddb(raw)
-        ddb.update_item(TableName=table, **lease.claim(it, "winner", T0 + 3600 * US, T0, W))
+        w = lease.claim(it, "winner", T0 + 3600 * US, T0, "tok-winner", 1)
+        ddb.update_item(TableName=table, **render(w))
         raced.append(it.resource)
 
     clients.ddb = Hooked(ddb, "update_item", is_move, claim_it)

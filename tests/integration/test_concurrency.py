@@ -20,6 +20,8 @@ import pytest
 
 import rasd_client
 from rasd import lease as L
+from rasd import writes as W
+from rasd_jobs import liberator
 from tests.conftest import scan_all, seed_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.concurrency]
@@ -62,29 +64,61 @@ def start_daemon(sock: str, table: str, endpoint: str, region: str = "us-east-1"
 
 
 def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> dict[str, int]:
-    rows = [L.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == "demo"]
+    """The table against what clients were answered (docs/design.md, I1 and I2).
+
+    Every client answer must be the lease its key's mapping names, held in the table by that
+    key; no resource may have been answered to two keys. A held resource that no mapping
+    names is an orphan (an acquisition whose outcome was lost): never answered to anyone,
+    and freed by the liberator's orphan repair, after which no key holds two resources.
+    """
+    items = [W.item_from_av(it) for it in scan_all(ddb, table)]
+    rows = [L.resource_from(it) for it in items if it["client_id"] == "demo"]
+    maps = {
+        (m.key, m.region): m
+        for m in (L.mapping_from(it) for it in items if L.is_mapping_pk(str(it["client_id"])))
+    }
     by_resource = {r.resource: r for r in rows}
-    held: dict[str, list[str]] = defaultdict(list)
+    named: dict[str, str] = {}  # key -> the resource its mapping names (and that it holds)
+    orphans = []
     for r in rows:
         if r.key is not None:
             assert r.lease_available is None, f"{r.resource} is both leased and available"
-            if r.region == region:
-                held[r.key].append(r.resource)
+            m = maps.get((r.key, r.region))
+            if m is not None and m.token == r.holder and m.resource == r.resource:
+                if r.region == region:
+                    assert r.key not in named, f"{r.key} has two leases in {region}"
+                    named[r.key] = r.resource
+            else:
+                orphans.append(r)
         else:
             assert r.lease_available is not None, f"{r.resource} neither leased nor free"
-    dup = {k: v for k, v in held.items() if len(v) > 1}
-    assert not dup, f"keys holding several resources in {region}: {dup}"
     seen_by_clients: dict[str, set[str]] = defaultdict(set)
     for res in results:
         if "error" in res:
             continue
         row = by_resource[res["resource"]]
         assert row.key == res["key"], f"client got {res}, table says {row}"
+        assert named.get(res["key"]) == res["resource"], f"client got {res}, not its lease"
         assert row.version >= res["version"]
         seen_by_clients[res["resource"]].add(res["key"])
     two = {r: ks for r, ks in seen_by_clients.items() if len(ks) > 1}
     assert not two, f"resources handed to two keys: {two}"
-    return {"leased": sum(len(v) for v in held.values()), "keys": len(held)}
+    answered = {res["resource"] for res in results if "error" not in res}
+    assert not answered & {o.resource for o in orphans}, "an orphan was answered"
+    # The liberator's orphan repair frees what the daemons' give-backs did not.
+    now = int(time.time() * L.US)
+    got = liberator.run(
+        ddb, liberator.Options(table=table, region=None, now_us=now, orphan_age_us=0)
+    )
+    assert got["orphans_freed"] == len(orphans) and got["errors"] == 0, got
+    held: dict[str, list[str]] = defaultdict(list)
+    for it in scan_all(ddb, table):
+        r = L.item_from_ddb(it) if it["client_id"]["S"] == "demo" else None
+        if r is not None and r.key is not None and r.region == region:
+            held[r.key].append(r.resource)
+    dup = {k: v for k, v in held.items() if len(v) > 1}
+    assert not dup, f"keys holding several resources in {region}: {dup}"
+    return {"leased": len(named), "keys": len(named), "orphans": len(orphans)}
 
 
 @pytest.mark.slow
@@ -138,10 +172,12 @@ def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str)
     assert new == len(requested), "each key was acquired exactly once"
     assert sum(s.get("lease.new", 0) for s in stats) == len(requested)
     print(
-        "lock_busy",
-        sum(s.get("acq.lock_busy", 0) for s in stats),
-        "undone",
-        sum(s.get("acq.undone", 0) for s in stats),
+        "waits",
+        sum(s.get("acq.waits", 0) for s in stats),
+        "gave_back",
+        sum(s.get("acq.gave_back", 0) for s in stats),
         "conflicts",
         sum(s.get("prefetch.conflicts", 0) for s in stats),
+        "orphans",
+        summary["orphans"],
     )

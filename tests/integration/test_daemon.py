@@ -20,7 +20,7 @@ from rasd import lease as L
 from rasd.clock import FakeClock
 from rasd_client import _wire
 from rasd_client import aio as rasd_aio
-from tests.conftest import scan_all, seed_pool
+from tests.conftest import hold, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +82,9 @@ async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> 
 async def test_expiry_relet_refresh_ahead_and_release(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
-    """Cache entries die before the lease; an expired unliberated lease is re-let to the same
-    key; a sliding lease_expires extends in the background; release frees the item."""
+    """A sliding lease_expires extends in the background (resource, then mapping); a shorter
+    request never writes; a lease past its end and the liberator's grace is not served, the
+    key gets a new one; release frees the item with quarantine."""
     seed_pool(ddb, table, count=10)
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
     async with make_daemon(clock=clock, skew_margin=5.0, extend_fraction=0.5) as d:
@@ -96,21 +97,24 @@ async def test_expiry_relet_refresh_ahead_and_release(
         assert b.lease_expires == a.lease_expires and not b.new  # served from the cache
         await wait_for(lambda: d.counters["lease.extended"] == 1, "extension")
         c = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
-        assert c.resource == a.resource and c.version == a.version + 1
+        assert c.resource == a.resource and c.version == a.version  # same acquisition
         assert c.lease_expires > a.lease_expires
+        assert d.counters["ddb.UpdateItem"] >= 4  # claim, mapping, confirm, then R and M
         # a shorter request never shortens and never writes
         writes = d.counters["ddb.UpdateItem"]
         await rasd_aio.get_lease(C, P, "k", exp(clock, 10), socket_path=s)
         assert d.counters["ddb.UpdateItem"] == writes
-        # expiry: past the end (not liberated) -> the same resource is re-let to the same key
+        # expiry: past the end and the grace -> a new lease (the old item is the liberator's)
         clock.advance(200)
         e = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
-        assert e.resource == a.resource and e.new and e.version == c.version + 1
-        assert d.counters["lease.relet"] == 1
-        # release: the item is free again, the next call acquires anew
+        assert e.new and e.resource != a.resource
+        # release: the item is free again, claimable after the quarantine
         await rasd_aio.release(C, P, "k", socket_path=s)
-        row = item_of(ddb, table, a.resource)
-        assert "key" not in row and "lease_available" in row
+        await d.acquirer.drain(2.0)
+        row = item_of(ddb, table, e.resource)
+        assert "key" not in row
+        q = int(d.cfg.quarantine * L.US)
+        assert L.parse_time(row["lease_available"]["S"]) == clock.now_us() + q
         with pytest.raises(rasd_client.NotHeld):
             await rasd_aio.release(C, P, "k", socket_path=s)
         f = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
@@ -124,16 +128,13 @@ async def test_other_regions_lease_is_returned_unchanged(
     names = seed_pool(ddb, table, region="eu-west-1", count=3)
     seed_pool(ddb, table, region="us-east-1", count=3, prefix="us-")
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
-    row = item_of(ddb, table, names[0])
-    item = L.item_from_ddb(row)
-    upd = L.claim(item, "eu-key", clock.now_us() + 30 * L.US, clock.now_us(), "eu-west-1")
-    ddb.update_item(TableName=table, **upd)
+    hold(ddb, table, names[0], "eu-key", clock.now_us() + 30 * L.US, clock.now_us())
     async with make_daemon(clock=clock) as d:
         got = await rasd_aio.get_lease(C, P, "eu-key", exp(clock, 3600), socket_path=d.cfg.socket)
         assert got.resource == names[0] and got.region == "eu-west-1" and not got.new
         await asyncio.sleep(0.05)  # let any (wrong) background extension run
         assert d.counters["ddb.UpdateItem"] == 0
-        assert item_of(ddb, table, names[0])["version"]["N"] == "1"
+        assert item_of(ddb, table, names[0])["version"]["N"] == "1"  # the claim's write only
         with pytest.raises(rasd_client.NotHeld, match="eu-west-1"):
             await rasd_aio.release(C, P, "eu-key", socket_path=d.cfg.socket)
 

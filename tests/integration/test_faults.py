@@ -14,7 +14,6 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,13 @@ from structlog.testing import capture_logs
 import rasd_client
 from rasd import acquire
 from rasd import lease as L
+from rasd import writes as W
 from rasd.clock import Clock, FakeClock
 from rasd.config import Config
+from rasd.prefetch import Candidate
 from rasd.server import Daemon
 from rasd.testing import Faults, FaultyStore, Rule
+from rasd.writes import item_from_av, key_av, render
 from rasd_client import aio as rasd_aio
 from tests.conftest import scan_all, seed_pool
 
@@ -126,6 +128,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
         s = d.cfg.socket
         cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
         await d.acquirer.prefetch.idle()  # a refill succeeding later would reset the count
+        await wait_for(lambda: not d.acquirer._bg, "the mapping's confirmation")  # likewise
         faults.add("down")  # every operation: connection refused
         seen = faults.calls()
         again = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
@@ -281,169 +284,119 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
         await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
         await wait_for(lambda: d.counters["lease.extended"] == 1, "retried extension")
         after = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
-        assert after.version == first.version + 1
+        assert after.version == first.version  # the same acquisition: same fencing token
         assert after.lease_expires > first.lease_expires
         assert d.counters["lease.extend_errors"] == 1
 
 
-@dataclass
-class SlowNthWrite(Faults):
-    """No faults, except that the ``nth`` UpdateItem attempt is ``delay`` seconds late.
-    ``on_first_write`` runs just before the first UpdateItem (the daemon's lock write) goes
-    out: a "ghost" daemon taking the lock between the daemon's read of it and its own write."""
-
-    nth: int = 3
-    delay: float = 1.0
-    on_first_write: Callable[[], None] = lambda: None
-
-    def pick(self, op: str) -> Rule | None:
-        rule = super().pick(op)
-        if op == "UpdateItem" and self.calls("UpdateItem") == 1:
-            self.on_first_write()  # a blocking boto3 write: fine in a test
-        if op == "UpdateItem" and self.calls("UpdateItem") == self.nth:
-            self.injected["slow"] += 1
-            return Rule("slow", delay=self.delay)
-        return rule
+def item(ddb: Any, table: str, resource: str, client: str = C) -> dict[str, Any] | None:
+    raw = ddb.get_item(TableName=table, Key=key_av((client, resource)), ConsistentRead=True)
+    return item_from_av(raw["Item"]) if "Item" in raw else None
 
 
-async def test_lock_loser_never_hands_out_the_claim_it_is_giving_back(
-    ddb: Any, table: str, faulty_daemon: Any
-) -> None:
-    """When another daemon holds a new key's acquisition lock, this daemon's concurrent claim
-    (if it won) must be given back and must never be handed to the caller: whatever lease the
-    caller gets must still be that key's in the table once background work is done.
-
-    Here a "ghost" daemon takes the lock between the daemon's read of it and its own lock
-    write, and holds it until the test moves the daemon's clock past it; the undo of the
-    speculative claim (the 3rd UpdateItem: lock, claim, undo) is slow, as a DynamoDB hiccup
-    makes it; meanwhile the waiting request polls the key with Queries."""
-    seed_pool(ddb, table, count=5)
-    clock = real_clock_fake()
-    hold = int(60 * L.US)
-    ghost = L.take_acq_lock(C, P, "us-east-1", "contended", "ghost", clock.now_us(), hold)
-    faults = SlowNthWrite(
-        nth=3, delay=1.0, on_first_write=lambda: ddb.update_item(TableName=table, **ghost)
-    )
-    async with faulty_daemon(faults, clock=clock) as d:
-        faults.history.clear()  # count UpdateItems from the request on
-        call = asyncio.ensure_future(
-            rasd_aio.get_lease(C, P, "contended", HOUR, socket_path=d.cfg.socket, timeout=5)
-        )
-        await wait_for(lambda: faults.calls("UpdateItem") >= 3, "the undo of the lost claim")
-        clock.advance(120)  # the ghost's lock has lapsed (for this daemon)
-        lease = await call
-        assert d.counters["acq.lock_busy"] >= 1
-        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
-        assert d.counters["acq.undone"] == 1
-        row = ddb.get_item(
-            TableName=table,
-            Key={"client_id": {"S": C}, "resource": {"S": lease.resource}},
-            ConsistentRead=True,
-        )["Item"]
-        assert row.get("key", {}).get("S") == "contended", (
-            f"caller holds {lease.resource} for 'contended', the table says {row}"
-        )
-        again = await rasd_aio.get_lease(C, P, "contended", HOUR, socket_path=d.cfg.socket)
-        assert again.resource == lease.resource
-
-
-@dataclass
-class WinnerClaimsThenUndoFails(Faults):
-    """At the loser's undo (the ``nth`` UpdateItem: lock, claim, undo), first let the lock's
-    owner (a "ghost" daemon) land its own claim, then fail the undo, as a crash of the loser
-    (kill -9) or a DynamoDB error right after its claim landed would leave it."""
-
-    nth: int = 3
-    on_undo: Callable[[], None] = lambda: None
-    on_first_write: Callable[[], None] = lambda: None
-
-    def pick(self, op: str) -> Rule | None:
-        rule = super().pick(op)
-        if op == "UpdateItem" and self.calls("UpdateItem") == 1:
-            self.on_first_write()
-        if op == "UpdateItem" and self.calls("UpdateItem") == self.nth:
-            self.on_undo()  # a blocking boto3 write: fine in a test
-            self.injected["validation"] += 1
-            return Rule("validation")
-        return rule
-
-
-async def test_lock_loser_leaves_no_claim_behind(ddb: Any, table: str, faulty_daemon: Any) -> None:
-    """Two daemons of one region race for a new key; the lock's owner wins and claims. The
-    loser's concurrent claim must not survive it, even when its first undo write fails (it is
-    retried): the key must hold exactly one resource in the region, and the loser's caller,
-    if answered, must get that one. (A loser killed between claim and undo is the documented
-    residual case: docs/design.md.)"""
-    seed_pool(ddb, table, count=5)
-    clock = real_clock_fake()  # frozen: the ghost's lock stays held for this daemon
-
-    def ghost_claims() -> None:
-        for row in scan_all(ddb, table):
-            item = L.item_from_ddb(row) if row["client_id"]["S"] == C else None
-            if item is not None and item.key is None:
-                exp = clock.now_us() + 3600 * L.US
-                ddb.update_item(
-                    TableName=table, **L.claim(item, "race", exp, clock.now_us(), "us-east-1")
-                )
-                return
-        raise AssertionError("no free item left for the ghost")
-
-    hold = int(60 * L.US)
-    ghost = L.take_acq_lock(C, P, "us-east-1", "race", "ghost", clock.now_us(), hold)
-    faults = WinnerClaimsThenUndoFails(
-        on_undo=ghost_claims, on_first_write=lambda: ddb.update_item(TableName=table, **ghost)
-    )
-    async with faulty_daemon(faults, clock=clock) as d:
-        faults.history.clear()  # count UpdateItems from the request on
-        try:
-            got = await rasd_aio.get_lease(C, P, "race", HOUR, socket_path=d.cfg.socket, timeout=3)
-        except rasd_client.RasdError:
-            got = None
-        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
-        assert d.counters["acq.lock_busy"] >= 1 and faults.injected["validation"] == 1
-    held = [
-        L.item_from_ddb(r).resource
-        for r in scan_all(ddb, table)
-        if r["client_id"]["S"] == C and r.get("key", {}).get("S") == "race"
-    ]
-    assert len(held) == 1, f"'race' holds {held} in us-east-1"
-    assert got is None or got.resource == held[0]
-
-
-async def test_a_third_daemon_never_adopts_a_lock_losers_claim(
-    ddb: Any, table: str, make_daemon: Any
-) -> None:
-    """While a lock loser's claim is still visible (before its undo lands), a third daemon
-    that misses the key must not hand that claim out: it waits for the lock owner's lease."""
-    seed_pool(ddb, table, count=6)
-    now = __import__("time").time_ns() // 1000
-    rows = {
-        r["resource"]["S"]: L.item_from_ddb(r)
-        for r in scan_all(ddb, table)
-        if r["client_id"]["S"] == C
-    }
-    loser_item, winner_item = rows["res-00000"], rows["res-00001"]
-    ddb.update_item(
-        TableName=table, **L.take_acq_lock(C, P, "us-east-1", "k3", "winner", now, 60 * L.US)
-    )
+def ghost_pending(
+    ddb: Any, table: str, key: str, resource: str, since_us: int, token: str = "ghost"
+) -> tuple[L.ResourceItem, W.Write]:
+    """Another daemon's acquisition of ``key``: its mapping write landed (pending, naming
+    ``resource``); returns the resource as read and the ghost's claim, not yet sent."""
+    r = L.resource_from(item(ddb, table, resource) or {})
+    ident = (L.map_pk(C, P, key), "us-east-1")
+    exp = since_us + 3600 * L.US
     ddb.update_item(
         TableName=table,
-        **L.claim(loser_item, "k3", now + 3600 * L.US, now, "us-east-1", owner="loser"),
+        **render(L.map_acquire(ident, 0, token, resource, r.version, exp, since_us, "ghost")),
     )
+    return r, L.claim(r, key, exp, since_us, token, 1)
+
+
+async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """A daemon died after its mapping write and before its claim. Past pending_hold, a reader
+    fences the named resource (its claim can then never land) and takes the mapping over."""
+    seed_pool(ddb, table, count=4)
+    now = time.time_ns() // 1000
+    _, ghost_claim = ghost_pending(ddb, table, "k", "res-00000", now - 10 * L.US)
+    async with make_daemon() as d:
+        got = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert got.new and d.counters["acq.fenced"] == 1
+    with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+        ddb.update_item(TableName=table, **render(ghost_claim))  # the ghost's claim, too late
+    held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "k"]
+    assert held == [got.resource]
+    m = L.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
+    assert m.resource == got.resource and m.state == L.LIVE
+
+
+async def test_a_young_pending_mapping_is_waited_for_and_adopted(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """Another daemon is acquiring the key right now: a reader waits (no claim of its own),
+    then serves the other daemon's lease once its claim lands, and confirms the mapping."""
+    seed_pool(ddb, table, count=4)
+    now = time.time_ns() // 1000
+    _, ghost_claim = ghost_pending(ddb, table, "k", "res-00001", now)
     async with make_daemon() as d:
         task = asyncio.ensure_future(
-            rasd_aio.get_lease(C, P, "k3", HOUR, socket_path=d.cfg.socket, timeout=5)
+            rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
         )
-        await wait_for(lambda: d.counters["acq.loser_claim_skipped"] >= 1, "skipped claim")
+        await wait_for(lambda: d.counters["acq.waits"] >= 1, "a wait")
         assert not task.done()
-        # the winner's claim lands, then the loser gives its claim back
-        ddb.update_item(
-            TableName=table,
-            **L.claim(winner_item, "k3", now + 3600 * L.US, now, "us-east-1", owner="winner"),
-        )
+        ddb.update_item(TableName=table, **render(ghost_claim))
         got = await task
-        assert got.resource == "res-00001"
-        assert d.counters["ddb.GetItem"] >= 1  # the lock, read with the index
+        assert got.resource == "res-00001" and not got.new
+        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
+        assert d.counters["lease.new"] == 0
+    m = L.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
+    assert m.state == L.LIVE and m.token == "ghost"
+
+
+class BeforeFirstWrite(Faults):
+    """No faults; ``hook`` runs just before the daemon's first UpdateItem goes out (another
+    daemon's writes landing between this daemon's read and its writes)."""
+
+    hook: Callable[[], None] = lambda: None
+
+    def pick(self, op: str) -> Rule | None:
+        rule = super().pick(op)
+        if op == "UpdateItem" and self.calls("UpdateItem") == 1:
+            self.hook()  # a blocking boto3 write: fine in a test
+        return rule
+
+
+async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """Another daemon wins the key's mapping between this daemon's read and its writes. This
+    daemon's claim (it applied) is named by no mapping: it is never served, and it is given
+    back with quarantine; the caller gets the winner's lease."""
+    seed_pool(ddb, table, count=4)
+    clock = real_clock_fake()
+    state: dict[str, Any] = {}
+
+    def winner() -> None:
+        _, claim_w = ghost_pending(ddb, table, "k", "res-00001", clock.now_us(), token="winner")
+        ddb.update_item(TableName=table, **render(claim_w))
+        state["won"] = "res-00001"
+
+    faults = BeforeFirstWrite()
+    faults.hook = winner
+    async with faulty_daemon(faults, clock=clock) as d:
+        mine = L.resource_from(item(ddb, table, "res-00000") or {})
+
+        async def candidate(pool: Any, deadline: float) -> Candidate:
+            return Candidate(mine, d.acquirer.clock.mono())
+
+        d.acquirer.prefetch.candidate = candidate  # type: ignore[method-assign]
+        faults.history.clear()
+        got = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert got.resource == state["won"]
+        await wait_for(lambda: not d.acquirer._bg, "background work", tries=1000)
+        assert d.counters["acq.gave_back"] == 1
+        q = int(d.cfg.quarantine * L.US)
+    given_back = item(ddb, table, "res-00000") or {}
+    assert given_back["version"] == 2 and "key" not in given_back  # claimed, then freed
+    assert L.parse_time(str(given_back["lease_available"])) == clock.now_us() + q
 
 
 async def test_a_claim_applied_before_a_timeout_is_recognised(
@@ -461,7 +414,8 @@ async def test_a_claim_applied_before_a_timeout_is_recognised(
 
         async def applied_then_lost(**kw: Any) -> Any:
             resp = await real(**kw)
-            if state["armed"] and ":key" in kw.get("ExpressionAttributeValues", {}):
+            names = set(kw.get("ExpressionAttributeNames", {}).values())
+            if state["armed"] and {"holder", "mver", "lease_available"} <= names:
                 state["armed"] = False
                 raise ReadTimeoutError(endpoint_url="http://moto")
             return resp
