@@ -305,8 +305,10 @@ class Acquirer:
                 expect_ver = step.expect_ver
                 continue
             if isinstance(step, D.GiveBack):
+                # No mapping names this claim, so nobody serves it: give it back in the
+                # background (retried), and read again now.
                 self.counters.inc("acq.gave_back")
-                await asyncio.shield(self.spawn(self._free_claim(item.ident, key, token)))
+                self.spawn(self._free_claim(item.ident, key, token))
                 return None
             if isinstance(step, D.FenceOwnClaim):
                 self.counters.inc("acq.fence_own")
