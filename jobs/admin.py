@@ -29,6 +29,7 @@ from rasd.lease import (
     ResourceItem,
     item_from_ddb,
     parse_time,
+    pool_from_ddb,
     pool_meta_key,
 )
 
@@ -93,11 +94,11 @@ def get_pool(ddb: Any, table: str, client_id: str, pool_id: str) -> dict[str, An
 
 
 def pool_row(item: dict[str, Any]) -> dict[str, Any]:
-    _, client_id, pool_id = item["resource"]["S"].split("#", 2)
+    pool = pool_from_ddb(item)
     return {
-        "client_id": client_id,
-        "pool_id": pool_id,
-        "max_lease": _number(item.get("max_lease", {"N": "0"})["N"]),
+        "client_id": pool.client_id,
+        "pool_id": pool.pool_id,
+        "max_lease": _number(str(pool.max_lease_us / US)),
     }
 
 

@@ -49,16 +49,19 @@ from fractions import Fraction
 from typing import Any
 
 from rasd.lease import (  # noqa: F401 - the daemon side lives in rasd.lease
+    HEADROOM_PREFIX,
     META_CLIENT,
     MISS_PREFIX,
     MISS_TTL_S,
     REGION_RE,
     US,
     fmt_time,
+    headroom_resource,
     miss_report_update,
     miss_resource,
     valid_name,
 )
+from rasd.lease import headroom_item as lease_headroom_item
 
 #: (client_id, pool_id, region)
 Key = tuple[str, str, str]
@@ -306,7 +309,6 @@ def apply_moves(free: dict[Key, int], moves: list[Move]) -> dict[Key, int]:
 
 
 # ---------------------------------------------------------------------------- meta items
-HEADROOM_PREFIX = "headroom#"
 LOCK_RESOURCE = "lock#balancer"
 
 
@@ -348,23 +350,11 @@ def miss_deltas(
     return deltas, remember
 
 
-def headroom_resource(client_id: str, pool_id: str, region: str) -> str:
-    return f"{HEADROOM_PREFIX}{client_id}#{pool_id}#{region}"
-
-
 def headroom_item(
     k: Key, free: int, projected: float, now_us: int, horizon_s: float
 ) -> dict[str, Any]:
-    """The headroom meta item for one (client, pool, region), as a PutItem ``Item``."""
+    """The headroom meta item for one (client, pool, region), as a PutItem ``Item`` (its
+    shape is ``rasd.lease.headroom_item``'s: the daemon reads it)."""
     c, p, r = k
     demand = math.ceil(projected - 1e-9)
-    return {
-        "client_id": {"S": META_CLIENT},
-        "resource": {"S": headroom_resource(c, p, r)},
-        "kind": {"S": "headroom"},
-        "free": {"N": str(free)},
-        "projected_demand": {"N": str(demand)},
-        "headroom": {"N": str(free - demand)},
-        "horizon_s": {"N": str(int(horizon_s))},
-        "updated": {"S": fmt_time(now_us)},
-    }
+    return lease_headroom_item(c, p, r, free, demand, now_us, int(horizon_s))

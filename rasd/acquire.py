@@ -50,6 +50,8 @@ from .lease import (
     fence_resource,
     fmt_time,
     free_claim,
+    headroom_from_ddb,
+    headroom_resource,
     map_acquire,
     map_confirm,
     map_drop_dead,
@@ -57,7 +59,6 @@ from .lease import (
     map_pk,
     map_release,
     miss_report_update,
-    parse_time,
     partition_name,
     resource_from,
     should_extend,
@@ -598,12 +599,16 @@ class Acquirer:
         cached = self._headroom.get(k)
         if cached is not None and cached[0] > now:
             return cached[1]
-        meta = await self.store.get_meta(f"headroom#{client_id}#{pool_id}#{self.region}", deadline)
-        if meta is not None and "headroom" in meta and self._fresh(meta):
-            # free minus the demand projected over the next 10 minutes; a projected shortfall
-            # is reported as 0 (no spare resources), never as a negative count.
-            value = max(0, int(float(meta["headroom"]["N"])))
-        else:
+        meta = await self.store.get_meta(
+            headroom_resource(client_id, pool_id, self.region), deadline
+        )
+        value: int | None = None
+        if meta is not None and "headroom" in meta:
+            spare, updated = headroom_from_ddb(meta)
+            # trusted only while fresh: not after three missed 5-minute balancer runs
+            if updated is not None and self.clock.now_us() - updated < HEADROOM_STALE * US:
+                value = spare
+        if value is None:
             counts = await asyncio.gather(
                 *(
                     self.store.count_available(
@@ -615,16 +620,6 @@ class Acquirer:
             value = sum(counts)
         self._headroom[k] = (now + HEADROOM_TTL, value)
         return value
-
-    def _fresh(self, meta: dict[str, Any]) -> bool:
-        """A balancer figure older than HEADROOM_STALE (three missed runs) is not trusted."""
-        updated = meta.get("updated", {}).get("S")
-        if not updated:
-            return False
-        try:
-            return self.clock.now_us() - parse_time(updated) < HEADROOM_STALE * US
-        except ValueError:
-            return False
 
     # ----------------------------------------------------------------- background
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

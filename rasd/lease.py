@@ -581,6 +581,48 @@ def map_drop_dead(m: Mapping, now_us: int) -> Write:
     )
 
 
+# ------------------------------------------------------------------- pools and headroom
+def pool_from_ddb(item: Item) -> Pool:
+    """A pool definition (``#meta`` / ``pool#{client}#{pool}``, ``max_lease`` in seconds)."""
+    _, client_id, pool_id = item["resource"]["S"].split("#", 2)
+    return Pool(client_id, pool_id, int(float(item.get("max_lease", {"N": "0"})["N"]) * US))
+
+
+HEADROOM_PREFIX = "headroom#"
+
+
+def headroom_resource(client_id: str, pool_id: str, region: str) -> str:
+    """Sort key of the balancer's headroom item for one (client, pool, region)."""
+    return f"{HEADROOM_PREFIX}{client_id}#{pool_id}#{region}"
+
+
+def headroom_item(
+    client_id: str, pool_id: str, region: str, free: int, demand: int, now_us: int, horizon_s: int
+) -> Item:
+    """The headroom meta item the balancer writes (PutItem ``Item``)."""
+    return {
+        "client_id": {"S": META_CLIENT},
+        "resource": {"S": headroom_resource(client_id, pool_id, region)},
+        "kind": {"S": "headroom"},
+        "free": {"N": str(free)},
+        "projected_demand": {"N": str(demand)},
+        "headroom": {"N": str(free - demand)},
+        "horizon_s": {"N": str(horizon_s)},
+        "updated": {"S": fmt_time(now_us)},
+    }
+
+
+def headroom_from_ddb(item: Item) -> tuple[int, int | None]:
+    """(headroom, updated in epoch µs or None) from a headroom item. A projected shortfall
+    reads as 0 spare resources, never a negative count."""
+    value = max(0, int(float(item.get("headroom", {"N": "0"})["N"])))
+    updated = item.get("updated", {}).get("S")
+    try:
+        return value, parse_time(updated) if updated else None
+    except ValueError:
+        return value, None
+
+
 # ------------------------------------------------------------------ unmet demand (misses)
 #: NO_CAPACITY answers write nothing, so a region that runs dry would look idle to the
 #: balancer. Each daemon reports its misses in a counter item of its own (docs/global.md).

@@ -47,6 +47,7 @@ from .lease import (
     item_from_ddb,
     map_pk,
     mapping_from,
+    pool_from_ddb,
     pool_meta_key,
 )
 from .limits import CircuitBreaker
@@ -219,7 +220,7 @@ class Store:
         while True:
             resp = await self._call("Query", deadline, **kw)
             assert resp is not None
-            pools.extend(_pool_from(it) for it in resp.get("Items", []))
+            pools.extend(pool_from_ddb(it) for it in resp.get("Items", []))
             if "LastEvaluatedKey" not in resp:
                 return pools
             kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -228,7 +229,7 @@ class Store:
         resp = await self._call("GetItem", deadline, Key=pool_meta_key(client_id, pool_id))
         assert resp is not None
         item = resp.get("Item")
-        return _pool_from(item) if item else None
+        return pool_from_ddb(item) if item else None
 
     async def query_mappings(
         self, client_id: str, pool_id: str, key: str, deadline: float
@@ -356,8 +357,3 @@ _METHODS = {
 }
 #: failures that happen before a request is on the wire: a write that met one did not apply
 _NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
-
-
-def _pool_from(item: Item) -> Pool:
-    _, client_id, pool_id = item["resource"]["S"].split("#", 2)
-    return Pool(client_id, pool_id, int(float(item["max_lease"]["N"]) * 1_000_000))
