@@ -58,6 +58,7 @@ from .lease import (
     map_extend,
     map_pk,
     map_release,
+    mapping_from,
     miss_report_update,
     partition_name,
     resource_from,
@@ -424,6 +425,14 @@ class Acquirer:
                 map_extend(lease, requested_us), deadline, _map_extended(lease.token, want)
             )
         step = D.after_extend(res.outcome, mres.outcome if mres else None)
+        if isinstance(step, D.CheckMapping):
+            try:
+                got = await self.store.get_item(
+                    (map_pk(lease.client_id, lease.pool_id, lease.key), lease.region), deadline
+                )
+            except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
+                return D.Forget(f"mapping unreadable: {exc}"), mres or res
+            step = D.on_extend_check(mapping_from(got) if got else None, lease)
         if isinstance(step, D.FreeOrphan):
             self.counters.inc("lease.extend_orphaned")
             assert lease.token is not None

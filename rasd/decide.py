@@ -247,8 +247,15 @@ class Extended:
 
 @dataclass(frozen=True, slots=True)
 class FreeOrphan:
-    """The resource was extended but the mapping no longer names it: free the resource with
-    quarantine (it was served until now)."""
+    """The resource was extended but the mapping no longer names the lease: free the
+    resource with quarantine (it was served until now)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckMapping:
+    """The resource was extended, the mapping was not: that alone proves nothing (another
+    daemon may have extended it further, or the write never left). Read the mapping and ask
+    ``on_extend_check``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +265,7 @@ class Forget:
     why: str
 
 
-ExtendStep = Extended | FreeOrphan | Forget
+ExtendStep = Extended | FreeOrphan | CheckMapping | Forget
 
 
 def after_extend(resource: Outcome, mapping: Outcome | None) -> ExtendStep:
@@ -267,9 +274,26 @@ def after_extend(resource: Outcome, mapping: Outcome | None) -> ExtendStep:
         return Forget(f"resource extension {resource.value}")
     if mapping is Outcome.APPLIED:
         return Extended()
-    if mapping is Outcome.REJECTED:
-        return FreeOrphan()
-    return Forget("mapping extension unknown")
+    if mapping is Outcome.UNKNOWN:
+        return Forget("mapping extension unknown")
+    return CheckMapping()
+
+
+def on_extend_check(m: Mapping | None, lease: Lease) -> ExtendStep:
+    """After an extension of the resource whose mapping write did not apply: the lease is
+    over only if the mapping (read consistently) no longer names it; then nothing can make it
+    name it again, and the resource, extended by us, is an orphan."""
+    if (
+        m is not None
+        and m.state != FREE
+        and (m.token, m.resource)
+        == (
+            lease.token,
+            lease.resource,
+        )
+    ):
+        return Forget("the mapping still names the lease (extended further elsewhere)")
+    return FreeOrphan()
 
 
 # --------------------------------------------------------------------------- releasing

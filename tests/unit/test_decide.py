@@ -162,10 +162,23 @@ def test_after_acquire_never_acts_on_an_unknown_mapping_or_own_claim(
 # ------------------------------------------------------------------------- after_extend
 def test_after_extend() -> None:
     assert D.after_extend(A, A) == D.Extended()
-    assert D.after_extend(A, R) == D.FreeOrphan()
+    assert D.after_extend(A, R) == D.CheckMapping()
     assert isinstance(D.after_extend(A, U), D.Forget)
     assert isinstance(D.after_extend(R, None), D.Forget)
     assert isinstance(D.after_extend(U, None), D.Forget)
+
+
+def test_a_lost_mapping_extension_frees_only_what_no_mapping_names() -> None:
+    """Found by the protocol checker: two daemons extend one lease at once and the one asking
+    for less loses ``map_extend`` (``exp < new``): the mapping still names the lease, so the
+    resource must NOT be freed. Only a mapping that no longer names it makes it an orphan."""
+    lease = L.lease_from_mapping(m())
+    assert isinstance(D.on_extend_check(m(exp=NOW + 7200 * S), lease), D.Forget)
+    assert isinstance(D.on_extend_check(m(state=L.PENDING), lease), D.Forget)
+    assert D.on_extend_check(m(token="other"), lease) == D.FreeOrphan()
+    assert D.on_extend_check(m(res="r9"), lease) == D.FreeOrphan()
+    assert D.on_extend_check(m(state=L.FREE), lease) == D.FreeOrphan()
+    assert D.on_extend_check(None, lease) == D.FreeOrphan()
 
 
 # ------------------------------------------------------------------------------ release
