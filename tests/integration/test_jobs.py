@@ -752,6 +752,31 @@ def test_dedupe_extra_reacquired_between_read_and_write_is_a_lost_race(
     assert_released(ddb, table, "e-00004", "k2", EAST)  # by the daemon, not by dedupe
 
 
+def test_dedupe_extension_racing_the_release_cannot_keep_the_extra(ddb: Any, table: str) -> None:
+    """A daemon still serving an extra from its cache may extend it while dedupe releases it.
+    The release is conditional on the holder token (as a daemon's is), not on the version,
+    so it goes through; the daemon's mapping extension is then refused (the mapping is
+    already free), so no daemon serves the extra again, and it is claimable only after the
+    quarantine. (The old protocol counted this as a lost race and kept the extra.)"""
+    seed_duplicates(ddb, table)
+    once = [True]
+
+    def extend_first(kw: dict[str, Any]) -> None:
+        if kw["Key"]["resource"]["S"] == "e-00004" and once[0]:  # dedupe frees the resource
+            once[0] = False
+            cur = lease_from_item(get(ddb, table, "e-00004"))
+            put(ddb, table, extend_resource(cur, NOW + 2 * HOUR))  # R first: applies
+            with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+                put(ddb, table, map_extend(cur, NOW + 2 * HOUR))  # then M: refused
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
+    s = dedupe.run(Wrapped(ddb, update_item=extend_first), opts)
+    assert not once[0], "the hook never ran"
+    assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (2, 2, 0, 0), s
+    assert_released(ddb, table, "e-00004", "k2", EAST)
+    assert served(ddb, table)[K2] == (WEST, "w-00001")
+
+
 # -------------------------------------------------------------------------------- rasadmin
 def test_rasadmin_pool_and_resource_lifecycle(
     ddb: Any,
