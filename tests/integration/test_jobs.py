@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -20,18 +21,31 @@ from typing import Any
 import pytest
 import structlog
 
+from rasd.config import Config
+from rasd.decide import Orphan, orphan_verdict
 from rasd.lease import (
+    FREE,
+    LIVE,
     US,
+    Mapping,
     ResourceItem,
     claim,
-    extend,
+    extend_resource,
     fmt_time,
+    free_claim,
     item_from_ddb,
     lease_from_item,
+    map_acquire,
+    map_confirm,
+    map_extend,
+    map_pk,
+    map_release,
+    mapping_from_ddb,
     partition_name,
     pick,
-    release,
+    pick_mapping,
 )
+from rasd.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
 from tests.conftest import scan_all, seed_pool
 
@@ -39,7 +53,11 @@ pytestmark = pytest.mark.integration
 
 NOW = 1_800_000_000 * US  # the jobs' "now" in every test
 HOUR = 3600 * US
+MINUTE = 60 * US
 EAST, WEST = "us-east-1", "eu-west-1"
+#: the daemons' default quarantine Q, which every job uses unless told otherwise
+Q = int(Config().quarantine * US)
+OWNER = "test:0:0"  # the ``owner`` a test's "daemon" writes into mapping items
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -63,6 +81,22 @@ def get(ddb: Any, table: str, resource: str, client: str = "demo") -> ResourceIt
     return item_from_ddb(raw)
 
 
+def put(ddb: Any, table: str, w: Write, **kw: Any) -> dict[str, Any]:
+    """Send one ``rasd.writes.Write`` as the daemon does (rendered for UpdateItem)."""
+    resp: dict[str, Any] = ddb.update_item(TableName=table, **render(w), **kw)
+    return resp
+
+
+def map_ident(key: str, region: str, client: str = "demo", pool: str = "default") -> ItemKey:
+    return (map_pk(client, pool, key), region)
+
+
+def get_map(ddb: Any, table: str, ident: ItemKey) -> Mapping | None:
+    """A key's mapping item in one region, read as a daemon reads it (strongly consistent)."""
+    raw = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True).get("Item")
+    return mapping_from_ddb(raw) if raw else None
+
+
 def lease(
     ddb: Any,
     table: str,
@@ -71,13 +105,68 @@ def lease(
     expires_us: int,
     acquired_us: int | None = None,
     client: str = "demo",
+    crash_before_mapping: bool = False,
 ) -> ResourceItem:
-    """Lease ``resource`` to ``key`` the way a daemon does: ``rasd.lease.claim()``."""
+    """Lease ``resource`` to ``key`` the way a daemon does: read the key's mapping item in
+    the resource's region (consistent GetItem), ``map_acquire`` at its version with a new
+    random token, ``claim`` with that token and ``mver = ver + 1``, then ``map_confirm``.
+
+    Leasing one key twice in one region therefore leaves the earlier resource an orphan (held,
+    but its mapping names the later acquisition), as a crash can. ``crash_before_mapping``:
+    the daemon died after its claim landed and before its ``map_acquire`` did (that write may
+    still be in flight): the resource is held at ``mver`` while the mapping is at ``mver - 1``
+    (or absent when ``mver`` is 1)."""
     item = get(ddb, table, resource, client)
     acquired = acquired_us if acquired_us is not None else min(expires_us, NOW) - HOUR
-    upd = claim(item, key, expires_us, acquired, item.region)
-    resp = ddb.update_item(TableName=table, ReturnValues="ALL_NEW", **upd)
-    return item_from_ddb(resp["Attributes"])
+    ident = map_ident(key, item.region, client, item.pool_id)
+    m = get_map(ddb, table, ident)
+    ver = m.ver if m is not None else 0
+    token = secrets.token_hex(8)
+    if not crash_before_mapping:
+        put(ddb, table, map_acquire(ident, ver, token, resource, item.version, expires_us,
+                                    acquired, OWNER))  # fmt: skip
+    w = claim(item, key, expires_us, acquired, token, ver + 1)
+    got = item_from_ddb(put(ddb, table, w, ReturnValues="ALL_NEW")["Attributes"])
+    if not crash_before_mapping:
+        pending = get_map(ddb, table, ident)
+        assert pending is not None and pending.token == token
+        put(ddb, table, map_confirm(pending))
+    return got
+
+
+def daemon_extend(ddb: Any, table: str, resource: str, new_end: int) -> None:
+    """A daemon extends the lease it serves: the resource first, then the mapping."""
+    cur = lease_from_item(get(ddb, table, resource))
+    put(ddb, table, extend_resource(cur, new_end))
+    put(ddb, table, map_extend(cur, new_end))
+
+
+def daemon_release(ddb: Any, table: str, resource: str, now_us: int = NOW) -> None:
+    """A daemon releases the lease it serves: the mapping first (``map_release``), then the
+    resource, claimable again only after the quarantine (``free_claim``)."""
+    cur = lease_from_item(get(ddb, table, resource))
+    assert cur.token is not None
+    put(ddb, table, map_release(map_ident(cur.key, cur.region, cur.client_id, cur.pool_id),
+                                cur.token, now_us))  # fmt: skip
+    put(ddb, table, free_claim((cur.client_id, cur.resource), cur.key, cur.token, now_us,
+                               now_us + Q))  # fmt: skip
+
+
+def served(ddb: Any, table: str) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(client, pool, key) -> (region, resource) every daemon serves: among the key's
+    mapping items that name a claim, the one ``pick_mapping`` chooses."""
+    by_key: dict[tuple[str, str, str], list[Mapping]] = {}
+    for raw in scan_all(ddb, table):
+        if raw["client_id"]["S"].startswith("#map#"):
+            m = mapping_from_ddb(raw)
+            if m.state != FREE:
+                by_key.setdefault((m.client_id, m.pool_id, m.key), []).append(m)
+    out: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for k, ms in by_key.items():
+        m = pick_mapping(ms)
+        assert m is not None and m.resource is not None
+        out[k] = (m.region, m.resource)
+    return out
 
 
 def by_resource(ddb: Any, table: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -168,14 +257,19 @@ def test_liberator_frees_only_expired_leases_of_its_region(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Only leases past lease_expires + grace, of the job's own region, are freed; a freed
-    item leaves leased_resources (key, lease_expires removed) and joins available_resources
-    (lease_available = now) with its version incremented once."""
+    item leaves leased_resources (key, lease_expires, holder, mver removed) and joins
+    available_resources (lease_available = now: its end has passed, no quarantine) with its
+    version incremented once. Real leases older than --orphan-age are checked against their
+    mapping and left alone."""
     groups = seed_leases(ddb, table)
     before = by_resource(ddb, table)
     r = call(liberator.main, base(table, moto_endpoint), capsys)
     assert r.code == 0, r
     s = r.summary
     assert (s["expired"], s["freed"], s["lost_races"], s["errors"]) == (4, 4, 0, 0), s
+    # New: the east "grace" and "live" leases were acquired an hour ago (> --orphan-age), so
+    # each is checked against its key's mapping; every one is a real lease: none is freed.
+    assert (s["orphans_checked"], s["orphans"], s["orphans_freed"]) == (6, 0, 0), s
     assert s["scanned"] >= 4 and s["seconds"] >= 0
     after = by_resource(ddb, table)
     for res in groups["old"]:
@@ -183,7 +277,8 @@ def test_liberator_frees_only_expired_leases_of_its_region(
         assert new.key is None and new.lease_expires_us is None
         assert new.lease_available == fmt_time(NOW)
         assert new.version == old.version + 1
-        assert "lease_acquired" not in after[("demo", res)]
+        for attr in ("lease_acquired", "holder", "mver"):
+            assert attr not in after[("demo", res)], (res, attr)
     untouched = groups["grace"] + groups["live"] + groups["west_old"] + groups["free"]
     for res in untouched:
         assert after[("demo", res)] == before[("demo", res)], res
@@ -201,6 +296,7 @@ def test_liberator_all_regions_and_dry_run(
     assert by_resource(ddb, table) == before
     r = call(liberator.main, [*base(table, moto_endpoint), "--all-regions"], capsys)
     assert r.code == 0 and r.summary["freed"] == 6, r
+    assert (r.summary["orphans"], r.summary["orphans_freed"]) == (0, 0), r
     for res in groups["west_old"]:
         assert get(ddb, table, res).key is None
 
@@ -216,6 +312,7 @@ def test_liberator_second_run_changes_nothing(
     r = call(liberator.main, argv, capsys)
     assert r.code == 0, r
     assert (r.summary["expired"], r.summary["freed"], r.summary["errors"]) == (0, 0, 0)
+    assert (r.summary["orphans"], r.summary["orphans_freed"]) == (0, 0), r
     assert by_resource(ddb, table) == snapshot
 
 
@@ -228,15 +325,15 @@ def test_liberator_spares_a_lease_extended_between_read_and_write(
 ) -> None:
     """A daemon that extends an expired-looking lease after the liberator read it wins: the
     liberator's write (conditional on version and lease_expires) fails, counts as a lost race,
-    and the lease keeps its key and new end. The other expired leases are still freed."""
+    and the lease keeps its key, holder and new end, and its mapping still names it. The
+    other expired leases are still freed."""
     groups = seed_leases(ddb, table)
     victim = groups["old"][1]
     new_end = NOW + 2 * HOUR
 
     def extend_first(kw: dict[str, Any]) -> None:
         if kw["Key"]["resource"]["S"] == victim:
-            cur = lease_from_item(get(ddb, table, victim))
-            ddb.update_item(TableName=table, **extend(cur, new_end, EAST))
+            daemon_extend(ddb, table, victim, new_end)
 
     real_make = common.make_client
     monkeypatch.setattr(
@@ -250,6 +347,9 @@ def test_liberator_spares_a_lease_extended_between_read_and_write(
     kept = get(ddb, table, victim)
     assert kept.key == "old-1" and kept.lease_expires_us == new_end
     assert kept.lease_available is None
+    m = get_map(ddb, table, map_ident("old-1", EAST))
+    assert m is not None and (m.state, m.token, m.resource) == (LIVE, kept.holder, victim)
+    assert m.expires_us == new_end
     for res in groups["old"]:
         if res != victim:
             assert get(ddb, table, res).key is None
@@ -291,7 +391,108 @@ def test_two_liberators_at_once_free_each_item_once(ddb: Any, table: str) -> Non
     assert a["errors"] == b["errors"] == 0
     for r, v in claimed.items():
         it = get(ddb, table, r)
-        assert it.key is None and it.version == v + 1, (r, it)
+        assert it.key is None and it.holder is None and it.version == v + 1, (r, it)
+
+
+def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A held resource whose key's mapping names another acquisition (an orphan a crash left)
+    and that was acquired longer ago than --orphan-age is freed with quarantine
+    (lease_available = now + --quarantine: it may have been served before the crash); the
+    lease the mapping names is left alone, and so is a younger orphan (its acquisition may
+    still be under way). --dry-run counts the orphan and writes nothing; a second run finds
+    nothing to do."""
+    seed_pool(ddb, table, region=EAST, count=10)
+    lease(ddb, table, "res-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * MINUTE)  # orphan
+    lease(ddb, table, "res-00001", "k", NOW + HOUR, acquired_us=NOW - 5 * MINUTE)  # the lease
+    lease(ddb, table, "res-00002", "j", NOW + HOUR, acquired_us=NOW - 60 * US)  # young orphan
+    lease(ddb, table, "res-00003", "j", NOW + HOUR, acquired_us=NOW - 30 * US)
+    quarantine = 45 * US
+    argv = [*base(table, moto_endpoint), "--orphan-age", "120", "--quarantine", "45"]
+    before = by_resource(ddb, table)
+    orphan = get(ddb, table, "res-00000")
+    m = get_map(ddb, table, map_ident("k", EAST))
+    assert m is not None and m.resource == "res-00001"
+    assert orphan_verdict(orphan, m) is Orphan.ORPHAN  # the premise
+
+    r = call(liberator.main, [*argv, "--dry-run"], capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["orphans_checked"], s["orphans"], s["orphans_freed"]) == (2, 1, 0), s
+    assert by_resource(ddb, table) == before
+
+    r = call(liberator.main, argv, capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["expired"], s["freed"], s["lost_races"], s["errors"]) == (0, 0, 0, 0), s
+    assert (s["orphans_checked"], s["orphans"], s["orphans_freed"]) == (2, 1, 1), s
+    after = by_resource(ddb, table)
+    freed = item_from_ddb(after[("demo", "res-00000")])
+    assert freed.key is None and freed.holder is None and freed.lease_expires_us is None
+    assert freed.lease_available == fmt_time(NOW + quarantine)
+    assert freed.version == orphan.version + 1
+    for attr in ("lease_acquired", "holder", "mver"):
+        assert attr not in after[("demo", "res-00000")], attr
+    for k, it in before.items():
+        if k != ("demo", "res-00000"):
+            assert after[k] == it, k  # the lease, its mapping, the young orphan: untouched
+    assert served(ddb, table)[("demo", "default", "k")] == (EAST, "res-00001")
+
+    r = call(liberator.main, argv, capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["orphans_checked"], s["orphans"], s["orphans_freed"]) == (1, 0, 0), s
+    assert by_resource(ddb, table) == after
+
+
+@pytest.mark.parametrize("mapping", ["absent", "behind"])
+def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
+    ddb: Any,
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    mapping: str,
+) -> None:
+    """A daemon died after its claim landed and before its map_acquire did: the resource is
+    held at ``mver`` while the mapping is at ``mver - 1`` (absent when ``mver`` is 1), and the
+    mapping write may still be in flight (orphan_verdict FENCE_MAPPING). The liberator fences
+    the mapping past ``mver - 1`` first, so that write can never apply, and then frees the
+    orphan with quarantine. A lease the mapping already names (``behind``) is kept."""
+    seed_pool(ddb, table, region=EAST, count=4)
+    ident = map_ident("k", EAST)
+    if mapping == "behind":
+        lease(ddb, table, "res-00001", "k", NOW + HOUR, acquired_us=NOW - 20 * MINUTE)
+    prior = get_map(ddb, table, ident)
+    orphan = lease(ddb, table, "res-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * MINUTE,
+                   crash_before_mapping=True)  # fmt: skip
+    assert orphan.mver == (prior.ver if prior else 0) + 1
+    assert orphan_verdict(orphan, prior) is Orphan.FENCE_MAPPING  # the premise
+    free_before = get(ddb, table, "res-00000")
+
+    r = call(liberator.main, [*base(table, moto_endpoint), "--quarantine", "57"], capsys)
+    assert r.code == 0, r
+    s = r.summary
+    assert (s["orphans"], s["orphans_freed"], s["lost_races"], s["errors"]) == (1, 1, 0, 0), s
+    assert s["orphans_checked"] == (2 if mapping == "behind" else 1), s
+
+    m = get_map(ddb, table, ident)
+    assert m is not None and m.ver == orphan.mver, m  # fenced: past what the write expects
+    if prior is None:
+        assert (m.state, m.token, m.resource) == (FREE, None, None), m
+    else:  # only the version moved: the lease it names is untouched
+        assert (m.state, m.token, m.resource, m.expires_us) == (
+            prior.state, prior.token, prior.resource, prior.expires_us)  # fmt: skip
+        assert get(ddb, table, "res-00001").holder == prior.token
+    freed = get(ddb, table, "res-00000")
+    assert freed.key is None and freed.holder is None
+    assert freed.lease_available == fmt_time(NOW + Q)
+    assert freed.version == free_before.version + 1
+    # The dead daemon's map_acquire, landing now, is refused: no mapping ever names the claim.
+    late = map_acquire(ident, orphan.mver - 1, orphan.holder or "", "res-00000",
+                       orphan.version - 1, NOW + HOUR, NOW - 10 * MINUTE, OWNER)  # fmt: skip
+    with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+        put(ddb, table, late)
 
 
 def test_liberator_subprocess_console_script(ddb: Any, table: str, moto_endpoint: str) -> None:
@@ -340,12 +541,15 @@ def test_job_exits_1_when_table_is_missing(
 
 # --------------------------------------------------------------------------------- dedupe
 def seed_duplicates(ddb: Any, table: str) -> None:
-    """Keys that got several resources, as cross-region (or same-region) races leave them."""
+    """Keys that got several resources, as cross-region races (and same-region crashes)
+    leave them. ``lease`` leases the way a daemon does, so leasing one key twice in a region
+    leaves the earlier resource an orphan: the key's mapping names only the last one."""
     seed_pool(ddb, table, region=EAST, count=20, prefix="e-")
     seed_pool(ddb, table, region=WEST, count=10, prefix="w-")
     seed_pool(ddb, table, pool_id="other", region=EAST, count=5, prefix="o-")
     end = NOW + HOUR
-    # k1: three east items; the earliest claim (e-00002) wins
+    # k1: three east items, leased in this order; the mapping names the last one (e-00003),
+    # e-00001 and e-00002 are orphans, although e-00002 has the earliest lease_acquired
     lease(ddb, table, "e-00001", "k1", end, acquired_us=NOW - 50 * US)
     lease(ddb, table, "e-00002", "k1", end, acquired_us=NOW - 90 * US)
     lease(ddb, table, "e-00003", "k1", end, acquired_us=NOW - 70 * US)
@@ -365,6 +569,7 @@ def seed_duplicates(ddb: Any, table: str) -> None:
 
 
 def holders(ddb: Any, table: str) -> dict[tuple[str, str, str], list[ResourceItem]]:
+    """Every held resource item by (client, pool, key): leases and orphans alike."""
     out: dict[tuple[str, str, str], list[ResourceItem]] = {}
     for it in leased_items(ddb, table):
         assert it.key is not None
@@ -372,51 +577,90 @@ def holders(ddb: Any, table: str) -> dict[tuple[str, str, str], list[ResourceIte
     return out
 
 
+K1, K2, K3, K4 = (("demo", "default", k) for k in ("k1", "k2", "k3", "k4"))
+
+
+def assert_released(ddb: Any, table: str, resource: str, key: str, region: str) -> None:
+    """``resource`` was given back early, the way a daemon releases: its key's mapping in
+    its region no longer names it, and it is claimable only after the quarantine."""
+    it = get(ddb, table, resource)
+    assert it.key is None and it.holder is None, it
+    assert it.lease_available == fmt_time(NOW + Q), it
+    m = get_map(ddb, table, map_ident(key, region))
+    assert m is None or m.resource != resource, m
+
+
 def test_dedupe_keeps_exactly_one_resource_per_key(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """After each region's dedupe ran, every (client, pool, key) holds exactly one resource,
-    the one ``pick()`` chose before; each job released only its own region's extras and
-    reported the others."""
+    """After each region's dedupe ran, every (client, pool, key) holds exactly one resource:
+    the one the daemons serve (its region's mapping names it, and among regions it is the
+    one ``pick()`` chooses). Within a region, only the item the mapping names is a lease:
+    the others are orphans, freed with quarantine, even when their claim is earlier. Each
+    job released only its own region's extras (mapping first, then the resource, with
+    quarantine) and reported the others."""
     seed_duplicates(ddb, table)
-    chosen = {k: pick(v) for k, v in holders(ddb, table).items()}
-    assert chosen[("demo", "default", "k1")].resource == "e-00002"  # type: ignore[union-attr]
-    assert chosen[("demo", "default", "k4")].resource == "w-00003"  # type: ignore[union-attr]
+    chosen = served(ddb, table)
+    assert chosen[K1] == (EAST, "e-00003")  # what the mapping names ...
+    assert pick(holders(ddb, table)[K1]).resource == "e-00002"  # type: ignore[union-attr]
+    # ... not the earliest claim: that one is an orphan no daemon serves
+    assert chosen[K2] == (WEST, "w-00001")
+    assert chosen[K4] == (WEST, "w-00003")
 
     r = call(dedupe.main, base(table, moto_endpoint, EAST), capsys)
     assert r.code == 0, r
     s = r.summary
-    assert (s["duplicate_keys"], s["released"], s["foreign_reported"]) == (4, 4, 1), s
-    assert (s["lost_races"], s["errors"]) == (0, 0)
+    # Changed: the old protocol released k1's two east extras as leases (released 4). Now
+    # they are orphans (the mapping names e-00003), counted in orphans_freed; only k2's and
+    # k4's east extras are released leases.
+    assert (s["duplicate_keys"], s["released"], s["orphans_freed"]) == (4, 2, 2), s
+    assert (s["foreign_reported"], s["lost_races"], s["errors"]) == (1, 0, 0), s
     assert "foreign_duplicate" in r.err and "w-00002" in r.err
     # the west extra of k3 is still there: only the west job may release it
-    assert len(holders(ddb, table)[("demo", "default", "k3")]) == 2
+    assert len(holders(ddb, table)[K3]) == 2
 
     r = call(dedupe.main, base(table, moto_endpoint, WEST), capsys)
     assert r.code == 0, r
-    assert (r.summary["duplicate_keys"], r.summary["released"]) == (1, 1), r
-    assert r.summary["foreign_reported"] == 0
+    s = r.summary
+    assert (s["duplicate_keys"], s["released"], s["orphans_freed"]) == (1, 1, 0), s
+    assert s["foreign_reported"] == 0
 
     after = holders(ddb, table)
     assert set(after) == set(chosen)
     for k, items in after.items():
         assert len(items) == 1, (k, items)
-        assert items[0].resource == chosen[k].resource, k  # type: ignore[union-attr]
-    released = get(ddb, table, "e-00001")
-    assert released.key is None and released.lease_available == fmt_time(NOW)
+        assert (items[0].region, items[0].resource) == chosen[k], k
+    assert served(ddb, table) == chosen  # the daemons' answers did not change
+    # Changed: an early free is claimable only after the quarantine (was: at once).
+    assert_released(ddb, table, "e-00001", "k1", EAST)  # orphans
+    assert_released(ddb, table, "e-00002", "k1", EAST)
+    assert_released(ddb, table, "e-00004", "k2", EAST)  # released extras
+    assert_released(ddb, table, "e-00006", "k4", EAST)
+    assert_released(ddb, table, "w-00002", "k3", WEST)
+    for key in ("k2", "k4"):  # their east mappings were released: state free
+        m = get_map(ddb, table, map_ident(key, EAST))
+        assert m is not None and (m.state, m.token) == (FREE, None), m
 
 
 def test_dedupe_ignores_lapsed_leases(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An expired (not yet liberated) earlier claim does not win over the live lease the
-    daemons serve: dedupe groups live leases only and leaves lapsed ones to the liberator."""
+    daemons serve: dedupe groups live leases only and leaves lapsed ones to the liberator.
+    (Across regions: within one region the mapping alone would decide.)"""
     seed_pool(ddb, table, region=EAST, count=4, prefix="e-")
-    lease(ddb, table, "e-00000", "kx", NOW - US, acquired_us=NOW - 2 * HOUR)  # lapsed
+    seed_pool(ddb, table, region=WEST, count=4, prefix="w-")
+    lease(ddb, table, "w-00000", "kx", NOW - US, acquired_us=NOW - 2 * HOUR)  # lapsed
     lease(ddb, table, "e-00001", "kx", NOW + HOUR, acquired_us=NOW - 60 * US)  # live
-    r = call(dedupe.main, base(table, moto_endpoint, EAST), capsys)
-    assert r.code == 0, r
-    assert (r.summary["duplicate_keys"], r.summary["released"]) == (0, 0), r.summary
+    before = by_resource(ddb, table)
+    for region in (EAST, WEST):
+        argv = [*base(table, moto_endpoint, region), "--peer-endpoint",
+                f"{WEST if region == EAST else EAST}={moto_endpoint}"]  # fmt: skip
+        r = call(dedupe.main, argv, capsys)
+        assert r.code == 0, r
+        s = r.summary
+        assert (s["duplicate_keys"], s["released"], s["orphans_freed"]) == (0, 0, 0), s
+    assert by_resource(ddb, table) == before
     assert get(ddb, table, "e-00001").key == "kx"
 
 
@@ -425,11 +669,13 @@ def test_dedupe_second_run_changes_nothing(
 ) -> None:
     """Run again, dedupe finds only the (reported) foreign duplicate and writes nothing."""
     seed_duplicates(ddb, table)
-    assert call(dedupe.main, base(table, moto_endpoint), capsys).summary["released"] == 4
+    s = call(dedupe.main, base(table, moto_endpoint), capsys).summary
+    assert (s["released"], s["orphans_freed"]) == (2, 2), s  # was released 4: see above
     snapshot = by_resource(ddb, table)
     r = call(dedupe.main, [*base(table, moto_endpoint), "--segments", "2"], capsys)
     assert r.code == 0, r
-    assert (r.summary["released"], r.summary["foreign_reported"]) == (0, 1), r
+    s = r.summary
+    assert (s["released"], s["orphans_freed"], s["foreign_reported"]) == (0, 0, 1), r
     assert by_resource(ddb, table) == snapshot
 
 
@@ -441,47 +687,94 @@ def test_dedupe_dry_run_and_peer_endpoint(
     seed_duplicates(ddb, table)
     snapshot = by_resource(ddb, table)
     r = call(dedupe.main, [*base(table, moto_endpoint), "--dry-run"], capsys)
+    # would_release counts orphans and extras alike (2 + 2)
     assert r.code == 0 and r.summary["would_release"] == 4 and r.summary["released"] == 0, r
+    assert r.summary["orphans_freed"] == 0, r
     assert by_resource(ddb, table) == snapshot
     argv = [*base(table, moto_endpoint), "--peer-endpoint", f"{WEST}={moto_endpoint}"]
     r = call(dedupe.main, argv, capsys)
     assert r.code == 0, r
-    assert (r.summary["released"], r.summary["foreign_reported"]) == (5, 0), r
+    # Changed: was released 5; k1's two in-region extras are now orphans (orphans_freed).
+    s = r.summary
+    assert (s["released"], s["orphans_freed"], s["foreign_reported"]) == (3, 2, 0), r
     assert all(len(v) == 1 for v in holders(ddb, table).values())
+    assert_released(ddb, table, "w-00002", "k3", WEST)  # through the peer endpoint
 
 
-def test_dedupe_leaves_group_alone_when_survivor_changed(ddb: Any, table: str) -> None:
+def test_dedupe_leaves_the_key_its_lease_when_survivor_changed(ddb: Any, table: str) -> None:
     """If the survivor lost its key after the scan (released, liberated), releasing the
-    extras would leave the key with nothing it was using: the group is skipped (lost race)."""
+    extras would leave the key with nothing it was using. The group is decided again on
+    consistent reads: the released survivor is no longer a lease, so the extra is now the
+    only lease of the key, and it is kept."""
     seed_duplicates(ddb, table)
+    once = [True]
 
     def release_survivor(kw: dict[str, Any]) -> None:
-        if kw["Key"]["resource"]["S"] == "e-00002":  # k1's survivor
-            cur = lease_from_item(get(ddb, table, "e-00002"))
-            ddb.update_item(TableName=table, **release(cur, NOW, EAST))
+        if kw["Key"]["resource"]["S"] == "w-00001" and once[0]:  # k2's survivor
+            once[0] = False
+            daemon_release(ddb, table, "w-00001")
 
     opts = dedupe.Options(table=table, region=EAST, now_us=NOW, segments=2)
     s = dedupe.run(Wrapped(ddb, get_item=release_survivor), opts)
-    assert s["lost_races"] == 1 and s["released"] == 2, s  # k2's and k4's east extras
-    assert {it.resource for it in holders(ddb, table)[("demo", "default", "k1")]} == {
-        "e-00001",
-        "e-00003",
-    }
+    assert not once[0], "the hook never ran"
+    # Changed: the old job skipped the group as a lost race; the new one re-reads every item
+    # of the group consistently before deciding, so k2 simply has one lease left: no race.
+    assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (1, 2, 0, 0), s
+    assert [it.resource for it in holders(ddb, table)[K2]] == ["e-00004"]
+    assert served(ddb, table)[K2] == (EAST, "e-00004")
 
 
-def test_dedupe_extra_changed_between_read_and_write_is_a_lost_race(ddb: Any, table: str) -> None:
-    """An extra that a daemon wrote after the scan (here: extended) is not released."""
+def test_dedupe_extra_reacquired_between_read_and_write_is_a_lost_race(
+    ddb: Any, table: str
+) -> None:
+    """An extra that a daemon released after dedupe read it, its key then acquiring another
+    resource in that region, is not touched: dedupe's mapping release is conditional on the
+    token it read, fails, and counts as a lost race; the new lease and its mapping stay."""
     seed_duplicates(ddb, table)
+    k2_east = map_ident("k2", EAST)
+    once = [True]
 
-    def extend_extra(kw: dict[str, Any]) -> None:
-        if kw["Key"]["resource"]["S"] == "e-00004":
-            cur = lease_from_item(get(ddb, table, "e-00004"))
-            ddb.update_item(TableName=table, **extend(cur, NOW + 2 * HOUR, EAST))
+    def reacquire_first(kw: dict[str, Any]) -> None:
+        key = (kw["Key"]["client_id"]["S"], kw["Key"]["resource"]["S"])
+        if key == k2_east and once[0]:
+            once[0] = False
+            daemon_release(ddb, table, "e-00004")
+            lease(ddb, table, "e-00010", "k2", NOW + HOUR, acquired_us=NOW)
 
     opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
-    s = dedupe.run(Wrapped(ddb, update_item=extend_extra), opts)
-    assert (s["released"], s["lost_races"], s["errors"]) == (3, 1, 0), s
-    assert get(ddb, table, "e-00004").key == "k2"
+    s = dedupe.run(Wrapped(ddb, update_item=reacquire_first), opts)
+    assert not once[0], "the hook never ran"
+    assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (1, 2, 1, 0), s
+    new = get(ddb, table, "e-00010")
+    assert new.key == "k2" and new.holder is not None
+    m = get_map(ddb, table, k2_east)
+    assert m is not None and (m.state, m.token, m.resource) == (LIVE, new.holder, "e-00010")
+    assert_released(ddb, table, "e-00004", "k2", EAST)  # by the daemon, not by dedupe
+
+
+def test_dedupe_extension_racing_the_release_cannot_keep_the_extra(ddb: Any, table: str) -> None:
+    """A daemon still serving an extra from its cache may extend it while dedupe releases it.
+    The release is conditional on the holder token (as a daemon's is), not on the version,
+    so it goes through; the daemon's mapping extension is then refused (the mapping is
+    already free), so no daemon serves the extra again, and it is claimable only after the
+    quarantine. (The old protocol counted this as a lost race and kept the extra.)"""
+    seed_duplicates(ddb, table)
+    once = [True]
+
+    def extend_first(kw: dict[str, Any]) -> None:
+        if kw["Key"]["resource"]["S"] == "e-00004" and once[0]:  # dedupe frees the resource
+            once[0] = False
+            cur = lease_from_item(get(ddb, table, "e-00004"))
+            put(ddb, table, extend_resource(cur, NOW + 2 * HOUR))  # R first: applies
+            with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+                put(ddb, table, map_extend(cur, NOW + 2 * HOUR))  # then M: refused
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
+    s = dedupe.run(Wrapped(ddb, update_item=extend_first), opts)
+    assert not once[0], "the hook never ran"
+    assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (2, 2, 0, 0), s
+    assert_released(ddb, table, "e-00004", "k2", EAST)
+    assert served(ddb, table)[K2] == (WEST, "w-00001")
 
 
 # -------------------------------------------------------------------------------- rasadmin
@@ -522,9 +815,10 @@ def test_rasadmin_pool_and_resource_lifecycle(
     }  # spread over all ten sub-partitions
     assert all(it.lease_available == fmt_time(NOW) and it.version == 0 for it in items)
 
-    lease(ddb, table, "ads-000001", "live", NOW + HOUR, client="acme")
-    lease(ddb, table, "ads-000002", "dead", NOW - HOUR, client="acme")
-    lease(ddb, table, "x1", "west", NOW + HOUR, client="acme")
+    # claimed at NOW: add-resources made them claimable from NOW (claims check that now)
+    lease(ddb, table, "ads-000001", "live", NOW + HOUR, acquired_us=NOW, client="acme")
+    lease(ddb, table, "ads-000002", "dead", NOW - HOUR, acquired_us=NOW, client="acme")
+    lease(ddb, table, "x1", "west", NOW + HOUR, acquired_us=NOW, client="acme")
 
     r = call(admin.main, ["list-pools", *b, "--json"], capsys)
     assert {(p["client_id"], p["pool_id"]) for p in json.loads(r.out)} == {("acme", "ads")}
@@ -555,13 +849,17 @@ def test_rasadmin_pool_and_resource_lifecycle(
              capsys)  # fmt: skip
     assert json.loads(r.out)["key"] == "west"
 
-    # release-resource: only items of --region; conditional on the version read
+    # release-resource: only items of --region; the release procedure, with quarantine
     rel = ["release-resource", *b, "--region", EAST, "--client", "acme", "--resource"]
     r = call(admin.main, [*rel, "x1"], capsys)
     assert r.code == 1 and "belongs to region eu-west-1" in r.err, r
+    assert get(ddb, table, "x1", "acme").key == "west"
     r = call(admin.main, [*rel, "ads-000001"], capsys)
     assert r.code == 0 and r.summary["released"] is True, r
-    assert get(ddb, table, "ads-000001", "acme").key is None
+    # Changed: the summary says when the item is claimable again (was: its new version)
+    assert r.summary["claimable_from"] == fmt_time(NOW + Q), r
+    released = get(ddb, table, "ads-000001", "acme")
+    assert released.key is None and released.lease_available == fmt_time(NOW + Q)
 
     # delete-resource: refuses a running lease without --force
     dele = ["delete-resource", *b, "--client", "acme", "--resource"]
@@ -570,6 +868,64 @@ def test_rasadmin_pool_and_resource_lifecycle(
     assert call(admin.main, [*dele, "ads-000003"], capsys).code == 0
     assert call(admin.main, [*dele, "x1", "--force"], capsys).code == 0
     assert call(admin.main, [*dele, "x1"], capsys).code == 1  # gone
+
+
+def test_rasadmin_release_resource_releases_mapping_then_resource(
+    ddb: Any,
+    table: str,
+    moto_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rasadmin release-resource`` releases the way a daemon does: the key's mapping first
+    (a daemon reading it then finds the key holds nothing in the region: ``free``), then the
+    resource, claimable again only after --quarantine. It answers "not leased" for a free
+    item, and refuses (exit 1, no write) an item leased without a holder token (rasd 0.1)."""
+    seed_pool(ddb, table, region=EAST, count=4)
+    held = lease(ddb, table, "res-00001", "k", NOW + HOUR)
+    before_map = get_map(ddb, table, map_ident("k", EAST))
+    assert before_map is not None and before_map.state == LIVE
+    writes: list[tuple[str, str]] = []
+
+    def record(kw: dict[str, Any]) -> None:
+        writes.append((kw["Key"]["client_id"]["S"], kw["Key"]["resource"]["S"]))
+
+    real_make = common.make_client
+    monkeypatch.setattr(
+        common, "make_client", lambda *a, **k: Wrapped(real_make(*a, **k), update_item=record)
+    )
+    rel = ["release-resource", *base(table, moto_endpoint), "--client", "demo", "--resource"]
+    r = call(admin.main, [*rel, "res-00001", "--quarantine", "30"], capsys)
+    assert r.code == 0, r
+    assert r.summary["released"] is True and r.summary["key"] == "k", r
+    assert r.summary["claimable_from"] == fmt_time(NOW + 30 * US), r
+    assert writes == [map_ident("k", EAST), ("demo", "res-00001")]  # mapping, then resource
+
+    m = get_map(ddb, table, map_ident("k", EAST))  # what a daemon reads
+    assert m is not None and (m.state, m.token, m.resource) == (FREE, None, None), m
+    assert m.ver == before_map.ver + 1
+    it = get(ddb, table, "res-00001")
+    assert it.key is None and it.holder is None and it.lease_expires_us is None
+    assert it.lease_available == fmt_time(NOW + 30 * US)
+    assert it.version == held.version + 1
+
+    writes.clear()
+    r = call(admin.main, [*rel, "res-00001"], capsys)
+    assert r.code == 0 and r.summary["released"] is False, r
+    assert r.summary["reason"] == "not leased" and writes == [], r
+
+    # A 0.1 lease: held, but no holder token and no mapping item.
+    ddb.update_item(
+        TableName=table,
+        Key=key_av(("demo", "res-00002")),
+        UpdateExpression="SET #k = :k, lease_expires = :e REMOVE lease_available",
+        ExpressionAttributeNames={"#k": "key"},
+        ExpressionAttributeValues={":k": {"S": "old"}, ":e": {"S": fmt_time(NOW + HOUR)}},
+    )
+    before = by_resource(ddb, table)
+    r = call(admin.main, [*rel, "res-00002"], capsys)
+    assert r.code == 1 and "older rasd" in r.err, r
+    assert writes == [] and by_resource(ddb, table) == before
 
 
 def test_delete_pool_refuses_while_leases_are_held(
@@ -597,13 +953,18 @@ def test_delete_pool_refuses_while_leases_are_held(
 def test_delete_pool_with_only_expired_leases_needs_no_force(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Expired, not yet liberated leases are not held: the pool can be deleted."""
+    """Expired, not yet liberated leases are not held: the pool can be deleted, definition
+    and every resource item. (The lapsed lease's mapping item is not a resource item: it
+    names a lease that has ended, so no daemon serves it, and DynamoDB's TTL reaps it.)"""
     seed_pool(ddb, table, count=4)
     lease(ddb, table, "res-00000", "dead", NOW - HOUR)
     argv = ["delete-pool", *base(table, moto_endpoint), "--client", "demo", "--pool", "default"]
     r = call(admin.main, argv, capsys)
     assert r.code == 0 and r.summary["deleted"] == 4, r
-    assert list(by_resource(ddb, table)) == []
+    # Changed: was "the table is empty"; mapping items did not exist then.
+    assert list(by_resource(ddb, table)) == [map_ident("dead", EAST)]
+    m = get_map(ddb, table, map_ident("dead", EAST))
+    assert m is not None and m.expires_us is not None and m.expires_us < NOW, m
 
 
 @pytest.mark.parametrize(
