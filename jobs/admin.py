@@ -281,19 +281,12 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
         ddb.delete_item(TableName=args.table, Key=pool_meta_key(args.client, args.pool))
     progress = common.Progress("deleting", len(items))
     for it in items:
-        kw: dict[str, Any] = {
-            "TableName": args.table,
-            "Key": {"client_id": {"S": it.client_id}, "resource": {"S": it.resource}},
-        }
-        if not args.force:  # only as we read it: a lease taken since then survives
-            kw["ConditionExpression"] = "version = :v"
-            kw["ExpressionAttributeValues"] = {":v": {"N": str(it.version)}}
-        try:
-            ddb.delete_item(**kw)
+        # only as we read it unless --force: a lease taken since then survives; with --force a
+        # held item's mapping is ended before the item goes (jobs/leases.py)
+        done = leases.delete(ddb, args.table, it.ident, common.now_us(args), args.force)
+        if done:
             summary["deleted"] += 1
-        except Exception as exc:
-            if not common.is_lost_race(exc):
-                raise
+        else:
             summary["changed_meanwhile"] += 1
             log.warning("changed_meanwhile", resource=it.resource)
         progress.add()
@@ -472,18 +465,8 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
             f"refusing to delete {args.resource!r}: leased by key {it.key!r} until "
             f"{common.iso(it.lease_expires_us)}; pass --force to delete it anyway"
         )
-    kw: dict[str, Any] = {
-        "TableName": args.table,
-        "Key": {"client_id": {"S": it.client_id}, "resource": {"S": it.resource}},
-    }
-    if not args.force:
-        kw["ConditionExpression"] = "version = :v"
-        kw["ExpressionAttributeValues"] = {":v": {"N": str(it.version)}}
-    try:
-        ddb.delete_item(**kw)
-    except Exception as exc:
-        if not common.is_lost_race(exc):
-            raise
+    # A held item's mapping is ended first: daemons must not serve a lease on it (docs/design.md).
+    if not leases.delete(ddb, args.table, it.ident, common.now_us(args), args.force):
         raise common.JobError(f"{args.resource!r} changed after it was read; look again")
     common.emit(
         {

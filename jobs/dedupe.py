@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         "one the daemons also pick (earliest lease_acquired, then region, then resource) and "
         "release the others of this region; report the other regions' extras, or release "
         "them through --peer-endpoint. Prints one JSON summary line on stdout: scanned, "
-        "duplicate_keys, released, foreign_reported, lost_races, errors, seconds.",
+        "duplicate_keys, released, orphans_freed (held items their region's mapping does not "
+        "name), foreign_reported, lost_races, errors, seconds.",
         [common.job_parent()],
     )
     common.add_peer_endpoint(

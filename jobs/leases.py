@@ -8,6 +8,10 @@ rasd.decide) in the same order (docs/design.md, "Invariants").
   freed, with quarantine; if its acquisition's mapping write could still land, the mapping is
   fenced first. Used by ``ras-liberator``.
 
+* ``delete``: delete a resource item (``rasadmin delete-resource``/``delete-pool``); a held
+  one only after its key's mapping stops naming it, so no daemon reads a lease on a resource
+  that is gone (or, worse, re-added under the same name and leased to another key).
+
 Every write is a ``rasd.writes.Write`` rendered for UpdateItem; a failed condition is a lost
 race (someone changed the item since it was read), reported as such, never retried blindly.
 """
@@ -98,3 +102,31 @@ def repair(
     if not write(ddb, table, free_orphan(r, now_us, quarantine_us)):
         return "lost_race"
     return "freed_orphan"
+
+
+def delete(ddb: Any, table: str, ident: ItemKey, now_us: int, force: bool) -> bool:
+    """Delete a resource item; one with a running lease only with ``force``. The mapping of
+    any lease on it (running or lapsed) is ended first. Conditional on the version read
+    (re-read and retried a few times when a daemon writes it meanwhile). False: it is leased
+    and ``force`` was not given, or it kept changing."""
+    for _ in range(5):
+        r = get_resource(ddb, table, ident)
+        if r is None:
+            return True
+        if r.key is not None:
+            if not force and not r.expired(now_us):
+                return False
+            if r.holder is not None:
+                write(ddb, table, map_release(mapping_ident(r), r.holder, now_us))
+        try:
+            ddb.delete_item(
+                TableName=table,
+                Key=key_av(ident),
+                ConditionExpression="version = :v",
+                ExpressionAttributeValues={":v": {"N": str(r.version)}},
+            )
+            return True
+        except Exception as exc:
+            if not common.is_lost_race(exc):
+                raise
+    return False

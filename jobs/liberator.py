@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         "than now minus --grace goes back to the available_resources index. Conditional "
         "writes make it safe next to daemons and other liberators. Prints one JSON summary "
         "line on stdout: scanned, expired, freed, lost_races (changed by someone else after "
-        "our read; left alone), errors, seconds.",
+        "our read; left alone), orphans_checked, orphans, orphans_freed (held resources no "
+        "mapping names, freed with quarantine), errors, seconds.",
         [common.job_parent()],
     )
     p.add_argument(

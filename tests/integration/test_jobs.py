@@ -954,8 +954,8 @@ def test_delete_pool_with_only_expired_leases_needs_no_force(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Expired, not yet liberated leases are not held: the pool can be deleted, definition
-    and every resource item. (The lapsed lease's mapping item is not a resource item: it
-    names a lease that has ended, so no daemon serves it, and DynamoDB's TTL reaps it.)"""
+    and every resource item. The lapsed lease's mapping is ended first (mapping before
+    resource, on the way out), and DynamoDB's TTL reaps the mapping item later."""
     seed_pool(ddb, table, count=4)
     lease(ddb, table, "res-00000", "dead", NOW - HOUR)
     argv = ["delete-pool", *base(table, moto_endpoint), "--client", "demo", "--pool", "default"]
@@ -964,7 +964,7 @@ def test_delete_pool_with_only_expired_leases_needs_no_force(
     # Changed: was "the table is empty"; mapping items did not exist then.
     assert list(by_resource(ddb, table)) == [map_ident("dead", EAST)]
     m = get_map(ddb, table, map_ident("dead", EAST))
-    assert m is not None and m.expires_us is not None and m.expires_us < NOW, m
+    assert m is not None and m.state == "free" and m.resource is None, m
 
 
 @pytest.mark.parametrize(
@@ -1047,3 +1047,22 @@ def test_rasadmin_dry_runs_write_nothing(
     r = call(admin.main, ["stats", *base(table, moto_endpoint, region=None), "--json"], capsys)
     rows = {(x["pool_id"], x["region"]): x["total"] for x in json.loads(r.out)}
     assert rows == {("default", EAST): 5, ("empty", "-"): 0}
+
+
+def test_force_delete_ends_the_mapping_before_the_item(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deleting a leased item with --force ends its key's mapping first: otherwise daemons
+    would keep serving a lease on a resource that is gone, and, were the name added again,
+    hand it to a second key while the first is still served (I1)."""
+    seed_pool(ddb, table, count=2)
+    lease(ddb, table, "res-00000", "k", NOW + HOUR)
+    b = base(table, moto_endpoint)
+    argv = ["delete-resource", *b, "--client", "demo", "--resource", "res-00000"]
+    assert call(admin.main, argv, capsys).code != 0  # leased: refused without --force
+    m = get_map(ddb, table, map_ident("k", EAST))
+    assert m is not None and m.state == "live"
+    assert call(admin.main, [*argv, "--force"], capsys).code == 0
+    m = get_map(ddb, table, map_ident("k", EAST))
+    assert m is not None and m.state == "free" and m.resource is None, m
+    assert ("demo", "res-00000") not in by_resource(ddb, table)
