@@ -130,6 +130,18 @@ class Store:
     async def _warm_one(self, deadline: float) -> None:
         await self._call("GetItem", deadline, Key=pool_meta_key("#warm", "#warm"))
 
+    @property
+    def client(self) -> Any:
+        """The aiobotocore client in use (None before ``start()``)."""
+        return self._client
+
+    def wrap_client(self, wrap: Callable[[Any], Any]) -> None:
+        """Put a wrapper around the started client (fault injection in tests:
+        ``rasd.testing``). Every later call goes through ``wrap(client)``."""
+        if self._client is None:
+            raise RuntimeError("wrap_client() needs a started Store (await store.start())")
+        self._client = wrap(self._client)
+
     async def close(self) -> None:
         if self._ctx is not None:
             await self._ctx.__aexit__(None, None, None)
@@ -146,7 +158,7 @@ class Store:
         gave no answer before the deadline, ``Unavailable`` when it kept failing (or the
         circuit breaker is open).
         """
-        method = getattr(self._client, _METHODS[op])
+        method = getattr(self._client, OPERATIONS[op])
         breaker = self.breaker
         attempt = 0
         while True:
@@ -350,7 +362,8 @@ class Store:
         return await self._call("UpdateItem", deadline, **upd) is not None
 
 
-_METHODS = {
+#: The DynamoDB operations the daemon uses, and the client method of each.
+OPERATIONS: dict[str, str] = {
     "GetItem": "get_item",
     "Query": "query",
     "UpdateItem": "update_item",

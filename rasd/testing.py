@@ -54,13 +54,13 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 
 from .config import Config
 from .metrics import Counters
-from .store import _METHODS, Store
+from .store import OPERATIONS, Store
 
 FaultKind = Literal[
     "throttle", "server_error", "timeout", "down", "slow", "condition", "validation", "lost_reply"
 ]
 KINDS: frozenset[str] = frozenset(get_args(FaultKind))
-_OPS_BY_METHOD = {method: op for op, method in _METHODS.items()}
+_OPS_BY_METHOD = {method: op for op, method in OPERATIONS.items()}
 FAKE_ENDPOINT = "https://dynamodb.faulty.invalid"
 
 
@@ -106,7 +106,7 @@ class Faults:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; one of {sorted(KINDS)}")
         op_set = None if ops is None else frozenset(ops)
-        unknown = (op_set or frozenset()) - set(_METHODS)
+        unknown = (op_set or frozenset()) - set(OPERATIONS)
         if unknown:
             raise ValueError(f"unknown DynamoDB operations {sorted(unknown)}")
         if not 0.0 <= probability <= 1.0:
@@ -222,12 +222,10 @@ class FaultyClient:
 
 def install(store: Store, faults: Faults, *, sleep: Sleep = asyncio.sleep) -> Faults:
     """Wrap a started store's client with ``faults`` (idempotent). Returns ``faults``."""
-    if store._client is None:
-        raise RuntimeError("install() needs a started Store (call `await store.start()` first)")
-    if isinstance(store._client, FaultyClient):
-        store._client.faults = faults
+    if isinstance(store.client, FaultyClient):
+        store.client.faults = faults
     else:
-        store._client = FaultyClient(store._client, faults, sleep=sleep)
+        store.wrap_client(lambda inner: FaultyClient(inner, faults, sleep=sleep))
     return faults
 
 

@@ -408,7 +408,7 @@ async def test_a_claim_applied_before_a_timeout_is_recognised(
 
     seed_pool(ddb, table, count=6)
     async with make_daemon() as d:
-        client = d.store._client
+        client = d.store.client
         real = client.update_item
         state = {"armed": True}
 

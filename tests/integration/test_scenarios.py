@@ -132,7 +132,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
                 await asyncio.sleep(30)  # the reply is lost
             return await real(**kw)
 
-        d1.store._client = Hooked(d1.store._client, hook)
+        d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
             got1: str | None = (await d1.get_lease(C, P, "k23", exp, dl))[0].resource
@@ -181,14 +181,14 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
                 await asyncio.sleep(30)  # every reply lost
             return await real(**kw)
 
-        d1.store._client = Hooked(d1.store._client, hook)
+        d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
             await d1.get_lease(C, P, "k23", exp, dl)
         except RasdError:
             pass
         assert state["d2"] == "res-00001"
-        d1.store._client = d1.store._client._inner  # heal
+        d1.store._client = d1.store.client._inner  # heal: unwrap
         await d1.drain(3.0)
         exp, dl = req()
         l1, _ = await d1.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
