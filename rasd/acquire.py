@@ -29,6 +29,7 @@ import random
 import socket
 import time
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -52,6 +53,7 @@ from .lease import (
     free_claim,
     headroom_from_ddb,
     headroom_resource,
+    lease_from_mapping,
     map_acquire,
     map_confirm,
     map_drop_dead,
@@ -228,11 +230,16 @@ class Acquirer:
                 await self._fence(d.resource, deadline)
                 continue
             # Wait: another daemon of this region is acquiring this key.
-            self.counters.inc("acq.waits")
-            if time.monotonic() + wait >= deadline:
-                raise Timeout("another daemon is acquiring this key; deadline passed")
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, WAIT_MAX)
+            wait = await self._wait(wait, deadline)
+
+    async def _wait(self, wait: float, deadline: float) -> float:
+        """Another daemon of this region is acquiring the key: poll again after ``wait``
+        (5 ms, doubling, up to WAIT_MAX), within the deadline. Returns the next wait."""
+        self.counters.inc("acq.waits")
+        if time.monotonic() + wait >= deadline:
+            raise Timeout("another daemon is acquiring this key; deadline passed")
+        await asyncio.sleep(wait)
+        return min(wait * 2, WAIT_MAX)
 
     async def _fence(self, r: ResourceItem, deadline: float) -> None:
         res = await self.store.write(fence_resource(r.ident, r.version), deadline)
@@ -441,17 +448,7 @@ class Acquirer:
 
     async def _extend_now(self, m: Mapping, requested_us: int, deadline: float) -> Lease | None:
         """Our lease is too close to its end to serve: extend it (None: re-read)."""
-        lease = Lease(
-            m.client_id,
-            m.pool_id,
-            m.key,
-            m.resource or "",
-            m.region,
-            m.expires_us or 0,
-            m.rver + 1,
-            m.since_us,
-            m.token,
-        )
+        lease = lease_from_mapping(m)
         now = self.clock.now_us()
         if requested_us <= lease.expires_us:
             # The caller asks for no more than the lease has: it is valid until its end.
@@ -459,7 +456,7 @@ class Acquirer:
         sent = self.clock.mono()
         step, last = await self._extend(lease, requested_us, deadline)
         if isinstance(step, D.Extended):
-            new = Lease(*_with_expiry(lease, requested_us))
+            new = replace(lease, expires_us=requested_us)
             self.cache.put(new, sent)
             self.counters.inc("lease.extended")
             return new
@@ -485,7 +482,7 @@ class Acquirer:
             )
             if isinstance(step, D.Extended):
                 self._extend_after.pop(k, None)
-                self.cache.put(Lease(*_with_expiry(lease, requested_us)), sent)
+                self.cache.put(replace(lease, expires_us=requested_us), sent)
                 self.counters.inc("lease.extended")
                 return
             if last.outcome is D.Outcome.REJECTED and last.error is None:
@@ -592,11 +589,7 @@ class Acquirer:
             if isinstance(d, D.FenceResource):
                 await self._fence(d.resource, deadline)
                 continue
-            self.counters.inc("acq.waits")
-            if time.monotonic() + wait >= deadline:
-                raise Timeout("another daemon is acquiring this key; deadline passed")
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, WAIT_MAX)
+            wait = await self._wait(wait, deadline)
 
     # ------------------------------------------------------------------- headroom
     async def headroom(self, client_id: str, pool_id: str, deadline: float) -> int:
@@ -679,20 +672,6 @@ def _map_extended(token: str | None, want: str) -> Any:
 
 def _ge(v: Value | None, want: str) -> bool:
     return isinstance(v, str) and v >= want
-
-
-def _with_expiry(lease: Lease, expires_us: int) -> tuple[Any, ...]:
-    return (
-        lease.client_id,
-        lease.pool_id,
-        lease.key,
-        lease.resource,
-        lease.region,
-        expires_us,
-        lease.version,
-        lease.acquired_us,
-        lease.token,
-    )
 
 
 def _error_of(*results: WriteResult) -> RasdError | None:
