@@ -52,7 +52,8 @@ def request_id(frame: dict[str, Any]) -> int | None:
 
 
 def parse(frame: dict[str, Any]) -> Request:
-    if frame.get("v") != VERSION:
+    v = frame.get("v")
+    if type(v) is not int or v != VERSION:  # True and 1.0 equal 1 in Python, not on the wire
         raise BadRequest(f"unsupported protocol version {frame.get('v')!r} (this daemon: 1)")
     rid = request_id(frame)
     if rid is None:

@@ -74,6 +74,8 @@ def test_parse_good_request() -> None:
     "change",
     [
         {"v": 2},
+        {"v": True},
+        {"v": 1.0},
         {"id": "7"},
         {"id": True},
         {"op": "steal"},
