@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rasd_client._wire import VERSION
+from rasd_client.wire import VERSION
 
 from .errors import BadRequest
 from .lease import MAX_KEY_LEN, Lease

@@ -10,7 +10,7 @@ import pytest
 import rasd_client
 from rasd.config import ConfigError, load
 from rasd_client._common import expires_us
-from rasd_client._errors import error_from_wire
+from rasd_client.errors import error_from_wire
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_expires_forms() -> None:
 
 
 def test_wire_codes_map_to_classes() -> None:
-    """Every CONTRACT code maps to its RasdError subclass carrying .code."""
+    """Every code of docs/errors.md maps to its RasdError subclass carrying .code."""
     for code in (
         "BAD_REQUEST",
         "UNKNOWN_POOL",
