@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Config:
     # --- where ---------------------------------------------------------------------------
-    #: DynamoDB table holding every pool (CONTRACT).
+    #: DynamoDB table holding every pool (docs/schema.md).
     table: str = "rasd"
     #: The RAS region whose items this daemon claims. Also the DynamoDB client's region unless
     #: AWS_REGION says otherwise (so one table can stand in for a global table in tests).

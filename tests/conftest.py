@@ -57,7 +57,7 @@ _table_ids = itertools.count()
 
 @pytest.fixture
 def table(ddb: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh table with the CONTRACT schema, deleted afterwards (moto reads whole tables)."""
+    """A fresh table (docs/schema.md), deleted afterwards (moto reads whole tables)."""
     name = f"t{os.getpid()}-{next(_table_ids)}"
     schema.create_table(ddb, name)
     yield name

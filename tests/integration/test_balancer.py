@@ -1,6 +1,6 @@
 """``ras-balancer`` against moto's server over HTTP: DynamoDB, DynamoDB Streams and S3 on the
 one endpoint. One table stands in for the global table (every region's items in it), as the
-CONTRACT allows; time is passed in (``Options.now_us`` / ``--now``), never slept."""
+docs/operations.md allows; time is passed in (``Options.now_us`` / ``--now``), never slept."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def service() -> Unit:
 
 # ------------------------------------------------------------------------------- socket
 def test_socket_listens_where_clients_look(socket_unit: Unit) -> None:
-    """The client library's default path (CONTRACT) is the path systemd binds."""
+    """The client library's default path (docs/protocol.md) is the path systemd binds."""
     assert one(socket_unit, "Socket", "ListenStream") == "/run/rasd/rasd.sock"
     assert one(socket_unit, "Install", "WantedBy") == "sockets.target"
 
@@ -111,7 +111,7 @@ def test_service_key_settings(service: Unit, key: str, value: str) -> None:
 
 
 def test_service_runs_the_daemon_with_the_config(service: Unit) -> None:
-    """ExecStart is `rasd serve --config /etc/rasd/rasd.toml` (CONTRACT's command)."""
+    """ExecStart is `rasd serve --config /etc/rasd/rasd.toml` (docs/operations.md's command)."""
     argv = shlex.split(one(service, "Service", "ExecStart"))
     assert argv == ["/usr/bin/rasd", "serve", "--config", "/etc/rasd/rasd.toml"]
 
