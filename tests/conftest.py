@@ -85,11 +85,6 @@ def seed_pool(
 
 
 def scan_all(ddb: Any, table: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    kw: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-    while True:
-        resp = ddb.scan(**kw)
-        items.extend(resp["Items"])
-        if "LastEvaluatedKey" not in resp:
-            return items
-        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    """Every item of ``table`` (consistent reads), through boto3's Scan paginator."""
+    pages = ddb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
+    return [item for page in pages for item in page["Items"]]
