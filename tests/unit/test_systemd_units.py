@@ -188,9 +188,9 @@ def test_example_config_loads_with_everything_uncommented(tmp_path: Path) -> Non
     cfg = load(str(path), env={})
     assert cfg.acl
     acl = Acl.from_config(cfg.acl, uid_of=lambda name: 33, gid_of=lambda name: 2100)
-    assert acl.allows(33, [], "ads")
-    assert acl.allows(1, [2100], "reports")
-    assert acl.allows(1001, [], "demo")
+    assert acl.grant(33, []).allows("ads")
+    assert acl.grant(1, [2100]).allows("reports")
+    assert acl.grant(1001, []).allows("demo")
 
 
 def test_example_config_documents_every_setting_with_its_default(tmp_path: Path) -> None:
