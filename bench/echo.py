@@ -1,8 +1,8 @@
 """The IPC floor: a bare msgpack server on the daemon's socket machinery, doing no work.
 
 Same stack as ``rasd.server``: uvloop, ``loop.create_unix_server`` with an ``asyncio.Protocol``
-whose ``data_received`` feeds ``rasd_client._wire.FrameDecoder`` and answers each frame with
-``_wire.encode``. The answer is a canned lease-shaped map carrying the request's ``id``, so
+whose ``data_received`` feeds ``rasd_client.wire.FrameDecoder`` and answers each frame with
+``wire.encode``. The answer is a canned lease-shaped map carrying the request's ``id``, so
 the *unchanged* ``rasd_client.get_lease`` can call it: what the client measures against this
 server is the floor that any daemon on this machinery could reach (client encode, two socket
 hops, decode, encode, decode), with no validation, no cache lookup and no counters.
@@ -22,7 +22,7 @@ from typing import Any
 
 import uvloop
 
-from rasd_client._wire import VERSION, BadFrame, FrameDecoder, encode
+from rasd_client.wire import VERSION, BadFrame, FrameDecoder, encode
 
 _CANNED: dict[str, Any] = {
     "v": VERSION,

@@ -18,7 +18,7 @@ from typing import Any
 from rasd.config import Config
 from rasd.lease import Lease, Pool
 from rasd.server import Connection, Daemon
-from rasd_client import _wire
+from rasd_client import wire
 
 from .echo import EchoConn
 
@@ -39,7 +39,7 @@ class _FakeTransport:
 
 def _frames(n: int, exp_us: int) -> list[bytes]:
     return [
-        _wire.encode(
+        wire.encode(
             {
                 "v": 1,
                 "id": i,

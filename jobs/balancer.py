@@ -19,6 +19,10 @@ One run, top to bottom (:func:`run`):
 
 ``--dry-run`` does 2-6 and prints the plan in the summary; it writes nothing (no lock either).
 
+Steps 1 and 8's lock release are :func:`run`; :func:`_run_locked` calls one function per step:
+``_load_state`` (2), ``_read_stream`` (3), ``_observe`` (4, and what exists), ``_count_free``
+(5), ``_plan`` (6), ``_move`` (7), ``_write_headroom`` and ``_save_state`` (8).
+
 Replicas: every write goes to this region's table (the paper's single-region job) unless
 ``--peer-endpoint REGION=URL`` names the donor region's replica: then that donor's candidates
 are read and moved there, where the conditional check is ordered with its own daemons' claims
@@ -296,10 +300,49 @@ def run(
     return summary
 
 
+@dataclass
+class _Observed:
+    """What steps 3 and 4 read: the stream's events and the daemons' misses, and the
+    (client, pool, region) keys they are counted for."""
+
+    arn: str
+    read: st.StreamRead
+    dt_s: float  # seconds the window covers
+    first: bool  # no previous state: the first run
+    misses: dict[bm.Key, int]
+    miss_memory: dict[str, int]
+    pools: list[tuple[str, str]]
+    regions: list[str]
+    keys: set[bm.Key]
+    acq: Counter[bm.Key]
+    rel: Counter[bm.Key]
+
+
 def _run_locked(
     opts: Options, clients: Clients, clock: Callable[[], float], t0: float
 ) -> dict[str, Any]:
-    p = opts.params
+    """Steps 2-8 of a run (the module's docstring), one function each."""
+    loc, state = _load_state(opts, clients)
+    arn, read = _read_stream(opts, clients, state, clock)
+    obs = _observe(opts, clients, state, arn, read)
+    free = _count_free(opts, clients, obs.keys)
+    signals, the_plan = _plan(opts, state, obs, free)
+    summary = _summary(obs, the_plan)
+    if opts.dry_run:
+        summary["plan"] = _planned(the_plan.moves)
+        return summary
+    done = _move(opts, clients, clock, t0, the_plan, summary)
+    after = bm.apply_moves(free, done)
+    summary["headroom_items"] = _write_headroom(opts, clients, obs.keys, after, the_plan)
+    _save_state(opts, clients, loc, obs, signals, free, after, the_plan, done)
+    return summary
+
+
+def _load_state(
+    opts: Options, clients: Clients
+) -> tuple[s3state.Location | None, dict[str, Any] | None]:
+    """Step 2: the previous run's state from S3 (None: no state URI, none yet, or a version
+    this balancer does not know)."""
     loc = s3state.parse_uri(opts.state_uri) if opts.state_uri else None
     state: dict[str, Any] | None = None
     if loc is not None:
@@ -308,27 +351,40 @@ def _run_locked(
     if state is not None and state.get("version") != STATE_VERSION:
         log.warning("state_version_unknown", version=state.get("version"))
         state = None
+    return loc, state
 
-    # -- signals: stream
+
+def _read_stream(
+    opts: Options, clients: Clients, state: dict[str, Any] | None, clock: Callable[[], float]
+) -> tuple[str, st.StreamRead]:
+    """Step 3: the table's stream in this region, from the saved checkpoints (when they are
+    for the same stream)."""
     arn = st.stream_arn(clients.ddb, opts.table)
     sstate = (state or {}).get("stream", {})
     checkpoints = sstate.get("checkpoints", {}) if sstate.get("arn") == arn else {}
     read = st.read_stream(clients.streams, arn, checkpoints, opts.stream_budget_s, clock)
-    dt_s, first = _window_s(opts, state, read)
+    return arn, read
 
-    # -- signals: misses
+
+def _observe(
+    opts: Options,
+    clients: Clients,
+    state: dict[str, Any] | None,
+    arn: str,
+    read: st.StreamRead,
+) -> _Observed:
+    """Step 4, the misses since the last run; then what exists (pools and regions) and the
+    stream's acquisitions and releases counted per (client, pool, region)."""
+    dt_s, first = _window_s(opts, state, read)
     counters = read_miss_counters(clients.ddb, opts.table)
     misses, miss_memory = bm.miss_deltas(
         counters, None if state is None else state.get("misses", {})
     )
-
-    # -- what exists
     pools, pool_regions = read_pools(clients.ddb, opts.table)
     seen = {e.region for e in read.events} | {e.from_region for e in read.events if e.from_region}
     seen |= {k[2] for k in misses}
     regions = _regions(opts, state, pool_regions, seen)
     keys = {(c, pl, r) for c, pl in pools for r in regions}
-
     acq: Counter[bm.Key] = Counter()
     rel: Counter[bm.Key] = Counter()
     for e in read.events:
@@ -339,51 +395,78 @@ def _run_locked(
             acq[k] += 1
         elif e.kind == st.RELEASE:
             rel[k] += 1
-    counts = {
-        k: bm.Counts(acq[k], rel[k], misses.get(k, 0))
-        for k in keys
-        if acq[k] or rel[k] or misses.get(k)
-    }
+    return _Observed(arn, read, dt_s, first, misses, miss_memory, pools, regions, keys, acq, rel)
 
+
+def _count_free(opts: Options, clients: Clients, keys: set[bm.Key]) -> dict[bm.Key, int]:
+    """Step 5: free items per (client, pool, region), each read from its region's replica."""
+    return {k: count_free(clients.for_region(k[2]), opts.table, *k) for k in sorted(keys)}
+
+
+def _plan(
+    opts: Options, state: dict[str, Any] | None, obs: _Observed, free: dict[bm.Key, int]
+) -> tuple[dict[bm.Key, bm.Signal], bm.Plan]:
+    """Step 6: update the demand model with the window's counts, then plan the moves."""
+    p = opts.params
+    counts = {
+        k: bm.Counts(obs.acq[k], obs.rel[k], obs.misses.get(k, 0))
+        for k in obs.keys
+        if obs.acq[k] or obs.rel[k] or obs.misses.get(k)
+    }
     prev = {
         bm.key_parse(ks): bm.Signal.from_json(v)
         for ks, v in (state or {}).get("signals", {}).items()
     }
-    signals = bm.observe({k: v for k, v in prev.items() if k in keys}, counts, keys, dt_s, p)
-
-    free = {k: count_free(clients.for_region(k[2]), opts.table, *k) for k in sorted(keys)}
+    signals = bm.observe(
+        {k: v for k, v in prev.items() if k in obs.keys}, counts, obs.keys, obs.dt_s, p
+    )
     the_plan = bm.plan(free, signals, p)
-    planned = [
-        {"client": m.client_id, "pool": m.pool_id, "from": m.src, "to": m.dst, "count": m.count}
-        for m in the_plan.moves
-    ]
     log.info(
         "plan",
-        window_s=round(dt_s, 3),
-        first_run=first,
-        moves=planned,
+        window_s=round(obs.dt_s, 3),
+        first_run=obs.first,
+        moves=_planned(the_plan.moves),
         capped=the_plan.capped,
-        stream_caught_up=read.caught_up,
+        stream_caught_up=obs.read.caught_up,
     )
+    return signals, the_plan
+
+
+def _planned(moves: Sequence[bm.Move]) -> list[dict[str, Any]]:
+    return [
+        {"client": m.client_id, "pool": m.pool_id, "from": m.src, "to": m.dst, "count": m.count}
+        for m in moves
+    ]
+
+
+def _summary(obs: _Observed, the_plan: bm.Plan) -> dict[str, Any]:
     summary: dict[str, Any] = {
-        "pools": len(pools),
-        "regions": regions,
+        "pools": len(obs.pools),
+        "regions": obs.regions,
         "moves_planned": the_plan.total,
         "moved": 0,
         "lost_races": 0,
-        "stream_records": read.records,
-        "acquisitions": sum(acq.values()),
-        "releases": sum(rel.values()),
-        "misses": sum(misses.values()),
+        "stream_records": obs.read.records,
+        "acquisitions": sum(obs.acq.values()),
+        "releases": sum(obs.rel.values()),
+        "misses": sum(obs.misses.values()),
         "capped": the_plan.capped,
     }
-    if not read.caught_up:
+    if not obs.read.caught_up:
         summary["stream_caught_up"] = False
-    if opts.dry_run:
-        summary["plan"] = planned
-        return summary
+    return summary
 
-    # -- moves
+
+def _move(
+    opts: Options,
+    clients: Clients,
+    clock: Callable[[], float],
+    t0: float,
+    the_plan: bm.Plan,
+    summary: dict[str, Any],
+) -> list[bm.Move]:
+    """Step 7: execute the planned moves until lock_s - 30 s after the start; counts go into
+    ``summary``. Returns the moves done (with the counts actually moved)."""
     deadline = t0 + max(0.0, opts.lock_s - 30.0)
     done: list[bm.Move] = []
     short = 0
@@ -406,69 +489,82 @@ def _run_locked(
         )
     if short:
         summary["short"] = short
-    after = bm.apply_moves(free, done)
+    return done
 
-    # -- headroom items
+
+def _write_headroom(
+    opts: Options,
+    clients: Clients,
+    keys: set[bm.Key],
+    after: dict[bm.Key, int],
+    the_plan: bm.Plan,
+) -> int:
+    """Step 8a: one headroom meta item per (client, pool, region). Returns how many."""
     for k in sorted(keys):
         clients.ddb.put_item(
             TableName=opts.table,
-            Item=bm.headroom_item(k, after[k], the_plan.projected[k], opts.now_us, p.horizon_s),
+            Item=bm.headroom_item(
+                k, after[k], the_plan.projected[k], opts.now_us, opts.params.horizon_s
+            ),
         )
-    summary["headroom_items"] = len(keys)
+    return len(keys)
 
-    # -- state + snapshot
-    if loc is not None:
-        assert clients.s3 is not None
-        new_state = {
-            "version": STATE_VERSION,
-            "last_run_us": opts.now_us,
-            "regions": regions,
-            "signals": {bm.key_str(k): v.to_json() for k, v in sorted(signals.items())},
-            "stream": {"arn": arn, "checkpoints": read.checkpoints},
-            "misses": miss_memory,
-        }
-        snapshot = {
-            "now": fmt_time(opts.now_us),
-            "window_s": dt_s,
-            "params": {
-                "interval_s": p.interval_s,
-                "horizon_s": p.horizon_s,
-                "alpha": p.alpha,
-                "beta": p.beta,
-                "safety": p.safety,
-                "floor": p.floor,
-                "max_moves": p.max_moves,
-            },
-            "pools": {
-                bm.key_str(k): {
-                    "free_before": free[k],
-                    "free_after": after[k],
-                    "projected_demand": round(the_plan.projected[k], 3),
-                    "target": the_plan.targets[k],
-                    "window": {
-                        "acquired": acq[k],
-                        "released": rel[k],
-                        "missed": misses.get(k, 0),
-                    },
-                    "signal": signals[k].to_json(),
-                }
-                for k in sorted(keys)
-            },
-            "moves": [
-                {
-                    "client": m.client_id,
-                    "pool": m.pool_id,
-                    "from": m.src,
-                    "to": m.dst,
-                    "count": m.count,
-                }
-                for m in done
-            ],
-        }
-        s3state.save(clients.s3, loc, new_state, snapshot, opts.now_us)
-    else:
+
+def _save_state(
+    opts: Options,
+    clients: Clients,
+    loc: s3state.Location | None,
+    obs: _Observed,
+    signals: dict[bm.Key, bm.Signal],
+    free: dict[bm.Key, int],
+    after: dict[bm.Key, int],
+    the_plan: bm.Plan,
+    done: list[bm.Move],
+) -> None:
+    """Step 8b: the state the next run starts from, and the metadata snapshot, to S3."""
+    if loc is None:
         log.warning("no_state_uri", note="demand is relearned on every run")
-    return summary
+        return
+    assert clients.s3 is not None
+    p = opts.params
+    new_state = {
+        "version": STATE_VERSION,
+        "last_run_us": opts.now_us,
+        "regions": obs.regions,
+        "signals": {bm.key_str(k): v.to_json() for k, v in sorted(signals.items())},
+        "stream": {"arn": obs.arn, "checkpoints": obs.read.checkpoints},
+        "misses": obs.miss_memory,
+    }
+    snapshot = {
+        "now": fmt_time(opts.now_us),
+        "window_s": obs.dt_s,
+        "params": {
+            "interval_s": p.interval_s,
+            "horizon_s": p.horizon_s,
+            "alpha": p.alpha,
+            "beta": p.beta,
+            "safety": p.safety,
+            "floor": p.floor,
+            "max_moves": p.max_moves,
+        },
+        "pools": {
+            bm.key_str(k): {
+                "free_before": free[k],
+                "free_after": after[k],
+                "projected_demand": round(the_plan.projected[k], 3),
+                "target": the_plan.targets[k],
+                "window": {
+                    "acquired": obs.acq[k],
+                    "released": obs.rel[k],
+                    "missed": obs.misses.get(k, 0),
+                },
+                "signal": signals[k].to_json(),
+            }
+            for k in sorted(obs.keys)
+        },
+        "moves": _planned(done),
+    }
+    s3state.save(clients.s3, loc, new_state, snapshot, opts.now_us)
 
 
 # ------------------------------------------------------------------------------------- CLI

@@ -265,15 +265,11 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
 
 # ------------------------------------------------------------------------------ scanning
 def scan_pages(ddb: Any, kw: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Scan or Query responses, page by page (kw must hold TableName)."""
-    op = ddb.query if "KeyConditionExpression" in kw else ddb.scan
-    kw = dict(kw)
-    while True:
-        resp: dict[str, Any] = op(**kw)
-        yield resp
-        if "LastEvaluatedKey" not in resp:
-            return
-        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    """Scan or Query responses, page by page (kw must hold TableName), through boto3's
+    paginator: a Query when ``kw`` has a KeyConditionExpression, else a Scan."""
+    op = "query" if "KeyConditionExpression" in kw else "scan"
+    pages: Iterator[dict[str, Any]] = ddb.get_paginator(op).paginate(**kw)
+    yield from pages
 
 
 def parallel_scan(

@@ -90,19 +90,6 @@ def load(s3: Any, loc: Location) -> tuple[dict[str, Any] | None, dict[str, Any] 
     return state, pointer
 
 
-def load_snapshot(s3: Any, loc: Location) -> dict[str, Any] | None:
-    """The metadata snapshot of the last complete run (for operators and tools)."""
-    _, pointer = load(s3, loc)
-    if pointer is None:
-        return None
-    try:
-        return _get_json(s3, loc.bucket, pointer["snapshot"])  # type: ignore[no-any-return]
-    except ClientError as exc:
-        if _missing(exc):
-            return None
-        raise
-
-
 def save(
     s3: Any,
     loc: Location,

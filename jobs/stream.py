@@ -34,7 +34,7 @@ PAGE = 1000
 
 
 class NoStream(Exception):
-    """The table has no stream (CONTRACT: NEW_AND_OLD_IMAGES): the balancer cannot run."""
+    """The table has no stream (docs/schema.md: NEW_AND_OLD_IMAGES): the balancer cannot run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ class StreamRead:
 def stream_arn(ddb: Any, table: str) -> str:
     arn = ddb.describe_table(TableName=table)["Table"].get("LatestStreamArn")
     if not arn:
-        raise NoStream(f"table {table} has no stream (CONTRACT: NEW_AND_OLD_IMAGES)")
+        raise NoStream(f"table {table} has no stream (docs/schema.md: NEW_AND_OLD_IMAGES)")
     return str(arn)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Config:
     # --- where ---------------------------------------------------------------------------
-    #: DynamoDB table holding every pool (CONTRACT).
+    #: DynamoDB table holding every pool (docs/schema.md).
     table: str = "rasd"
     #: The RAS region whose items this daemon claims. Also the DynamoDB client's region unless
     #: AWS_REGION says otherwise (so one table can stand in for a global table in tests).
@@ -171,28 +172,78 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
+Converter = Callable[[Any], Any]
+
+
+def _octal(raw: Any) -> int:
+    """``socket_mode``: an int (TOML ``0o660``) or an octal string (``"660"``, ``"0o660"``)."""
+    return int(raw, 8) if isinstance(raw, str) else int(raw)
+
+
+def _optional(convert: Converter) -> Converter:
+    """``convert``, except that an empty string means None (``RASD_METRICS_PORT=``)."""
+
+    def optional(raw: Any) -> Any:
+        return None if isinstance(raw, str) and raw == "" else convert(raw)
+
+    return optional
+
+
+def _acl(raw: Any) -> dict[str, list[str]]:
+    if not isinstance(raw, dict):
+        raise TypeError("expected a table")
+    return {str(k): [str(x) for x in v] for k, v in raw.items()}
+
+
+#: How a value from the TOML file, the environment (always a string) or a flag becomes the
+#: field's type. One entry per Config field (checked below and in the tests).
+CONVERTERS: dict[str, Converter] = {
+    "table": str,
+    "region": str,
+    "socket": str,
+    "socket_mode": _octal,
+    "endpoint_url": _optional(str),
+    "cache_max_leases": int,
+    "skew_margin": float,
+    "extend_fraction": float,
+    "confirm_interval": float,
+    "max_clock_skew": float,
+    "replication_lag": float,
+    "pending_hold": float,
+    "prefetch_min": int,
+    "prefetch_max": int,
+    "prefetch_page": int,
+    "candidate_max_age": float,
+    "exhausted_backoff": float,
+    "default_deadline": float,
+    "pool_refresh": float,
+    "miss_report_interval": float,
+    "max_inflight": int,
+    "rate_limit": float,
+    "rate_burst": float,
+    "drain_timeout": float,
+    "ddb_max_connections": int,
+    "ddb_warm_connections": int,
+    "ddb_connect_timeout": float,
+    "ddb_read_timeout": float,
+    "breaker_failures": int,
+    "breaker_window": float,
+    "breaker_cooldown": float,
+    "log_level": str,
+    "metrics_port": _optional(int),
+    "acl": _acl,
+}
+if CONVERTERS.keys() != _FIELDS.keys():  # pragma: no cover - caught by the unit tests
+    raise AssertionError(f"CONVERTERS and Config fields differ: {CONVERTERS.keys() ^ _FIELDS}")
+
 
 def _coerce(name: str, raw: Any, source: str) -> Any:
-    f = _FIELDS[name]
-    typ = str(f.type)
+    if raw is None:
+        return None
     try:
-        if name == "acl":
-            if not isinstance(raw, dict):
-                raise TypeError("expected a table")
-            return {str(k): [str(x) for x in v] for k, v in raw.items()}
-        if raw is None or (isinstance(raw, str) and raw == "" and "None" in typ):
-            return None
-        if name == "socket_mode":
-            return int(raw, 8) if isinstance(raw, str) else int(raw)
-        if typ.startswith("int"):
-            return int(raw)
-        if typ.startswith("float"):
-            return float(raw)
-        if typ.startswith("str"):
-            return str(raw)
+        return CONVERTERS[name](raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name} (from {source}): {raw!r} is not valid: {exc}") from exc
-    return raw
 
 
 def _flatten_acl(doc: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """rasd's errors: the same hierarchy the client raises (one source of codes)."""
 
-from rasd_client._errors import (
+from rasd_client.errors import (
     ERRORS_BY_CODE,
     BadRequest,
     Busy,

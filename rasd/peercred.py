@@ -213,9 +213,6 @@ class Acl:
             return _OPEN
         return Grant(False, frozenset(found))
 
-    def allows(self, uid: int, gids: Iterable[int], client_id: str) -> bool:
-        return self.grant(uid, gids).allows(client_id)
-
     def __repr__(self) -> str:
         if self.open:
             return "Acl(open)"

@@ -307,7 +307,7 @@ def build_registry(
     fds, which is connections). Raises MetricsUnavailable without prometheus_client."""
     pc = require()
     registry: CollectorRegistry = pc.CollectorRegistry(auto_describe=False)
-    registry.register(RasdCollector(counters, latency, gauges, version=version))  # type: ignore[arg-type]
+    registry.register(RasdCollector(counters, latency, gauges, version=version))
     if process:
         pc.ProcessCollector(registry=registry)
     return registry

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rasd_client._wire import VERSION
+from rasd_client.wire import VERSION
 
 from .errors import BadRequest
 from .lease import MAX_KEY_LEN, Lease
@@ -17,6 +17,7 @@ from .lease import MAX_KEY_LEN, Lease
 OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats"})
 _NEEDS_POOL = frozenset({"get_lease", "release", "headroom"})
 MAX_DEADLINE_MS = 60_000
+MAX_ID_LEN = 64  # client_id and pool_id, characters
 
 
 @dataclass(slots=True)
@@ -52,7 +53,8 @@ def request_id(frame: dict[str, Any]) -> int | None:
 
 
 def parse(frame: dict[str, Any]) -> Request:
-    if frame.get("v") != VERSION:
+    v = frame.get("v")
+    if type(v) is not int or v != VERSION:  # True and 1.0 equal 1 in Python, not on the wire
         raise BadRequest(f"unsupported protocol version {frame.get('v')!r} (this daemon: 1)")
     rid = request_id(frame)
     if rid is None:
@@ -67,8 +69,8 @@ def parse(frame: dict[str, Any]) -> Request:
             raise BadRequest(f"deadline_ms must be in 1..{MAX_DEADLINE_MS}")
         req.deadline_ms = d
     if op in _NEEDS_POOL:
-        req.client_id = _str(frame, "client_id", 64)
-        req.pool_id = _str(frame, "pool_id", 64)
+        req.client_id = _str(frame, "client_id", MAX_ID_LEN)
+        req.pool_id = _str(frame, "pool_id", MAX_ID_LEN)
     if op in ("get_lease", "release"):
         req.key = _str(frame, "key", MAX_KEY_LEN)
     if op == "get_lease":

@@ -1,4 +1,4 @@
-"""The table's schema (CONTRACT.md) and the provisioning calls, for boto3 (sync) callers:
+"""The table's schema (docs/schema.md) and the provisioning calls, for boto3 (sync) callers:
 ``rasadmin``, ``rasd dev``, the jobs and the tests. The daemon never creates anything."""
 
 from __future__ import annotations

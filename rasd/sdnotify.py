@@ -6,9 +6,9 @@ the daemon needs neither libsystemd nor a Python binding:
 * **Socket activation** (``sd_listen_fds(3)``): systemd opens the listening socket
   (``rasd.socket``) and starts the service with the sockets as file descriptors 3, 4, ... and
   ``LISTEN_PID`` (the pid they are meant for), ``LISTEN_FDS`` (how many) and, optionally,
-  ``LISTEN_FDNAMES`` (colon-separated names). :func:`listen_fds` reads them, marks the fds
-  close-on-exec and removes the variables, as ``sd_listen_fds(unset_environment=1)`` does, so
-  a child process cannot mistake them for its own.
+  ``LISTEN_FDNAMES`` (colon-separated names). :func:`listen_fds_with_names` reads them, marks
+  the fds close-on-exec and removes the variables, as ``sd_listen_fds(unset_environment=1)``
+  does, so a child process cannot mistake them for its own.
 * **Notifications** (``sd_notify(3)``): newline-separated ``KEY=VALUE`` lines in one datagram
   to the ``AF_UNIX`` socket named by ``NOTIFY_SOCKET`` (a path, or ``@name`` in the abstract
   namespace). :class:`Notifier` sends ``READY=1``, ``RELOADING=1``, ``STOPPING=1``,
@@ -98,17 +98,6 @@ def listen_fds_with_names(
                 env.pop(var, None)
 
 
-def listen_fds(
-    env: MutableMapping[str, str] | None = None,
-    pid: int | None = None,
-    *,
-    unset: bool = True,
-    first_fd: int = SD_LISTEN_FDS_START,
-) -> list[socket.socket]:
-    """The sockets systemd passed to this process (see :func:`listen_fds_with_names`)."""
-    return [s for _, s in listen_fds_with_names(env, pid, unset=unset, first_fd=first_fd)]
-
-
 # --------------------------------------------------------------------------- notifications
 def _notify_address(raw: str | None) -> str | bytes | None:
     """``NOTIFY_SOCKET`` as an address for ``sendto``: a path, or the abstract ``\\0name``."""
@@ -178,10 +167,6 @@ class Notifier:
     def stopping(self, status: str | None = None) -> bool:
         """Shutdown began (SIGTERM): systemd stops routing new work to us."""
         return self.notify("STOPPING=1", *([f"STATUS={_one_line(status)}"] if status else []))
-
-    def status(self, text: str) -> bool:
-        """A one-line human status shown by ``systemctl status``."""
-        return self.notify(f"STATUS={_one_line(text)}")
 
     def watchdog(self) -> bool:
         """I am alive: resets systemd's ``WatchdogSec=`` timer."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from rasd_client._wire import BadFrame, FrameDecoder, FrameTooLarge, encode, error_payload
+from rasd_client.wire import BadFrame, FrameDecoder, FrameTooLarge, encode, error_payload
 
 from . import log as logsetup
 from . import protocol

@@ -57,7 +57,7 @@ _table_ids = itertools.count()
 
 @pytest.fixture
 def table(ddb: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh table with the CONTRACT schema, deleted afterwards (moto reads whole tables)."""
+    """A fresh table (docs/schema.md), deleted afterwards (moto reads whole tables)."""
     name = f"t{os.getpid()}-{next(_table_ids)}"
     schema.create_table(ddb, name)
     yield name
@@ -85,14 +85,9 @@ def seed_pool(
 
 
 def scan_all(ddb: Any, table: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    kw: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-    while True:
-        resp = ddb.scan(**kw)
-        items.extend(resp["Items"])
-        if "LastEvaluatedKey" not in resp:
-            return items
-        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    """Every item of ``table`` (consistent reads), through boto3's Scan paginator."""
+    pages = ddb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
+    return [item for page in pages for item in page["Items"]]
 
 
 def hold(

@@ -9,7 +9,8 @@ Depends on msgpack only. Safe across fork() and threads. ``rasd_client.aio`` has
 """
 
 from ._common import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Lease
-from ._errors import (
+from ._sync import call_raw, get_lease, headroom, release
+from .errors import (
     BadRequest,
     Busy,
     Forbidden,
@@ -21,7 +22,6 @@ from ._errors import (
     Unavailable,
     UnknownPool,
 )
-from ._sync import call_raw, get_lease, headroom, release
 
 __all__ = [
     "DEFAULT_SOCKET",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ._errors import BadRequest, RasdError, error_from_wire
+from .errors import BadRequest, RasdError, error_from_wire
 
 DEFAULT_SOCKET = "/run/rasd/rasd.sock"
 DEFAULT_TIMEOUT = 1.0

@@ -8,7 +8,7 @@ import socket
 import threading
 from typing import Any
 
-from . import _wire
+from . import wire
 from ._common import (
     DEFAULT_TIMEOUT,
     SOCKET_GRACE,
@@ -22,7 +22,7 @@ from ._common import (
     release_request,
     socket_path,
 )
-from ._errors import RasdError, Timeout, Unavailable
+from .errors import RasdError, Timeout, Unavailable
 
 
 class _Conn:
@@ -31,7 +31,7 @@ class _Conn:
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.pid = os.getpid()
-        self.decoder = _wire.FrameDecoder()
+        self.decoder = wire.FrameDecoder()
         self.ids = itertools.count(1)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -44,13 +44,13 @@ class _Conn:
 
     def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         req_id = next(self.ids)
-        req["v"] = _wire.VERSION
+        req["v"] = wire.VERSION
         req["id"] = req_id
         self.sock.settimeout(timeout + SOCKET_GRACE)
-        self.sock.sendall(_wire.encode(req))
+        self.sock.sendall(wire.encode(req))
         while True:
             for frame in self.decoder.frames():
-                if isinstance(frame, _wire.BadFrame):
+                if isinstance(frame, wire.BadFrame):
                     raise RasdError(f"daemon sent a bad frame: {frame.reason}")
                 if frame.get("id") == req_id:
                     return frame

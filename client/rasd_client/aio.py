@@ -12,7 +12,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _wire
+from . import wire
 from ._common import (
     DEFAULT_TIMEOUT,
     SOCKET_GRACE,
@@ -26,7 +26,7 @@ from ._common import (
     release_request,
     socket_path,
 )
-from ._errors import RasdError, Timeout, Unavailable
+from .errors import RasdError, Timeout, Unavailable
 
 __all__ = ["call_raw", "close", "get_lease", "headroom", "release"]
 
@@ -42,7 +42,7 @@ class _AioConn:
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
-        decoder = _wire.FrameDecoder()
+        decoder = wire.FrameDecoder()
         err: BaseException = ConnectionResetError("rasd closed the connection")
         try:
             while True:
@@ -51,12 +51,12 @@ class _AioConn:
                     break
                 decoder.feed(data)
                 for frame in decoder.frames():
-                    if isinstance(frame, _wire.BadFrame):
+                    if isinstance(frame, wire.BadFrame):
                         continue
                     fut = self.waiting.pop(frame.get("id"), None)  # type: ignore[arg-type]
                     if fut is not None and not fut.done():
                         fut.set_result(frame)
-        except (OSError, _wire.FrameTooLarge) as exc:
+        except (OSError, wire.FrameTooLarge) as exc:
             err = exc
         finally:
             self.closed = True
@@ -68,11 +68,11 @@ class _AioConn:
 
     async def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         req_id = next(self.ids)
-        req["v"] = _wire.VERSION
+        req["v"] = wire.VERSION
         req["id"] = req_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.waiting[req_id] = fut
-        self.writer.write(_wire.encode(req))
+        self.writer.write(wire.encode(req))
         try:
             return await asyncio.wait_for(fut, timeout + SOCKET_GRACE)
         except TimeoutError as exc:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,11 +20,11 @@ _ids = itertools.count()
 
 
 @pytest.fixture
-def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A short directory (AF_UNIX paths are limited to 107 bytes)."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="rasd-t-"))
+def short_tmp() -> Iterator[Path]:
+    """A short directory (AF_UNIX paths are limited to 107 bytes), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="rasd-t-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

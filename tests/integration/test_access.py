@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 import rasd_client
-from rasd_client import _wire
 from rasd_client import aio as rasd_aio
+from rasd_client import wire
 from tests.conftest import seed_pool
 from tests.integration.test_concurrency import audit
 
@@ -58,8 +58,8 @@ def fresh_get_lease(sock: str, client_id: str, key: str = "k") -> dict[str, Any]
     s.settimeout(10)
     try:
         s.connect(sock)
-        s.sendall(_wire.encode(req))
-        dec = _wire.FrameDecoder()
+        s.sendall(wire.encode(req))
+        dec = wire.FrameDecoder()
         while True:
             chunk = s.recv(65536)
             assert chunk, "daemon closed the connection without answering"

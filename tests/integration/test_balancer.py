@@ -1,6 +1,6 @@
 """``ras-balancer`` against moto's server over HTTP: DynamoDB, DynamoDB Streams and S3 on the
 one endpoint. One table stands in for the global table (every region's items in it), as the
-CONTRACT allows; time is passed in (``Options.now_us`` / ``--now``), never slept."""
+docs/operations.md allows; time is passed in (``Options.now_us`` / ``--now``), never slept."""
 
 from __future__ import annotations
 
@@ -251,8 +251,10 @@ def test_state_on_s3_survives_a_crash_between_runs(
     assert s["acquisitions"] == 3
     latest, _ = s3state.load(s3, loc)
     assert latest is not None and latest["last_run_us"] == T0 + 2 * STEP
-    snap = s3state.load_snapshot(s3, loc)
-    assert snap is not None and snap["pools"][f"demo.default.{E}"]["window"]["acquired"] == 3
+    _, pointer = s3state.load(s3, loc)
+    assert pointer is not None
+    snap = json.loads(s3.get_object(Bucket=loc.bucket, Key=pointer["snapshot"])["Body"].read())
+    assert snap["pools"][f"demo.default.{E}"]["window"]["acquired"] == 3
 
 
 def test_lock_prevents_two_concurrent_balancers(

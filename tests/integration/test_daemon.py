@@ -18,8 +18,8 @@ import pytest
 import rasd_client
 from rasd import lease as L
 from rasd.clock import FakeClock
-from rasd_client import _wire
 from rasd_client import aio as rasd_aio
+from rasd_client import wire
 from tests.conftest import hold, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
@@ -207,7 +207,7 @@ def raw_exchange(path: str, data: bytes) -> list[Any]:
     s.settimeout(5)
     s.connect(path)
     s.sendall(data)
-    dec = _wire.FrameDecoder()
+    dec = wire.FrameDecoder()
     out: list[Any] = []
     try:
         while True:
@@ -235,7 +235,7 @@ async def test_malformed_frames_get_bad_request_and_daemon_keeps_serving(
         junk = (
             struct.pack(">I", 3)
             + b"\xc1\xc1\xc1"
-            + _wire.encode(
+            + wire.encode(
                 {
                     "v": 1,
                     "id": 1,
@@ -248,7 +248,7 @@ async def test_malformed_frames_get_bad_request_and_daemon_keeps_serving(
             )
             + struct.pack(">I", 4)
             + msgpack.packb([1, 2, 3])
-            + _wire.encode({"v": 1, "id": 99, "op": "ping"})
+            + wire.encode({"v": 1, "id": 99, "op": "ping"})
         )
         out = await asyncio.to_thread(raw_exchange, s, junk)
         codes = [(f.get("id"), f.get("code")) for f in out]

@@ -28,15 +28,15 @@ from hypothesis import strategies as st
 
 import rasd_client
 from rasd.server import Daemon
-from rasd_client import _wire
 from rasd_client import aio as rasd_aio
+from rasd_client import wire
 from tests.conftest import seed_pool
 
 pytestmark = pytest.mark.integration
 
 C, P = "demo", "default"
 HOUR = timedelta(hours=1)
-MAX_BUFFERED = _wire.MAX_FRAME + _wire.HEADER_SIZE
+MAX_BUFFERED = wire.MAX_FRAME + wire.HEADER_SIZE
 CODES = {
     "BAD_REQUEST",
     "UNKNOWN_POOL",
@@ -61,7 +61,7 @@ def connect(path: str) -> socket.socket:
 
 def read_until_eof(s: socket.socket) -> list[Any]:
     """Every frame the daemon sends until it closes the connection."""
-    dec = _wire.FrameDecoder()
+    dec = wire.FrameDecoder()
     out: list[Any] = []
     while True:
         chunk = s.recv(65536)
@@ -73,7 +73,7 @@ def read_until_eof(s: socket.socket) -> list[Any]:
 
 def read_until_id(s: socket.socket, want: int) -> list[Any]:
     """Frames up to and including the answer with id ``want`` (the connection stays open)."""
-    dec = _wire.FrameDecoder()
+    dec = wire.FrameDecoder()
     out: list[Any] = []
     while True:
         chunk = s.recv(65536)
@@ -90,7 +90,7 @@ def frames_in(data: bytes) -> tuple[int, bool]:
     n, pos = 0, 0
     while len(data) - pos >= 4:
         (length,) = struct.unpack_from(">I", data, pos)
-        if length > _wire.MAX_FRAME:
+        if length > wire.MAX_FRAME:
             return n, True
         if len(data) - pos - 4 < length:
             break
@@ -161,10 +161,10 @@ ACTIONS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "wrong_type": st.tuples(wrong_field),
     "not_a_map": st.tuples(values.filter(lambda v: not isinstance(v, dict))),
     "huge": st.tuples(
-        st.integers(min_value=_wire.MAX_FRAME + 1, max_value=2**32 - 1), st.binary(max_size=64)
+        st.integers(min_value=wire.MAX_FRAME + 1, max_value=2**32 - 1), st.binary(max_size=64)
     ),
     "truncated": st.tuples(
-        st.integers(min_value=0, max_value=_wire.MAX_FRAME - 300), st.floats(0.0, 0.9999)
+        st.integers(min_value=0, max_value=wire.MAX_FRAME - 300), st.floats(0.0, 0.9999)
     ),
     "slow": st.tuples(st.integers(min_value=1, max_value=4), st.integers(1, 2**31)),
     "idle": st.tuples(st.integers(min_value=1, max_value=4), st.booleans()),
@@ -249,7 +249,7 @@ class Fuzzer:
             return
         with connect(self.path) as s:
             s.sendall(struct.pack(">I", len(body)) + body)
-            s.sendall(_wire.encode({"v": 1, "id": PING_ID, "op": "ping"}))
+            s.sendall(wire.encode({"v": 1, "id": PING_ID, "op": "ping"}))
             got = read_until_id(s, PING_ID)
         self.note(got)
         assert len(got) == 2, got
@@ -265,7 +265,7 @@ class Fuzzer:
         body = msgpack.packb(value, use_bin_type=True)
         with connect(self.path) as s:
             s.sendall(struct.pack(">I", len(body)) + body)
-            s.sendall(_wire.encode({"v": 1, "id": PING_ID, "op": "ping"}))
+            s.sendall(wire.encode({"v": 1, "id": PING_ID, "op": "ping"}))
             got = read_until_id(s, PING_ID)
         self.note(got)
         assert [(f["id"], f.get("code")) for f in got] == [(None, "BAD_REQUEST"), (PING_ID, None)]
@@ -281,7 +281,7 @@ class Fuzzer:
     def do_truncated(self, pad: int, where: float) -> None:
         """A valid frame (up to 64 KiB) cut short, then EOF: no answer, nothing else
         affected; while the peer waits, the daemon holds less than one frame for it."""
-        frame = _wire.encode(good_request(pad="x" * pad))
+        frame = wire.encode(good_request(pad="x" * pad))
         assert len(frame) <= MAX_BUFFERED
         with connect(self.path) as s:
             s.sendall(frame[: int(len(frame) * where)])
@@ -291,7 +291,7 @@ class Fuzzer:
 
     def do_slow(self, step: int, rid: int) -> None:
         """A valid request sent a few bytes at a time is answered normally."""
-        frame = _wire.encode(good_request(rid))
+        frame = wire.encode(good_request(rid))
         with connect(self.path) as s:
             for i in range(0, len(frame), step):
                 s.sendall(frame[i : i + step])
@@ -357,14 +357,14 @@ async def test_decode_buffers_stay_within_one_frame(ddb: Any, table: str, make_d
     seed_pool(ddb, table, count=3)
     async with make_daemon() as d:
         s = d.cfg.socket
-        big = _wire.encode({"v": 1, "id": 1, "op": "ping", "pad": "x" * (_wire.MAX_FRAME - 40)})
+        big = wire.encode({"v": 1, "id": 1, "op": "ping", "pad": "x" * (wire.MAX_FRAME - 40)})
         assert len(big) <= MAX_BUFFERED
 
         def open_many() -> list[socket.socket]:
             socks = []
             for i in range(64):
                 c = connect(s)
-                partial = struct.pack(">I", _wire.MAX_FRAME) + b"\x00" * (_wire.MAX_FRAME - 1)
+                partial = struct.pack(">I", wire.MAX_FRAME) + b"\x00" * (wire.MAX_FRAME - 1)
                 # every other peer first sends a whole frame in the same write
                 c.sendall((big if i % 2 else b"") + partial)
                 socks.append(c)
@@ -399,7 +399,7 @@ async def test_a_peer_that_never_reads_cannot_grow_the_daemons_memory(
     peer is served normally when it reads again."""
     seed_pool(ddb, table, count=3)
     async with make_daemon() as d:
-        frame = _wire.encode({"v": 1, "id": 1, "op": "ping"})
+        frame = wire.encode({"v": 1, "id": 1, "op": "ping"})
         blob = frame * 10_000
         s = socket.socket(socket.AF_UNIX)
         s.connect(d.cfg.socket)
@@ -423,7 +423,7 @@ async def test_a_peer_that_never_reads_cannot_grow_the_daemons_memory(
             s.settimeout(10)
 
             def drain() -> int:
-                dec, got = _wire.FrameDecoder(), 0
+                dec, got = wire.FrameDecoder(), 0
                 while got < sent // len(frame):
                     dec.feed(s.recv(1 << 20))
                     got += sum(1 for _ in dec.frames())

@@ -87,8 +87,12 @@ def test_liberator_run_frees_nothing_in_dry_run_and_checks_expiry_itself() -> No
             self.items = items
             self.writes: list[dict[str, Any]] = []
 
-        def scan(self, **kw: Any) -> dict[str, Any]:
-            return {"Items": self.items, "ScannedCount": len(self.items)}
+        def get_paginator(self, op: str) -> Any:
+            assert op == "scan"
+            return self
+
+        def paginate(self, **kw: Any) -> Any:
+            return iter([{"Items": self.items, "ScannedCount": len(self.items)}])
 
         def update_item(self, **kw: Any) -> dict[str, Any]:
             self.writes.append(kw)

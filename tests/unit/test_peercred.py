@@ -32,25 +32,25 @@ def test_empty_acl_allows_everyone() -> None:
     """rasd dev's mode: no acl table means any local process may use any client_id."""
     acl = build({})
     assert acl.open
-    assert acl.allows(1234, [], "anything")
-    assert acl.allows(0, [0], "demo")
+    assert acl.grant(1234, []).allows("anything")
+    assert acl.grant(0, [0]).allows("demo")
 
 
 def test_uid_entry_grants_only_listed_client_ids() -> None:
     """A uid entry grants exactly its client_ids; other ids and other users get nothing."""
     acl = build({"uid.1001": ["demo", "ads"]})
-    assert acl.allows(1001, [], "demo")
-    assert acl.allows(1001, [], "ads")
-    assert not acl.allows(1001, [], "other")
-    assert not acl.allows(1002, [], "demo")
+    assert acl.grant(1001, []).allows("demo")
+    assert acl.grant(1001, []).allows("ads")
+    assert not acl.grant(1001, []).allows("other")
+    assert not acl.grant(1002, []).allows("demo")
 
 
 def test_group_membership_grants_via_any_gid() -> None:
     """A caller is allowed through its primary or any supplementary group."""
     acl = build({"gid.2000": ["demo"], "group.ops": ["ops-pool"]})
-    assert acl.allows(5000, [100, 2000], "demo")
-    assert acl.allows(5000, [2100], "ops-pool")
-    assert not acl.allows(5000, [100], "demo")
+    assert acl.grant(5000, [100, 2000]).allows("demo")
+    assert acl.grant(5000, [2100]).allows("ops-pool")
+    assert not acl.grant(5000, [100]).allows("demo")
 
 
 def test_grants_are_a_union_across_uid_and_groups() -> None:
@@ -65,31 +65,31 @@ def test_grants_are_a_union_across_uid_and_groups() -> None:
 def test_star_grants_every_client_id() -> None:
     """'*' means every client_id, also when mixed with names or granted via a group."""
     acl = build({"user.www-data": ["*"], "gid.7": ["a", "*"]})
-    assert acl.allows(33, [], "whatever")
-    assert acl.allows(99, [7], "zzz")
-    assert not acl.allows(99, [8], "a")
+    assert acl.grant(33, []).allows("whatever")
+    assert acl.grant(99, [7]).allows("zzz")
+    assert not acl.grant(99, [8]).allows("a")
 
 
 def test_root_is_not_implicitly_allowed() -> None:
     """Root gets no free pass once an acl exists: uid 0 must be listed like anyone else."""
     acl = build({"uid.1001": ["demo"]})
-    assert not acl.allows(0, [0], "demo")
-    assert build({"uid.0": ["demo"]}).allows(0, [0], "demo")
+    assert not acl.grant(0, [0]).allows("demo")
+    assert build({"uid.0": ["demo"]}).grant(0, [0]).allows("demo")
 
 
 def test_empty_list_grants_nothing_but_closes_the_acl() -> None:
     """An entry with no client_ids still turns the ACL on (deny by default for others)."""
     acl = build({"uid.1001": []})
     assert not acl.open
-    assert not acl.allows(1001, [], "demo")
-    assert not acl.allows(1002, [], "demo")
+    assert not acl.grant(1001, []).allows("demo")
+    assert not acl.grant(1002, []).allows("demo")
 
 
 def test_entries_for_the_same_id_merge() -> None:
     """user.NAME and uid.N naming the same account add up instead of overwriting."""
     acl = build({"user.batch": ["a"], "uid.1500": ["b"]})
-    assert acl.allows(1500, [], "a")
-    assert acl.allows(1500, [], "b")
+    assert acl.grant(1500, []).allows("a")
+    assert acl.grant(1500, []).allows("b")
 
 
 @pytest.mark.parametrize(
@@ -124,8 +124,8 @@ def test_from_config_default_resolvers_use_the_system_database() -> None:
     me = pwd.getpwuid(os.getuid()).pw_name
     mygroup = grp.getgrgid(os.getgid()).gr_name
     acl = Acl.from_config({f"user.{me}": ["a"], f"group.{mygroup}": ["b"]})
-    assert acl.allows(os.getuid(), [], "a")
-    assert acl.allows(12345, [os.getgid()], "b")
+    assert acl.grant(os.getuid(), []).allows("a")
+    assert acl.grant(12345, [os.getgid()]).allows("b")
 
 
 def test_acl_from_toml_config_shape() -> None:
@@ -136,8 +136,8 @@ def test_acl_from_toml_config_shape() -> None:
 
     doc = _flatten_acl(tomllib.loads('[acl]\nuid.1001 = ["demo"]\ngroup.web = ["*"]\n'))
     acl = build(doc["acl"])
-    assert acl.allows(1001, [], "demo")
-    assert acl.allows(1, [2000], "x")
+    assert acl.grant(1001, []).allows("demo")
+    assert acl.grant(1, [2000]).allows("x")
 
 
 # ---------------------------------------------------------------------- kernel credentials

@@ -16,7 +16,6 @@ import pytest
 
 from rasd.sdnotify import (
     Notifier,
-    listen_fds,
     listen_fds_with_names,
     run_watchdog,
     watchdog_interval,
@@ -34,15 +33,15 @@ def listener(tmp_path: Path) -> Iterator[socket.socket]:
 
 
 def test_listen_fds_not_activated_returns_empty() -> None:
-    """Without LISTEN_* the daemon binds its own socket: listen_fds must say 'nothing'."""
-    assert listen_fds({}, 123) == []
+    """Without LISTEN_* the daemon binds its own socket: there is nothing to take."""
+    assert listen_fds_with_names({}, 123) == []
 
 
 def test_listen_fds_for_another_pid_is_ignored_and_unset(listener: socket.socket) -> None:
     """Fds meant for another pid (we are a forked child) are not taken, and the variables
     are removed so nothing below us acts on them either."""
     env = {"LISTEN_PID": "999", "LISTEN_FDS": "1", "LISTEN_FDNAMES": "x"}
-    assert listen_fds(env, 123, first_fd=listener.fileno()) == []
+    assert listen_fds_with_names(env, 123, first_fd=listener.fileno()) == []
     assert env == {}
 
 
@@ -74,8 +73,7 @@ def test_listen_fds_unset_false_keeps_env(listener: socket.socket) -> None:
     """unset=False leaves the variables (for a caller that re-execs itself on purpose)."""
     fd = os.dup(listener.fileno())
     env = {"LISTEN_PID": "5", "LISTEN_FDS": "1"}
-    socks = listen_fds(env, 5, unset=False, first_fd=fd)
-    for s in socks:
+    for _, s in listen_fds_with_names(env, 5, unset=False, first_fd=fd):
         s.close()
     assert env == {"LISTEN_PID": "5", "LISTEN_FDS": "1"}
 
@@ -91,7 +89,7 @@ def test_listen_fds_unset_false_keeps_env(listener: socket.socket) -> None:
 def test_listen_fds_malformed_raises_and_still_unsets(env: dict[str, str]) -> None:
     """A broken unit is reported loudly rather than serving on a guessed fd."""
     with pytest.raises(ValueError):
-        listen_fds(env, 7, first_fd=10_000)
+        listen_fds_with_names(env, 7, first_fd=10_000)
     assert env == {}
 
 
@@ -101,7 +99,7 @@ def test_listen_fds_closed_fd_raises() -> None:
     os.close(r)
     os.close(w)
     with pytest.raises(ValueError, match="not open"):
-        listen_fds({"LISTEN_PID": "7", "LISTEN_FDS": "1"}, 7, first_fd=r)
+        listen_fds_with_names({"LISTEN_PID": "7", "LISTEN_FDS": "1"}, 7, first_fd=r)
 
 
 _CHILD = textwrap.dedent(
@@ -188,8 +186,6 @@ def test_notifier_sends_each_message_to_a_path_socket(
     assert n.enabled
     assert n.ready(status="serving\non /run/rasd/rasd.sock")
     assert r.recv(4096) == b"READY=1\nSTATUS=serving on /run/rasd/rasd.sock"
-    assert n.status("42 leases")
-    assert r.recv(4096) == b"STATUS=42 leases"
     assert n.watchdog()
     assert r.recv(4096) == b"WATCHDOG=1"
     assert n.reloading(monotonic_us=123456789)

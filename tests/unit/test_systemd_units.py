@@ -67,7 +67,7 @@ def service() -> Unit:
 
 # ------------------------------------------------------------------------------- socket
 def test_socket_listens_where_clients_look(socket_unit: Unit) -> None:
-    """The client library's default path (CONTRACT) is the path systemd binds."""
+    """The client library's default path (docs/protocol.md) is the path systemd binds."""
     assert one(socket_unit, "Socket", "ListenStream") == "/run/rasd/rasd.sock"
     assert one(socket_unit, "Install", "WantedBy") == "sockets.target"
 
@@ -111,7 +111,7 @@ def test_service_key_settings(service: Unit, key: str, value: str) -> None:
 
 
 def test_service_runs_the_daemon_with_the_config(service: Unit) -> None:
-    """ExecStart is `rasd serve --config /etc/rasd/rasd.toml` (CONTRACT's command)."""
+    """ExecStart is `rasd serve --config /etc/rasd/rasd.toml` (docs/operations.md's command)."""
     argv = shlex.split(one(service, "Service", "ExecStart"))
     assert argv == ["/usr/bin/rasd", "serve", "--config", "/etc/rasd/rasd.toml"]
 
@@ -188,9 +188,9 @@ def test_example_config_loads_with_everything_uncommented(tmp_path: Path) -> Non
     cfg = load(str(path), env={})
     assert cfg.acl
     acl = Acl.from_config(cfg.acl, uid_of=lambda name: 33, gid_of=lambda name: 2100)
-    assert acl.allows(33, [], "ads")
-    assert acl.allows(1, [2100], "reports")
-    assert acl.allows(1001, [], "demo")
+    assert acl.grant(33, []).allows("ads")
+    assert acl.grant(1, [2100]).allows("reports")
+    assert acl.grant(1001, []).allows("demo")
 
 
 def test_example_config_documents_every_setting_with_its_default(tmp_path: Path) -> None:

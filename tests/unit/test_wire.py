@@ -9,14 +9,14 @@ import pytest
 
 from rasd import protocol
 from rasd.errors import BadRequest
-from rasd_client import _wire
+from rasd_client import wire
 
 
 def test_roundtrip_byte_by_byte() -> None:
     """Frames split at any byte boundary decode to the same payloads, in order."""
     payloads = [{"v": 1, "id": i, "op": "ping", "x": "é" * i} for i in range(5)]
-    data = b"".join(_wire.encode(p) for p in payloads)
-    dec = _wire.FrameDecoder()
+    data = b"".join(wire.encode(p) for p in payloads)
+    dec = wire.FrameDecoder()
     out = []
     for b in data:
         dec.feed(bytes([b]))
@@ -27,21 +27,21 @@ def test_roundtrip_byte_by_byte() -> None:
 
 def test_too_large_frame_raises() -> None:
     """A length prefix above MAX_FRAME cannot be resynchronised: the decoder refuses it."""
-    dec = _wire.FrameDecoder()
-    dec.feed(struct.pack(">I", _wire.MAX_FRAME + 1))
-    with pytest.raises(_wire.FrameTooLarge):
+    dec = wire.FrameDecoder()
+    dec.feed(struct.pack(">I", wire.MAX_FRAME + 1))
+    with pytest.raises(wire.FrameTooLarge):
         list(dec.frames())
 
 
 def test_garbage_payload_is_a_bad_frame_and_stream_continues() -> None:
     """A delimited but undecodable payload yields BadFrame; the next frame still decodes."""
-    dec = _wire.FrameDecoder()
+    dec = wire.FrameDecoder()
     dec.feed(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
     dec.feed(struct.pack(">I", 1) + msgpack.packb(5))
-    dec.feed(_wire.encode({"v": 1, "id": 1, "op": "ping"}))
+    dec.feed(wire.encode({"v": 1, "id": 1, "op": "ping"}))
     frames = list(dec.frames())
-    assert isinstance(frames[0], _wire.BadFrame)
-    assert isinstance(frames[1], _wire.BadFrame) and "int" in frames[1].reason
+    assert isinstance(frames[0], wire.BadFrame)
+    assert isinstance(frames[1], wire.BadFrame) and "int" in frames[1].reason
     assert frames[2] == {"v": 1, "id": 1, "op": "ping"}
 
 
@@ -74,6 +74,8 @@ def test_parse_good_request() -> None:
     "change",
     [
         {"v": 2},
+        {"v": True},
+        {"v": 1.0},
         {"id": "7"},
         {"id": True},
         {"op": "steal"},

@@ -1,6 +1,7 @@
-"""The one error hierarchy of rasd, shared by the daemon, the wire and the client.
+"""The one error hierarchy of rasd, shared by the daemon, the wire and the client (public:
+``rasd_client.errors``).
 
-Every error has a stable ``code`` (see CONTRACT.md). The daemon raises these, the wire carries
+Every error has a stable ``code`` (see docs/errors.md). The daemon raises these, the wire carries
 ``code`` and ``message``, and the client re-raises the matching subclass.
 """
 

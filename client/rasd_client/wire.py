@@ -1,4 +1,5 @@
-"""Wire framing shared by the client and the daemon. No I/O here.
+"""The wire format of rasd, shared by the client and the daemon (public: ``rasd_client.wire``).
+No I/O here. docs/protocol.md is the contract this module implements.
 
 Theory of operation
 -------------------
@@ -10,7 +11,7 @@ client picks; the response echoes it so one connection can carry several request
 the complete frames. A length above ``MAX_FRAME`` cannot be resynchronised (we cannot know
 where the next frame starts), so it raises ``FrameTooLarge`` and the connection must close.
 A frame whose msgpack is garbage is still delimited, so it yields ``BadFrame`` and the
-stream goes on. See docs/protocol.md for the ops.
+stream goes on. See docs/protocol.md for the ops and docs/errors.md for the codes.
 """
 
 from __future__ import annotations
