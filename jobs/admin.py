@@ -27,8 +27,8 @@ from rasd.lease import (
     MAX_RESOURCE_LEN,
     US,
     ResourceItem,
+    is_resource_item,
     item_from_ddb,
-    parse_time,
     pool_from_ddb,
     pool_meta_key,
 )
@@ -141,9 +141,7 @@ def client_items(
             yield item_from_ddb(raw)
 
 
-def is_resource(raw: dict[str, Any]) -> bool:
-    """Meta items (pool definitions, locks, job state) have a '#' client_id and no pool_id."""
-    return not raw["client_id"]["S"].startswith("#") and "pool_id" in raw
+is_resource = is_resource_item
 
 
 def require_pool(ddb: Any, table: str, client_id: str, pool_id: str) -> dict[str, Any]:
@@ -495,14 +493,9 @@ def collect_stats(
         for raw in page.get("Items", []):
             if not is_resource(raw):
                 continue
-            k = (raw["client_id"]["S"], raw["pool_id"]["S"], raw.get("region", {}).get("S", ""))
-            exp = raw.get("lease_expires", {}).get("S")
-            if "key" not in raw:
-                state = "free"
-            elif exp is not None and parse_time(exp) <= now_us:
-                state = "expired"
-            else:
-                state = "leased"
+            item = item_from_ddb(raw)
+            k = (item.client_id, item.pool_id, item.region)
+            state = state_of(item, now_us)
             out.setdefault(k, Counter())[state] += 1
         progress.add(int(page.get("ScannedCount", 0)))
 

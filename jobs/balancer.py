@@ -54,8 +54,10 @@ from rasd.lease import (
     ResourceItem,
     fmt_time,
     item_from_ddb,
+    miss_count_from_ddb,
     move,
     partition_name,
+    pool_from_ddb,
 )
 from rasd.schema import list_pool_items
 from rasd.writes import render
@@ -147,10 +149,11 @@ def read_pools(ddb: Any, table: str) -> tuple[list[tuple[str, str]], set[str]]:
     pools: list[tuple[str, str]] = []
     regions: set[str] = set()
     for it in list_pool_items(ddb, table):
-        parts = it["resource"]["S"].split("#")
-        if len(parts) != 3:
+        try:
+            pool = pool_from_ddb(it)
+        except (KeyError, ValueError):
             continue
-        pools.append((parts[1], parts[2]))
+        pools.append((pool.client_id, pool.pool_id))
         raw = it.get("regions", {})
         for r in raw.get("SS", []) + [v.get("S", "") for v in raw.get("L", [])]:
             if REGION_RE.match(r):
@@ -170,7 +173,7 @@ def read_miss_counters(ddb: Any, table: str) -> dict[str, int]:
     }
     for page in common.scan_pages(ddb, kw):
         for it in page.get("Items", []):
-            out[it["resource"]["S"]] = int(it.get("count", {}).get("N", "0"))
+            out[it["resource"]["S"]] = miss_count_from_ddb(it)
     return out
 
 

@@ -229,6 +229,12 @@ def item_from_ddb(item: Item) -> ResourceItem:
     return resource_from(item_from_av(item))
 
 
+def is_resource_item(item: Item) -> bool:
+    """A resource item, not a meta or mapping item (those have a '#' client_id and no
+    ``pool_id``)."""
+    return not item["client_id"]["S"].startswith("#") and "pool_id" in item
+
+
 def is_mapping_pk(pk: str) -> bool:
     return pk.startswith(MAP_PREFIX)
 
@@ -582,6 +588,11 @@ def map_drop_dead(m: Mapping, now_us: int) -> Write:
 
 
 # ------------------------------------------------------------------- pools and headroom
+def miss_count_from_ddb(item: Item) -> int:
+    """The count of a daemon's miss counter item (``misses#...``)."""
+    return int(item.get("count", {}).get("N", "0"))
+
+
 def pool_from_ddb(item: Item) -> Pool:
     """A pool definition (``#meta`` / ``pool#{client}#{pool}``, ``max_lease`` in seconds)."""
     _, client_id, pool_id = item["resource"]["S"].split("#", 2)
