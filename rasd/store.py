@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aioboto3
+import aiohttp
 import structlog
 from aiobotocore.config import AioConfig
 from botocore.exceptions import (
@@ -210,7 +212,7 @@ class Store:
             except (BotoCoreError, OSError) as exc:
                 breaker.record_failure(time.monotonic())
                 self.counters.inc("ddb.errors")
-                if ambiguous is not None and not isinstance(exc, _NOT_SENT):
+                if ambiguous is not None and not _never_sent(exc):
                     ambiguous.append(True)  # e.g. a read timeout: the write may have landed
                 reason = type(exc).__name__
             sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
@@ -368,5 +370,16 @@ OPERATIONS: dict[str, str] = {
     "Query": "query",
     "UpdateItem": "update_item",
 }
-#: failures that happen before a request is on the wire: a write that met one did not apply
-_NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Did this failure happen before the request was on the wire (so a write that met it did
+    not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
+    generic connection errors, a reset after the request went out among them, to
+    EndpointConnectionError, so that class alone proves nothing."""
+    if isinstance(exc, ConnectTimeoutError):
+        return True
+    cause = getattr(exc, "kwargs", {}).get("error")
+    return isinstance(exc, EndpointConnectionError) and isinstance(
+        cause, aiohttp.ClientConnectorError | ConnectionRefusedError | socket.gaierror
+    )

@@ -273,3 +273,24 @@ async def test_faulty_store_wraps_its_client_on_start(monkeypatch: pytest.Monkey
     await s.start()
     assert isinstance(s._client, FaultyClient)
     assert s._client.faults is faults
+
+
+def test_only_connection_set_up_failures_count_as_never_sent() -> None:
+    """A write that met a failure after it was on the wire may have applied (I4): aiobotocore
+    maps a connection reset after sending to EndpointConnectionError too, so only connect
+    failures are taken as "never sent"."""
+    import socket
+
+    import aiohttp
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    from rasd.store import _never_sent
+
+    url = "http://x"
+    refused = EndpointConnectionError(endpoint_url=url, error=ConnectionRefusedError(111, "x"))
+    dns = EndpointConnectionError(endpoint_url=url, error=socket.gaierror("x"))
+    reset = EndpointConnectionError(endpoint_url=url, error=aiohttp.ClientOSError(104, "reset"))
+    assert _never_sent(refused) and _never_sent(dns)
+    assert _never_sent(ConnectTimeoutError(endpoint_url=url))
+    assert not _never_sent(reset)
+    assert not _never_sent(ReadTimeoutError(endpoint_url=url))
