@@ -11,15 +11,19 @@ DynamoDB call (one ``_call``, retries included) appends one JSON line to ``TRACE
 * ``t0``/``t1``: ``time.perf_counter()`` when the call started and returned. On Linux that is
   CLOCK_MONOTONIC, shared by every process, so the client's stamps of a request and the
   daemon's stamps of its calls are on one clock;
-* ``bg``: set for calls made by background work (``Acquirer.spawn``: confirmations,
-  extensions, give-backs; ``Prefetcher._refill``: prefetch refills) rather than by the request.
+* ``req``: set for calls made on behalf of a request (inside ``Acquirer.get_lease``, and the
+  tasks it starts); ``bg``: set for calls of background work (``Acquirer.spawn``:
+  confirmations, extensions, give-backs; ``Prefetcher._refill``: prefetch refills), even when
+  a request started it. Calls with neither are the daemon's own (pool refresh, miss reports).
 
 Nothing in the daemon changes but the wrapping; the cost is one ``write`` per DynamoDB call.
 
 :func:`per_request` then cuts the trace by the client's request windows. A call belongs to a
-request if it started inside the window. It is on the request's path unless background work
-made it (a background call that ended before the answer, e.g. a give-back the request awaited,
-counts as on the path; a prefetch refill never does: it is the daemon's, not the request's).
+request if it started inside the window. It is on the request's path if a request made it and
+it is not background work (a background call that ended before the answer, e.g. a give-back
+the request awaited, counts as on the path; a prefetch refill never does, even when an empty
+buffer made the request wait for it: it is the daemon's). With one request at a time, as in
+(a)-(c), the request whose window a call started in is the request that made it.
 **Round trips** are groups of overlapping on-path calls: calls sent together (``map_acquire``
 and ``claim``) are one round trip; a call sent after the previous one returned is another.
 """
@@ -37,6 +41,8 @@ from typing import Any
 
 #: what kind of background work the current task does ("" for a request's own work)
 _BG: contextvars.ContextVar[str] = contextvars.ContextVar("bench_bg", default="")
+#: the request a task works for ("" for the daemon's own loops)
+_REQ: contextvars.ContextVar[str] = contextvars.ContextVar("bench_req", default="")
 #: the kind of the write in progress (set around ``Store.write``)
 _KIND: contextvars.ContextVar[str] = contextvars.ContextVar("bench_kind", default="")
 
@@ -65,6 +71,8 @@ def install(path: str) -> None:
     orig_call = store.Store._call
     orig_write = store.Store.write
     orig_spawn = acquire.Acquirer.spawn
+    orig_get_lease = acquire.Acquirer.get_lease
+    orig_release = acquire.Acquirer.release
     orig_refill = prefetch.Prefetcher._refill
 
     async def _call(
@@ -84,6 +92,8 @@ def install(path: str) -> None:
                 "t0": t0,
                 "t1": time.perf_counter(),
             }
+            if _REQ.get():
+                rec["req"] = _REQ.get()
             if _BG.get():
                 rec["bg"] = _BG.get()
             if err:
@@ -96,6 +106,20 @@ def install(path: str) -> None:
             return await orig_write(self, w, deadline, mine)
         finally:
             _KIND.reset(tok)
+
+    async def get_lease(self: Any, *a: Any, **kw: Any) -> Any:
+        tok = _REQ.set("get_lease")  # tasks started from here inherit it
+        try:
+            return await orig_get_lease(self, *a, **kw)
+        finally:
+            _REQ.reset(tok)
+
+    async def release(self: Any, *a: Any, **kw: Any) -> Any:
+        tok = _REQ.set("release")
+        try:
+            return await orig_release(self, *a, **kw)
+        finally:
+            _REQ.reset(tok)
 
     async def _tagged(kind: str, coro: Coroutine[Any, Any, Any]) -> Any:
         _BG.set(kind)  # the task's own context: only this task's calls carry the tag
@@ -111,6 +135,8 @@ def install(path: str) -> None:
     store.Store._call = _call  # type: ignore[method-assign]
     store.Store.write = write  # type: ignore[method-assign]
     acquire.Acquirer.spawn = spawn  # type: ignore[method-assign]
+    acquire.Acquirer.get_lease = get_lease  # type: ignore[method-assign]
+    acquire.Acquirer.release = release  # type: ignore[method-assign]
     prefetch.Prefetcher._refill = _refill  # type: ignore[method-assign]
 
 
@@ -144,6 +170,8 @@ def round_trips(calls: Iterable[dict[str, Any]]) -> int:
 
 
 def on_path(c: dict[str, Any], answered: float) -> bool:
+    if not c.get("req"):
+        return False
     bg = c.get("bg")
     return not bg or (bg == "spawn" and c["t1"] <= answered)
 
