@@ -702,6 +702,11 @@ async def _fill(sock: str, n: int, inflight: int, exp: float) -> dict[str, int]:
     return dict(errors)
 
 
+#: (g): S long enough that no answer leaves the cache during the fill (the daemon's default
+#: of 30 s would measure only the leases of the fill's last 30 s)
+G_CONFIRM_INTERVAL = 3600.0
+
+
 def _leased_items(n: int, exp_us: int) -> Any:
     """Keys g0..g{n-1}, each holding resource g-{i} the way the protocol leaves a lease: the
     claim and the mapping write of one acquisition (same token), then the mapping confirmed
@@ -749,7 +754,9 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         list(ex.map(lambda c: schema.batch_write(env.direct, table, c), chunks))
     del items, chunks
     seed_s = time.perf_counter() - t0
-    # Filling a cache on purpose: lift the runaway-client rate limit and the in-flight gate.
+    # Filling a cache on purpose: lift the runaway-client rate limit and the in-flight gate,
+    # and keep every answer cached for the whole fill (the cache drops an answer S =
+    # confirm_interval after its confirmation: 30 s by default, shorter than a 100K fill).
     (d,) = env.start_daemons(
         table,
         1,
@@ -757,6 +764,7 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         rate_limit=1e6,
         rate_burst=1e6,
         max_inflight=max(64, opts["g_inflight"]),
+        confirm_interval=G_CONFIRM_INTERVAL,
     )
     try:
         for i in range(5):
@@ -785,7 +793,8 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         "fill_new_leases": fill_counters["lease.new"] - 5,
         "fill_existing_leases": fill_counters["lease.existing"],
         "fill_ddb_calls": _ddb_calls(fill_counters),
-        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64",
+        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64 "
+        f"RASD_CONFIRM_INTERVAL={G_CONFIRM_INTERVAL:g}",
         "fill_s": fill_s,
         "seed_s": seed_s,
         "cache_only": cache_only_memory(n),
@@ -855,12 +864,15 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 exp = int((time.time() + 7200) * 1e6)
-cache = LeaseCache(Clock(), 200_000, 5_000_000)
+clock = Clock()
+cache = LeaseCache(clock, 200_000, 5_000_000, 3600.0)
 gc.collect(); r0 = rss(); tracemalloc.start()
 for i in range(n):
-    # fresh string objects per lease, as parsing a DynamoDB response makes them
+    # fresh string objects per lease, as parsing a DynamoDB response makes them; a holder
+    # token per lease, as the protocol caches it
     cache.put(Lease("".join(["ben", "ch"]), "".join(["p", ""]), f"g{i}", f"g-{i:07d}",
-                    "".join(["us-east-", "1"]), exp, 1, exp - 3600_000_000))
+                    "".join(["us-east-", "1"]), exp, 1, exp - 3600_000_000, f"{i:016x}"),
+              clock.mono())
 gc.collect()
 cur, _ = tracemalloc.get_traced_memory(); tracemalloc.stop()
 print(json.dumps({"leases": len(cache), "traced_bytes_per_lease": cur / n,
