@@ -136,7 +136,10 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "c",
                 "two round trips (at the store boundary)",
                 rts <= 2.0 + 1e-9,
-                f"{rts:.2f} round trips, {st['calls_per_request']:.2f} calls per request "
+                f"{rts:.2f} round trips (requests by round trips: {st['round_trips_hist']}; "
+                f"extra rounds are lost races for a candidate, prefetch.conflicts "
+                f"{c.get('rasd_counters', {}).get('prefetch.conflicts', 0)}), "
+                f"{st['calls_per_request']:.2f} calls per request "
                 f"+ {st['background_calls_per_request']:.2f} in the background",
             )
         if rt:

@@ -515,16 +515,18 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         async def warm() -> None:
             from rasd_client import aio
 
-            await asyncio.gather(
-                *(
-                    aio.get_lease(
-                        CLIENT, POOL, f"fw-{d.name}", exp, socket_path=d.socket, timeout=TIMEOUT
+            try:
+                await asyncio.gather(
+                    *(
+                        aio.get_lease(
+                            CLIENT, POOL, f"fw-{d.name}", exp, socket_path=d.socket, timeout=TIMEOUT
+                        )
+                        for d in ds
                     )
-                    for d in ds
                 )
-            )
-            await aio.close()
-            await asyncio.sleep(0)  # let the cancelled reader tasks finish
+            finally:
+                await aio.close()
+                await asyncio.sleep(0)  # let the cancelled reader tasks finish
 
         asyncio.run(warm())
         cold: Counter[str] = Counter()
