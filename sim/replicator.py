@@ -23,6 +23,12 @@ Conflict rule (last writer wins, :func:`wins`):
   global tables keep the later v6, we keep v7. rasd never writes another region's items
   unless a job is run without ``--peer-endpoint`` (docs/global.md, "Replicas").
 
+A write that a later write of the same item *from the same region* reaches a destination's
+queue behind is not applied there (``superseded``): the later one carries the whole item and
+a greater stamp, so the destination ends in the same state with one write less (an
+acquisition writes its mapping item twice within milliseconds: pending, then live). Writes of
+one item from different regions are never coalesced: those go through the conflict rule.
+
 Writes the replicator makes show up in the destination's own stream; they are recognised (by a
 hash of the image written, counted per destination) and neither replicated again nor audited.
 
@@ -208,6 +214,8 @@ class Replicator:
             r: Counter() for r in endpoints
         }
         self.queues: dict[str, list[_Pending]] = {r: [] for r in endpoints}
+        #: (destination, item, source region) -> seq of the newest record queued
+        self.newest: dict[tuple[str, tuple[str, str], str], int] = {}
         self.cv = {r: threading.Condition(self.lock) for r in endpoints}
         self.stats: Counter[str] = Counter()
         self.lags: list[float] = []
@@ -263,6 +271,7 @@ class Replicator:
             "echoes_skipped": self.stats["echo"],
             "mapping_records": self.stats["mapping"],
             "lww_discarded": self.stats["discarded"],
+            "superseded": self.stats["superseded"],
             "conflicts": self.stats["conflicts"],
             "conflicts_won": self.stats["conflicts_won"],
             "deferred": self.stats["deferred"],
@@ -316,6 +325,7 @@ class Replicator:
                 if dst == region:
                     continue
                 self._seq += 1
+                self.newest[(dst, k, region)] = self._seq
                 heapq.heappush(
                     self.queues[dst], _Pending(now + self.lag, self._seq, region, rec, st, now)
                 )
@@ -341,6 +351,12 @@ class Replicator:
                 if self.stop_event.is_set():
                     return
                 p = heapq.heappop(q)
+                nk = (dst, item_key(p.record), p.src)
+                if self.newest.get(nk, p.seq) > p.seq:
+                    self.stats["superseded"] += 1  # a later write of this item is queued
+                    continue
+                if self.newest.get(nk) == p.seq:
+                    del self.newest[nk]
             try:
                 self._apply_one(dst, p)
             except Exception as exc:  # noqa: BLE001 - keep replicating; counted
