@@ -5,16 +5,27 @@
 1. Query the ``leased_resources`` index by ``key`` (the paper's "GetItem(key)"): if the key
    holds an unexpired lease in the pool, return it. One round trip.
 2. On a miss, Query one random sub-partition of ``available_resources``.
-3. Make the conditional claim (``rasd.lease.claim``: the same UpdateItem the daemon makes, on
-   the same table, so the comparison is fair). Three round trips for a new lease.
+3. Make the conditional claim (``rasd.lease.claim``, rendered by ``rasd.writes.render``: the
+   same UpdateItem the daemon sends for its claim, on the same table, so the comparison is
+   fair). Three round trips for a new lease.
+
+This is a baseline of the paper's design, not of rasd's protocol: it writes **no mapping
+items** (the paper has none) and finds leases through the ``leased_resources`` index, which
+rasd never decides from. Its claim carries a fresh random ``holder`` token and ``mver`` 0, so
+its items look like rasd's held items; but no rasd daemon will serve them (no mapping names
+them), and ``ras-liberator`` may treat them as orphans once they are older than its
+``--orphan-age``. Keep its keys apart from the daemons' keys when both write one table.
 
 A lost race (the condition failed) tries the next candidate of the page; an empty
-sub-partition tries another random one. Every DynamoDB call is counted in ``calls``.
+sub-partition tries another random one. Every DynamoDB call is counted in ``calls``; the
+calls of the last ``get_lease`` are in ``last_calls`` (it makes them one after another, so
+its round trips are its calls).
 """
 
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +35,7 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 from rasd import lease as L
+from rasd.writes import render
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class BaselineAgent:
         self.region = region
         self.page = page
         self.calls: Counter[str] = Counter()
+        self.last_calls = 0
         self.conflicts = 0
         self.ddb = ddb or boto3.client(
             "dynamodb",
@@ -66,6 +79,7 @@ class BaselineAgent:
 
     def _query(self, **kw: Any) -> dict[str, Any]:
         self.calls["Query"] += 1
+        self.last_calls += 1
         return self.ddb.query(TableName=self.table, **kw)  # type: ignore[no-any-return]
 
     def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
@@ -86,6 +100,7 @@ class BaselineAgent:
     def get_lease(
         self, client_id: str, pool_id: str, key: str, lease_expires_us: int
     ) -> BaselineLease:
+        self.last_calls = 0
         now = time.time_ns() // 1000
         found = self.lookup(client_id, pool_id, key, now)
         if found is not None:
@@ -105,10 +120,14 @@ class BaselineAgent:
             cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
-                upd = L.claim(cand, key, lease_expires_us, time.time_ns() // 1000, self.region)
+                token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
+                w = L.claim(cand, key, lease_expires_us, time.time_ns() // 1000, token, 0)
                 self.calls["UpdateItem"] += 1
+                self.last_calls += 1
                 try:
-                    r = self.ddb.update_item(TableName=self.table, ReturnValues="ALL_NEW", **upd)
+                    r = self.ddb.update_item(
+                        TableName=self.table, ReturnValues="ALL_NEW", **render(w)
+                    )
                 except self.ddb.exceptions.ConditionalCheckFailedException:
                     self.conflicts += 1
                     continue

@@ -51,19 +51,29 @@ class Daemon:
     """One ``rasd serve`` process on its own socket."""
 
     def __init__(
-        self, env: Env, table: str, name: str, settings: dict[str, Any] | None = None
+        self,
+        env: Env,
+        table: str,
+        name: str,
+        settings: dict[str, Any] | None = None,
+        trace: bool = False,
     ) -> None:
         self.name = name
         self.socket = os.path.join(env.tmp, f"{name}.sock")
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"{name}.log"
+        #: with ``trace``, every DynamoDB call of the daemon is recorded here (bench.storetrace)
+        self.trace_path: str | None = os.path.join(env.tmp, f"{name}.trace") if trace else None
+        cmd = env.daemon_cmd
+        if self.trace_path:
+            cmd = [sys.executable, "-m", "bench.storetrace", self.trace_path]
         penv = aws_env()
         for k, v in (settings or {}).items():
             penv[f"RASD_{k.upper()}"] = str(v)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
-                *env.daemon_cmd,
+                *cmd,
                 "serve",
                 "--socket",
                 self.socket,
@@ -80,6 +90,7 @@ class Daemon:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            cwd=str(BENCH_DIR.parent),  # bench.storetrace is importable from here
         )
         self.pid = self.proc.pid
 
@@ -109,6 +120,12 @@ class Daemon:
 
     def rss_kb(self) -> int:
         return rss_kb(self.pid)
+
+    def trace(self) -> list[dict[str, Any]]:
+        """The DynamoDB calls recorded so far (``trace=True`` daemons only)."""
+        from .storetrace import load
+
+        return load(self.trace_path) if self.trace_path else []
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -211,13 +228,17 @@ class Env:
         except Exception:  # noqa: BLE001 - best effort clean-up
             pass
 
-    def daemon(self, table: str, name: str | None = None, **settings: Any) -> Daemon:
-        d = Daemon(self, table, name or f"d{len(self.daemons)}", settings)
+    def daemon(
+        self, table: str, name: str | None = None, trace: bool = False, **settings: Any
+    ) -> Daemon:
+        d = Daemon(self, table, name or f"d{len(self.daemons)}", settings, trace=trace)
         self.daemons.append(d)
         return d
 
-    def start_daemons(self, table: str, n: int, prefix: str = "d", **settings: Any) -> list[Daemon]:
-        ds = [self.daemon(table, f"{prefix}{i}", **settings) for i in range(n)]
+    def start_daemons(
+        self, table: str, n: int, prefix: str = "d", trace: bool = False, **settings: Any
+    ) -> list[Daemon]:
+        ds = [self.daemon(table, f"{prefix}{i}", trace=trace, **settings) for i in range(n)]
         for d in ds:
             d.wait_ready(timeout=60 + 5 * n)
         return ds

@@ -90,7 +90,9 @@ def fmt(v: Any, nd: int = 3) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Rows of {scenario, what, side, n, p50_ms, p90_ms, p99_ms, max_ms, calls_per_s, note}."""
+    """Rows of {scenario, what, side, n, p50_ms, p90_ms, p99_ms, max_ms, calls_per_s, note};
+    (a)-(c) also carry ``ddb_calls`` and ``round_trips`` per request (rasd: the request's own
+    calls at the store boundary, background work apart; baseline: its sequential calls)."""
     cols = [
         ("scenario", "scen"),
         ("what", "what"),
@@ -101,6 +103,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         ("p99_ms", "p99 ms"),
         ("max_ms", "max ms"),
         ("calls_per_s", "calls/s"),
+        ("ddb_calls", "ddb calls/req"),
+        ("round_trips", "RT/req"),
         ("note", "note"),
     ]
     cells = [[h for _, h in cols]]

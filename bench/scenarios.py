@@ -2,7 +2,10 @@
 
 Every timed call is one ``time.perf_counter_ns()`` pair around one client call; rasd and the
 baseline are interleaved call by call where they measure the same thing, so both see the same
-noise. DynamoDB calls are counted from the daemon's own counters (``stats`` op), before/after.
+noise. DynamoDB calls are counted from the daemon's own counters (``stats`` op), before/after
+(``ddb.Query`` + ``ddb.GetItem`` + ``ddb.UpdateItem``: every attempt, background work included).
+In (a)-(c) the daemons also record every call at their store boundary (``bench.storetrace``),
+so each request's own calls and round trips are counted, apart from background work.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
+import secrets
 import statistics
 import subprocess
 import sys
@@ -20,7 +24,9 @@ from typing import Any
 
 import rasd_client
 from rasd import lease as L
+from rasd import writes as W
 
+from . import storetrace
 from .baseline import BaselineAgent
 from .harness import CLIENT, POOL, REGION, Echo, Env, lease_until
 from .report import histogram_ms, summarize_ns
@@ -35,6 +41,15 @@ def _exp_us(exp_s: float) -> int:
 def _delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
     keys = set(after) | set(before)
     return {k: after[k] - before[k] for k in sorted(keys) if after[k] - before[k]}
+
+
+#: the daemon's counters of DynamoDB calls (rasd.store counts every attempt as ``ddb.<op>``);
+#: the other ``ddb.*`` counters (conditional_failed, timeouts...) are outcomes, not calls
+DDB_CALLS = ("ddb.Query", "ddb.GetItem", "ddb.UpdateItem")
+
+
+def _ddb_calls(counters: dict[str, int] | Counter[str]) -> int:
+    return sum(counters.get(k, 0) for k in DDB_CALLS)
 
 
 def _row(scen: str, what: str, side: str, s: dict[str, Any], note: str = "") -> dict[str, Any]:
@@ -56,6 +71,9 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     (b) held through another daemon: D2 reads the keys D1 acquired (never in D2's cache);
         the baseline reads the same keys (one Query each).
     (a) cached: D1 again on its own keys; the baseline's answer is the same Query as in (b).
+
+    Both daemons record their DynamoDB calls at the store boundary (``bench.storetrace``):
+    each rasd request's calls and round trips come from its own window of that trace.
     """
     m = opts["abc_per_batch"]
     batches = opts["abc_batches"]
@@ -73,10 +91,14 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     base_new = 0
     b_reqs = 0
     bad: list[str] = []
+    #: per scenario: the store-boundary view of each rasd request; the baseline's calls
+    store: dict[str, list[dict[str, Any]]] = {s: [] for s in ("a", "b", "c")}
+    base_per_req: dict[str, list[int]] = {s: [] for s in ("a", "b", "c")}
     for bi in range(batches):
         table = env.new_table(resources=int(m * 2.5) + 60, prefix=f"b{bi}")
-        d1, d2 = env.start_daemons(table, 2, prefix=f"abc{bi}-")
+        d1, d2 = env.start_daemons(table, 2, prefix=f"abc{bi}-", trace=True)
         base = BaselineAgent(table, REGION, env.endpoint)
+        win: dict[str, list[tuple[float, float]]] = {s: [] for s in ("a", "b", "c")}
         try:
             # warm-up: connections (the proxy charges a new one 2 extra RTTs), pools, prefetch
             for i in range(3):
@@ -97,6 +119,7 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             keys = []
             for i in range(m):
                 k = f"c{bi}-{i}"
+                w0 = time.perf_counter()
                 dt, lease = _timed(
                     rasd_client.get_lease,
                     CLIENT,
@@ -106,12 +129,14 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
                     socket_path=d1.socket,
                     timeout=TIMEOUT,
                 )
+                win["c"].append((w0, time.perf_counter()))
                 if not lease.new:
                     bad.append(f"{k}: rasd lease not new")
                 raw["c"]["rasd"].append(dt)
                 keys.append(k)
                 dt, _ = _timed(base.get_lease, CLIENT, POOL, f"cb{bi}-{i}", exp_us)
                 raw["c"]["baseline"].append(dt)
+                base_per_req["c"].append(base.last_calls)
                 base_new += 1
                 time.sleep(0.002)  # a little air: an app does not acquire back to back
             calls_c.update(_delta(d1.counters(), before))
@@ -121,6 +146,7 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             before = d2.counters()
             bc0 = Counter(base.calls)
             for k in keys:
+                w0 = time.perf_counter()
                 dt, lease = _timed(
                     rasd_client.get_lease,
                     CLIENT,
@@ -130,11 +156,13 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
                     socket_path=d2.socket,
                     timeout=TIMEOUT,
                 )
+                win["b"].append((w0, time.perf_counter()))
                 if lease.new:
                     bad.append(f"{k}: D2 acquired a second resource")
                 raw["b"]["rasd"].append(dt)
                 dt, _ = _timed(base.get_lease, CLIENT, POOL, k, exp_us)
                 raw["b"]["baseline"].append(dt)
+                base_per_req["b"].append(base.last_calls)
             calls_b.update(_delta(d2.counters(), before))
             base_calls_b.update(_delta(Counter(base.calls), bc0))
             b_reqs += len(keys)
@@ -144,6 +172,7 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             before = d1.counters()
             per = max(1, hits_n // batches)
             for i in range(per):
+                w0 = time.perf_counter()
                 dt, _ = _timed(
                     rasd_client.get_lease,
                     CLIENT,
@@ -152,11 +181,18 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
                     exp,
                     socket_path=d1.socket,
                 )
+                win["a"].append((w0, time.perf_counter()))
                 raw["a"]["rasd"].append(dt)
             calls_a = _delta(d1.counters(), before)
             for i in range(max(1, opts["a_baseline_samples"] // batches)):
                 dt, _ = _timed(base.get_lease, CLIENT, POOL, keys[i % len(keys)], exp_us)
                 raw["a"]["baseline"].append(dt)
+                base_per_req["a"].append(base.last_calls)
+            time.sleep(0.1)  # let the last background calls (map_confirm) return
+            t1, t2 = d1.trace(), d2.trace()
+            store["c"] += storetrace.per_request(t1, win["c"])
+            store["b"] += storetrace.per_request(t2, win["b"])
+            store["a"] += storetrace.per_request(t1, win["a"])
         finally:
             env.stop_daemons([d1, d2])
             env.drop_table(table)
@@ -170,6 +206,13 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     for s in ("a", "b", "c"):
         r = summarize_ns(raw[s]["rasd"])
         b = summarize_ns(raw[s]["baseline"])
+        st = storetrace.summarize(store[s])
+        bcalls = sum(base_per_req[s]) / max(1, len(base_per_req[s]))
+        # per request, at the store boundary (rasd) / the agent's boto3 calls (baseline, which
+        # makes its calls one after another: its round trips are its calls)
+        r["ddb_calls"] = st.get("calls_per_request")
+        r["round_trips"] = st.get("round_trips_per_request")
+        b["ddb_calls"] = b["round_trips"] = bcalls
         out[s] = {
             "title": titles[s],
             "rasd": r,
@@ -180,17 +223,20 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
                 "rasd": histogram_ms(raw[s]["rasd"]),
                 "baseline": histogram_ms(raw[s]["baseline"]),
             },
+            #: rasd, each request's own DynamoDB calls and round trips (bench.storetrace)
+            "rasd_store": st,
+            "baseline_calls_per_request": bcalls,
+            "baseline_round_trips_per_request": bcalls,
         }
-    ddb_calls_c = {k: v for k, v in calls_c.items() if k.startswith("ddb.")}
+    # The daemon's counters: every call in the interval, background work included (the
+    # background map_confirm of each new lease, prefetch refills, re-confirmations).
     out["c"]["rasd_counters"] = dict(calls_c)
-    out["c"]["rasd_ddb_calls_per_new_lease"] = sum(ddb_calls_c.values()) / max(1, new_c)
+    out["c"]["rasd_ddb_calls_per_new_lease"] = _ddb_calls(calls_c) / max(1, new_c)
     out["c"]["baseline_ddb_calls_per_new_lease"] = sum(base_calls_c.values()) / max(1, base_new)
     out["b"]["rasd_counters"] = dict(calls_b)
-    out["b"]["rasd_ddb_calls_per_request"] = sum(
-        v for k, v in calls_b.items() if k.startswith("ddb.")
-    ) / max(1, b_reqs)
+    out["b"]["rasd_ddb_calls_per_request"] = _ddb_calls(calls_b) / max(1, b_reqs)
     out["b"]["baseline_ddb_calls_per_request"] = sum(base_calls_b.values()) / max(1, b_reqs)
-    out["a"]["rasd_ddb_calls"] = sum(v for k, v in calls_a.items() if k.startswith("ddb."))
+    out["a"]["rasd_ddb_calls"] = _ddb_calls(calls_a)
     out["problems"] = bad
     return out
 
@@ -318,7 +364,7 @@ def throughput_d(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         "rows": rows,
         "seconds_per_point": opts["d_seconds"],
         "rounds": opts["d_rounds"],
-        "rasd_ddb_calls": sum(v for k, v in calls.items() if k.startswith("ddb.")),
+        "rasd_ddb_calls": _ddb_calls(calls),
     }
 
 
@@ -373,8 +419,7 @@ def scale_e(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             "seed_s": seed_s,
             "rasd": r,
             "baseline": b,
-            "rasd_ddb_calls_per_new_lease": sum(v for k, v in calls.items() if k.startswith("ddb."))
-            / m,
+            "rasd_ddb_calls_per_new_lease": _ddb_calls(calls) / m,
             "baseline_ddb_calls_per_new_lease": sum(bcalls.values()) / m,
             "rasd_counters": calls,
         }
@@ -438,7 +483,7 @@ async def _contention_load(
         keys = [f"f{di}-{i}" for i in range(keys_per_daemon)]
         for w in range(inflight):
             tasks.append(worker(sock, keys[w::inflight]))
-    # shared keys: each asked through three daemons at once (the acquisition-lock path)
+    # shared keys: each asked through three daemons at once (the race for the key's mapping)
     rng = random.Random(7)
 
     async def shared_key(i: int) -> None:
@@ -470,16 +515,18 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         async def warm() -> None:
             from rasd_client import aio
 
-            await asyncio.gather(
-                *(
-                    aio.get_lease(
-                        CLIENT, POOL, f"fw-{d.name}", exp, socket_path=d.socket, timeout=TIMEOUT
+            try:
+                await asyncio.gather(
+                    *(
+                        aio.get_lease(
+                            CLIENT, POOL, f"fw-{d.name}", exp, socket_path=d.socket, timeout=TIMEOUT
+                        )
+                        for d in ds
                     )
-                    for d in ds
                 )
-            )
-            await aio.close()
-            await asyncio.sleep(0)  # let the cancelled reader tasks finish
+            finally:
+                await aio.close()
+                await asyncio.sleep(0)  # let the cancelled reader tasks finish
 
         asyncio.run(warm())
         cold: Counter[str] = Counter()
@@ -510,12 +557,19 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     resource_two_keys = {r: sorted(k) for r, k in owners.items() if len(k) > 1}
     items = _scan(env, table)
     leased = [it for it in items if "key" in it and it["client_id"]["S"] == CLIENT]
+    # held items per key: a lease, plus any claim no mapping names (an orphan, never served)
     table_by_key: dict[str, list[str]] = {}
     for it in leased:
         table_by_key.setdefault(it["key"]["S"], []).append(it["resource"]["S"])
     table_dups = {k: v for k, v in table_by_key.items() if len(v) > 1}
-    mismatch = [k for k, rs in by_key.items() if table_by_key.get(k) and set(table_by_key[k]) != rs]
-    # the duplicated items as the table holds them (version, lease_acquired...), to debug
+    # the table's truth (docs/design.md): a key's lease is what its mapping names, held by the
+    # mapping's token
+    truth = _leases_in_table(items)
+    named = set(truth.values())
+    orphans = sorted(it["resource"]["S"] for it in leased if it["resource"]["S"] not in named)
+    mismatch = [k for k, rs in by_key.items() if k in truth and rs != {truth[k]}]
+    no_lease = [k for k in by_key if k not in truth]
+    # the duplicated items as the table holds them (version, holder...), to debug
     dup_items = [
         {k: next(iter(v.values())) for k, v in it.items()}
         for it in leased
@@ -525,7 +579,7 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     new = total["lease.new"]
     conflicts = total["prefetch.conflicts"]
     hits, misses = total["prefetch.hits"], total["prefetch.misses"]
-    double = len(key_two_resources) + len(resource_two_keys) + len(table_dups)
+    double = len(key_two_resources) + len(resource_two_keys) + len(mismatch) + len(no_lease)
     s = summarize_ns(lat, wall)
     return {
         "title": f"(f) contention: {n} daemons, one pool",
@@ -545,14 +599,23 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         "prefetch_hits": hits,
         "prefetch_misses": misses,
         "prefetch_hit_rate": hits / max(1, hits + misses),
-        "acq_lock_busy": total["acq.lock_busy"],
-        "acq_undone": total["acq.undone"],
+        # the race for a key's mapping (docs/design.md, "New lease"): waits for another
+        # daemon's pending mapping, lost mapping writes, claims given back or fenced
+        "acq_waits": total["acq.waits"],
+        "acq_lost_mapping": total["acq.lost_mapping"],
+        "acq_gave_back": total["acq.gave_back"],
+        "acq_fence_own": total["acq.fence_own"],
+        "acq_fenced": total["acq.fenced"],
+        "singleflight_joined": total["singleflight.joined"],
+        "orphans_left": orphans,
         "double_allocations": double,
         "double_detail": {
             "key_with_two_resources": key_two_resources,
             "resource_with_two_keys": resource_two_keys,
-            "table_key_with_two_items": table_dups,
-            "answer_table_mismatch": mismatch[:20],
+            "answer_not_the_tables_lease": mismatch[:20],
+            "answered_key_without_lease_in_table": no_lease[:20],
+            # not a double allocation: orphaned claims are never served (orphans_left)
+            "table_key_with_two_held_items": table_dups,
             "items": dup_items,
             "answers": {
                 k: sorted(
@@ -579,6 +642,28 @@ def contention_f(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             )
         ],
     }
+
+
+def _leases_in_table(items: list[dict[str, Any]]) -> dict[str, str]:
+    """key -> resource of every lease the table holds for the bench pool in our region: the
+    key's mapping item is pending or live and names (token, r), and r is held by that token
+    for that key."""
+    held = {
+        it["resource"]["S"]: (it.get("holder", {}).get("S"), it["key"]["S"])
+        for it in items
+        if it["client_id"]["S"] == CLIENT and "key" in it
+    }
+    out: dict[str, str] = {}
+    pfx = L.map_pk(CLIENT, POOL, "")
+    for it in items:
+        pk = it["client_id"]["S"]
+        if not pk.startswith(pfx) or it["resource"]["S"] != REGION:
+            continue
+        m = L.mapping_from_ddb(it)
+        live = m.state in (L.PENDING, L.LIVE) and m.resource is not None
+        if live and held.get(m.resource or "") == (m.token, m.key):
+            out[m.key] = m.resource or ""
+    return out
 
 
 def _scan(env: Env, table: str) -> list[dict[str, Any]]:
@@ -619,24 +704,43 @@ async def _fill(sock: str, n: int, inflight: int, exp: float) -> dict[str, int]:
     return dict(errors)
 
 
+#: (g): S long enough that no answer leaves the cache during the fill (the daemon's default
+#: of 30 s would measure only the leases of the fill's last 30 s)
+G_CONFIRM_INTERVAL = 3600.0
+
+
 def _leased_items(n: int, exp_us: int) -> Any:
+    """Keys g0..g{n-1}, each holding resource g-{i} the way the protocol leaves a lease: the
+    claim and the mapping write of one acquisition (same token), then the mapping confirmed
+    ``live``. Built with the daemon's own write builders (``rasd.lease``) applied by
+    ``rasd.writes.apply``, so the items are exactly what a daemon would have written.
+    Yields resource and mapping items (DynamoDB attribute maps)."""
     now = time.time_ns() // 1000
     for i in range(n):
-        it = L.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now)
-        del it["lease_available"]
-        it["key"] = {"S": f"g{i}"}
-        it["lease_expires"] = {"S": L.fmt_time(exp_us)}
-        it["lease_acquired"] = {"S": L.fmt_time(now)}
-        it["version"] = {"N": "1"}
-        yield it
+        free = W.item_from_av(L.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now))
+        r = L.resource_from(free)
+        token = secrets.token_hex(8)
+        key = f"g{i}"
+        held = W.apply(free, L.claim(r, key, exp_us, now, token, 1))
+        ident = (L.map_pk(CLIENT, POOL, key), REGION)
+        mw = L.map_acquire(ident, 0, token, r.resource, r.version, exp_us, now, "bench-seed")
+        pending = W.apply(None, mw)
+        assert held is not None and pending is not None
+        live = W.apply(pending, L.map_confirm(L.mapping_from(pending)))
+        assert live is not None
+        yield {a: W.to_av(v) for a, v in held.items()}
+        yield {a: W.to_av(v) for a, v in live.items()}
 
 
 def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     """Daemon RSS with N leases in its cache; and the client's import time.
 
-    The N leases are written to the table already leased (keys g0..gN-1), and the daemon
-    caches each on its first get_lease: one Query per key instead of a whole acquisition, so
-    100K fit in a few minutes. What ends up in the cache is the same Lease either way.
+    The N leases are written to the table already leased (keys g0..gN-1: a live mapping item
+    and its resource held by the mapping's token, as an acquisition leaves them), and the
+    daemon caches each on its first get_lease: one Query of the key's mapping items instead
+    of a whole acquisition, so 100K fit in a few minutes. What ends up in the cache is the
+    same Lease either way. ``fill_new_leases`` counts keys the daemon acquired instead of
+    finding (must be 0: a seeding mistake would otherwise drain the 20 free resources).
     """
     from rasd import schema
 
@@ -652,7 +756,9 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         list(ex.map(lambda c: schema.batch_write(env.direct, table, c), chunks))
     del items, chunks
     seed_s = time.perf_counter() - t0
-    # Filling a cache on purpose: lift the runaway-client rate limit and the in-flight gate.
+    # Filling a cache on purpose: lift the runaway-client rate limit and the in-flight gate,
+    # and keep every answer cached for the whole fill (the cache drops an answer S =
+    # confirm_interval after its confirmation: 30 s by default, shorter than a 100K fill).
     (d,) = env.start_daemons(
         table,
         1,
@@ -660,6 +766,7 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         rate_limit=1e6,
         rate_burst=1e6,
         max_inflight=max(64, opts["g_inflight"]),
+        confirm_interval=G_CONFIRM_INTERVAL,
     )
     try:
         for i in range(5):
@@ -673,6 +780,7 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         st = d.stats()
         rss1 = d.rss_kb()
         cached = st.get("cache_leases", 0)
+        fill_counters = Counter(st.get("counters", {}))
     finally:
         env.stop_daemons([d])
         env.drop_table(table)
@@ -683,7 +791,12 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         "leases_requested": n,
         "cached_leases": cached,
         "fill_errors": errors,
-        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64",
+        # the 5 warm-up keys are new; every g-key must be found, not acquired
+        "fill_new_leases": fill_counters["lease.new"] - 5,
+        "fill_existing_leases": fill_counters["lease.existing"],
+        "fill_ddb_calls": _ddb_calls(fill_counters),
+        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64 "
+        f"RASD_CONFIRM_INTERVAL={G_CONFIRM_INTERVAL:g}",
         "fill_s": fill_s,
         "seed_s": seed_s,
         "cache_only": cache_only_memory(n),
@@ -753,12 +866,15 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 exp = int((time.time() + 7200) * 1e6)
-cache = LeaseCache(Clock(), 200_000, 5_000_000)
+clock = Clock()
+cache = LeaseCache(clock, 200_000, 5_000_000, 3600.0)
 gc.collect(); r0 = rss(); tracemalloc.start()
 for i in range(n):
-    # fresh string objects per lease, as parsing a DynamoDB response makes them
+    # fresh string objects per lease, as parsing a DynamoDB response makes them; a holder
+    # token per lease, as the protocol caches it
     cache.put(Lease("".join(["ben", "ch"]), "".join(["p", ""]), f"g{i}", f"g-{i:07d}",
-                    "".join(["us-east-", "1"]), exp, 1, exp - 3600_000_000))
+                    "".join(["us-east-", "1"]), exp, 1, exp - 3600_000_000, f"{i:016x}"),
+              clock.mono())
 gc.collect()
 cur, _ = tracemalloc.get_traced_memory(); tracemalloc.stop()
 print(json.dumps({"leases": len(cache), "traced_bytes_per_lease": cur / n,

@@ -23,16 +23,26 @@ Conflict rule (last writer wins, :func:`wins`):
   global tables keep the later v6, we keep v7. rasd never writes another region's items
   unless a job is run without ``--peer-endpoint`` (docs/global.md, "Replicas").
 
+A write that a later write of the same item *from the same region* reaches a destination's
+queue behind is not applied there (``superseded``): the later one carries the whole item and
+a greater stamp, so the destination ends in the same state with one write less (an
+acquisition writes its mapping item twice within milliseconds: pending, then live). Writes of
+one item from different regions are never coalesced: those go through the conflict rule.
+
 Writes the replicator makes show up in the destination's own stream; they are recognised (by a
 hash of the image written, counted per destination) and neither replicated again nor audited.
 
-Items whose ``client_id`` starts with ``#acq#`` (per-region acquisition locks: only the
-daemons of the region in their name ever read them) are not replicated, to save the backends'
-CPU; everything else is, including meta items (misses, headroom, pool definitions, locks).
+Every item is replicated: resource items, mapping items (``#map#...``: one per key and
+region, written only in their region; daemons elsewhere read them from their replica to serve
+another region's lease) and meta items (misses, headroom, pool definitions, locks). A mapping
+item's stamp uses its ``ver`` (it has no ``version``), so the later write of one item wins.
 
 Audit: every local write of a resource item is classified (acquire, release, move) and written
 as one JSON line to the audit file, with a flag when a *leased* item changed region (a move
-of a leased item: must never happen).
+of a leased item: must never happen). An acquisition carries the claim's ``holder`` token; a
+local write of a mapping item that names a claim (``pending``/``live``) is audited as ``map``
+with its token, so that the report can tell a lease (a claim some mapping named) from a claim
+that lost the race for the key's mapping and was never served.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ from typing import Any
 #: (version, time_ms, region, seq)
 Stamp = tuple[int, int, str, int]
 
-SKIP_PREFIXES = ("#acq#",)
+MAP_PREFIX = "#map#"
 
 
 # ------------------------------------------------------------------------------------ pure
@@ -71,7 +81,8 @@ def wins(incoming: Stamp, current: Stamp | None) -> bool:
 def stamp_of(record: dict[str, Any], region: str) -> Stamp:
     ddb = record.get("dynamodb") or {}
     img = ddb.get("NewImage") or ddb.get("OldImage") or {}
-    version = int(img.get("version", {}).get("N", "0"))
+    # resource items: ``version``; mapping items: ``ver``; meta items: neither (0)
+    version = int((img.get("version") or img.get("ver") or {}).get("N", "0"))
     return (version, _time_ms(ddb), region, int(ddb.get("SequenceNumber", "0")))
 
 
@@ -99,13 +110,31 @@ def _s(img: dict[str, Any] | None, name: str) -> str | None:
 
 
 def audit_events(record: dict[str, Any], region: str) -> list[dict[str, Any]]:
-    """What a local write did to a resource item (meta items: nothing)."""
+    """What a local write did to a resource item, or which claim a mapping item names (meta
+    items: nothing)."""
     ddb = record.get("dynamodb") or {}
     old, new = ddb.get("OldImage"), ddb.get("NewImage")
     client, resource = item_key(record)
+    t = _time_ms(ddb)
+    if client.startswith(MAP_PREFIX):
+        state, token = _s(new, "state"), _s(new, "token")
+        if state not in ("pending", "live") or token is None:
+            return []
+        key = client[len(MAP_PREFIX) :].split("#", 2)[-1]
+        return [
+            {
+                "ev": "map",
+                "key": key,
+                "region": resource,
+                "state": state,
+                "token": token,
+                "res": _s(new, "res"),
+                "t": t,
+                "in": region,
+            }
+        ]
     if client.startswith("#"):
         return []
-    t = _time_ms(ddb)
     ok, nk = _s(old, "key"), _s(new, "key")
     orr, nr = _s(old, "region"), _s(new, "region")
     out: list[dict[str, Any]] = []
@@ -132,6 +161,7 @@ def audit_events(record: dict[str, Any], region: str) -> list[dict[str, Any]]:
                 "t": t,
                 "exp": _s(new, "lease_expires"),
                 "region": nr,
+                "holder": _s(new, "holder"),
                 "in": region,
             }
         )
@@ -184,6 +214,8 @@ class Replicator:
             r: Counter() for r in endpoints
         }
         self.queues: dict[str, list[_Pending]] = {r: [] for r in endpoints}
+        #: (destination, item, source region) -> seq of the newest record queued
+        self.newest: dict[tuple[str, tuple[str, str], str], int] = {}
         self.cv = {r: threading.Condition(self.lock) for r in endpoints}
         self.stats: Counter[str] = Counter()
         self.lags: list[float] = []
@@ -237,8 +269,9 @@ class Replicator:
             "applied": self.stats["applied"],
             "local_records": self.stats["local"],
             "echoes_skipped": self.stats["echo"],
-            "not_replicated_acq_locks": self.stats["skipped_acq"],
+            "mapping_records": self.stats["mapping"],
             "lww_discarded": self.stats["discarded"],
+            "superseded": self.stats["superseded"],
             "conflicts": self.stats["conflicts"],
             "conflicts_won": self.stats["conflicts_won"],
             "deferred": self.stats["deferred"],
@@ -286,13 +319,13 @@ class Replicator:
                 return
             self.stats["local"] += 1
             self.known[region][k] = st
-            if k[0].startswith(SKIP_PREFIXES):
-                self.stats["skipped_acq"] += 1
-                return
+            if k[0].startswith(MAP_PREFIX):
+                self.stats["mapping"] += 1
             for dst in self.endpoints:
                 if dst == region:
                     continue
                 self._seq += 1
+                self.newest[(dst, k, region)] = self._seq
                 heapq.heappush(
                     self.queues[dst], _Pending(now + self.lag, self._seq, region, rec, st, now)
                 )
@@ -318,6 +351,12 @@ class Replicator:
                 if self.stop_event.is_set():
                     return
                 p = heapq.heappop(q)
+                nk = (dst, item_key(p.record), p.src)
+                if self.newest.get(nk, p.seq) > p.seq:
+                    self.stats["superseded"] += 1  # a later write of this item is queued
+                    continue
+                if self.newest.get(nk) == p.seq:
+                    del self.newest[nk]
             try:
                 self._apply_one(dst, p)
             except Exception as exc:  # noqa: BLE001 - keep replicating; counted

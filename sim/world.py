@@ -31,7 +31,7 @@ from botocore.config import Config as BotoConfig
 
 from rasd import schema
 from rasd.config import Config
-from rasd.lease import new_resource_item
+from rasd.lease import LIVE, PENDING, map_pk, mapping_from_ddb, new_resource_item
 from rasd_jobs import balance_model as bm
 
 from . import traffic
@@ -230,7 +230,8 @@ class World:
                 "RASD_SKEW_MARGIN": "0.5",
                 "RASD_EXHAUSTED_BACKOFF": "0.25",
                 "RASD_DDB_WARM_CONNECTIONS": "1",
-                "RASD_ACQ_LOCK_HOLD": "1.0",
+                # compressed time: a pending mapping is left to its acquirer for 1 s, not 2
+                "RASD_PENDING_HOLD": "1.0",
             }
         )
         if daemon_reports_misses():
@@ -313,7 +314,36 @@ class World:
                     "pool_id": it.get("pool_id", {}).get("S"),
                     "lease_acquired": it.get("lease_acquired", {}).get("S"),
                     "lease_expires": it.get("lease_expires", {}).get("S"),
+                    "holder": it.get("holder", {}).get("S"),
                 }
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def leases_by_mapping(
+        self, region: str, items: dict[str, dict[str, Any]]
+    ) -> dict[str, list[str]]:
+        """key -> the resources its mapping items name (one per region at most) in this
+        replica, counting only mappings whose claim holds (the resource is held by the
+        mapping's token): the leases as daemons see them (docs/design.md)."""
+        ddb = _client("dynamodb", self.endpoints[region], region)
+        out: dict[str, list[str]] = {}
+        pfx = map_pk(CLIENT, POOL, "")
+        kw: dict[str, Any] = {
+            "TableName": self.p.table,
+            "ConsistentRead": True,
+            "FilterExpression": "begins_with(client_id, :m)",
+            "ExpressionAttributeValues": {":m": {"S": pfx}},
+        }
+        while True:
+            resp = ddb.scan(**kw)
+            for raw in resp.get("Items", []):
+                m = mapping_from_ddb(raw)
+                if m.state not in (PENDING, LIVE) or m.resource is None:
+                    continue
+                it = items.get(m.resource)
+                if it and it["holder"] == m.token and it["key"] == m.key:
+                    out.setdefault(m.key, []).append(m.resource)
             if "LastEvaluatedKey" not in resp:
                 return out
             kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -411,11 +441,14 @@ class World:
         first = views[home]
         converged = all(v == first for v in views.values())
         dups_before = self.duplicate_keys(first)
+        by_map = self.leases_by_mapping(home, first)
         dedupe = self.run_dedupe()
         self.settle(rep, max(1.0, self.p.lag_s + 0.5))
         views2 = {r: self.resource_items(r) for r in self.regions}
         first2 = views2[home]
         left = self.duplicate_keys(first2)
+        by_map2 = self.leases_by_mapping(home, first2)
+        named2 = {r for v in by_map2.values() for r in v}
         out: dict[str, Any] = {
             "converged_before_dedupe": converged,
             "duplicate_keys_before_dedupe": len(dups_before),
@@ -424,6 +457,18 @@ class World:
                 r: len(self.duplicate_keys(v)) for r, v in views2.items()
             },
             "converged_after_dedupe": all(v == first2 for v in views2.values()),
+            # the same, counted as the daemons see leases (mapping items naming held claims);
+            # the figures above count held resource items (what ras-dedupe groups), which
+            # also include claims no mapping names (orphans)
+            "duplicate_keys_by_mapping_before_dedupe": sum(
+                1 for v in by_map.values() if len(v) > 1
+            ),
+            "duplicate_keys_by_mapping_after_dedupe": sum(
+                1 for v in by_map2.values() if len(v) > 1
+            ),
+            "held_items_no_mapping_names_end": sum(
+                1 for r, it in first2.items() if it["key"] is not None and r not in named2
+            ),
             "items_per_region_end": dict(Counter(it["region"] for it in first2.values())),
         }
         if left:  # keep what is needed to understand it, and see whether a second run helps
