@@ -20,7 +20,9 @@ LeaseExpires = datetime | timedelta | int | float
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease on one resource. ``version`` grows on every write: use it as a fencing token."""
+    """A lease on one resource. ``version`` is the resource's version when this lease was
+    claimed: the same across extensions, greater for every later holder of the resource, so
+    it serves as a fencing token."""
 
     resource: str
     lease_expires: datetime
