@@ -171,3 +171,25 @@ def format_trace(res: Result) -> str:
         lines.append(f"{i:3d}. {label}")
         lines.extend(f"       {n}" for n in notes)
     return "\n".join(lines)
+
+
+def script(cfg: Config, proto: Protocol, labels: list[str]) -> Result:
+    """Follow a written scenario: each entry must match the start of exactly the label of one
+    enabled step (the first such step is taken). Replays a trace printed by the checker."""
+    res = Result(proto.name, "script")
+    w = initial(cfg, proto)
+    for want in labels:
+        want = want.split("] ", 1)[-1]  # accept lines copied from a printed trace
+        choices = [(lab, nxt) for lab, nxt in successors(w) if lab.startswith(want)]
+        if not choices:
+            opts = "\n  ".join(lab for lab, _ in successors(w))
+            raise ValueError(f"step {want!r} is not enabled at t={w.t}; enabled:\n  {opts}")
+        label, nxt = choices[0]
+        res.trace.append((f"[t={w.t}] {label}", list(nxt.notes)))
+        res.transitions += 1
+        w = nxt
+        if w.violation is not None:
+            res.violation = w.violation
+            break
+    res.states = res.transitions + 1
+    return res

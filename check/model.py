@@ -21,8 +21,11 @@ clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from typing import TypeVar
+from dataclasses import dataclass, field
+from dataclasses import replace as _dc_replace
 
 from rasd import decide as D
 from rasd.decide import Outcome, Rules
@@ -61,6 +64,7 @@ T0 = 1_700_000_000  # seconds since the epoch at tick 0
 Item = dict[str, Value]
 FrozenItem = tuple[tuple[str, Value], ...]
 Mine = Callable[[Item], bool] | None
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,10 @@ class Config:
     pending_hold: int = 2
     confirm: int = 3  # S
     lag: int = 1  # replication lag term of the quarantine (config.quarantine)
-    lease: int = 6  # every get_lease asks for now + lease
+    lease: int = 12  # every get_lease asks for now + lease (longer than Q, as in production)
     extend_fraction: float = 0.5
-    horizon: int = 14  # no tick past this true time
+    horizon: int = 16  # no tick past this true time
+    deadline: int = 1  # a request fails with TIMEOUT once this many ticks have passed
     ticks: tuple[int, ...] = (1, 3)
     max_faults: int = 2  # lost requests/replies, delayed writes, read errors
     max_crashes: int = 1
@@ -127,6 +132,7 @@ class Proc:
     merr: bool = False
     cerr: bool = False
     now: int = 0  # us, the driver's `now` captured before a write
+    started: int = 0  # true tick the request began (its deadline runs from here)
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,26 @@ class Answer:
 class Violation:
     name: str
     detail: str
+
+
+def replace(obj: _T, **kw: object) -> _T:
+    """``dataclasses.replace`` for the model's own (dict-backed, frozen) dataclasses, fast."""
+    if not hasattr(obj, "__dict__"):
+        return _dc_replace(obj, **kw)  # type: ignore[type-var]
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(kw)
+    return new
+
+
+@functools.lru_cache(maxsize=200_000)
+def _res_of(f: FrozenItem) -> ResourceItem:
+    return resource_from(dict(f))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _map_of(f: FrozenItem) -> Mapping:
+    return mapping_from(dict(f))
 
 
 def freeze(it: Item | None) -> FrozenItem | None:
@@ -253,7 +279,7 @@ class World:
             tuple(sorted(self.hist.items())),
             self.daemons,
             tuple(sorted(self.inflight, key=repr)),
-            tuple(sorted(self.answers, key=repr)),
+            tuple(sorted((a.key, a.resource, a.exp, a.token) for a in self.answers)),
             self.released,
             self.faults,
             self.crashes,
@@ -288,12 +314,12 @@ class World:
         return True
 
     def mapping(self, key: str) -> Mapping | None:
-        it = self.get(mkey(key))
-        return None if it is None else mapping_from(it)
+        f = self.table.get(mkey(key))
+        return None if f is None else _map_of(f)
 
     def resource(self, res: str) -> ResourceItem | None:
-        it = self.get(rkey(res))
-        return None if it is None else resource_from(it)
+        f = self.table.get(rkey(res))
+        return None if f is None else _res_of(f)
 
     # ---------------------------------------------------------------- daemons
     def set_daemon(self, d: Daemon) -> None:
@@ -386,7 +412,10 @@ def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Re
     out: list[tuple[str, World, Reply]] = []
     a = w.clone()
     ok = a.land(wr)
-    out.append((f"{wr.kind} ok", a, Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False)))
+    out.append(
+        (f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}", a,
+         Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False))
+    )
     if w.faults >= w.cfg.max_faults:
         return out
 
@@ -593,6 +622,10 @@ def step_request(w0: World, di: int) -> Out:
     assert p is not None
     out: Out = []
     proto = w0.proto
+    if p.pc != "A2" and w0.t > p.started + w0.cfg.deadline:  # store.py:150 deadline passed
+        w = w0.clone()
+        _fail(w, w.daemons[di], p, "TIMEOUT")
+        return [(f"d{di} get_lease({p.key}) deadline passed", w)]
     if p.pc == "R0":  # acquire.py:201-203: sent = now; read the key's mappings; on_read
         for lab, w, ok in read_branches(w0):
             d = w.daemons[di]
@@ -714,7 +747,7 @@ def _candidates(w: World, now_us: int) -> list[ResourceItem]:
         if k[0] != CLIENT:
             continue
         for f in (w.table[k], *w.hist.get(k, ())):
-            it = resource_from(dict(f))
+            it = _res_of(f)
             if it.key is None and it.lease_available is not None and it.claimable(now_us):
                 seen.setdefault((it.resource, it.version), it)
     return list(seen.values())
@@ -805,6 +838,10 @@ def step_release(w0: World, di: int) -> Out:
     p = d0.req
     assert p is not None
     out: Out = []
+    if w0.t > p.started + w0.cfg.deadline:
+        w = w0.clone()
+        _fail(w, w.daemons[di], p, "TIMEOUT")
+        return [(f"d{di} release({p.key}) deadline passed", w)]
     if p.pc == "L0":  # acquire.py:548-553: read the mapping (and the resource if pending)
         for lab, w, ok in read_branches(w0):
             d = w.daemons[di]
@@ -1003,13 +1040,13 @@ def app_calls(w0: World, di: int) -> Out:
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
             w.set_daemon(replace(d.with_entry(key, None), req=Proc("get", "R0", key=key,
-                                                                    requested=requested)))
+                                                                    requested=requested, started=w.t)))
             out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:
             w = w0.clone()
             w.ops += 1
             d = _cache_drop(w, w.daemons[di], key)  # acquire.py:545
-            w.set_daemon(replace(d, req=Proc("release", "L0", key=key)))
+            w.set_daemon(replace(d, req=Proc("release", "L0", key=key, started=w.t)))
             out.append((f"d{di} release({key}) called", w))
     return out
 
@@ -1026,17 +1063,17 @@ def liberator(w0: World) -> Out:
         if k[0] != CLIENT:
             continue
         for f in (w0.table[k], *w0.hist.get(k, ())):
-            it = resource_from(dict(f))
+            it = _res_of(f)
             if it.lease_expires_us is None or it.lease_expires_us >= cutoff:
                 continue
             if (it.resource, it.version) in seen:
                 continue
             seen.add((it.resource, it.version))
             wr = liberate(it, now)
-            w = w0.clone()
-            ok = w.land(wr)
-            out.append((f"liberator liberate({it.resource}@v{it.version}) "
-                        f"{'applied' if ok else 'rejected'}", w))
+            if apply(w0.get(wr.key), wr) is not None:  # a rejected liberation changes nothing
+                w = w0.clone()
+                w.land(wr)
+                out.append((f"liberator liberate({it.resource}@v{it.version}) applied", w))
             if w0.faults < w0.cfg.max_faults:
                 w = w0.clone()
                 w.faults += 1
