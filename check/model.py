@@ -403,11 +403,12 @@ def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Re
     """Every way ``Store.write(wr, mine)`` can end, each with the world after it.
 
     ok: applied or rejected, answer received. Faults (each costs one of the budget):
-    not_sent: nothing that could apply was sent (REJECTED with error); lost_reply: applied,
-    reply lost, deadline (UNKNOWN); lost_reply+retry: applied, reply lost, the retry's
-    condition fails, read-back with ``mine`` (store.py:335); lost_request: never applied
-    (UNKNOWN); delayed: still in flight, lands at any later step (UNKNOWN), or with a retry
-    that failed its condition and a read-back.
+    NOT SENT: nothing that could apply was sent (REJECTED with error, store.py:332);
+    DELAYED/LOST: the request is in flight and lands at any later step (at once: a lost reply;
+    never: a lost request) while the daemon is told UNKNOWN (store.py:331); REPLY LOST, retry
+    rejected, read-back: applied, the retry's condition fails, the item is read back with
+    ``mine`` (store.py:335-345); DELAYED, retry rejected, read-back: the same while the first
+    attempt is still in flight.
     """
     out: list[tuple[str, World, Reply]] = []
     a = w.clone()
@@ -426,25 +427,21 @@ def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Re
 
     x = faulty("")
     out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
+    # Lost request, lost reply: both are DELAYED (it lands at any later step, at once, or
+    # never), and the daemon is told UNKNOWN at the deadline.
     x = faulty("")
-    landed = x.land(wr)
-    out.append(
-        (f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST", x, Reply(Outcome.UNKNOWN, True))
-    )
+    x.inflight = (*x.inflight, wr)
+    out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
     x = faulty("")
     landed = x.land(wr)
     out.append(
         (
-            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, read-back",
+            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
+            "read-back",
             x,
             _readback(x, wr, mine),
         )
     )
-    x = faulty("")
-    out.append((f"{wr.kind} REQUEST LOST", x, Reply(Outcome.UNKNOWN, True)))
-    x = faulty("")
-    x.inflight = (*x.inflight, wr)
-    out.append((f"{wr.kind} DELAYED (in flight)", x, Reply(Outcome.UNKNOWN, True)))
     if mine is not None:
         x = faulty("")
         x.inflight = (*x.inflight, wr)
@@ -807,7 +804,7 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
 def _after_extend_now(w: World, d: Daemon, p: Proc, res: Reply, mres: Reply | None) -> None:
     """acquire.py:423-466 (_extend's tail, then _extend_now's)."""
     assert p.lease is not None
-    step = D.after_extend(res.outcome, mres.outcome if mres else None)
+    step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
     if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
         assert p.lease.token is not None
         d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token,
@@ -1005,7 +1002,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
 
 def _extend_bg_tail(w: World, d: Daemon, p: Proc, res: Reply, mres: Reply | None) -> None:
     assert p.lease is not None
-    step = D.after_extend(res.outcome, mres.outcome if mres else None)
+    step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
     if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
         assert p.lease.token is not None
         d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token,

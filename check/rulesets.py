@@ -28,6 +28,10 @@ class Protocol:
     trust_own_claim: bool = False
     #: C: early frees claimable at once, and caches served to the lease end (S = infinity)
     no_quarantine: bool = False
+    #: a candidate fix (not production's rule): a map_extend that did not apply never frees
+    #: the resource (the live mapping may still name it); lets the checker look past the
+    #: extension race it found with the real rules (docs/checker.md)
+    fix_extend: bool = False
 
     # ---------------------------------------------------------------- the decisions
     def on_read(self, own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules) -> D.Decision:
@@ -47,6 +51,12 @@ class Protocol:
                 return D.GiveBack()
         return D.after_acquire(mapping, claim, expect_ver)
 
+    def after_extend(self, resource: Outcome, mapping: Outcome | None) -> D.ExtendStep:
+        step = D.after_extend(resource, mapping)
+        if self.fix_extend and isinstance(step, D.FreeOrphan):
+            return D.Forget("mapping extension rejected: leave the resource to the liberator")
+        return step
+
     @property
     def give_back_at_once(self) -> bool:
         return self.act_on_unknown or self.no_quarantine
@@ -65,4 +75,6 @@ REAL = Protocol()
 BAD_A = Protocol("A-act-on-unknown", act_on_unknown=True)
 BAD_B = Protocol("B-trust-own-claim", trust_own_claim=True)
 BAD_C = Protocol("C-no-quarantine", no_quarantine=True)
-PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C)}
+FIXED_EXTEND = Protocol("real+fix-extend", fix_extend=True)
+BAD = (BAD_A, BAD_B, BAD_C)
+PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, FIXED_EXTEND)}
