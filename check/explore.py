@@ -153,7 +153,11 @@ def _weight(label: str) -> float:
 
 
 def walks(
-    cfg: Config, proto: Protocol, seeds: range, max_steps: int = 200, max_seconds: float | None = None
+    cfg: Config,
+    proto: Protocol,
+    seeds: range,
+    max_steps: int = 200,
+    max_seconds: float | None = None,
 ) -> Result:
     """Many seeded walks; stops at the first violation (its seed replays it)."""
     start = time.monotonic()

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
 from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
+from typing import TypeVar
 
 from rasd import decide as D
 from rasd.decide import Outcome, Rules
@@ -86,6 +86,7 @@ class Config:
     extend_fraction: float = 0.5
     horizon: int = 16  # no tick past this true time
     deadline: int = 1  # a request fails with TIMEOUT once this many ticks have passed
+    max_calls: int = 8  # ... or once it has made this many DynamoDB calls (time stands still)
     ticks: tuple[int, ...] = (1, 3)
     max_faults: int = 2  # lost requests/replies, delayed writes, read errors
     max_crashes: int = 1
@@ -133,6 +134,7 @@ class Proc:
     cerr: bool = False
     now: int = 0  # us, the driver's `now` captured before a write
     started: int = 0  # true tick the request began (its deadline runs from here)
+    steps: int = 0  # DynamoDB calls the request has made (its deadline, in calls)
 
 
 @dataclass(frozen=True)
@@ -212,23 +214,23 @@ class World:
     """A mutable working copy of one global state; :meth:`key` is its canonical hash key."""
 
     __slots__ = (
+        "answers",
         "cfg",
+        "crashes",
+        "daemons",
+        "faults",
+        "hist",
+        "inflight",
+        "inv_q",
+        "notes",
+        "ops",
         "proto",
+        "released",
         "rules",
         "t",
         "table",
-        "hist",
-        "daemons",
-        "inflight",
-        "answers",
-        "released",
-        "faults",
-        "crashes",
-        "ops",
         "tokens",
         "violation",
-        "notes",
-        "inv_q",
     )
 
     def __init__(self, cfg: Config, proto: Protocol) -> None:
@@ -381,11 +383,16 @@ class World:
             if m is None or m.state != LIVE or m.resource is None:
                 continue
             r = self.resource(m.resource)
-            if r is not None and r.holder == m.token and r.lease_expires_us is not None:
-                if m.expires_us is not None and m.expires_us > r.lease_expires_us:
-                    self.violation = Violation(
-                        "M<=R", f"mapping of {key} ends after its resource {m.resource}"
-                    )
+            if (
+                r is not None
+                and r.holder == m.token
+                and r.lease_expires_us is not None
+                and m.expires_us is not None
+                and m.expires_us > r.lease_expires_us
+            ):
+                self.violation = Violation(
+                    "M<=R", f"mapping of {key} ends after its resource {m.resource}"
+                )
 
 
 def _tick(us: int) -> int:
@@ -414,8 +421,11 @@ def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Re
     a = w.clone()
     ok = a.land(wr)
     out.append(
-        (f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}", a,
-         Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False))
+        (
+            f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}",
+            a,
+            Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False),
+        )
     )
     if w.faults >= w.cfg.max_faults:
         return out
@@ -619,10 +629,13 @@ def step_request(w0: World, di: int) -> Out:
     assert p is not None
     out: Out = []
     proto = w0.proto
-    if p.pc != "A2" and w0.t > p.started + w0.cfg.deadline:  # store.py:150 deadline passed
-        w = w0.clone()
+    if p.pc != "A2" and (w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls):
+        w = w0.clone()  # store.py:148-150: the deadline passed
         _fail(w, w.daemons[di], p, "TIMEOUT")
         return [(f"d{di} get_lease({p.key}) deadline passed", w)]
+    p = replace(p, steps=p.steps + 1)
+    w0 = w0.clone()
+    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
     if p.pc == "R0":  # acquire.py:201-203: sent = now; read the key's mappings; on_read
         for lab, w, ok in read_branches(w0):
             d = w.daemons[di]
@@ -667,9 +680,7 @@ def step_request(w0: World, di: int) -> Out:
         for item in cands:
             for first in ("m", "c"):
                 w = w0.clone()
-                p2 = replace(
-                    p, pc="A1", item=item, now=w.now_us(d0.offset), sent=w.t, first=first
-                )
+                p2 = replace(p, pc="A1", item=item, now=w.now_us(d0.offset), sent=w.t, first=first)
                 _set_proc(w, w.daemons[di], p, p2)
                 out.append(
                     (
@@ -756,8 +767,14 @@ def _acquire_write(p: Proc, which: str) -> tuple[Write, Mine]:
     if which == "m":
         return (
             map_acquire(
-                mkey(p.key), p.expect_ver, p.token, item.resource, item.version, p.requested,
-                p.now, "owner",
+                mkey(p.key),
+                p.expect_ver,
+                p.token,
+                item.resource,
+                item.version,
+                p.requested,
+                p.now,
+                "owner",
             ),
             _names(p.token, item.resource),
         )
@@ -774,13 +791,29 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
     step = w.proto.after_acquire(p.mout, p.cout, p.expect_ver)
     if isinstance(step, D.Won):  # acquire.py:274-302
         lease = Lease(
-            CLIENT, POOL, p.key, item.resource, REGION, p.requested, item.version + 1, p.now,
+            CLIENT,
+            POOL,
+            p.key,
+            item.resource,
+            REGION,
+            p.requested,
+            item.version + 1,
+            p.now,
             p.token,
         )
         d = _cache_put(w, d, lease, p.sent)
         pending = Mapping(
-            CLIENT, POOL, p.key, REGION, p.expect_ver + 1, PENDING, p.token, item.resource,
-            item.version, p.requested, p.now,
+            CLIENT,
+            POOL,
+            p.key,
+            REGION,
+            p.expect_ver + 1,
+            PENDING,
+            p.token,
+            item.resource,
+            item.version,
+            p.requested,
+            p.now,
         )
         d = _spawn(w, d, Proc("confirm", "K1", m=pending))
         _serve(w, d, p, lease)
@@ -789,8 +822,16 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
     elif isinstance(step, D.GiveBack):  # acquire.py:307-310: give back, then read again
         d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
         _spawn(
-            w, d, Proc("free_claim", "G1", key=p.key, token=p.token, item=item,
-                       at_once=w.proto.give_back_at_once),
+            w,
+            d,
+            Proc(
+                "free_claim",
+                "G1",
+                key=p.key,
+                token=p.token,
+                item=item,
+                at_once=w.proto.give_back_at_once,
+            ),
         )
     elif isinstance(step, D.FenceOwnClaim):  # acquire.py:311-314
         d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
@@ -807,8 +848,17 @@ def _after_extend_now(w: World, d: Daemon, p: Proc, res: Reply, mres: Reply | No
     step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
     if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
         assert p.lease.token is not None
-        d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token,
-                              item=w.resource(p.lease.resource) or _stub(p.lease.resource)))
+        d = _spawn(
+            w,
+            d,
+            Proc(
+                "free_claim",
+                "G1",
+                key=p.key,
+                token=p.lease.token,
+                item=w.resource(p.lease.resource) or _stub(p.lease.resource),
+            ),
+        )
     if isinstance(step, D.Extended):  # acquire.py:449-453
         new = replace(p.lease, expires_us=p.requested)
         d = _cache_put(w, d, new, p.sent)
@@ -835,10 +885,13 @@ def step_release(w0: World, di: int) -> Out:
     p = d0.req
     assert p is not None
     out: Out = []
-    if w0.t > p.started + w0.cfg.deadline:
+    if w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls:
         w = w0.clone()
         _fail(w, w.daemons[di], p, "TIMEOUT")
         return [(f"d{di} release({p.key}) deadline passed", w)]
+    p = replace(p, steps=p.steps + 1)
+    w0 = w0.clone()
+    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
     if p.pc == "L0":  # acquire.py:548-553: read the mapping (and the resource if pending)
         for lab, w, ok in read_branches(w0):
             d = w.daemons[di]
@@ -878,8 +931,11 @@ def step_release(w0: World, di: int) -> Out:
                 d = _cache_drop(w, d, p.key)
                 w.release_done(tok)
                 d = _set_proc(w, d, p, None)
-                _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=tok,
-                                  item=_stub(p.lease.resource)))  # acquire.py:575
+                _spawn(
+                    w,
+                    d,
+                    Proc("free_claim", "G1", key=p.key, token=tok, item=_stub(p.lease.resource)),
+                )  # acquire.py:575
             out.append((f"d{di} release({p.key}) {lab}", w))
     elif p.pc == "L3":  # acquire.py:578: map_drop_dead, then read again
         assert p.m is not None
@@ -954,8 +1010,9 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
                 d = w.daemons[di]
                 cur = w.resource(p.item.resource) if ok else None
                 if ok and cur is not None and cur.holder == p.token:
-                    _set_proc(w, d, p, Proc("free_claim", "G1", key=p.key, token=p.token,
-                                            item=p.item))
+                    _set_proc(
+                        w, d, p, Proc("free_claim", "G1", key=p.key, token=p.token, item=p.item)
+                    )
                 else:
                     _set_proc(w, d, p, None)
                 out.append((f"d{di} bg fence_own({p.item.resource}) {lab} resource", w))
@@ -1005,8 +1062,11 @@ def _extend_bg_tail(w: World, d: Daemon, p: Proc, res: Reply, mres: Reply | None
     step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
     if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
         assert p.lease.token is not None
-        d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token,
-                              item=_stub(p.lease.resource)))
+        d = _spawn(
+            w,
+            d,
+            Proc("free_claim", "G1", key=p.key, token=p.lease.token, item=_stub(p.lease.resource)),
+        )
     if isinstance(step, D.Extended):  # acquire.py:474-478
         d = _cache_put(w, d, replace(p.lease, expires_us=p.requested), p.sent)
     else:
@@ -1036,8 +1096,12 @@ def app_calls(w0: World, di: int) -> Out:
             _maybe_refresh(w, d, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
-            w.set_daemon(replace(d.with_entry(key, None), req=Proc("get", "R0", key=key,
-                                                                    requested=requested, started=w.t)))
+            w.set_daemon(
+                replace(
+                    d.with_entry(key, None),
+                    req=Proc("get", "R0", key=key, requested=requested, started=w.t),
+                )
+            )
             out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:
             w = w0.clone()
@@ -1098,8 +1162,13 @@ def successors(w0: World) -> Out:
         w = w0.clone()
         ok = w.land(wr)
         w.inflight = w0.inflight[:i] + w0.inflight[i + 1 :]
-        out.append((f"in-flight {wr.kind} on {wr.key[1] if wr.key[0] == CLIENT else wr.key[0]} "
-                    f"lands: {'applied' if ok else 'rejected'}", w))
+        out.append(
+            (
+                f"in-flight {wr.kind} on {wr.key[1] if wr.key[0] == CLIENT else wr.key[0]} "
+                f"lands: {'applied' if ok else 'rejected'}",
+                w,
+            )
+        )
     if w0.cfg.liberator:
         out += liberator(w0)
     for dt in w0.cfg.ticks:
@@ -1118,4 +1187,4 @@ def initial(cfg: Config, proto: Protocol) -> World:
     return World(cfg, proto)
 
 
-__all__ = ["Config", "World", "initial", "successors", "FREE", "field"]
+__all__ = ["FREE", "Config", "World", "field", "initial", "successors"]

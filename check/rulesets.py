@@ -34,10 +34,17 @@ class Protocol:
     fix_extend: bool = False
 
     # ---------------------------------------------------------------- the decisions
-    def on_read(self, own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules) -> D.Decision:
-        if self.trust_own_claim and own is not None and own.state == PENDING:
-            if own.expires_us is not None and own.expires_us - rules.margin_us > now_us:
-                return D.Serve(lease_from_mapping(own), confirm=own)
+    def on_read(
+        self, own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules
+    ) -> D.Decision:
+        if (
+            self.trust_own_claim
+            and own is not None
+            and own.state == PENDING
+            and own.expires_us is not None
+            and own.expires_us - rules.margin_us > now_us
+        ):
+            return D.Serve(lease_from_mapping(own), confirm=own)
         return D.on_read(own, others, now_us, rules)
 
     def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:

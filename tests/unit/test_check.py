@@ -24,7 +24,7 @@ TINY = Config(
     resources=("ra",),
     max_faults=1,
     max_crashes=0,
-    max_ops=3,
+    max_ops=2,
     horizon=0,
     liberator=False,
     release=False,
@@ -47,22 +47,21 @@ def test_bad_b_trust_own_claim_is_caught() -> None:
 
 def test_bad_c_no_quarantine_is_caught() -> None:
     """C: an early release frees the resource at once while caches still serve it."""
-    cfg = dataclasses.replace(WALK, daemons=2, resources=("ra", "rb"))
-    res = walks(cfg, BAD_C, range(200), 150, max_seconds=30)
+    res = walks(WALK, BAD_C, range(300), 120, max_seconds=50)
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
 
 
 def test_real_rules_pass_tiny_exhaustively() -> None:
     """Every interleaving of TINY (one fault) keeps I1 and I2 with the real rules."""
-    res = bfs(TINY, REAL, max_seconds=50)
+    res = bfs(TINY, REAL, max_seconds=150)
     assert res.complete
     assert res.violation is None, format_trace(res)
 
 
 def test_walks_replay_from_their_seed() -> None:
     """A seed replays the same walk: the trace printed with a violation is reproducible."""
-    a = walk(WALK, BAD_C, 28, 150)
-    b = walk(WALK, BAD_C, 28, 150)
+    a = walk(WALK, BAD_C, 7, 100)
+    b = walk(WALK, BAD_C, 7, 100)
     assert a.trace == b.trace
 
 
@@ -163,7 +162,6 @@ def test_found_release_landing_after_its_deadline() -> None:
     assert res.violation is not None and res.violation.name == "I2", format_trace(res)
 
 
-@pytest.mark.parametrize("seed", [0])
-def test_quick_bfs_config_is_the_ci_one(seed: int) -> None:
-    """The CI configuration stays small (python -m check --quick explores it)."""
-    assert QUICK_BFS.daemons == 2 and QUICK_BFS.max_faults == 1 and seed == 0
+def test_quick_bfs_config_is_tiny() -> None:
+    """The CI run (python -m check --quick) explores the configuration tested here."""
+    assert QUICK_BFS == TINY
