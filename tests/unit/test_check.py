@@ -34,26 +34,26 @@ TINY = Config(
 def test_bad_a_act_on_unknown_is_caught() -> None:
     """A: giving a claim back at once after the mapping write's reply was lost lets two keys
     hold one resource (the pending mapping already names the claim)."""
-    res = bfs(TINY, BAD_A, max_seconds=30)
+    res = bfs(TINY, BAD_A, max_states=100_000)
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
-    assert any("REPLY LOST" in lab or "LOST" in lab for lab, _ in res.trace)
+    assert any("LOST" in lab for lab, _ in res.trace), format_trace(res)
 
 
 def test_bad_b_trust_own_claim_is_caught() -> None:
     """B: serving a pending mapping unverified (or a claim whose mapping write lost)."""
-    res = bfs(TINY, BAD_B, max_seconds=30)
+    res = bfs(TINY, BAD_B, max_states=100_000)
     assert res.violation is not None, format_trace(res)
 
 
 def test_bad_c_no_quarantine_is_caught() -> None:
     """C: an early release frees the resource at once while caches still serve it."""
-    res = walks(WALK, BAD_C, range(300), 120, max_seconds=50)
+    res = walks(WALK, BAD_C, range(300), 120)
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
 
 
 def test_real_rules_pass_tiny_exhaustively() -> None:
     """Every interleaving of TINY (one fault) keeps I1 and I2 with the real rules."""
-    res = bfs(TINY, REAL, max_seconds=150)
+    res = bfs(TINY, REAL)  # about 57,000 states, 20 s of CPU
     assert res.complete
     assert res.violation is None, format_trace(res)
 
@@ -94,6 +94,7 @@ def test_found_extension_race_frees_a_live_lease() -> None:
     steps = [
         *_ACQUIRE_K1,
         "time +5",
+        "time +1",
         "time +1",
         "d0 get_lease(k1) called",
         "d0 get_lease(k1) read mapping",
