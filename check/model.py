@@ -373,8 +373,9 @@ class World:
         now = self.true_us()
         live = frozenset(a for a in self.answers if self._end(a, True) > now)
         self.answers = live
-        toks = {a.token for a in live}
-        self.released = tuple(sorted((tk, t) for tk, t in self.released if tk in toks))
+        # A release matters to answers given until rel + Q (later ones have empty intervals),
+        # including answers for its token given after it (a reader that read before it).
+        self.released = tuple(sorted((tk, t) for tk, t in self.released if t + self.inv_q > now))
 
     def check_state(self) -> None:
         """Cheap state invariant: a live mapping never outlives its resource's lease."""
@@ -693,7 +694,14 @@ def step_request(w0: World, di: int) -> Out:
     elif p.pc in ("A1", "A2"):  # acquire.py:269-272: the two writes, gathered
         which = p.first if p.pc == "A1" else ("c" if p.first == "m" else "m")
         wr, mine = _acquire_write(p, which)
-        for lab, w, rep in write_branches(w0, wr, mine):
+        branches = write_branches(w0, wr, mine)
+        if w0.t > p.started + w0.cfg.deadline:
+            # Sent in time, answered after the deadline: the store says UNKNOWN, the write may
+            # still land (store.py:196-197).
+            x = w0.clone()
+            x.inflight = (*x.inflight, wr)
+            branches = [(f"{wr.kind} answered after the deadline", x, Reply(Outcome.UNKNOWN, True))]
+        for lab, w, rep in branches:
             d = w.daemons[di]
             if which == "m":
                 p2 = replace(p, mout=rep.outcome, merr=rep.error)
