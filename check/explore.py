@@ -56,10 +56,13 @@ def bfs(
     proto: Protocol,
     max_states: int | None = None,
     max_seconds: float | None = None,
+    prefix: list[str] | None = None,
 ) -> Result:
+    """Every state reachable within ``cfg``'s bounds, from the initial state or from the
+    state a written ``prefix`` (see :func:`script`) leads to."""
     start = time.monotonic()
     res = Result(proto.name, "bfs")
-    w0 = initial(cfg, proto)
+    w0 = initial(cfg, proto) if not prefix else _run(cfg, proto, prefix)
     k0 = w0.key()
     parent: dict[object, tuple[object, str, int]] = {k0: (None, "", 0)}
     queue: deque[tuple[World, int]] = deque([(w0, 0)])
@@ -72,7 +75,7 @@ def bfs(
             if nxt.violation is not None:
                 parent.setdefault(kn, (kw, label, depth + 1))
                 res.violation = nxt.violation
-                res.trace = _trace(cfg, proto, parent, kn)
+                res.trace = _trace(cfg, proto, parent, kn, prefix)
                 res.states = len(parent)
                 res.seconds = time.monotonic() - start
                 return res
@@ -92,7 +95,11 @@ def bfs(
 
 
 def _trace(
-    cfg: Config, proto: Protocol, parent: dict[object, tuple[object, str, int]], k: object
+    cfg: Config,
+    proto: Protocol,
+    parent: dict[object, tuple[object, str, int]],
+    k: object,
+    prefix: list[str] | None = None,
 ) -> list[Step]:
     """The path to ``k``, replayed from the initial state to collect each step's notes."""
     keys: list[object] = []
@@ -101,8 +108,8 @@ def _trace(
         keys.append(cur)
         cur = parent[cur][0]
     keys.reverse()
-    w = initial(cfg, proto)
-    steps: list[Step] = []
+    w = initial(cfg, proto) if not prefix else _run(cfg, proto, prefix)
+    steps: list[Step] = [(f"(prefix) {lab}", []) for lab in prefix or []]
     for nk in keys[1:]:
         for label, nxt in successors(w):
             if nxt.key() == nk:
@@ -210,3 +217,12 @@ def script(cfg: Config, proto: Protocol, labels: list[str]) -> Result:
             break
     res.states = res.transitions + 1
     return res
+
+
+def _run(cfg: Config, proto: Protocol, labels: list[str]) -> World:
+    w = initial(cfg, proto)
+    for want in labels:
+        want = want.split("] ", 1)[-1]
+        w = next(nxt for lab, nxt in successors(w) if lab.startswith(want))
+    w.ops = 0  # the prefix's app calls do not count against the bound
+    return w
