@@ -166,3 +166,26 @@ def test_found_release_landing_after_its_deadline() -> None:
 def test_quick_bfs_config_is_tiny() -> None:
     """The CI run (python -m check --quick) explores the configuration tested here."""
     assert QUICK_BFS == TINY
+
+
+def test_found_quarantine_short_by_the_clock_skew() -> None:
+    """FINDING (real rules, no fault): the quarantine of an early free is written on the
+    freeing daemon's clock (now + Q) and checked on the claimer's clock; a claimer whose clock
+    is ahead by the skew takes the resource at rel + Q - skew, while I1 holds the released
+    answer valid until rel + Q."""
+    cfg = dataclasses.replace(_ONE, release=True, ticks=(1,))
+    steps = [
+        *_ACQUIRE_K1,
+        "d0 release(k1) called",
+        "d0 release(k1) read mapping",
+        "d0 release(k1) map_release APPLIED",
+        "d0 bg free_claim(ra, t1) free_claim APPLIED",
+        "time +1",
+        "time +1",
+        "time +1",
+        "time +1",
+        *_K2_TAKES_RA,
+    ]
+    res = script(cfg, REAL, steps)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    assert "valid until 5" in res.violation.detail and "at t=4" in res.violation.detail
