@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean
+.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full check-protocol clean
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ sim: $(STAMP)
 
 sim-full: $(STAMP)
 	$(BIN)/python -m sim --full
+
+# The protocol model checker (docs/checker.md): deep mode; CI runs `python -m check --quick`.
+check-protocol: $(STAMP)
+	$(BIN)/python -m check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

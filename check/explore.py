@@ -1,0 +1,228 @@
+"""Exhaustive breadth-first exploration with state hashing, and seeded random walks.
+
+BFS visits every state reachable within the configuration's bounds once (a state is its
+canonical :meth:`check.model.World.key`), checks the invariants on every transition and stops
+at the first violation, which it returns as the shortest trace to it. A random walk follows
+one seeded path; the same seed replays the same path.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .model import Config, Violation, World, initial, successors
+from .rulesets import Protocol
+
+Step = tuple[str, list[str]]  # label, notes (answers, releases, errors) of that step
+
+
+@dataclass
+class Result:
+    protocol: str
+    mode: str
+    states: int = 0
+    transitions: int = 0
+    max_depth: int = 0
+    seconds: float = 0.0
+    complete: bool = True  # False: stopped by the state or time budget
+    violation: Violation | None = None
+    trace: list[Step] = field(default_factory=list)
+    seed: int | None = None
+    walks: int = 0
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "protocol": self.protocol,
+            "mode": self.mode,
+            "states": self.states,
+            "transitions": self.transitions,
+            "max_depth": self.max_depth,
+            "seconds": round(self.seconds, 2),
+            "complete": self.complete,
+            "walks": self.walks,
+            "violation": None
+            if self.violation is None
+            else {"invariant": self.violation.name, "detail": self.violation.detail},
+            "seed": self.seed,
+            "trace": [lab + "".join(f"\n      {n}" for n in notes) for lab, notes in self.trace],
+        }
+
+
+def bfs(
+    cfg: Config,
+    proto: Protocol,
+    max_states: int | None = None,
+    max_seconds: float | None = None,
+    prefix: list[str] | None = None,
+) -> Result:
+    """Every state reachable within ``cfg``'s bounds, from the initial state or from the
+    state a written ``prefix`` (see :func:`script`) leads to."""
+    start = time.monotonic()
+    res = Result(proto.name, "bfs")
+    w0 = initial(cfg, proto) if not prefix else _run(cfg, proto, prefix)
+    k0 = w0.key()
+    parent: dict[object, tuple[object, str, int]] = {k0: (None, "", 0)}
+    queue: deque[tuple[World, int]] = deque([(w0, 0)])
+    while queue:
+        w, depth = queue.popleft()
+        kw = w.key()
+        for label, nxt in successors(w):
+            res.transitions += 1
+            kn = nxt.key()
+            if nxt.violation is not None:
+                parent.setdefault(kn, (kw, label, depth + 1))
+                res.violation = nxt.violation
+                res.trace = _trace(cfg, proto, parent, kn, prefix)
+                res.states = len(parent)
+                res.seconds = time.monotonic() - start
+                return res
+            if kn in parent:
+                continue
+            parent[kn] = (kw, label, depth + 1)
+            res.max_depth = max(res.max_depth, depth + 1)
+            queue.append((nxt, depth + 1))
+        if (max_states is not None and len(parent) >= max_states) or (
+            max_seconds is not None and time.monotonic() - start > max_seconds
+        ):
+            res.complete = False
+            break
+    res.states = len(parent)
+    res.seconds = time.monotonic() - start
+    return res
+
+
+def _trace(
+    cfg: Config,
+    proto: Protocol,
+    parent: dict[object, tuple[object, str, int]],
+    k: object,
+    prefix: list[str] | None = None,
+) -> list[Step]:
+    """The path to ``k``, replayed from the initial state to collect each step's notes."""
+    keys: list[object] = []
+    cur: object = k
+    while cur is not None:
+        keys.append(cur)
+        cur = parent[cur][0]
+    keys.reverse()
+    w = initial(cfg, proto) if not prefix else _run(cfg, proto, prefix)
+    steps: list[Step] = [(f"(prefix) {lab}", []) for lab in prefix or []]
+    for nk in keys[1:]:
+        for label, nxt in successors(w):
+            if nxt.key() == nk:
+                steps.append((f"[t={w.t}] {label}", list(nxt.notes)))
+                w = nxt
+                break
+        else:  # pragma: no cover - the model is deterministic
+            raise AssertionError("trace does not replay")
+    return steps
+
+
+def walk(cfg: Config, proto: Protocol, seed: int, max_steps: int = 200) -> Result:
+    """One seeded random walk (the same seed, config and rules replay it exactly)."""
+    start = time.monotonic()
+    rng = random.Random(seed)
+    res = Result(proto.name, "walk", seed=seed, walks=1)
+    w = initial(cfg, proto)
+    steps: list[Step] = []
+    for _ in range(max_steps):
+        nxt = successors(w)
+        if not nxt:
+            break
+        res.transitions += 1
+        label, w2 = rng.choices(nxt, weights=[_weight(lab) for lab, _ in nxt])[0]
+        steps.append((f"[t={w.t}] {label}", list(w2.notes)))
+        w = w2
+        if w.violation is not None:
+            res.violation = w.violation
+            res.trace = steps
+            break
+    res.states = res.transitions + 1
+    res.max_depth = len(steps)
+    res.seconds = time.monotonic() - start
+    return res
+
+
+_FAULTS = ("NOT SENT", "REPLY LOST", "REQUEST LOST", "DELAYED", "FAILED", "CRASHES")
+
+
+def _weight(label: str) -> float:
+    """Walks prefer progress: time and faults are rarer than protocol steps (each stays
+    possible at every step, as in the exhaustive search)."""
+    if label.startswith("time +"):
+        return 0.3
+    if any(f in label for f in _FAULTS):
+        return 0.15
+    return 1.0
+
+
+def walks(
+    cfg: Config,
+    proto: Protocol,
+    seeds: range,
+    max_steps: int = 200,
+    max_seconds: float | None = None,
+) -> Result:
+    """Many seeded walks; stops at the first violation (its seed replays it)."""
+    start = time.monotonic()
+    total = Result(proto.name, "walks")
+    for seed in seeds:
+        r = walk(cfg, proto, seed, max_steps)
+        total.walks += 1
+        total.transitions += r.transitions
+        total.states += r.states
+        total.max_depth = max(total.max_depth, r.max_depth)
+        if r.violation is not None:
+            total.violation, total.trace, total.seed = r.violation, r.trace, seed
+            break
+        if max_seconds is not None and time.monotonic() - start > max_seconds:
+            total.complete = False
+            break
+    total.seconds = time.monotonic() - start
+    return total
+
+
+def format_trace(res: Result) -> str:
+    lines = []
+    if res.violation is not None:
+        lines.append(f"VIOLATION of {res.violation.name}: {res.violation.detail}")
+    if res.seed is not None:
+        lines.append(f"seed {res.seed}")
+    for i, (label, notes) in enumerate(res.trace, 1):
+        lines.append(f"{i:3d}. {label}")
+        lines.extend(f"       {n}" for n in notes)
+    return "\n".join(lines)
+
+
+def script(cfg: Config, proto: Protocol, labels: list[str]) -> Result:
+    """Follow a written scenario: each entry must match the start of exactly the label of one
+    enabled step (the first such step is taken). Replays a trace printed by the checker."""
+    res = Result(proto.name, "script")
+    w = initial(cfg, proto)
+    for want in labels:
+        want = want.split("] ", 1)[-1]  # accept lines copied from a printed trace
+        choices = [(lab, nxt) for lab, nxt in successors(w) if lab.startswith(want)]
+        if not choices:
+            opts = "\n  ".join(lab for lab, _ in successors(w))
+            raise ValueError(f"step {want!r} is not enabled at t={w.t}; enabled:\n  {opts}")
+        label, nxt = choices[0]
+        res.trace.append((f"[t={w.t}] {label}", list(nxt.notes)))
+        res.transitions += 1
+        w = nxt
+        if w.violation is not None:
+            res.violation = w.violation
+            break
+    res.states = res.transitions + 1
+    return res
+
+
+def _run(cfg: Config, proto: Protocol, labels: list[str]) -> World:
+    w = initial(cfg, proto)
+    for want in labels:
+        want = want.split("] ", 1)[-1]
+        w = next(nxt for lab, nxt in successors(w) if lab.startswith(want))
+    w.ops = 0  # the prefix's app calls do not count against the bound
+    return w

@@ -1,0 +1,1267 @@
+"""The model: one DynamoDB table, daemons following ``rasd.acquire`` step by step, the liberator.
+
+Theory of operation
+-------------------
+A :class:`World` is one global state: the table (plain dicts, every write through
+``rasd.writes.apply`` with the very ``Write`` production sends), a short history of each
+resource item (the lagging ``available_resources`` index and the liberator's scan read from
+it), the daemons (clock offset, request process, background processes, lease cache), writes
+still in flight, the answers given to apps that may still be valid, and the fault budget.
+
+:func:`successors` lists every step any process may take from a world, each as
+``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
+processes with a program counter (``Proc.pc``); each step is one DynamoDB call of the driver
+(``rasd/acquire.py``), and the comment ``# acquire.py:NNN`` on each step names the driver line
+it mirrors. Decisions are the real ``rasd.decide`` functions, reached through a
+:class:`check.rulesets.Protocol` so the known-bad rule sets can replace one of them.
+
+Time is discrete: ``World.t`` is the true time in ticks (one tick = one second); a daemon's
+clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is given.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from dataclasses import replace as _dc_replace
+from typing import TypeVar
+
+from rasd import decide as D
+from rasd.decide import Outcome, Rules
+from rasd.lease import (
+    FREE,
+    LIVE,
+    PENDING,
+    US,
+    Lease,
+    Mapping,
+    ResourceItem,
+    claim,
+    extend_resource,
+    fence_resource,
+    fmt_time,
+    free_claim,
+    liberate,
+    map_acquire,
+    map_confirm,
+    map_drop_dead,
+    map_extend,
+    map_pk,
+    map_release,
+    mapping_from,
+    partition_name,
+    partition_of,
+    resource_from,
+    should_extend,
+)
+from rasd.writes import ItemKey, Value, Write, apply
+
+from .rulesets import Protocol
+
+CLIENT, POOL, REGION = "c", "p", "r1"
+T0 = 1_700_000_000  # seconds since the epoch at tick 0
+Item = dict[str, Value]
+FrozenItem = tuple[tuple[str, Value], ...]
+Mine = Callable[[Item], bool] | None
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to explore. Times in ticks (seconds)."""
+
+    daemons: int = 2
+    keys: tuple[str, ...] = ("k1", "k2")
+    resources: tuple[str, ...] = ("ra", "rb", "rc")
+    #: clock offset of each daemon (ticks); any two hosts differ by at most ``skew``
+    offsets: tuple[int, ...] = (0, 1, 0, 1, 0, 1)
+    liberator_offset: int = 1
+    skew: int = 1
+    margin: int = 1
+    pending_hold: int = 2
+    confirm: int = 3  # S
+    lag: int = 1  # replication lag term of the quarantine (config.quarantine)
+    lease: int = 12  # every get_lease asks for now + lease (longer than Q, as in production)
+    extend_fraction: float = 0.5
+    horizon: int = 16  # no tick past this true time
+    deadline: int = 1  # a request fails with TIMEOUT once this many ticks have passed
+    max_calls: int = 8  # ... or once it has made this many DynamoDB calls (time stands still)
+    ticks: tuple[int, ...] = (1, 3)
+    max_faults: int = 2  # lost requests/replies, delayed writes, read errors
+    max_crashes: int = 1
+    max_ops: int = 4  # app calls (get_lease / release) in one run
+    history: int = 2  # earlier versions of each resource item the lagging index may return
+    free_claim_attempts: int = 2  # the driver tries 6; 2 already covers "retried after error"
+    liberator: bool = True
+    release: bool = True
+
+    @property
+    def quarantine(self) -> int:
+        return self.confirm + self.skew + self.lag  # config.quarantine
+
+    def rules(self) -> Rules:
+        return Rules(
+            margin_us=self.margin * US,
+            grace_us=self.skew * US,
+            pending_hold_us=self.pending_hold * US,
+            quarantine_us=self.quarantine * US,
+            confirm_us=self.confirm * US,
+        )
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of a daemon: its request, or a background task. A bag of the driver's
+    local variables; ``pc`` says which step is next."""
+
+    kind: str
+    pc: str
+    key: str = ""
+    requested: int = 0  # us
+    sent: int = 0  # true tick the confirming read/write was sent
+    expect_ver: int = 0
+    token: str = ""
+    m: Mapping | None = None
+    item: ResourceItem | None = None
+    lease: Lease | None = None
+    attempts: int = 0
+    at_once: bool = False  # free_claim: claimable at once (known-bad rule set A only)
+    first: str = ""  # acquire: which of the two writes was delivered first ("m" or "c")
+    mout: Outcome | None = None
+    cout: Outcome | None = None
+    merr: bool = False
+    cerr: bool = False
+    now: int = 0  # us, the driver's `now` captured before a write
+    started: int = 0  # true tick the request began (its deadline runs from here)
+    steps: int = 0  # DynamoDB calls the request has made (its deadline, in calls)
+
+
+@dataclass(frozen=True)
+class Entry:
+    lease: Lease
+    confirmed: int  # true tick (monotonic clock)
+    until: int  # true tick after which the cache no longer serves it
+
+
+@dataclass(frozen=True)
+class Daemon:
+    idx: int
+    offset: int
+    req: Proc | None = None
+    bg: tuple[Proc, ...] = ()
+    cache: tuple[tuple[str, Entry], ...] = ()
+    refreshing: frozenset[str] = frozenset()
+
+    def entry(self, key: str) -> Entry | None:
+        return next((e for k, e in self.cache if k == key), None)
+
+    def with_entry(self, key: str, e: Entry | None) -> Daemon:
+        rest = tuple((k, x) for k, x in self.cache if k != key)
+        if e is not None:
+            rest = tuple(sorted((*rest, (key, e)), key=lambda kv: kv[0]))
+        return replace(self, cache=rest)
+
+
+@dataclass(frozen=True)
+class Answer:
+    key: str
+    resource: str
+    exp: int  # us
+    token: str
+    at: int = 0  # true us when it was given
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    detail: str
+
+
+def replace(obj: _T, **kw: object) -> _T:
+    """``dataclasses.replace`` for the model's own (dict-backed, frozen) dataclasses, fast."""
+    if not hasattr(obj, "__dict__"):
+        return _dc_replace(obj, **kw)  # type: ignore[type-var]
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(kw)
+    return new
+
+
+@functools.lru_cache(maxsize=200_000)
+def _res_of(f: FrozenItem) -> ResourceItem:
+    return resource_from(dict(f))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _map_of(f: FrozenItem) -> Mapping:
+    return mapping_from(dict(f))
+
+
+def freeze(it: Item | None) -> FrozenItem | None:
+    return None if it is None else tuple(sorted(it.items()))
+
+
+def mkey(key: str) -> ItemKey:
+    return (map_pk(CLIENT, POOL, key), REGION)
+
+
+def rkey(res: str) -> ItemKey:
+    return (CLIENT, res)
+
+
+# ----------------------------------------------------------------------------- the world
+class World:
+    """A mutable working copy of one global state; :meth:`key` is its canonical hash key."""
+
+    __slots__ = (
+        "answers",
+        "cfg",
+        "crashes",
+        "daemons",
+        "faults",
+        "hist",
+        "inflight",
+        "inv_q",
+        "notes",
+        "ops",
+        "proto",
+        "release_calls",
+        "released",
+        "rules",
+        "t",
+        "table",
+        "tokens",
+        "violation",
+    )
+
+    def __init__(self, cfg: Config, proto: Protocol) -> None:
+        self.cfg = cfg
+        self.proto = proto
+        self.rules = proto.rules(cfg.rules())
+        self.inv_q = cfg.rules().quarantine_us  # the invariants' Q: the real rules', always
+        self.t = 0
+        self.table: dict[ItemKey, FrozenItem] = {}
+        self.hist: dict[ItemKey, tuple[FrozenItem, ...]] = {}
+        for r in cfg.resources:
+            self.table[rkey(r)] = freeze(
+                {
+                    "client_id": CLIENT,
+                    "resource": r,
+                    "pool_id": POOL,
+                    "region": REGION,
+                    "partition": partition_name(CLIENT, POOL, REGION, partition_of(r)),
+                    "lease_available": fmt_time(T0 * US),
+                    "version": 0,
+                }
+            )  # type: ignore[assignment]
+            self.hist[rkey(r)] = ()
+        self.daemons = tuple(Daemon(i, cfg.offsets[i]) for i in range(cfg.daemons))
+        self.inflight: tuple[Write, ...] = ()
+        self.answers: frozenset[Answer] = frozenset()
+        self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
+        self.release_calls: tuple[tuple[str, int], ...] = ()  # (key, true us of the call)
+        self.faults = 0
+        self.crashes = 0
+        self.ops = 0
+        self.tokens = 0
+        self.violation: Violation | None = None
+        self.notes: list[str] = []
+
+    def clone(self) -> World:
+        w = World.__new__(World)
+        for s in World.__slots__:
+            setattr(w, s, getattr(self, s))
+        w.table = dict(self.table)
+        w.hist = dict(self.hist)
+        w.notes = []
+        return w
+
+    def key(self) -> tuple[object, ...]:
+        return (
+            self.t,
+            tuple(sorted(self.table.items())),
+            tuple(sorted(self.hist.items())),
+            self.daemons,
+            tuple(sorted(self.inflight, key=repr)),
+            tuple(sorted((a.key, a.resource, a.exp, a.token) for a in self.answers)),
+            self.released,
+            self.release_calls,
+            self.faults,
+            self.crashes,
+            self.ops,
+            self.tokens,
+        )
+
+    # --------------------------------------------------------------------- clocks
+    def true_us(self) -> int:
+        return (T0 + self.t) * US
+
+    def now_us(self, offset: int) -> int:
+        return (T0 + self.t + offset) * US
+
+    # ---------------------------------------------------------------------- table
+    def get(self, k: ItemKey) -> Item | None:
+        f = self.table.get(k)
+        return None if f is None else dict(f)
+
+    def put(self, k: ItemKey, it: Item) -> None:
+        old = self.table.get(k)
+        if k[0] == CLIENT and old is not None:
+            h = (old, *self.hist.get(k, ()))
+            self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.history]
+        self.table[k] = freeze(it)  # type: ignore[assignment]
+
+    def land(self, w: Write) -> bool:
+        new = apply(self.get(w.key), w)
+        if new is None:
+            return False
+        self.put(w.key, new)
+        return True
+
+    def mapping(self, key: str) -> Mapping | None:
+        f = self.table.get(mkey(key))
+        return None if f is None else _map_of(f)
+
+    def resource(self, res: str) -> ResourceItem | None:
+        f = self.table.get(rkey(res))
+        return None if f is None else _res_of(f)
+
+    # ---------------------------------------------------------------- daemons
+    def set_daemon(self, d: Daemon) -> None:
+        ds = list(self.daemons)
+        ds[d.idx] = d
+        self.daemons = tuple(ds)
+
+    def new_token(self) -> str:
+        self.tokens += 1
+        return f"t{self.tokens}"
+
+    # ---------------------------------------------------------- the invariants
+    def _end(self, a: Answer, quarantine: bool) -> int:
+        """When answer ``a`` stops being valid (docs/design.md, I1 and I2).
+
+        I1 (``quarantine``): at its lease end, or, once its lease's release has completed,
+        Q - max_clock_skew after it (the quarantine, as the most advanced clock sees it).
+        I2: at its lease end, or when the app calls release(key) after it, whatever that
+        call answers (an app that asked to release stops using the lease)."""
+        if quarantine:
+            rel = next((t for tok, t in self.released if tok == a.token), None)
+            if rel is None:
+                return a.exp
+            return min(a.exp, rel + self.inv_q - self.cfg.rules().grace_us)
+        call = min((t for k, t in self.release_calls if k == a.key and t >= a.at), default=None)
+        return a.exp if call is None else min(a.exp, call)
+
+    def answer(self, d: Daemon, key: str, lease: Lease) -> None:
+        """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
+        now = self.true_us()
+        new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now)
+        self.notes.append(
+            f"ANSWER d{d.idx} {key} -> {lease.resource} tok={lease.token} "
+            f"exp={_tick(lease.expires_us)}"
+        )
+        for a in self.answers:
+            if a.resource == new.resource and a.key != key and self._end(a, True) > now:
+                self.violation = Violation(
+                    "I1",
+                    f"{new.resource} answered to {a.key} (tok {a.token}, valid until "
+                    f"{_tick(self._end(a, True))}) and now to {key} (tok {new.token}) at "
+                    f"t={self.t}",
+                )
+            if a.key == key and a.resource != new.resource and self._end(a, False) > now:
+                self.violation = Violation(
+                    "I2",
+                    f"{key} answered {a.resource} (tok {a.token}, valid until "
+                    f"{_tick(self._end(a, False))}) and now {new.resource} (tok {new.token}) "
+                    f"at t={self.t}",
+                )
+        self.answers = self.answers | {new}
+
+    def release_called(self, key: str) -> None:
+        self.release_calls = (*self.release_calls, (key, self.true_us()))
+
+    def release_done(self, token: str) -> None:
+        self.notes.append(f"RELEASED tok={token}")
+        self.released = (*self.released, (token, self.true_us()))
+
+    def prune(self) -> None:
+        now = self.true_us()
+        live = frozenset(a for a in self.answers if self._end(a, True) > now)
+        self.answers = live
+        # A release matters to answers given until rel + Q (later ones have empty intervals),
+        # including answers for its token given after it (a reader that read before it).
+        self.released = tuple(sorted((tk, t) for tk, t in self.released if t + self.inv_q > now))
+        # A release call ends (for I2) only answers given before it: older calls matter to
+        # no live answer and to no later one.
+        first = min((a.at for a in live), default=now)
+        self.release_calls = tuple(sorted((k, t) for k, t in self.release_calls if t >= first))
+
+    def check_state(self) -> None:
+        """Cheap state invariant: a live mapping never outlives its resource's lease."""
+        for key in self.cfg.keys:
+            m = self.mapping(key)
+            if m is None or m.state != LIVE or m.resource is None:
+                continue
+            r = self.resource(m.resource)
+            if (
+                r is not None
+                and r.holder == m.token
+                and r.lease_expires_us is not None
+                and m.expires_us is not None
+                and m.expires_us > r.lease_expires_us
+            ):
+                self.violation = Violation(
+                    "M<=R", f"mapping of {key} ends after its resource {m.resource}"
+                )
+
+
+def _tick(us: int) -> int:
+    return us // US - T0
+
+
+# ----------------------------------------------------------------- faulty DynamoDB calls
+@dataclass(frozen=True)
+class Reply:
+    outcome: Outcome
+    error: bool  # an error (not a condition) decided it (WriteResult.error is not None)
+
+
+def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Reply]]:
+    """Every way ``Store.write(wr, mine)`` can end, each with the world after it.
+
+    ok: applied or rejected, answer received. Faults (each costs one of the budget):
+    NOT SENT: nothing that could apply was sent (REJECTED with error, store.py:332);
+    DELAYED/LOST: the request is in flight and lands at any later step (at once: a lost reply;
+    never: a lost request) while the daemon is told UNKNOWN (store.py:331); REPLY LOST, retry
+    rejected, read-back: applied, the retry's condition fails, the item is read back with
+    ``mine`` (store.py:335-345); DELAYED, retry rejected, read-back: the same while the first
+    attempt is still in flight.
+    """
+    out: list[tuple[str, World, Reply]] = []
+    a = w.clone()
+    ok = a.land(wr)
+    out.append(
+        (
+            f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}",
+            a,
+            Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False),
+        )
+    )
+    if w.faults >= w.cfg.max_faults:
+        return out
+
+    def faulty(label: str) -> World:
+        x = w.clone()
+        x.faults += 1
+        return x
+
+    x = faulty("")
+    out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
+    # Lost request, lost reply: both are DELAYED (it lands at any later step, at once, or
+    # never), and the daemon is told UNKNOWN at the deadline.
+    x = faulty("")
+    x.inflight = (*x.inflight, wr)
+    out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
+    x = faulty("")
+    landed = x.land(wr)
+    out.append(
+        (
+            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
+            "read-back",
+            x,
+            _readback(x, wr, mine),
+        )
+    )
+    if mine is not None:
+        x = faulty("")
+        x.inflight = (*x.inflight, wr)
+        if apply(x.get(wr.key), wr) is None:  # the retry's condition fails now
+            out.append((f"{wr.kind} DELAYED, retry rejected, read-back", x, _readback(x, wr, mine)))
+    return out
+
+
+def _readback(x: World, wr: Write, mine: Mine) -> Reply:
+    if mine is None:
+        return Reply(Outcome.REJECTED, False)
+    cur = x.get(wr.key)
+    return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
+
+
+def read_branches(w: World) -> list[tuple[str, World, bool]]:
+    """A strongly consistent read: answered (True) or failed (False, a fault)."""
+    out = [("read", w.clone(), True)]
+    if w.faults < w.cfg.max_faults:
+        x = w.clone()
+        x.faults += 1
+        out.append(("read FAILED", x, False))
+    return out
+
+
+# ---------------------------------------------------------------- read-back predicates
+# The driver's predicates (acquire.py:649-675), over plain dicts.
+def _names(token: str, resource: str) -> Mine:
+    return lambda it: it.get("token") == token and it.get("res") == resource
+
+
+def _holds(token: str, key: str) -> Mine:
+    return lambda it: it.get("holder") == token and it.get("key") == key
+
+
+def _not_held_by(token: str) -> Mine:
+    return lambda it: it.get("holder") != token
+
+
+def _no_token(token: str) -> Mine:
+    return lambda it: it.get("token") != token
+
+
+def _ge(v: Value | None, want: str) -> bool:
+    return isinstance(v, str) and v >= want
+
+
+def _extended(token: str | None, want: str) -> Mine:
+    return lambda it: it.get("holder") == token and _ge(it.get("lease_expires"), want)
+
+
+def _map_extended(token: str | None, want: str) -> Mine:
+    return lambda it: it.get("token") == token and _ge(it.get("exp"), want)
+
+
+# ------------------------------------------------------------------------ the daemon
+Out = list[tuple[str, World]]
+
+
+def _set_proc(w: World, d: Daemon, old: Proc, new: Proc | None) -> Daemon:
+    """Replace process ``old`` of daemon ``d`` by ``new`` (None: it ended)."""
+    d = w.daemons[d.idx]
+    if d.req is old:
+        d = replace(d, req=new)
+    else:
+        bg = list(d.bg)
+        i = bg.index(old)
+        if new is None:
+            del bg[i]
+        else:
+            bg[i] = new
+        d = replace(d, bg=tuple(bg))
+    w.set_daemon(d)
+    return d
+
+
+def _spawn(w: World, d: Daemon, p: Proc) -> Daemon:
+    d = replace(w.daemons[d.idx], bg=tuple(sorted((*w.daemons[d.idx].bg, p), key=repr)))
+    w.set_daemon(d)
+    return d
+
+
+def _cache_put(w: World, d: Daemon, lease: Lease, sent: int) -> Daemon:
+    """cache.py:56 LeaseCache.put: an older confirmation never replaces a newer one."""
+    d = w.daemons[d.idx]
+    cur = d.entry(lease.key)
+    if cur is not None and cur.confirmed > sent:
+        return d
+    # until = min(confirmed + S, mono + (exp - margin - now_us)), in true ticks
+    left_t = (lease.expires_us - w.rules.margin_us - w.now_us(d.offset)) // US
+    until = min(sent + w.rules.confirm_us // US, w.t + left_t)
+    d = d.with_entry(lease.key, Entry(lease, sent, until))
+    w.set_daemon(d)
+    return d
+
+
+def _cache_drop(w: World, d: Daemon, key: str) -> Daemon:
+    d = w.daemons[d.idx].with_entry(key, None)
+    w.set_daemon(d)
+    return d
+
+
+def _serve(w: World, d: Daemon, p: Proc, lease: Lease) -> None:
+    """The request answers the app (acquire.py:214/302/453) and ends."""
+    w.answer(w.daemons[d.idx], p.key, lease)
+    d = _set_proc(w, w.daemons[d.idx], p, None)
+    _maybe_refresh(w, d, p.key, lease, p.requested)
+
+
+def _fail(w: World, d: Daemon, p: Proc, why: str) -> None:
+    w.notes.append(f"d{d.idx} {p.kind}({p.key}) -> error: {why}")
+    _set_proc(w, w.daemons[d.idx], p, None)
+
+
+def _maybe_refresh(w: World, d: Daemon, key: str, lease: Lease, requested: int) -> None:
+    """acquire.py:391 _maybe_refresh: extend a sliding lease, or re-confirm a stale answer."""
+    d = w.daemons[d.idx]
+    if key in d.refreshing:
+        return
+    now = w.now_us(d.offset)
+    if lease.token is not None and should_extend(lease, requested, now, w.cfg.extend_fraction):
+        d = replace(d, refreshing=d.refreshing | {key})
+        w.set_daemon(d)
+        _spawn(w, d, Proc("extend_bg", "X1", key=key, requested=requested, lease=lease, sent=w.t))
+        return
+    e = d.entry(key)
+    if e is not None and (w.t - e.confirmed) * US > w.rules.confirm_us / 2:  # cache.stale
+        d = replace(d, refreshing=d.refreshing | {key})
+        w.set_daemon(d)
+        _spawn(w, d, Proc("reconfirm", "C1", key=key, lease=lease))
+
+
+def _handle(w: World, d: Daemon, p: Proc, dec: D.Decision) -> None:
+    """acquire.py:207-233, what _resolve does with a decision."""
+    if isinstance(dec, D.Serve):
+        d = _cache_put(w, d, dec.lease, p.sent)  # acquire.py:208
+        if dec.confirm is not None:
+            d = _spawn(w, d, Proc("confirm", "K1", m=dec.confirm))  # acquire.py:210
+        _serve(w, d, p, dec.lease)
+    elif isinstance(dec, D.Extend):  # acquire.py:216 -> _extend_now
+        m = dec.mapping
+        lease = Lease(
+            m.client_id,
+            m.pool_id,
+            m.key,
+            m.resource or "",
+            m.region,
+            m.expires_us or 0,
+            m.rver + 1,
+            m.since_us,
+            m.token,
+        )
+        now = w.now_us(d.offset)
+        if p.requested <= lease.expires_us:  # acquire.py:444
+            if lease.expires_us > now:
+                _serve(w, d, p, lease)
+            else:
+                _set_proc(w, d, p, replace(p, pc="R0"))
+            return
+        _set_proc(w, d, p, replace(p, pc="E1", m=m, lease=lease, now=now, sent=w.t))
+    elif isinstance(dec, D.Acquire):  # acquire.py:221 -> _acquire
+        _set_proc(w, d, p, replace(p, pc="A0", expect_ver=dec.expect_ver, token=w.new_token()))
+    elif isinstance(dec, D.FenceResource):  # acquire.py:226 -> _fence
+        _set_proc(w, d, p, replace(p, pc="F1", item=dec.resource))
+    elif isinstance(dec, D.Wait):  # acquire.py:229-233: sleep, read again (or time out)
+        _set_proc(w, d, p, replace(p, pc="R0"))
+    else:
+        raise AssertionError(f"unexpected decision {dec!r}")
+
+
+def step_request(w0: World, di: int) -> Out:
+    """One step of daemon ``di``'s get_lease resolution (``_resolve`` and what it calls)."""
+    d0 = w0.daemons[di]
+    p = d0.req
+    assert p is not None
+    out: Out = []
+    proto = w0.proto
+    if p.pc != "A2" and (w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls):
+        w = w0.clone()  # store.py:148-150: the deadline passed
+        _fail(w, w.daemons[di], p, "TIMEOUT")
+        return [(f"d{di} get_lease({p.key}) deadline passed", w)]
+    p = replace(p, steps=p.steps + 1)
+    w0 = w0.clone()
+    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
+    if p.pc == "R0":  # acquire.py:201-203: sent = now; read the key's mappings; on_read
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if not ok:
+                _fail(w, d, p, "read failed")
+            else:
+                own = w.mapping(p.key)
+                p2 = replace(p, sent=w.t)
+                d = _set_proc(w, d, p, p2)
+                dec = proto.on_read(own, [], w.now_us(d.offset), w.rules)
+                if isinstance(dec, D.Verify):  # acquire.py:204
+                    _set_proc(w, d, p2, replace(p2, pc="R1", m=dec.mapping))
+                else:
+                    _handle(w, d, p2, dec)
+            out.append((f"d{di} get_lease({p.key}) {lab} mapping", w))
+    elif p.pc == "R1":  # acquire.py:205-206: read the pending mapping's resource; on_resource
+        assert p.m is not None
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if not ok:
+                _fail(w, d, p, "read failed")
+            else:
+                r = w.resource(p.m.resource or "")
+                dec = proto.on_resource(p.m, r, w.now_us(d.offset), w.rules)
+                _handle(w, d, p, dec)
+            out.append((f"d{di} get_lease({p.key}) {lab} resource {p.m.resource}", w))
+    elif p.pc == "F1":  # acquire.py:236 _fence: fence_resource, no read-back
+        assert p.item is not None
+        for lab, w, rep in write_branches(w0, fence_resource(p.item.ident, p.item.version), None):
+            d = w.daemons[di]
+            if rep.error and rep.outcome is not Outcome.REJECTED:
+                _fail(w, d, p, "fence outcome unknown")  # acquire.py:238-239
+            else:
+                _set_proc(w, d, p, replace(p, pc="R0"))  # acquire.py:227 continue
+            out.append((f"d{di} get_lease({p.key}) {lab} on {p.item.resource}", w))
+    elif p.pc == "A0":  # acquire.py:259-268: a candidate from the (lagging) index
+        cands = _candidates(w0, w0.now_us(d0.offset))
+        if not cands:
+            w = w0.clone()
+            _fail(w, w.daemons[di], p, "NO_CAPACITY")
+            out.append((f"d{di} get_lease({p.key}) no candidate", w))
+        for item in cands:
+            for first in ("m", "c"):
+                w = w0.clone()
+                p2 = replace(p, pc="A1", item=item, now=w.now_us(d0.offset), sent=w.t, first=first)
+                _set_proc(w, w.daemons[di], p, p2)
+                out.append(
+                    (
+                        f"d{di} get_lease({p.key}) candidate {item.resource}@v{item.version}, "
+                        f"sends map_acquire+claim ({'mapping' if first == 'm' else 'claim'} "
+                        f"lands first)",
+                        w,
+                    )
+                )
+    elif p.pc in ("A1", "A2"):  # acquire.py:269-272: the two writes, gathered
+        which = p.first if p.pc == "A1" else ("c" if p.first == "m" else "m")
+        wr, mine = _acquire_write(p, which)
+        branches = write_branches(w0, wr, mine)
+        if w0.t > p.started + w0.cfg.deadline:
+            # Sent in time, answered after the deadline: the store says UNKNOWN, the write may
+            # still land (store.py:196-197).
+            x = w0.clone()
+            x.inflight = (*x.inflight, wr)
+            branches = [(f"{wr.kind} answered after the deadline", x, Reply(Outcome.UNKNOWN, True))]
+        for lab, w, rep in branches:
+            d = w.daemons[di]
+            if which == "m":
+                p2 = replace(p, mout=rep.outcome, merr=rep.error)
+            else:
+                p2 = replace(p, cout=rep.outcome, cerr=rep.error)
+            if p.pc == "A1":
+                _set_proc(w, d, p, replace(p2, pc="A2"))
+            else:
+                d = _set_proc(w, d, p, p2)
+                _after_acquire(w, d, p2)
+            out.append((f"d{di} get_lease({p.key}) {lab}", w))
+    elif p.pc == "E1":  # acquire.py:415 _extend: extend_resource first (read-back _extended)
+        assert p.lease is not None
+        want = fmt_time(p.requested)
+        wr = extend_resource(p.lease, p.requested)
+        for lab, w, rep in write_branches(w0, wr, _extended(p.lease.token, want)):
+            d = w.daemons[di]
+            if rep.outcome is Outcome.APPLIED:
+                _set_proc(w, d, p, replace(p, pc="E2"))
+            else:
+                _after_extend_now(w, d, p, rep, None)
+            out.append((f"d{di} get_lease({p.key}) {lab}", w))
+    elif p.pc == "E2":  # acquire.py:420 then map_extend (read-back _map_extended)
+        assert p.lease is not None
+        want = fmt_time(p.requested)
+        wr = map_extend(p.lease, p.requested)
+        for lab, w, rep in write_branches(w0, wr, _map_extended(p.lease.token, want)):
+            _after_extend_now(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
+            out.append((f"d{di} get_lease({p.key}) {lab}", w))
+    elif p.pc == "E3":  # acquire.py:461: the extension lost: read the resource
+        assert p.lease is not None and p.m is not None
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if not ok:
+                _fail(w, d, p, "read failed")
+            else:
+                r = w.resource(p.lease.resource)
+                if r is None or r.holder != p.m.token:
+                    _set_proc(w, d, p, replace(p, pc="E4"))
+                else:
+                    _set_proc(w, d, p, replace(p, pc="R0"))
+            out.append((f"d{di} get_lease({p.key}) {lab} resource {p.lease.resource}", w))
+    elif p.pc == "E5":  # acquire.py _extend: CheckMapping -> read the mapping, on_extend_check
+        assert p.lease is not None and p.mout is not None
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            step = (
+                w.proto.on_extend_check(w.mapping(p.key), p.lease)
+                if ok
+                else D.Forget("mapping unreadable")
+            )
+            mres = Reply(p.mout, p.merr)
+            _after_extend_now(w, d, p, Reply(Outcome.APPLIED, False), mres, step)
+            out.append((f"d{di} get_lease({p.key}) {lab} mapping (extension check)", w))
+    elif p.pc == "E4":  # acquire.py:464: map_release (outcome ignored), then read again
+        assert p.m is not None and p.m.token is not None
+        wr = map_release(p.m.ident, p.m.token, p.now)
+        for lab, w, _rep in write_branches(w0, wr, None):
+            _set_proc(w, w.daemons[di], p, replace(p, pc="R0"))
+            out.append((f"d{di} get_lease({p.key}) {lab}", w))
+    else:
+        raise AssertionError(p.pc)
+    return out
+
+
+def _candidates(w: World, now_us: int) -> list[ResourceItem]:
+    """The available_resources index, lagging: any free version of an item the table held
+    recently (current or one of ``history`` earlier ones), lease_available <= now."""
+    seen: dict[tuple[str, int], ResourceItem] = {}
+    for k in sorted(w.table):
+        if k[0] != CLIENT:
+            continue
+        for f in (w.table[k], *w.hist.get(k, ())):
+            it = _res_of(f)
+            if it.key is None and it.lease_available is not None and it.claimable(now_us):
+                seen.setdefault((it.resource, it.version), it)
+    return list(seen.values())
+
+
+def _acquire_write(p: Proc, which: str) -> tuple[Write, Mine]:
+    assert p.item is not None
+    item = p.item
+    if which == "m":
+        return (
+            map_acquire(
+                mkey(p.key),
+                p.expect_ver,
+                p.token,
+                item.resource,
+                item.version,
+                p.requested,
+                p.now,
+                "owner",
+            ),
+            _names(p.token, item.resource),
+        )
+    return (
+        claim(item, p.key, p.requested, p.now, p.token, p.expect_ver + 1),
+        _holds(p.token, p.key),
+    )
+
+
+def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
+    """acquire.py:273-320: what the two outcomes mean (decide.after_acquire)."""
+    assert p.item is not None and p.mout is not None and p.cout is not None
+    item = p.item
+    step = w.proto.after_acquire(p.mout, p.cout, p.expect_ver)
+    if isinstance(step, D.Won):  # acquire.py:274-302
+        lease = Lease(
+            CLIENT,
+            POOL,
+            p.key,
+            item.resource,
+            REGION,
+            p.requested,
+            item.version + 1,
+            p.now,
+            p.token,
+        )
+        d = _cache_put(w, d, lease, p.sent)
+        pending = Mapping(
+            CLIENT,
+            POOL,
+            p.key,
+            REGION,
+            p.expect_ver + 1,
+            PENDING,
+            p.token,
+            item.resource,
+            item.version,
+            p.requested,
+            p.now,
+        )
+        d = _spawn(w, d, Proc("confirm", "K1", m=pending))
+        _serve(w, d, p, lease)
+    elif isinstance(step, D.NextCandidate):  # acquire.py:303-306
+        _set_proc(w, d, p, replace(p, pc="A0", expect_ver=step.expect_ver, mout=None, cout=None))
+    elif isinstance(step, D.GiveBack):  # acquire.py:307-310: give back, then read again
+        d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
+        _spawn(
+            w,
+            d,
+            Proc(
+                "free_claim",
+                "G1",
+                key=p.key,
+                token=p.token,
+                item=item,
+                at_once=w.proto.give_back_at_once,
+            ),
+        )
+    elif isinstance(step, D.FenceOwnClaim):  # acquire.py:311-314
+        d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
+        _spawn(w, d, Proc("fence_own", "O1", key=p.key, token=p.token, item=item))
+    elif isinstance(step, D.Reread):  # acquire.py:315-317
+        _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
+    else:  # acquire.py:318-320 GiveUp
+        _fail(w, d, p, f"gave up ({p.mout.value}, {p.cout.value})")
+
+
+def _after_extend_now(
+    w: World,
+    d: Daemon,
+    p: Proc,
+    res: Reply,
+    mres: Reply | None,
+    step: D.ExtendStep | None = None,
+) -> None:
+    """acquire.py _extend's tail, then _extend_now's."""
+    assert p.lease is not None
+    if step is None:
+        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
+    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
+        assert mres is not None
+        _set_proc(w, d, p, replace(p, pc="E5", mout=mres.outcome, merr=mres.error))
+        return
+    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
+        assert p.lease.token is not None
+        d = _spawn(
+            w,
+            d,
+            Proc(
+                "free_claim",
+                "G1",
+                key=p.key,
+                token=p.lease.token,
+                item=w.resource(p.lease.resource) or _stub(p.lease.resource),
+            ),
+        )
+    if isinstance(step, D.Extended):  # acquire.py:449-453
+        new = replace(p.lease, expires_us=p.requested)
+        d = _cache_put(w, d, new, p.sent)
+        _serve(w, d, p, new)
+        return
+    last = mres if mres is not None else res
+    if last.outcome is Outcome.UNKNOWN or (last.error and last.outcome is not Outcome.APPLIED):
+        _fail(w, d, p, "extension outcome unknown")  # acquire.py:454-457
+        return
+    if isinstance(step, D.Forget):  # acquire.py:458-465
+        _set_proc(w, d, p, replace(p, pc="E3"))
+        return
+    _set_proc(w, d, p, replace(p, pc="R0"))  # acquire.py:466 return None: read again
+
+
+def _stub(res: str) -> ResourceItem:
+    return ResourceItem(CLIENT, res, POOL, REGION, "", 0)
+
+
+# ------------------------------------------------------------------- release (a request)
+def step_release(w0: World, di: int) -> Out:
+    """acquire.py:540-587, Acquirer.release."""
+    d0 = w0.daemons[di]
+    p = d0.req
+    assert p is not None
+    out: Out = []
+    if w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls:
+        w = w0.clone()
+        _fail(w, w.daemons[di], p, "TIMEOUT")
+        return [(f"d{di} release({p.key}) deadline passed", w)]
+    p = replace(p, steps=p.steps + 1)
+    w0 = w0.clone()
+    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
+    if p.pc == "L0":  # acquire.py:548-553: read the mapping (and the resource if pending)
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if not ok:
+                _fail(w, d, p, "read failed")
+            else:
+                own = w.mapping(p.key)
+                now = w.now_us(d.offset)
+                dec = D.on_release_read(own, now, w.rules)
+                if isinstance(dec, D.Verify):
+                    _set_proc(w, d, p, replace(p, pc="L1", m=dec.mapping, now=now))
+                else:
+                    _release_decision(w, d, replace(p, now=now), p, dec, own)
+            out.append((f"d{di} release({p.key}) {lab} mapping", w))
+    elif p.pc == "L1":
+        assert p.m is not None
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if not ok:
+                _fail(w, d, p, "read failed")
+            else:
+                r = w.resource(p.m.resource or "")
+                dec = D.on_release_resource(p.m, r, p.now, w.rules)
+                _release_decision(w, d, p, p, dec, p.m)
+            out.append((f"d{di} release({p.key}) {lab} resource {p.m.resource}", w))
+    elif p.pc == "L2":  # acquire.py:564-576: map_release (read-back _no_token)
+        assert p.lease is not None and p.lease.token is not None
+        tok = p.lease.token
+        wr = map_release(mkey(p.key), tok, p.now)
+        for lab, w, rep in write_branches(w0, wr, _no_token(tok)):
+            d = w.daemons[di]
+            if rep.outcome is Outcome.REJECTED and not rep.error:
+                _set_proc(w, d, p, replace(p, pc="L0"))  # acquire.py:567-568
+            elif rep.outcome is not Outcome.APPLIED:
+                _fail(w, d, p, "release outcome unknown")  # acquire.py:569-570
+            else:
+                d = _cache_drop(w, d, p.key)
+                w.release_done(tok)
+                d = _set_proc(w, d, p, None)
+                _spawn(
+                    w,
+                    d,
+                    Proc("free_claim", "G1", key=p.key, token=tok, item=_stub(p.lease.resource)),
+                )  # acquire.py:575
+            out.append((f"d{di} release({p.key}) {lab}", w))
+    elif p.pc == "L3":  # acquire.py:578: map_drop_dead, then read again
+        assert p.m is not None
+        for lab, w, _rep in write_branches(w0, map_drop_dead(p.m, p.now), None):
+            _set_proc(w, w.daemons[di], p, replace(p, pc="L0"))
+            out.append((f"d{di} release({p.key}) {lab}", w))
+    elif p.pc == "L4":  # acquire.py:581: _fence
+        assert p.item is not None
+        for lab, w, rep in write_branches(w0, fence_resource(p.item.ident, p.item.version), None):
+            d = w.daemons[di]
+            if rep.error and rep.outcome is not Outcome.REJECTED:
+                _fail(w, d, p, "fence outcome unknown")
+            else:
+                _set_proc(w, d, p, replace(p, pc="L0"))
+            out.append((f"d{di} release({p.key}) {lab}", w))
+    else:
+        raise AssertionError(p.pc)
+    return out
+
+
+def _release_decision(
+    w: World, d: Daemon, p: Proc, old: Proc, dec: D.Decision, own: Mapping | None
+) -> None:
+    if isinstance(dec, D.NotHeld):  # acquire.py:554-560
+        _fail(w, d, old, "NOT_HELD")
+    elif isinstance(dec, D.ReleaseLease):
+        _set_proc(w, d, old, replace(p, pc="L2", lease=dec.lease))
+    elif isinstance(dec, D.DropMapping):
+        _set_proc(w, d, old, replace(p, pc="L3", m=dec.mapping))
+    elif isinstance(dec, D.FenceResource):
+        _set_proc(w, d, old, replace(p, pc="L4", item=dec.resource))
+    else:  # Wait: acquire.py:583-587
+        _set_proc(w, d, old, replace(p, pc="L0"))
+
+
+# -------------------------------------------------------------------- background tasks
+def step_bg(w0: World, di: int, p: Proc) -> Out:
+    out: Out = []
+    if p.kind == "confirm":  # acquire.py:322-324: map_confirm, no read-back, outcome unused
+        assert p.m is not None
+        for lab, w, _rep in write_branches(w0, map_confirm(p.m), None):
+            _set_proc(w, w.daemons[di], p, None)
+            out.append((f"d{di} bg confirm({p.m.key}) {lab}", w))
+    elif p.kind == "free_claim":  # acquire.py:326-345 (G1: one attempt)
+        assert p.item is not None
+        now = w0.now_us(w0.daemons[di].offset)
+        avail = now if p.at_once else now + w0.proto.early_free_quarantine(w0.rules)
+        wr = free_claim(p.item.ident, p.key, p.token, now, avail)
+        for lab, w, rep in write_branches(w0, wr, _not_held_by(p.token)):
+            d = w.daemons[di]
+            n = p.attempts + 1
+            if (rep.outcome is not Outcome.UNKNOWN and not rep.error) or (
+                n >= w.cfg.free_claim_attempts
+            ):
+                _set_proc(w, d, p, None)
+            else:
+                _set_proc(w, d, p, replace(p, attempts=n))
+            out.append((f"d{di} bg free_claim({p.item.resource}, {p.token}) {lab}", w))
+    elif p.kind == "fence_own":  # acquire.py:347-356
+        assert p.item is not None
+        if p.pc == "O1":
+            wr = fence_resource(p.item.ident, p.item.version)
+            for lab, w, rep in write_branches(w0, wr, None):
+                d = w.daemons[di]
+                if rep.outcome is Outcome.APPLIED:
+                    _set_proc(w, d, p, None)
+                else:
+                    _set_proc(w, d, p, replace(p, pc="O2"))
+                out.append((f"d{di} bg fence_own({p.item.resource}) {lab}", w))
+        else:
+            for lab, w, ok in read_branches(w0):
+                d = w.daemons[di]
+                cur = w.resource(p.item.resource) if ok else None
+                if ok and cur is not None and cur.holder == p.token:
+                    _set_proc(
+                        w, d, p, Proc("free_claim", "G1", key=p.key, token=p.token, item=p.item)
+                    )
+                else:
+                    _set_proc(w, d, p, None)
+                out.append((f"d{di} bg fence_own({p.item.resource}) {lab} resource", w))
+    elif p.kind == "extend_bg":  # acquire.py:468-488, via _extend (acquire.py:409-428)
+        assert p.lease is not None
+        want = fmt_time(p.requested)
+        if p.pc == "X3":  # acquire.py _extend: CheckMapping -> read the mapping
+            assert p.mout is not None
+            for lab, w, ok in read_branches(w0):
+                d = w.daemons[di]
+                step = (
+                    w.proto.on_extend_check(w.mapping(p.key), p.lease)
+                    if ok
+                    else D.Forget("mapping unreadable")
+                )
+                mres = Reply(p.mout, p.merr)
+                _extend_bg_tail(w, d, p, Reply(Outcome.APPLIED, False), mres, step)
+                out.append((f"d{di} bg extend({p.key}) {lab} mapping (extension check)", w))
+        elif p.pc == "X1":
+            wr = extend_resource(p.lease, p.requested)
+            for lab, w, rep in write_branches(w0, wr, _extended(p.lease.token, want)):
+                d = w.daemons[di]
+                if rep.outcome is Outcome.APPLIED:
+                    _set_proc(w, d, p, replace(p, pc="X2"))
+                else:
+                    _extend_bg_tail(w, d, p, rep, None)
+                out.append((f"d{di} bg extend({p.key}) {lab}", w))
+        else:
+            wr = map_extend(p.lease, p.requested)
+            for lab, w, rep in write_branches(w0, wr, _map_extended(p.lease.token, want)):
+                _extend_bg_tail(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
+                out.append((f"d{di} bg extend({p.key}) {lab}", w))
+    elif p.kind == "reconfirm":  # acquire.py:513-537
+        assert p.lease is not None
+        for lab, w, ok in read_branches(w0):
+            d = w.daemons[di]
+            if ok:
+                own = w.mapping(p.key)
+                dec = w.proto.on_read(own, [], w.now_us(d.offset), w.rules)
+                if (
+                    isinstance(dec, D.Serve)
+                    and dec.lease.resource == p.lease.resource
+                    and dec.lease.token == p.lease.token
+                ):
+                    d = _cache_put(w, d, dec.lease, w.t)
+                else:
+                    d = _cache_drop(w, d, p.key)
+            d = replace(w.daemons[di], refreshing=w.daemons[di].refreshing - {p.key})
+            w.set_daemon(d)
+            _set_proc(w, d, p, None)
+            out.append((f"d{di} bg reconfirm({p.key}) {lab}", w))
+    else:
+        raise AssertionError(p.kind)
+    return out
+
+
+def _extend_bg_tail(
+    w: World,
+    d: Daemon,
+    p: Proc,
+    res: Reply,
+    mres: Reply | None,
+    step: D.ExtendStep | None = None,
+) -> None:
+    assert p.lease is not None
+    if step is None:
+        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
+    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
+        assert mres is not None
+        _set_proc(w, d, p, replace(p, pc="X3", mout=mres.outcome, merr=mres.error))
+        return
+    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
+        assert p.lease.token is not None
+        d = _spawn(
+            w,
+            d,
+            Proc("free_claim", "G1", key=p.key, token=p.lease.token, item=_stub(p.lease.resource)),
+        )
+    if isinstance(step, D.Extended):  # acquire.py:474-478
+        d = _cache_put(w, d, replace(p.lease, expires_us=p.requested), p.sent)
+    else:
+        last = mres if mres is not None else res
+        if last.outcome is Outcome.REJECTED and not last.error:  # acquire.py:479-485
+            d = _cache_drop(w, d, p.key)
+    d = replace(w.daemons[d.idx], refreshing=w.daemons[d.idx].refreshing - {p.key})
+    w.set_daemon(d)
+    _set_proc(w, d, p, None)
+
+
+# ---------------------------------------------------------------------------- app calls
+def app_calls(w0: World, di: int) -> Out:
+    """The app asks daemon ``di`` (idle) for get_lease(k) or release(k)."""
+    out: Out = []
+    d0 = w0.daemons[di]
+    if d0.req is not None or w0.ops >= w0.cfg.max_ops:
+        return out
+    for key in w0.cfg.keys:
+        w = w0.clone()
+        w.ops += 1
+        d = w.daemons[di]
+        requested = w.now_us(d.offset) + w.cfg.lease * US
+        e = d.entry(key)
+        if e is not None and w.t < e.until:  # acquire.py:140-154 try_hit
+            w.answer(d, key, e.lease)
+            _maybe_refresh(w, d, key, e.lease, requested)
+            out.append((f"d{di} get_lease({key}) CACHE HIT", w))
+        else:
+            w.set_daemon(
+                replace(
+                    d.with_entry(key, None),
+                    req=Proc("get", "R0", key=key, requested=requested, started=w.t),
+                )
+            )
+            out.append((f"d{di} get_lease({key}) called", w))
+        if w0.cfg.release:
+            w = w0.clone()
+            w.ops += 1
+            d = _cache_drop(w, w.daemons[di], key)  # acquire.py:545
+            w.release_called(key)
+            w.set_daemon(replace(d, req=Proc("release", "L0", key=key, started=w.t)))
+            out.append((f"d{di} release({key}) called", w))
+    return out
+
+
+# ------------------------------------------------------------------------- the liberator
+def liberator(w0: World) -> Out:
+    """jobs/liberator.py: an expired lease found by a (possibly stale) scan, liberated with a
+    write conditioned on the version and expiry read."""
+    out: Out = []
+    now = w0.now_us(w0.cfg.liberator_offset)
+    cutoff = now - w0.rules.grace_us
+    seen: set[tuple[str, int]] = set()
+    for k in sorted(w0.table):
+        if k[0] != CLIENT:
+            continue
+        for f in (w0.table[k], *w0.hist.get(k, ())):
+            it = _res_of(f)
+            if it.lease_expires_us is None or it.lease_expires_us >= cutoff:
+                continue
+            if (it.resource, it.version) in seen:
+                continue
+            seen.add((it.resource, it.version))
+            wr = liberate(it, now)
+            if apply(w0.get(wr.key), wr) is not None:  # a rejected liberation changes nothing
+                w = w0.clone()
+                w.land(wr)
+                out.append((f"liberator liberate({it.resource}@v{it.version}) applied", w))
+            if w0.faults < w0.cfg.max_faults:
+                w = w0.clone()
+                w.faults += 1
+                w.inflight = (*w.inflight, wr)
+                out.append((f"liberator liberate({it.resource}@v{it.version}) DELAYED", w))
+    return out
+
+
+# --------------------------------------------------------------------------- successors
+def successors(w0: World) -> Out:
+    out: Out = []
+    for di, d in enumerate(w0.daemons):
+        if d.req is not None:
+            out += step_request(w0, di) if d.req.kind == "get" else step_release(w0, di)
+        else:
+            out += app_calls(w0, di)
+        for p in d.bg:
+            out += step_bg(w0, di, p)
+        if w0.crashes < w0.cfg.max_crashes and (d.req is not None or d.bg or d.cache):
+            w = w0.clone()
+            w.crashes += 1
+            w.set_daemon(Daemon(di, d.offset))
+            out.append((f"d{di} CRASHES (cache and tasks lost)", w))
+    for i, wr in enumerate(w0.inflight):
+        w = w0.clone()
+        ok = w.land(wr)
+        w.inflight = w0.inflight[:i] + w0.inflight[i + 1 :]
+        out.append(
+            (
+                f"in-flight {wr.kind} on {wr.key[1] if wr.key[0] == CLIENT else wr.key[0]} "
+                f"lands: {'applied' if ok else 'rejected'}",
+                w,
+            )
+        )
+    if w0.cfg.liberator:
+        out += liberator(w0)
+    for dt in w0.cfg.ticks:
+        if w0.t + dt <= w0.cfg.horizon:
+            w = w0.clone()
+            w.t += dt
+            out.append((f"time +{dt} -> t={w.t}", w))
+    for _lab, w in out:
+        if w.violation is None:
+            w.check_state()
+        w.prune()
+    return out
+
+
+def initial(cfg: Config, proto: Protocol) -> World:
+    return World(cfg, proto)
+
+
+__all__ = ["FREE", "Config", "World", "field", "initial", "successors"]

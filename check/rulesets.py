@@ -1,0 +1,82 @@
+"""The rules the model's daemons follow: the real ones (``rasd.decide``), or a known-bad set.
+
+A known-bad rule set reproduces one bug of the OLD protocol (../shared/evidence,
+scenarios A, B and C) by replacing one decision. They live here, never in production code:
+a checker that cannot find them proves nothing (tests/unit/test_check.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rasd import decide as D
+from rasd.decide import Outcome, Rules
+from rasd.lease import PENDING, Lease, Mapping, lease_from_mapping
+
+INFINITY_US = 10**15
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Which decision functions, and which early-free rule, the daemons use."""
+
+    name: str = "real"
+    #: A: after (mapping UNKNOWN, claim APPLIED) give the claim back, claimable at once
+    act_on_unknown: bool = False
+    #: B: serve a pending mapping without reading its resource; serve a claim APPLIED even
+    #: when the mapping write lost
+    trust_own_claim: bool = False
+    #: C: early frees claimable at once, and caches served to the lease end (S = infinity)
+    no_quarantine: bool = False
+
+    # ---------------------------------------------------------------- the decisions
+    def on_read(
+        self, own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules
+    ) -> D.Decision:
+        if (
+            self.trust_own_claim
+            and own is not None
+            and own.state == PENDING
+            and own.expires_us is not None
+            and own.expires_us - rules.margin_us > now_us
+        ):
+            return D.Serve(lease_from_mapping(own), confirm=own)
+        return D.on_read(own, others, now_us, rules)
+
+    def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:
+        return D.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
+
+    def after_acquire(self, mapping: Outcome, claim: Outcome, expect_ver: int) -> D.AcquireStep:
+        if claim is Outcome.APPLIED and mapping is not Outcome.APPLIED:
+            if self.trust_own_claim:
+                return D.Won()
+            if self.act_on_unknown and mapping is Outcome.UNKNOWN:
+                return D.GiveBack()
+        return D.after_acquire(mapping, claim, expect_ver)
+
+    def after_extend(self, resource: Outcome, mapping: Outcome | None) -> D.ExtendStep:
+        return D.after_extend(resource, mapping)
+
+    def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
+        return D.on_extend_check(m, lease)
+
+    @property
+    def give_back_at_once(self) -> bool:
+        return self.act_on_unknown or self.no_quarantine
+
+    def early_free_quarantine(self, rules: Rules) -> int:
+        """How long an early free (release, give-back, orphaned extension) stays unclaimable."""
+        return 0 if self.no_quarantine else rules.quarantine_us
+
+    def rules(self, real: Rules) -> Rules:
+        if self.no_quarantine:
+            return replace(real, confirm_us=INFINITY_US)
+        return real
+
+
+REAL = Protocol()
+BAD_A = Protocol("A-act-on-unknown", act_on_unknown=True)
+BAD_B = Protocol("B-trust-own-claim", trust_own_claim=True)
+BAD_C = Protocol("C-no-quarantine", no_quarantine=True)
+BAD = (BAD_A, BAD_B, BAD_C)
+PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C)}

@@ -1,0 +1,180 @@
+"""The protocol model checker (check/, docs/checker.md).
+
+A checker that cannot find the old bugs proves nothing: each known-bad rule set (the OLD
+protocol's scenarios A, B and C) must be caught in bounded time. The real rules must pass the
+exhaustive CI configuration. The violations the checker found with the real rules are kept
+as replayed traces that must now end without a violation (regression tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from check.__main__ import QUICK_BFS, WALK
+from check.explore import bfs, format_trace, script, walk, walks
+from check.model import Config
+from check.rulesets import BAD_A, BAD_B, BAD_C, REAL
+
+#: small enough to explore completely in a few seconds, big enough for scenarios A and B
+TINY = Config(
+    daemons=2,
+    keys=("k1", "k2"),
+    resources=("ra",),
+    max_faults=1,
+    max_crashes=0,
+    max_ops=2,
+    horizon=0,
+    liberator=False,
+    release=False,
+)
+
+
+def test_bad_a_act_on_unknown_is_caught() -> None:
+    """A: giving a claim back at once after the mapping write's reply was lost lets two keys
+    hold one resource (the pending mapping already names the claim)."""
+    res = bfs(TINY, BAD_A, max_states=100_000)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    assert any("LOST" in lab for lab, _ in res.trace), format_trace(res)
+
+
+def test_bad_b_trust_own_claim_is_caught() -> None:
+    """B: serving a pending mapping unverified (or a claim whose mapping write lost)."""
+    res = bfs(TINY, BAD_B, max_states=100_000)
+    assert res.violation is not None, format_trace(res)
+
+
+def test_bad_c_no_quarantine_is_caught() -> None:
+    """C: an early release frees the resource at once while caches still serve it."""
+    res = walks(WALK, BAD_C, range(300), 120)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+
+
+def test_real_rules_pass_tiny_exhaustively() -> None:
+    """Every interleaving of TINY (one fault) keeps I1 and I2 with the real rules."""
+    res = bfs(TINY, REAL)  # about 57,000 states, 20 s of CPU
+    assert res.complete
+    assert res.violation is None, format_trace(res)
+
+
+def test_walks_replay_from_their_seed() -> None:
+    """A seed replays the same walk: the trace printed with a violation is reproducible."""
+    a = walk(WALK, BAD_C, 7, 100)
+    b = walk(WALK, BAD_C, 7, 100)
+    assert a.trace == b.trace
+
+
+# ------------------------------------------------------ found with the real rules
+_GET = "d0 get_lease(k1) "
+_ACQUIRE_K1 = [
+    "d0 get_lease(k1) called",
+    "d0 get_lease(k1) read mapping",
+    "d0 get_lease(k1) candidate ra",
+    "d0 get_lease(k1) map_acquire APPLIED",
+    "d0 get_lease(k1) claim APPLIED",
+    "d0 bg confirm(k1) map_confirm APPLIED",
+]
+_K2_TAKES_RA = [
+    "d1 get_lease(k2) called",
+    "d1 get_lease(k2) read mapping",
+    "d1 get_lease(k2) candidate ra",
+    "d1 get_lease(k2) map_acquire APPLIED",
+    "d1 get_lease(k2) claim APPLIED",
+]
+_ONE = dataclasses.replace(TINY, horizon=20, ticks=(1, 5), max_ops=8)
+
+
+def test_fixed_extension_race_no_longer_frees_a_live_lease() -> None:
+    """FOUND BY THE CHECKER (real rules, no fault), now fixed: two daemons extend one lease at
+    once; the one asking for less loses map_extend (``exp < new``: the other pushed it
+    further). That used to free the resource while the live mapping still named it (I1).
+    Now the daemon reads the mapping (decide.on_extend_check) and frees nothing."""
+    prefix = [
+        *_ACQUIRE_K1,
+        "time +5",
+        "time +1",
+        "time +1",
+        "d0 get_lease(k1) called",
+        "d0 get_lease(k1) read mapping",
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping",
+        "d0 bg extend(k1) extend_resource APPLIED",
+        "d1 bg extend(k1) extend_resource APPLIED",
+        "d1 bg extend(k1) map_extend APPLIED",
+        "d0 bg extend(k1) map_extend REJECTED",
+    ]
+    with pytest.raises(ValueError, match="not enabled"):  # the old trace's free_claim
+        script(_ONE, REAL, [*prefix, "d0 bg free_claim(ra, t1) free_claim APPLIED"])
+    res = script(_ONE, REAL, [*prefix, "d0 bg extend(k1) read mapping (extension check)"])
+    assert res.violation is None, format_trace(res)
+    with pytest.raises(ValueError, match="not enabled"):  # ra is still k1's: no free_claim
+        script(_ONE, REAL, [*prefix, "d0 bg extend(k1) read", "d0 bg free_claim"])
+
+
+def test_fixed_map_extend_not_sent_no_longer_frees_a_live_lease() -> None:
+    """FOUND BY THE CHECKER (real rules, one fault), now fixed: a map_extend that was never
+    sent (throttled to the deadline, breaker open) used to free the resource. Now the mapping
+    is read first; it still names the lease, so nothing is freed."""
+    prefix = [
+        *_ACQUIRE_K1,
+        "time +5",
+        "time +1",
+        "time +1",
+        "d0 get_lease(k1) called",
+        "d0 get_lease(k1) read mapping",
+        "d0 bg extend(k1) extend_resource APPLIED",
+        "d0 bg extend(k1) map_extend NOT SENT",
+    ]
+    with pytest.raises(ValueError, match="not enabled"):
+        script(_ONE, REAL, [*prefix, "d0 bg free_claim(ra, t1) free_claim APPLIED"])
+    res = script(_ONE, REAL, [*prefix, "d0 bg extend(k1) read mapping (extension check)"])
+    assert res.violation is None, format_trace(res)
+
+
+def test_release_with_an_unknown_outcome_ends_the_lease_for_its_app() -> None:
+    """FOUND BY THE CHECKER: map_release delayed past the deadline (the app hears the release
+    failed), then lands; the key acquires a second resource while the first is still held by
+    it. The contract now says (docs/protocol.md, docs/design.md I2): an app that called
+    release stops using the lease, whatever the answer; so this is no I2 violation, and the
+    first resource is an orphan the liberator frees (never served to another key)."""
+    cfg = dataclasses.replace(_ONE, resources=("ra", "rb"), release=True)
+    steps = [
+        *_ACQUIRE_K1,
+        "d0 release(k1) called",
+        "d0 release(k1) read mapping",
+        "d0 release(k1) map_release DELAYED/LOST",
+        "in-flight map_release",
+        "d0 get_lease(k1) called",
+        "d0 get_lease(k1) read mapping",
+        "d0 get_lease(k1) candidate rb",
+        "d0 get_lease(k1) map_acquire APPLIED",
+        "d0 get_lease(k1) claim APPLIED",
+    ]
+    res = script(cfg, REAL, steps)
+    assert res.violation is None, format_trace(res)
+
+
+def test_quick_bfs_config_is_tiny() -> None:
+    """The CI run (python -m check --quick) explores the configuration tested here."""
+    assert QUICK_BFS == TINY
+
+
+def test_quarantine_is_read_on_the_most_advanced_clock() -> None:
+    """FOUND BY THE CHECKER (real rules, no fault): the quarantine is written on the freeing
+    daemon's clock and checked on the claimer's, so a claimer ahead by the skew takes the
+    resource at rel + Q - skew. I1 now says so (docs/design.md): the window after a release
+    is Q - max_clock_skew, which is still >= S + replication lag, so every cached answer has
+    lapsed. The same trace is no violation; a claim one tick earlier is impossible."""
+    cfg = dataclasses.replace(_ONE, release=True, ticks=(1,))
+    base = [
+        *_ACQUIRE_K1,
+        "d0 release(k1) called",
+        "d0 release(k1) read mapping",
+        "d0 release(k1) map_release APPLIED",
+        "d0 bg free_claim(ra, t1) free_claim APPLIED",
+    ]
+    res = script(cfg, REAL, [*base, *["time +1"] * 4, *_K2_TAKES_RA])
+    assert res.violation is None, format_trace(res)
+    with pytest.raises(ValueError, match="not enabled"):
+        script(cfg, REAL, [*base, *["time +1"] * 3, *_K2_TAKES_RA])
