@@ -7,9 +7,8 @@ pool with resources, and the daemon on a local socket. Ctrl-C stops it all.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.util
 import os
-import signal
 import sys
 import tempfile
 
@@ -27,12 +26,25 @@ def _socket_path(workdir: str) -> str:
     return os.path.join(tempfile.mkdtemp(prefix="rasd-dev-"), "rasd.sock")
 
 
+class DevUnavailable(RuntimeError):
+    """``rasd dev`` cannot run on this install (a production package has no moto)."""
+
+
+def require_moto() -> None:
+    if importlib.util.find_spec("moto") is None:
+        raise DevUnavailable(
+            "needs moto, which production installs do not ship: install the [dev] extra "
+            "(pip install 'rasd[dev]') in a development virtualenv"
+        )
+
+
 def run_dev(args: argparse.Namespace) -> int:
+    require_moto()
     import boto3
     import uvloop
 
     from . import log, motoserver, schema
-    from .server import Daemon
+    from .server import run_daemon
 
     os.makedirs(args.dir, exist_ok=True)
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -87,15 +99,8 @@ Ctrl-C stops everything.""",
         flush=True,
     )
 
-    async def _run() -> None:
-        daemon = Daemon(cfg)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.stop)
-        await daemon.run()
-
     try:
-        uvloop.run(_run())
+        uvloop.run(run_daemon(cfg))
     finally:
         server.stop()
         print("rasd dev stopped", file=sys.stderr)
