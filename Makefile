@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean
+.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean systemd-test tools
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,19 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest tests -q -m "integration or concurrency"
 
+# A real systemd (252+) booted in its own PID and mount namespaces, with its own /tmp, on a
+# throwaway overlay of /: installs rasd, then activation, ACL, reload, restart under load,
+# kill -9, watchdog, crash loop, DynamoDB down at start, log priorities, stop, exposure.
+# Skips (saying why) without root, unshare or /lib/systemd/systemd. Figures: .systemd-test/.
+# Tools some tests use and skip without: promtool (Debian package `prometheus`).
+tools:
+	command -v promtool >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends prometheus; } || \
+	    echo "tools: promtool could not be installed; its tests will skip"
+
+systemd-test: $(STAMP)
+	bash tests/systemd/run.sh
+
 # The whole suite: lint, types, unit, integration and concurrency tests.
 test: $(STAMP) lint typecheck
 	$(BIN)/pytest -q
@@ -47,4 +60,4 @@ sim-full: $(STAMP)
 	$(BIN)/python -m sim --full
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv

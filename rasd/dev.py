@@ -77,8 +77,7 @@ def run_dev(args: argparse.Namespace) -> int:
     ).validate()
     log.configure(cfg.log_level)
 
-    print(
-        f"""rasd dev is up
+    banner = f"""rasd dev is up
   DynamoDB (moto): {endpoint}   (request log: {moto_log})
   table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {args.region}
   socket: {sock}
@@ -95,12 +94,11 @@ print(lease)'
   AWS_ENDPOINT_URL_DYNAMODB={endpoint} AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \\
       .venv/bin/rasadmin stats --table {table} --region {args.region}
 
-Ctrl-C stops everything.""",
-        flush=True,
-    )
+Ctrl-C stops everything."""
 
     try:
-        uvloop.run(run_daemon(cfg))
+        # The banner once the daemon answers (DynamoDB warmed, pools loaded).
+        uvloop.run(run_daemon(cfg, on_up=lambda: print(banner, flush=True)))
     finally:
         server.stop()
         print("rasd dev stopped", file=sys.stderr)

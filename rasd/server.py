@@ -247,6 +247,9 @@ class Daemon:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is retried; logged below
                 cause = describe_cause(exc)
+                if "circuit breaker" in cause or "no answer" in cause:
+                    # The store's error hides the network's: ask the network directly.
+                    cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
                 self.degraded = f"DynamoDB at {self.endpoint()} unreachable: {cause}"
                 expected = isinstance(exc, RasdError | OSError | TimeoutError) or _is_boto(exc)
                 log.error(
@@ -259,7 +262,7 @@ class Daemon:
                     **({} if expected else {"exc_info": exc}),
                 )
                 self.counters.inc("startup.failed")
-                self._announce(f"degraded: {self.degraded}; retry {attempt} in {delay:.0f}s")
+                self._announce(f"degraded: {self.degraded}; retry {attempt} in {delay:.1f}s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, cfg.startup_retry_max)
 
@@ -479,11 +482,16 @@ class Daemon:
         self, conn: Connection, req: protocol.Request, t0: float, budget: float
     ) -> None:
         deadline = t0 + budget
+        served_from = t0
         try:
             # The store enforces the deadline on DynamoDB calls; this outer bound (a little
             # later) catches everything else.
             async with asyncio.timeout(budget + 0.05):
-                await self.wait_up(deadline)
+                if not self.up.is_set():
+                    await self.wait_up(deadline)
+                    # Time spent waiting for start-up is not service time: counting it would
+                    # make the gate shed every request right after a restart.
+                    served_from = time.monotonic()
                 acq = self.acquirer
                 if req.op == "get_lease":
                     lease, new = await acq.get_lease(
@@ -510,7 +518,7 @@ class Daemon:
             self._send_error(conn, req, Internal(f"{type(exc).__name__}: {exc}"))
         finally:
             conn.pending -= 1
-            self.gate.leave(time.monotonic() - t0)
+            self.gate.leave(time.monotonic() - served_from)
 
     def _send_error(self, conn: Connection, req: protocol.Request, exc: RasdError) -> None:
         self.counters.inc(f"err.{exc.code}")
@@ -563,6 +571,24 @@ def describe_cause(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
+async def probe_endpoint(url: str, timeout: float = 1.0) -> str:
+    """What a plain TCP connect to the endpoint says (refused, DNS failure, timeout, ok)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or url
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(timeout):
+            _reader, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return f"TCP connect to {host}:{port}: no answer within {timeout:.1f}s"
+    except OSError as exc:
+        return f"TCP connect to {host}:{port}: {type(exc).__name__}: {exc.strerror or exc}"
+    writer.close()
+    return f"TCP connect to {host}:{port} works (DynamoDB itself is failing)"
+
+
 async def _close_quietly(store: Any) -> None:
     """Close a store whose start failed, so aiohttp reports no "Unclosed client session"."""
     try:
@@ -594,18 +620,29 @@ async def run_daemon(
     *,
     reloader: Callable[[], Config] | None = None,
     daemon: Daemon | None = None,
+    on_up: Callable[[], None] | None = None,
 ) -> None:
     """The one way to run the daemon (``rasd serve`` and ``rasd dev``): SIGTERM/SIGINT stop
     it (draining), SIGHUP reloads the config (``reloader``; without one the running config
-    is kept and the reload is still acknowledged to systemd)."""
+    is kept and the reload is still acknowledged to systemd). ``on_up`` runs once the store
+    is up (``rasd dev`` prints its banner then)."""
     d = daemon or Daemon(cfg, reloader=reloader or (lambda: d.cfg))
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_loop_exception)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, d.stop)
     loop.add_signal_handler(signal.SIGHUP, d.reload)
+    if on_up is not None:
+
+        async def _when_up() -> None:
+            await d.up.wait()
+            on_up()
+
+        waiter = loop.create_task(_when_up())
     try:
         await d.run(sock)
     finally:
+        if on_up is not None:
+            waiter.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)

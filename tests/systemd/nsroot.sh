@@ -4,9 +4,10 @@
 # own /tmp, /run and /var/tmp (tmpfs), so systemd's boot-time clean-ups (tmpfiles --remove,
 # --clean) and every install step (dpkg, sysusers, units) touch nothing on the host.
 # Then it execs systemd in it. $1: the repo to bind read-only at /src; $2: a host directory
-# bound at /out for results.
+# bound at /out for results; $3 (optional): a host directory bound at /opt/venvs/rasd, so the
+# service's venv survives between runs (pip is the slow part of the test).
 set -euo pipefail
-src=$1 out=$2
+src=$1 out=$2 venv=${3:-}
 # Nothing mounted here may propagate back to the host's mount namespace.
 mount --make-rprivate /
 # The scratch space (a tmpfs on /mnt, private to this namespace): overlay upper layer and root.
@@ -19,6 +20,10 @@ mkdir -p "$r/src" "$r/out"
 mount --bind "$src" "$r/src"   # (src and out may live under the host's /tmp: bind them first)
 mount -o remount,bind,ro "$r/src"
 mount --bind "$out" "$r/out"
+if [ -n "$venv" ]; then
+    mkdir -p "$r/opt/venvs/rasd"
+    mount --bind "$venv" "$r/opt/venvs/rasd"
+fi
 # Our own /tmp, in this namespace and in the new root, BEFORE systemd starts: the host's /tmp
 # is shared with other people's processes, and systemd's boot-time tmpfiles clean-up empties
 # the /tmp it sees.
