@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean systemd-test tools
+.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full clean systemd-test tools deb
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ tools:
 	command -v promtool >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -q --no-install-recommends prometheus; } || \
 	    echo "tools: promtool could not be installed; its tests will skip"
+
+# The Debian package (dh-virtualenv): build/deb/rasd_<version>_<arch>.deb. Built in a copy of
+# the tree (dpkg-buildpackage writes next to the source). Installs its build deps with apt-get.
+deb:
+	command -v dh_virtualenv >/dev/null && command -v dpkg-buildpackage >/dev/null || { \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends dh-virtualenv debhelper dpkg-dev build-essential \
+	    python3-venv python3-dev; }
+	rm -rf build/deb && mkdir -p build/deb/rasd
+	tar --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./.systemd-test \
+	    --exclude=./.systemd-test-venv --exclude=./bench/results -cf - . | tar -C build/deb/rasd -xf -
+	cd build/deb/rasd && dpkg-buildpackage -us -uc -b
+	ls -l build/deb/*.deb
 
 systemd-test: $(STAMP)
 	bash tests/systemd/run.sh

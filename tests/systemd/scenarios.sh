@@ -56,9 +56,18 @@ install_manual() {
 if [ -n "${RASD_DEB:-}" ]; then
     say "installing the package $RASD_DEB"
     check "apt install ./rasd_*.deb" apt-get install -y -q "$RASD_DEB" >"$OUT/apt.log" 2>&1
+    check "the package enabled and started rasd.socket" test "$(systemctl is-active rasd.socket)" = active
+    check "the package created users rasd and rasd-clients" getent group rasd-clients
+    check "/usr/bin/rasd and the jobs' commands" bash -c 'for c in rasd rasadmin ras-liberator ras-dedupe ras-balancer; do command -v $c >/dev/null || exit 1; done'
+    check "moto is not in the package" bash -c '! /opt/venvs/rasd/bin/python -c "import moto" 2>/dev/null'
+    systemctl stop rasd.socket
 else
     install_manual || { fail "manual install"; exit 1; }
 fi
+msg=$(rasd dev --dir /tmp/devcheck 2>&1); rc=$?
+record "rasd dev on a production install: exit $rc: $msg"
+dev_check() { [ "$rc" = 2 ] && [ "$(printf '%s\n' "$msg" | wc -l)" = 1 ] && [[ "$msg" == *"[dev]"* ]]; }
+check "rasd dev without moto: one line naming the [dev] extra, exit 2" dev_check
 
 # The site's config: moto on loopback, the ACL, and the service's environment file.
 cat >/etc/rasd/rasd.toml <<TOML
@@ -287,14 +296,18 @@ if [ -n "${RASD_DEB_UPGRADE:-}" ]; then
     lp=$!
     for _ in $(seq 100); do [ -e /tmp/l12 ] && break; sleep 0.05; done
     sleep 0.3
+    pid=$(mainpid)
     apt-get install -y -q "$RASD_DEB_UPGRADE" >>"$OUT/apt.log" 2>&1 || fail "upgrade install"
+    record "upgrade: installed $(dpkg-query -W -f '${Version}' rasd); daemon pid $pid -> $(mainpid)"
+    check "upgrade restarted the daemon" test "$(mainpid)" != "$pid"
     wait $lp
     out=$(cat "$OUT/upgrade.json")
     record "upgrade under load: $out"
     n=$(echo "$out" | failed_of)
     [ "$n" = 0 ] && record "ok: upgrade failed no call" || miss "upgrade under load failed $n calls"
     apt-get purge -y -q rasd >>"$OUT/apt.log" 2>&1 || fail "purge"
-    check "purge removes the venv and units" bash -c "[ ! -e /opt/venvs/rasd ] && [ ! -e /lib/systemd/system/rasd.service ]"
+    check "purge removes the venv, units and config" bash -c "[ ! -e /opt/venvs/rasd ] && [ ! -e /lib/systemd/system/rasd.service ] && [ ! -e /etc/rasd/rasd.toml ] && [ ! -e /usr/bin/rasd ]"
+    check "nothing left running after purge" bash -c "! systemctl is-active -q rasd.socket && ! systemctl is-active -q rasd.service"
 fi
 
 record "MISS lines: $(grep -c '^MISS' "$RES") (timing-dependent promises not met on this machine; load average $(cut -d' ' -f1-3 /proc/loadavg))"
