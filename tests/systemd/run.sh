@@ -31,7 +31,24 @@ fi
 marker=$(mktemp /tmp/rasd-systemd-test-marker.XXXXXX)
 echo "host /tmp marker" >"$marker"
 rm -rf "$OUT"
-mkdir -p "$OUT" "$VENV_CACHE"
+mkdir -p "$OUT" ${VENV_CACHE:+"$VENV_CACHE"}
+# The package, when `make deb` built one: install it, and upgrade in place to a copy of it
+# with a higher version (repacked with dpkg-deb) under load.
+DEB=$(ls "$ROOT"/build/deb/rasd_*.deb 2>/dev/null | head -1 || true)
+RASD_DEB= RASD_DEB_UPGRADE=
+if [ -n "$DEB" ] && [ -z "${SYSTEMD_TEST_MANUAL:-}" ]; then
+    RASD_DEB=/src/${DEB#"$ROOT"/}
+    work=$OUT/repack
+    dpkg-deb -R "$DEB" "$work"
+    sed -i 's/^Version: \(.*\)$/Version: \1+upgrade1/' "$work/DEBIAN/control"
+    dpkg-deb -Zgzip -b "$work" "$OUT/rasd_upgrade.deb" >/dev/null
+    rm -rf "$work"
+    RASD_DEB_UPGRADE=/out/rasd_upgrade.deb
+    VENV_CACHE=  # the package brings its own /opt/venvs/rasd (and purge must remove it)
+    echo "systemd-test: package $DEB (upgrade to $(dpkg-deb -f "$OUT/rasd_upgrade.deb" Version))"
+else
+    echo "systemd-test: no build/deb/rasd_*.deb (make deb): testing the manual layout"
+fi
 setsid unshare --fork --pid --mount --mount-proc bash "$ROOT/tests/systemd/nsroot.sh" "$ROOT" "$OUT" "$VENV_CACHE" \
     >"$OUT/boot.log" 2>&1 </dev/null &
 UNSHARE=$!
@@ -70,22 +87,6 @@ case "$state" in
     *) echo "systemd-test: FAILED: systemd did not boot (state: ${state:-none})"; tail -50 "$OUT/boot.log"; exit 1 ;;
 esac
 echo "systemd-test: $(inside /lib/systemd/systemd --version | head -1) booted as PID 1 of a new PID namespace (host pid $PID1)"
-# The package, when `make deb` built one: install it, and upgrade in place to a copy of it
-# with a higher version (repacked with dpkg-deb) under load.
-DEB=$(ls "$ROOT"/build/deb/rasd_*.deb 2>/dev/null | head -1 || true)
-RASD_DEB= RASD_DEB_UPGRADE=
-if [ -n "$DEB" ] && [ -z "${SYSTEMD_TEST_MANUAL:-}" ]; then
-    RASD_DEB=/src/${DEB#"$ROOT"/}
-    work=$OUT/repack
-    dpkg-deb -R "$DEB" "$work"
-    sed -i 's/^Version: \(.*\)$/Version: \1+upgrade1/' "$work/DEBIAN/control"
-    dpkg-deb -b "$work" "$OUT/rasd_upgrade.deb" >/dev/null
-    rm -rf "$work"
-    RASD_DEB_UPGRADE=/out/rasd_upgrade.deb
-    echo "systemd-test: package $DEB (upgrade to $(dpkg-deb -f "$OUT/rasd_upgrade.deb" Version))"
-else
-    echo "systemd-test: no build/deb/rasd_*.deb (make deb): testing the manual layout"
-fi
 rc=0
 inside env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
     RASD_DEB="$RASD_DEB" RASD_DEB_UPGRADE="$RASD_DEB_UPGRADE" \
