@@ -273,19 +273,24 @@ class Daemon:
 
     async def wait_up(self, deadline: float) -> None:
         """For a request that arrived before the store was up: wait for it within the
-        request's deadline; fail fast (UNAVAILABLE) when the daemon is degraded."""
+        request's deadline; fail fast (UNAVAILABLE) when the daemon is degraded. If the
+        deadline comes first the answer is UNAVAILABLE too (nothing was done: retry), sent a
+        little before the deadline so that it reaches the caller in time."""
         if self.up.is_set():
             return
         if self.degraded is not None:
             raise Unavailable(f"{self.degraded}; retrying in the background")
         self.counters.inc("req.waited_for_startup")
+        left = deadline - time.monotonic()
         try:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            async with asyncio.timeout(max(0.0, left - min(0.05, left * 0.1))):
                 await self.up.wait()
         except TimeoutError:
             if self.degraded is not None:
                 raise Unavailable(f"{self.degraded}; retrying in the background") from None
-            raise Timeout("daemon still starting (DynamoDB not warmed yet)") from None
+            raise Unavailable(
+                "daemon still starting (connecting to DynamoDB); retry shortly", retry_after=0.1
+            ) from None
 
     def _start_metrics(self, port: int) -> Any:
         from . import __version__
