@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--client", default="demo")
     ap.add_argument("--pace", type=float, default=0.0, help="seconds between a thread's calls")
     ap.add_argument("--started", help="touch this file once the first call succeeded")
+    ap.add_argument("--until", help="keep going (past --calls) until this file exists")
     args = ap.parse_args()
     lock = threading.Lock()
     failed: Counter[str] = Counter()
@@ -34,7 +36,7 @@ def main() -> None:
         rng = random.Random(tid)
         while True:
             with lock:
-                if state["left"] <= 0:
+                if state["left"] <= 0 and not (args.until and not os.path.exists(args.until)):
                     return
                 state["left"] -= 1
             key = f"k-{rng.randrange(args.keys)}"
@@ -70,7 +72,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "calls": args.calls,
+                "calls": state["ok"] + sum(failed.values()),
                 "ok": state["ok"],
                 "failed": sum(failed.values()),
                 "by_code": dict(failed),
