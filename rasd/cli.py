@@ -9,9 +9,8 @@ rasd stats         print a running daemon's counters
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
+import os
 import sys
 from typing import Any
 
@@ -38,9 +37,34 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
 
-def _config(args: argparse.Namespace) -> Config:
+DEFAULT_ENV_FILE = "/etc/default/rasd"
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """A systemd ``EnvironmentFile=``: ``KEY=VALUE`` lines, ``#`` comments, optional quotes
+    and ``export``. Only the subset operators write in /etc/default files."""
+    out: dict[str, str] = {}
+    with open(path, encoding="utf-8") as fh:
+        for raw in fh:
+            line = raw.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("export "):
+                line = line[len("export ") :].strip()
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ConfigError(f"{path}: not KEY=VALUE: {line!r}")
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                value = value[1:-1]
+            out[key.strip()] = value
+    return out
+
+
+def _config(args: argparse.Namespace, env: dict[str, str] | None = None) -> Config:
     return load(
         args.config,
+        env=env,
         overrides={
             "socket": args.socket,
             "table": args.table,
@@ -80,9 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--region", default="us-east-1", help="RAS region (default us-east-1)")
     dev.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
     check = sub.add_parser(
-        "check-config", help="print the effective config; exit 2 if it is invalid"
+        "check-config",
+        help="print the effective config; exit 2 if it is invalid",
+        description="Print the config `rasd serve` would run with under systemd: the TOML "
+        "file, then the RASD_* variables of --env-file (the unit's EnvironmentFile=, default "
+        "/etc/default/rasd when it exists) over this shell's, then flags.",
     )
     _common(check)
+    check.add_argument(
+        "--env-file",
+        metavar="FILE",
+        default=None,
+        help=f"KEY=VALUE file the service reads (default {DEFAULT_ENV_FILE} if present)",
+    )
     stats = sub.add_parser("stats", help="print a running daemon's counters as JSON")
     stats.add_argument("--socket", metavar="PATH", help="daemon socket (default $RASD_SOCKET)")
     return parser
@@ -91,9 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "dev":
-        from .dev import run_dev
+        from .dev import DevUnavailable, run_dev
 
-        return run_dev(args)
+        try:
+            return run_dev(args)
+        except DevUnavailable as exc:
+            print(f"rasd dev: {exc}", file=sys.stderr)
+            return 2
     if args.cmd == "stats":
         import rasd_client
 
@@ -105,8 +143,20 @@ def main(argv: list[str] | None = None) -> int:
         out.pop("v", None), out.pop("id", None), out.pop("ok", None)
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
+    env: dict[str, str] | None = None
+    if args.cmd == "check-config":
+        path = args.env_file or (DEFAULT_ENV_FILE if os.path.exists(DEFAULT_ENV_FILE) else None)
+        if path:
+            try:
+                env = {**os.environ, **read_env_file(path)}
+            except OSError as exc:
+                print(f"rasd: cannot read {path}: {exc}", file=sys.stderr)
+                return 2
+            except ConfigError as exc:
+                print(f"rasd: {exc}", file=sys.stderr)
+                return 2
     try:
-        cfg = _config(args)
+        cfg = _config(args, env)
     except ConfigError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
@@ -130,7 +180,7 @@ def serve(cfg: Config, reloader: Any = None) -> int:
     from . import log
     from .peercred import AclError
     from .sdnotify import listen_fds_with_names
-    from .server import Daemon
+    from .server import run_daemon
 
     log.configure(cfg.log_level)
     if cfg.metrics_port:
@@ -147,17 +197,8 @@ def serve(cfg: Config, reloader: Any = None) -> int:
         print(f"rasd: bad LISTEN_FDS from the service manager: {exc}", file=sys.stderr)
         return 2
     sock = inherited.get("rasd") or next(iter(inherited.values()), None)
-
-    async def _run() -> None:
-        daemon = Daemon(cfg, reloader=reloader)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.stop)
-        loop.add_signal_handler(signal.SIGHUP, daemon.reload)
-        await daemon.run(sock)
-
     try:
-        uvloop.run(_run())
+        uvloop.run(run_daemon(cfg, sock, reloader=reloader))
     except AclError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2

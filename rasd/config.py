@@ -91,6 +91,23 @@ class Config:
     rate_burst: float = 1000.0
     #: Seconds in-flight requests get to finish on SIGTERM before they are cancelled.
     drain_timeout: float = 5.0
+    #: Requests one connection may have in flight at once; beyond it the answer is BUSY.
+    max_pending_per_conn: int = 256
+
+    # --- start-up and background timing --------------------------------------------------
+    #: Bound on one start-up attempt's DynamoDB work (warming connections, loading pools).
+    startup_deadline: float = 30.0
+    #: DynamoDB unreachable at start: the daemon stays up *degraded* (UNAVAILABLE at once)
+    #: and retries after this many seconds, doubling up to startup_retry_max. It never exits
+    #: for it, so systemd never gives up on it.
+    startup_retry_initial: float = 1.0
+    startup_retry_max: float = 30.0
+    #: Bound on prefetching the pools' first candidates at start (best effort).
+    prefetch_warm: float = 2.0
+    #: Bound on one periodic re-read of the pool definitions.
+    pool_refresh_timeout: float = 5.0
+    #: Bound on the last NO_CAPACITY report written at shutdown.
+    flush_misses_timeout: float = 1.0
 
     # --- DynamoDB client -----------------------------------------------------------------
     #: Connections kept to DynamoDB.
@@ -141,6 +158,13 @@ class Config:
             problems.append("rate_limit/rate_burst: need rate_limit > 0 and rate_burst >= 1")
         if self.breaker_failures < 1:
             problems.append("breaker_failures: must be >= 1")
+        if self.max_pending_per_conn < 1:
+            problems.append("max_pending_per_conn: must be >= 1")
+        if not 0 < self.startup_retry_initial <= self.startup_retry_max:
+            problems.append("startup_retry_initial/max: need 0 < initial <= max")
+        for name in ("startup_deadline", "prefetch_warm", "pool_refresh_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}: must be > 0")
         if self.ddb_max_connections < 1:
             problems.append("ddb_max_connections: must be >= 1")
         if problems:
@@ -222,6 +246,13 @@ CONVERTERS: dict[str, Converter] = {
     "rate_limit": float,
     "rate_burst": float,
     "drain_timeout": float,
+    "max_pending_per_conn": int,
+    "startup_deadline": float,
+    "startup_retry_initial": float,
+    "startup_retry_max": float,
+    "prefetch_warm": float,
+    "pool_refresh_timeout": float,
+    "flush_misses_timeout": float,
     "ddb_max_connections": int,
     "ddb_warm_connections": int,
     "ddb_connect_timeout": float,

@@ -7,9 +7,8 @@ pool with resources, and the daemon on a local socket. Ctrl-C stops it all.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.util
 import os
-import signal
 import sys
 import tempfile
 
@@ -27,12 +26,25 @@ def _socket_path(workdir: str) -> str:
     return os.path.join(tempfile.mkdtemp(prefix="rasd-dev-"), "rasd.sock")
 
 
+class DevUnavailable(RuntimeError):
+    """``rasd dev`` cannot run on this install (a production package has no moto)."""
+
+
+def require_moto() -> None:
+    if importlib.util.find_spec("moto") is None:
+        raise DevUnavailable(
+            "needs moto, which production installs do not ship: install the [dev] extra "
+            "(pip install 'rasd[dev]') in a development virtualenv"
+        )
+
+
 def run_dev(args: argparse.Namespace) -> int:
+    require_moto()
     import boto3
     import uvloop
 
     from . import log, motoserver, schema
-    from .server import Daemon
+    from .server import run_daemon
 
     os.makedirs(args.dir, exist_ok=True)
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -65,8 +77,7 @@ def run_dev(args: argparse.Namespace) -> int:
     ).validate()
     log.configure(cfg.log_level)
 
-    print(
-        f"""rasd dev is up
+    banner = f"""rasd dev is up
   DynamoDB (moto): {endpoint}   (request log: {moto_log})
   table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {args.region}
   socket: {sock}
@@ -83,19 +94,11 @@ print(lease)'
   AWS_ENDPOINT_URL_DYNAMODB={endpoint} AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \\
       .venv/bin/rasadmin stats --table {table} --region {args.region}
 
-Ctrl-C stops everything.""",
-        flush=True,
-    )
-
-    async def _run() -> None:
-        daemon = Daemon(cfg)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.stop)
-        await daemon.run()
+Ctrl-C stops everything."""
 
     try:
-        uvloop.run(_run())
+        # The banner once the daemon answers (DynamoDB warmed, pools loaded).
+        uvloop.run(run_daemon(cfg, on_up=lambda: print(banner, flush=True)))
     finally:
         server.stop()
         print("rasd dev stopped", file=sys.stderr)

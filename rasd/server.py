@@ -1,8 +1,16 @@
 """The daemon: a Unix-socket server speaking msgpack frames, with a readable lifecycle.
 
-    startup()   -> open and warm the DynamoDB pool, load pool definitions, prefetch their
-                   first candidates (bounded), listen (our own
-                   socket, or systemd's via LISTEN_FDS), then READY=1 and the watchdog
+    listen()    -> accept on the socket (our own, or systemd's via LISTEN_FDS) at once, before
+                   the heavy imports (aioboto3 is ~1 s) and DynamoDB warm-up; READY=1 and the
+                   watchdog start here, so socket activation answers its first call quickly
+    bring_up()  -> import the store, open and warm the DynamoDB pool, load pool definitions,
+                   prefetch first candidates (bounded). Requests that arrive meanwhile wait for
+                   it within their own deadline. If DynamoDB cannot be reached the daemon does
+                   not exit: it runs *degraded* (UNAVAILABLE at once, STATUS= says why, one
+                   structured log line per try naming the endpoint and the cause) and retries
+                   with backoff (``startup_retry_initial`` .. ``startup_retry_max``)
+    startup()   -> listen() + one bring_up() attempt that raises on failure (tests, embedding)
+    run()       -> listen() + bring_up() retrying in the background + main loop + shutdown()
     main_loop() -> serve until stop() (SIGTERM/SIGINT); reload() on SIGHUP
     shutdown()  -> STOPPING=1, stop accepting, drain in-flight requests within a bound, close
 
@@ -21,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -33,21 +43,20 @@ from rasd_client.wire import BadFrame, FrameDecoder, FrameTooLarge, encode, erro
 
 from . import log as logsetup
 from . import protocol
-from .acquire import Acquirer
 from .clock import Clock
 from .config import Config
-from .errors import Busy, Forbidden, Internal, RasdError, Timeout
+from .errors import Busy, Forbidden, Internal, RasdError, Timeout, Unavailable
 from .limits import InflightGate
 from .metrics import Counters
 from .peercred import Acl, Grant, peer_credentials, peer_gids
 from .prom import LatencyHistograms
 from .sdnotify import Notifier, run_watchdog, watchdog_interval
-from .store import Store
+
+if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
+    from .acquire import Acquirer
+    from .store import Store
 
 log = structlog.get_logger("rasd.server")
-
-MAX_PENDING_PER_CONN = 256
-STARTUP_DEADLINE = 30.0
 
 
 _NOBODY = Grant(False, frozenset())
@@ -123,8 +132,16 @@ class Daemon:
         self.notifier = Notifier()
         self.clock = clock or Clock()
         self.counters = counters or (store.counters if store else Counters())
-        self.store = store or Store(cfg, self.counters)
-        self.acquirer = Acquirer(cfg, self.store, self.clock, self.counters)
+        #: Given by tests (a FaultyStore); else made by bring_up() after the heavy import.
+        self._given_store = store
+        # Both exist once the store is up (self.up is set); nothing reads them before.
+        self.store: Store
+        self.acquirer: Acquirer
+        #: Set once DynamoDB answered and the pools are loaded; requests wait on it.
+        self.up = asyncio.Event()
+        #: Why the daemon is degraded (DynamoDB unreachable at start), or None.
+        self.degraded: str | None = None
+        self._bring_up_task: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
         self.inflight: set[asyncio.Task[None]] = set()
@@ -134,15 +151,12 @@ class Daemon:
         self._bound_path: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._metrics: Any = None
+        self._socket_name = cfg.socket
+        self._watchdog_started = False
 
     # ------------------------------------------------------------------ lifecycle
-    async def startup(self, sock: socket.socket | None = None) -> None:
-        """Warm DynamoDB, load pools, then listen. Ready only once all of that worked."""
-        deadline = time.monotonic() + STARTUP_DEADLINE
-        await self.store.start()
-        await self.store.warm()
-        n = await self.acquirer.load_pools(deadline)
-        await self.acquirer.prefetch.warm(list(self.acquirer.pools.values()), timeout=2.0)
+    async def listen(self, sock: socket.socket | None = None) -> None:
+        """Accept on the socket now; READY=1 and the watchdog. Nothing heavy happens here."""
         loop = asyncio.get_running_loop()
         if sock is not None:
             self.server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
@@ -154,38 +168,152 @@ class Daemon:
             self.server = await loop.create_unix_server(lambda: Connection(self), path=path)
             os.chmod(path, self.cfg.socket_mode)
             self._bound_path = path
+        self._socket_name = self.cfg.socket if sock is None else "inherited"
         if self.cfg.metrics_port:
             self._metrics = self._start_metrics(self.cfg.metrics_port)
+        # Accepting now; requests wait for the store within their deadlines. READY=1 (and
+        # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
+        # systemd's start timeout must not kill a daemon that is retrying on purpose).
+
+    def _announce(self, status: str) -> None:
+        """READY=1 with STATUS=; the first call also starts the watchdog pings."""
+        self.notifier.ready(status=status)
+        if not self._watchdog_started:
+            self._watchdog_started = True
+            interval = watchdog_interval()
+            if interval:
+                loop = asyncio.get_running_loop()
+                self._tasks.append(loop.create_task(run_watchdog(self.notifier, interval)))
+
+    def endpoint(self) -> str:
+        """The DynamoDB endpoint as botocore will resolve it, for log lines and STATUS=."""
+        return (
+            self.cfg.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or f"https://dynamodb.{os.environ.get('AWS_REGION') or self.cfg.region}.amazonaws.com"
+        )
+
+    async def _bring_up_once(self) -> int:
+        """Import the store (in a thread: the loop keeps accepting), warm DynamoDB, load pools."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.startup_deadline
+        acquire_mod = await asyncio.to_thread(importlib.import_module, ".acquire", __package__)
+        store_mod = importlib.import_module(".store", __package__)
+        store = self._given_store or store_mod.Store(cfg, self.counters)
+        try:
+            await store.start()
+            await store.warm(cfg.startup_deadline)
+            acquirer = acquire_mod.Acquirer(cfg, store, self.clock, self.counters)
+            n: int = await acquirer.load_pools(deadline)
+        except BaseException:
+            if store is not self._given_store:
+                await _close_quietly(store)
+            raise
+        await acquirer.prefetch.warm(list(acquirer.pools.values()), timeout=cfg.prefetch_warm)
+        self.store, self.acquirer = store, acquirer
+        loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._refresh_pools()))
-        self._tasks.append(loop.create_task(self.acquirer.report_misses_forever()))
-        interval = watchdog_interval()
-        if interval:
-            self._tasks.append(loop.create_task(run_watchdog(self.notifier, interval)))
+        self._tasks.append(loop.create_task(acquirer.report_misses_forever()))
         self.ready = True
-        self.notifier.ready(status=f"serving {n} pools in {self.cfg.region}")
+        self.degraded = None
+        self.up.set()
+        self._announce(f"serving {n} pools in {cfg.region}")
         log.info(
             "ready",
-            socket=self.cfg.socket if sock is None else "inherited",
-            region=self.cfg.region,
-            table=self.cfg.table,
+            socket=self._socket_name,
+            region=cfg.region,
+            table=cfg.table,
             pools=n,
+            endpoint=self.endpoint(),
             acl="open" if self.acl.open else "enforced",
             metrics_port=self._metrics.port if self._metrics else None,
+            startup_s=round(time.time() - self.started, 3),
         )
+        return n
+
+    async def bring_up(self) -> None:
+        """Retry :meth:`_bring_up_once` with backoff until it works: never exit for an
+        unreachable DynamoDB. While it fails the daemon is degraded (UNAVAILABLE at once)."""
+        cfg = self.cfg
+        delay = cfg.startup_retry_initial
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._bring_up_once()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is retried; logged below
+                cause = describe_cause(exc)
+                if "circuit breaker" in cause or "no answer" in cause:
+                    # The store's error hides the network's: ask the network directly.
+                    cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
+                self.degraded = f"DynamoDB at {self.endpoint()} unreachable: {cause}"
+                expected = isinstance(exc, RasdError | OSError | TimeoutError) or _is_boto(exc)
+                log.error(
+                    "startup_failed",
+                    endpoint=self.endpoint(),
+                    table=cfg.table,
+                    cause=cause,
+                    attempt=attempt,
+                    retry_in_s=round(delay, 2),
+                    **({} if expected else {"exc_info": exc}),
+                )
+                self.counters.inc("startup.failed")
+                self._announce(f"degraded: {self.degraded}; retry {attempt} in {delay:.1f}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cfg.startup_retry_max)
+
+    async def startup(self, sock: socket.socket | None = None) -> None:
+        """Listen, then bring the store up once; raises if that fails (tests, embedding)."""
+        await self.listen(sock)
+        await self._bring_up_once()
+
+    async def wait_up(self, deadline: float) -> None:
+        """For a request that arrived before the store was up: wait for it within the
+        request's deadline; fail fast (UNAVAILABLE) when the daemon is degraded. If the
+        deadline comes first the answer is UNAVAILABLE too (nothing was done: retry), sent a
+        little before the deadline so that it reaches the caller in time."""
+        if self.up.is_set():
+            return
+        if self.degraded is not None:
+            raise Unavailable(f"{self.degraded}; retrying in the background")
+        self.counters.inc("req.waited_for_startup")
+        left = deadline - time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, left - min(0.05, left * 0.1))):
+                await self.up.wait()
+        except TimeoutError:
+            if self.degraded is not None:
+                raise Unavailable(f"{self.degraded}; retrying in the background") from None
+            raise Unavailable(
+                "daemon still starting (connecting to DynamoDB); retry shortly", retry_after=0.1
+            ) from None
 
     def _start_metrics(self, port: int) -> Any:
         from . import __version__
         from .prom import Gauge, build_registry, start_http
 
-        acq = self.acquirer
+        def cache_leases() -> int:
+            return len(self.acquirer.cache._c) if self.up.is_set() else 0
+
+        def prefetch() -> dict[str, int]:
+            if not self.up.is_set():
+                return {}
+            bufs = self.acquirer.prefetch.buffers
+            return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
+
         registry = build_registry(
             self.counters,
             self.latency,
             {
-                "cache_leases": Gauge("Leases in the daemon's cache", lambda: len(acq.cache._c)),
-                "prefetch_candidates": Gauge(
-                    "Prefetched claim candidates per pool",
-                    lambda: {f"{c}/{p}": len(b) for (c, p), b in acq.prefetch.buffers.items()},
+                "cache_leases": Gauge("Leases in the daemon's cache", cache_leases),
+                "prefetch_candidates": Gauge("Prefetched claim candidates per pool", prefetch),
+                "up": Gauge(
+                    "1 once DynamoDB answered and pools are loaded, 0 while starting or degraded",
+                    lambda: int(self.up.is_set()),
                 ),
                 "inflight": Gauge("Requests doing DynamoDB work", lambda: self.gate.inflight),
             },
@@ -197,7 +325,7 @@ class Daemon:
         """What the peer may use, from its kernel-reported uid and groups (SO_PEERCRED)."""
         acl = self.acl
         if acl.open:
-            return acl.grant(0, ())  # type: ignore[no-any-return]
+            return acl.grant(0, ())
         sock = transport.get_extra_info("socket")
         try:
             cred = peer_credentials(sock)
@@ -226,7 +354,8 @@ class Daemon:
             if conn.transport is not None:
                 conn.grant = self.grant_for(conn.transport)
         self.gate.limit = new.max_inflight
-        self.acquirer.buckets = BucketTable(new.rate_limit, new.rate_burst)
+        if self.up.is_set():
+            self.acquirer.buckets = BucketTable(new.rate_limit, new.rate_burst)
         logsetup.configure(new.log_level)
         self.cfg = dataclasses.replace(
             self.cfg,
@@ -252,6 +381,9 @@ class Daemon:
         log.info("stopping", inflight=len(self.inflight), drain_s=drain)
         if self.server is not None:
             self.server.close()
+        if self._bring_up_task is not None:
+            self._bring_up_task.cancel()
+            await asyncio.gather(self._bring_up_task, return_exceptions=True)
         for t in self._tasks:
             t.cancel()
         if self._metrics is not None:
@@ -260,21 +392,26 @@ class Daemon:
             await asyncio.wait(set(self.inflight), timeout=drain)
         for t in set(self.inflight):
             t.cancel()
-        await self.acquirer.drain(timeout=drain)
+        if self.up.is_set():
+            await self.acquirer.drain(timeout=drain)
         for conn in list(self.connections):
             conn.close()
-        try:
-            await self.acquirer.flush_misses(time.monotonic() + 1.0)
-        except RasdError:
-            pass
-        await self.store.close()
+        if self.up.is_set():
+            try:
+                await self.acquirer.flush_misses(time.monotonic() + self.cfg.flush_misses_timeout)
+            except RasdError:
+                pass
+            await self.store.close()
         if self._bound_path and os.path.exists(self._bound_path):
             os.unlink(self._bound_path)
         self.notifier.close()
         log.info("stopped")
 
     async def run(self, sock: socket.socket | None = None) -> None:
-        await self.startup(sock)
+        """The daemon's whole life: serve at once, bring the store up in the background
+        (retrying while DynamoDB is unreachable), stop on stop()."""
+        await self.listen(sock)
+        self._bring_up_task = asyncio.get_running_loop().create_task(self.bring_up())
         try:
             await self.main_loop()
         finally:
@@ -284,7 +421,7 @@ class Daemon:
         while True:
             await asyncio.sleep(self.cfg.pool_refresh)
             try:
-                await self.acquirer.load_pools(time.monotonic() + 5.0)
+                await self.acquirer.load_pools(time.monotonic() + self.cfg.pool_refresh_timeout)
             except RasdError as exc:
                 log.warning("pool_refresh_failed", error=str(exc))
 
@@ -307,7 +444,7 @@ class Daemon:
                 conn, req, Forbidden(f"this process may not use client_id {req.client_id!r}")
             )
             return
-        if req.op == "get_lease":
+        if req.op == "get_lease" and self.up.is_set():
             t0 = time.perf_counter()
             try:
                 lease = self.acquirer.try_hit(
@@ -322,6 +459,9 @@ class Daemon:
                 self.latency.observe("hit", time.perf_counter() - t0)
                 return
             counters.inc("cache.miss")
+        elif req.op == "get_lease" and self.degraded is not None:
+            self._send_error(conn, req, Unavailable(f"{self.degraded}; retrying"))
+            return
         elif req.op == "ping":
             conn.send(protocol.ok(req.id, ready=self.ready, region=self.cfg.region))
             return
@@ -330,7 +470,7 @@ class Daemon:
             return
         budget = (req.deadline_ms / 1000) if req.deadline_ms else self.cfg.default_deadline
         now = time.monotonic()
-        if conn.pending >= MAX_PENDING_PER_CONN:
+        if conn.pending >= self.cfg.max_pending_per_conn:
             counters.inc("shed.conn_pending")
             self._send_error(conn, req, Busy("too many requests in flight on this connection"))
             return
@@ -347,11 +487,17 @@ class Daemon:
         self, conn: Connection, req: protocol.Request, t0: float, budget: float
     ) -> None:
         deadline = t0 + budget
-        acq = self.acquirer
+        served_from = t0
         try:
             # The store enforces the deadline on DynamoDB calls; this outer bound (a little
             # later) catches everything else.
             async with asyncio.timeout(budget + 0.05):
+                if not self.up.is_set():
+                    await self.wait_up(deadline)
+                    # Time spent waiting for start-up is not service time: counting it would
+                    # make the gate shed every request right after a restart.
+                    served_from = time.monotonic()
+                acq = self.acquirer
                 if req.op == "get_lease":
                     lease, new = await acq.get_lease(
                         req.client_id, req.pool_id, req.key, req.lease_expires_us, deadline
@@ -377,25 +523,131 @@ class Daemon:
             self._send_error(conn, req, Internal(f"{type(exc).__name__}: {exc}"))
         finally:
             conn.pending -= 1
-            self.gate.leave(time.monotonic() - t0)
+            self.gate.leave(time.monotonic() - served_from)
 
     def _send_error(self, conn: Connection, req: protocol.Request, exc: RasdError) -> None:
         self.counters.inc(f"err.{exc.code}")
         conn.send(error_payload(req.id, exc.code, exc.message, exc.retry_after))
 
     def stats(self) -> dict[str, Any]:
-        acq = self.acquirer
+        up = self.up.is_set()
+        acq = self.acquirer if up else None
         return {
             "ready": self.ready,
+            "degraded": self.degraded,
             "region": self.cfg.region,
             "uptime_s": round(time.time() - self.started, 3),
             "pid": os.getpid(),
-            "cache_leases": len(acq.cache),
-            "pools": len(acq.pools),
-            "prefetch_depth": acq.prefetch.depth(),
+            "cache_leases": len(acq.cache) if acq else 0,
+            "pools": len(acq.pools) if acq else 0,
+            "prefetch_depth": acq.prefetch.depth() if acq else 0,
             "connections": len(self.connections),
             "inflight": len(self.inflight),
-            "breaker": self.store.breaker.state,
+            "breaker": self.store.breaker.state if up else "starting",
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),
         }
+
+
+# ------------------------------------------------------------------------ start-up failures
+def _is_boto(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp")
+
+
+def describe_cause(exc: BaseException) -> str:
+    """One line for the root cause of a start-up failure: the innermost exception of the
+    chain (``Unavailable: circuit breaker open`` says nothing; the connect error under it
+    does), with the outer message when it adds something."""
+    chain = [exc]
+    seen = {id(exc)}
+    cur: BaseException | None = exc
+    while cur is not None:
+        cur = cur.__cause__ or cur.__context__
+        if cur is None or id(cur) in seen:
+            break
+        seen.add(id(cur))
+        chain.append(cur)
+    # A cancelled or bare timeout at the bottom says nothing: take the deepest link that does.
+    informative = [e for e in chain if not isinstance(e, asyncio.CancelledError) and str(e)]
+    root = informative[-1] if informative else chain[-1]
+    text = f"{type(root).__name__}: {root}".strip().rstrip(":")
+    if root is not exc:
+        text = f"{text} ({type(exc).__name__}: {exc})"
+    return " ".join(text.split())[:500]
+
+
+async def probe_endpoint(url: str, timeout: float = 1.0) -> str:
+    """What a plain TCP connect to the endpoint says (refused, DNS failure, timeout, ok)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or url
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(timeout):
+            _reader, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return f"TCP connect to {host}:{port}: no answer within {timeout:.1f}s"
+    except OSError as exc:
+        return f"TCP connect to {host}:{port}: {type(exc).__name__}: {exc.strerror or exc}"
+    writer.close()
+    return f"TCP connect to {host}:{port} works (DynamoDB itself is failing)"
+
+
+async def _close_quietly(store: Any) -> None:
+    """Close a store whose start failed, so aiohttp reports no "Unclosed client session"."""
+    try:
+        await store.close()
+    except Exception as exc:  # noqa: BLE001 - best effort on a failure path
+        log.debug("store_close_failed", error=repr(exc))
+
+
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Unhandled errors on the loop as one structured line (not asyncio's multi-line dump).
+    aiohttp's "Unclosed client session/connector" notices come from the garbage collector
+    after a failed start-up attempt was already closed and logged: debug level only."""
+    message = str(context.get("message", "unhandled error on the event loop"))
+    exc = context.get("exception")
+    if message.startswith(("Unclosed client session", "Unclosed connector")):
+        log.debug("aiohttp_unclosed", message=message)
+        return
+    log.error(
+        "loop_error",
+        message=message,
+        error=describe_cause(exc) if isinstance(exc, BaseException) else None,
+        **({"exc_info": exc} if isinstance(exc, BaseException) else {}),
+    )
+
+
+async def run_daemon(
+    cfg: Config,
+    sock: socket.socket | None = None,
+    *,
+    reloader: Callable[[], Config] | None = None,
+    daemon: Daemon | None = None,
+    on_up: Callable[[], None] | None = None,
+) -> None:
+    """The one way to run the daemon (``rasd serve`` and ``rasd dev``): SIGTERM/SIGINT stop
+    it (draining), SIGHUP reloads the config (``reloader``; without one the running config
+    is kept and the reload is still acknowledged to systemd). ``on_up`` runs once the store
+    is up (``rasd dev`` prints its banner then)."""
+    d = daemon or Daemon(cfg, reloader=reloader or (lambda: d.cfg))
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_loop_exception)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, d.stop)
+    loop.add_signal_handler(signal.SIGHUP, d.reload)
+    if on_up is not None:
+
+        async def _when_up() -> None:
+            await d.up.wait()
+            on_up()
+
+        waiter = loop.create_task(_when_up())
+    try:
+        await d.run(sock)
+    finally:
+        if on_up is not None:
+            waiter.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)

@@ -84,10 +84,12 @@ def wait_ready(proc: subprocess.Popen[bytes], sock: str, log: Path) -> None:
         if proc.poll() is not None:
             raise AssertionError(f"daemon exited {proc.returncode}: {log.read_text()[-3000:]}")
         try:
+            # The daemon answers ping with ready=False while it is still starting.
             if rasd_client.call_raw("ping", socket_path=sock, timeout=1.0)["ready"]:
                 return
         except rasd_client.RasdError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise AssertionError(f"daemon never became ready: {log.read_text()[-3000:]}")
 
 

@@ -56,10 +56,12 @@ def start_daemon(sock: str, table: str, endpoint: str, region: str = "us-east-1"
         if proc.poll() is not None:
             raise AssertionError(f"daemon died: {proc.stderr.read() if proc.stderr else ''}")
         try:
+            # ping answers ready=False while the daemon is still starting
             if rasd_client.call_raw("ping", socket_path=sock, timeout=1.0)["ready"]:
                 return proc
         except rasd_client.RasdError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise AssertionError("daemon never became ready")
 
 

@@ -83,7 +83,20 @@ def test_socket_is_one_listener_for_one_daemon(socket_unit: Unit) -> None:
     the socket file stays when the unit stops, so clients never see it vanish."""
     assert one(socket_unit, "Socket", "Accept") == "no"
     assert one(socket_unit, "Socket", "RemoveOnStop") == "no"
-    assert one(socket_unit, "Unit", "PartOf") == "rasd.service"
+
+
+def test_socket_survives_service_restarts(socket_unit: Unit) -> None:
+    """No PartOf=/BindsTo= on the service: restarting (or upgrading) rasd.service must not
+    close the listening socket and drop the callers queued in its backlog."""
+    for key in ("PartOf", "BindsTo"):
+        assert key not in socket_unit["Unit"], f"{key}= would bounce the socket on restart"
+
+
+def test_service_never_gives_up(service: Unit) -> None:
+    """A crash loop is retried forever (no start-limit-hit that fails both units for good),
+    and log priorities reach the journal."""
+    assert one(service, "Unit", "StartLimitIntervalSec") == "0"
+    assert one(service, "Service", "SyslogLevelPrefix") == "yes"
 
 
 # ------------------------------------------------------------------------------ service
