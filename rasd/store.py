@@ -100,6 +100,8 @@ class Store:
         self.counters = counters or Counters()
         self._client: Any = None
         self._ctx: Any = None
+        #: the last failure seen (operation and reason), named in "circuit breaker open"
+        self.last_failure: str | None = None
         self.breaker = CircuitBreaker(
             config.breaker_failures, config.breaker_window, config.breaker_cooldown
         )
@@ -173,7 +175,7 @@ class Store:
             if not breaker.allow(now):
                 self.counters.inc("ddb.breaker_open")
                 raise Unavailable(
-                    "DynamoDB is failing; circuit breaker open",
+                    f"DynamoDB is failing ({self.last_failure or 'unknown'}); circuit breaker open",
                     retry_after=round(breaker.retry_after(now), 3),
                 )
             self.counters.inc(f"ddb.{op}")
@@ -215,6 +217,7 @@ class Store:
                 if ambiguous is not None and not _never_sent(exc):
                     ambiguous.append(True)  # e.g. a read timeout: the write may have landed
                 reason = type(exc).__name__
+            self.last_failure = f"{op}: {reason}"
             sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
             if time.monotonic() + sleep >= deadline:
                 if reason == "timeout":
