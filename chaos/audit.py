@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -336,7 +336,7 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
 
 # ---------------------------------------------------------------------------- all of it
 def audit(
-    records: list[Mapping[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     outage: tuple[float, float] | None = None,
     release_scope: str = "key",
 ) -> dict[str, Any]:
