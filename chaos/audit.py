@@ -9,7 +9,10 @@ Validity of an answer
 ---------------------
 A successful ``get_lease(k)`` answered ``(k, r, exp)`` and received at time ``a`` is *valid*
 from ``a`` until ``exp``, except that a release of ``k`` that **started after** ``a`` ends the
-validity at that release's start. Which releases count:
+validity at that release's start. A release that started before ``a`` but had not ended by
+then is concurrent with the answer: the two cannot be ordered, so it ends the validity at
+``a`` (the answer counts for nothing). A release over before ``a`` does not touch it. Which
+releases count:
 
 * a successful release (``ok``), and an *indeterminate* one (TIMEOUT, UNAVAILABLE, INTERNAL, a
   lost connection: the daemon may have written it). Only definite refusals (NOT_HELD,
@@ -83,13 +86,19 @@ def answers(records: Iterable[Mapping[str, Any]], release_scope: str = "key") ->
     if release_scope not in ("key", "app"):
         raise ValueError(f"release_scope must be 'key' or 'app', not {release_scope!r}")
     recs = list(records)
-    ends: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    spans: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
     for r in recs:
         if release_counts(r):
             scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
-            ends[scope].append(_f(r, "t0"))
-    for v in ends.values():
+            spans[scope].append((_f(r, "t0"), _f(r, "t1")))
+    # per scope: release starts (sorted) and the running maximum of their ends
+    index: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+    for scope, v in spans.items():
         v.sort()
+        run_max: list[float] = []
+        for _s, e in v:
+            run_max.append(max(e, run_max[-1]) if run_max else e)
+        index[scope] = ([s for s, _e in v], run_max)
     out: list[Answer] = []
     for r in recs:
         if r.get("op") != "get_lease" or not r.get("ok"):
@@ -97,10 +106,12 @@ def answers(records: Iterable[Mapping[str, Any]], release_scope: str = "key") ->
         a = _f(r, "t1")
         end = _f(r, "lease_expires")
         scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
-        starts = ends.get(scope)
-        if starts:
+        if scope in index:
+            starts, run_max = index[scope]
             i = bisect.bisect_right(starts, a)
-            if i < len(starts):
+            if i > 0 and run_max[i - 1] > a:
+                end = min(end, a)  # a release was under way when the answer came: unordered
+            elif i < len(starts):
                 end = min(end, starts[i])
         out.append(
             Answer(

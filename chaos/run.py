@@ -566,8 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally: children are killed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     p = Params(
         duration=args.duration,
         seed=args.seed,

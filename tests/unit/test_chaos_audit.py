@@ -78,13 +78,26 @@ def test_release_ends_validity() -> None:
 
 
 def test_release_before_the_answer_does_not_end_it() -> None:
-    """Only a release that started after the answer was received ends its validity."""
+    """A release that was over before the answer came does not end the answer's validity."""
     h = [
-        rel(0, "k1", 0.5, 2),  # concurrent with the get below, started before its answer
+        rel(0, "k1", 0.2, 0.5),
         get(0, "k1", "r1", 0, 1, 100),
         get(1, "k2", "r1", 10, 11, 50),
     ]
     assert A.audit(h)["double_allocations"] == 1
+
+
+def test_release_concurrent_with_the_answer_ends_it() -> None:
+    """Started before the answer came, ended after: unordered, so no false alarm."""
+    h = [
+        rel(2, "k1", 0.5, 2),
+        get(0, "k1", "r1", 0, 1, 100),
+        get(1, "k2", "r1", 10, 11, 50),
+        get(0, "k1", "r2", 12, 13, 100),
+    ]
+    out = A.audit(h)
+    assert out["double_allocations"] == 0 and out["lost_leases"] == 0
+    assert [a.end for a in A.answers(h) if a.resource == "r1" and a.key == "k1"] == [1]
 
 
 def test_definitely_refused_release_does_not_end_validity() -> None:
