@@ -42,12 +42,11 @@ def test_chaos_harness_works(tmp_path: Path) -> None:
     )
     result = run(p)
     a = result["audit"]
-    assert a["answers"] > 0 and a["calls"]["get_lease"] > a["answers"]
+    assert a["answers"] > 0
     assert result["kills"] >= 1
     faults = result["proxies"]["total"]
     assert faults.get("fault.outage", 0) > 0
     assert result["jobs"]["liberator"]["runs"] >= 1
-    assert {"dedupe/us-east-1", "dedupe/eu-west-1"} <= set(result["jobs"])
     saved = json.loads((tmp_path / "latest-smoke.json").read_text())
     assert saved["audit"]["answers"] == a["answers"]
     assert "double allocations" in table(result)
