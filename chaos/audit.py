@@ -258,12 +258,15 @@ def availability(
     lat: list[float] = []
     lat_ok: list[float] = []
     during: Counter[str] = Counter()
+    no_daemon = 0
     for r in records:
         op = str(r.get("op"))
         code = "ok" if r.get("ok") else str(r.get("error") or "?")
         outcomes.setdefault(op, Counter())[code] += 1
         if op != "get_lease":
             continue
+        if not r.get("ok") and daemon_down(r):
+            no_daemon += 1
         ms = (float(r["m1"]) - float(r["m0"])) * 1000
         lat.append(ms)
         if r.get("ok"):
@@ -276,6 +279,12 @@ def availability(
         "calls": {op: sum(c.values()) for op, c in outcomes.items()},
         "outcomes": {op: dict(sorted(c.items())) for op, c in outcomes.items()},
         "answered_share": round(gl["ok"] / total, 4) if total else None,
+        # calls that found no daemon on the socket (killed, restarting) and the share answered
+        # of the others: what the daemons did when they were there
+        "no_daemon": no_daemon,
+        "answered_share_daemon_up": (
+            round(gl["ok"] / (total - no_daemon), 4) if total > no_daemon else None
+        ),
         "latency_ms": {
             "p50": _r(percentile(lat, 50)),
             "p99": _r(percentile(lat, 99)),
@@ -295,6 +304,14 @@ def availability(
             "outcomes": dict(sorted(during.items())),
         }
     return out
+
+
+def daemon_down(rec: Mapping[str, Any]) -> bool:
+    """Did the call fail because no daemon was there (connect refused, connection reset)?"""
+    msg = str(rec.get("message", ""))
+    return rec.get("error") == "UNAVAILABLE" and msg.startswith(
+        ("cannot connect to rasd", "rasd connection failed")
+    )
 
 
 def _r(x: float | None) -> float | None:

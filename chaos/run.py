@@ -512,6 +512,8 @@ def table(result: dict[str, Any]) -> str:
         ("cross-region duplicates (allowed)", a["cross_region_duplicates"]),
         ("get_lease calls", a["calls"].get("get_lease", 0)),
         ("answered with a lease", a["answered_share"]),
+        ("  of calls that found a daemon", a["answered_share_daemon_up"]),
+        ("calls that found no daemon (killed)", a["no_daemon"]),
         ("errors by code", _codes(a["outcomes"].get("get_lease", {}))),
         ("release outcomes", _codes(a["outcomes"].get("release", {}), keep_ok=True)),
         ("latency p50 / p99 (ms)", f"{lat['p50']} / {lat['p99']}"),

@@ -203,6 +203,17 @@ def test_availability_latency_and_outage() -> None:
     assert out["latency_ms"]["p99"] == pytest.approx(1000.0)
     assert out["outage"]["calls_inside"] == 2
     assert out["outage"]["served_from_cache"] == 1
+    assert out["no_daemon"] == 0 and out["answered_share_daemon_up"] == 0.5
+
+
+def test_calls_that_found_no_daemon() -> None:
+    down = err(0, "k1", 1, 1.001, "UNAVAILABLE")
+    down["message"] = "cannot connect to rasd at /tmp/x.sock: [Errno 111] Connection refused"
+    h = [get(0, "k1", "r1", 0, 0.01, 100), down, err(0, "k1", 2, 3, "UNAVAILABLE")]
+    out = A.audit(h)
+    assert out["no_daemon"] == 1
+    assert out["answered_share"] == round(1 / 3, 4)
+    assert out["answered_share_daemon_up"] == 0.5
 
 
 def test_percentile_and_merge() -> None:
