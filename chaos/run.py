@@ -295,8 +295,14 @@ class Jobs(threading.Thread):
         try:
             summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
-            summary = {"job": cmd[2], "unparsed": out.decode(errors="replace")[-300:]}
+            summary = {
+                "job": cmd[2].rsplit(".", 1)[-1],
+                "region": cmd[cmd.index("--region") + 1],
+                "unparsed": out.decode(errors="replace")[-300:],
+            }
         summary.update(exit=proc.returncode, t0=round(t0, 3), t1=round(time.time(), 3))
+        if self.stop_ev.is_set() and proc.returncode != 0:
+            summary["stopped"] = True  # killed by stop(), at the end of the run: no failure
         self.events.jobs.append(summary)
 
     def stop(self) -> None:
@@ -315,6 +321,9 @@ def jobs_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
             name = f"dedupe/{j.get('region')}"
         s = out.setdefault(name, Counter())
         s["runs"] += 1
+        if j.get("stopped"):
+            s["stopped_runs"] += 1
+            continue
         s["failed_runs"] += int(j.get("exit") not in (0, None))
         for k in ("freed", "expired", "duplicate_keys", "released", "lost_races", "errors"):
             if isinstance(j.get(k), int):
