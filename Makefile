@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full check-protocol clean systemd-test tools deb
+.PHONY: dev test lint typecheck unit integration bench bench-full sim sim-full check-protocol chaos chaos-short clean systemd-test tools deb
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,14 @@ sim-full: $(STAMP)
 # The protocol model checker (docs/checker.md): deep mode; CI runs `python -m check --quick`.
 check-protocol: $(STAMP)
 	$(BIN)/python -m check
+
+# The chaos run (docs/reliability.md): 5 daemons in 2 regions behind fault-injecting proxies,
+# kill -9 every 6 s, one outage, the jobs on loops; an audit of what the apps saw (~11 min).
+chaos: $(STAMP)
+	$(BIN)/python -m chaos --duration 600
+
+chaos-short: $(STAMP)
+	$(BIN)/python -m chaos --duration 75
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv

@@ -343,14 +343,18 @@ class World:
 
         I1 (``quarantine``): at its lease end, or, once its lease's release has completed,
         Q - max_clock_skew after it (the quarantine, as the most advanced clock sees it).
-        I2: at its lease end, or when the app calls release(key) after it, whatever that
-        call answers (an app that asked to release stops using the lease)."""
+        I2: at its lease end, or when an app calls release(key) after the lease's first
+        answer, whatever that call answers (an app that asked to release stops using it)."""
         if quarantine:
             rel = next((t for tok, t in self.released if tok == a.token), None)
             if rel is None:
                 return a.exp
             return min(a.exp, rel + self.inv_q - self.cfg.rules().grace_us)
-        call = min((t for k, t in self.release_calls if k == a.key and t >= a.at), default=None)
+        # per lease (its token), not per answer: a cached copy served after the release by
+        # another daemon belongs to the released lease (stale for at most S, I3)
+        first = min((b.at for b in self.answers if b.token == a.token), default=a.at)
+        first = min(first, a.at)
+        call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
         return a.exp if call is None else min(a.exp, call)
 
     def answer(self, d: Daemon, key: str, lease: Lease) -> None:

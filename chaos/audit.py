@@ -1,0 +1,453 @@
+"""The chaos run's audit: pure functions over what the apps observed and the final table.
+
+Nothing here trusts the daemons' own accounts. The inputs are the apps' history records
+(``chaos.app`` writes one JSON object per call) and, for the final checks, a scan of the
+table. All times are wall-clock epoch seconds: every process of a run is on one host, so one
+clock orders them all (the monotonic stamps are kept for latencies only).
+
+Validity of an answer
+---------------------
+A successful ``get_lease(k)`` answered ``(k, r, exp)`` and received at time ``a`` is *valid*
+from ``a`` until ``exp``, except that a release of ``k`` that **started after** ``a`` ends the
+validity at that release's start. A release that started before ``a`` but had not ended by
+then is concurrent with the answer: the two cannot be ordered, so it ends the validity at
+``a`` (the answer counts for nothing). A release over before ``a`` does not touch it. Which
+releases count:
+
+* a successful release (``ok``), and an *indeterminate* one (TIMEOUT, UNAVAILABLE, INTERNAL, a
+  lost connection: the daemon may have written it). Only definite refusals (NOT_HELD,
+  BAD_REQUEST, ...) leave the validity alone. Counting indeterminate releases can hide a
+  violation, never invent one: the audit errs towards no false alarms.
+* by default (``release_scope="key"``) a release by *any* app process ends the validity of
+  every earlier answer for ``k``: the lease belongs to the key, not to the caller, so after
+  app B releases ``k`` its old resource may legitimately go to another key while app A still
+  remembers it. ``release_scope="app"`` counts only the same app process's releases (the
+  stricter reading; it flags that legitimate case too, so use it only for single-app keys).
+
+Findings
+--------
+* **double allocation**: one resource answered to two different keys with overlapping
+  validity (counted once per (resource, key pair)).
+* **in-region split**: one key answered two different resources *of the same region* with
+  overlapping validity (once per (key, region, resource pair)). Two resources of different
+  regions are the paper's cross-region duplicates: reported, not a failure.
+* **lost lease**: a key answered ``r``, and a call for it that *started after* that answer
+  was received was answered a different resource of the same region while ``r``'s answer was
+  still valid. Every lost lease is also a split; the split that is not a lost lease is a race
+  between concurrent calls (once per (key, region, old, new)).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rasd.config import Config
+from rasd.lease import FREE, LIVE, US, is_mapping_pk, mapping_from_ddb, parse_time
+
+#: Error codes that say for sure that a release wrote nothing.
+DEFINITE_RELEASE_FAILURES = frozenset(
+    {"NOT_HELD", "BAD_REQUEST", "UNKNOWN_POOL", "FORBIDDEN", "BUSY", "NO_CAPACITY"}
+)
+EXAMPLES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One successful get_lease as an app saw it, with its validity interval."""
+
+    app: int
+    key: str
+    resource: str
+    region: str  # the lease's (the resource's) region, as answered
+    start: float  # when the call started
+    received: float  # when the answer arrived: validity starts here
+    expires: float
+    end: float  # validity end: ``expires``, or the start of a later release of the key
+    daemon: int = -1
+    #: for double allocations (I1): ``end``, or the release plus the quarantine window
+    end_i1: float = 0.0
+
+
+def _f(rec: Mapping[str, Any], name: str) -> float:
+    return float(rec[name])
+
+
+def release_counts(rec: Mapping[str, Any]) -> bool:
+    """Does this release record end validity (successful or indeterminate)?"""
+    if rec.get("op") != "release":
+        return False
+    return bool(rec.get("ok")) or rec.get("error") not in DEFINITE_RELEASE_FAILURES
+
+
+def _lease_id(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (r["key"], r["resource"], r.get("version"), r.get("lease_region"))
+
+
+def answers(
+    records: Iterable[Mapping[str, Any]],
+    release_scope: str = "key",
+    quarantine_window: float = 0.0,
+) -> list[Answer]:
+    """The successful get_lease answers with their validity (see the module docstring).
+    ``quarantine_window``: how long after a release its resource stays unclaimable on every
+    host's clock (the daemons' quarantine minus the clock-skew bound); it extends the I1
+    validity of a released lease."""
+    if release_scope not in ("key", "app"):
+        raise ValueError(f"release_scope must be 'key' or 'app', not {release_scope!r}")
+    recs = list(records)
+    spans: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
+    for r in recs:
+        if release_counts(r):
+            scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
+            spans[scope].append((_f(r, "t0"), _f(r, "t1")))
+    # per scope: release starts (sorted) and the running maximum of their ends
+    index: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+    for scope, v in spans.items():
+        v.sort()
+        run_max: list[float] = []
+        for _s, e in v:
+            run_max.append(max(e, run_max[-1]) if run_max else e)
+        index[scope] = ([s for s, _e in v], run_max)
+    # A lease is (key, resource, version, region): every answer of one lease, cached copies
+    # served later by other daemons included, ends with the lease (docs/design.md: a release
+    # ends the key's lease for every app; a stale copy is bounded by S, I3).
+    first: dict[tuple[Any, ...], float] = {}
+    for r in recs:
+        if r.get("op") == "get_lease" and r.get("ok"):
+            lk = _lease_id(r)
+            first[lk] = min(first.get(lk, math.inf), _f(r, "t1"))
+    out: list[Answer] = []
+    for r in recs:
+        if r.get("op") != "get_lease" or not r.get("ok"):
+            continue
+        a = first[_lease_id(r)]
+        end = _f(r, "lease_expires")
+        end_i1 = end
+        scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
+        if scope in index:
+            starts, run_max = index[scope]
+            i = bisect.bisect_right(starts, a)
+            if i > 0 and run_max[i - 1] > a:
+                end = min(end, a)  # a release was under way when the answer came: unordered
+                end_i1 = min(end_i1, a + quarantine_window)
+            elif i < len(starts):
+                end = min(end, starts[i])
+                end_i1 = min(end_i1, starts[i] + quarantine_window)
+        out.append(
+            Answer(
+                app=int(r.get("app", -1)),
+                key=str(r["key"]),
+                resource=str(r["resource"]),
+                region=str(r.get("lease_region") or ""),
+                start=_f(r, "t0"),
+                received=a,
+                expires=_f(r, "lease_expires"),
+                end=end,
+                daemon=int(r.get("daemon", -1)),
+                end_i1=end_i1,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- intervals
+def merge(ivs: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of half-open intervals [s, e), empty ones dropped, sorted."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(iv for iv in ivs if iv[1] > iv[0]):
+        if out and s < out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def conflicts(
+    by_label: Mapping[str, Iterable[tuple[float, float]]],
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Pairs of different labels whose intervals overlap: {(l1, l2): (from, to)} with l1 < l2,
+    the first overlap of each pair. A sweep over each label's merged intervals."""
+    events: list[tuple[float, float, str]] = []
+    for label, ivs in by_label.items():
+        events.extend((s, e, label) for s, e in merge(ivs))
+    events.sort()
+    active: list[tuple[float, float, str]] = []
+    found: dict[tuple[str, str], tuple[float, float]] = {}
+    for s, e, label in events:
+        active = [iv for iv in active if iv[1] > s]
+        for _s2, e2, other in active:
+            if other != label:
+                pair = (min(label, other), max(label, other))
+                if pair not in found:
+                    found[pair] = (s, min(e, e2))
+        active.append((s, e, label))
+    return found
+
+
+# ------------------------------------------------------------------------------ findings
+def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    by_res: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for a in ans:
+        by_res[a.resource][a.key].append((a.received, a.end_i1))
+    out: list[dict[str, Any]] = []
+    for res in sorted(by_res):
+        for (k1, k2), (s, e) in sorted(conflicts(by_res[res]).items()):
+            out.append(_finding(resource=res, keys=[k1, k2], start=s, end=e))
+    return out
+
+
+def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for a in ans:
+        groups[(a.key, a.region)][a.resource].append((a.received, a.end))
+    out: list[dict[str, Any]] = []
+    for key, region in sorted(groups):
+        for (r1, r2), (s, e) in sorted(conflicts(groups[(key, region)]).items()):
+            out.append(_finding(key=key, region=region, resources=[r1, r2], start=s, end=e))
+    return out
+
+
+def cross_region_duplicates(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    """Keys answered resources of two regions with overlapping validity (allowed; reported)."""
+    groups: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for a in ans:
+        groups[a.key][f"{a.region}|{a.resource}"].append((a.received, a.end))
+    out: list[dict[str, Any]] = []
+    for key in sorted(groups):
+        for (l1, l2), (s, e) in sorted(conflicts(groups[key]).items()):
+            if l1.split("|", 1)[0] != l2.split("|", 1)[0]:
+                out.append(_finding(key=key, resources=[l1, l2], start=s, end=e))
+    return out
+
+
+def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[Answer]] = defaultdict(list)
+    for a in ans:
+        groups[(a.key, a.region)].append(a)
+    out: list[dict[str, Any]] = []
+    for key, region in sorted(groups):
+        by_received = sorted(groups[(key, region)], key=lambda x: x.received)
+        by_start = sorted(groups[(key, region)], key=lambda x: x.start)
+        best: dict[str, float] = {}  # resource -> latest validity end among answers seen
+        j = 0
+        seen: set[tuple[str, str]] = set()
+        for cur in by_start:
+            while j < len(by_received) and by_received[j].received <= cur.start:
+                p = by_received[j]
+                if p.end > p.received:
+                    best[p.resource] = max(best.get(p.resource, -math.inf), p.end)
+                j += 1
+            for res, end in best.items():
+                if res != cur.resource and end > cur.received and (res, cur.resource) not in seen:
+                    seen.add((res, cur.resource))
+                    out.append(
+                        _finding(
+                            key=key,
+                            region=region,
+                            old=res,
+                            new=cur.resource,
+                            start=cur.received,
+                            end=end,
+                        )
+                    )
+    return out
+
+
+def _finding(start: float, end: float, **kw: Any) -> dict[str, Any]:
+    return {**kw, "from": round(start, 6), "to": round(end, 6), "overlap_s": round(end - start, 3)}
+
+
+# ------------------------------------------------------------------------- availability
+def percentile(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of ``xs``; None when empty."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+def availability(
+    records: Iterable[Mapping[str, Any]], outage: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """Outcomes of get_lease and release calls, get_lease latencies, and the calls that were
+    answered during the outage window (only a daemon's cache can answer then)."""
+    outcomes: dict[str, Counter[str]] = {"get_lease": Counter(), "release": Counter()}
+    lat: list[float] = []
+    lat_ok: list[float] = []
+    during: Counter[str] = Counter()
+    no_daemon = 0
+    for r in records:
+        op = str(r.get("op"))
+        code = "ok" if r.get("ok") else str(r.get("error") or "?")
+        outcomes.setdefault(op, Counter())[code] += 1
+        if op != "get_lease":
+            continue
+        if not r.get("ok") and daemon_down(r):
+            no_daemon += 1
+        ms = (float(r["m1"]) - float(r["m0"])) * 1000
+        lat.append(ms)
+        if r.get("ok"):
+            lat_ok.append(ms)
+        if outage is not None and outage[0] <= float(r["t0"]) and float(r["t1"]) <= outage[1]:
+            during[code] += 1
+    gl = outcomes["get_lease"]
+    total = sum(gl.values())
+    out: dict[str, Any] = {
+        "calls": {op: sum(c.values()) for op, c in outcomes.items()},
+        "outcomes": {op: dict(sorted(c.items())) for op, c in outcomes.items()},
+        "answered_share": round(gl["ok"] / total, 4) if total else None,
+        # calls that found no daemon on the socket (killed, restarting) and the share answered
+        # of the others: what the daemons did when they were there
+        "no_daemon": no_daemon,
+        "answered_share_daemon_up": (
+            round(gl["ok"] / (total - no_daemon), 4) if total > no_daemon else None
+        ),
+        "latency_ms": {
+            "p50": _r(percentile(lat, 50)),
+            "p99": _r(percentile(lat, 99)),
+            "p50_answered": _r(percentile(lat_ok, 50)),
+            "p99_answered": _r(percentile(lat_ok, 99)),
+            "max": _r(max(lat) if lat else None),
+        },
+    }
+    if outage is not None:
+        n = sum(during.values())
+        out["outage"] = {
+            "from": outage[0],
+            "to": outage[1],
+            "calls_inside": n,
+            "served_from_cache": during["ok"],
+            "answered_share": round(during["ok"] / n, 4) if n else None,
+            "outcomes": dict(sorted(during.items())),
+        }
+    return out
+
+
+def daemon_down(rec: Mapping[str, Any]) -> bool:
+    """Did the call fail because no daemon was there (connect refused, connection reset)?"""
+    msg = str(rec.get("message", ""))
+    return rec.get("error") == "UNAVAILABLE" and msg.startswith(
+        ("cannot connect to rasd", "rasd connection failed")
+    )
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+# ------------------------------------------------------------------------------- table
+def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float) -> dict[str, Any]:
+    """The final table against the protocol's state invariants (docs/design.md):
+
+    - no resource item both free and leased, and none neither;
+    - no unexpired ``live`` mapping item naming a resource its token does not hold (daemons
+      serve a live mapping without reading the resource: a violation here is a resource
+      served while it is free or someone else's);
+    - no (key, region) holding two unexpired leases (a held item is a lease only if its
+      region's mapping names it).
+
+    A held item that no mapping names is an orphan, counted apart (never served; the
+    liberator's orphan repair frees it). ``items`` are raw DynamoDB attribute maps; meta
+    items and other clients are ignored."""
+    now_us = int(now * US)
+    both: list[str] = []
+    neither: list[str] = []
+    held: dict[tuple[str, str], list[str]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    items = list(items)
+    maps = [
+        mapping_from_ddb(dict(it))
+        for it in items
+        if is_mapping_pk(it.get("client_id", {}).get("S", ""))
+    ]
+    named = {(m.token, m.resource) for m in maps if m.state != FREE and m.token and m.resource}
+    holders: dict[str, str | None] = {}
+    for it in items:
+        cid = it.get("client_id", {}).get("S", "")
+        if cid.startswith("#") or cid != client_id:
+            continue
+        res = it["resource"]["S"]
+        key = it.get("key", {}).get("S")
+        avail = it.get("lease_available", {}).get("S")
+        holders[res] = it.get("holder", {}).get("S") if key is not None else None
+        counts["resources"] += 1
+        if key is not None and avail is not None:
+            both.append(res)
+        elif key is None and avail is None:
+            neither.append(res)
+        if key is None:
+            counts["free"] += 1
+            continue
+        counts["leased"] += 1
+        if (it.get("holder", {}).get("S"), res) not in named:
+            counts["orphans"] += 1
+            continue
+        exp = it.get("lease_expires", {}).get("S")
+        if exp is not None and parse_time(exp) > now_us:
+            counts["leased_unexpired"] += 1
+            held[(key, it.get("region", {}).get("S", ""))].append(res)
+    unheld = sorted(
+        f"{m.key}@{m.region}->{m.resource}"
+        for m in maps
+        if m.client_id == client_id
+        and m.state == LIVE
+        and m.expires_us is not None
+        and m.expires_us > now_us
+        and holders.get(m.resource or "") != m.token
+    )
+    dup = {f"{k}@{r}": sorted(v) for (k, r), v in sorted(held.items()) if len(v) > 1}
+    return {
+        **{k: counts[k] for k in ("resources", "free", "leased", "leased_unexpired", "orphans")},
+        "both_free_and_leased": len(both),
+        "neither_free_nor_leased": len(neither),
+        "live_mappings_not_held": len(unheld),
+        "keys_with_two_unexpired_in_region": len(dup),
+        "examples": {
+            "both_free_and_leased": sorted(both)[:EXAMPLES],
+            "neither_free_nor_leased": sorted(neither)[:EXAMPLES],
+            "live_mappings_not_held": unheld[:EXAMPLES],
+            "keys_with_two_unexpired_in_region": dict(list(dup.items())[:EXAMPLES]),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- all of it
+def audit(
+    records: Sequence[Mapping[str, Any]],
+    outage: tuple[float, float] | None = None,
+    release_scope: str = "key",
+    quarantine_window: float | None = None,
+) -> dict[str, Any]:
+    """Every history finding and the availability figures (the table checks are separate).
+    ``quarantine_window`` defaults to the daemons' quarantine minus the clock-skew bound."""
+    if quarantine_window is None:
+        cfg = Config()
+        quarantine_window = cfg.quarantine - cfg.max_clock_skew
+    ans = answers(records, release_scope, quarantine_window)
+    dbl = double_allocations(ans)
+    spl = in_region_splits(ans)
+    lost = lost_leases(ans)
+    xreg = cross_region_duplicates(ans)
+    return {
+        "answers": len(ans),
+        "double_allocations": len(dbl),
+        "in_region_splits": len(spl),
+        "lost_leases": len(lost),
+        "cross_region_duplicates": len(xreg),
+        "examples": {
+            "double_allocations": dbl[:EXAMPLES],
+            "in_region_splits": spl[:EXAMPLES],
+            "lost_leases": lost[:EXAMPLES],
+            "cross_region_duplicates": xreg[:EXAMPLES],
+        },
+        **availability(records, outage),
+    }

@@ -1,0 +1,314 @@
+"""A fault-injecting HTTP proxy between one daemon and DynamoDB (moto), on loopback.
+
+Theory of operation
+-------------------
+One proxy per daemon; every proxy of a run shares one ``FaultPlan``. The proxy reads each
+HTTP/1.1 request whole, then decides its fate with its own seeded RNG:
+
+* ``drop_request``: the connection is closed before anything is forwarded (nothing applied);
+* ``drop_reply``: the request is forwarded and applied, and its reply is never delivered:
+  the connection is closed at once, or held silent for ``hold_s`` (past the daemon's own
+  timeouts) and then closed. The daemon cannot tell whether its write landed;
+* ``http500``: an ``InternalServerError`` (HTTP 500) is answered, nothing forwarded;
+* ``throttle``: HTTP 400 ``ProvisionedThroughputExceededException`` in DynamoDB's JSON
+  format (``x-amzn-ErrorType`` header, ``__type`` body), nothing forwarded;
+* ``latency``: the request (or its reply) is held for a random ``latency_s`` range;
+* otherwise it is forwarded untouched.
+
+Each kind takes an equal share of ``rate`` (default 5 % of calls in all). During the plan's
+**outage window** every call of every proxy fails: half are dropped (connection closed), half
+answered HTTP 500, so the daemons' circuit breakers see an outage. Faults start only when the
+plan is enabled (after the daemons started), so a start-up is never sabotaged.
+
+The upstream (werkzeug) closes its connection after each response; the proxy opens one
+upstream connection per request and keeps the daemon's connection alive (HTTP/1.1), as
+``bench/proxy.py`` does. Threads, one per daemon connection; all bounded by ``stop()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("drop_request", "drop_reply", "http500", "throttle", "latency")
+_CONN_RE = re.compile(rb"(?im)^connection:[^\r\n]*\r\n")
+_CLEN_RE = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
+_CHUNKED_RE = re.compile(rb"(?im)^transfer-encoding:[ \t]*chunked[ \t]*\r?$")
+_TARGET_RE = re.compile(rb"(?im)^x-amz-target:[ \t]*\S+\.(\w+)")
+
+
+@dataclass
+class FaultPlan:
+    """What the proxies do; shared by all of them, changed only between phases."""
+
+    rate: float = 0.05
+    weights: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 1.0))
+    latency_s: tuple[float, float] = (0.05, 1.5)
+    hold_s: float = 2.5
+    enabled: bool = False
+    #: wall-clock [from, to) during which every call of every proxy fails
+    outage: tuple[float, float] | None = None
+
+    def in_outage(self, now: float | None = None) -> bool:
+        if self.outage is None:
+            return False
+        t = time.time() if now is None else now
+        return self.outage[0] <= t < self.outage[1]
+
+
+def error_response(status: int, reason: str, error_type: str, message: str) -> bytes:
+    """An error reply in DynamoDB's JSON 1.0 protocol format."""
+    body = json.dumps(
+        {"__type": f"com.amazonaws.dynamodb.v20120810#{error_type}", "message": message}
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        f"x-amzn-RequestId: chaos-{random.getrandbits(48):012x}\r\n"
+        f"x-amzn-ErrorType: {error_type}\r\n"
+        "Content-Type: application/x-amz-json-1.0\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: keep-alive\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+THROTTLE = (
+    400,
+    "Bad Request",
+    "ProvisionedThroughputExceededException",
+    "The level of configured provisioned throughput for the table was exceeded. "
+    "Consider increasing your provisioning level with the UpdateTable API.",
+)
+ERROR_500 = (500, "Internal Server Error", "InternalServerError", "Internal server error")
+
+
+class _Reader:
+    """Buffered reads of whole HTTP/1.1 messages (Content-Length, chunked, or until close)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(262144)
+        if not data:
+            return False
+        self.buf += data
+        return True
+
+    def message(self, request: bool) -> tuple[bytes, bytes, bool] | None:
+        """(head, body, body_ran_until_close) or None when the peer closed first."""
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                return None
+        i = self.buf.index(b"\r\n\r\n") + 4
+        head, self.buf = self.buf[:i], self.buf[i:]
+        m = _CLEN_RE.search(head)
+        if m:
+            n = int(m.group(1))
+            while len(self.buf) < n:
+                if not self._fill():
+                    return None
+            body, self.buf = self.buf[:n], self.buf[n:]
+            return head, body, False
+        if _CHUNKED_RE.search(head):
+            while True:
+                end = self.buf.find(b"\r\n0\r\n\r\n")
+                if end >= 0 or self.buf.startswith(b"0\r\n\r\n"):
+                    cut = (end + 7) if end >= 0 else 5
+                    body, self.buf = self.buf[:cut], self.buf[cut:]
+                    return head, body, False
+                if not self._fill():
+                    return None
+        if request:
+            return head, b"", False
+        while self._fill():
+            pass
+        body, self.buf = self.buf, b""
+        return head, body, True
+
+
+def keep_alive(head: bytes, body: bytes, until_close: bool) -> bytes:
+    """The upstream's reply made HTTP/1.1 keep-alive (the proxy, not werkzeug, decides the
+    daemon's connection lifetime)."""
+    head = _CONN_RE.sub(b"", head)
+    if head.startswith(b"HTTP/1.0 "):
+        head = b"HTTP/1.1 " + head[9:]
+    extra = b"Connection: keep-alive\r\n"
+    if until_close:
+        extra += b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+    return head[:-2] + extra + b"\r\n" + body
+
+
+class FaultProxy:
+    """Listen on 127.0.0.1 (any free port), forward to ``upstream`` under ``plan``."""
+
+    def __init__(
+        self, upstream: tuple[str, int], plan: FaultPlan, seed: str, name: str = ""
+    ) -> None:
+        self.upstream = upstream
+        self.plan = plan
+        self.name = name
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.stats: Counter[str] = Counter()
+        self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._lsock.bind(("127.0.0.1", 0))
+        self._lsock.listen(256)
+        self.host, self.port = self._lsock.getsockname()[:2]
+        self._stop = threading.Event()
+        self._socks: set[socket.socket] = set()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> FaultProxy:
+        self._thread = threading.Thread(target=self._accept, name=f"chaos-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._lsock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._lsock.close()
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.stats)
+
+    # ------------------------------------------------------------------------------ internals
+    def _count(self, *names: str) -> None:
+        with self._lock:
+            for n in names:
+                self.stats[n] += 1
+
+    def decide(self) -> tuple[str, float]:
+        """(fault kind or "" for none, a uniform draw for the kind's own choice)."""
+        plan = self.plan
+        with self._lock:
+            u = self._rng.random()
+            if not plan.enabled:
+                return "", u
+            if plan.in_outage():
+                return "outage", u
+            if self._rng.random() >= plan.rate:
+                return "", u
+            kinds = list(plan.weights)
+            kind = self._rng.choices(kinds, [plan.weights[k] for k in kinds])[0]
+            return kind, u
+
+    def _latency(self, u: float) -> float:
+        lo, hi = self.plan.latency_s
+        return lo + (hi - lo) * u
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                csock, _ = self._lsock.accept()
+            except OSError:
+                return
+            csock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._socks.add(csock)
+                self.stats["connections"] += 1
+            threading.Thread(target=self._conn, args=(csock,), daemon=True).start()
+
+    def _conn(self, csock: socket.socket) -> None:
+        cin = _Reader(csock)
+        try:
+            while not self._stop.is_set():
+                req = cin.message(request=True)
+                if req is None:
+                    return
+                head, body, _ = req
+                m = _TARGET_RE.search(head)
+                op = m.group(1).decode() if m else "?"
+                kind, u = self.decide()
+                self._count("requests", f"op.{op}", f"fault.{kind or 'none'}")
+                if kind == "outage":
+                    if u < 0.5:
+                        return  # connection closed, nothing forwarded
+                    csock.sendall(error_response(*ERROR_500))
+                    continue
+                if kind == "drop_request":
+                    return
+                if kind == "http500":
+                    csock.sendall(error_response(*ERROR_500))
+                    continue
+                if kind == "throttle":
+                    csock.sendall(error_response(*THROTTLE))
+                    continue
+                if kind == "latency" and u < 0.5:
+                    self._stop.wait(self._latency(u * 2))
+                reply = self._forward(head + body)
+                if reply is None:
+                    self._count("upstream_failed")
+                    return
+                if kind == "drop_reply":
+                    self._count(f"op.{op}.reply_dropped")
+                    if u < 0.5:
+                        self._stop.wait(self.plan.hold_s)  # silent until the caller gives up
+                    return
+                if kind == "latency" and u >= 0.5:
+                    self._stop.wait(self._latency(u * 2 - 1))
+                csock.sendall(reply)
+        except Exception:  # noqa: BLE001 - a proxy thread must never raise
+            return
+        finally:
+            with self._lock:
+                self._socks.discard(csock)
+            with contextlib.suppress(OSError):
+                csock.close()
+
+    def _forward(self, request: bytes) -> bytes | None:
+        try:
+            with socket.create_connection(self.upstream, timeout=30) as up:
+                up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                up.sendall(request)
+                resp = _Reader(up).message(request=False)
+        except OSError:
+            return None
+        if resp is None:
+            return None
+        return keep_alive(*resp)
+
+
+def start_proxies(upstream_url: str, n: int, plan: FaultPlan, seed: int) -> list[FaultProxy]:
+    """``n`` proxies to ``http://host:port``, each with its own RNG seeded from ``seed``."""
+    hostport = upstream_url.split("://", 1)[-1].rstrip("/")
+    host, port = hostport.rsplit(":", 1)
+    return [
+        FaultProxy((host, int(port)), plan, seed=f"{seed}/proxy/{i}", name=f"p{i}").start()
+        for i in range(n)
+    ]
+
+
+def totals(proxies: list[FaultProxy]) -> dict[str, Any]:
+    """Sum of the proxies' counters, and each proxy's."""
+    total: Counter[str] = Counter()
+    each = []
+    for p in proxies:
+        s = p.snapshot()
+        total.update(s)
+        each.append(s)
+    return {"total": dict(sorted(total.items())), "each": each}

@@ -1,0 +1,327 @@
+"""The chaos audit on small hand-made histories (chaos/audit.py): each finding is found when it
+happened, and only then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chaos import audit as A
+from rasd.lease import US, fmt_time
+
+E, W = "us-east-1", "eu-west-1"
+
+
+def get(
+    app: int, key: str, res: str, t0: float, t1: float, exp: float, region: str = E
+) -> dict[str, Any]:
+    return {
+        "op": "get_lease",
+        "app": app,
+        "key": key,
+        "t0": t0,
+        "t1": t1,
+        "m0": t0,
+        "m1": t1,
+        "ok": True,
+        "resource": res,
+        "lease_expires": exp,
+        "lease_region": region,
+        "version": 1,
+        "new": True,
+    }
+
+
+def rel(app: int, key: str, t0: float, t1: float, error: str | None = None) -> dict[str, Any]:
+    r: dict[str, Any] = {"op": "release", "app": app, "key": key, "t0": t0, "t1": t1}
+    r.update({"m0": t0, "m1": t1, "ok": error is None})
+    if error:
+        r["error"] = error
+    return r
+
+
+def err(app: int, key: str, t0: float, t1: float, code: str) -> dict[str, Any]:
+    return {"op": "get_lease", "app": app, "key": key, "t0": t0, "t1": t1, "m0": t0, "m1": t1,
+            "ok": False, "error": code}  # fmt: skip
+
+
+# ------------------------------------------------------------------------- double allocation
+def test_double_allocation_is_found() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k2", "r1", 10, 11, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["double_allocations"] == 1
+    ex = out["examples"]["double_allocations"][0]
+    assert ex["resource"] == "r1" and ex["keys"] == ["k1", "k2"]
+    assert ex["from"] == 11 and ex["to"] == 50
+
+
+def test_same_key_on_same_resource_is_not_a_double_allocation() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k1", "r1", 10, 11, 100)]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+
+
+def test_expired_answer_does_not_overlap() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 10), get(1, "k2", "r1", 10, 11, 50)]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+
+
+def test_release_ends_validity() -> None:
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(0, "k1", 5, 6),
+        get(1, "k2", "r1", 7, 8, 50),
+    ]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+    (a,) = [x for x in A.answers(h) if x.key == "k1"]
+    assert a.end == 5
+
+
+def test_release_before_the_answer_does_not_end_it() -> None:
+    """A release that was over before the answer came does not end the answer's validity."""
+    h = [
+        rel(0, "k1", 0.2, 0.5),
+        get(0, "k1", "r1", 0, 1, 100),
+        get(1, "k2", "r1", 10, 11, 50),
+    ]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+
+
+def test_release_concurrent_with_the_answer_ends_it() -> None:
+    """Started before the answer came, ended after: unordered, so no false alarm."""
+    h = [
+        rel(2, "k1", 0.5, 2),
+        get(0, "k1", "r1", 0, 1, 100),
+        get(1, "k2", "r1", 10, 11, 50),
+        get(0, "k1", "r2", 12, 13, 100),
+    ]
+    out = A.audit(h, quarantine_window=0)
+    assert out["double_allocations"] == 0 and out["lost_leases"] == 0
+    assert [a.end for a in A.answers(h) if a.resource == "r1" and a.key == "k1"] == [1]
+
+
+def test_definitely_refused_release_does_not_end_validity() -> None:
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(0, "k1", 5, 6, error="NOT_HELD"),
+        get(1, "k2", "r1", 7, 8, 50),
+    ]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+
+
+def test_indeterminate_release_ends_validity() -> None:
+    """A release that timed out may have been written: it must not raise a false alarm."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(0, "k1", 5, 7, error="TIMEOUT"),
+        get(1, "k2", "r1", 7, 8, 50),
+    ]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+
+
+def test_release_scope_key_versus_app() -> None:
+    """By default another app's release of the key ends validity (the lease is the key's);
+    release_scope='app' counts only the same app's releases."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(2, "k1", 5, 6),
+        get(1, "k2", "r1", 7, 8, 50),
+    ]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+    assert A.audit(h, release_scope="app", quarantine_window=0)["double_allocations"] == 1
+    with pytest.raises(ValueError):
+        A.answers(h, release_scope="host")
+
+
+def test_a_double_allocation_is_counted_once_per_resource_and_key_pair() -> None:
+    h = [get(0, "k1", "r1", i, i + 0.5, 100) for i in range(5)]
+    h += [get(1, "k2", "r1", 10 + i, 10.5 + i, 100) for i in range(5)]
+    h += [get(1, "k3", "r1", 20, 20.5, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["double_allocations"] == 3  # {k1,k2}, {k1,k3}, {k2,k3}
+
+
+# ------------------------------------------------------------------------------- splits
+def test_in_region_split_is_found() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k1", "r2", 0, 2, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["in_region_splits"] == 1
+    ex = out["examples"]["in_region_splits"][0]
+    assert ex["key"] == "k1" and ex["region"] == E and ex["resources"] == ["r1", "r2"]
+    # concurrent calls (the second started before the first answer arrived): not a lost lease
+    assert out["lost_leases"] == 0
+
+
+def test_cross_region_duplicate_is_not_a_split() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100, region=E), get(1, "k1", "w1", 0, 2, 100, region=W)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["in_region_splits"] == 0 and out["lost_leases"] == 0
+    assert out["double_allocations"] == 0
+    assert out["cross_region_duplicates"] == 1
+
+
+def test_split_after_the_first_lease_expired_is_fine() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 5), get(1, "k1", "r2", 6, 7, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["in_region_splits"] == 0 and out["lost_leases"] == 0
+
+
+# --------------------------------------------------------------------------- lost leases
+def test_lost_lease_is_found() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), get(0, "k1", "r2", 5, 6, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["lost_leases"] == 1 and out["in_region_splits"] == 1
+    ex = out["examples"]["lost_leases"][0]
+    assert (ex["key"], ex["old"], ex["new"]) == ("k1", "r1", "r2")
+
+
+def test_released_lease_is_not_lost() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), rel(3, "k1", 2, 3), get(0, "k1", "r2", 5, 6, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["lost_leases"] == 0 and out["in_region_splits"] == 0
+
+
+def test_lost_lease_in_other_region_is_not_lost() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100, region=E), get(0, "k1", "w1", 5, 6, 100, region=W)]
+    assert A.audit(h, quarantine_window=0)["lost_leases"] == 0
+
+
+# -------------------------------------------------------------------------- availability
+def test_availability_latency_and_outage() -> None:
+    h = [
+        get(0, "k1", "r1", 0, 0.01, 100),
+        get(0, "k1", "r1", 10.0, 10.002, 100),  # inside the outage: served from the cache
+        err(1, "k2", 11.0, 12.0, "UNAVAILABLE"),
+        err(1, "k2", 20.0, 21.0, "TIMEOUT"),
+        rel(0, "k1", 30, 30.01),
+    ]
+    out = A.audit(h, outage=(9.0, 17.0), quarantine_window=0)
+    assert out["calls"] == {"get_lease": 4, "release": 1}
+    assert out["outcomes"]["get_lease"] == {"TIMEOUT": 1, "UNAVAILABLE": 1, "ok": 2}
+    assert out["answered_share"] == 0.5
+    assert out["latency_ms"]["p50"] == pytest.approx(10.0)
+    assert out["latency_ms"]["p99"] == pytest.approx(1000.0)
+    assert out["outage"]["calls_inside"] == 2
+    assert out["outage"]["served_from_cache"] == 1
+    assert out["no_daemon"] == 0 and out["answered_share_daemon_up"] == 0.5
+
+
+def test_calls_that_found_no_daemon() -> None:
+    down = err(0, "k1", 1, 1.001, "UNAVAILABLE")
+    down["message"] = "cannot connect to rasd at /tmp/x.sock: [Errno 111] Connection refused"
+    h = [get(0, "k1", "r1", 0, 0.01, 100), down, err(0, "k1", 2, 3, "UNAVAILABLE")]
+    out = A.audit(h, quarantine_window=0)
+    assert out["no_daemon"] == 1
+    assert out["answered_share"] == round(1 / 3, 4)
+    assert out["answered_share_daemon_up"] == 0.5
+
+
+def test_percentile_and_merge() -> None:
+    assert A.percentile([], 50) is None
+    assert A.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert A.merge([(5, 6), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 6)]
+
+
+# --------------------------------------------------------------------------------- table
+def item(
+    res: str,
+    key: str | None = None,
+    exp: float | None = None,
+    avail: bool = False,
+    region: str = E,
+    client: str = "demo",
+    holder: str | None = None,
+) -> dict[str, Any]:
+    it: dict[str, Any] = {"client_id": {"S": client}, "resource": {"S": res}}
+    it["region"] = {"S": region}
+    if key is not None:
+        it["key"] = {"S": key}
+        it["holder"] = {"S": holder or f"t-{res}"}
+    if exp is not None:
+        it["lease_expires"] = {"S": fmt_time(int(exp * US))}
+    if avail:
+        it["lease_available"] = {"S": fmt_time(0)}
+    return it
+
+
+def mapping(key: str, res: str, exp: float, region: str = E, token: str = "") -> dict[str, Any]:
+    """A live mapping item naming ``res`` for ``key`` (token defaults to item()'s)."""
+    return {
+        "client_id": {"S": f"#map#demo#default#{key}"},
+        "resource": {"S": region},
+        "state": {"S": "live"},
+        "token": {"S": token or f"t-{res}"},
+        "res": {"S": res},
+        "exp": {"S": fmt_time(int(exp * US))},
+        "ver": {"N": "2"},
+    }
+
+
+def test_table_checks() -> None:
+    now = 1_700_000_000.0
+    items = [
+        item("r1", avail=True),
+        item("r2", key="k1", exp=now + 60),
+        mapping("k1", "r2", now + 60),
+        item("r3", key="k1", exp=now + 60),  # k1 holds r3 too, but no mapping names it: orphan
+        item("w1", key="k1", exp=now + 60, region=W),  # cross-region: fine
+        mapping("k1", "w1", now + 60, region=W),
+        item("r4", key="k2", exp=now - 60),
+        item("r5", key="k2", exp=now + 60),
+        mapping("k2", "r5", now + 60),
+        item("r6", key="k3", exp=now + 60, avail=True),  # both free and leased
+        item("r7"),  # neither
+        mapping("k4", "r1", now + 60),  # a live mapping naming a FREE resource: served free
+        mapping("k5", "r5", now + 60, token="other"),  # names a resource k2's token holds
+        mapping("k6", "r2", now - 60),  # expired: not served, fine
+        item("y", key="k1", exp=now + 60, client="other"),
+    ]
+    out = A.table_checks(items, "demo", now)
+    assert out["resources"] == 8
+    assert out["both_free_and_leased"] == 1
+    assert out["neither_free_nor_leased"] == 1
+    assert out["orphans"] == 3  # r3, r4 (expired, unnamed) and r6
+    assert out["keys_with_two_unexpired_in_region"] == 0
+    assert out["live_mappings_not_held"] == 2
+    assert out["examples"]["live_mappings_not_held"] == ["k4@us-east-1->r1", "k5@us-east-1->r5"]
+
+
+def test_clean_table() -> None:
+    now = 1_700_000_000.0
+    items = [
+        item("r1", avail=True),
+        item("r2", key="k1", exp=now + 5),
+        mapping("k1", "r2", now + 5),
+    ]
+    out = A.table_checks(items, "demo", now)
+    assert out["both_free_and_leased"] == out["live_mappings_not_held"] == out["orphans"] == 0
+
+
+def test_a_released_resource_given_to_another_key_within_the_quarantine_is_flagged() -> None:
+    """I1: after a release, the resource may go to another key only once the quarantine
+    window (the daemons' quarantine minus the clock-skew bound) has passed."""
+    h = [get(0, "k1", "r1", 0, 1, 100), rel(0, "k1", 5, 6), get(1, "k2", "r1", 7, 8, 50)]
+    assert A.audit(h, quarantine_window=55)["double_allocations"] == 1
+    late = [*h[:2], get(1, "k2", "r1", 70, 71, 150)]
+    assert A.audit(late, quarantine_window=55)["double_allocations"] == 0
+
+
+def test_a_stale_copy_of_a_released_lease_ends_with_the_lease() -> None:
+    """A lease is (key, resource, version, region): a cached copy another daemon serves after
+    the release ends with the lease (bounded staleness, I3), not at its own expiry; so
+    neither the key's new lease nor the resource's next key conflicts with it."""
+
+    def v(rec: dict[str, Any], version: int) -> dict[str, Any]:
+        return {**rec, "version": version}
+
+    h = [
+        v(get(0, "k1", "r1", 0, 1, 100), 3),
+        rel(0, "k1", 5, 6),
+        v(get(1, "k1", "r1", 9, 10, 100), 3),  # a stale copy from another daemon's cache
+        v(get(0, "k1", "r2", 11, 12, 100), 1),  # the key's new lease
+        v(get(2, "k2", "r1", 70, 71, 150), 4),  # r1's next key, after the window
+    ]
+    out = A.audit(h, quarantine_window=55)
+    assert (out["double_allocations"], out["in_region_splits"]) == (0, 0), out
+    # without the lease identity (versions differ), the stale copy would be a new lease
+    assert A.audit([*h[:2], v(h[2], 9), *h[3:]], quarantine_window=55)["in_region_splits"] == 1
