@@ -145,7 +145,7 @@ def answers(
                 resource=str(r["resource"]),
                 region=str(r.get("lease_region") or ""),
                 start=_f(r, "t0"),
-                received=a,
+                received=_f(r, "t1"),
                 expires=_f(r, "lease_expires"),
                 end=end,
                 daemon=int(r.get("daemon", -1)),
@@ -240,6 +240,8 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
         j = 0
         seen: set[tuple[str, str]] = set()
         for cur in by_start:
+            if cur.end <= cur.received:
+                continue  # a stale copy of a lease already over (I3): it takes nothing over
             while j < len(by_received) and by_received[j].received <= cur.start:
                 p = by_received[j]
                 if p.end > p.received:

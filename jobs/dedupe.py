@@ -11,6 +11,12 @@ unclaimable for the quarantine so that caches still serving it run out first (I1
 Only live leases are grouped (expired ones are the liberator's): the daemons choose among
 live leases, and so must this job, or it could release the lease they serve.
 
+An extra is released only if the survivor outlasts it by the daemons' skew margin (else its
+region would acquire yet another resource while apps still use the extra), and its resource is
+claimable no earlier than its own lease end plus the clock-skew bound: no app released it,
+so apps may use it until then (docs/design.md, I1 and I2). Such extras are counted in
+``kept_until_survivor_outlasts``.
+
 The index is eventually consistent, so nothing is decided from it: every item of a group is
 read again, strongly consistently, with its region's mapping item. Within a region only the
 item the mapping names is a lease; any other is an orphan (a crash left it), freed like one.
@@ -60,6 +66,10 @@ class Options:
     #: region -> boto3 client of that region's replica (from --peer-endpoint)
     peers: dict[str, Any] = field(default_factory=dict)
     quarantine_us: int = int(Config().quarantine * US)
+    #: the daemons' skew_margin: a survivor must outlast an extra by this much
+    margin_us: int = int(Config().skew_margin * US)
+    #: the clock-skew bound: an extra is claimable no earlier than its end plus this
+    grace_us: int = int(Config().max_clock_skew * US)
 
 
 def duplicates(
@@ -113,6 +123,15 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     return groups
 
 
+def outlasts(keep: ResourceItem, extra: ResourceItem, margin_us: int) -> bool:
+    """Does the survivor's lease run at least ``margin_us`` past the extra's? Only then do
+    the extra's region's daemons, once its mapping is released, serve the survivor for as
+    long as apps may still use the extra, instead of acquiring yet another resource there."""
+    if keep.lease_expires_us is None or extra.lease_expires_us is None:
+        return False
+    return keep.lease_expires_us >= extra.lease_expires_us + margin_us
+
+
 def replica(ddb: Any, opts: Options, region: str) -> Any | None:
     """The client that may write ``region``'s items: ours, or a --peer-endpoint's."""
     return ddb if region == opts.region else opts.peers.get(region)
@@ -161,7 +180,12 @@ def release_one(
         log.info("would_release", kind=what, **ictx)
         return
     try:
-        got = leases.release_held(client, opts.table, it, opts.now_us, opts.quarantine_us)
+        # No app released it: apps may use it until its end, so it is not claimable before
+        # then (plus the skew), however short the quarantine (docs/design.md, I1).
+        end = (it.lease_expires_us or 0) + opts.grace_us if what == "extra" else 0
+        got = leases.release_held(
+            client, opts.table, it, opts.now_us, opts.quarantine_us, not_before_us=end
+        )
     except Exception as exc:  # noqa: BLE001 - counted; the next run retries
         counts["errors"] += 1
         log.error("release_failed", error=repr(exc), **ictx)
@@ -200,8 +224,17 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             orphans=[f"{it.region}:{it.resource}" for it in orphans],
             **ctx,
         )
-        for it, what in [*((o, "orphan") for o in orphans), *((e, "extra") for e in extras)]:
-            release_one(ddb, opts, it, what, counts, ctx)
+        for o in orphans:
+            release_one(ddb, opts, o, "orphan", counts, ctx)
+        for e in extras:
+            assert keep is not None
+            if not outlasts(keep, e, opts.margin_us):
+                # Releasing it now would leave its region with no servable lease before its
+                # end: the region would acquire another while apps still use this one.
+                counts["kept_until_survivor_outlasts"] += 1
+                log.info("extra_kept", resource=e.resource, region=e.region, **ctx)
+                continue
+            release_one(ddb, opts, e, "extra", counts, ctx)
     summary: dict[str, Any] = {
         "job": "dedupe",
         "table": opts.table,
@@ -211,6 +244,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "duplicate_keys": counts["duplicate_keys"],
         "released": counts["released"],
         "orphans_freed": counts["orphans_freed"],
+        "kept_until_survivor_outlasts": counts["kept_until_survivor_outlasts"],
         "foreign_reported": counts["foreign_reported"],
         "lost_races": counts["lost_races"],
         "errors": counts["errors"],

@@ -71,8 +71,17 @@ def get_resource(ddb: Any, table: str, ident: ItemKey) -> ResourceItem | None:
     return resource_from(got) if got else None
 
 
-def release_held(ddb: Any, table: str, r: ResourceItem, now_us: int, quarantine_us: int) -> Result:
-    """Release what ``r`` (read consistently, held) holds: mapping, then resource."""
+def release_held(
+    ddb: Any,
+    table: str,
+    r: ResourceItem,
+    now_us: int,
+    quarantine_us: int,
+    not_before_us: int = 0,
+) -> Result:
+    """Release what ``r`` (read consistently, held) holds: mapping, then resource, claimable
+    again after the quarantine, and not before ``not_before_us`` (``ras-dedupe`` passes the
+    lease's own end: no app released it, so apps may use it until then; docs/design.md I1)."""
     assert r.key is not None and r.holder is not None
     m = get_mapping(ddb, table, r)
     verdict = orphan_verdict(r, m)
@@ -80,7 +89,8 @@ def release_held(ddb: Any, table: str, r: ResourceItem, now_us: int, quarantine_
         return repair(ddb, table, r, m, now_us, quarantine_us)
     if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us)):
         return "lost_race"
-    write(ddb, table, free_claim(r.ident, r.key, r.holder, now_us, now_us + quarantine_us))
+    available = max(now_us + quarantine_us, not_before_us)
+    write(ddb, table, free_claim(r.ident, r.key, r.holder, now_us, available))
     return "released"
 
 

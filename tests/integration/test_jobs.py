@@ -548,6 +548,7 @@ def seed_duplicates(ddb: Any, table: str) -> None:
     seed_pool(ddb, table, region=WEST, count=10, prefix="w-")
     seed_pool(ddb, table, pool_id="other", region=EAST, count=5, prefix="o-")
     end = NOW + HOUR
+    longer = end + 60 * US  # every survivor outlasts its extras (ras-dedupe requires it)
     # k1: three east items, leased in this order; the mapping names the last one (e-00003),
     # e-00001 and e-00002 are orphans, although e-00002 has the earliest lease_acquired
     lease(ddb, table, "e-00001", "k1", end, acquired_us=NOW - 50 * US)
@@ -555,13 +556,13 @@ def seed_duplicates(ddb: Any, table: str) -> None:
     lease(ddb, table, "e-00003", "k1", end, acquired_us=NOW - 70 * US)
     # k2: the west claim is earlier: the east extra is released here
     lease(ddb, table, "e-00004", "k2", end, acquired_us=NOW - 10 * US)
-    lease(ddb, table, "w-00001", "k2", end, acquired_us=NOW - 20 * US)
+    lease(ddb, table, "w-00001", "k2", longer, acquired_us=NOW - 20 * US)
     # k3: east is earlier: the west extra is only reported by the east job
-    lease(ddb, table, "e-00005", "k3", end, acquired_us=NOW - 30 * US)
+    lease(ddb, table, "e-00005", "k3", longer, acquired_us=NOW - 30 * US)
     lease(ddb, table, "w-00002", "k3", end, acquired_us=NOW - 5 * US)
     # k4: same claim time in both regions: region order decides (eu-west-1 < us-east-1)
     lease(ddb, table, "e-00006", "k4", end, acquired_us=NOW - 40 * US)
-    lease(ddb, table, "w-00003", "k4", end, acquired_us=NOW - 40 * US)
+    lease(ddb, table, "w-00003", "k4", longer, acquired_us=NOW - 40 * US)
     # not duplicates: one item per key, and one key in two different pools
     lease(ddb, table, "e-00007", "solo", end)
     lease(ddb, table, "e-00008", "k5", end)
@@ -580,12 +581,19 @@ def holders(ddb: Any, table: str) -> dict[tuple[str, str, str], list[ResourceIte
 K1, K2, K3, K4 = (("demo", "default", k) for k in ("k1", "k2", "k3", "k4"))
 
 
-def assert_released(ddb: Any, table: str, resource: str, key: str, region: str) -> None:
+#: an extra that ras-dedupe releases is claimable no earlier than its lease end plus the skew
+EXTRA_FREE = NOW + HOUR + int(Config().max_clock_skew * US)
+
+
+def assert_released(
+    ddb: Any, table: str, resource: str, key: str, region: str, until_us: int = NOW + Q
+) -> None:
     """``resource`` was given back early, the way a daemon releases: its key's mapping in
-    its region no longer names it, and it is claimable only after the quarantine."""
+    its region no longer names it, and it is claimable only after ``until_us`` (the
+    quarantine; for an extra ras-dedupe released, its own lease end)."""
     it = get(ddb, table, resource)
     assert it.key is None and it.holder is None, it
-    assert it.lease_available == fmt_time(NOW + Q), it
+    assert it.lease_available == fmt_time(until_us), it
     m = get_map(ddb, table, map_ident(key, region))
     assert m is None or m.resource != resource, m
 
@@ -634,9 +642,9 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
     # Changed: an early free is claimable only after the quarantine (was: at once).
     assert_released(ddb, table, "e-00001", "k1", EAST)  # orphans
     assert_released(ddb, table, "e-00002", "k1", EAST)
-    assert_released(ddb, table, "e-00004", "k2", EAST)  # released extras
-    assert_released(ddb, table, "e-00006", "k4", EAST)
-    assert_released(ddb, table, "w-00002", "k3", WEST)
+    assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)  # released extras
+    assert_released(ddb, table, "e-00006", "k4", EAST, EXTRA_FREE)
+    assert_released(ddb, table, "w-00002", "k3", WEST, EXTRA_FREE)
     for key in ("k2", "k4"):  # their east mappings were released: state free
         m = get_map(ddb, table, map_ident(key, EAST))
         assert m is not None and (m.state, m.token) == (FREE, None), m
@@ -698,7 +706,7 @@ def test_dedupe_dry_run_and_peer_endpoint(
     s = r.summary
     assert (s["released"], s["orphans_freed"], s["foreign_reported"]) == (3, 2, 0), r
     assert all(len(v) == 1 for v in holders(ddb, table).values())
-    assert_released(ddb, table, "w-00002", "k3", WEST)  # through the peer endpoint
+    assert_released(ddb, table, "w-00002", "k3", WEST, EXTRA_FREE)  # through the peer endpoint
 
 
 def test_dedupe_leaves_the_key_its_lease_when_survivor_changed(ddb: Any, table: str) -> None:
@@ -773,7 +781,7 @@ def test_dedupe_extension_racing_the_release_cannot_keep_the_extra(ddb: Any, tab
     s = dedupe.run(Wrapped(ddb, update_item=extend_first), opts)
     assert not once[0], "the hook never ran"
     assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (2, 2, 0, 0), s
-    assert_released(ddb, table, "e-00004", "k2", EAST)
+    assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)
     assert served(ddb, table)[K2] == (WEST, "w-00001")
 
 
@@ -1066,3 +1074,18 @@ def test_force_delete_ends_the_mapping_before_the_item(
     m = get_map(ddb, table, map_ident("k", EAST))
     assert m is not None and m.state == "free" and m.resource is None, m
     assert ("demo", "res-00000") not in by_resource(ddb, table)
+
+
+def test_dedupe_keeps_an_extra_its_survivor_does_not_outlast(ddb: Any, table: str) -> None:
+    """Found by the chaos run: the survivor (the earliest claim) may end long before the
+    extra. Releasing the extra then leaves its region with no servable lease while apps still
+    use the extra, and the region acquires a third resource for the key (an in-region split,
+    as apps see it). Such an extra is kept (its lease ends, or is liberated, by itself)."""
+    seed_pool(ddb, table, region=EAST, count=2, prefix="e-")
+    seed_pool(ddb, table, region=WEST, count=2, prefix="w-")
+    lease(ddb, table, "w-00000", "k", NOW + 3 * US, acquired_us=NOW - 20 * US)  # ends first
+    lease(ddb, table, "e-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * US)
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW, peers={WEST: ddb})
+    s = dedupe.run(ddb, opts)
+    assert (s["duplicate_keys"], s["released"], s["kept_until_survivor_outlasts"]) == (1, 0, 1)
+    assert get(ddb, table, "e-00000").key == "k"
