@@ -477,7 +477,7 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-STATS_PROJECTION = "client_id, pool_id, #r, #k, lease_expires"
+STATS_PROJECTION = "client_id, #res, pool_id, #r, #k, lease_expires"
 
 
 def collect_stats(
@@ -502,7 +502,7 @@ def collect_stats(
     kw: dict[str, Any] = {
         "TableName": table,
         "ProjectionExpression": STATS_PROJECTION,
-        "ExpressionAttributeNames": {"#r": "region", "#k": "key"},
+        "ExpressionAttributeNames": {"#res": "resource", "#r": "region", "#k": "key"},
     }
     if client_id is not None:
         kw["KeyConditionExpression"] = "client_id = :c"

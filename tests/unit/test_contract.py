@@ -57,8 +57,18 @@ def code_span(cell: str) -> str:
 
 
 def resolve(dotted: str) -> Any:
-    module, _, name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    """The value a dotted name stands for: a module's constant, or a class attribute (a
+    Config setting's default)."""
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise AssertionError(f"cannot resolve {dotted}")
 
 
 # ------------------------------------------------------------------------------- errors
@@ -110,7 +120,7 @@ CONTRACT_CONSTANTS = {
     "rasd_client.wire.VERSION",
     "rasd_client.wire.HEADER_SIZE",
     "rasd_client.wire.MAX_FRAME",
-    "rasd.server.MAX_PENDING_PER_CONN",
+    "rasd.config.Config.max_pending_per_conn",
     "rasd.protocol.MAX_DEADLINE_MS",
     "rasd.protocol.MAX_ID_LEN",
     "rasd.lease.MAX_KEY_LEN",
