@@ -180,11 +180,15 @@ def release_one(
         log.info("would_release", kind=what, **ictx)
         return
     try:
-        # No app released it: apps may use it until its end, so it is not claimable before
-        # then (plus the skew), however short the quarantine (docs/design.md, I1).
-        end = (it.lease_expires_us or 0) + opts.grace_us if what == "extra" else 0
+        # No app released an extra: apps may use it until its end, so it is not claimable
+        # before then (plus the skew), however short the quarantine (docs/design.md, I1).
         got = leases.release_held(
-            client, opts.table, it, opts.now_us, opts.quarantine_us, not_before_us=end
+            client,
+            opts.table,
+            it,
+            opts.now_us,
+            opts.quarantine_us,
+            hold_to_end_grace_us=opts.grace_us if what == "extra" else None,
         )
     except Exception as exc:  # noqa: BLE001 - counted; the next run retries
         counts["errors"] += 1

@@ -77,11 +77,12 @@ def release_held(
     r: ResourceItem,
     now_us: int,
     quarantine_us: int,
-    not_before_us: int = 0,
+    hold_to_end_grace_us: int | None = None,
 ) -> Result:
     """Release what ``r`` (read consistently, held) holds: mapping, then resource, claimable
-    again after the quarantine, and not before ``not_before_us`` (``ras-dedupe`` passes the
-    lease's own end: no app released it, so apps may use it until then; docs/design.md I1)."""
+    again after the quarantine. With ``hold_to_end_grace_us`` (``ras-dedupe``: no app
+    released the lease, so apps may use it to its end) not before the lease's end plus that
+    grace either (docs/design.md, I1)."""
     assert r.key is not None and r.holder is not None
     m = get_mapping(ddb, table, r)
     verdict = orphan_verdict(r, m)
@@ -89,7 +90,14 @@ def release_held(
         return repair(ddb, table, r, m, now_us, quarantine_us)
     if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us)):
         return "lost_race"
-    available = max(now_us + quarantine_us, not_before_us)
+    available = now_us + quarantine_us
+    if hold_to_end_grace_us is not None:
+        # A daemon may have extended the lease (resource, then mapping) since ``r`` was
+        # read, and answered apps with the later end. With the mapping released no extension
+        # of it can apply any more, so the resource's end as read *now* bounds every answer.
+        cur = get_resource(ddb, table, r.ident) or r
+        ends = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
+        available = max([available, *(e + hold_to_end_grace_us for e in ends)])
     write(ddb, table, free_claim(r.ident, r.key, r.holder, now_us, available))
     return "released"
 

@@ -781,6 +781,7 @@ def test_dedupe_extension_racing_the_release_cannot_keep_the_extra(ddb: Any, tab
     s = dedupe.run(Wrapped(ddb, update_item=extend_first), opts)
     assert not once[0], "the hook never ran"
     assert (s["released"], s["orphans_freed"], s["lost_races"], s["errors"]) == (2, 2, 0, 0), s
+    # held to the end apps were given (1 h): the daemon's 2 h never reached the mapping
     assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)
     assert served(ddb, table)[K2] == (WEST, "w-00001")
 
@@ -1089,3 +1090,26 @@ def test_dedupe_keeps_an_extra_its_survivor_does_not_outlast(ddb: Any, table: st
     s = dedupe.run(ddb, opts)
     assert (s["duplicate_keys"], s["released"], s["kept_until_survivor_outlasts"]) == (1, 0, 1)
     assert get(ddb, table, "e-00000").key == "k"
+
+
+def test_dedupe_holds_an_extra_to_the_end_apps_were_last_given(ddb: Any, table: str) -> None:
+    """Found by the 10-minute chaos run: a daemon extended the extra (resource, then mapping)
+    after dedupe read it, and answered apps with the later end; dedupe then held the resource
+    only to the end it had read, so another key got it while apps still used it (I1). The
+    resource is now read again after the mapping's release and held to its end then."""
+    seed_duplicates(ddb, table)
+    k2_east = map_ident("k2", EAST)
+    once = [True]
+
+    def extend_before_release(kw: dict[str, Any]) -> None:
+        key = (kw["Key"]["client_id"]["S"], kw["Key"]["resource"]["S"])
+        if key == k2_east and once[0]:  # dedupe is about to release k2's east mapping
+            once[0] = False
+            daemon_extend(ddb, table, "e-00004", NOW + 2 * HOUR)
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
+    s = dedupe.run(Wrapped(ddb, update_item=extend_before_release), opts)
+    assert not once[0], "the hook never ran"
+    assert s["errors"] == 0, s
+    grace = int(Config().max_clock_skew * US)
+    assert_released(ddb, table, "e-00004", "k2", EAST, NOW + 2 * HOUR + grace)
