@@ -56,9 +56,11 @@ def test_tiny_simulation_structure() -> None:
     assert bal["balancer"]["runs"] >= 1 and bal["balancer"]["errors"] == []
     assert bal["liberator"]["runs"] >= 1 and bal["liberator"]["errors"] == 0
 
-    # ras-dedupe ran once and left no duplicate anywhere
+    # ras-dedupe ran once; a duplicate is left only where it kept an extra on purpose (its
+    # survivor ends first: releasing the extra would make its region acquire a third)
     assert bal["end"]["dedupe"]["exit"] == 0
-    assert all(v == 0 for v in bal["end"]["duplicate_keys_after_dedupe"].values())
+    kept = bal["end"]["dedupe"].get("kept_until_survivor_outlasts", 0)
+    assert all(v <= kept for v in bal["end"]["duplicate_keys_after_dedupe"].values())
 
     # no leased item was ever moved (stream audit and replicator)
     assert bal["leased_items_moved"] == 0
