@@ -39,17 +39,23 @@ from rasd.lease import (
     ResourceItem,
     claim,
     extend_resource,
+    extended_to,
     fence_resource,
     fmt_time,
     free_claim,
+    holds,
     liberate,
     map_acquire,
     map_confirm,
     map_drop_dead,
     map_extend,
+    map_extended_to,
     map_pk,
     map_release,
     mapping_from,
+    names_claim,
+    no_token,
+    not_held_by,
     partition_name,
     partition_of,
     resource_from,
@@ -502,34 +508,8 @@ def read_branches(w: World) -> list[tuple[str, World, bool]]:
     return out
 
 
-# ---------------------------------------------------------------- read-back predicates
-# The driver's predicates (acquire.py:649-675), over plain dicts.
-def _names(token: str, resource: str) -> Mine:
-    return lambda it: it.get("token") == token and it.get("res") == resource
-
-
-def _holds(token: str, key: str) -> Mine:
-    return lambda it: it.get("holder") == token and it.get("key") == key
-
-
-def _not_held_by(token: str) -> Mine:
-    return lambda it: it.get("holder") != token
-
-
-def _no_token(token: str) -> Mine:
-    return lambda it: it.get("token") != token
-
-
-def _ge(v: Value | None, want: str) -> bool:
-    return isinstance(v, str) and v >= want
-
-
-def _extended(token: str | None, want: str) -> Mine:
-    return lambda it: it.get("holder") == token and _ge(it.get("lease_expires"), want)
-
-
-def _map_extended(token: str | None, want: str) -> Mine:
-    return lambda it: it.get("token") == token and _ge(it.get("exp"), want)
+# The read-back predicates are the driver's own (rasd.lease: names_claim, holds, not_held_by,
+# no_token, extended_to, map_extended_to): a read-back decides here exactly as in Store.write.
 
 
 # ------------------------------------------------------------------------ the daemon
@@ -737,22 +717,22 @@ def step_request(w0: World, di: int) -> Out:
                 d = _set_proc(w, d, p, p2)
                 _after_acquire(w, d, p2)
             out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    elif p.pc == "E1":  # acquire.py:415 _extend: extend_resource first (read-back _extended)
+    elif p.pc == "E1":  # acquire.py:415 _extend: extend_resource first (read-back extended_to)
         assert p.lease is not None
         want = fmt_time(p.requested)
         wr = extend_resource(p.lease, p.requested)
-        for lab, w, rep in write_branches(w0, wr, _extended(p.lease.token, want)):
+        for lab, w, rep in write_branches(w0, wr, extended_to(p.lease.token, want)):
             d = w.daemons[di]
             if rep.outcome is Outcome.APPLIED:
                 _set_proc(w, d, p, replace(p, pc="E2"))
             else:
                 _after_extend_now(w, d, p, rep, None)
             out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    elif p.pc == "E2":  # acquire.py:420 then map_extend (read-back _map_extended)
+    elif p.pc == "E2":  # acquire.py:420 then map_extend (read-back map_extended_to)
         assert p.lease is not None
         want = fmt_time(p.requested)
         wr = map_extend(p.lease, p.requested)
-        for lab, w, rep in write_branches(w0, wr, _map_extended(p.lease.token, want)):
+        for lab, w, rep in write_branches(w0, wr, map_extended_to(p.lease.token, want)):
             _after_extend_now(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
             out.append((f"d{di} get_lease({p.key}) {lab}", w))
     elif p.pc == "E3":  # acquire.py:461: the extension lost: read the resource
@@ -820,11 +800,11 @@ def _acquire_write(p: Proc, which: str) -> tuple[Write, Mine]:
                 p.now,
                 "owner",
             ),
-            _names(p.token, item.resource),
+            names_claim(p.token, item.resource),
         )
     return (
         claim(item, p.key, p.requested, p.now, p.token, p.expect_ver + 1),
-        _holds(p.token, p.key),
+        holds(p.token, p.key),
     )
 
 
@@ -973,11 +953,11 @@ def step_release(w0: World, di: int) -> Out:
                 dec = D.on_release_resource(p.m, r, p.now, w.rules)
                 _release_decision(w, d, p, p, dec, p.m)
             out.append((f"d{di} release({p.key}) {lab} resource {p.m.resource}", w))
-    elif p.pc == "L2":  # acquire.py:564-576: map_release (read-back _no_token)
+    elif p.pc == "L2":  # acquire.py:564-576: map_release (read-back no_token)
         assert p.lease is not None and p.lease.token is not None
         tok = p.lease.token
         wr = map_release(mkey(p.key), tok, p.now)
-        for lab, w, rep in write_branches(w0, wr, _no_token(tok)):
+        for lab, w, rep in write_branches(w0, wr, no_token(tok)):
             d = w.daemons[di]
             if rep.outcome is Outcome.REJECTED and not rep.error:
                 _set_proc(w, d, p, replace(p, pc="L0"))  # acquire.py:567-568
@@ -1040,7 +1020,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
         now = w0.now_us(w0.daemons[di].offset)
         avail = now if p.at_once else now + w0.proto.early_free_quarantine(w0.rules)
         wr = free_claim(p.item.ident, p.key, p.token, now, avail)
-        for lab, w, rep in write_branches(w0, wr, _not_held_by(p.token)):
+        for lab, w, rep in write_branches(w0, wr, not_held_by(p.token)):
             d = w.daemons[di]
             n = p.attempts + 1
             if (rep.outcome is not Outcome.UNKNOWN and not rep.error) or (
@@ -1089,7 +1069,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
                 out.append((f"d{di} bg extend({p.key}) {lab} mapping (extension check)", w))
         elif p.pc == "X1":
             wr = extend_resource(p.lease, p.requested)
-            for lab, w, rep in write_branches(w0, wr, _extended(p.lease.token, want)):
+            for lab, w, rep in write_branches(w0, wr, extended_to(p.lease.token, want)):
                 d = w.daemons[di]
                 if rep.outcome is Outcome.APPLIED:
                     _set_proc(w, d, p, replace(p, pc="X2"))
@@ -1098,7 +1078,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
                 out.append((f"d{di} bg extend({p.key}) {lab}", w))
         else:
             wr = map_extend(p.lease, p.requested)
-            for lab, w, rep in write_branches(w0, wr, _map_extended(p.lease.token, want)):
+            for lab, w, rep in write_branches(w0, wr, map_extended_to(p.lease.token, want)):
                 _extend_bg_tail(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
                 out.append((f"d{di} bg extend({p.key}) {lab}", w))
     elif p.kind == "reconfirm":  # acquire.py:513-537

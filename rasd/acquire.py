@@ -48,20 +48,26 @@ from .lease import (
     check_expiry,
     claim,
     extend_resource,
+    extended_to,
     fence_resource,
     fmt_time,
     free_claim,
     headroom_from_ddb,
     headroom_resource,
+    holds,
     lease_from_mapping,
     map_acquire,
     map_confirm,
     map_drop_dead,
     map_extend,
+    map_extended_to,
     map_pk,
     map_release,
     mapping_from,
     miss_report_update,
+    names_claim,
+    no_token,
+    not_held_by,
     partition_name,
     resource_from,
     should_extend,
@@ -70,7 +76,6 @@ from .limits import BucketTable
 from .metrics import Counters
 from .prefetch import Prefetcher
 from .store import Store, WriteResult
-from .writes import Value
 
 log = structlog.get_logger("rasd.acquire")
 
@@ -276,8 +281,8 @@ class Acquirer:
             cw = claim(item, key, requested_us, now, token, expect_ver + 1)
             sent = self.clock.mono()
             mres, cres = await asyncio.gather(
-                self.store.write(mw, deadline, _names(token, item.resource)),
-                self.store.write(cw, deadline, _holds(token, key)),
+                self.store.write(mw, deadline, names_claim(token, item.resource)),
+                self.store.write(cw, deadline, holds(token, key)),
             )
             step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
             if isinstance(step, D.Won):
@@ -341,7 +346,7 @@ class Acquirer:
             now = self.clock.now_us()
             w = free_claim(ident, key, token, now, now + self.rules.quarantine_us)
             res = await self.store.write(
-                w, time.monotonic() + BACKGROUND_DEADLINE, _not_held_by(token)
+                w, time.monotonic() + BACKGROUND_DEADLINE, not_held_by(token)
             )
             if res.outcome is not D.Outcome.UNKNOWN and res.error is None:
                 self.counters.inc(f"acq.free_claim_{res.outcome.value}")
@@ -424,12 +429,12 @@ class Acquirer:
         resource's."""
         want = fmt_time(requested_us)
         res = await self.store.write(
-            extend_resource(lease, requested_us), deadline, _extended(lease.token, want)
+            extend_resource(lease, requested_us), deadline, extended_to(lease.token, want)
         )
         mres: WriteResult | None = None
         if res.outcome is D.Outcome.APPLIED:
             mres = await self.store.write(
-                map_extend(lease, requested_us), deadline, _map_extended(lease.token, want)
+                map_extend(lease, requested_us), deadline, map_extended_to(lease.token, want)
             )
         step = D.after_extend(res.outcome, mres.outcome if mres else None)
         if isinstance(step, D.CheckMapping):
@@ -571,7 +576,7 @@ class Acquirer:
                 lease = d.lease
                 assert lease.token is not None and own is not None
                 res = await self.store.write(
-                    map_release(own.ident, lease.token, now), deadline, _no_token(lease.token)
+                    map_release(own.ident, lease.token, now), deadline, no_token(lease.token)
                 )
                 if res.outcome is D.Outcome.REJECTED and res.error is None:
                     continue  # changed under us: read again
@@ -642,36 +647,6 @@ class Acquirer:
             await asyncio.wait(pending, timeout=timeout)
         for t in set(self._bg):
             t.cancel()
-
-
-# ------------------------------------------------------------ read-back predicates (I4)
-def _names(token: str, resource: str) -> Any:
-    """Does the mapping item carry our acquisition (after an ambiguous write)?"""
-    return lambda it: it.get("token") == token and it.get("res") == resource
-
-
-def _holds(token: str, key: str) -> Any:
-    return lambda it: it.get("holder") == token and it.get("key") == key
-
-
-def _not_held_by(token: str) -> Any:
-    return lambda it: it.get("holder") != token
-
-
-def _no_token(token: str) -> Any:
-    return lambda it: it.get("token") != token
-
-
-def _extended(token: str | None, want: str) -> Any:
-    return lambda it: it.get("holder") == token and _ge(it.get("lease_expires"), want)
-
-
-def _map_extended(token: str | None, want: str) -> Any:
-    return lambda it: it.get("token") == token and _ge(it.get("exp"), want)
-
-
-def _ge(v: Value | None, want: str) -> bool:
-    return isinstance(v, str) and v >= want
 
 
 def _error_of(*results: WriteResult) -> RasdError | None:

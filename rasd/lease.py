@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -585,6 +586,46 @@ def map_drop_dead(m: Mapping, now_us: int) -> Write:
         remove=("token", "res", "rver", "exp", "owner"),
         kind="map_drop_dead",
     )
+
+
+# -------------------------------------------------------------- read-backs (I4)
+#: Does an item, read back after an ambiguous write, carry that write? (``Store.write``'s
+#: ``mine``.) The driver and the protocol checker's model use these very functions.
+ReadBack = Callable[[dict[str, Value]], bool]
+
+
+def names_claim(token: str, resource: str) -> ReadBack:
+    """The mapping names our acquisition (``map_acquire``)."""
+    return lambda it: it.get("token") == token and it.get("res") == resource
+
+
+def holds(token: str, key: str) -> ReadBack:
+    """The resource is held by our acquisition (``claim``)."""
+    return lambda it: it.get("holder") == token and it.get("key") == key
+
+
+def not_held_by(token: str) -> ReadBack:
+    """The resource is no longer held by ``token`` (``free_claim``)."""
+    return lambda it: it.get("holder") != token
+
+
+def no_token(token: str) -> ReadBack:
+    """The mapping no longer names ``token`` (``map_release``)."""
+    return lambda it: it.get("token") != token
+
+
+def extended_to(token: str | None, want: str) -> ReadBack:
+    """The resource is held by ``token`` until at least ``want`` (``extend_resource``)."""
+    return lambda it: it.get("holder") == token and _at_least(it.get("lease_expires"), want)
+
+
+def map_extended_to(token: str | None, want: str) -> ReadBack:
+    """The mapping names ``token`` until at least ``want`` (``map_extend``)."""
+    return lambda it: it.get("token") == token and _at_least(it.get("exp"), want)
+
+
+def _at_least(v: Value | None, want: str) -> bool:
+    return isinstance(v, str) and v >= want
 
 
 # ------------------------------------------------------------------- pools and headroom
