@@ -50,8 +50,9 @@ def _sleep_until(due: float) -> None:
         time.sleep(wait)
 
 
-class _Reader:
-    """Buffered reads of whole HTTP/1.1 messages (Content-Length, chunked or until close)."""
+class HttpReader:
+    """Buffered reads of whole HTTP/1.1 messages (Content-Length, chunked or until close).
+    Shared with the chaos run's fault-injecting proxy (chaos/proxy.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -64,13 +65,13 @@ class _Reader:
         self.buf += data
         return True
 
-    def http_message(self, request: bool) -> tuple[bytes, bytes, bool] | None:
+    def message(self, request: bool) -> tuple[bytes, bytes, bool] | None:
+        """(head, body, body_ran_until_close) or None when the peer closed first."""
         while b"\r\n\r\n" not in self.buf:
             if not self._fill():
                 return None
         i = self.buf.index(b"\r\n\r\n") + 4
         head, self.buf = self.buf[:i], self.buf[i:]
-        close = _KEEPALIVE_RE.search(head) is not None or head.startswith(b"HTTP/1.0")
         m = _CLEN_RE.search(head)
         if m:
             n = int(m.group(1))
@@ -78,22 +79,27 @@ class _Reader:
                 if not self._fill():
                     return None
             body, self.buf = self.buf[:n], self.buf[n:]
-        elif _CHUNKED_RE.search(head):
+            return head, body, False
+        if _CHUNKED_RE.search(head):
             while True:
                 end = self.buf.find(b"\r\n0\r\n\r\n")
                 if end >= 0 or self.buf.startswith(b"0\r\n\r\n"):
                     cut = (end + 7) if end >= 0 else 5
                     body, self.buf = self.buf[:cut], self.buf[cut:]
-                    break
+                    return head, body, False
                 if not self._fill():
                     return None
-        elif request:
-            body = b""
-        else:  # no length: the body runs until the upstream closes
-            while self._fill():
-                pass
-            body, self.buf, close = self.buf, b"", True
-        return head, body, close
+        if request:
+            return head, b"", False
+        while self._fill():  # no length: the body runs until the upstream closes
+            pass
+        body, self.buf = self.buf, b""
+        return head, body, True
+
+
+def closes(head: bytes, until_close: bool) -> bool:
+    """Must the connection close after this message?"""
+    return until_close or _KEEPALIVE_RE.search(head) is not None or head.startswith(b"HTTP/1.0")
 
 
 @dataclass
@@ -197,13 +203,13 @@ class DelayProxy:
         it, as werkzeug/moto does after every response: on loopback that costs ~0.1 ms, not
         the modelled handshakes), and the response, read whole, is held ``delay`` again.
         """
-        cin = _Reader(csock)
+        cin = HttpReader(csock)
         up: socket.socket | None = None
-        uin: _Reader | None = None
+        uin: HttpReader | None = None
         extra = self.handshake_s
         try:
             while True:
-                req = cin.http_message(request=True)
+                req = cin.message(request=True)
                 if req is None:
                     return
                 due = time.perf_counter() + self.delay_s + extra
@@ -219,12 +225,12 @@ class DelayProxy:
                     if up is None:
                         up = socket.create_connection(self.upstream, timeout=30)
                         up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        uin = _Reader(up)
+                        uin = HttpReader(up)
                     assert uin is not None
                     t_up = time.perf_counter()
                     try:
                         up.sendall(head + body)
-                        resp = uin.http_message(request=False)
+                        resp = uin.message(request=False)
                     except OSError:
                         resp = None
                     if resp is not None or not reused:
@@ -237,7 +243,8 @@ class DelayProxy:
                     up, uin = None, None
                 if resp is None:
                     return
-                rhead, rbody, close = resp
+                rhead, rbody, until_close = resp
+                close = closes(rhead, until_close)
                 t_back = time.perf_counter()
                 due = t_back + self.delay_s
                 if close:  # the upstream closes: we do not, the client keeps its connection

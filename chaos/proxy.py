@@ -38,10 +38,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.proxy import HttpReader
+
 KINDS = ("drop_request", "drop_reply", "http500", "throttle", "latency")
 _CONN_RE = re.compile(rb"(?im)^connection:[^\r\n]*\r\n")
-_CLEN_RE = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
-_CHUNKED_RE = re.compile(rb"(?im)^transfer-encoding:[ \t]*chunked[ \t]*\r?$")
 _TARGET_RE = re.compile(rb"(?im)^x-amz-target:[ \t]*\S+\.(\w+)")
 
 
@@ -88,52 +88,6 @@ THROTTLE = (
     "Consider increasing your provisioning level with the UpdateTable API.",
 )
 ERROR_500 = (500, "Internal Server Error", "InternalServerError", "Internal server error")
-
-
-class _Reader:
-    """Buffered reads of whole HTTP/1.1 messages (Content-Length, chunked, or until close)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-
-    def _fill(self) -> bool:
-        data = self.sock.recv(262144)
-        if not data:
-            return False
-        self.buf += data
-        return True
-
-    def message(self, request: bool) -> tuple[bytes, bytes, bool] | None:
-        """(head, body, body_ran_until_close) or None when the peer closed first."""
-        while b"\r\n\r\n" not in self.buf:
-            if not self._fill():
-                return None
-        i = self.buf.index(b"\r\n\r\n") + 4
-        head, self.buf = self.buf[:i], self.buf[i:]
-        m = _CLEN_RE.search(head)
-        if m:
-            n = int(m.group(1))
-            while len(self.buf) < n:
-                if not self._fill():
-                    return None
-            body, self.buf = self.buf[:n], self.buf[n:]
-            return head, body, False
-        if _CHUNKED_RE.search(head):
-            while True:
-                end = self.buf.find(b"\r\n0\r\n\r\n")
-                if end >= 0 or self.buf.startswith(b"0\r\n\r\n"):
-                    cut = (end + 7) if end >= 0 else 5
-                    body, self.buf = self.buf[:cut], self.buf[cut:]
-                    return head, body, False
-                if not self._fill():
-                    return None
-        if request:
-            return head, b"", False
-        while self._fill():
-            pass
-        body, self.buf = self.buf, b""
-        return head, body, True
 
 
 def keep_alive(head: bytes, body: bytes, until_close: bool) -> bytes:
@@ -234,7 +188,7 @@ class FaultProxy:
             threading.Thread(target=self._conn, args=(csock,), daemon=True).start()
 
     def _conn(self, csock: socket.socket) -> None:
-        cin = _Reader(csock)
+        cin = HttpReader(csock)
         try:
             while not self._stop.is_set():
                 req = cin.message(request=True)
@@ -285,7 +239,7 @@ class FaultProxy:
             with socket.create_connection(self.upstream, timeout=30) as up:
                 up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 up.sendall(request)
-                resp = _Reader(up).message(request=False)
+                resp = HttpReader(up).message(request=False)
         except OSError:
             return None
         if resp is None:
