@@ -43,7 +43,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, pick
+from rasd.lease import LIVE, US, ResourceItem, fmt_time, item_from_ddb, pick
 
 from . import common, leases
 
@@ -144,7 +144,9 @@ def examine(
     reads of each item and of its region's mapping (in that region's replica when we can
     write there): a held item its region's mapping does not name is an orphan, never a lease.
     A lease's served end (by resource) is the earlier of its item's and its mapping's: the
-    daemons serve it by the mapping's, which an extension writes after the item's."""
+    daemons serve it by the mapping's, which an extension writes after the item's. A lease
+    whose mapping is still pending has none: other regions' daemons do not serve it, so it
+    cannot stand in for an extra released in their region."""
     real: list[ResourceItem] = []
     orphans: list[ResourceItem] = []
     ends: dict[str, int] = {}
@@ -156,9 +158,10 @@ def examine(
         m = leases.get_mapping(client, opts.table, fresh)
         if orphan_verdict(fresh, m) is Orphan.LEASE:
             real.append(fresh)
-            got = [e for e in (fresh.lease_expires_us, m.expires_us if m else None) if e]
-            if got:
-                ends[fresh.resource] = min(got)
+            if m is not None and m.state == LIVE:  # other regions serve only a live one
+                got = [e for e in (fresh.lease_expires_us, m.expires_us) if e]
+                if got:
+                    ends[fresh.resource] = min(got)
         else:
             orphans.append(fresh)
     return real, orphans, ends

@@ -106,6 +106,7 @@ def lease(
     acquired_us: int | None = None,
     client: str = "demo",
     crash_before_mapping: bool = False,
+    confirm: bool = True,
 ) -> ResourceItem:
     """Lease ``resource`` to ``key`` the way a daemon does: read the key's mapping item in
     the resource's region (consistent GetItem), ``map_acquire`` at its version with a new
@@ -115,7 +116,8 @@ def lease(
     but its mapping names the later acquisition), as a crash can. ``crash_before_mapping``:
     the daemon died after its claim landed and before its ``map_acquire`` did (that write may
     still be in flight): the resource is held at ``mver`` while the mapping is at ``mver - 1``
-    (or absent when ``mver`` is 1)."""
+    (or absent when ``mver`` is 1). ``confirm=False``: the daemon served the lease and died
+    before its background ``map_confirm``: the mapping stays pending (a lease all the same)."""
     item = get(ddb, table, resource, client)
     acquired = acquired_us if acquired_us is not None else min(expires_us, NOW) - HOUR
     ident = map_ident(key, item.region, client, item.pool_id)
@@ -127,7 +129,7 @@ def lease(
                                     acquired, OWNER))  # fmt: skip
     w = claim(item, key, expires_us, acquired, token, ver + 1)
     got = item_from_ddb(put(ddb, table, w, ReturnValues="ALL_NEW")["Attributes"])
-    if not crash_before_mapping:
+    if not crash_before_mapping and confirm:
         pending = get_map(ddb, table, ident)
         assert pending is not None and pending.token == token
         put(ddb, table, map_confirm(pending))
@@ -1126,6 +1128,21 @@ def test_dedupe_extension_after_its_check_makes_the_release_a_lost_race(
     s2 = dedupe.run(ddb, opts)
     assert (s2["released"], s2["kept_until_survivor_outlasts"]) == (0, 1), s2
     assert get(ddb, table, "e-00004").key == "k2"
+
+
+def test_dedupe_keeps_an_extra_whose_survivor_is_still_pending(ddb: Any, table: str) -> None:
+    """A survivor whose mapping is still pending (its daemon died before confirming it) is a
+    lease, but other regions' daemons do not serve a pending mapping: releasing the extra
+    would make its region acquire another resource while apps still use the extra (I2)."""
+    seed_pool(ddb, table, region=EAST, count=2, prefix="e-")
+    seed_pool(ddb, table, region=WEST, count=2, prefix="w-")
+    lease(ddb, table, "w-00000", "k", NOW + 2 * HOUR, acquired_us=NOW - 20 * US, confirm=False)
+    lease(ddb, table, "e-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * US)
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW, peers={WEST: ddb})
+    s = dedupe.run(ddb, opts)
+    assert (s["duplicate_keys"], s["released"], s["kept_until_survivor_outlasts"]) == (1, 0, 1)
+    m = get_map(ddb, table, map_ident("k", EAST))
+    assert m is not None and m.state == LIVE and m.resource == "e-00000", m
 
 
 def test_dedupe_checks_the_extras_end_on_its_mapping(ddb: Any, table: str) -> None:
