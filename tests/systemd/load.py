@@ -1,6 +1,9 @@
 """Load for the real-systemd test: ``N`` get_lease calls from ``C`` threads with the client's
 default timeout, keys drawn from a fixed set (so leases are reused and the pool suffices).
-Prints one JSON line: calls, ok, failures by error code, and the slowest call."""
+Prints one JSON line: calls, ok, failures by error code, and the slowest call. ``dropped``
+counts the failures that are not about time: a connection closed before any reply twice, or
+no socket to connect to (a daemon that dropped a request it had read, or a closed socket);
+the rest (TIMEOUT, BUSY, UNAVAILABLE "still starting") are callers that waited too long."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def main() -> None:
     lock = threading.Lock()
     failed: Counter[str] = Counter()
     examples: dict[str, str] = {}
-    state = {"ok": 0, "left": args.calls, "slowest": 0.0}
+    state = {"ok": 0, "left": args.calls, "slowest": 0.0, "dropped": 0}
 
     def worker(tid: int) -> None:
         rng = random.Random(tid)
@@ -60,6 +63,8 @@ def main() -> None:
                 else:
                     failed[code] += 1
                     examples.setdefault(code, msg)
+                    if code not in ("TIMEOUT", "BUSY") and "still starting" not in msg:
+                        state["dropped"] += 1
             if args.pace:
                 time.sleep(args.pace)
 
@@ -75,6 +80,7 @@ def main() -> None:
                 "calls": state["ok"] + sum(failed.values()),
                 "ok": state["ok"],
                 "failed": sum(failed.values()),
+                "dropped": state["dropped"],
                 "by_code": dict(failed),
                 "examples": examples,
                 "slowest_s": round(state["slowest"], 3),
