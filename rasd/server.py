@@ -456,10 +456,12 @@ class Daemon:
         process's start-up (Python, imports, DynamoDB warm-up), longer than a 1 s timeout on
         a busy host. A hand-over overlaps instead: the successor (the same command line, so
         the code now on disk: an upgrade) gets the socket as fd 3 (LISTEN_FDS) and a pipe;
-        it brings its store up *before* it accepts, then accepts alongside us, tells systemd
-        it is the main process (``MAINPID=``, needs ``NotifyAccess=all``) and writes to the
-        pipe; we then shut down as on SIGTERM, minus STOPPING=1. If the successor dies (or
-        closes the pipe) first, we keep serving and log ``handover_failed``.
+        it brings its store up *before* it accepts (silent to systemd meanwhile: with
+        ``NotifyAccess=main`` it may not speak yet), then accepts alongside us and writes to
+        the pipe. We then tell systemd the successor is the main process (``MAINPID=``, which
+        the main process may send) and shut down as on SIGTERM, minus STOPPING=1. If the
+        successor dies (or closes the pipe) first, we keep serving and log
+        ``handover_failed``.
         """
         if self._successor is not None or self._stop.is_set():
             log.warning("handover_ignored", reason="a hand-over or a stop is under way")
@@ -501,6 +503,13 @@ class Daemon:
             os.close(rfd)
             successor = self._successor
             if data and successor is not None:
+                # WATCHDOG=1 too: the successor's next ping is at most one interval away.
+                self.notifier.notify(
+                    f"MAINPID={successor.pid}",
+                    "READY=1",
+                    "WATCHDOG=1",
+                    f"STATUS=serving (took over from pid {os.getpid()})",
+                )
                 log.info("handed_over", successor=successor.pid)
                 self._handed_over = True
                 self.stop()
@@ -512,10 +521,9 @@ class Daemon:
         loop.add_reader(rfd, readable)
 
     async def _take_over(self, sock: socket.socket, fd: int) -> None:
-        """The successor's side of a hand-over, once the store is up: accept, become the main
-        process, release the predecessor."""
+        """The successor's side of a hand-over, once the store is up: accept, then tell the
+        predecessor, which makes us the main process and stops."""
         await self.listen(sock)
-        self.notifier.notify(f"MAINPID={os.getpid()}", "READY=1")
         try:
             os.write(fd, b"1")
         finally:
@@ -529,6 +537,9 @@ class Daemon:
         if handover_fd is not None and sock is not None:
             # A hand-over's successor: bring the store up first, accept only then (a
             # successor that cannot start must not answer anybody; its predecessor serves on).
+            # Not the main process yet: systemd (NotifyAccess=main) would refuse and log our
+            # READY=1/WATCHDOG=1; the predecessor announces us (MAINPID=) instead.
+            address, self.notifier.address = self.notifier.address, None
             try:
                 async with asyncio.timeout(self.cfg.startup_deadline):
                     await self._bring_up_once()
@@ -536,6 +547,7 @@ class Daemon:
                 log.error("handover_failed", cause=describe_cause(exc), side="successor")
                 raise SystemExit(1) from None
             await self._take_over(sock, int(handover_fd))
+            self.notifier.address = address
         else:
             await self.listen(sock)
             self._bring_up_task = asyncio.get_running_loop().create_task(self.bring_up())

@@ -17,6 +17,12 @@ from collections import Counter
 from datetime import timedelta
 
 import rasd_client
+from rasd_client.errors import ERRORS_BY_CODE
+
+#: The client's own UNAVAILABLE messages for a connection that failed (closed before any reply
+#: twice, or no socket to connect to); the daemon's UNAVAILABLE answers are not drops.
+DROPPED = ("rasd connection failed", "rasd connection lost", "cannot connect to rasd")
+CODES = set(ERRORS_BY_CODE)
 
 
 def main() -> None:
@@ -63,7 +69,7 @@ def main() -> None:
                 else:
                     failed[code] += 1
                     examples.setdefault(code, msg)
-                    if code not in ("TIMEOUT", "BUSY") and "still starting" not in msg:
+                    if (code == "UNAVAILABLE" and msg.startswith(DROPPED)) or code not in CODES:
                         state["dropped"] += 1
             if args.pace:
                 time.sleep(args.pace)

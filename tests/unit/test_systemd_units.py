@@ -104,7 +104,7 @@ def test_service_never_gives_up(service: Unit) -> None:
     ("key", "value"),
     [
         ("Type", "notify"),
-        ("NotifyAccess", "all"),
+        ("NotifyAccess", "main"),
         ("Restart", "always"),
         ("KillSignal", "SIGTERM"),
         ("ExecReload", "/bin/kill -HUP $MAINPID"),
@@ -118,7 +118,7 @@ def test_service_never_gives_up(service: Unit) -> None:
     ],
 )
 def test_service_key_settings(service: Unit, key: str, value: str) -> None:
-    """Readiness by sd_notify (from the cgroup: a hand-over's successor), restart on any exit, SIGHUP reload,
+    """Readiness by sd_notify from the main pid only, restart on any exit, SIGHUP reload,
     SIGTERM drain, and the hardening baseline."""
     assert one(service, "Service", key) == value
 
