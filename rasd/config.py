@@ -112,7 +112,7 @@ class Config:
     # --- DynamoDB client -----------------------------------------------------------------
     #: "lean": rasd.ddb (h11 + orjson + SigV4 with a cached signing key, about a tenth of the
     #: CPU per call, no aioboto3 import at start). "botocore": aioboto3's client, as before.
-    ddb_client: str = "botocore"
+    ddb_client: str = "lean"
     #: Connections kept to DynamoDB.
     ddb_max_connections: int = 32
     #: Connections opened at start-up before the daemon reports ready.
