@@ -44,6 +44,7 @@ import sys
 import time
 import zlib
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -313,7 +314,9 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
         self.lost = True
 
-    async def round_trip(self, head: bytes, body: bytes) -> tuple[int, list[Any], bytes]:
+    async def round_trip(
+        self, head: bytes, body: bytes
+    ) -> tuple[int, Sequence[tuple[bytes, bytes]], bytes]:
         """Send one request (head and body already encoded) and read its response."""
         assert self.transport is not None
         conn = self.h11
@@ -329,7 +332,9 @@ class _Conn(asyncio.Protocol):
         conn.send(h11.Data(data=body))
         conn.send(h11.EndOfMessage())
         self.transport.write(head + body)
-        status, headers, chunks = 0, [], []
+        status: int = 0
+        headers: Sequence[tuple[bytes, bytes]] = ()
+        chunks: list[bytes] = []
         loop = asyncio.get_running_loop()
         while True:
             ev = conn.next_event()
@@ -472,7 +477,9 @@ class LeanDynamoDB:
             self._release(conn, reuse=done)
         return self._parse(op, status, headers, data)
 
-    def _parse(self, op: str, status: int, headers: list[Any], data: bytes) -> dict[str, Any]:
+    def _parse(
+        self, op: str, status: int, headers: Sequence[tuple[bytes, bytes]], data: bytes
+    ) -> dict[str, Any]:
         crc = rid = None
         for name, value in headers:
             if name == b"x-amz-crc32":
@@ -481,7 +488,9 @@ class LeanDynamoDB:
                 rid = value
         if crc is not None and int(crc) != zlib.crc32(data):
             raise ChecksumError(
-                checksum_type="crc32", expected_checksum=int(crc), actual_checksum=zlib.crc32(data)
+                checksum_type="crc32",
+                expected_checksum=crc.decode(),
+                actual_checksum=str(zlib.crc32(data)),
             )
         try:
             parsed: dict[str, Any] = orjson.loads(data) if data else {}
