@@ -446,3 +446,45 @@ def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> 
     cfg.write_text("[default]\nendpoint_url = http://profile:1\n")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
     assert ddb.resolve_endpoint(None, "eu-west-1") == "http://profile:1"
+
+
+async def test_calls_sent_together_leave_in_one_loop_iteration() -> None:
+    """Three gathered calls on warm connections are all written before the loop polls for
+    I/O once: a callback re-scheduling itself with call_soon counts the iterations."""
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await _read_request(r)
+            except asyncio.IncompleteReadError:
+                return
+            w.write(_response(b"{}"))
+
+    loop = asyncio.get_running_loop()
+    ticks = [0]
+    running = [True]
+
+    def tick() -> None:
+        ticks[0] += 1
+        if running[0]:
+            loop.call_soon(tick)
+
+    async with _server(echo) as (url, accepted):
+        c = _lean(url)
+        await asyncio.gather(*(c.get_item(TableName="t") for _ in range(3)))  # 3 warm conns
+        assert len(c._idle) == 3
+        sent_at: list[int] = []
+        for conn in c._idle:
+            real = conn.transport.write  # type: ignore[union-attr]
+
+            def write(data: bytes, real: Any = real) -> None:
+                sent_at.append(ticks[0])
+                real(data)
+
+            conn.transport = mock.Mock(wraps=conn.transport, write=write)
+        loop.call_soon(tick)
+        await asyncio.gather(*(c.get_item(TableName="t") for _ in range(3)))
+        running[0] = False
+        assert len(sent_at) == 3 and len(set(sent_at)) == 1, sent_at
+        await c.close()
+    assert len(accepted) == 3
