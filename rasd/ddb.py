@@ -37,7 +37,6 @@ import asyncio
 import hashlib
 import hmac
 import os
-import platform
 import socket
 import ssl
 import sys
@@ -256,7 +255,7 @@ def user_agent() -> str:
     from . import __version__
 
     py = ".".join(map(str, sys.version_info[:3]))
-    return f"rasd/{__version__} md/lean-ddb lang/python#{py} os/{platform.system().lower()}"
+    return f"rasd/{__version__} md/lean-ddb lang/python#{py} os/{os.uname().sysname.lower()}"
 
 
 # ----------------------------------------------------------------------------------- HTTP
