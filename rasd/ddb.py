@@ -493,8 +493,8 @@ class LeanDynamoDB:
             )
         try:
             parsed: dict[str, Any] = orjson.loads(data) if data else {}
-        except orjson.JSONDecodeError:
-            parsed = {}
+        except orjson.JSONDecodeError:  # e.g. a proxy's HTML page: the text is the message
+            parsed = {} if status < 300 else {"message": data.decode(errors="replace")}
         meta = {
             "RequestId": rid.decode() if rid else "",
             "HTTPStatusCode": status,
@@ -507,8 +507,7 @@ class LeanDynamoDB:
         code = str(parsed.pop("__type", "") or "").rpartition("#")[2]
         message = parsed.pop("message", None) or parsed.pop("Message", None) or ""
         if not code:
-            code = str(status)
-            message = message or data.decode(errors="replace")[:200]
+            code = str(status)  # as botocore: no __type, the HTTP status is the code
         error: dict[str, Any] = {"Error": {"Code": code, "Message": message}}
         error.update(parsed)  # modelled fields (Item, CancellationReasons...)
         error["ResponseMetadata"] = meta

@@ -159,6 +159,13 @@ def test_parse_errors_raise_client_error(
     assert ei.value.operation_name == "UpdateItem"
 
 
+def test_non_json_error_body_is_the_message_as_in_botocore() -> None:
+    page = b"<html><h1>Internal Server Error</h1></html>"
+    with pytest.raises(ClientError) as ei:
+        _client()._parse("Query", 500, [], page)
+    assert ei.value.response["Error"] == {"Code": "500", "Message": page.decode()}
+
+
 def test_condition_failure_keeps_the_returned_item() -> None:
     raw = orjson.dumps(
         {
