@@ -211,7 +211,8 @@ class Store:
                     return None
                 if code in THROTTLES:
                     self.counters.inc("ddb.throttles")  # per partition: not an outage
-                elif code in RETRYABLE:
+                elif code in RETRYABLE or _status(exc) >= 500:
+                    # (any 5xx: a proxy's or an overloaded server's page has no error type)
                     breaker.record_failure(time.monotonic())
                     self.counters.inc("ddb.errors")
                     if ambiguous is not None:
@@ -391,6 +392,12 @@ OPERATIONS: dict[str, str] = {
     "Query": "query",
     "UpdateItem": "update_item",
 }
+
+
+def _status(exc: ClientError) -> int:
+    """The HTTP status of a DynamoDB error answer (0 if unknown)."""
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status if isinstance(status, int) else 0
 
 
 def _never_sent(exc: BaseException) -> bool:
