@@ -109,7 +109,7 @@ class Config:
     regions: tuple[str, ...] = ()
     #: region of each resource (empty: all in ``r1``)
     resource_regions: tuple[str, ...] = ()
-    #: lease lengths an app may ask for (empty: ``lease`` only)
+    #: the lease length each daemon's apps ask for (empty: ``lease`` for all)
     leases: tuple[int, ...] = ()
     #: replication lag: a daemon may read another region's mapping at any of this many
     #: earlier versions (0: the current one)
@@ -134,9 +134,8 @@ class Config:
     def all_regions(self) -> tuple[str, ...]:
         return tuple(sorted({*self.regions, *self.resource_regions})) or (REGION,)
 
-    @property
-    def lease_choices(self) -> tuple[int, ...]:
-        return self.leases or (self.lease,)
+    def lease_of(self, daemon: int) -> int:
+        return self.leases[daemon] if self.leases else self.lease
 
     @property
     def quarantine(self) -> int:
@@ -1248,14 +1247,13 @@ def app_calls(w0: World, di: int) -> Out:
     d0 = w0.daemons[di]
     if d0.req is not None or w0.ops >= w0.cfg.max_ops:
         return out
-    choices = w0.cfg.lease_choices
     for key in w0.cfg.keys:
-        for length in choices:
+        for length in (w0.cfg.lease_of(di),):
             w = w0.clone()
             w.ops += 1
             d = w.daemons[di]
             requested = w.now_us(d.offset) + length * US
-            asks = f" for {length}s" if len(choices) > 1 else ""
+            asks = ""
             e = d.entry(key)
             if e is not None and w.t < e.until:  # acquire.py:140-154 try_hit
                 w.answer(d, key, e.lease)
@@ -1351,19 +1349,6 @@ def _mident(r: ResourceItem) -> ItemKey:
     """jobs/leases.py mapping_ident: the key's mapping in the resource's region."""
     assert r.key is not None
     return mkey(r.key, r.region)
-
-
-def _scan(w: World) -> list[ResourceItem]:
-    """The ``leased_resources`` index, lagging like the available one: any held version of an
-    item among the current one and the last ``history`` earlier ones (one per resource: the
-    scan returns each item once)."""
-    out: list[ResourceItem] = []
-    for k in sorted(w.table):
-        if k[0] != CLIENT:
-            continue
-        seen = [_res_of(f) for f in (w.table[k], *w.hist.get(k, ()))]
-        out += [it for it in seen if it.key is not None and it.holder is not None][:1]
-    return out
 
 
 def _scans(w: World) -> list[list[ResourceItem]]:
