@@ -362,7 +362,7 @@ class World:
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.history]
         elif k[0] != CLIENT and self.cfg.replica_history:
             # another region's replica may still show an earlier version (replication lag)
-            h = (old, *self.hist.get(k, ()))
+            h = (old or (), *self.hist.get(k, ()))  # (): the item did not exist yet
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.replica_history]
         self.table[k] = freeze(it)  # type: ignore[assignment]
 
@@ -378,7 +378,7 @@ class World:
             opts: list[tuple[str, Mapping | None]] = [("", None if cur is None else _map_of(cur))]
             for i, f in enumerate(self.hist.get(k, ())):
                 opts.append(
-                    (f" (replica of {other} {i + 1} behind)", None if f is None else _map_of(f))
+                    (f" (replica of {other} {i + 1} behind)", _map_of(f) if f else None)
                 )
             per.append(opts)
         out: list[tuple[str, list[Mapping]]] = [("", [])]
@@ -1525,8 +1525,8 @@ def step_job(w0: World, j: Job) -> Out:
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
             else:
                 assert m is not None
-                ends = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
-                if end_by is not None and (not ends or max(ends) > end_by):
+                read = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
+                if end_by is not None and (not read or max(read) > end_by):
                     _next(w, j, f"extra {r.resource} kept (ends after {_tick(end_by)})")
                 else:
                     _set_job(w, j, replace(j, pc="L2", m=m))
@@ -1555,8 +1555,8 @@ def step_job(w0: World, j: Job) -> Out:
                 _next(w, j, "release_failed (get_resource)")
             else:
                 cur = w.resource(r.resource) or r
-                ends = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
-                avail = max([j.now + q, *(e + w.rules.grace_us for e in ends)])
+                read = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
+                avail = max([j.now + q, *(e + w.rules.grace_us for e in read)])
                 _set_job(w, j, replace(j, pc="L4", avail=avail))
             out.append((f"dedupe release_held({r.resource}, {what}): {lab} resource", w))
     elif j.pc == "L4":  # leases.py:118: free_claim
@@ -1567,8 +1567,9 @@ def step_job(w0: World, j: Job) -> Out:
             _next(w, j, "released" if rep.outcome is Outcome.APPLIED else "")
             out.append((f"dedupe release_held({r.resource}, {what}): {lab}", w))
     elif j.pc in ("P1", "P2"):  # leases.py:122-139 repair: map_fence (if needed), free_orphan
-        r = j.rel[0][0] if j.kind == "dedupe" else j.fresh
-        assert r is not None
+        held = j.rel[0][0] if j.kind == "dedupe" else j.fresh
+        assert held is not None
+        r = held
         who = "dedupe" if j.kind == "dedupe" else "liberator"
         if j.pc == "P1":
             wr = map_fence(_mident(r), j.m.ver if j.m else 0, j.now)

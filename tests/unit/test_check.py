@@ -265,3 +265,37 @@ def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
     res = script(cfg, REAL, steps)
     assert res.violation is None, format_trace(res)
     assert "rejected" in res.trace[-2][0], format_trace(res)
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: dedupe's margin does not cover the skew")
+def test_found_dedupe_margin_does_not_cover_clock_skew() -> None:
+    """FOUND BY THE CHECKER (real rules, no fault), open: ras-dedupe releases an extra when
+    the survivor outlasts it by ``skew_margin`` (8 >= 7 + 1), but the extra's region stops
+    serving the survivor at its end minus the margin *on its own clock*; with that clock
+    ahead by the skew (d1 +1), r2 acquires rc at t = 6 while rb is valid until 7: a split in
+    r2 (I2) for up to max_clock_skew. (Production: margin 5 s > skew 2 s narrows the window
+    but does not close it.) Expected to pass once the rule is survivor >= extra + margin +
+    max_clock_skew, or the invariant's reading of time changes."""
+    cfg, prefix = DEDUPE_LIVE
+    cfg = dataclasses.replace(cfg, offsets=(0, 1), max_ops=10, ticks=(1, 5))
+    steps = [
+        *prefix,
+        "dedupe scan",
+        "dedupe examine ra: read resource",
+        "dedupe examine ra: read mapping",
+        "dedupe examine rb: read resource",
+        "dedupe examine rb: read mapping",
+        "dedupe release_held(rb, extra): read mapping",
+        "dedupe release_held(rb, extra): map_release APPLIED",
+        "dedupe release_held(rb, extra): read resource",
+        "dedupe release_held(rb, extra): free_claim APPLIED",
+        "time +1",
+        "time +5",
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping",
+        "d1 get_lease(k1) candidate rc",
+        "d1 get_lease(k1) map_acquire APPLIED",
+        "d1 get_lease(k1) claim APPLIED",
+    ]
+    res = script(cfg, REAL, steps)
+    assert res.violation is None, format_trace(res)
