@@ -377,9 +377,7 @@ class World:
             cur = self.table.get(k)
             opts: list[tuple[str, Mapping | None]] = [("", None if cur is None else _map_of(cur))]
             for i, f in enumerate(self.hist.get(k, ())):
-                opts.append(
-                    (f" (replica of {other} {i + 1} behind)", _map_of(f) if f else None)
-                )
+                opts.append((f" (replica of {other} {i + 1} behind)", _map_of(f) if f else None))
             per.append(opts)
         out: list[tuple[str, list[Mapping]]] = [("", [])]
         for opts in per:

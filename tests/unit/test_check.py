@@ -188,11 +188,11 @@ def test_bad_d2_dedupe_pending_survivor_is_caught() -> None:
     assert any("map_release APPLIED" in lab for lab, _ in res.trace), format_trace(res)
 
 
-@pytest.mark.parametrize("which", ["pending", "live"])
-def test_real_rules_pass_the_dedupe_searches(which: str) -> None:
+def test_real_rules_pass_the_dedupe_search() -> None:
     """Every interleaving of dedupe with both regions' daemons from a cross-region duplicate
-    (about 5,000 and 26,000 states) keeps I1 and I2 with the real rules."""
-    cfg, prefix = DEDUPE_PENDING if which == "pending" else DEDUPE_LIVE
+    still pending (4,854 states) keeps I1 and I2 with the real rules. (From the confirmed
+    duplicate, DEDUPE_LIVE, 26,426 states: `make check-protocol`, too slow for CI.)"""
+    cfg, prefix = DEDUPE_PENDING
     res = bfs(cfg, REAL, prefix=prefix)
     assert res.complete
     assert res.violation is None, format_trace(res)
