@@ -15,6 +15,11 @@ processes with a program counter (``Proc.pc``); each step is one DynamoDB call o
 it mirrors. Decisions are the real ``rasd.decide`` functions, reached through a
 :class:`check.rulesets.Protocol` so the known-bad rule sets can replace one of them.
 
+Regions: each daemon has one and writes only its region's items; other regions' mappings are
+read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
+is served as it is (``decide.on_read``). ``ras-dedupe`` and the liberator's orphan repair are
+:class:`Job` processes stepping through jobs/dedupe.py and jobs/leases.py one call at a time.
+
 Time is discrete: ``World.t`` is the true time in ticks (one tick = one second); a daemon's
 clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is given.
 """

@@ -1,7 +1,9 @@
 """The rules the model's daemons follow: the real ones (``rasd.decide``), or a known-bad set.
 
 A known-bad rule set reproduces one bug of the OLD protocol (../shared/evidence,
-scenarios A, B and C) by replacing one decision. They live here, never in production code:
+scenarios A, B and C) by replacing one decision; D1 and D2 reproduce the two ras-dedupe bugs
+fixed in d4c7477 and 375fa6c (found by the chaos run; the model's dedupe process reads these
+flags where the job's code changed). They live here, never in production code:
 a checker that cannot find them proves nothing (tests/unit/test_check.py).
 """
 
