@@ -117,7 +117,8 @@ class Config:
     #: the lease length each daemon's apps ask for (empty: ``lease`` for all)
     leases: tuple[int, ...] = ()
     #: replication lag: a daemon may read another region's mapping at any of this many
-    #: earlier versions (0: the current one)
+    #: earlier versions (0: the current one), written less than ``lag`` ticks ago (a tick of
+    #: at least ``lag`` lets every replica catch up)
     replica_history: int = 0
     #: runs of ``ras-dedupe`` (jobs/dedupe.py), one at a time, each a process of its own
     dedupe_runs: int = 0
@@ -1645,6 +1646,8 @@ def successors(w0: World) -> Out:
         if w0.t + dt <= w0.cfg.horizon:
             w = w0.clone()
             w.t += dt
+            if dt >= w.cfg.lag:  # replication catches up within ``lag`` ticks
+                w.hist = {k: v for k, v in w.hist.items() if k[0] == CLIENT}
             out.append((f"time +{dt} -> t={w.t}", w))
     for _lab, w in out:
         if w.violation is None:

@@ -299,3 +299,35 @@ def test_found_dedupe_margin_does_not_cover_clock_skew() -> None:
     ]
     res = script(cfg, REAL, steps)
     assert res.violation is None, format_trace(res)
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: dedupe checks the survivor in its own region")
+def test_found_dedupe_survivor_not_yet_live_in_the_extras_replica() -> None:
+    """FOUND BY THE CHECKER (real rules, one crash, replication lag), open: dedupe reads the
+    survivor's mapping live in its own region's replica and releases the extra; the extra's
+    region still shows the survivor pending (its map_confirm not yet replicated), so a daemon
+    there without a cached copy (d1 restarted) does not serve it and acquires rc while rb is
+    valid: a split in r2 (I2). Needs dedupe to run within replication_lag of the survivor's
+    confirmation. Expected to pass once dedupe checks the survivor as the extra's region sees
+    it (or waits replication_lag after the survivor went live)."""
+    cfg, prefix = DEDUPE_PENDING
+    cfg = dataclasses.replace(cfg, replica_history=1, max_crashes=1, max_ops=10)
+    steps = [
+        *prefix,
+        "d0 bg confirm(k1) map_confirm APPLIED",
+        "d1 CRASHES",
+        "dedupe scan",
+        "dedupe examine ra: read resource",
+        "dedupe examine ra: read mapping",
+        "dedupe examine rb: read resource",
+        "dedupe examine rb: read mapping",
+        "dedupe release_held(rb, extra): read mapping",
+        "dedupe release_held(rb, extra): map_release APPLIED",
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping (replica of r1 1 behind)",
+        "d1 get_lease(k1) candidate rc",
+        "d1 get_lease(k1) map_acquire APPLIED",
+        "d1 get_lease(k1) claim APPLIED",
+    ]
+    res = script(cfg, REAL, steps)
+    assert res.violation is None, format_trace(res)
