@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from jobs.dedupe import outlasts
+from jobs.dedupe import outlasts, served_end
 from rasd import decide as D
 from rasd.decide import Orphan, Outcome, Rules, orphan_verdict
 from rasd.lease import (
@@ -1328,11 +1328,11 @@ class Job:
     fresh: ResourceItem | None = None  # examine / repair: the item just read
     real: tuple[ResourceItem, ...] = ()
     orphans: tuple[ResourceItem, ...] = ()
-    ends: tuple[tuple[str, int], ...] = ()  # examine's served ends, by resource
     #: release_one calls still to make: (item, "orphan" | "extra", end_by_us)
     rel: tuple[tuple[ResourceItem, str, int | None], ...] = ()
     m: Mapping | None = None
     avail: int = 0  # us: the free_claim's lease_available
+    keep: ResourceItem | None = None  # the duplicate group's survivor
 
 
 def _job_offset(w: World, j: Job) -> int:
@@ -1431,7 +1431,7 @@ def _next(w: World, j: Job, why: str = "") -> None:
         _set_job(w, j, None)
         return
     if len(j.rel) > 1:  # the current release_one is rel[0]
-        _set_job(w, j, replace(j, pc="L1", rel=j.rel[1:], m=None, fresh=None))
+        _set_job(w, j, replace(j, pc=_rel_pc(w, j.rel[1]), rel=j.rel[1:], m=None, fresh=None))
         return
     if j.groups:  # dedupe.py:231: the next duplicate key
         _set_job(
@@ -1443,22 +1443,31 @@ def _next(w: World, j: Job, why: str = "") -> None:
     _set_job(w, j, None)
 
 
+def _slack(w: World) -> int:
+    """dedupe.py: how much the survivor must outlast an extra (margin + skew bound)."""
+    return w.rules.margin_us + (0 if w.proto.dedupe_margin_only else w.rules.grace_us)
+
+
+def _rel_pc(w: World, entry: tuple[ResourceItem, str, int | None]) -> str:
+    """An extra's release starts by reading the survivor as the extra's region sees it
+    (dedupe.py: ``served_end``); D1 (the old job) went straight to release_held."""
+    return "S1" if entry[1] == "extra" and not w.proto.dedupe_unversioned else "L1"
+
+
 def _after_examine(w: World, j: Job) -> None:
-    """dedupe.py:239-262: keep pick()'s survivor, release orphans, then the extras that the
+    """dedupe.py run: keep pick()'s survivor, release orphans, then the extras that the
     survivor outlasts (the rest are kept)."""
     real = list(j.real)
     keep = pick(real)
     extras = sorted((it for it in real if it is not keep), key=lambda it: (it.region, it.resource))
     rel: list[tuple[ResourceItem, str, int | None]] = [(o, "orphan", None) for o in j.orphans]
-    ends = dict(j.ends)
     kept = []
     for e in extras:
         assert keep is not None
-        if not outlasts(keep, e, w.rules.margin_us):
+        if not outlasts(keep, e, _slack(w)):
             kept.append(e.resource)
             continue
-        end_by = ends.get(keep.resource, 0) - w.rules.margin_us
-        rel.append((e, "extra", None if w.proto.dedupe_unversioned else end_by))
+        rel.append((e, "extra", None))  # end_by: set by S1 (None for D1)
     w.notes.append(
         f"dedupe: keep {keep.resource if keep else None}, extras "
         f"{[e.resource for e in extras]} (kept {kept}), orphans "
@@ -1466,7 +1475,11 @@ def _after_examine(w: World, j: Job) -> None:
     )
     if rel:
         # the first release_one call; _next pops the head of ``rel`` for the following ones
-        _set_job(w, j, replace(j, pc="L1", rel=tuple(rel), real=(), orphans=(), ends=()))
+        _set_job(
+            w,
+            j,
+            replace(j, pc=_rel_pc(w, rel[0]), rel=tuple(rel), real=(), orphans=(), keep=keep),
+        )
     else:
         _next(w, replace(j, rel=()))
 
@@ -1499,22 +1512,47 @@ def step_job(w0: World, j: Job) -> Out:
                 out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
                 continue
             m = w.mapping(fresh.key, fresh.region)
-            real, orphans, ends = j.real, j.orphans, j.ends
+            real, orphans = j.real, j.orphans
             if orphan_verdict(fresh, m) is Orphan.LEASE:
                 real = (*real, fresh)
-                assert m is not None
-                if m.state == LIVE or w.proto.dedupe_pending_survivor:
-                    got = [e for e in (fresh.lease_expires_us, m.expires_us) if e]
-                    if got:
-                        ends = (*ends, (fresh.resource, min(got)))
             else:
                 orphans = (*orphans, fresh)
-            j2 = replace(j, todo=j.todo[1:], fresh=None, real=real, orphans=orphans, ends=ends)
+            j2 = replace(j, todo=j.todo[1:], fresh=None, real=real, orphans=orphans)
             if j2.todo:
                 _set_job(w, j, replace(j2, pc="X1"))
             else:
                 _after_examine(w, j2)
             out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
+    elif j.pc == "S1":  # dedupe.py run: the survivor's mapping in the extra's replica
+        e, what, _ = j.rel[0]
+        keep = j.keep
+        assert keep is not None and keep.key is not None
+        for lab, w, ok in read_branches(w0):
+            if not ok:
+                _next(w, j, "read_failed (survivor)")
+                out.append((f"dedupe survivor {keep.resource} in {e.region}: {lab} mapping", w))
+                continue
+            views: list[tuple[str, Mapping | None]]
+            if w.proto.dedupe_survivor_own_region or keep.region == e.region:
+                views = [("", w.mapping(keep.key, keep.region))]
+            else:
+                views = [
+                    (lab2, next((m for m in ms if m.region == keep.region), None))
+                    for lab2, ms in w.replicas(keep.key, e.region)
+                ]
+            for lab2, m in views:
+                w2 = w.clone() if len(views) > 1 else w
+                if w2.proto.dedupe_pending_survivor and m is not None and m.state == PENDING:
+                    m = replace(m, state=LIVE)  # D2: a pending survivor counts as served
+                end = served_end(keep, m)
+                if end is None:
+                    _next(w2, j, f"extra {e.resource} kept (survivor not live in {e.region})")
+                else:
+                    rel = ((e, what, end - _slack(w2)), *j.rel[1:])
+                    _set_job(w2, j, replace(j, pc="L1", rel=rel))
+                out.append(
+                    (f"dedupe survivor {keep.resource} in {e.region}: {lab} mapping{lab2}", w2)
+                )
     elif j.pc == "L1":  # leases.py:96-106 release_held: get_mapping; orphan_verdict; end_by
         r, what, end_by = j.rel[0]
         for lab, w, ok in read_branches(w0):

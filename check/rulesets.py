@@ -36,6 +36,12 @@ class Protocol:
     #: D2 (ras-dedupe before 375fa6c): a survivor whose mapping is still pending counts as
     #: served (its end stands in for the extra's), though other regions serve only live ones
     dedupe_pending_survivor: bool = False
+    #: D3 (found by this checker, fixed since): the survivor must outlast an extra by the
+    #: margin only, not margin + skew
+    dedupe_margin_only: bool = False
+    #: D4 (found by this checker, fixed since): the survivor judged in its own region's
+    #: replica, not in the extra's (where a confirm may not have replicated yet)
+    dedupe_survivor_own_region: bool = False
 
     # ---------------------------------------------------------------- the decisions
     def on_read(
@@ -88,6 +94,8 @@ BAD_B = Protocol("B-trust-own-claim", trust_own_claim=True)
 BAD_C = Protocol("C-no-quarantine", no_quarantine=True)
 BAD_D1 = Protocol("D1-dedupe-unversioned", dedupe_unversioned=True)
 BAD_D2 = Protocol("D2-dedupe-pending-survivor", dedupe_pending_survivor=True)
+BAD_D3 = Protocol("D3-dedupe-margin-only", dedupe_margin_only=True)
+BAD_D4 = Protocol("D4-dedupe-survivor-own-region", dedupe_survivor_own_region=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
-PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2)}
+PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4)}

@@ -11,8 +11,9 @@ unclaimable for the quarantine so that caches still serving it run out first (I1
 Only live leases are grouped (expired ones are the liberator's): the daemons choose among
 live leases, and so must this job, or it could release the lease they serve.
 
-An extra is released only if the survivor outlasts it by the daemons' skew margin (else its
-region would acquire yet another resource while apps still use the extra), and its resource is
+An extra is released only if the survivor, as the extra's region's replica shows it, is live
+and outlasts it by the daemons' skew margin plus the clock-skew bound (else its region would
+acquire yet another resource while apps still use the extra), and its resource is
 claimable no earlier than its own lease end plus the clock-skew bound: no app released it,
 so apps may use it until then (docs/design.md, I1 and I2). Such extras are counted in
 ``kept_until_survivor_outlasts``.
@@ -43,7 +44,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import LIVE, US, ResourceItem, fmt_time, item_from_ddb, pick
+from rasd.lease import LIVE, US, Mapping, ResourceItem, fmt_time, item_from_ddb, pick
 
 from . import common, leases
 
@@ -139,32 +140,31 @@ def replica(ddb: Any, opts: Options, region: str) -> Any | None:
 
 def examine(
     ddb: Any, opts: Options, items: list[ResourceItem]
-) -> tuple[list[ResourceItem], list[ResourceItem], dict[str, int]]:
-    """(leases, orphans, served ends) among one key's items, decided on strongly consistent
-    reads of each item and of its region's mapping (in that region's replica when we can
-    write there): a held item its region's mapping does not name is an orphan, never a lease.
-    A lease's served end (by resource) is the earlier of its item's and its mapping's: the
-    daemons serve it by the mapping's, which an extension writes after the item's. A lease
-    whose mapping is still pending has none: other regions' daemons do not serve it, so it
-    cannot stand in for an extra released in their region."""
+) -> tuple[list[ResourceItem], list[ResourceItem]]:
+    """(leases, orphans) among one key's items, decided on strongly consistent reads of each
+    item and of its region's mapping (in that region's replica when we can write there): a
+    held item its region's mapping does not name is an orphan, never a lease."""
     real: list[ResourceItem] = []
     orphans: list[ResourceItem] = []
-    ends: dict[str, int] = {}
     for it in items:
         client = replica(ddb, opts, it.region) or ddb
         fresh = leases.get_resource(client, opts.table, it.ident)
         if fresh is None or fresh.key != it.key or fresh.holder is None:
             continue  # changed since the scan (released, liberated): nothing to do
         m = leases.get_mapping(client, opts.table, fresh)
-        if orphan_verdict(fresh, m) is Orphan.LEASE:
-            real.append(fresh)
-            if m is not None and m.state == LIVE:  # other regions serve only a live one
-                got = [e for e in (fresh.lease_expires_us, m.expires_us) if e]
-                if got:
-                    ends[fresh.resource] = min(got)
-        else:
-            orphans.append(fresh)
-    return real, orphans, ends
+        (real if orphan_verdict(fresh, m) is Orphan.LEASE else orphans).append(fresh)
+    return real, orphans
+
+
+def served_end(keep: ResourceItem, m: Mapping | None) -> int | None:
+    """Until when the daemons that read mapping ``m`` (the survivor's, as one region's replica
+    shows it) serve the survivor ``keep``: the earlier of its item's and its mapping's end, if
+    that replica shows it live (daemons serve only live mappings of other regions; a confirm
+    or an extension may not have replicated yet). None: that region does not serve it."""
+    if m is None or m.state != LIVE or (m.token, m.resource) != (keep.holder, keep.resource):
+        return None
+    ends = [e for e in (keep.lease_expires_us, m.expires_us) if e is not None]
+    return min(ends) if ends else None
 
 
 def release_one(
@@ -230,7 +230,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         counts["duplicate_keys"] += 1
         ctx = {"client_id": client_id, "pool_id": pool_id, "key": key}
         try:
-            real, orphans, ends = examine(ddb, opts, items)
+            real, orphans = examine(ddb, opts, items)
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             counts["errors"] += 1
             log.error("read_failed", error=repr(exc), **ctx)
@@ -250,15 +250,34 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             release_one(ddb, opts, o, "orphan", counts, ctx)
         for e in extras:
             assert keep is not None
-            if not outlasts(keep, e, opts.margin_us):
+            # The extra's region serves the survivor until its end minus the margin on its own
+            # clock, which may run ahead by the skew: the survivor must outlast it by both.
+            slack = opts.margin_us + opts.grace_us
+            if not outlasts(keep, e, slack):
                 # Releasing it now would leave its region with no servable lease before its
                 # end: the region would acquire another while apps still use this one.
                 counts["kept_until_survivor_outlasts"] += 1
                 log.info("extra_kept", resource=e.resource, region=e.region, **ctx)
                 continue
-            # Checked again on the mapping, and the release made conditional on its version:
-            # a daemon may extend the extra (and answer apps with the later end) meanwhile.
-            end_by = ends.get(keep.resource, 0) - opts.margin_us
+            end_by: int | None = None
+            client = replica(ddb, opts, e.region)
+            if client is not None:
+                # The survivor as the extra's region sees it (its replica may not show the
+                # confirm or the extension yet), read there, consistently.
+                try:
+                    end = served_end(keep, leases.get_mapping(client, opts.table, keep))
+                except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+                    counts["errors"] += 1
+                    log.error("read_failed", error=repr(exc), **ctx)
+                    continue
+                if end is None:
+                    counts["kept_until_survivor_outlasts"] += 1
+                    log.info("extra_kept", why="survivor not live there", resource=e.resource,
+                             region=e.region, **ctx)  # fmt: skip
+                    continue
+                end_by = end - slack
+            # Checked again on the extra's mapping, and the release made conditional on its
+            # version: a daemon may extend the extra (and answer apps with the later end).
             release_one(ddb, opts, e, "extra", counts, ctx, end_by_us=end_by)
     summary: dict[str, Any] = {
         "job": "dedupe",

@@ -1166,3 +1166,20 @@ def test_dedupe_checks_the_extras_end_on_its_mapping(ddb: Any, table: str) -> No
     assert s["errors"] == 0 and s["kept_until_survivor_outlasts"] == 1, s
     m = get_map(ddb, table, map_ident("k2", EAST))
     assert m is not None and m.state == LIVE and m.resource == "e-00004", m
+
+
+def test_dedupe_survivor_must_outlast_the_extra_by_margin_and_skew(ddb: Any, table: str) -> None:
+    """Found by the protocol checker: the extra's region stops serving the survivor at its
+    end minus the margin on its own clock, which may run ahead by the skew bound; a survivor
+    that outlasts the extra by the margin alone leaves a window of up to the skew where that
+    region acquires another resource while apps still use the extra (I2)."""
+    cfg = Config()
+    seed_pool(ddb, table, region=EAST, count=2, prefix="e-")
+    seed_pool(ddb, table, region=WEST, count=2, prefix="w-")
+    by = int((cfg.skew_margin + cfg.max_clock_skew / 2) * US)  # more than the margin alone
+    lease(ddb, table, "w-00000", "k", NOW + HOUR + by, acquired_us=NOW - 20 * US)
+    lease(ddb, table, "e-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * US)
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW, peers={WEST: ddb})
+    s = dedupe.run(ddb, opts)
+    assert (s["released"], s["kept_until_survivor_outlasts"]) == (0, 1), s
+    assert get(ddb, table, "e-00000").key == "k"

@@ -14,7 +14,7 @@ import pytest
 
 from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, QUICK_BFS, WALK, _acquired
 from check.explore import bfs, format_trace, script, walk, walks
-from check.rulesets import BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, REAL
+from check.rulesets import BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, REAL
 
 #: the CI configuration (python -m check --quick): small enough to explore completely in a
 #: few seconds, big enough for scenarios A and B
@@ -211,6 +211,7 @@ def test_real_dedupe_loses_the_race_to_an_extension() -> None:
         "dedupe examine ra: read mapping",
         "dedupe examine rb: read resource",
         "dedupe examine rb: read mapping",
+        "dedupe survivor ra in r2: read mapping",
         "dedupe release_held(rb, extra): read mapping",
         "time +5",
         "d1 get_lease(k1) called",
@@ -222,7 +223,8 @@ def test_real_dedupe_loses_the_race_to_an_extension() -> None:
         script(cfg, REAL, [*steps, "dedupe release_held(rb, extra): map_release APPLIED"])
     res = script(cfg, REAL, [*steps, "dedupe release_held(rb, extra): map_release REJECTED"])
     assert res.violation is None and "dedupe: lost_race" in res.trace[-1][1], format_trace(res)
-    res = script(cfg, BAD_D1, [*steps, "dedupe release_held(rb, extra): map_release APPLIED"])
+    d1 = [x for x in steps if not x.startswith("dedupe survivor")]  # D1 did not read it
+    res = script(cfg, BAD_D1, [*d1, "dedupe release_held(rb, extra): map_release APPLIED"])
     assert res.violation is None  # not yet: the split comes when r2 acquires again
 
 
@@ -267,67 +269,75 @@ def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
     assert "rejected" in res.trace[-2][0], format_trace(res)
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: dedupe's margin does not cover the skew")
+_EXAMINE = [
+    "dedupe scan",
+    "dedupe examine ra: read resource",
+    "dedupe examine ra: read mapping",
+    "dedupe examine rb: read resource",
+    "dedupe examine rb: read mapping",
+]
+_RB_RELEASED = [
+    "dedupe release_held(rb, extra): read mapping",
+    "dedupe release_held(rb, extra): map_release APPLIED",
+]
+_D1_TAKES_RC = [
+    "d1 get_lease(k1) called",
+    "d1 get_lease(k1) read mapping",
+    "d1 get_lease(k1) candidate rc",
+    "d1 get_lease(k1) map_acquire APPLIED",
+    "d1 get_lease(k1) claim APPLIED",
+]
+
+
 def test_found_dedupe_margin_does_not_cover_clock_skew() -> None:
-    """FOUND BY THE CHECKER (real rules, no fault), open: ras-dedupe releases an extra when
-    the survivor outlasts it by ``skew_margin`` (8 >= 7 + 1), but the extra's region stops
+    """FOUND BY THE CHECKER (real rules, no fault), fixed: ras-dedupe released an extra when
+    the survivor outlasted it by ``skew_margin`` (8 >= 7 + 1), but the extra's region stops
     serving the survivor at its end minus the margin *on its own clock*; with that clock
-    ahead by the skew (d1 +1), r2 acquires rc at t = 6 while rb is valid until 7: a split in
-    r2 (I2) for up to max_clock_skew. (Production: margin 5 s > skew 2 s narrows the window
-    but does not close it.) Expected to pass once the rule is survivor >= extra + margin +
-    max_clock_skew, or the invariant's reading of time changes."""
+    ahead by the skew (d1 +1), r2 acquired rc at t = 6 while rb was valid until 7: a split in
+    r2 (I2). The survivor must now outlast the extra by margin + max_clock_skew (D3 is the
+    old rule)."""
     cfg, prefix = DEDUPE_LIVE
     cfg = dataclasses.replace(cfg, offsets=(0, 1), max_ops=10, ticks=(1, 5))
-    steps = [
+    res = script(cfg, REAL, [*prefix, *_EXAMINE])
+    assert res.violation is None and "(kept ['rb'])" in " ".join(res.trace[-1][1])
+    bad = [
         *prefix,
-        "dedupe scan",
-        "dedupe examine ra: read resource",
-        "dedupe examine ra: read mapping",
-        "dedupe examine rb: read resource",
-        "dedupe examine rb: read mapping",
-        "dedupe release_held(rb, extra): read mapping",
-        "dedupe release_held(rb, extra): map_release APPLIED",
+        *_EXAMINE,
+        "dedupe survivor ra in r2: read mapping",
+        *_RB_RELEASED,
         "dedupe release_held(rb, extra): read resource",
         "dedupe release_held(rb, extra): free_claim APPLIED",
         "time +1",
         "time +5",
-        "d1 get_lease(k1) called",
-        "d1 get_lease(k1) read mapping",
-        "d1 get_lease(k1) candidate rc",
-        "d1 get_lease(k1) map_acquire APPLIED",
-        "d1 get_lease(k1) claim APPLIED",
+        *_D1_TAKES_RC,
     ]
-    res = script(cfg, REAL, steps)
-    assert res.violation is None, format_trace(res)
+    res = script(cfg, BAD_D3, bad)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: dedupe checks the survivor in its own region")
 def test_found_dedupe_survivor_not_yet_live_in_the_extras_replica() -> None:
-    """FOUND BY THE CHECKER (real rules, one crash, replication lag), open: dedupe reads the
-    survivor's mapping live in its own region's replica and releases the extra; the extra's
-    region still shows the survivor pending (its map_confirm not yet replicated), so a daemon
-    there without a cached copy (d1 restarted) does not serve it and acquires rc while rb is
-    valid: a split in r2 (I2). Needs dedupe to run within replication_lag of the survivor's
-    confirmation. Expected to pass once dedupe checks the survivor as the extra's region sees
-    it (or waits replication_lag after the survivor went live)."""
+    """FOUND BY THE CHECKER (real rules, one crash, replication lag), fixed: dedupe read the
+    survivor's mapping live in its own region's replica and released the extra; the extra's
+    region still showed the survivor pending (its map_confirm not yet replicated), so a
+    daemon there without a cached copy (d1 restarted) did not serve it and acquired rc while
+    rb was valid: a split in r2 (I2). Dedupe now reads the survivor in the extra's region's
+    replica and keeps the extra unless it is live there (D4 is the old rule)."""
     cfg, prefix = DEDUPE_PENDING
     cfg = dataclasses.replace(cfg, replica_history=1, max_crashes=1, max_ops=10)
-    steps = [
-        *prefix,
-        "d0 bg confirm(k1) map_confirm APPLIED",
-        "d1 CRASHES",
-        "dedupe scan",
-        "dedupe examine ra: read resource",
-        "dedupe examine ra: read mapping",
-        "dedupe examine rb: read resource",
-        "dedupe examine rb: read mapping",
-        "dedupe release_held(rb, extra): read mapping",
-        "dedupe release_held(rb, extra): map_release APPLIED",
+    start = [*prefix, "d0 bg confirm(k1) map_confirm APPLIED", "d1 CRASHES", *_EXAMINE]
+    lagging = "dedupe survivor ra in r2: read mapping (replica of r1 1 behind)"
+    res = script(cfg, REAL, [*start, lagging])
+    assert res.violation is None
+    assert "dedupe: extra rb kept (survivor not live in r2)" in res.trace[-1][1], format_trace(res)
+    bad = [
+        *start,
+        "dedupe survivor ra in r2: read mapping",
+        *_RB_RELEASED,
         "d1 get_lease(k1) called",
         "d1 get_lease(k1) read mapping (replica of r1 1 behind)",
         "d1 get_lease(k1) candidate rc",
         "d1 get_lease(k1) map_acquire APPLIED",
         "d1 get_lease(k1) claim APPLIED",
     ]
-    res = script(cfg, REAL, steps)
-    assert res.violation is None, format_trace(res)
+    res = script(cfg, BAD_D4, bad)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
