@@ -280,10 +280,13 @@ class Acquirer:
             )
             cw = claim(item, key, requested_us, now, token, expect_ver + 1)
             sent = self.clock.mono()
-            mres, cres = await asyncio.gather(
+            writes = asyncio.gather(
                 self.store.write(mw, deadline, names_claim(token, item.resource)),
                 self.store.write(cw, deadline, holds(token, key)),
             )
+            # Queued behind the two writes: building the refill's Query never delays them.
+            self.prefetch.refill_soon(pool)
+            mres, cres = await writes
             step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
             if isinstance(step, D.Won):
                 lease = Lease(
