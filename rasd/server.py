@@ -297,7 +297,7 @@ class Daemon:
         from .prom import Gauge, build_registry, start_http
 
         def cache_leases() -> int:
-            return len(self.acquirer.cache._c) if self.up.is_set() else 0
+            return self.acquirer.cache.size() if self.up.is_set() else 0
 
         def prefetch() -> dict[str, int]:
             if not self.up.is_set():
