@@ -28,8 +28,9 @@ the start may lie past the last item, or a backend may ignore the key).
 Sizing: the buffer tracks demand as an EWMA of takes per second and keeps about
 ``REFILL_HORIZON`` seconds of it (clamped to ``prefetch_min..prefetch_max``); a refill starts in
 the background, after the claim it follows has been sent, when the buffer falls below half of
-that. A background page is twice the room left (at least ``MIN_PAGE``, at most
-``prefetch_page``): a slow daemon reads small pages, and holds few items others want.
+that. A background page after a random start is twice the room left (at least ``MIN_PAGE``,
+at most ``prefetch_page``): a slow daemon reads small pages. A read from an end, where all
+daemons that know nothing yet start, is a whole ``prefetch_page`` sampled at random.
 Candidates older than ``candidate_max_age`` are dropped: by then another daemon has likely
 taken them.
 
@@ -352,13 +353,17 @@ class Prefetcher:
         part = partition_name(pool.client_id, pool.pool_id, self.cfg.region, n)
         start = buf.start_key(n)
         forward = self.rng.random() < 0.5 if start is not None else buf.end_direction()
-        if start is not None:
+        if start is None:
+            # From an end of the index, where every daemon with nothing learnt yet reads: a
+            # whole page, of which add() keeps a random sample, so two such daemons rarely
+            # keep the same items.
+            limit = self.cfg.prefetch_page
+            items = await self.store.query_available(part, limit, forward, deadline)
+        else:
             self.counters.inc("prefetch.reads_random_start")
             items = await query_after(
                 self.store, part, pool.client_id, start, limit, forward, deadline
             )
-        else:
-            items = await self.store.query_available(part, limit, forward, deadline)
         now_us = self.clock.now_us()
         items = [it for it in items if it.claimable(now_us)]
         if not items and (start is not None or not forward):
