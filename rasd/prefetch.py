@@ -26,7 +26,8 @@ When the read after a random start finds nothing claimable, the head is read (th
 the start may lie past the last item, or a backend may ignore the key).
 
 Sizing: the buffer tracks demand as an EWMA of takes per second and keeps about
-``REFILL_HORIZON`` seconds of it (clamped to ``prefetch_min..prefetch_max``); a refill starts in
+``REFILL_HORIZON`` seconds of it plus twice the time a refill read takes (an EWMA too), clamped
+to ``prefetch_min..prefetch_max``; a refill starts in
 the background, after the claim it follows has been sent, when the buffer falls below half of
 that. A background page after a random start is twice the room left (at least ``MIN_PAGE``,
 at most ``prefetch_page``): a slow daemon reads small pages. A read from an end, where all
@@ -141,6 +142,8 @@ class CandidateBuffer:
         self.exhausted_until = 0.0
         self.rate = 0.0  # EWMA of takes per second
         self._last_take = 0.0
+        #: EWMA of how long a refill read took (seconds): the buffer must outlast it
+        self.refill_s = 0.0
         #: per sub-partition: lease_available values seen claimable (a reservoir)
         self.seen: dict[int, list[str]] = {}
         self._seen_n: dict[int, int] = {}
@@ -158,8 +161,14 @@ class CandidateBuffer:
         self.rate += alpha * (1.0 / dt - self.rate)
 
     def target(self) -> int:
-        want = math.ceil(self.rate * REFILL_HORIZON)
+        """REFILL_HORIZON seconds of demand, plus twice what a refill takes (a slow or loaded
+        DynamoDB must not empty the buffer while its refill is on the way)."""
+        want = math.ceil(self.rate * (REFILL_HORIZON + 2 * self.refill_s))
         return max(self.cfg.prefetch_min, min(self.cfg.prefetch_max, want))
+
+    def note_refill(self, seconds: float) -> None:
+        """A refill read took ``seconds`` (EWMA, weight 1/4: a few reads to follow a change)."""
+        self.refill_s += 0.25 * (seconds - self.refill_s)
 
     def needs_refill(self) -> bool:
         return len(self.q) < max(1, self.target() // 2)
@@ -353,6 +362,7 @@ class Prefetcher:
         part = partition_name(pool.client_id, pool.pool_id, self.cfg.region, n)
         start = buf.start_key(n)
         forward = self.rng.random() < 0.5 if start is not None else buf.end_direction()
+        t0 = time.monotonic()
         if start is None:
             # From an end of the index, where every daemon with nothing learnt yet reads: a
             # whole page, of which add() keeps a random sample, so two such daemons rarely
@@ -364,6 +374,7 @@ class Prefetcher:
             items = await query_after(
                 self.store, part, pool.client_id, start, limit, forward, deadline
             )
+        buf.note_refill(time.monotonic() - t0)
         now_us = self.clock.now_us()
         items = [it for it in items if it.claimable(now_us)]
         if not items and (start is not None or not forward):

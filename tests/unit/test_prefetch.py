@@ -389,3 +389,17 @@ def test_daemons_on_a_same_time_pool_hold_different_items() -> None:
     as before, they would all hold the same 64)."""
     shared = [simulate(20, 200, s) for s in range(5)]
     assert sorted(shared)[2] < 0.35
+
+
+def test_target_covers_the_time_a_refill_takes() -> None:
+    """A slow DynamoDB (or a loaded host) makes the buffer deeper, within prefetch_max."""
+    b = buf(prefetch_min=4, prefetch_max=64)
+    b.rate = 4.0
+    assert b.target() == 8  # REFILL_HORIZON = 2 s
+    for _ in range(40):
+        b.note_refill(1.0)
+    assert b.refill_s == pytest.approx(1.0, rel=1e-3)
+    assert b.target() == 16  # 4/s x (2 s + 2 x 1 s)
+    for _ in range(40):
+        b.note_refill(100.0)
+    assert b.target() == 64
