@@ -11,12 +11,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from .explore import Result, bfs, format_trace, walks
 from .model import Config
-from .rulesets import BAD, BAD_C, REAL, Protocol
+from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, REAL, Protocol
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -81,6 +81,73 @@ WALK3 = Config(
 )
 
 
+#: two regions (d0 in r1, d1 in r2, clocks in step), one key, ra in r1 and rb, rc in r2;
+#: d0's apps ask for 8 s leases, d1's for 6 s; one ras-dedupe run (its clock +1). Explored
+#: from a cross-region duplicate (the paper's 0.1 %: both regions missed k1 and acquired):
+DEDUPE = Config(
+    daemons=2,
+    regions=("r1", "r2"),
+    offsets=(0, 0),
+    keys=("k1",),
+    resources=("ra", "rb", "rc"),
+    resource_regions=("r1", "r2", "r2"),
+    leases=(8, 6),
+    max_faults=0,
+    max_crashes=0,
+    max_ops=2,
+    liberator=False,
+    release=False,
+    dedupe_runs=1,
+)
+
+
+def _acquired(d: int, res: str) -> list[str]:
+    return [
+        f"d{d} get_lease(k1) called",
+        f"d{d} get_lease(k1) read mapping",
+        f"d{d} get_lease(k1) candidate {res}",
+        f"d{d} get_lease(k1) map_acquire APPLIED",
+        f"d{d} get_lease(k1) claim APPLIED",
+    ]
+
+
+#: ... both mappings still pending (their map_confirm not yet run): time to t = 3
+DEDUPE_PENDING = (
+    replace(DEDUPE, horizon=3, ticks=(3,)),
+    [*_acquired(0, "ra"), *_acquired(1, "rb")],
+)
+#: ... both confirmed live: time to t = 8 (extensions, the survivor's end)
+DEDUPE_LIVE = (
+    replace(DEDUPE, horizon=8, ticks=(5, 3)),
+    [
+        *_acquired(0, "ra"),
+        *_acquired(1, "rb"),
+        "d0 bg confirm(k1) map_confirm APPLIED",
+        "d1 bg confirm(k1) map_confirm APPLIED",
+    ],
+)
+#: which dedupe search must catch each known-bad dedupe rule set
+DEDUPE_BAD = ((BAD_D2, DEDUPE_PENDING), (BAD_D1, DEDUPE_LIVE))
+#: deep mode: two regions with everything on (faults, a crash, the liberator and its orphan
+#: repair, dedupe, releases, replication lag of one version), by random walks
+WALK_REGIONS = Config(
+    daemons=3,
+    regions=("r1", "r2", "r2"),
+    offsets=(0, 1, 0),
+    keys=("k1", "k2"),
+    resources=("ra", "rb", "rc", "rd"),
+    resource_regions=("r1", "r1", "r2", "r2"),
+    leases=(8, 6, 12),
+    max_faults=2,
+    max_crashes=1,
+    max_ops=10,
+    horizon=30,
+    replica_history=1,
+    dedupe_runs=3,
+    repair_runs=3,
+)
+
+
 def _print(res: Result) -> None:
     v = f"VIOLATION {res.violation.name}" if res.violation else "no violation"
     extra = f", {res.walks} walks" if res.mode == "walks" else ""
@@ -131,6 +198,26 @@ def run(quick: bool, seed: int, n_walks: int, budget_s: float) -> int:
         if proto in BAD and not found:
             print(f"  !! known-bad rule set {proto.name} was NOT caught")
             ok = False
+    # two regions and ras-dedupe: the real rules pass from both duplicates, each known-bad
+    # dedupe rule set is caught from its own
+    real_dedupe = (DEDUPE_PENDING,) if quick else (DEDUPE_PENDING, DEDUPE_LIVE)
+    dedupe_runs = [(REAL, c) for c in real_dedupe] + list(DEDUPE_BAD)
+    for proto, (cfg, prefix) in dedupe_runs:
+        res = bfs(cfg, proto, max_seconds=budget_s, prefix=prefix)
+        res.mode = "bfs-dedupe-" + ("pending" if cfg.horizon == 3 else "live")
+        _print(res)
+        runs.append({**res.summary(), "config": asdict(cfg), "prefix": prefix})
+        if proto is REAL and res.violation is not None:
+            ok = False
+        if proto is not REAL and res.violation is None:
+            print(f"  !! known-bad rule set {proto.name} was NOT caught")
+            ok = False
+    if not quick:
+        res = walks(WALK_REGIONS, REAL, range(seed, seed + n_walks), steps, max_seconds=budget_s)
+        res.mode = "walk-regions"
+        _print(res)
+        runs.append({**res.summary(), "config": asdict(WALK_REGIONS)})
+        ok = ok and res.violation is None
     out["seconds"] = round(time.monotonic() - started, 1)
     out["ok"] = ok
     RESULTS.mkdir(exist_ok=True)

@@ -15,6 +15,11 @@ processes with a program counter (``Proc.pc``); each step is one DynamoDB call o
 it mirrors. Decisions are the real ``rasd.decide`` functions, reached through a
 :class:`check.rulesets.Protocol` so the known-bad rule sets can replace one of them.
 
+Regions: each daemon has one and writes only its region's items; other regions' mappings are
+read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
+is served as it is (``decide.on_read``). ``ras-dedupe`` and the liberator's orphan repair are
+:class:`Job` processes stepping through jobs/dedupe.py and jobs/leases.py one call at a time.
+
 Time is discrete: ``World.t`` is the true time in ticks (one tick = one second); a daemon's
 clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is given.
 """
@@ -27,8 +32,9 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
+from jobs.dedupe import outlasts
 from rasd import decide as D
-from rasd.decide import Outcome, Rules
+from rasd.decide import Orphan, Outcome, Rules, orphan_verdict
 from rasd.lease import (
     FREE,
     LIVE,
@@ -43,6 +49,7 @@ from rasd.lease import (
     fence_resource,
     fmt_time,
     free_claim,
+    free_orphan,
     holds,
     liberate,
     map_acquire,
@@ -50,6 +57,7 @@ from rasd.lease import (
     map_drop_dead,
     map_extend,
     map_extended_to,
+    map_fence,
     map_pk,
     map_release,
     mapping_from,
@@ -58,6 +66,7 @@ from rasd.lease import (
     not_held_by,
     partition_name,
     partition_of,
+    pick,
     resource_from,
     should_extend,
 )
@@ -101,6 +110,38 @@ class Config:
     free_claim_attempts: int = 2  # the driver tries 6; 2 already covers "retried after error"
     liberator: bool = True
     release: bool = True
+    #: region of each daemon (empty: all in ``r1``); a daemon writes only its region's items
+    regions: tuple[str, ...] = ()
+    #: region of each resource (empty: all in ``r1``)
+    resource_regions: tuple[str, ...] = ()
+    #: the lease length each daemon's apps ask for (empty: ``lease`` for all)
+    leases: tuple[int, ...] = ()
+    #: replication lag: a daemon may read another region's mapping at any of this many
+    #: earlier versions (0: the current one), written less than ``lag`` ticks ago (a tick of
+    #: at least ``lag`` lets every replica catch up)
+    replica_history: int = 0
+    #: runs of ``ras-dedupe`` (jobs/dedupe.py), one at a time, each a process of its own
+    dedupe_runs: int = 0
+    dedupe_offset: int = 1
+    #: runs of the liberator's orphan repair (jobs/liberator.py check_orphan, jobs/leases.py
+    #: repair), each a process; a held item is checked once acquired ``orphan_age`` ago
+    repair_runs: int = 0
+    orphan_age: int = 2
+
+    def region(self, daemon: int) -> str:
+        return self.regions[daemon] if self.regions else REGION
+
+    def res_region(self, res: str) -> str:
+        if not self.resource_regions:
+            return REGION
+        return self.resource_regions[self.resources.index(res)]
+
+    @property
+    def all_regions(self) -> tuple[str, ...]:
+        return tuple(sorted({*self.regions, *self.resource_regions})) or (REGION,)
+
+    def lease_of(self, daemon: int) -> int:
+        return self.leases[daemon] if self.leases else self.lease
 
     @property
     def quarantine(self) -> int:
@@ -208,8 +249,8 @@ def freeze(it: Item | None) -> FrozenItem | None:
     return None if it is None else tuple(sorted(it.items()))
 
 
-def mkey(key: str) -> ItemKey:
-    return (map_pk(CLIENT, POOL, key), REGION)
+def mkey(key: str, region: str = REGION) -> ItemKey:
+    return (map_pk(CLIENT, POOL, key), region)
 
 
 def rkey(res: str) -> ItemKey:
@@ -225,15 +266,18 @@ class World:
         "cfg",
         "crashes",
         "daemons",
+        "dedupe_done",
         "faults",
         "hist",
         "inflight",
         "inv_q",
+        "jobs",
         "notes",
         "ops",
         "proto",
         "release_calls",
         "released",
+        "repair_done",
         "rules",
         "t",
         "table",
@@ -255,8 +299,8 @@ class World:
                     "client_id": CLIENT,
                     "resource": r,
                     "pool_id": POOL,
-                    "region": REGION,
-                    "partition": partition_name(CLIENT, POOL, REGION, partition_of(r)),
+                    "region": cfg.res_region(r),
+                    "partition": partition_name(CLIENT, POOL, cfg.res_region(r), partition_of(r)),
                     "lease_available": fmt_time(T0 * US),
                     "version": 0,
                 }
@@ -273,6 +317,9 @@ class World:
         self.tokens = 0
         self.violation: Violation | None = None
         self.notes: list[str] = []
+        self.jobs: tuple[Job, ...] = ()
+        self.dedupe_done = 0
+        self.repair_done = 0
 
     def clone(self) -> World:
         w = World.__new__(World)
@@ -297,6 +344,9 @@ class World:
             self.crashes,
             self.ops,
             self.tokens,
+            self.jobs,
+            self.dedupe_done,
+            self.repair_done,
         )
 
     # --------------------------------------------------------------------- clocks
@@ -316,7 +366,33 @@ class World:
         if k[0] == CLIENT and old is not None:
             h = (old, *self.hist.get(k, ()))
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.history]
+        elif k[0] != CLIENT and self.cfg.replica_history:
+            # another region's replica may still show an earlier version (replication lag)
+            h = (old or (), *self.hist.get(k, ()))  # (): the item did not exist yet
+            self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.replica_history]
         self.table[k] = freeze(it)  # type: ignore[assignment]
+
+    def replicas(self, key: str, region: str) -> list[tuple[str, list[Mapping]]]:
+        """The other regions' mappings of ``key`` as a daemon of ``region`` reads them from
+        its replica: the current version, or (with ``replica_history``) an earlier one."""
+        per: list[list[tuple[str, Mapping | None]]] = []
+        for other in self.cfg.all_regions:
+            if other == region:
+                continue
+            k = mkey(key, other)
+            cur = self.table.get(k)
+            opts: list[tuple[str, Mapping | None]] = [("", None if cur is None else _map_of(cur))]
+            for i, f in enumerate(self.hist.get(k, ())):
+                opts.append((f" (replica of {other} {i + 1} behind)", _map_of(f) if f else None))
+            per.append(opts)
+        out: list[tuple[str, list[Mapping]]] = [("", [])]
+        for opts in per:
+            out = [
+                (lab + lab2, [*ms, *([] if m is None else [m])])
+                for lab, ms in out
+                for lab2, m in opts
+            ]
+        return out
 
     def land(self, w: Write) -> bool:
         new = apply(self.get(w.key), w)
@@ -325,8 +401,8 @@ class World:
         self.put(w.key, new)
         return True
 
-    def mapping(self, key: str) -> Mapping | None:
-        f = self.table.get(mkey(key))
+    def mapping(self, key: str, region: str = REGION) -> Mapping | None:
+        f = self.table.get(mkey(key, region))
         return None if f is None else _map_of(f)
 
     def resource(self, res: str) -> ResourceItem | None:
@@ -379,7 +455,12 @@ class World:
                     f"{_tick(self._end(a, True))}) and now to {key} (tok {new.token}) at "
                     f"t={self.t}",
                 )
-            if a.key == key and a.resource != new.resource and self._end(a, False) > now:
+            if (
+                a.key == key
+                and a.resource != new.resource
+                and self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
+                and self._end(a, False) > now
+            ):
                 self.violation = Violation(
                     "I2",
                     f"{key} answered {a.resource} (tok {a.token}, valid until "
@@ -409,8 +490,8 @@ class World:
 
     def check_state(self) -> None:
         """Cheap state invariant: a live mapping never outlives its resource's lease."""
-        for key in self.cfg.keys:
-            m = self.mapping(key)
+        for key, region in ((k, g) for k in self.cfg.keys for g in self.cfg.all_regions):
+            m = self.mapping(key, region)
             if m is None or m.state != LIVE or m.resource is None:
                 continue
             r = self.resource(m.resource)
@@ -577,7 +658,11 @@ def _maybe_refresh(w: World, d: Daemon, key: str, lease: Lease, requested: int) 
     if key in d.refreshing:
         return
     now = w.now_us(d.offset)
-    if lease.token is not None and should_extend(lease, requested, now, w.cfg.extend_fraction):
+    if (
+        lease.region == w.cfg.region(d.idx)
+        and lease.token is not None
+        and should_extend(lease, requested, now, w.cfg.extend_fraction)
+    ):
         d = replace(d, refreshing=d.refreshing | {key})
         w.set_daemon(d)
         _spawn(w, d, Proc("extend_bg", "X1", key=key, requested=requested, lease=lease, sent=w.t))
@@ -641,21 +726,26 @@ def step_request(w0: World, di: int) -> Out:
     p = replace(p, steps=p.steps + 1)
     w0 = w0.clone()
     _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
-    if p.pc == "R0":  # acquire.py:201-203: sent = now; read the key's mappings; on_read
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
+    if p.pc == "R0":  # acquire.py:210-212: sent = now; read the key's mappings; on_read
+        region = w0.cfg.region(di)
+        for lab, w1, ok in read_branches(w0):
             if not ok:
-                _fail(w, d, p, "read failed")
-            else:
-                own = w.mapping(p.key)
+                _fail(w1, w1.daemons[di], p, "read failed")
+                out.append((f"d{di} get_lease({p.key}) {lab} mapping", w1))
+                continue
+            reps = w1.replicas(p.key, region)
+            for rlab, others in reps:
+                w = w1.clone() if len(reps) > 1 else w1
+                d = w.daemons[di]
+                own = w.mapping(p.key, region)
                 p2 = replace(p, sent=w.t)
                 d = _set_proc(w, d, p, p2)
-                dec = proto.on_read(own, [], w.now_us(d.offset), w.rules)
-                if isinstance(dec, D.Verify):  # acquire.py:204
+                dec = proto.on_read(own, others, w.now_us(d.offset), w.rules)
+                if isinstance(dec, D.Verify):  # acquire.py:213
                     _set_proc(w, d, p2, replace(p2, pc="R1", m=dec.mapping))
                 else:
                     _handle(w, d, p2, dec)
-            out.append((f"d{di} get_lease({p.key}) {lab} mapping", w))
+                out.append((f"d{di} get_lease({p.key}) {lab} mapping{rlab}", w))
     elif p.pc == "R1":  # acquire.py:205-206: read the pending mapping's resource; on_resource
         assert p.m is not None
         for lab, w, ok in read_branches(w0):
@@ -677,7 +767,7 @@ def step_request(w0: World, di: int) -> Out:
                 _set_proc(w, d, p, replace(p, pc="R0"))  # acquire.py:227 continue
             out.append((f"d{di} get_lease({p.key}) {lab} on {p.item.resource}", w))
     elif p.pc == "A0":  # acquire.py:259-268: a candidate from the (lagging) index
-        cands = _candidates(w0, w0.now_us(d0.offset))
+        cands = _candidates(w0, w0.now_us(d0.offset), w0.cfg.region(di))
         if not cands:
             w = w0.clone()
             _fail(w, w.daemons[di], p, "NO_CAPACITY")
@@ -697,7 +787,7 @@ def step_request(w0: World, di: int) -> Out:
                 )
     elif p.pc in ("A1", "A2"):  # acquire.py:269-272: the two writes, gathered
         which = p.first if p.pc == "A1" else ("c" if p.first == "m" else "m")
-        wr, mine = _acquire_write(p, which)
+        wr, mine = _acquire_write(p, which, w0.cfg.region(di))
         branches = write_branches(w0, wr, mine)
         if w0.t > p.started + w0.cfg.deadline:
             # Sent in time, answered after the deadline: the store says UNKNOWN, the write may
@@ -753,7 +843,7 @@ def step_request(w0: World, di: int) -> Out:
         for lab, w, ok in read_branches(w0):
             d = w.daemons[di]
             step = (
-                w.proto.on_extend_check(w.mapping(p.key), p.lease)
+                w.proto.on_extend_check(w.mapping(p.key, p.lease.region), p.lease)
                 if ok
                 else D.Forget("mapping unreadable")
             )
@@ -771,27 +861,33 @@ def step_request(w0: World, di: int) -> Out:
     return out
 
 
-def _candidates(w: World, now_us: int) -> list[ResourceItem]:
+def _candidates(w: World, now_us: int, region: str) -> list[ResourceItem]:
     """The available_resources index, lagging: any free version of an item the table held
-    recently (current or one of ``history`` earlier ones), lease_available <= now."""
+    recently (current or one of ``history`` earlier ones), lease_available <= now; the
+    daemon's own region's partitions only (prefetch.py)."""
     seen: dict[tuple[str, int], ResourceItem] = {}
     for k in sorted(w.table):
         if k[0] != CLIENT:
             continue
         for f in (w.table[k], *w.hist.get(k, ())):
             it = _res_of(f)
-            if it.key is None and it.lease_available is not None and it.claimable(now_us):
+            if (
+                it.key is None
+                and it.region == region
+                and it.lease_available is not None
+                and it.claimable(now_us)
+            ):
                 seen.setdefault((it.resource, it.version), it)
     return list(seen.values())
 
 
-def _acquire_write(p: Proc, which: str) -> tuple[Write, Mine]:
+def _acquire_write(p: Proc, which: str, region: str) -> tuple[Write, Mine]:
     assert p.item is not None
     item = p.item
     if which == "m":
         return (
             map_acquire(
-                mkey(p.key),
+                mkey(p.key, region),
                 p.expect_ver,
                 p.token,
                 item.resource,
@@ -819,7 +915,7 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
             POOL,
             p.key,
             item.resource,
-            REGION,
+            item.region,
             p.requested,
             item.version + 1,
             p.now,
@@ -830,7 +926,7 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
             CLIENT,
             POOL,
             p.key,
-            REGION,
+            item.region,
             p.expect_ver + 1,
             PENDING,
             p.token,
@@ -934,7 +1030,7 @@ def step_release(w0: World, di: int) -> Out:
             if not ok:
                 _fail(w, d, p, "read failed")
             else:
-                own = w.mapping(p.key)
+                own = w.mapping(p.key, w.cfg.region(di))
                 now = w.now_us(d.offset)
                 dec = D.on_release_read(own, now, w.rules)
                 if isinstance(dec, D.Verify):
@@ -956,7 +1052,7 @@ def step_release(w0: World, di: int) -> Out:
     elif p.pc == "L2":  # acquire.py:564-576: map_release (read-back no_token)
         assert p.lease is not None and p.lease.token is not None
         tok = p.lease.token
-        wr = map_release(mkey(p.key), tok, p.now)
+        wr = map_release(mkey(p.key, w0.cfg.region(di)), tok, p.now)
         for lab, w, rep in write_branches(w0, wr, no_token(tok)):
             d = w.daemons[di]
             if rep.outcome is Outcome.REJECTED and not rep.error:
@@ -1060,7 +1156,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
             for lab, w, ok in read_branches(w0):
                 d = w.daemons[di]
                 step = (
-                    w.proto.on_extend_check(w.mapping(p.key), p.lease)
+                    w.proto.on_extend_check(w.mapping(p.key, p.lease.region), p.lease)
                     if ok
                     else D.Forget("mapping unreadable")
                 )
@@ -1083,26 +1179,36 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
                 out.append((f"d{di} bg extend({p.key}) {lab}", w))
     elif p.kind == "reconfirm":  # acquire.py:513-537
         assert p.lease is not None
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            if ok:
-                own = w.mapping(p.key)
-                dec = w.proto.on_read(own, [], w.now_us(d.offset), w.rules)
-                if (
-                    isinstance(dec, D.Serve)
-                    and dec.lease.resource == p.lease.resource
-                    and dec.lease.token == p.lease.token
-                ):
-                    d = _cache_put(w, d, dec.lease, w.t)
-                else:
-                    d = _cache_drop(w, d, p.key)
-            d = replace(w.daemons[di], refreshing=w.daemons[di].refreshing - {p.key})
-            w.set_daemon(d)
-            _set_proc(w, d, p, None)
-            out.append((f"d{di} bg reconfirm({p.key}) {lab}", w))
+        region = w0.cfg.region(di)
+        for lab0, w1, ok in read_branches(w0):
+            reps = w1.replicas(p.key, region) if ok else [("", [])]
+            for rlab, others in reps:
+                w = w1.clone() if len(reps) > 1 else w1
+                out.append((f"d{di} bg reconfirm({p.key}) {lab0}{rlab}", w))
+                _reconfirm_tail(w, di, p, ok, others)
     else:
         raise AssertionError(p.kind)
     return out
+
+
+def _reconfirm_tail(w: World, di: int, p: Proc, ok: bool, others: list[Mapping]) -> None:
+    """acquire.py:527-540 _reconfirm after its read."""
+    assert p.lease is not None
+    d = w.daemons[di]
+    if ok:
+        own = w.mapping(p.key, w.cfg.region(di))
+        dec = w.proto.on_read(own, others, w.now_us(d.offset), w.rules)
+        if (
+            isinstance(dec, D.Serve)
+            and dec.lease.resource == p.lease.resource
+            and dec.lease.token == p.lease.token
+        ):
+            d = _cache_put(w, d, dec.lease, w.t)
+        else:
+            d = _cache_drop(w, d, p.key)
+    d = replace(w.daemons[di], refreshing=w.daemons[di].refreshing - {p.key})
+    w.set_daemon(d)
+    _set_proc(w, d, p, None)
 
 
 def _extend_bg_tail(
@@ -1146,23 +1252,25 @@ def app_calls(w0: World, di: int) -> Out:
     if d0.req is not None or w0.ops >= w0.cfg.max_ops:
         return out
     for key in w0.cfg.keys:
-        w = w0.clone()
-        w.ops += 1
-        d = w.daemons[di]
-        requested = w.now_us(d.offset) + w.cfg.lease * US
-        e = d.entry(key)
-        if e is not None and w.t < e.until:  # acquire.py:140-154 try_hit
-            w.answer(d, key, e.lease)
-            _maybe_refresh(w, d, key, e.lease, requested)
-            out.append((f"d{di} get_lease({key}) CACHE HIT", w))
-        else:
-            w.set_daemon(
-                replace(
-                    d.with_entry(key, None),
-                    req=Proc("get", "R0", key=key, requested=requested, started=w.t),
+        for length in (w0.cfg.lease_of(di),):
+            w = w0.clone()
+            w.ops += 1
+            d = w.daemons[di]
+            requested = w.now_us(d.offset) + length * US
+            asks = ""
+            e = d.entry(key)
+            if e is not None and w.t < e.until:  # acquire.py:140-154 try_hit
+                w.answer(d, key, e.lease)
+                _maybe_refresh(w, d, key, e.lease, requested)
+                out.append((f"d{di} get_lease({key}){asks} CACHE HIT", w))
+            else:
+                w.set_daemon(
+                    replace(
+                        d.with_entry(key, None),
+                        req=Proc("get", "R0", key=key, requested=requested, started=w.t),
+                    )
                 )
-            )
-            out.append((f"d{di} get_lease({key}) called", w))
+                out.append((f"d{di} get_lease({key}){asks} called", w))
         if w0.cfg.release:
             w = w0.clone()
             w.ops += 1
@@ -1204,6 +1312,305 @@ def liberator(w0: World) -> Out:
     return out
 
 
+# ------------------------------------------------------------------ ras-dedupe, orphan repair
+@dataclass(frozen=True)
+class Job:
+    """One run of ``ras-dedupe`` (jobs/dedupe.py run/examine/release_one, jobs/leases.py
+    release_held/repair) or of the liberator's orphan repair (jobs/liberator.py check_orphan,
+    jobs/leases.py repair). Each DynamoDB call is one step; daemons interleave between them.
+    A job's ``now`` is captured once, when the run starts (common.now_us), as in the jobs."""
+
+    kind: str  # "dedupe" | "repair"
+    pc: str
+    now: int = 0  # us, on the job's clock, fixed for the run
+    groups: tuple[tuple[ResourceItem, ...], ...] = ()  # duplicate groups still to handle
+    todo: tuple[ResourceItem, ...] = ()  # examine: the group's items still to read
+    fresh: ResourceItem | None = None  # examine / repair: the item just read
+    real: tuple[ResourceItem, ...] = ()
+    orphans: tuple[ResourceItem, ...] = ()
+    ends: tuple[tuple[str, int], ...] = ()  # examine's served ends, by resource
+    #: release_one calls still to make: (item, "orphan" | "extra", end_by_us)
+    rel: tuple[tuple[ResourceItem, str, int | None], ...] = ()
+    m: Mapping | None = None
+    avail: int = 0  # us: the free_claim's lease_available
+
+
+def _job_offset(w: World, j: Job) -> int:
+    return w.cfg.dedupe_offset if j.kind == "dedupe" else w.cfg.liberator_offset
+
+
+def _set_job(w: World, old: Job, new: Job | None) -> None:
+    js = list(w.jobs)
+    i = next(i for i, x in enumerate(js) if x.kind == old.kind)  # one run of a kind at a time
+    if new is None:
+        del js[i]
+    else:
+        js[i] = new
+    w.jobs = tuple(js)
+
+
+def _mident(r: ResourceItem) -> ItemKey:
+    """jobs/leases.py mapping_ident: the key's mapping in the resource's region."""
+    assert r.key is not None
+    return mkey(r.key, r.region)
+
+
+def _scans(w: World) -> list[list[ResourceItem]]:
+    """Every scan the lagging index may return: for each item, its current held version or an
+    earlier held one (or nothing, if no version in the history is held)."""
+    per: list[list[ResourceItem | None]] = []
+    for k in sorted(w.table):
+        if k[0] != CLIENT:
+            continue
+        vs: list[ResourceItem | None] = []
+        for f in (w.table[k], *w.hist.get(k, ())):
+            it = _res_of(f)
+            if it.key is not None and it.holder is not None and it not in vs:
+                vs.append(it)
+        if not vs or _res_of(w.table[k]).key is None:
+            vs.append(None)
+        per.append(vs)
+    out: list[list[ResourceItem]] = [[]]
+    for vs in per:
+        out = [[*sc, *([] if v is None else [v])] for sc in out for v in vs]
+    return out
+
+
+def _repair_pc(verdict: Orphan) -> str:
+    """jobs/leases.py repair: map_fence first when the mapping write may still land."""
+    return "P1" if verdict is Orphan.FENCE_MAPPING else "P2"
+
+
+def start_jobs(w0: World) -> Out:
+    out: Out = []
+    kinds = {j.kind for j in w0.jobs}
+    if "dedupe" not in kinds and w0.dedupe_done < w0.cfg.dedupe_runs:
+        now = w0.now_us(w0.cfg.dedupe_offset)
+        for scan in _scans(w0):  # dedupe.py:96-126 collect (the scan, grouped)
+            groups: dict[str, list[ResourceItem]] = {}
+            for it in scan:
+                assert it.key is not None
+                if it.expired(now):  # dedupe.py:119-123: lapsed leases are the liberator's
+                    continue
+                groups.setdefault(it.key, []).append(it)
+            dups = tuple(tuple(v) for _k, v in sorted(groups.items()) if len(v) > 1)
+            w = w0.clone()
+            w.dedupe_done += 1
+            lab = ", ".join(f"{it.resource}@v{it.version}" for g in dups for it in g) or "none"
+            if dups:
+                w.jobs = (*w.jobs, Job("dedupe", "X1", now=now, groups=dups[1:], todo=dups[0]))
+            out.append((f"dedupe scan: duplicates {lab}", w))
+    if "repair" not in kinds and w0.repair_done < w0.cfg.repair_runs:
+        now = w0.now_us(w0.cfg.liberator_offset)
+        old = now - w0.cfg.orphan_age * US
+        cutoff = now - w0.rules.grace_us
+        cands = [
+            it
+            for k in sorted(w0.table)
+            if k[0] == CLIENT
+            for it in dict.fromkeys(_res_of(f) for f in (w0.table[k], *w0.hist.get(k, ())))
+            if it.holder is not None
+            and it.lease_expires_us is not None
+            and it.lease_expires_us >= cutoff  # liberator.py:131-133: not expired
+            and it.lease_acquired_us is not None
+            and it.lease_acquired_us < old  # liberator.py:97-98
+        ]
+        for it in cands:
+            w = w0.clone()
+            w.repair_done += 1
+            w.jobs = (*w.jobs, Job("repair", "G1", now=now, todo=(it,)))
+            out.append((f"liberator orphan check {it.resource}@v{it.version} ({it.holder})", w))
+    return out
+
+
+def _next(w: World, j: Job, why: str = "") -> None:
+    """The job moves on: next release_one, next duplicate group, or the run ends."""
+    if why:
+        w.notes.append(f"{j.kind}: {why}")
+    if j.kind == "repair":
+        _set_job(w, j, None)
+        return
+    if len(j.rel) > 1:  # the current release_one is rel[0]
+        _set_job(w, j, replace(j, pc="L1", rel=j.rel[1:], m=None, fresh=None))
+        return
+    if j.groups:  # dedupe.py:231: the next duplicate key
+        _set_job(
+            w,
+            j,
+            Job("dedupe", "X1", now=j.now, groups=j.groups[1:], todo=j.groups[0]),
+        )
+        return
+    _set_job(w, j, None)
+
+
+def _after_examine(w: World, j: Job) -> None:
+    """dedupe.py:239-262: keep pick()'s survivor, release orphans, then the extras that the
+    survivor outlasts (the rest are kept)."""
+    real = list(j.real)
+    keep = pick(real)
+    extras = sorted((it for it in real if it is not keep), key=lambda it: (it.region, it.resource))
+    rel: list[tuple[ResourceItem, str, int | None]] = [(o, "orphan", None) for o in j.orphans]
+    ends = dict(j.ends)
+    kept = []
+    for e in extras:
+        assert keep is not None
+        if not outlasts(keep, e, w.rules.margin_us):
+            kept.append(e.resource)
+            continue
+        end_by = ends.get(keep.resource, 0) - w.rules.margin_us
+        rel.append((e, "extra", None if w.proto.dedupe_unversioned else end_by))
+    w.notes.append(
+        f"dedupe: keep {keep.resource if keep else None}, extras "
+        f"{[e.resource for e in extras]} (kept {kept}), orphans "
+        f"{[o.resource for o in j.orphans]}"
+    )
+    if rel:
+        # the first release_one call; _next pops the head of ``rel`` for the following ones
+        _set_job(w, j, replace(j, pc="L1", rel=tuple(rel), real=(), orphans=(), ends=()))
+    else:
+        _next(w, replace(j, rel=()))
+
+
+def step_job(w0: World, j: Job) -> Out:
+    out: Out = []
+    q = w0.cfg.rules().quarantine_us
+    if j.pc == "X1":  # dedupe.py:152-155 examine: get_resource (consistent)
+        it = j.todo[0]
+        for lab, w, ok in read_branches(w0):
+            if not ok:
+                _next(w, replace(j, rel=()), "read_failed (examine)")  # dedupe.py:234-237
+            else:
+                fresh = w.resource(it.resource)
+                if fresh is None or fresh.key != it.key or fresh.holder is None:
+                    j2 = replace(j, todo=j.todo[1:])  # dedupe.py:156-157: changed since
+                    if j2.todo:
+                        _set_job(w, j, j2)
+                    else:
+                        _after_examine(w, j2)
+                else:
+                    _set_job(w, j, replace(j, pc="X2", fresh=fresh))
+            out.append((f"dedupe examine {it.resource}: {lab} resource", w))
+    elif j.pc == "X2":  # dedupe.py:158-167: its region's mapping; orphan_verdict; ends
+        fresh = j.fresh
+        assert fresh is not None and fresh.key is not None
+        for lab, w, ok in read_branches(w0):
+            if not ok:
+                _next(w, replace(j, rel=()), "read_failed (examine)")
+                out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
+                continue
+            m = w.mapping(fresh.key, fresh.region)
+            real, orphans, ends = j.real, j.orphans, j.ends
+            if orphan_verdict(fresh, m) is Orphan.LEASE:
+                real = (*real, fresh)
+                assert m is not None
+                if m.state == LIVE or w.proto.dedupe_pending_survivor:
+                    got = [e for e in (fresh.lease_expires_us, m.expires_us) if e]
+                    if got:
+                        ends = (*ends, (fresh.resource, min(got)))
+            else:
+                orphans = (*orphans, fresh)
+            j2 = replace(j, todo=j.todo[1:], fresh=None, real=real, orphans=orphans, ends=ends)
+            if j2.todo:
+                _set_job(w, j, replace(j2, pc="X1"))
+            else:
+                _after_examine(w, j2)
+            out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
+    elif j.pc == "L1":  # leases.py:96-106 release_held: get_mapping; orphan_verdict; end_by
+        r, what, end_by = j.rel[0]
+        for lab, w, ok in read_branches(w0):
+            if not ok:
+                _next(w, j, "release_failed (read)")  # dedupe.py:203-206
+                out.append((f"dedupe release_held({r.resource}, {what}): {lab} mapping", w))
+                continue
+            assert r.key is not None
+            m = w.mapping(r.key, r.region)
+            verdict = orphan_verdict(r, m)
+            if verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
+                _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
+            else:
+                assert m is not None
+                read = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
+                if end_by is not None and (not read or max(read) > end_by):
+                    _next(w, j, f"extra {r.resource} kept (ends after {_tick(end_by)})")
+                else:
+                    _set_job(w, j, replace(j, pc="L2", m=m))
+            out.append((f"dedupe release_held({r.resource}, {what}): {lab} mapping", w))
+    elif j.pc == "L2":  # leases.py:107-108: map_release(..., ver)
+        r, what, end_by = j.rel[0]
+        assert j.m is not None and r.holder is not None
+        ver = j.m.ver if end_by is not None else None
+        wr = map_release(_mident(r), r.holder, j.now, ver)
+        for lab, w, rep in write_branches(w0, wr, None):
+            if rep.outcome is Outcome.APPLIED:
+                avail = j.now + q
+                if what == "extra":
+                    _set_job(w, j, replace(j, pc="L3"))
+                else:
+                    _set_job(w, j, replace(j, pc="L4", avail=avail))
+            elif rep.error:
+                _next(w, j, "release_failed (map_release)")
+            else:
+                _next(w, j, "lost_race")
+            out.append((f"dedupe release_held({r.resource}, {what}): {lab}", w))
+    elif j.pc == "L3":  # leases.py:110-117: the resource's end as read now, plus the grace
+        r, what, end_by = j.rel[0]
+        for lab, w, ok in read_branches(w0):
+            if not ok:
+                _next(w, j, "release_failed (get_resource)")
+            else:
+                cur = w.resource(r.resource) or r
+                read = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
+                avail = max([j.now + q, *(e + w.rules.grace_us for e in read)])
+                _set_job(w, j, replace(j, pc="L4", avail=avail))
+            out.append((f"dedupe release_held({r.resource}, {what}): {lab} resource", w))
+    elif j.pc == "L4":  # leases.py:118: free_claim
+        r, what, end_by = j.rel[0]
+        assert r.key is not None and r.holder is not None
+        wr = free_claim(r.ident, r.key, r.holder, j.now, j.avail)
+        for lab, w, rep in write_branches(w0, wr, None):
+            _next(w, j, "released" if rep.outcome is Outcome.APPLIED else "")
+            out.append((f"dedupe release_held({r.resource}, {what}): {lab}", w))
+    elif j.pc in ("P1", "P2"):  # leases.py:122-139 repair: map_fence (if needed), free_orphan
+        held = j.rel[0][0] if j.kind == "dedupe" else j.fresh
+        assert held is not None
+        r = held
+        who = "dedupe" if j.kind == "dedupe" else "liberator"
+        if j.pc == "P1":
+            wr = map_fence(_mident(r), j.m.ver if j.m else 0, j.now)
+        else:
+            wr = free_orphan(r, j.now, q)
+        for lab, w, rep in write_branches(w0, wr, None):
+            if j.pc == "P1" and rep.outcome is Outcome.APPLIED:
+                _set_job(w, j, replace(j, pc="P2"))
+            else:
+                ok = rep.outcome is Outcome.APPLIED
+                _next(w, j, "freed_orphan" if ok else "lost_race or error")
+            out.append((f"{who} repair({r.resource}): {lab}", w))
+    elif j.pc == "G1":  # liberator.py:102-104: get_resource (consistent)
+        it = j.todo[0]
+        for lab, w, ok in read_branches(w0):
+            fresh = w.resource(it.resource) if ok else None
+            if not ok or fresh is None or fresh.holder != it.holder:
+                _set_job(w, j, None)
+            else:
+                _set_job(w, j, replace(j, pc="G2", fresh=fresh))
+            out.append((f"liberator orphan check {it.resource}: {lab} resource", w))
+    elif j.pc == "G2":  # liberator.py:105-113: get_mapping; orphan_verdict; repair
+        fresh = j.fresh
+        assert fresh is not None and fresh.key is not None
+        for lab, w, ok in read_branches(w0):
+            m = w.mapping(fresh.key, fresh.region) if ok else None
+            verdict = orphan_verdict(fresh, m) if ok else Orphan.LEASE
+            if verdict is Orphan.LEASE:
+                _set_job(w, j, None)
+            else:
+                _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
+            out.append((f"liberator orphan check {fresh.resource}: {lab} mapping", w))
+    else:
+        raise AssertionError(j.pc)
+    return out
+
+
 # --------------------------------------------------------------------------- successors
 def successors(w0: World) -> Out:
     out: Out = []
@@ -1232,10 +1639,15 @@ def successors(w0: World) -> Out:
         )
     if w0.cfg.liberator:
         out += liberator(w0)
+    out += start_jobs(w0)
+    for j in w0.jobs:
+        out += step_job(w0, j)
     for dt in w0.cfg.ticks:
         if w0.t + dt <= w0.cfg.horizon:
             w = w0.clone()
             w.t += dt
+            if dt >= w.cfg.lag:  # replication catches up within ``lag`` ticks
+                w.hist = {k: v for k, v in w.hist.items() if k[0] == CLIENT}
             out.append((f"time +{dt} -> t={w.t}", w))
     for _lab, w in out:
         if w.violation is None:

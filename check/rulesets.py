@@ -1,7 +1,9 @@
 """The rules the model's daemons follow: the real ones (``rasd.decide``), or a known-bad set.
 
 A known-bad rule set reproduces one bug of the OLD protocol (../shared/evidence,
-scenarios A, B and C) by replacing one decision. They live here, never in production code:
+scenarios A, B and C) by replacing one decision; D1 and D2 reproduce the two ras-dedupe bugs
+fixed in d4c7477 and 375fa6c (found by the chaos run; the model's dedupe process reads these
+flags where the job's code changed). They live here, never in production code:
 a checker that cannot find them proves nothing (tests/unit/test_check.py).
 """
 
@@ -28,6 +30,12 @@ class Protocol:
     trust_own_claim: bool = False
     #: C: early frees claimable at once, and caches served to the lease end (S = infinity)
     no_quarantine: bool = False
+    #: D1 (ras-dedupe before d4c7477): release an extra on the check of the scan's items
+    #: only (no end re-checked on its mapping), with an unconditional ``map_release``
+    dedupe_unversioned: bool = False
+    #: D2 (ras-dedupe before 375fa6c): a survivor whose mapping is still pending counts as
+    #: served (its end stands in for the extra's), though other regions serve only live ones
+    dedupe_pending_survivor: bool = False
 
     # ---------------------------------------------------------------- the decisions
     def on_read(
@@ -78,5 +86,8 @@ REAL = Protocol()
 BAD_A = Protocol("A-act-on-unknown", act_on_unknown=True)
 BAD_B = Protocol("B-trust-own-claim", trust_own_claim=True)
 BAD_C = Protocol("C-no-quarantine", no_quarantine=True)
+BAD_D1 = Protocol("D1-dedupe-unversioned", dedupe_unversioned=True)
+BAD_D2 = Protocol("D2-dedupe-pending-survivor", dedupe_pending_survivor=True)
 BAD = (BAD_A, BAD_B, BAD_C)
-PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C)}
+BAD_DEDUPE = (BAD_D1, BAD_D2)
+PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2)}

@@ -43,7 +43,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, pick
+from rasd.lease import LIVE, US, ResourceItem, fmt_time, item_from_ddb, pick
 
 from . import common, leases
 
@@ -139,20 +139,32 @@ def replica(ddb: Any, opts: Options, region: str) -> Any | None:
 
 def examine(
     ddb: Any, opts: Options, items: list[ResourceItem]
-) -> tuple[list[ResourceItem], list[ResourceItem]]:
-    """(leases, orphans) among one key's items, decided on strongly consistent reads of each
-    item and of its region's mapping (in that region's replica when we can write there): a
-    held item its region's mapping does not name is an orphan, never a lease."""
+) -> tuple[list[ResourceItem], list[ResourceItem], dict[str, int]]:
+    """(leases, orphans, served ends) among one key's items, decided on strongly consistent
+    reads of each item and of its region's mapping (in that region's replica when we can
+    write there): a held item its region's mapping does not name is an orphan, never a lease.
+    A lease's served end (by resource) is the earlier of its item's and its mapping's: the
+    daemons serve it by the mapping's, which an extension writes after the item's. A lease
+    whose mapping is still pending has none: other regions' daemons do not serve it, so it
+    cannot stand in for an extra released in their region."""
     real: list[ResourceItem] = []
     orphans: list[ResourceItem] = []
+    ends: dict[str, int] = {}
     for it in items:
         client = replica(ddb, opts, it.region) or ddb
         fresh = leases.get_resource(client, opts.table, it.ident)
         if fresh is None or fresh.key != it.key or fresh.holder is None:
             continue  # changed since the scan (released, liberated): nothing to do
         m = leases.get_mapping(client, opts.table, fresh)
-        (real if orphan_verdict(fresh, m) is Orphan.LEASE else orphans).append(fresh)
-    return real, orphans
+        if orphan_verdict(fresh, m) is Orphan.LEASE:
+            real.append(fresh)
+            if m is not None and m.state == LIVE:  # other regions serve only a live one
+                got = [e for e in (fresh.lease_expires_us, m.expires_us) if e]
+                if got:
+                    ends[fresh.resource] = min(got)
+        else:
+            orphans.append(fresh)
+    return real, orphans, ends
 
 
 def release_one(
@@ -162,6 +174,7 @@ def release_one(
     what: str,
     counts: Counter[str],
     ctx: dict[str, Any],
+    end_by_us: int | None = None,
 ) -> None:
     ictx = {**ctx, "resource": it.resource, "region": it.region, "version": it.version}
     client = replica(ddb, opts, it.region)
@@ -189,10 +202,15 @@ def release_one(
             opts.now_us,
             opts.quarantine_us,
             hold_to_end_grace_us=opts.grace_us if what == "extra" else None,
+            end_by_us=end_by_us,
         )
     except Exception as exc:  # noqa: BLE001 - counted; the next run retries
         counts["errors"] += 1
         log.error("release_failed", error=repr(exc), **ictx)
+        return
+    if got == "kept":
+        counts["kept_until_survivor_outlasts"] += 1
+        log.info("extra_kept", **ictx)
         return
     if got == "lost_race":
         counts["lost_races"] += 1
@@ -212,7 +230,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         counts["duplicate_keys"] += 1
         ctx = {"client_id": client_id, "pool_id": pool_id, "key": key}
         try:
-            real, orphans = examine(ddb, opts, items)
+            real, orphans, ends = examine(ddb, opts, items)
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             counts["errors"] += 1
             log.error("read_failed", error=repr(exc), **ctx)
@@ -238,7 +256,10 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
                 counts["kept_until_survivor_outlasts"] += 1
                 log.info("extra_kept", resource=e.resource, region=e.region, **ctx)
                 continue
-            release_one(ddb, opts, e, "extra", counts, ctx)
+            # Checked again on the mapping, and the release made conditional on its version:
+            # a daemon may extend the extra (and answer apps with the later end) meanwhile.
+            end_by = ends.get(keep.resource, 0) - opts.margin_us
+            release_one(ddb, opts, e, "extra", counts, ctx, end_by_us=end_by)
     summary: dict[str, Any] = {
         "job": "dedupe",
         "table": opts.table,

@@ -36,7 +36,7 @@ from rasd.writes import ItemKey, Write, item_from_av, key_av, render
 
 from . import common
 
-Result = Literal["released", "freed_orphan", "lease", "lost_race"]
+Result = Literal["released", "freed_orphan", "lease", "lost_race", "kept"]
 
 
 def write(ddb: Any, table: str, w: Write) -> bool:
@@ -78,17 +78,32 @@ def release_held(
     now_us: int,
     quarantine_us: int,
     hold_to_end_grace_us: int | None = None,
+    end_by_us: int | None = None,
 ) -> Result:
     """Release what ``r`` (read consistently, held) holds: mapping, then resource, claimable
     again after the quarantine. With ``hold_to_end_grace_us`` (``ras-dedupe``: no app
     released the lease, so apps may use it to its end) not before the lease's end plus that
-    grace either (docs/design.md, I1)."""
+    grace either (docs/design.md, I1).
+
+    With ``end_by_us`` (``ras-dedupe``: when the survivor stops being served) the lease is
+    released only if it ends by then, as read on the mapping, and the mapping's release is
+    conditional on the version that end was read at: a daemon that extends the lease
+    meanwhile (and answers apps with the later end) makes the release a lost race, so the
+    key's region never goes without a servable lease while apps still use this one (I2).
+    ``"kept"``: it ends later than that."""
     assert r.key is not None and r.holder is not None
     m = get_mapping(ddb, table, r)
     verdict = orphan_verdict(r, m)
     if verdict is not Orphan.LEASE:
         return repair(ddb, table, r, m, now_us, quarantine_us)
-    if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us)):
+    assert m is not None
+    ver: int | None = None
+    if end_by_us is not None:
+        ends = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
+        if not ends or max(ends) > end_by_us:
+            return "kept"
+        ver = m.ver
+    if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us, ver)):
         return "lost_race"
     available = now_us + quarantine_us
     if hold_to_end_grace_us is not None:

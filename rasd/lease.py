@@ -552,11 +552,16 @@ def map_extend(lease: Lease, expires_us: int) -> Write:
     )
 
 
-def map_release(ident: ItemKey, token: str, now_us: int) -> Write:
-    """The key no longer holds what ``token`` claimed: mapping -> ``free``."""
+def map_release(ident: ItemKey, token: str, now_us: int, ver: int | None = None) -> Write:
+    """The key no longer holds what ``token`` claimed: mapping -> ``free``. With ``ver``,
+    only if the mapping is still at that version (``ras-dedupe``: not extended since the
+    end it checked was read)."""
+    conds: tuple[Cond, ...] = (Cond("token", "=", token),)
+    if ver is not None:
+        conds += (_ver_is(ver),)
     return Write(
         key=ident,
-        conds=(Cond("token", "=", token),),
+        conds=conds,
         set=(("state", FREE), ("ttl", _ttl(now_us))),
         remove=("token", "res", "rver", "exp", "owner"),
         incr=("ver",),

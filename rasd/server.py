@@ -75,13 +75,15 @@ HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
 class Connection(asyncio.Protocol):
-    __slots__ = ("closed", "daemon", "decoder", "grant", "pending", "transport")
+    __slots__ = ("closed", "daemon", "decoder", "draining", "grant", "pending", "transport")
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.decoder = FrameDecoder()
         self.pending = 0
         self.closed = False
+        #: Shutdown began: read nothing more; close once every request read is answered.
+        self.draining = False
         self.transport: asyncio.Transport | None = None
         self.grant = _NOBODY
 
@@ -103,8 +105,20 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.draining:
             self.transport.resume_reading()
+
+    def quiesce(self) -> None:
+        """Shutdown: read no more requests; close now if none is waiting for its answer, else
+        once the last one is answered (:meth:`Daemon._slow`). Never read-and-dropped: what the
+        peer sends from now on stays unread, and the close makes its client see the connection
+        closed before any reply, which it retries on a new connection, answered by the next
+        process from the listening socket's backlog (docs/protocol.md, "Restarts")."""
+        self.draining = True
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        if self.pending == 0:
+            self.close()
 
     def data_received(self, data: bytes) -> None:
         n = len(data)
@@ -123,6 +137,8 @@ class Connection(asyncio.Protocol):
         except FrameTooLarge as exc:
             self.daemon.counters.inc("req.bad_frame")
             self.send(error_payload(None, "BAD_REQUEST", str(exc)))
+            self.close()
+        if self.draining and self.pending == 0:
             self.close()
 
     def send(self, payload: dict[str, Any]) -> None:
@@ -179,12 +195,17 @@ class Daemon:
         self._socket_name = cfg.socket
         self._watchdog_started = False
         self._hits = 0
+        #: The inherited listening socket (fd 3 under socket activation), for a hand-over.
+        self._listen_sock: socket.socket | None = None
+        self._successor: Any = None  # subprocess.Popen of a hand-over's successor
+        self._handed_over = False
 
     # ------------------------------------------------------------------ lifecycle
     async def listen(self, sock: socket.socket | None = None) -> None:
         """Accept on the socket now; READY=1 and the watchdog. Nothing heavy happens here."""
         loop = asyncio.get_running_loop()
         if sock is not None:
+            self._listen_sock = sock
             self.server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
         else:
             path = self.cfg.socket
@@ -401,12 +422,32 @@ class Daemon:
         self._stop.set()
 
     async def shutdown(self, drain: float = 5.0) -> None:
-        """Stop accepting, let in-flight requests finish (bounded), then close."""
+        """Hand the socket over: stop accepting, answer what was read, close, then clean up.
+
+        1. Close our listening fd. Under socket activation systemd (rasd.socket) keeps its
+           own, so the socket stays open and callers that connect now wait in its backlog
+           for the next process (or the successor of a hand-over, which accepts already).
+        2. Every connection stops reading (:meth:`Connection.quiesce`): idle ones close at
+           once, the others as soon as their last request read is answered. A request is
+           never read and then dropped: what a client sends after this stays unread, and its
+           client retries it on a new connection (docs/protocol.md, "Restarts").
+        3. In-flight requests finish within their own deadlines (bounded by ``drain``);
+           then background writes are drained and the store closed, with no client waiting.
+        """
         self.ready = False
-        self.notifier.stopping(status="draining")
-        log.info("stopping", inflight=len(self.inflight), drain_s=drain)
+        if not self._handed_over:  # after a hand-over the successor is the main process
+            self.notifier.stopping(status="draining")
+        log.info(
+            "stopping",
+            inflight=len(self.inflight),
+            connections=len(self.connections),
+            drain_s=drain,
+            handed_over=self._handed_over,
+        )
         if self.server is not None:
             self.server.close()
+        for conn in list(self.connections):
+            conn.quiesce()
         if self._bring_up_task is not None:
             self._bring_up_task.cancel()
             await asyncio.gather(self._bring_up_task, return_exceptions=True)
@@ -414,15 +455,15 @@ class Daemon:
             t.cancel()
         if self._metrics is not None:
             self._metrics.close()
-        if self.inflight:
-            await asyncio.wait(set(self.inflight), timeout=drain)
+        end = time.monotonic() + drain
+        while self.inflight and (left := end - time.monotonic()) > 0:
+            await asyncio.wait(set(self.inflight), timeout=left)
         for t in set(self.inflight):
-            t.cancel()
-        if self.up.is_set():
-            await self.acquirer.drain(timeout=drain)
+            t.cancel()  # past the drain bound: its connection closes unanswered (retried)
         for conn in list(self.connections):
             conn.close()
         if self.up.is_set():
+            await self.acquirer.drain(timeout=drain)
             try:
                 await self.acquirer.flush_misses(time.monotonic() + self.cfg.flush_misses_timeout)
             except RasdError:
@@ -433,11 +474,109 @@ class Daemon:
         self.notifier.close()
         log.info("stopped")
 
+    # -------------------------------------------------------------------- hand-over
+    def hand_over(self) -> None:
+        """SIGUSR2: start a successor on the same listening socket and stop once it serves.
+
+        ``systemctl restart`` is stop-then-start: callers queued meanwhile wait for the new
+        process's start-up (Python, imports, DynamoDB warm-up), longer than a 1 s timeout on
+        a busy host. A hand-over overlaps instead: the successor (the same command line, so
+        the code now on disk: an upgrade) gets the socket as fd 3 (LISTEN_FDS) and a pipe;
+        it brings its store up *before* it accepts (silent to systemd meanwhile: with
+        ``NotifyAccess=main`` it may not speak yet), then accepts alongside us and writes to
+        the pipe. We then tell systemd the successor is the main process (``MAINPID=``, which
+        the main process may send) and shut down as on SIGTERM, minus STOPPING=1. If the
+        successor dies (or closes the pipe) first, we keep serving and log
+        ``handover_failed``.
+        """
+        if self._successor is not None or self._stop.is_set():
+            log.warning("handover_ignored", reason="a hand-over or a stop is under way")
+            return
+        sock = self._listen_sock
+        if sock is None or sock.fileno() != 3:
+            log.warning("handover_ignored", reason="not socket-activated (no inherited fd 3)")
+            return
+        import subprocess
+        import sys
+
+        rfd, wfd = os.pipe()
+        env = dict(os.environ)
+        env.update(LISTEN_FDS="1", LISTEN_FDNAMES="rasd", RASD_HANDOVER_FD=str(wfd))
+        argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+        try:
+            # sh sets LISTEN_PID/WATCHDOG_PID to its own pid, which exec keeps.
+            self._successor = subprocess.Popen(
+                ["/bin/sh", "-c", 'LISTEN_PID=$$ WATCHDOG_PID=$$ exec "$@"', "rasd", *argv],
+                env=env,
+                pass_fds=(3, wfd),
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            os.close(rfd)
+            log.error("handover_failed", cause=f"cannot start the successor: {exc}")
+            return
+        finally:
+            os.close(wfd)
+        log.info("handover_started", successor=self._successor.pid)
+        loop = asyncio.get_running_loop()
+
+        def readable() -> None:
+            try:
+                data = os.read(rfd, 64)
+            except OSError:
+                data = b""
+            loop.remove_reader(rfd)
+            os.close(rfd)
+            successor = self._successor
+            if data and successor is not None:
+                # WATCHDOG=1 too: the successor's next ping is at most one interval away.
+                self.notifier.notify(
+                    f"MAINPID={successor.pid}",
+                    "READY=1",
+                    "WATCHDOG=1",
+                    f"STATUS=serving (took over from pid {os.getpid()})",
+                )
+                log.info("handed_over", successor=successor.pid)
+                self._handed_over = True
+                self.stop()
+            else:
+                code = successor.poll() if successor is not None else None
+                log.error("handover_failed", cause="the successor exited before serving", code=code)
+                self._successor = None
+
+        loop.add_reader(rfd, readable)
+
+    async def _take_over(self, sock: socket.socket, fd: int) -> None:
+        """The successor's side of a hand-over, once the store is up: accept, then tell the
+        predecessor, which makes us the main process and stops."""
+        await self.listen(sock)
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+        log.info("took_over", predecessor=os.getppid())
+
     async def run(self, sock: socket.socket | None = None) -> None:
         """The daemon's whole life: serve at once, bring the store up in the background
         (retrying while DynamoDB is unreachable), stop on stop()."""
-        await self.listen(sock)
-        self._bring_up_task = asyncio.get_running_loop().create_task(self.bring_up())
+        handover_fd = os.environ.pop("RASD_HANDOVER_FD", None)
+        if handover_fd is not None and sock is not None:
+            # A hand-over's successor: bring the store up first, accept only then (a
+            # successor that cannot start must not answer anybody; its predecessor serves on).
+            # Not the main process yet: systemd (NotifyAccess=main) would refuse and log our
+            # READY=1/WATCHDOG=1; the predecessor announces us (MAINPID=) instead.
+            address, self.notifier.address = self.notifier.address, None
+            try:
+                async with asyncio.timeout(self.cfg.startup_deadline):
+                    await self._bring_up_once()
+            except Exception as exc:  # noqa: BLE001 - any failure: the predecessor serves on
+                log.error("handover_failed", cause=describe_cause(exc), side="successor")
+                raise SystemExit(1) from None
+            await self._take_over(sock, int(handover_fd))
+            self.notifier.address = address
+        else:
+            await self.listen(sock)
+            self._bring_up_task = asyncio.get_running_loop().create_task(self.bring_up())
         try:
             await self.main_loop()
         finally:
@@ -555,6 +694,8 @@ class Daemon:
         finally:
             conn.pending -= 1
             self.gate.leave(time.monotonic() - served_from)
+            if conn.draining and conn.pending == 0:
+                conn.close()
 
     def _send_error(self, conn: Connection, req: protocol.Request, exc: RasdError) -> None:
         self.counters.inc(f"err.{exc.code}")
@@ -668,6 +809,7 @@ async def run_daemon(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, d.stop)
     loop.add_signal_handler(signal.SIGHUP, d.reload)
+    loop.add_signal_handler(signal.SIGUSR2, d.hand_over)
     if on_up is not None:
 
         async def _when_up() -> None:
@@ -680,5 +822,5 @@ async def run_daemon(
     finally:
         if on_up is not None:
             waiter.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             loop.remove_signal_handler(sig)

@@ -1,4 +1,5 @@
-"""The only module of the daemon that talks to DynamoDB (through one long-lived aioboto3 client).
+"""The only module of the daemon that talks to DynamoDB, through one long-lived client: the lean
+one (``rasd.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
 
 Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
 engine serves them). Throttling, 5xx and network errors are retried with full-jitter backoff
@@ -20,15 +21,13 @@ import asyncio
 import os
 import random
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aioboto3
-import aiohttp
 import structlog
-from aiobotocore.config import AioConfig
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -37,6 +36,7 @@ from botocore.exceptions import (
 )
 
 from .config import Config
+from .ddb import ConnectFailed
 from .decide import Outcome
 from .errors import RasdError, Timeout, Unavailable
 from .lease import (
@@ -109,10 +109,27 @@ class Store:
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         cfg = self.config
+        region = os.environ.get("AWS_REGION") or cfg.region
+        if cfg.ddb_client == "lean":
+            from .ddb import LeanDynamoDB
+
+            self._client = await LeanDynamoDB.create(
+                cfg.endpoint_url,
+                region,
+                max_connections=cfg.ddb_max_connections,
+                connect_timeout=cfg.ddb_connect_timeout,
+                read_timeout=cfg.ddb_read_timeout,
+            )
+            self._ctx = self._client
+            return
+        # aioboto3 takes about a second to import: only this path pays for it
+        import aioboto3
+        from aiobotocore.config import AioConfig
+
         session = aioboto3.Session()
         self._ctx = session.client(
             "dynamodb",
-            region_name=os.environ.get("AWS_REGION") or cfg.region,
+            region_name=region,
             endpoint_url=cfg.endpoint_url,
             config=AioConfig(
                 max_pool_connections=cfg.ddb_max_connections,
@@ -136,7 +153,8 @@ class Store:
 
     @property
     def client(self) -> Any:
-        """The aiobotocore client in use (None before ``start()``)."""
+        """The DynamoDB client in use: ``rasd.ddb.LeanDynamoDB`` or aiobotocore's, by
+        ``ddb_client`` (None before ``start()``)."""
         return self._client
 
     def wrap_client(self, wrap: Callable[[Any], Any]) -> None:
@@ -193,7 +211,8 @@ class Store:
                     return None
                 if code in THROTTLES:
                     self.counters.inc("ddb.throttles")  # per partition: not an outage
-                elif code in RETRYABLE:
+                elif code in RETRYABLE or _status(exc) >= 500:
+                    # (any 5xx: a proxy's or an overloaded server's page has no error type)
                     breaker.record_failure(time.monotonic())
                     self.counters.inc("ddb.errors")
                     if ambiguous is not None:
@@ -375,14 +394,24 @@ OPERATIONS: dict[str, str] = {
 }
 
 
+def _status(exc: ClientError) -> int:
+    """The HTTP status of a DynamoDB error answer (0 if unknown)."""
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status if isinstance(status, int) else 0
+
+
 def _never_sent(exc: BaseException) -> bool:
     """Did this failure happen before the request was on the wire (so a write that met it did
     not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
     generic connection errors, a reset after the request went out among them, to
-    EndpointConnectionError, so that class alone proves nothing."""
+    EndpointConnectionError, so that class alone proves nothing: its cause must be a connect
+    error (the lean client's causes are all of that kind: ``rasd.ddb.ConnectFailed``)."""
     if isinstance(exc, ConnectTimeoutError):
         return True
+    if not isinstance(exc, EndpointConnectionError):
+        return False
     cause = getattr(exc, "kwargs", {}).get("error")
-    return isinstance(exc, EndpointConnectionError) and isinstance(
-        cause, aiohttp.ClientConnectorError | ConnectionRefusedError | socket.gaierror
-    )
+    if isinstance(cause, ConnectionRefusedError | socket.gaierror | ConnectFailed):
+        return True
+    aiohttp = sys.modules.get("aiohttp")  # imported only by the botocore path
+    return aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError)

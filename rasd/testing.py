@@ -1,9 +1,10 @@
 """Test doubles shipped with rasd: a fault-injecting DynamoDB client around the real Store.
 
-Faults are injected *below* ``Store._call``: the aiobotocore client the store talks to is
-wrapped, and a planned fault raises the exception botocore itself would raise
-(``ClientError`` with the real error-code shape, ``ReadTimeoutError``,
-``EndpointConnectionError``). So the store's own retry, backoff, deadline and counting logic
+Faults are injected *below* ``Store._call``: the DynamoDB client the store talks to
+(``rasd.ddb``'s or aiobotocore's, by ``ddb_client``) is wrapped, and a planned fault raises
+the exception botocore itself would raise, which ``rasd.ddb`` raises for the same condition
+too: ``ClientError`` with the real error-code shape, ``ReadTimeoutError``,
+``EndpointConnectionError``. So the store's own retry, backoff, deadline and counting logic
 (``ddb.throttles``, ``ddb.errors``, ``Unavailable``...) runs exactly as in production, and
 each injected attempt is counted as a call, as a real failed attempt is.
 
@@ -186,7 +187,7 @@ Sleep = Callable[[float], Awaitable[object]]
 
 
 class FaultyClient:
-    """Wraps an aiobotocore DynamoDB client: the store's four operations consult the plan,
+    """Wraps the store's DynamoDB client: the store's operations consult the plan,
     anything else passes straight through."""
 
     def __init__(self, inner: Any, faults: Faults, *, sleep: Sleep = asyncio.sleep) -> None:

@@ -14,6 +14,9 @@ DEFAULT_SOCKET = "/run/rasd/rasd.sock"
 DEFAULT_TIMEOUT = 1.0
 #: Grace the client waits past its own deadline for the daemon's TIMEOUT/BUSY answer.
 SOCKET_GRACE = 0.25
+#: A retry after a connection closed before any reply needs at least this much of the
+#: caller's deadline left, else the first failure is raised.
+MIN_RETRY_BUDGET = 0.02
 
 LeaseExpires = datetime | timedelta | int | float
 
@@ -90,6 +93,17 @@ def headroom_request(client_id: str, pool_id: str, timeout: float) -> dict[str, 
         "pool_id": check_str("pool_id", pool_id),
         "deadline_ms": int(timeout * 1000),
     }
+
+
+def retry_budget(deadline: float) -> float | None:
+    """Seconds left for a retry before ``deadline`` (time.monotonic()), or None if too few."""
+    left = deadline - time.monotonic()
+    return left if left >= MIN_RETRY_BUDGET else None
+
+
+def with_deadline(req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The request again, telling the daemon only the time that is left."""
+    return {**req, "deadline_ms": max(1, int(timeout * 1000))}
 
 
 def raise_for(resp: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 from . import wire
@@ -20,7 +21,9 @@ from ._common import (
     lease_from,
     raise_for,
     release_request,
+    retry_budget,
     socket_path,
+    with_deadline,
 )
 from .errors import RasdError, Timeout, Unavailable
 
@@ -90,6 +93,7 @@ def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
     conn = conns.get(path)
     if conn is not None and conn.pid != os.getpid():
         conn = None
+    deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         if conn is None:
             conn = _Conn(path, timeout)
@@ -101,12 +105,18 @@ def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
             conns.pop(path, None)
             raise Timeout(f"no answer from rasd within {timeout:.3f}s") from exc
         except (ConnectionError, BrokenPipeError, OSError) as exc:
-            # A daemon restart closes idle connections: reconnect once, then give up.
+            # Closed before any reply: a daemon that stops (a restart, an upgrade) closes idle
+            # connections and never drops a request it has read, and every op is safe to send
+            # again (docs/protocol.md, "Restarts"). Once more on a new connection, within the
+            # caller's own deadline; the next daemon answers it from the socket's backlog.
             conn.close()
             conns.pop(path, None)
             conn = None
-            if attempt == 2:
+            budget = retry_budget(deadline)
+            if attempt == 2 or budget is None:
                 raise Unavailable(f"rasd connection failed: {exc}") from exc
+            timeout = budget
+            req = with_deadline(req, timeout)
     raise AssertionError("unreachable")
 
 

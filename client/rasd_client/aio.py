@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 import weakref
 from typing import Any
 
@@ -24,7 +25,9 @@ from ._common import (
     lease_from,
     raise_for,
     release_request,
+    retry_budget,
     socket_path,
+    with_deadline,
 )
 from .errors import RasdError, Timeout, Unavailable
 
@@ -108,17 +111,23 @@ async def _conn(path: str) -> _AioConn:
 
 
 async def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         conn = await _conn(path)
         try:
             return await conn.call(dict(req), timeout)
-        except Unavailable:
-            if attempt == 2:
-                raise
+        except Unavailable as exc:  # the connection closed before the reply
+            conn.close()
+            err: Exception = exc
         except (ConnectionError, OSError) as exc:
             conn.close()
-            if attempt == 2:
-                raise Unavailable(f"rasd connection failed: {exc}") from exc
+            err = Unavailable(f"rasd connection failed: {exc}")
+        # Once more on a new connection within the caller's deadline: see the sync client.
+        budget = retry_budget(deadline)
+        if attempt == 2 or budget is None:
+            raise err
+        timeout = budget
+        req = with_deadline(req, timeout)
     raise RasdError("unreachable")
 
 

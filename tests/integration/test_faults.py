@@ -426,3 +426,41 @@ async def test_a_claim_applied_before_a_timeout_is_recognised(
         assert d.counters["ddb.ambiguous_applied"] == 1
     held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "once"]
     assert held == [got.resource]
+
+
+async def test_an_untyped_500_after_a_write_applied_is_ambiguous(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """An overloaded server or a proxy answers 500 with an HTML page (no DynamoDB error
+    type, code "500"). The write may have applied: it is retried and read back like any 5xx
+    (I4), never taken for a definite refusal (which left the claim an orphan and counted the
+    key's acquisition as failed)."""
+    from botocore.exceptions import ClientError
+
+    seed_pool(ddb, table, count=6)
+    async with make_daemon() as d:
+        client = d.store.client
+        real = client.update_item
+        state = {"armed": True}
+
+        async def applied_then_500(**kw: Any) -> Any:
+            resp = await real(**kw)
+            names = set(kw.get("ExpressionAttributeNames", {}).values())
+            if state["armed"] and {"holder", "mver", "lease_available"} <= names:
+                state["armed"] = False
+                raise ClientError(
+                    {
+                        "Error": {"Code": "500", "Message": "<html>Internal Server Error</html>"},
+                        "ResponseMetadata": {"HTTPStatusCode": 500},
+                    },
+                    "UpdateItem",
+                )
+            return resp
+
+        client.update_item = applied_then_500
+        got = await rasd_aio.get_lease(C, P, "once", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert got.new
+        assert not state["armed"], "the fault never fired"
+        assert d.counters["ddb.ambiguous_applied"] == 1
+    held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "once"]
+    assert held == [got.resource]

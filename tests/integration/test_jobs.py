@@ -106,6 +106,7 @@ def lease(
     acquired_us: int | None = None,
     client: str = "demo",
     crash_before_mapping: bool = False,
+    confirm: bool = True,
 ) -> ResourceItem:
     """Lease ``resource`` to ``key`` the way a daemon does: read the key's mapping item in
     the resource's region (consistent GetItem), ``map_acquire`` at its version with a new
@@ -115,7 +116,8 @@ def lease(
     but its mapping names the later acquisition), as a crash can. ``crash_before_mapping``:
     the daemon died after its claim landed and before its ``map_acquire`` did (that write may
     still be in flight): the resource is held at ``mver`` while the mapping is at ``mver - 1``
-    (or absent when ``mver`` is 1)."""
+    (or absent when ``mver`` is 1). ``confirm=False``: the daemon served the lease and died
+    before its background ``map_confirm``: the mapping stays pending (a lease all the same)."""
     item = get(ddb, table, resource, client)
     acquired = acquired_us if acquired_us is not None else min(expires_us, NOW) - HOUR
     ident = map_ident(key, item.region, client, item.pool_id)
@@ -127,7 +129,7 @@ def lease(
                                     acquired, OWNER))  # fmt: skip
     w = claim(item, key, expires_us, acquired, token, ver + 1)
     got = item_from_ddb(put(ddb, table, w, ReturnValues="ALL_NEW")["Attributes"])
-    if not crash_before_mapping:
+    if not crash_before_mapping and confirm:
         pending = get_map(ddb, table, ident)
         assert pending is not None and pending.token == token
         put(ddb, table, map_confirm(pending))
@@ -1092,11 +1094,17 @@ def test_dedupe_keeps_an_extra_its_survivor_does_not_outlast(ddb: Any, table: st
     assert get(ddb, table, "e-00000").key == "k"
 
 
-def test_dedupe_holds_an_extra_to_the_end_apps_were_last_given(ddb: Any, table: str) -> None:
-    """Found by the 10-minute chaos run: a daemon extended the extra (resource, then mapping)
-    after dedupe read it, and answered apps with the later end; dedupe then held the resource
-    only to the end it had read, so another key got it while apps still used it (I1). The
-    resource is now read again after the mapping's release and held to its end then."""
+def test_dedupe_extension_after_its_check_makes_the_release_a_lost_race(
+    ddb: Any, table: str
+) -> None:
+    """Found by chaos runs (an in-region split, then the same with a lost lease): a daemon
+    extended the extra (resource, then mapping) after dedupe had checked that the survivor
+    outlasts it, and answered apps with the later end. Releasing the mapping then left the
+    extra's region serving the survivor, which ends first: after its end the region acquired
+    another resource for the key while apps still used the extra (I2). (An earlier version
+    held the extra's resource to the later end, which kept I1 but not I2.) The mapping's
+    release is now conditional on the version whose end was checked: a lost race, and the
+    key keeps the extended lease in that region."""
     seed_duplicates(ddb, table)
     k2_east = map_ident("k2", EAST)
     once = [True]
@@ -1110,6 +1118,51 @@ def test_dedupe_holds_an_extra_to_the_end_apps_were_last_given(ddb: Any, table: 
     opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
     s = dedupe.run(Wrapped(ddb, update_item=extend_before_release), opts)
     assert not once[0], "the hook never ran"
-    assert s["errors"] == 0, s
-    grace = int(Config().max_clock_skew * US)
-    assert_released(ddb, table, "e-00004", "k2", EAST, NOW + 2 * HOUR + grace)
+    assert (s["lost_races"], s["errors"]) == (1, 0), s
+    r = get(ddb, table, "e-00004")
+    assert r.key == "k2" and r.holder is not None, r
+    m = get_map(ddb, table, k2_east)
+    assert m is not None and (m.state, m.token, m.resource) == (LIVE, r.holder, "e-00004"), m
+    assert m.expires_us == NOW + 2 * HOUR, m
+    # the next run sees the later end, which the survivor does not outlast: kept
+    s2 = dedupe.run(ddb, opts)
+    assert (s2["released"], s2["kept_until_survivor_outlasts"]) == (0, 1), s2
+    assert get(ddb, table, "e-00004").key == "k2"
+
+
+def test_dedupe_keeps_an_extra_whose_survivor_is_still_pending(ddb: Any, table: str) -> None:
+    """A survivor whose mapping is still pending (its daemon died before confirming it) is a
+    lease, but other regions' daemons do not serve a pending mapping: releasing the extra
+    would make its region acquire another resource while apps still use the extra (I2)."""
+    seed_pool(ddb, table, region=EAST, count=2, prefix="e-")
+    seed_pool(ddb, table, region=WEST, count=2, prefix="w-")
+    lease(ddb, table, "w-00000", "k", NOW + 2 * HOUR, acquired_us=NOW - 20 * US, confirm=False)
+    lease(ddb, table, "e-00000", "k", NOW + HOUR, acquired_us=NOW - 10 * US)
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW, peers={WEST: ddb})
+    s = dedupe.run(ddb, opts)
+    assert (s["duplicate_keys"], s["released"], s["kept_until_survivor_outlasts"]) == (1, 0, 1)
+    m = get_map(ddb, table, map_ident("k", EAST))
+    assert m is not None and m.state == LIVE and m.resource == "e-00000", m
+
+
+def test_dedupe_checks_the_extras_end_on_its_mapping(ddb: Any, table: str) -> None:
+    """The end an extra's release is checked against is read again with its mapping (the
+    end daemons serve), after the scan: an extension between the scan's read and the
+    release keeps it."""
+    seed_duplicates(ddb, table)
+    k2_east = map_ident("k2", EAST)
+    reads = [0]
+
+    def extend_after_examine(kw: dict[str, Any]) -> None:
+        key = (kw["Key"]["client_id"]["S"], kw["Key"]["resource"]["S"])
+        if key == k2_east:
+            reads[0] += 1
+            if reads[0] == 2:  # examine read it; the release reads it again
+                daemon_extend(ddb, table, "e-00004", NOW + 2 * HOUR)
+
+    opts = dedupe.Options(table=table, region=EAST, now_us=NOW)
+    s = dedupe.run(Wrapped(ddb, get_item=extend_after_examine), opts)
+    assert reads[0] >= 2, "the hook never ran"
+    assert s["errors"] == 0 and s["kept_until_survivor_outlasts"] == 1, s
+    m = get_map(ddb, table, map_ident("k2", EAST))
+    assert m is not None and m.state == LIVE and m.resource == "e-00004", m

@@ -80,6 +80,8 @@ def mapping_writes() -> list[W.Write]:
         L.map_extend(lease, NOW),
         L.map_release(MIDENT, "tok", NOW),
         L.map_release(MIDENT, "other", NOW),
+        L.map_release(MIDENT, "tok", NOW, ver=1),  # ras-dedupe's: at the version it checked
+        L.map_release(MIDENT, "tok", NOW, ver=2),
         L.map_fence(MIDENT, 0, NOW),
         L.map_fence(MIDENT, 1, NOW),
         L.map_drop_dead(m, NOW),

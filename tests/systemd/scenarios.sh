@@ -12,9 +12,12 @@ say() { echo "[$(date +%T)] $*"; }
 record() { echo "$*" | tee -a "$RES"; }
 fail() { record "FAIL: $*"; FAILS=$((FAILS + 1)); }
 check() { local what=$1; shift; if "$@"; then record "ok: $what"; else fail "$what"; fi; }
-# Promises whose outcome depends on how fast this machine starts Python (failed calls with
-# the client's default 1 s timeout): a FAIL with RASD_SYSTEMD_STRICT=1, else a MISS line
-# with the figure (a shared, overloaded CI machine must not turn the whole run red).
+# Two kinds of promise. Correctness (check/fail, always): the socket stays open, no request
+# is dropped (load.py's "dropped": a connection closed twice before a reply, or no socket),
+# and a hand-over or an upgrade under load fails no call at all. Timing (miss: a FAIL only
+# with RASD_SYSTEMD_STRICT=1, else a MISS line with the figure): callers that wait for a new
+# process's start-up with the client's default 1 s timeout (activation, `systemctl restart`,
+# kill -9), which depends on how fast this (shared, overloaded) machine starts Python.
 miss() { if [ -n "${RASD_SYSTEMD_STRICT:-}" ]; then fail "$*"; else record "MISS: $*"; fi; }
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
@@ -92,7 +95,9 @@ check "rasd check-config reads /etc/rasd/rasd.toml and /etc/default/rasd" \
 MOTO_RUNS=0
 start_moto() {
     MOTO_RUNS=$((MOTO_RUNS + 1))
-    systemd-run -q --unit=moto-$MOTO_RUNS -p Environment=PYTHONPATH=$SRC \
+    # Nice=-10: the fake DynamoDB must not be the bottleneck of a shared, overloaded machine
+    # (the daemon runs at Nice=-5); DynamoDB failures are still counted apart by load.py.
+    systemd-run -q --unit=moto-$MOTO_RUNS -p Environment=PYTHONPATH=$SRC -p Nice=-10 \
         $TOOLPY -c "import time; from rasd import motoserver; motoserver.start(port=$PORT); time.sleep(86400)"
     for _ in $(seq 100); do
         $TOOLPY -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 0.2)" 2>/dev/null && return 0
@@ -118,6 +123,8 @@ PY=/opt/venvs/rasd/bin/python
 # 40 hot keys: after a restart the new process refills its cache with one Query per key.
 load() { $PY $SRC/tests/systemd/load.py --keys 40 "$@"; }
 failed_of() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])["failed"])'; }
+dynamodb_of() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])["dynamodb"])'; }
+dropped_of() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])["dropped"])'; }
 mainpid() { systemctl show -p MainPID --value rasd.service; }
 wait_active() {
     for _ in $(seq 300); do
@@ -177,6 +184,7 @@ check "served after reload" wait_served
 
 # --------------------------------------------------------------- 4. restart under load
 say "4. restart under load"
+INODE=$(stat -c %i /run/rasd/rasd.sock)
 # lease the hot keys once (generous timeout), so the runs below measure restarts only
 $PY - <<'WARM'
 import datetime, rasd_client
@@ -194,8 +202,37 @@ wait $lp
 out=$(cat "$OUT/restart.json")
 record "restart under load: $out"
 n=$(echo "$out" | failed_of)
-[ "$n" = 0 ] && record "ok: restart under load failed no call" || miss "restart under load failed $n of 2000 calls"
-check "socket stayed the same inode across restart" test -S /run/rasd/rasd.sock
+check "restart under load dropped no call ($(echo "$out" | dropped_of) dropped)" test "$(echo "$out" | dropped_of)" = 0
+[ "$n" = 0 ] && record "ok: restart under load failed no call" \
+    || miss "restart under load: $n of 2000 calls waited longer than 1 s for the new process's start-up"
+check "socket stayed the same inode across restart" test "$(stat -c %i /run/rasd/rasd.sock)" = "$INODE"
+
+# ------------------------------------------------------------- 4b. hand-over under load
+say "4b. hand-over (SIGUSR2) under load"
+wait_active; wait_served
+load --calls 2000 --threads 4 --pace 0.01 --started /tmp/l4b --until /tmp/l4b.done >"$OUT/handover.json" &
+lp=$!
+for _ in $(seq 100); do [ -e /tmp/l4b ] && break; sleep 0.05; done
+sleep 0.5
+pid=$(mainpid)
+t0=$(now)
+systemctl kill -s USR2 --kill-who=main rasd.service
+for _ in $(seq 600); do p2=$(mainpid); [ "$p2" != "$pid" ] && [ "$p2" != 0 ] && break; sleep 0.1; done
+record "hand-over: main pid $pid -> $(mainpid) after $(since "$t0") s"
+for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+record "hand-over: old process gone after $(since "$t0") s"
+sleep 1; touch /tmp/l4b.done
+wait $lp
+out=$(cat "$OUT/handover.json")
+record "hand-over under load: $out"
+check "hand-over replaced the main process" test "$(mainpid)" != "$pid" -a "$(mainpid)" != 0
+check "hand-over: the old process exited" bash -c "! kill -0 $pid 2>/dev/null"
+n=$(echo "$out" | failed_of); nd=$(echo "$out" | dynamodb_of)
+check "hand-over under load: no call failed but for DynamoDB ($((n - nd)) of $n failed otherwise)" test "$((n - nd))" = 0
+[ "$n" = 0 ] && record "ok: hand-over under load failed no call at all" \
+    || miss "hand-over under load: $nd calls failed because DynamoDB (moto on this machine) was slow or failing"
+check "service active after the hand-over" test "$(systemctl is-active rasd.service)" = active
+check "socket stayed the same inode across the hand-over" test "$(stat -c %i /run/rasd/rasd.sock)" = "$INODE"
 
 # ------------------------------------------------------------------------------ 5. kill -9
 say "5. kill -9 under load"
@@ -211,8 +248,9 @@ wait $lp
 out=$(cat "$OUT/kill9.json")
 record "kill -9 under load: $out"
 n=$(echo "$out" | failed_of)
+check "kill -9 dropped at most the 4 calls in flight ($(echo "$out" | dropped_of) dropped)" test "$(echo "$out" | dropped_of)" -le 4
 [ "$n" -le 4 ] && record "ok: kill -9 failed $n calls (4 threads: at most the in-flight ones)" \
-    || miss "kill -9 failed $n calls (more than the 4 in flight: callers queued during the restart timed out)"
+    || miss "kill -9 failed $n calls (more than the 4 in flight: callers queued during the restart waited longer than 1 s)"
 check "socket still active after kill -9" test "$(systemctl is-active rasd.socket)" = active
 
 # ------------------------------------------------------------------------------ 6. watchdog
@@ -298,19 +336,30 @@ if [ -n "${RASD_DEB_UPGRADE:-}" ]; then
     for _ in $(seq 100); do [ -e /tmp/l12 ] && break; sleep 0.05; done
     sleep 0.3
     pid=$(mainpid)
+    ta=$(now)
     apt-get install -y -q "$RASD_DEB_UPGRADE" >>"$OUT/apt.log" 2>&1 || fail "upgrade install"
-    record "upgrade: installed $(dpkg-query -W -f '${Version}' rasd); daemon pid $pid -> $(mainpid)"
+    record "upgrade: installed $(dpkg-query -W -f '${Version}' rasd); daemon pid $pid -> $(mainpid); apt-get from $ta to $(now) (epoch s)"
     check "upgrade restarted the daemon" test "$(mainpid)" != "$pid"
     sleep 2
     touch /tmp/l12.done
     wait $lp
     out=$(cat "$OUT/upgrade.json")
     record "upgrade under load: $out"
-    n=$(echo "$out" | failed_of)
-    [ "$n" = 0 ] && record "ok: upgrade under load failed no call" || miss "upgrade under load failed $n calls"
+    n=$(echo "$out" | failed_of); nd=$(echo "$out" | dynamodb_of)
+    check "upgrade under load: no call failed but for DynamoDB ($((n - nd)) of $n failed otherwise)" test "$((n - nd))" = 0
+    [ "$n" = 0 ] && record "ok: upgrade under load failed no call at all" \
+        || miss "upgrade under load: $nd calls failed because DynamoDB (moto on this machine) was slow or failing"
+    check "upgrade handed over in place (postinst log)" grep -q "handed over from pid" "$OUT/apt.log"
+    check "socket stayed the same inode across the upgrade" test "$(stat -c %i /run/rasd/rasd.sock)" = "$INODE"
+    check "the upgraded daemon serves" wait_served
+    say "13. purge"
     apt-get purge -y -q rasd >>"$OUT/apt.log" 2>&1 || fail "purge"
-    check "purge removes the venv, units and config" bash -c "[ ! -e /opt/venvs/rasd ] && [ ! -e /lib/systemd/system/rasd.service ] && [ ! -e /etc/rasd/rasd.toml ] && [ ! -e /usr/bin/rasd ]"
-    check "nothing left running after purge" bash -c "! systemctl is-active -q rasd.socket && ! systemctl is-active -q rasd.service"
+    check "purge removes the venv, commands, units, sysusers file, config, docs" bash -c "for f in /opt/venvs/rasd /usr/bin/rasd /usr/bin/rasadmin /lib/systemd/system/rasd.service /lib/systemd/system/rasd.socket /usr/lib/sysusers.d/rasd.conf /etc/rasd /etc/default/rasd /usr/share/doc/rasd /run/rasd; do [ ! -e \$f ] || { echo left: \$f; exit 1; }; done"
+    check "purge leaves no enable symlink" bash -c "! ls /etc/systemd/system/*.wants/rasd.* 2>/dev/null | grep -q ."
+    check "nothing left running after purge" bash -c "! systemctl is-active -q rasd.socket && ! systemctl is-active -q rasd.service && ! pgrep -u rasd >/dev/null"
+    check "systemd no longer knows the units" bash -c "[ \"\$(systemctl show -p LoadState --value rasd.service)\" = not-found ]"
+    check "the rasd user and groups stay (Debian policy: files may still be theirs)" bash -c "getent passwd rasd && getent group rasd-clients" >/dev/null
+    check "dpkg knows nothing of rasd" bash -c "! dpkg -s rasd >/dev/null 2>&1"
 fi
 
 record "MISS lines: $(grep -c '^MISS' "$RES") (timing-dependent promises not met on this machine; load average $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -1,0 +1,173 @@
+"""Spawn to first answer, and daemon CPU per new lease: ``python -m bench.spawn``.
+
+    python -m bench.spawn [--runs 7] [--leases 200] [--ddb-client lean|botocore]
+
+Against moto's server or dynalite (``--backend``; a child process, so that neither shares a
+GIL with the measuring client): for each run, spawn ``python -m rasd serve`` and stamp the
+moment the first ``get_lease`` of a *new* key is answered (the client polls for the socket,
+then waits for its answer; the daemon answers once its store is up). Then, on the last daemon,
+``--leases`` new leases one after another: the daemon's CPU time (utime + stime from
+/proc/PID/stat) over them, per lease. The daemon's CPU time at its first answer is printed
+too: on a loaded machine it says what spawn-to-answer would be on a quiet one (plus the
+round trips). Prints medians as JSON. Moto closes every connection
+(a TCP connect per call, which the daemon's CPU includes); dynalite keeps them alive, as
+DynamoDB does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import boto3
+
+import rasd_client
+from rasd import schema
+
+from .backends import start_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+HOUR = timedelta(hours=1)
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.spawn")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--leases", type=int, default=200)
+    ap.add_argument("--backend", choices=["moto", "dynalite"], default="moto")
+    ap.add_argument("--ddb-client", choices=["lean", "botocore"], default="lean")
+    ap.add_argument(
+        "--py-spy", metavar="OUT", help="sample the last daemon's CPU over the leases (raw stacks)"
+    )
+    ap.add_argument(
+        "--pyinstrument", metavar="OUT", help="run the daemons under pyinstrument (text report)"
+    )
+    a = ap.parse_args(argv)
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]),
+        "RASD_DDB_CLIENT": a.ddb_client,
+    }
+    backend = start_backend(a.backend)
+    url = backend.endpoint
+    tmp = Path(tempfile.mkdtemp(prefix="rasd-spawn-"))
+    proc = None
+    try:
+        ddb = boto3.client(
+            "dynamodb", endpoint_url=url, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        for _ in range(200):
+            try:
+                ddb.list_tables()
+                break
+            except Exception:  # noqa: BLE001 - moto still starting
+                time.sleep(0.05)
+        schema.create_table(ddb, "spawn")
+        schema.put_pool(ddb, "spawn", "demo", "default", 7200)
+        n = a.runs + a.leases + 50
+        schema.add_resources(
+            ddb, "spawn", "demo", "default", "us-east-1", [f"r{i:05d}" for i in range(n)]
+        )
+        firsts: list[float] = []
+        first_cpu: list[float] = []  # the daemon's CPU seconds when it had answered
+        for run in range(a.runs):
+            sock = str(tmp / f"s{run}.sock")
+            t0 = time.perf_counter()
+            prof = (
+                [sys.executable, "-m", "pyinstrument", "-r", "text", "-o", a.pyinstrument,
+                 "--show-all", "-m"]
+                if a.pyinstrument else [sys.executable, "-m"]
+            )  # fmt: skip
+            proc = subprocess.Popen(
+                [*prof, "rasd", "serve", "--socket", sock, "--table", "spawn",
+                 "--endpoint-url", url, "--log-level", "warning"],
+                env=env, cwd=ROOT,
+            )  # fmt: skip
+            while True:  # the socket file exists a moment before it listens
+                try:
+                    rasd_client.get_lease(
+                        "demo", "default", f"first{run}", HOUR, socket_path=sock, timeout=30
+                    )
+                    break
+                except rasd_client.Unavailable as exc:
+                    if "cannot connect" not in str(exc):
+                        raise
+                    time.sleep(0.001)
+            firsts.append(time.perf_counter() - t0)
+            first_cpu.append(_cpu(proc.pid))
+            if run < a.runs - 1:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+        assert proc is not None
+        # CPU per new lease on the last daemon, after a few to warm up
+        for i in range(10):
+            rasd_client.get_lease("demo", "default", f"w{i}", HOUR, socket_path=sock, timeout=10)
+        spy = None
+        if a.py_spy:
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(proc.pid),
+                 "-o", a.py_spy, "-f", "raw", "-r", "500", "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)
+        c0, t0 = _cpu(proc.pid), time.perf_counter()
+        for i in range(a.leases):
+            lease = rasd_client.get_lease(
+                "demo", "default", f"n{i}", HOUR, socket_path=sock, timeout=10
+            )
+            assert lease.new
+        cpu = _cpu(proc.pid) - c0
+        wall = time.perf_counter() - t0
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=30)
+        proc.send_signal(signal.SIGINT)  # pyinstrument writes its report on a clean exit
+        proc.wait(timeout=30)
+        out = {
+            "ddb_client": a.ddb_client,
+            "backend": a.backend,
+            "spawn_to_first_new_lease_s": {
+                "median": round(statistics.median(firsts), 3),
+                "min": round(min(firsts), 3),
+                "max": round(max(firsts), 3),
+                "runs": [round(f, 3) for f in firsts],
+            },
+            "daemon_cpu_at_first_answer_s": {
+                "median": round(statistics.median(first_cpu), 3),
+                "runs": [round(c, 3) for c in first_cpu],
+            },
+            "cpu_per_new_lease_ms": round(cpu / a.leases * 1e3, 3),
+            "wall_per_new_lease_ms": round(wall / a.leases * 1e3, 3),
+            "leases": a.leases,
+            "loadavg": os.getloadavg(),
+        }
+        print(json.dumps(out, indent=1))
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,607 @@
+"""A lean DynamoDB client for the daemon's hot path: JSON over HTTP/1.1 (h11), SigV4 by hand.
+
+It has the interface of the aiobotocore client the Store used to call (``await
+client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_item``,
+``delete_item``), returns the same response dicts (wire-format AttributeValues, ``Item``,
+``Items``, ``LastEvaluatedKey``, ``Attributes``, ``Count``...) and raises the same botocore
+exception classes for the same conditions, so ``Store._call``'s retry and ambiguous-write logic
+and ``rasd.testing``'s fault wrapper work unchanged:
+
+================================  ================================================================
+DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
+connection refused, DNS, any       ``EndpointConnectionError(error=ConnectFailed(...))``: never
+error while connecting             sent (``store._never_sent``)
+connect (or TLS handshake) slow    ``ConnectTimeoutError``: never sent
+no answer within read_timeout      ``ReadTimeoutError``: may have applied
+closed or reset after sending      ``ConnectionClosedError``: may have applied
+reply's x-amz-crc32 mismatch       ``ChecksumError``: may have applied
+================================  ================================================================
+
+What it does per call: one ``orjson.dumps`` of the parameters, one SHA-256 of the body and
+one of the canonical request, one HMAC with a signing key derived once per (secret, date,
+region), a header block from a template, one h11 round trip, one ``orjson.loads``. What it
+leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS; refreshable
+credentials are refreshed in a thread, never on the event loop) and exception classes. Not
+done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
+binary (``B``/``BS``) attribute encoding, which the daemon does not use.
+
+Keep-alive connections are pooled up to ``max_connections``; a pooled connection the server
+has closed is dropped before anything is sent on it (then the request goes out on another);
+once a request was written, a lost connection is ambiguous (``ConnectionClosedError``).
+Importing this module does not import aiohttp, aiobotocore or botocore's session machinery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import socket
+import ssl
+import sys
+import time
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+import orjson
+from botocore.exceptions import (
+    ChecksumError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+SERVICE = "dynamodb"
+TARGET_PREFIX = "DynamoDB_20120810."
+CONTENT_TYPE = "application/x-amz-json-1.0"
+#: A pooled connection idle longer than this is closed rather than reused (DynamoDB and load
+#: balancers drop idle connections; a request on a dropped one would be ambiguous).
+IDLE_MAX = 50.0
+#: Refreshable credentials are looked at (cheaply) at most this often.
+CREDS_CHECK = 1.0
+_READ = 65536
+
+
+class ConnectFailed(OSError):
+    """The cause of an ``EndpointConnectionError`` raised while connecting: the request was
+    never sent (``rasd.store._never_sent`` relies on it)."""
+
+
+# ---------------------------------------------------------------------------- credentials
+class Credentials:
+    """Where the signing credentials come from. ``current()`` is called once per request and
+    returns ``(access_key, secret_key, token)``."""
+
+    def __init__(self, access_key: str, secret_key: str, token: str | None) -> None:
+        self._frozen = (access_key, secret_key, token)
+
+    def current(self) -> tuple[str, str, str | None]:
+        return self._frozen
+
+
+class BotocoreCredentials(Credentials):
+    """botocore credentials (possibly refreshable): frozen once per CREDS_CHECK seconds;
+    a refresh that botocore asks for (advisory or mandatory) runs in a thread."""
+
+    def __init__(self, creds: Any) -> None:
+        f = creds.get_frozen_credentials()
+        super().__init__(f.access_key, f.secret_key, f.token)
+        self._creds = creds
+        self._next = time.monotonic() + CREDS_CHECK
+        self._refreshing: asyncio.Future[Any] | None = None
+
+    def current(self) -> tuple[str, str, str | None]:
+        now = time.monotonic()
+        if now >= self._next and self._refreshing is None:
+            self._next = now + CREDS_CHECK
+            needed = getattr(self._creds, "refresh_needed", None)
+            if needed is not None and needed():
+                loop = asyncio.get_running_loop()
+                fut = loop.run_in_executor(None, self._creds.get_frozen_credentials)
+                fut.add_done_callback(self._refreshed)
+                self._refreshing = fut
+            else:
+                self._take(self._creds.get_frozen_credentials())
+        return self._frozen
+
+    def _take(self, f: Any) -> None:
+        self._frozen = (f.access_key, f.secret_key, f.token)
+
+    def _refreshed(self, fut: asyncio.Future[Any]) -> None:
+        self._refreshing = None
+        if not fut.cancelled() and fut.exception() is None:
+            self._take(fut.result())
+        # a failed refresh: keep the old credentials; the next check tries again
+
+
+def resolve_credentials() -> Credentials:
+    """botocore's standard chain. Its first provider reads the environment; when that has
+    static keys they are used without loading botocore's session (a start-up saving of about
+    half a second). Blocking (profiles, IMDS): call it in a thread."""
+    env = os.environ
+    ak, sk = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if ak and sk and not env.get("AWS_CREDENTIAL_EXPIRATION"):
+        return Credentials(ak, sk, env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN"))
+    import botocore.session
+    from botocore.exceptions import NoCredentialsError
+
+    creds = botocore.session.get_session().get_credentials()
+    if creds is None:
+        raise NoCredentialsError()
+    return BotocoreCredentials(creds)
+
+
+# ------------------------------------------------------------------------------- endpoint
+def resolve_endpoint(endpoint_url: str | None, region: str) -> str:
+    """The DynamoDB endpoint as botocore resolves it: the argument, AWS_ENDPOINT_URL_DYNAMODB,
+    AWS_ENDPOINT_URL, the profile's ``endpoint_url`` (or its ``services`` section), else
+    ``https://dynamodb.<region>.amazonaws.com`` (``.com.cn`` in China). Blocking when it has
+    to read the shared config file: call it in a thread."""
+    if endpoint_url:
+        return endpoint_url
+    env = os.environ
+    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() != "true":
+        url = env.get("AWS_ENDPOINT_URL_DYNAMODB") or env.get("AWS_ENDPOINT_URL")
+        if url:
+            return url
+        path = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
+        if os.path.exists(path):
+            url = _configured_endpoint()
+            if url:
+                return url
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"https://dynamodb.{region}.{suffix}"
+
+
+def _configured_endpoint() -> str | None:
+    import botocore.session
+
+    session = botocore.session.get_session()
+    profile = session.get_scoped_config()
+    services = profile.get("services")
+    if services:
+        section = session.full_config.get("services", {}).get(services, {})
+        url = section.get("dynamodb", {}).get("endpoint_url")
+        if url:
+            return str(url)
+    url = profile.get("endpoint_url")
+    return str(url) if url else None
+
+
+# -------------------------------------------------------------------------------- signing
+class Signer:
+    """SigV4 for DynamoDB's JSON protocol (POST /, no query string): the signing key is
+    derived once per (secret, date, region) and cached; each request costs two SHA-256 and
+    one HMAC. Equal to botocore's ``SigV4Auth`` (tests/unit/test_ddb.py)."""
+
+    def __init__(self, region: str, host: str) -> None:
+        self.region = region
+        self.host = host
+        self._key_for: tuple[str, str] | None = None
+        self._key = b""
+        self._scope = ""
+
+    def signing_key(self, secret: str, date: str) -> bytes:
+        if self._key_for != (secret, date):
+            k = hmac.digest(f"AWS4{secret}".encode(), date.encode(), "sha256")
+            k = hmac.digest(k, self.region.encode(), "sha256")
+            k = hmac.digest(k, SERVICE.encode(), "sha256")
+            self._key = hmac.digest(k, b"aws4_request", "sha256")
+            self._key_for = (secret, date)
+            self._scope = f"{date}/{self.region}/{SERVICE}/aws4_request"
+        return self._key
+
+    def authorization(
+        self,
+        target: str,
+        body: bytes,
+        amz_date: str,
+        access_key: str,
+        secret_key: str,
+        token: str | None,
+    ) -> str:
+        """The Authorization header of a request carrying exactly the headers content-type,
+        host, x-amz-date, x-amz-target (and x-amz-security-token with ``token``)."""
+        key = self.signing_key(secret_key, amz_date[:8])
+        if token is None:
+            signed = "content-type;host;x-amz-date;x-amz-target"
+            headers = (
+                f"content-type:{CONTENT_TYPE}\nhost:{self.host}\nx-amz-date:{amz_date}\n"
+                f"x-amz-target:{target}\n"
+            )
+        else:
+            signed = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
+            headers = (
+                f"content-type:{CONTENT_TYPE}\nhost:{self.host}\nx-amz-date:{amz_date}\n"
+                f"x-amz-security-token:{token}\nx-amz-target:{target}\n"
+            )
+        canonical = f"POST\n/\n\n{headers}\n{signed}\n{hashlib.sha256(body).hexdigest()}"
+        to_sign = (
+            f"AWS4-HMAC-SHA256\n{amz_date}\n{self._scope}\n"
+            f"{hashlib.sha256(canonical.encode()).hexdigest()}"
+        )
+        sig = hmac.new(key, to_sign.encode(), "sha256").hexdigest()
+        return (
+            f"AWS4-HMAC-SHA256 Credential={access_key}/{self._scope}, "
+            f"SignedHeaders={signed}, Signature={sig}"
+        )
+
+
+class _AmzDate:
+    """The X-Amz-Date value, formatted once per second."""
+
+    __slots__ = ("_sec", "_val")
+
+    def __init__(self) -> None:
+        self._sec = -1
+        self._val = ""
+
+    def __call__(self) -> str:
+        sec = int(time.time())
+        if sec != self._sec:
+            self._val = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(sec))
+            self._sec = sec
+        return self._val
+
+
+def user_agent() -> str:
+    from . import __version__
+
+    py = ".".join(map(str, sys.version_info[:3]))
+    return f"rasd/{__version__} md/lean-ddb lang/python#{py} os/{os.uname().sysname.lower()}"
+
+
+# ----------------------------------------------------------------------------------- HTTP
+class _Conn(asyncio.Protocol):
+    """One HTTP/1.1 connection (h11 state machine over an asyncio transport)."""
+
+    def __init__(self) -> None:
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.h11.receive_data(data)
+        except RuntimeError:  # data after the peer's close: nothing can use it
+            self.close()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        try:
+            self.h11.receive_data(b"")
+        except RuntimeError:
+            pass
+        self._wake()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def usable(self) -> bool:
+        """A pooled connection is reused only if nothing says the server closed it."""
+        t = self.transport
+        return (
+            not self.lost
+            and t is not None
+            and not t.is_closing()
+            and self.h11.our_state is h11.IDLE
+            and self.h11.their_state is h11.IDLE
+            and time.monotonic() - self.idle_since < IDLE_MAX
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.lost = True
+
+    async def round_trip(
+        self, head: bytes, body: bytes
+    ) -> tuple[int, Sequence[tuple[bytes, bytes]], bytes]:
+        """Send one request (head and body already encoded) and read its response."""
+        assert self.transport is not None
+        conn = self.h11
+        # h11 is told the request's framing (for its state machine); the bytes sent are the
+        # head built by LeanDynamoDB.build, not h11's rendering of this stand-in
+        conn.send(
+            h11.Request(
+                method="POST",
+                target="/",
+                headers=[("Host", "x"), ("Content-Length", str(len(body)))],
+            )
+        )
+        conn.send(h11.Data(data=body))
+        conn.send(h11.EndOfMessage())
+        self.transport.write(head + body)
+        status: int = 0
+        headers: Sequence[tuple[bytes, bytes]] = ()
+        chunks: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        while True:
+            ev = conn.next_event()
+            if ev is h11.NEED_DATA:
+                if self.lost:
+                    raise ConnectionResetError("connection lost before the response ended")
+                self._waiter = loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                continue
+            if isinstance(ev, h11.Response):
+                status, headers = ev.status_code, ev.headers
+            elif isinstance(ev, h11.Data):
+                chunks.append(ev.data)
+            elif isinstance(ev, h11.EndOfMessage):
+                return status, headers, (chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            elif isinstance(ev, h11.ConnectionClosed):
+                raise ConnectionResetError("connection closed before the response ended")
+            # InformationalResponse: ignore
+
+
+class LeanDynamoDB:
+    """The daemon's DynamoDB client (see the module docstring). Make it with :meth:`create`."""
+
+    def __init__(
+        self,
+        endpoint_url: str,
+        region: str,
+        credentials: Credentials,
+        *,
+        max_connections: int = 32,
+        connect_timeout: float = 1.0,
+        read_timeout: float = 2.0,
+    ) -> None:
+        u = urlsplit(endpoint_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"endpoint_url must be http(s)://host[:port]: {endpoint_url!r}")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self._tls = u.scheme == "https"
+        self._host = u.hostname
+        self._port = u.port or (443 if self._tls else 80)
+        default_port = 443 if self._tls else 80
+        host_header = self._host if self._port == default_port else f"{self._host}:{self._port}"
+        if ":" in self._host and self._port == default_port:  # IPv6 literal
+            host_header = f"[{self._host}]"
+        elif ":" in self._host:
+            host_header = f"[{self._host}]:{self._port}"
+        self._signer = Signer(region, host_header)
+        self._creds = credentials
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
+        self._max = max_connections
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle: deque[_Conn] = deque()
+        self._open = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+        self._date = _AmzDate()
+        #: the part of every request head that never changes
+        self._head_fixed = (
+            f"POST / HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: {user_agent()}\r\n"
+            f"Content-Type: {CONTENT_TYPE}\r\nAccept-Encoding: identity\r\n"
+        ).encode()
+
+    @classmethod
+    async def create(
+        cls,
+        endpoint_url: str | None,
+        region: str,
+        *,
+        max_connections: int = 32,
+        connect_timeout: float = 1.0,
+        read_timeout: float = 2.0,
+    ) -> LeanDynamoDB:
+        """Resolve credentials and endpoint (in a thread: they may read files or IMDS)."""
+
+        def resolve() -> tuple[str, Credentials]:
+            return resolve_endpoint(endpoint_url, region), resolve_credentials()
+
+        url, creds = await asyncio.to_thread(resolve)
+        return cls(
+            url,
+            region,
+            creds,
+            max_connections=max_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+
+    # ---------------------------------------------------------------------- operations
+    async def get_item(self, **params: Any) -> dict[str, Any]:
+        return await self._call("GetItem", params)
+
+    async def query(self, **params: Any) -> dict[str, Any]:
+        return await self._call("Query", params)
+
+    async def update_item(self, **params: Any) -> dict[str, Any]:
+        return await self._call("UpdateItem", params)
+
+    async def put_item(self, **params: Any) -> dict[str, Any]:
+        return await self._call("PutItem", params)
+
+    async def delete_item(self, **params: Any) -> dict[str, Any]:
+        return await self._call("DeleteItem", params)
+
+    def build(self, op: str, params: dict[str, Any]) -> tuple[bytes, bytes]:
+        """The request's head and body, signed (no I/O)."""
+        body = orjson.dumps(params)
+        target = TARGET_PREFIX + op
+        amz_date = self._date()
+        ak, sk, token = self._creds.current()
+        auth = self._signer.authorization(target, body, amz_date, ak, sk, token)
+        tok = f"X-Amz-Security-Token: {token}\r\n" if token is not None else ""
+        head = (
+            self._head_fixed
+            + (
+                f"X-Amz-Target: {target}\r\nX-Amz-Date: {amz_date}\r\n{tok}"
+                f"Authorization: {auth}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+        )
+        return head, body
+
+    async def _call(self, op: str, params: dict[str, Any]) -> dict[str, Any]:
+        head, body = self.build(op, params)
+        conn = await self._acquire()
+        done = False
+        try:
+            try:
+                async with asyncio.timeout(self._read_timeout):
+                    status, headers, data = await conn.round_trip(head, body)
+            except TimeoutError:
+                raise ReadTimeoutError(endpoint_url=self.endpoint_url) from None
+            except (OSError, h11.ProtocolError) as exc:
+                raise ConnectionClosedError(endpoint_url=self.endpoint_url, error=exc) from exc
+            done = True
+        finally:
+            self._release(conn, reuse=done)
+        return self._parse(op, status, headers, data)
+
+    def _parse(
+        self, op: str, status: int, headers: Sequence[tuple[bytes, bytes]], data: bytes
+    ) -> dict[str, Any]:
+        crc = rid = None
+        for name, value in headers:
+            if name == b"x-amz-crc32":
+                crc = value
+            elif name == b"x-amzn-requestid":
+                rid = value
+        if crc is not None and int(crc) != zlib.crc32(data):
+            raise ChecksumError(
+                checksum_type="crc32",
+                expected_checksum=crc.decode(),
+                actual_checksum=str(zlib.crc32(data)),
+            )
+        try:
+            parsed: dict[str, Any] = orjson.loads(data) if data else {}
+        except orjson.JSONDecodeError:  # e.g. a proxy's HTML page: the text is the message
+            parsed = {} if status < 300 else {"message": data.decode(errors="replace")}
+        meta = {
+            "RequestId": rid.decode() if rid else "",
+            "HTTPStatusCode": status,
+            "RetryAttempts": 0,
+        }
+        if status < 300:
+            parsed["ResponseMetadata"] = meta
+            return parsed
+        meta["HTTPHeaders"] = {k.decode(): v.decode() for k, v in headers}
+        code = str(parsed.pop("__type", "") or "").rpartition("#")[2]
+        message = parsed.pop("message", None) or parsed.pop("Message", None) or ""
+        if not code:
+            code = str(status)  # as botocore: no __type, the HTTP status is the code
+        error: dict[str, Any] = {"Error": {"Code": code, "Message": message}}
+        error.update(parsed)  # modelled fields (Item, CancellationReasons...)
+        error["ResponseMetadata"] = meta
+        raise ClientError(error, op)  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------------------- pool
+    async def _acquire(self) -> _Conn:
+        while True:
+            idle = self._idle
+            while idle:
+                conn = idle.pop()  # the most recently used: least likely to have been dropped
+                if conn.usable():
+                    return conn
+                conn.close()
+                self._open -= 1
+            if self._closed:
+                raise EndpointConnectionError(
+                    endpoint_url=self.endpoint_url, error=ConnectFailed("client closed")
+                )
+            if self._open < self._max:
+                self._open += 1
+                try:
+                    return await self._connect()
+                except BaseException:
+                    self._open -= 1
+                    self._wake_one()
+                    raise
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    self._wake_one()  # pass on the wake-up this waiter will not use
+                raise
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    _Conn,
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise ConnectTimeoutError(endpoint_url=self.endpoint_url) from None
+        except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS handshake...
+            known = isinstance(exc, ConnectionRefusedError | socket.gaierror)
+            cause = exc if known else ConnectFailed(exc.errno, str(exc))
+            raise EndpointConnectionError(endpoint_url=self.endpoint_url, error=cause) from exc
+        return conn
+
+    def _release(self, conn: _Conn, reuse: bool) -> None:
+        h = conn.h11
+        if (
+            reuse
+            and not self._closed
+            and h.our_state is h11.DONE
+            and h.their_state is h11.DONE
+            and not conn.lost
+        ):
+            h.start_next_cycle()
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            conn.close()
+            self._open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+            self._open -= 1
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+        await asyncio.sleep(0)  # let the transports' connection_lost run
+
+    async def __aenter__(self) -> LeanDynamoDB:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
