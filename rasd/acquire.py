@@ -24,6 +24,7 @@ Only our region's items are ever written; another region's lease is served as it
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import socket
@@ -85,6 +86,8 @@ HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
 BACKGROUND_DEADLINE = 5.0  # extensions, confirmations, give-backs: not bound to a request
 WAIT_FIRST = 0.005  # polling a pending mapping: 5 ms, doubling, up to WAIT_MAX
 WAIT_MAX = 0.1
+#: seconds between two reads of the wall clock on the hit path (Acquirer.wall_us)
+WALL_RESYNC = 0.25
 
 
 class Acquirer:
@@ -119,6 +122,8 @@ class Acquirer:
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
         self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
+        self._wall_synced = -math.inf
+        self._wall_offset_us = 0
 
     # ------------------------------------------------------------------------ pools
     async def load_pools(self, deadline: float) -> int:
@@ -146,20 +151,47 @@ class Acquirer:
             raise BadRequest(why)
 
     # --------------------------------------------------------------------- hot path
-    def try_hit(self, client_id: str, pool_id: str, key: str, requested_us: int) -> Lease | None:
+    def wall_us(self, mono: float) -> int:
+        """Wall time (microseconds) at monotonic time ``mono``, from an offset read again
+        once WALL_RESYNC has passed: a hit reads no clock but the one its request read. Only
+        for checks that tolerate a fraction of a second (the requested lease end, when to
+        extend); cache validity runs on the monotonic clock alone (docs/design.md, I3)."""
+        if not 0 <= mono - self._wall_synced < WALL_RESYNC:
+            self._wall_synced = mono
+            self._wall_offset_us = self.clock.now_us() - int(mono * US)
+        return int(mono * US) + self._wall_offset_us
+
+    def try_hit(
+        self,
+        client_id: str,
+        pool_id: str,
+        key: str,
+        requested_us: int,
+        now: float | None = None,
+    ) -> Lease | None:
         """Answer from the cache, or None. Never awaits and never touches DynamoDB.
+        ``now``: the request's monotonic time (read once by the server).
         (The server counts hits and misses: this is also called again after a miss.)"""
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None
-        now = self.clock.now_us()
-        self._check(pool, requested_us, now)
-        k = (client_id, pool_id, key)
-        lease = self.cache.get(k)
-        if lease is None:
+        if now is None:
+            now = self.clock.mono()
+        now_us = self.wall_us(now)
+        if not 0 < requested_us - now_us <= pool.max_lease_us:
+            self._check(pool, requested_us, now_us)  # raises, naming what is wrong
+        e = self.cache.entry(client_id, pool_id, key, now)
+        if e is None:
             return None
-        if k not in self._refreshing:
-            self._maybe_refresh(k, lease, requested_us, now)
+        lease = e[0]
+        # Anything to do in the background? (the same tests as _maybe_refresh, inlined so
+        # that a plain hit allocates nothing)
+        if now - e[1] > self.cache.half_s or (
+            requested_us > lease.expires_us and lease.region == self.region
+        ):
+            k = (client_id, pool_id, key)
+            if k not in self._refreshing:
+                self._maybe_refresh(k, lease, requested_us, now_us)
         return lease
 
     async def get_lease(
@@ -280,10 +312,13 @@ class Acquirer:
             )
             cw = claim(item, key, requested_us, now, token, expect_ver + 1)
             sent = self.clock.mono()
-            mres, cres = await asyncio.gather(
+            writes = asyncio.gather(
                 self.store.write(mw, deadline, names_claim(token, item.resource)),
                 self.store.write(cw, deadline, holds(token, key)),
             )
+            # Queued behind the two writes: building the refill's Query never delays them.
+            self.prefetch.refill_soon(pool)
+            mres, cres = await writes
             step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
             if isinstance(step, D.Won):
                 lease = Lease(

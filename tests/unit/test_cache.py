@@ -101,3 +101,57 @@ def test_bounded_size() -> None:
         exp = clock.now_us() + 3600 * US
         cache.put(Lease("c", "p", f"k{i}", f"r{i}", "us-east-1", exp, 1), clock.mono())
     assert len(cache) == 10
+
+
+def test_bounded_size_keeps_the_latest_confirmations() -> None:
+    """Past maxsize, the entries confirmed longest ago go first; a re-put counts as new."""
+    clock = FakeClock()
+    cache = make(clock, maxsize=16)
+    exp = clock.now_us() + 3600 * US
+    for i in range(16):
+        cache.put(Lease("c", "p", f"k{i}", f"r{i}", "us-east-1", exp, 1), clock.mono())
+        clock.advance(0.01)
+    cache.put(Lease("c", "p", "k0", "r0", "us-east-1", exp, 1), clock.mono())  # reconfirmed
+    cache.put(Lease("c", "p", "new", "rn", "us-east-1", exp, 1), clock.mono())
+    assert len(cache) <= 16
+    assert ("c", "p", "k0") in cache and ("c", "p", "new") in cache
+    assert ("c", "p", "k1") not in cache
+
+
+def test_expired_entries_make_room_before_live_ones() -> None:
+    clock = FakeClock()
+    cache = make(clock, maxsize=4)
+    exp = clock.now_us() + 3600 * US
+    for i in range(3):
+        cache.put(Lease("c", "p", f"old{i}", "r", "us-east-1", exp, 1), clock.mono())
+    clock.advance(S / 2)
+    cache.put(Lease("c", "p", "live", "r", "us-east-1", exp, 1), clock.mono())
+    clock.advance(S / 2 + 0.1)  # old* are past S, live is not
+    cache.put(Lease("c", "p", "next", "r", "us-east-1", exp, 1), clock.mono())
+    assert ("c", "p", "live") in cache and ("c", "p", "next") in cache
+    assert len(cache) == 2
+
+
+def test_pools_and_clients_are_apart() -> None:
+    clock = FakeClock()
+    cache = make(clock)
+    exp = clock.now_us() + 3600 * US
+    cache.put(Lease("c", "p", "k", "r1", "us-east-1", exp, 1), clock.mono())
+    cache.put(Lease("c", "q", "k", "r2", "us-east-1", exp, 1), clock.mono())
+    cache.put(Lease("d", "p", "k", "r3", "us-east-1", exp, 1), clock.mono())
+    got = [cache.get(k) for k in (("c", "p", "k"), ("c", "q", "k"), ("d", "p", "k"))]
+    assert [g.resource if g else None for g in got] == ["r1", "r2", "r3"]
+    cache.drop(("c", "q", "k"))
+    assert cache.get(("c", "q", "k")) is None and len(cache) == 2
+    assert cache.entry("x", "p", "k", clock.mono()) is None
+
+
+def test_entry_takes_the_time_passed_in() -> None:
+    """The hot path passes the request's one clock reading; validity is judged at it."""
+    clock = FakeClock()
+    cache = make(clock)
+    cache.put(lease(clock, 3600), clock.mono())
+    t = clock.mono()
+    assert cache.entry("c", "p", "k", t + S - 0.1) is not None
+    assert cache.entry("c", "p", "k", t + S + 0.1) is None
+    assert cache.get(K) is None  # dropped when read past its validity

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from dataclasses import replace
@@ -10,7 +11,16 @@ import pytest
 
 from rasd.config import Config
 from rasd.lease import PARTITIONS, ResourceItem, fmt_time
-from rasd.prefetch import DEMAND_HALF_LIFE, REFILL_HORIZON, CandidateBuffer
+from rasd.prefetch import (
+    DEMAND_HALF_LIFE,
+    MIN_PAGE,
+    NAMES_MAX,
+    REFILL_HORIZON,
+    SEEN_MAX,
+    CandidateBuffer,
+    NameModel,
+    host_seed,
+)
 
 
 def items(n: int, start: int = 0) -> list[ResourceItem]:
@@ -78,16 +88,6 @@ def test_exhaustion_memo() -> None:
     b.mark_exhausted(10.0)
     assert b.exhausted(10.5)
     assert not b.exhausted(11.1)
-
-
-def test_start_point_within_seen_span() -> None:
-    """Random starting points fall within the lease_available span seen in that partition."""
-    b = buf()
-    assert b.start_point(3) is None
-    b.learn_span(3, items(100))
-    points = [b.start_point(3) for _ in range(50)]
-    seen = [p for p in points if p is not None]
-    assert seen and all(fmt_time(0) <= p <= fmt_time(99) for p in seen)
 
 
 # ------------------------------------------------------------------- demand (EWMA of takes/s)
@@ -260,17 +260,146 @@ def test_partitions_are_a_shuffled_permutation() -> None:
     assert len({tuple(o) for o in orders}) > 1
 
 
-def test_learn_span_widens_and_ignores_items_without_a_time() -> None:
+def test_learn_keeps_a_bounded_reservoir_per_partition() -> None:
     b = buf()
-    b.learn_span(0, items(5, start=10))
-    assert b.span[0] == (10, 14)
-    b.learn_span(0, items(2, start=3))
-    assert b.span[0] == (3, 14)
-    b.learn_span(1, [replace(it, lease_available=None) for it in items(3)])
-    assert 1 not in b.span
+    b.learn(0, items(500))
+    assert len(b.seen[0]) == SEEN_MAX
+    assert set(b.seen[0]) <= {fmt_time(i) for i in range(500)}
+    b.learn(1, [replace(it, lease_available=None) for it in items(3)])
+    assert 1 not in b.seen
 
 
-def test_start_point_none_for_a_single_point_span() -> None:
+def test_no_start_key_before_anything_was_seen() -> None:
     b = buf()
-    b.learn_span(2, items(1, start=7))
-    assert all(b.start_point(2) is None for _ in range(20))
+    assert all(b.start_key(3) is None for _ in range(20))
+
+
+def same_time_items(n: int, t: int = 7, part: int = 0) -> list[ResourceItem]:
+    """A pool seeded in one batch: every item has the same lease_available."""
+    return [
+        ResourceItem(
+            "c",
+            f"res-{i:05d}",
+            "p",
+            "us-east-1",
+            f"c.p.us-east-1.{part}",
+            0,
+            lease_available=fmt_time(t),
+        )
+        for i in range(n)
+    ]
+
+
+def test_start_keys_spread_when_all_times_are_equal() -> None:
+    """The start key's resource varies even when every lease_available is the same, and
+    stays shaped like the names seen (so it falls inside their range)."""
+    b = buf()
+    b.learn(0, same_time_items(64))
+    keys = [b.start_key(0) for _ in range(200)]
+    got = [k for k in keys if k is not None]
+    assert len(got) > 150  # HEAD_SHARE of reads start at an end
+    assert {t for t, _ in got} == {fmt_time(7)}
+    names = [r for _, r in got]
+    assert len(set(names)) > 40  # of the 70 names res-00000..res-00069
+    assert all(len(r) == 9 and r.startswith("res-000") for r in names)
+
+
+def test_name_model_fills_the_range_between_both_ends() -> None:
+    """Names seen at the head (res-00000..31) and the tail (res-00168..199) of an index give
+    starts all over the range: each position draws from the span of characters seen there."""
+    rng = random.Random(3)
+    m = NameModel()
+    its = same_time_items(200)
+    for it in its[:32] + its[-32:]:
+        m.learn(it.resource, rng)
+    draws = [d for d in (m.draw(rng) for _ in range(400)) if d is not None]
+    middle = [d for d in draws if "res-00032" < d < "res-00168"]
+    assert len(middle) > len(draws) // 3
+    assert all("res-00000" <= d <= "res-00199" for d in draws)
+    assert NameModel().draw(rng) is None
+
+
+def test_first_reads_from_an_end_cover_both_ends() -> None:
+    """Before any start key is known, a pool's second read from an end goes the other way."""
+    for seed in range(10):
+        b = CandidateBuffer(Config().validate(), random.Random(seed))
+        first = b.end_direction()
+        assert b.end_direction() is not first
+
+
+def test_name_model_is_bounded() -> None:
+    rng = random.Random(1)
+    m = NameModel()
+    for i in range(10_000):
+        m.learn(f"n{i}", rng)
+    assert len(m.names) == NAMES_MAX and m.n == 10_000
+
+
+def test_home_partition_comes_first_most_of_the_time() -> None:
+    """Daemons are spread over sub-partitions by their host identity, plus randomness."""
+    b = CandidateBuffer(Config().validate(), random.Random(5), seed=13)
+    firsts = [b.partitions()[0] for _ in range(400)]
+    home = firsts.count(13 % PARTITIONS) / len(firsts)
+    assert 0.65 < home < 0.9
+    assert len(set(firsts)) == PARTITIONS
+    assert all(sorted(b.partitions()) == list(range(PARTITIONS)) for _ in range(5))
+
+
+def test_host_seed_is_stable() -> None:
+    assert host_seed() == host_seed()
+
+
+def test_page_follows_the_room_left() -> None:
+    b = buf(prefetch_min=4, prefetch_max=64, prefetch_page=64)
+    assert b.page() == max(MIN_PAGE, 8)  # target 4, empty: twice the room
+    b.rate = 100.0  # target 64
+    assert b.page() == 64
+    b.add(items(60), now=0.0)
+    assert b.page() == MIN_PAGE
+
+
+def simulate(daemons: int, items_n: int, seed: int) -> float:
+    """Daemons reading one sub-partition of same-time items through start keys (a sorted
+    index, ExclusiveStartKey placed by bisection): the share of held candidates that another
+    daemon holds too."""
+    index = same_time_items(items_n)
+    names = [it.resource for it in index]
+    bufs = [
+        CandidateBuffer(Config(prefetch_min=4).validate(), random.Random(seed + d), seed=d)
+        for d in range(daemons)
+    ]
+    for b in bufs:
+        b.learn(0, index[:32] + index[-32:])  # a cold start read the head and the tail
+        b.q.clear()
+    for b in bufs:
+        start = b.start_key(0)
+        page = b.page()
+        if start is None:
+            got = index[:page]
+        else:
+            i = bisect.bisect_right(names, start[1])
+            got = index[i : i + page] or index[:page]
+        b.add(got, 0.0)
+    held = [c.item.resource for b in bufs for c in b.q]
+    return 1 - len(set(held)) / len(held)
+
+
+def test_daemons_on_a_same_time_pool_hold_different_items() -> None:
+    """20 daemons, 200 same-time items: few candidates are held twice (reading the head,
+    as before, they would all hold the same 64)."""
+    shared = [simulate(20, 200, s) for s in range(5)]
+    assert sorted(shared)[2] < 0.35
+
+
+def test_target_covers_the_time_a_refill_takes() -> None:
+    """A slow DynamoDB (or a loaded host) makes the buffer deeper, within prefetch_max."""
+    b = buf(prefetch_min=4, prefetch_max=64)
+    b.rate = 4.0
+    assert b.target() == 8  # REFILL_HORIZON = 2 s
+    for _ in range(40):
+        b.note_refill(1.0)
+    assert b.refill_s == pytest.approx(1.0, rel=1e-3)
+    assert b.target() == 16  # 4/s x (2 s + 2 x 1 s)
+    for _ in range(40):
+        b.note_refill(100.0)
+    assert b.target() == 64
