@@ -261,6 +261,9 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
         d.acquirer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
         first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        # the new lease's background writes (map_confirm) first: on a loaded machine one could
+        # otherwise take the injected fault meant for the extension (seen in a CI run)
+        await wait_for(lambda: not d.acquirer._bg, "the new lease's background work")
         clock.advance(60)  # 40 s left of the 100 asked for: below half -> extend
         faults.add("validation", ops={"UpdateItem"}, times=1)
         with capture_logs() as logs:
