@@ -56,14 +56,13 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
 from .clock import Clock
 from .config import Config
 from .errors import RasdError
-from .lease import PARTITIONS, Pool, ResourceItem, item_from_ddb, partition_name
+from .lease import PARTITIONS, Pool, ResourceItem, partition_name
 from .metrics import Counters
 from .store import Store
 
@@ -399,26 +398,9 @@ async def query_after(
     deadline: float,
 ) -> list[ResourceItem]:
     """Up to ``limit`` items of one sub-partition of the ``available_resources`` index, after
-    the (possibly absent) position ``start`` in the direction asked. DynamoDB, moto and
-    dynalite all place an ExclusiveStartKey that names no item where it would sort.
-
-    TODO(store): belongs in ``Store.query_available`` (an ``after=`` argument); it is here
-    while store.py is being rewritten, through the store's one retrying call."""
+    the (possibly absent) position ``start`` in the direction asked (``Store.query_available``
+    with ``after``)."""
     lease_available, resource = start
-    kw: dict[str, Any] = {
-        "IndexName": "available_resources",
-        "KeyConditionExpression": "#p = :p",
-        "ExpressionAttributeNames": {"#p": "partition"},
-        "ExpressionAttributeValues": {":p": {"S": partition}},
-        "ExclusiveStartKey": {
-            "partition": {"S": partition},
-            "lease_available": {"S": lease_available},
-            "client_id": {"S": client_id},
-            "resource": {"S": resource},
-        },
-        "Limit": limit,
-        "ScanIndexForward": forward,
-    }
-    resp = await store._call("Query", deadline, **kw)
-    assert resp is not None
-    return [item_from_ddb(it) for it in resp.get("Items", [])]
+    return await store.query_available(
+        partition, limit, forward, deadline, after=(lease_available, client_id, resource)
+    )

@@ -295,25 +295,29 @@ class Store:
         limit: int,
         forward: bool,
         deadline: float,
-        start: str | None = None,
+        after: tuple[str, str, str] | None = None,
     ) -> list[ResourceItem]:
-        """Up to ``limit`` free items of one sub-partition (``available_resources`` index),
-        from ``start`` (a lease_available time) on in the direction asked, or from an end."""
-        cond = "#p = :p"
-        values: dict[str, Any] = {":p": {"S": partition}}
-        if start is not None:
-            cond += " AND lease_available >= :s" if forward else " AND lease_available <= :s"
-            values[":s"] = {"S": start}
-        resp = await self._call(
-            "Query",
-            deadline,
-            IndexName="available_resources",
-            KeyConditionExpression=cond,
-            ExpressionAttributeNames={"#p": "partition"},
-            ExpressionAttributeValues=values,
-            Limit=limit,
-            ScanIndexForward=forward,
-        )
+        """Up to ``limit`` free items of one sub-partition (``available_resources`` index) in
+        the direction asked: from an end, or ``after`` a position (lease_available, client_id,
+        resource) that need not name an item (DynamoDB, moto and dynalite place such an
+        ``ExclusiveStartKey`` where it would sort): how daemons spread over a pool."""
+        kw: dict[str, Any] = {
+            "IndexName": "available_resources",
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": "partition"},
+            "ExpressionAttributeValues": {":p": {"S": partition}},
+            "Limit": limit,
+            "ScanIndexForward": forward,
+        }
+        if after is not None:
+            lease_available, client_id, resource = after
+            kw["ExclusiveStartKey"] = {
+                "partition": {"S": partition},
+                "lease_available": {"S": lease_available},
+                "client_id": {"S": client_id},
+                "resource": {"S": resource},
+            }
+        resp = await self._call("Query", deadline, **kw)
         assert resp is not None
         return [item_from_ddb(it) for it in resp.get("Items", [])]
 
