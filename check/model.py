@@ -962,6 +962,33 @@ def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
         _fail(w, d, p, f"gave up ({p.mout.value}, {p.cout.value})")
 
 
+def _extend_tail(
+    w: World,
+    d: Daemon,
+    p: Proc,
+    res: Reply,
+    mres: Reply | None,
+    step: D.ExtendStep | None,
+    check_pc: str,
+    orphan: ResourceItem,
+) -> tuple[Daemon, D.ExtendStep] | None:
+    """acquire.py ``_extend``'s tail, shared by its two callers: read the mapping first
+    (``CheckMapping``: the process moves to ``check_pc``, None is returned), or free the
+    orphaned resource ``orphan`` in the background (``FreeOrphan``); then the caller's own
+    tail decides on the step."""
+    assert p.lease is not None
+    if step is None:
+        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
+    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
+        assert mres is not None
+        _set_proc(w, d, p, replace(p, pc=check_pc, mout=mres.outcome, merr=mres.error))
+        return None
+    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
+        assert p.lease.token is not None
+        d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token, item=orphan))
+    return d, step
+
+
 def _after_extend_now(
     w: World,
     d: Daemon,
@@ -972,25 +999,11 @@ def _after_extend_now(
 ) -> None:
     """acquire.py _extend's tail, then _extend_now's."""
     assert p.lease is not None
-    if step is None:
-        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
-    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
-        assert mres is not None
-        _set_proc(w, d, p, replace(p, pc="E5", mout=mres.outcome, merr=mres.error))
+    orphan = w.resource(p.lease.resource) or _stub(p.lease.resource)
+    got = _extend_tail(w, d, p, res, mres, step, "E5", orphan)
+    if got is None:
         return
-    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
-        assert p.lease.token is not None
-        d = _spawn(
-            w,
-            d,
-            Proc(
-                "free_claim",
-                "G1",
-                key=p.key,
-                token=p.lease.token,
-                item=w.resource(p.lease.resource) or _stub(p.lease.resource),
-            ),
-        )
+    d, step = got
     if isinstance(step, D.Extended):  # acquire.py:449-453
         new = replace(p.lease, expires_us=p.requested)
         d = _cache_put(w, d, new, p.sent)
@@ -1220,19 +1233,10 @@ def _extend_bg_tail(
     step: D.ExtendStep | None = None,
 ) -> None:
     assert p.lease is not None
-    if step is None:
-        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
-    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
-        assert mres is not None
-        _set_proc(w, d, p, replace(p, pc="X3", mout=mres.outcome, merr=mres.error))
+    got = _extend_tail(w, d, p, res, mres, step, "X3", _stub(p.lease.resource))
+    if got is None:
         return
-    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
-        assert p.lease.token is not None
-        d = _spawn(
-            w,
-            d,
-            Proc("free_claim", "G1", key=p.key, token=p.lease.token, item=_stub(p.lease.resource)),
-        )
+    d, step = got
     if isinstance(step, D.Extended):  # acquire.py:474-478
         d = _cache_put(w, d, replace(p.lease, expires_us=p.requested), p.sent)
     else:
