@@ -370,8 +370,9 @@ class Prefetcher:
             items = await self.store.query_available(part, limit, forward, deadline)
         else:
             self.counters.inc("prefetch.reads_random_start")
-            items = await query_after(
-                self.store, part, pool.client_id, start, limit, forward, deadline
+            lease_available, resource = start
+            items = await self.store.query_available(
+                part, limit, forward, deadline, after=(lease_available, pool.client_id, resource)
             )
         buf.note_refill(time.monotonic() - t0)
         now_us = self.clock.now_us()
@@ -386,21 +387,3 @@ class Prefetcher:
         buf.learn(n, items)
         buf.add(items, self.clock.mono())
         return bool(items)
-
-
-async def query_after(
-    store: Store,
-    partition: str,
-    client_id: str,
-    start: StartKey,
-    limit: int,
-    forward: bool,
-    deadline: float,
-) -> list[ResourceItem]:
-    """Up to ``limit`` items of one sub-partition of the ``available_resources`` index, after
-    the (possibly absent) position ``start`` in the direction asked (``Store.query_available``
-    with ``after``)."""
-    lease_available, resource = start
-    return await store.query_available(
-        partition, limit, forward, deadline, after=(lease_available, client_id, resource)
-    )

@@ -1,6 +1,7 @@
-"""Reading the available index after a random position (rasd.prefetch.query_after), against
-moto over HTTP: a start key that names no item is placed where it would sort, in both
-directions, even when every item has the same lease_available (a pool seeded in one batch)."""
+"""Reading the available index after a random position (``Store.query_available`` with
+``after``: the prefetch's random start), against moto over HTTP: a start key that names no
+item is placed where it would sort, in both directions, even when every item has the same
+lease_available (a pool seeded in one batch)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any
 
 from rasd.config import Config
 from rasd.lease import partition_of
-from rasd.prefetch import query_after
 from rasd.store import Store
 from tests.conftest import seed_pool
 
@@ -29,13 +29,13 @@ async def test_start_key_that_names_no_item(moto_endpoint: str, table: str, ddb:
         p = f"demo.default.us-east-1.{part}"
         # "res-00030x" names no item: the page starts with the first name after it
         after = [n for n in in_part if n > "res-00030x"]
-        got = await query_after(store, p, "demo", (when, "res-00030x"), 3, True, deadline)
+        got = await store.query_available(p, 3, True, deadline, after=(when, "demo", "res-00030x"))
         assert [it.resource for it in got] == after[:3]
         before = [n for n in in_part if n < "res-00030x"][::-1]
-        got = await query_after(store, p, "demo", (when, "res-00030x"), 3, False, deadline)
+        got = await store.query_available(p, 3, False, deadline, after=(when, "demo", "res-00030x"))
         assert [it.resource for it in got] == before[:3]
         # past the last item: nothing (the prefetcher then reads the head)
-        got = await query_after(store, p, "demo", (when, "res-99999"), 3, True, deadline)
+        got = await store.query_available(p, 3, True, deadline, after=(when, "demo", "res-99999"))
         assert got == []
     finally:
         await store.close()
