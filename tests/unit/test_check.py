@@ -206,11 +206,7 @@ def test_real_dedupe_loses_the_race_to_an_extension() -> None:
     cfg = dataclasses.replace(cfg, max_ops=10)
     steps = [
         *prefix,
-        "dedupe scan",
-        "dedupe examine ra: read resource",
-        "dedupe examine ra: read mapping",
-        "dedupe examine rb: read resource",
-        "dedupe examine rb: read mapping",
+        *_EXAMINE,
         "dedupe survivor ra in r2: read mapping",
         "dedupe release_held(rb, extra): read mapping",
         "time +5",
