@@ -1,9 +1,11 @@
-"""python -m bench --quick|--full [--scenarios a,...,g] [--delay-ms 3.5] [--backend moto|dynalite]
+"""python -m bench --quick|--full [--scenarios a,...,g,s] [--delay-ms 3.5] [--backend moto|dynalite]
 
 Runs rasd and the baseline (the paper's in-process boto3 agent) against a DynamoDB stand-in
 behind a delay proxy, prints a table, writes ``bench/results/<stamp>-<mode>.json`` (and
 ``latest-<mode>.json``) and PNG plots. Targets are goals reported as met/missed, never asserted.
-See docs/performance.md.
+Scenario (s) is ``bench.spawn``: spawn to first answer and daemon CPU per new lease. The
+issue-11 table (every figure from this one run) is printed last and kept under ``targets``:
+``make bench-targets`` runs it in full on dynalite. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from . import report, scenarios
+from . import report, scenarios, spawn
 from .backends import BackendUnavailable, dynalite_status, install_dynalite
 from .harness import CLIENT, POOL, REGION, Env
 from .proxy import self_test
@@ -37,6 +39,8 @@ QUICK: dict[str, Any] = {
     "g_leases": 500,
     "g_inflight": 16,
     "import_runs": 10,
+    "s_runs": 5,
+    "s_leases": 200,
 }
 FULL: dict[str, Any] = {
     **QUICK,
@@ -52,6 +56,8 @@ FULL: dict[str, Any] = {
     "g_leases": 100_000,
     "g_inflight": 128,
     "import_runs": 30,
+    "s_runs": 7,
+    "s_leases": 500,
 }
 
 
@@ -213,6 +219,98 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 11's table: each figure, its target, and whether this run met it."""
+    sc = doc["scenarios"]
+    out: list[dict[str, Any]] = []
+
+    def add(figure: str, target: str, met: bool | None, measured: str, src: str) -> None:
+        out.append(
+            {"figure": figure, "target": target, "met": met, "measured": measured, "from": src}
+        )
+
+    s = sc.get("s") or {}
+    if "cpu_per_new_lease_ms" in s:
+        v = s["cpu_per_new_lease_ms"]
+        add(
+            f"daemon CPU per new lease ({s['backend']}, no added latency)",
+            "<= 1.5 ms",
+            v <= 1.5,
+            f"{v:.2f} ms ({s['leases']} leases, one after another)",
+            "s",
+        )
+    c = sc.get("c") or {}
+    if "speedup_p50" in c:
+        add(
+            f"new lease p50 at {2 * doc['delay_ms']:g} ms RTT vs the paper-style baseline",
+            ">= 2.5x",
+            c["speedup_p50"] >= 2.5,
+            f"{c['speedup_p50']:.2f}x ({c['rasd']['p50_ms']:.1f} vs "
+            f"{c['baseline']['p50_ms']:.1f} ms)",
+            "c",
+        )
+    f = sc.get("f") or {}
+    if "conflicts_per_acquisition" in f:
+        ok = f["conflicts_per_acquisition"] <= 0.02 and f["prefetch_hit_rate"] >= 0.95
+        add(
+            f"conflicts / prefetch hits, {doc['options']['f_daemons']} daemons on one pool "
+            f"({f.get('backend', '?')})",
+            "<= 2 % / >= 95 %",
+            ok and f["double_allocations"] == 0,
+            f"{f['conflicts_per_acquisition']:.1%} / {f['prefetch_hit_rate']:.1%}, "
+            f"{f['double_allocations']} double allocations",
+            "f",
+        )
+    g = sc.get("g") or {}
+    if "rss_mb_full" in g:
+        at_100k = g["cached_leases"] >= 100_000
+        v = g["rss_mb_full"] if at_100k else g["rss_mb_at_100k_extrapolated"]
+        add(
+            "RSS at 100K cached leases",
+            "<= 80 MB",
+            v <= 80,
+            f"{v:.1f} MB"
+            + (
+                f" ({g['cached_leases']:,} leases cached)"
+                if at_100k
+                else f" extrapolated from {g['cached_leases']:,} leases"
+            ),
+            "g",
+        )
+    if "spawn_to_first_new_lease_s" in s:
+        sp = s["spawn_to_first_new_lease_s"]
+        add(
+            "spawn to first answer (a new lease)",
+            "<= 0.5 s",
+            sp["median"] <= 0.5,
+            f"{sp['median']:.2f} s median of {len(sp['runs'])} ({sp['min']:.2f}-{sp['max']:.2f})",
+            "s",
+        )
+    d = sc.get("d") or {}
+    pts = {p["procs"]: p for p in d.get("points", [])}
+    if 8 in pts and 32 in pts:
+        r8, r32 = pts[8]["ratio"], pts[32]["ratio"]
+        add(
+            "cached-hit throughput from 8 / 32 client processes, share of the echo floor",
+            ">= 90 % / >= 80 %",
+            r8 >= 0.9 and r32 >= 0.8,
+            f"{r8:.0%} / {r32:.0%}",
+            "d",
+        )
+    e = sc.get("e") or {}
+    if e.get("points"):
+        sizes = [p["per_subpartition"] for p in e["points"]]
+        full_range = min(sizes) <= 1000 and max(sizes) >= 100_000
+        add(
+            "new-lease latency from 1K to 100K resources per sub-partition",
+            "flat within 10 %",
+            e["rasd_p50_spread"] <= 0.10 if full_range else None,
+            f"p50 spread {e['rasd_p50_spread']:.1%} over {', '.join(f'{z:,}' for z in sizes)}",
+            "e",
+        )
+    return out
+
+
 def rows_for(name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     if "rows" in s:
         return s["rows"]
@@ -244,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small samples, < 3 minutes (default)")
     mode.add_argument("--full", action="store_true", help="bigger samples and (e) on dynalite")
-    ap.add_argument("--scenarios", default="a,b,c,d,e,f,g", help="comma list (default all)")
+    ap.add_argument("--scenarios", default="a,b,c,d,e,f,g,s", help="comma list (default all)")
     ap.add_argument("--delay-ms", type=float, default=3.5, help="one-way delay (default 3.5)")
     ap.add_argument("--handshake-rtts", type=float, default=2.0)
     ap.add_argument(
@@ -394,12 +492,19 @@ def main(argv: list[str] | None = None) -> int:
                     g_env = env_for("dynalite")
             doc["scenarios"]["g"] = run("g", scenarios.memory_g, g_env, g_opts)
             doc["scenarios"]["g"]["backend"] = g_env.backend_kind
+        if "s" in wanted:
+            # issue 11 measures the daemon's CPU on dynalite (keep-alive, as DynamoDB)
+            s_kind = "dynalite" if not dyn_why else a.backend
+            doc["scenarios"]["s"] = run(
+                "s", spawn.measure, s_kind, opts["s_runs"], opts["s_leases"]
+            )
     finally:
         for e in envs.values():
             e.close()
 
     doc["elapsed_s"] = time.perf_counter() - t_start
     doc["verdicts"] = verdicts(doc)
+    doc["targets"] = targets(doc)
     rows: list[dict[str, Any]] = []
     for name in "abcdefg":
         s = doc["scenarios"].get(name)
@@ -419,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     for v in doc["verdicts"]:
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[v["met"]]
         print(f"  ({v['target']}) {mark} {v['goal']}: {v['measured']}")
+    if doc["targets"]:
+        print("\nissue 11's targets, this run (load average before/after each scenario):")
+        print(report.targets_table(doc["targets"], doc["load"]))
     path = report.write_json(doc, stamp)
     print(f"\nresults: {path}")
     if not a.no_plots:

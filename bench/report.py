@@ -119,6 +119,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def targets_table(targets: list[dict[str, Any]], load: dict[str, Any]) -> str:
+    """Issue 11's table as markdown: figure, measured, target, verdict, and the load average
+    (1 min) before and after the scenario it came from: the noise this run saw."""
+    mark = {True: "met", False: "**missed**", None: "n/a"}
+    out = [
+        "| figure | measured | target | verdict | load before/after |",
+        "|---|---|---|---|---|",
+    ]
+    for t in targets:
+        ld = load.get(t["from"]) or load.get("abc" if t["from"] in "abc" else "") or {}
+        noise = f"{ld['before'][0]:.2f} / {ld['after'][0]:.2f}" if ld else ""
+        out.append(
+            f"| {t['figure']} | {t['measured']} | {t['target']} | {mark[t['met']]} | {noise} |"
+        )
+    return "\n".join(out)
+
+
 def write_json(doc: dict[str, Any], stamp: str | None = None) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")

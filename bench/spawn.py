@@ -27,6 +27,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import boto3
 
@@ -45,28 +46,24 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.spawn")
-    ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--leases", type=int, default=200)
-    ap.add_argument("--backend", choices=["moto", "dynalite"], default="moto")
-    ap.add_argument("--ddb-client", choices=["lean", "botocore"], default="lean")
-    ap.add_argument(
-        "--py-spy", metavar="OUT", help="sample the last daemon's CPU over the leases (raw stacks)"
-    )
-    ap.add_argument(
-        "--pyinstrument", metavar="OUT", help="run the daemons under pyinstrument (text report)"
-    )
-    a = ap.parse_args(argv)
+def measure(
+    backend_kind: str = "dynalite",
+    runs: int = 7,
+    leases: int = 200,
+    ddb_client: str = "lean",
+    py_spy: str | None = None,
+    pyinstrument: str | None = None,
+) -> dict[str, Any]:
+    """Spawn-to-first-answer over ``runs`` daemons, then CPU per new lease over ``leases``."""
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_REGION": "us-east-1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]),
-        "RASD_DDB_CLIENT": a.ddb_client,
+        "RASD_DDB_CLIENT": ddb_client,
     }
-    backend = start_backend(a.backend)
+    backend = start_backend(backend_kind)
     url = backend.endpoint
     tmp = Path(tempfile.mkdtemp(prefix="rasd-spawn-"))
     proc = None
@@ -83,19 +80,19 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.05)
         schema.create_table(ddb, "spawn")
         schema.put_pool(ddb, "spawn", "demo", "default", 7200)
-        n = a.runs + a.leases + 50
+        n = runs + leases + 50
         schema.add_resources(
             ddb, "spawn", "demo", "default", "us-east-1", [f"r{i:05d}" for i in range(n)]
         )
         firsts: list[float] = []
         first_cpu: list[float] = []  # the daemon's CPU seconds when it had answered
-        for run in range(a.runs):
+        for run in range(runs):
             sock = str(tmp / f"s{run}.sock")
             t0 = time.perf_counter()
             prof = (
-                [sys.executable, "-m", "pyinstrument", "-r", "text", "-o", a.pyinstrument,
+                [sys.executable, "-m", "pyinstrument", "-r", "text", "-o", pyinstrument,
                  "--show-all", "-m"]
-                if a.pyinstrument else [sys.executable, "-m"]
+                if pyinstrument else [sys.executable, "-m"]
             )  # fmt: skip
             proc = subprocess.Popen(
                 [*prof, "rasd", "serve", "--socket", sock, "--table", "spawn",
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.001)
             firsts.append(time.perf_counter() - t0)
             first_cpu.append(_cpu(proc.pid))
-            if run < a.runs - 1:
+            if run < runs - 1:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
         assert proc is not None
@@ -122,15 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(10):
             rasd_client.get_lease("demo", "default", f"w{i}", HOUR, socket_path=sock, timeout=10)
         spy = None
-        if a.py_spy:
+        if py_spy:
             spy = subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(proc.pid),
-                 "-o", a.py_spy, "-f", "raw", "-r", "500", "--nonblocking"],
+                 "-o", py_spy, "-f", "raw", "-r", "500", "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1.0)
+        load0 = os.getloadavg()
         c0, t0 = _cpu(proc.pid), time.perf_counter()
-        for i in range(a.leases):
+        for i in range(leases):
             lease = rasd_client.get_lease(
                 "demo", "default", f"n{i}", HOUR, socket_path=sock, timeout=10
             )
@@ -142,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             spy.wait(timeout=30)
         proc.send_signal(signal.SIGINT)  # pyinstrument writes its report on a clean exit
         proc.wait(timeout=30)
-        out = {
-            "ddb_client": a.ddb_client,
-            "backend": a.backend,
+        return {
+            "ddb_client": ddb_client,
+            "backend": backend_kind,
             "spawn_to_first_new_lease_s": {
                 "median": round(statistics.median(firsts), 3),
                 "min": round(min(firsts), 3),
@@ -155,17 +153,34 @@ def main(argv: list[str] | None = None) -> int:
                 "median": round(statistics.median(first_cpu), 3),
                 "runs": [round(c, 3) for c in first_cpu],
             },
-            "cpu_per_new_lease_ms": round(cpu / a.leases * 1e3, 3),
-            "wall_per_new_lease_ms": round(wall / a.leases * 1e3, 3),
-            "leases": a.leases,
+            "cpu_per_new_lease_ms": round(cpu / leases * 1e3, 3),
+            "wall_per_new_lease_ms": round(wall / leases * 1e3, 3),
+            "leases": leases,
+            "loadavg_before_leases": load0,
             "loadavg": os.getloadavg(),
         }
-        print(json.dumps(out, indent=1))
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
         backend.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.spawn")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--leases", type=int, default=200)
+    ap.add_argument("--backend", choices=["moto", "dynalite"], default="moto")
+    ap.add_argument("--ddb-client", choices=["lean", "botocore"], default="lean")
+    ap.add_argument(
+        "--py-spy", metavar="OUT", help="sample the last daemon's CPU over the leases (raw stacks)"
+    )
+    ap.add_argument(
+        "--pyinstrument", metavar="OUT", help="run the daemons under pyinstrument (text report)"
+    )
+    a = ap.parse_args(argv)
+    out = measure(a.backend, a.runs, a.leases, a.ddb_client, a.py_spy, a.pyinstrument)
+    print(json.dumps(out, indent=1))
     return 0
 
 
