@@ -239,7 +239,7 @@ class Signer:
             f"AWS4-HMAC-SHA256\n{amz_date}\n{self._scope}\n"
             f"{hashlib.sha256(canonical.encode()).hexdigest()}"
         )
-        sig = hmac.new(key, to_sign.encode(), "sha256").hexdigest()
+        sig = hmac.digest(key, to_sign.encode(), "sha256").hex()  # one-shot, in C
         return (
             f"AWS4-HMAC-SHA256 Credential={access_key}/{self._scope}, "
             f"SignedHeaders={signed}, Signature={sig}"
