@@ -118,9 +118,11 @@ def from_av(av: dict[str, Any]) -> Value:
 def item_from_av(raw: dict[str, dict[str, Any]]) -> dict[str, Value]:
     """A low-level DynamoDB item as a plain dict (S and N attributes only; others skipped)."""
     out: dict[str, Value] = {}
-    for k, av in raw.items():
-        if "S" in av or "N" in av:
-            out[k] = from_av(av)
+    for k, av in raw.items():  # from_av, inlined: this runs for every item read
+        if "S" in av:
+            out[k] = str(av["S"])
+        elif "N" in av:
+            out[k] = int(av["N"])
     return out
 
 

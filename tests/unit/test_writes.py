@@ -66,3 +66,18 @@ def test_booleans_are_refused_from_a_template_too() -> None:
     W.render(w)
     with pytest.raises(TypeError):
         W.render(W.Write(("a", "b"), (W.Cond("version", "=", True),), (("state", "x"),)))
+
+
+@settings(max_examples=300)
+@given(st.integers(-(10**16), 10**17))
+def test_fmt_time_equals_formatting_from_scratch(us: int) -> None:
+    assert L.fmt_time(us) == L.fmt_time_plain(us)
+    assert L.fmt_time(us + 1) == L.fmt_time_plain(us + 1)  # same second, from the cache
+
+
+@given(st.dictionaries(st.sampled_from(ATTRS), st.one_of(values, st.binary(max_size=3))))
+def test_item_from_av_keeps_strings_and_numbers_only(plain: dict[str, Any]) -> None:
+    raw = {k: ({"B": v} if isinstance(v, bytes) else W.to_av(v)) for k, v in plain.items()}
+    want = {k: v for k, v in plain.items() if not isinstance(v, bytes)}
+    assert W.item_from_av(raw) == want
+    assert W.item_from_av(raw) == {k: W.from_av(av) for k, av in raw.items() if "B" not in av}
