@@ -42,8 +42,13 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """The process's (user, system) CPU seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 def measure(
@@ -127,13 +132,14 @@ def measure(
             )  # fmt: skip
             time.sleep(1.0)
         load0 = os.getloadavg()
-        c0, t0 = _cpu(proc.pid), time.perf_counter()
+        (u0, s0), t0 = _cpu_split(proc.pid), time.perf_counter()
         for i in range(leases):
             lease = rasd_client.get_lease(
                 "demo", "default", f"n{i}", HOUR, socket_path=sock, timeout=10
             )
             assert lease.new
-        cpu = _cpu(proc.pid) - c0
+        u1, s1 = _cpu_split(proc.pid)
+        cpu = (u1 - u0) + (s1 - s0)
         wall = time.perf_counter() - t0
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -154,6 +160,10 @@ def measure(
                 "runs": [round(c, 3) for c in first_cpu],
             },
             "cpu_per_new_lease_ms": round(cpu / leases * 1e3, 3),
+            "user_sys_per_new_lease_ms": [
+                round((u1 - u0) / leases * 1e3, 3),
+                round((s1 - s0) / leases * 1e3, 3),
+            ],
             "wall_per_new_lease_ms": round(wall / leases * 1e3, 3),
             "leases": leases,
             "loadavg_before_leases": load0,

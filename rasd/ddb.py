@@ -1,4 +1,4 @@
-"""A lean DynamoDB client for the daemon's hot path: JSON over HTTP/1.1 (h11), SigV4 by hand.
+"""A lean DynamoDB client for the daemon's hot path: JSON over HTTP/1.1, SigV4 by hand.
 
 It has the interface of the aiobotocore client the Store used to call (``await
 client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_item``,
@@ -19,7 +19,8 @@ reply's x-amz-crc32 mismatch       ``ChecksumError``: may have applied
 
 What it does per call: one ``orjson.dumps`` of the parameters, one SHA-256 of the body and
 one of the canonical request, one HMAC with a signing key derived once per (secret, date,
-region), a header block from a template, one h11 round trip, one ``orjson.loads``. What it
+region), a header block from a template, one write, the response parsed by httptools (llhttp,
+in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.loads``. What it
 leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS; refreshable
 credentials are refreshed in a thread, never on the event loop) and exception classes. Not
 done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
@@ -27,7 +28,9 @@ binary (``B``/``BS``) attribute encoding, which the daemon does not use.
 
 Keep-alive connections are pooled up to ``max_connections``; a pooled connection the server
 has closed is dropped before anything is sent on it (then the request goes out on another);
-once a request was written, a lost connection is ambiguous (``ConnectionClosedError``).
+once a request was written, a lost connection or a malformed answer is ambiguous
+(``ConnectionClosedError``). Bytes that no outstanding request asked for (beyond an answer, or
+on an idle connection) spoil the connection: they are never read as a later request's answer.
 Importing this module does not import aiohttp, aiobotocore or botocore's session machinery.
 """
 
@@ -47,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 import orjson
 from botocore.exceptions import (
     ChecksumError,
@@ -67,6 +70,15 @@ IDLE_MAX = 50.0
 #: Refreshable credentials are looked at (cheaply) at most this often.
 CREDS_CHECK = 1.0
 _READ = 65536
+
+
+class _ReadTimeout(Exception):
+    """Set on a round trip's future when ``read_timeout`` passed without a whole answer."""
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(_ReadTimeout())
 
 
 class ConnectFailed(OSError):
@@ -227,7 +239,7 @@ class Signer:
             f"AWS4-HMAC-SHA256\n{amz_date}\n{self._scope}\n"
             f"{hashlib.sha256(canonical.encode()).hexdigest()}"
         )
-        sig = hmac.new(key, to_sign.encode(), "sha256").hexdigest()
+        sig = hmac.digest(key, to_sign.encode(), "sha256").hex()  # one-shot, in C
         return (
             f"AWS4-HMAC-SHA256 Credential={access_key}/{self._scope}, "
             f"SignedHeaders={signed}, Signature={sig}"
@@ -260,51 +272,117 @@ def user_agent() -> str:
 
 # ----------------------------------------------------------------------------------- HTTP
 class _Conn(asyncio.Protocol):
-    """One HTTP/1.1 connection (h11 state machine over an asyncio transport)."""
+    """One HTTP/1.1 connection: requests written as given, responses parsed by httptools
+    (llhttp, in C) as they arrive; the parser's callbacks complete the round trip's future,
+    so a response costs one wake-up of the awaiting task however many packets it came in.
+
+    At most one request is outstanding; anything the server sends while none is (or after
+    its response ended) makes the connection unusable, never the answer to a later request.
+    """
 
     def __init__(self) -> None:
-        self.h11 = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
-        self._waiter: asyncio.Future[None] | None = None
+        #: a request is outstanding (written, its response not yet complete)
+        self.busy = False
+        #: the last response allows the connection to be used again
+        self.keep_alive = False
+        self._parser: httptools.HttpResponseParser | None = None
+        self._fut: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._framed = False  # Content-Length or Transfer-Encoding seen
+        self._head_done = False
 
+    # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment] # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
-        try:
-            self.h11.receive_data(data)
-        except RuntimeError:  # data after the peer's close: nothing can use it
+        parser = self._parser
+        if parser is None or not self.busy:  # nothing asked: no answer can be trusted
             self.close()
-        self._wake()
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+            self.close()
 
     def eof_received(self) -> bool | None:
-        try:
-            self.h11.receive_data(b"")
-        except RuntimeError:
-            pass
-        self._wake()
+        if self.busy:
+            if self._head_done and not self._framed:  # a body that ends with the connection
+                self._complete(keep_alive=False)
+            else:
+                self._fail(ConnectionResetError("connection closed before the response ended"))
+        self.keep_alive = False
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self._wake()
+        if self.busy:
+            self._fail(exc or ConnectionResetError("connection lost before the response ended"))
 
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        if not self.busy:  # a message after the answer: the connection is spoilt
+            self.keep_alive = False
+            self.close()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.busy:
+            return
+        name = name.lower()
+        if name == b"content-length" or name == b"transfer-encoding":
+            self._framed = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.busy:
+            self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self._parser is not None
+        if not self.busy:
+            return
+        if self._parser.get_status_code() < 200:  # informational (100 Continue): skip it
+            self._headers = []
+            self._chunks = []
+            self._framed = self._head_done = False
+            return
+        self._complete(self._parser.should_keep_alive())
+
+    # round trip
+    def _complete(self, keep_alive: bool) -> None:
+        assert self._parser is not None
+        self.busy = False
+        self.keep_alive = keep_alive
+        fut = self._fut
+        if fut is not None and not fut.done():
+            chunks = self._chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            fut.set_result((self._parser.get_status_code(), self._headers, body))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.busy = False
+        self.keep_alive = False
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
 
     def usable(self) -> bool:
         """A pooled connection is reused only if nothing says the server closed it."""
         t = self.transport
         return (
             not self.lost
+            and self.keep_alive
+            and not self.busy
             and t is not None
             and not t.is_closing()
-            and self.h11.our_state is h11.IDLE
-            and self.h11.their_state is h11.IDLE
             and time.monotonic() - self.idle_since < IDLE_MAX
         )
 
@@ -313,48 +391,22 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
         self.lost = True
 
-    async def round_trip(
-        self, head: bytes, body: bytes
-    ) -> tuple[int, Sequence[tuple[bytes, bytes]], bytes]:
-        """Send one request (head and body already encoded) and read its response."""
+    def round_trip(
+        self, data: bytes
+    ) -> asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]:
+        """Send one request (already encoded) and return the future of its response:
+        (status, lower-cased headers, body). A lost connection or a malformed response sets
+        an OSError or ``httptools.HttpParserError`` on it."""
         assert self.transport is not None
-        conn = self.h11
-        # h11 is told the request's framing (for its state machine); the bytes sent are the
-        # head built by LeanDynamoDB.build, not h11's rendering of this stand-in
-        conn.send(
-            h11.Request(
-                method="POST",
-                target="/",
-                headers=[("Host", "x"), ("Content-Length", str(len(body)))],
-            )
-        )
-        conn.send(h11.Data(data=body))
-        conn.send(h11.EndOfMessage())
-        self.transport.write(head + body)
-        status: int = 0
-        headers: Sequence[tuple[bytes, bytes]] = ()
-        chunks: list[bytes] = []
-        loop = asyncio.get_running_loop()
-        while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                if self.lost:
-                    raise ConnectionResetError("connection lost before the response ended")
-                self._waiter = loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-                continue
-            if isinstance(ev, h11.Response):
-                status, headers = ev.status_code, ev.headers
-            elif isinstance(ev, h11.Data):
-                chunks.append(ev.data)
-            elif isinstance(ev, h11.EndOfMessage):
-                return status, headers, (chunks[0] if len(chunks) == 1 else b"".join(chunks))
-            elif isinstance(ev, h11.ConnectionClosed):
-                raise ConnectionResetError("connection closed before the response ended")
-            # InformationalResponse: ignore
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = []
+        self._chunks = []
+        self._framed = self._head_done = False
+        self.keep_alive = False
+        self.busy = True
+        fut = self._fut = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return fut
 
 
 class LeanDynamoDB:
@@ -463,16 +515,20 @@ class LeanDynamoDB:
         head, body = self.build(op, params)
         conn = await self._acquire()
         done = False
+        timer: asyncio.TimerHandle | None = None
         try:
             try:
-                async with asyncio.timeout(self._read_timeout):
-                    status, headers, data = await conn.round_trip(head, body)
-            except TimeoutError:
+                fut = conn.round_trip(head + body)
+                timer = asyncio.get_running_loop().call_later(self._read_timeout, _expire, fut)
+                status, headers, data = await fut
+            except _ReadTimeout:
                 raise ReadTimeoutError(endpoint_url=self.endpoint_url) from None
-            except (OSError, h11.ProtocolError) as exc:
+            except (OSError, httptools.HttpParserError) as exc:
                 raise ConnectionClosedError(endpoint_url=self.endpoint_url, error=exc) from exc
             done = True
         finally:
+            if timer is not None:
+                timer.cancel()
             self._release(conn, reuse=done)
         return self._parse(op, status, headers, data)
 
@@ -566,15 +622,7 @@ class LeanDynamoDB:
         return conn
 
     def _release(self, conn: _Conn, reuse: bool) -> None:
-        h = conn.h11
-        if (
-            reuse
-            and not self._closed
-            and h.our_state is h11.DONE
-            and h.their_state is h11.DONE
-            and not conn.lost
-        ):
-            h.start_next_cycle()
+        if reuse and not self._closed and conn.keep_alive and not conn.busy and not conn.lost:
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:

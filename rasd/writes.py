@@ -98,6 +98,8 @@ def apply(item: dict[str, Value] | None, w: Write) -> dict[str, Value] | None:
 
 # ------------------------------------------------------------------------------ DynamoDB
 def to_av(v: Value) -> dict[str, str]:
+    if type(v) is str:
+        return {"S": v}
     if isinstance(v, bool):  # bool is an int: never let one slip through as N
         raise TypeError("booleans are not stored")
     if isinstance(v, int):
@@ -116,9 +118,11 @@ def from_av(av: dict[str, Any]) -> Value:
 def item_from_av(raw: dict[str, dict[str, Any]]) -> dict[str, Value]:
     """A low-level DynamoDB item as a plain dict (S and N attributes only; others skipped)."""
     out: dict[str, Value] = {}
-    for k, av in raw.items():
-        if "S" in av or "N" in av:
-            out[k] = from_av(av)
+    for k, av in raw.items():  # from_av, inlined: this runs for every item read
+        if "S" in av:
+            out[k] = str(av["S"])
+        elif "N" in av:
+            out[k] = int(av["N"])
     return out
 
 
@@ -129,8 +133,60 @@ def key_av(key: ItemKey) -> dict[str, dict[str, str]]:
 _OPS_SQL = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
+#: Rendered expressions by the shape of a write (see :func:`render`); bounded.
+_Template = tuple[str, str | None, dict[str, str] | None, tuple[str, ...]]
+_TEMPLATES: dict[tuple[Any, ...], _Template] = {}
+_TEMPLATES_MAX = 256
+
+
 def render(w: Write) -> dict[str, Any]:
-    """UpdateItem keyword arguments (without ``TableName``) for ``w``."""
+    """UpdateItem keyword arguments (without ``TableName``) for ``w``.
+
+    The expressions and attribute names depend only on the write's shape (which attributes
+    each condition tests and how, which are set, removed and incremented), never on its
+    values; so they are made once per shape (:func:`render_plain`) and only the values are
+    filled in, in the order ``render_plain`` numbers them: the conditions' that compare, the
+    sets', then the increments' one. Equal to ``render_plain(w)`` (tests/unit/test_writes.py).
+    """
+    conds = w.conds
+    shape = (tuple([(c.attr, c.op) for c in conds]), tuple([a for a, _ in w.set]), w.remove, w.incr)
+    t = _TEMPLATES.get(shape)
+    if t is None:
+        plain = render_plain(w)
+        t = (
+            plain["UpdateExpression"],
+            plain.get("ConditionExpression"),
+            plain.get("ExpressionAttributeNames"),
+            tuple(plain.get("ExpressionAttributeValues", ())),
+        )
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[shape] = t
+    update, cond, names, slots = t
+    vals = [c.value for c in conds if c.op != "exists" and c.op != "not_exists"]
+    vals.extend([v for _, v in w.set])
+    if w.incr:
+        vals.append(1)
+    k0, k1 = w.key
+    kw: dict[str, Any] = {
+        "Key": {"client_id": {"S": k0}, "resource": {"S": k1}},
+        "UpdateExpression": update,
+    }
+    if cond is not None:
+        kw["ConditionExpression"] = cond
+    if names is not None:
+        kw["ExpressionAttributeNames"] = dict(names)
+    if slots:
+        kw["ExpressionAttributeValues"] = {
+            k: to_av(v)  # type: ignore[arg-type] # compared conditions carry values
+            for k, v in zip(slots, vals, strict=True)
+        }
+    return kw
+
+
+def render_plain(w: Write) -> dict[str, Any]:
+    """:func:`render` without its cache: the reference it is tested against (and how a
+    template is made)."""
     names: dict[str, str] = {}
     values: dict[str, dict[str, str]] = {}
 

@@ -376,6 +376,125 @@ async def test_cancelled_call_closes_its_connection() -> None:
         await c.close()
 
 
+def _chunked(body: bytes) -> bytes:
+    half = len(body) // 2
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0\r\n"
+        + f"x-amz-crc32: {zlib.crc32(body)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        + f"{half:x}\r\n".encode()
+        + body[:half]
+        + f"\r\n{len(body) - half:x}\r\n".encode()
+        + body[half:]
+        + b"\r\n0\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["byte_by_byte", "chunked", "continue_first"])
+async def test_responses_however_framed_or_split(how: str) -> None:
+    """A response in one-byte writes, in chunked encoding, or after a 100 Continue: the same
+    answer, and the connection is reused."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(r)
+            except asyncio.IncompleteReadError:
+                return
+            out = orjson.dumps({"Echo": orjson.loads(body)["TableName"]})
+            if how == "chunked":
+                w.write(_chunked(out))
+            elif how == "continue_first":
+                w.write(b"HTTP/1.1 100 Continue\r\n\r\n" + _response(out))
+            else:
+                for i, b in enumerate(_response(out)):
+                    w.write(bytes([b]))
+                    if i % 7 == 0:
+                        await w.drain()
+                        await asyncio.sleep(0)
+
+    async with _server(handler) as (url, accepted):
+        c = _lean(url)
+        for i in range(3):
+            resp = await c.get_item(TableName=f"t{i}")
+            assert resp["Echo"] == f"t{i}"
+            assert resp["ResponseMetadata"]["HTTPStatusCode"] == 200
+        await c.close()
+    assert len(accepted) == 1
+
+
+async def test_body_ending_with_the_connection_is_an_answer() -> None:
+    """No Content-Length, no chunks: the body ends when the server closes (HTTP/1.1 allows
+    it). The answer stands; the connection is not reused."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(r)
+        w.write(b'HTTP/1.1 200 OK\r\nContent-Type: x\r\n\r\n{"Echo": "eof"}')
+        await w.drain()
+
+    async with _server(handler) as (url, accepted):
+        c = _lean(url)
+        assert (await c.get_item(TableName="t"))["Echo"] == "eof"
+        assert c._open == 0 and not c._idle
+        await c.get_item(TableName="t")
+        await c.close()
+    assert len(accepted) == 2
+
+
+@pytest.mark.parametrize("junk", ["garbage", "cut_short"])
+async def test_malformed_or_cut_response_may_have_applied(junk: str) -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(r)
+        if junk == "garbage":
+            w.write(b"HTTP/1.1 2x0 OK?\r\n\x00\x01\r\n\r\n")
+        else:
+            w.write(_response(b'{"Echo": "long enough"}')[:-5])
+        await w.drain()
+        await asyncio.sleep(0.05)
+
+    async with _server(handler) as (url, _):
+        c = _lean(url)
+        with pytest.raises(ConnectionClosedError) as ei:
+            await c.update_item(TableName="t")
+        assert not _never_sent(ei.value)
+        assert c._open == 0 and not c._idle
+        await c.close()
+
+
+@pytest.mark.parametrize("when", ["after_the_answer", "while_idle"])
+async def test_bytes_nobody_asked_for_spoil_the_connection(when: str) -> None:
+    """Bytes beyond the answer (with it, or later while the connection is pooled) are never
+    taken as the answer to the next request: that request goes out on a new connection."""
+
+    served: list[int] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await _read_request(r)
+            except asyncio.IncompleteReadError:
+                return
+            first = not served
+            served.append(1)
+            stale = _response(b'{"Echo": "stale"}')
+            if not first:
+                w.write(_response(b'{"Echo": "fresh"}'))
+            elif when == "after_the_answer":
+                w.write(_response(b'{"Echo": "first"}') + stale)
+            else:
+                w.write(_response(b'{"Echo": "first"}'))
+                await w.drain()
+                await asyncio.sleep(0.02)
+                w.write(stale)
+
+    async with _server(handler) as (url, accepted):
+        c = _lean(url)
+        assert (await c.get_item(TableName="t"))["Echo"] == "first"
+        await asyncio.sleep(0.1)
+        assert (await c.get_item(TableName="t"))["Echo"] == "fresh"
+        await c.close()
+    assert len(accepted) == 2
+
+
 # ----------------------------------------------------------------------------- credentials
 def test_env_credentials_skip_botocore(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
