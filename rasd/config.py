@@ -62,7 +62,7 @@ class Config:
 
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most.
-    prefetch_min: int = 16
+    prefetch_min: int = 12
     prefetch_max: int = 64
     #: Items read per refill Query; the daemon samples its candidates from this page at random
     #: so daemons hold different items.

@@ -69,13 +69,13 @@ import structlog
 from .clock import Clock
 from .config import Config
 from .errors import RasdError
-from .lease import PARTITIONS, Pool, ResourceItem, partition_name
+from .lease import PARTITIONS, Pool, ResourceItem, partition_name, partition_of
 from .metrics import Counters
 from .store import Store
 
 log = structlog.get_logger("rasd.prefetch")
 
-REFILL_HORIZON = 2.0  # seconds of demand a buffer should hold
+REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
 DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull
 BURST_HALF_LIFE = 0.5  # seconds: a burst after a pause is seen within a few takes
 HOME_SHARE = 0.75  # share of lanes that start in the daemon's home sub-partition
@@ -178,8 +178,12 @@ class CandidateBuffer:
         self.lane_n = 0
         self.lane_after: StartKey | None = None
         self.lane_id = 0
+        self.lane_wrap = False  # the lane reached the end: it goes on from the head
+        #: sub-partitions where a claim lost lately (how many times): new lanes avoid them
+        self.contended: dict[int, int] = {}
         self._lanes = 0  # lane ids handed out
         self._busy: set[int] = set()  # lanes with a read in flight
+        self._lost_lanes: deque[int] = deque(maxlen=8)  # lanes ended by a lost claim
         #: resources this daemon took lately: never a candidate again (a new lane may cross
         #: an old one, two reads may return the same item)
         self._taken: deque[str] = deque(maxlen=TAKEN_MAX)
@@ -260,12 +264,15 @@ class CandidateBuffer:
 
     def lost(self, cand: Candidate) -> int:
         """A claim of ``cand`` lost the race: another daemon reads the same stretch of the
-        index. End the lane and drop its other candidates (they are that daemon's next
-        claims too). Returns how many were dropped."""
+        index. End the lane, drop its other candidates (they are that daemon's next claims
+        too) and note the sub-partition as contended. Returns how many were dropped."""
+        n = partition_of(cand.item.resource)
+        self.contended[n] = self.contended.get(n, 0) + 1
         if not cand.lane:
             return 0
         if cand.lane == self.lane_id:
-            self.lane_after = None
+            self._end_lane()
+        self._lost_lanes.append(cand.lane)  # a read of it still in flight keeps nothing
         before = len(self.q)
         self.q = deque(c for c in self.q if c.lane != cand.lane)
         return before - len(self.q)
@@ -322,19 +329,36 @@ class CandidateBuffer:
         sub-partition) after a random position, or from an end when the pool's two ends are
         not known yet. A read from an end keeps nothing in the background (a lane read
         follows), and ``END_KEEP`` items when a request waits (``urgent``)."""
-        if self.lane_after is not None and self.lane_id not in self._busy:
+        if (
+            self.lane_id
+            and self.lane_id not in self._busy
+            and (self.lane_after is not None or self.lane_wrap)
+        ):
             self._busy.add(self.lane_id)
             return Read(self.lane_n, self.lane_after, True, self.page(), self.lane_id)
         # no lane, or its read is still in flight (a sweep next to a refill): a new lane
-        n = self.home if self.rng.random() < HOME_SHARE else self.rng.randrange(PARTITIONS)
+        n = self.lane_partition()
         start = self.start_key(n)
         if start is None:
             keep = END_KEEP if urgent else 0
             return Read(n, None, self.end_direction(), self.cfg.prefetch_page, keep=keep)
         self._lanes += 1
         self.lane_n, self.lane_after, self.lane_id = n, start, self._lanes
+        self.lane_wrap = False
         self._busy.add(self.lane_id)
         return Read(n, start, True, self.page(), self.lane_id)
+
+    def lane_partition(self) -> int:
+        """Where a new lane starts: mostly the home sub-partition, else one at random; either
+        way one of those where claims lost least often."""
+        n = self.home if self.rng.random() < HOME_SHARE else self.rng.randrange(PARTITIONS)
+        if self.contended.get(n):
+            least = min(self.contended.get(i, 0) for i in range(PARTITIONS))
+            if self.contended[n] > least:
+                n = self.rng.choice(
+                    [i for i in range(PARTITIONS) if self.contended.get(i, 0) == least]
+                )
+        return n
 
     def probe(self, n: int) -> Read:
         """A read of sub-partition ``n`` that starts no lane (a sweep of the others, a
@@ -350,19 +374,27 @@ class CandidateBuffer:
         on past the page (or end it), learn where items are, keep candidates. Returns how
         many were kept."""
         self._busy.discard(read.lane)
-        if read.lane and read.lane == self.lane_id and self.lane_after is not None:
-            last = raw[-1] if raw else None
-            if (
-                last is None
-                or last.lease_available is None
-                or len(raw) < read.limit
-                or len(claimable) < len(raw)
-            ):
-                self.lane_after = None  # the end of the sub-partition, or its quarantined tail
+        if read.lane and read.lane == self.lane_id:
+            last = claimable[-1] if claimable else None
+            if last is None or last.lease_available is None:
+                self._end_lane()  # nothing claimable at all: another lane, elsewhere
+            elif len(raw) < read.limit or len(claimable) < len(raw):
+                # the end of the sub-partition, or its quarantined tail: on from the head,
+                # unless this read was from the head already
+                if read.after is None:
+                    self._end_lane()
+                else:
+                    self.lane_after, self.lane_wrap = None, True
             else:
                 self.lane_after = (last.lease_available, last.resource)
+                self.lane_wrap = False
         self.learn(read.n, claimable)
+        if read.lane and read.lane in self._lost_lanes:
+            return 0
         return self.add(claimable, now, read.lane, read.keep)
+
+    def _end_lane(self) -> None:
+        self.lane_id, self.lane_after, self.lane_wrap = 0, None, False
 
     def read_failed(self, read: Read) -> None:
         """``read`` raised: its lane may be read again."""
