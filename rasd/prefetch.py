@@ -23,15 +23,21 @@ daemon's candidates). The start position:
 * ``resource``: a random name drawn per character position from the names seen in the pool
   (``NameModel``), so the start falls anywhere in the range of names.
 
-A lane ends at the end of its sub-partition (a short page), at an item not claimable yet (the
-quarantined tail), or when a claim from it loses the race: the winner is reading the same
-stretch, so the daemon drops the lane's remaining candidates (``lost``) and starts a new lane
-at a new random position. Sub-partitions: each daemon has a *home* sub-partition from a hash of
-its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``), the others at
-random. Before anything is known of a pool, a read from an end (the first two go opposite
-ways, to learn the range of names) keeps only a few random items (``END_KEEP``): every cold
-daemon reads there. When a lane's random start finds nothing claimable, a sample of the head
-is read (the start may lie past the last item, or a backend may ignore the key).
+At the end of its sub-partition (a short page) or at an item not claimable yet (the
+quarantined tail) a lane wraps to the head; it ends when the head has nothing either, or when
+a claim from it loses the race: the winner is reading the same stretch, so the daemon drops
+the lane's other candidates (``lost``; a read of that lane still in flight keeps nothing),
+counts the sub-partition as contended and starts a new lane at a new random position, in one
+of the least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of
+its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read
+still in flight is never read twice (a sweep next to a refill starts another lane), and an
+item this daemon took lately is never a candidate again (``TAKEN_MAX``). Until both ends of
+the pool have been read (the first two reads from an end go opposite ways, so the NameModel
+spans the range of names; starting lanes from one end's names would crowd them into a part
+of it), reads are from an end and keep nothing in the background, ``END_KEEP`` random items
+when a request waits: every cold daemon reads there. When a lane's random start finds nothing
+claimable, a sample of the head is read (the start may lie past the last item, or a backend
+may ignore the key).
 
 Sizing: demand is the larger of two decaying counts of takes (half-lives ``BURST_HALF_LIFE``
 and ``DEMAND_HALF_LIFE``): a burst after a pause is seen within a few takes, a steady rate is
