@@ -90,6 +90,7 @@ NAMES_MAX = 64  # resource names remembered per pool (NameModel)
 MIN_PAGE = 8  # smallest page a refill reads
 END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
 TAKEN_MAX = 256  # resources taken lately, never kept as candidates again
+CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 
 #: (lease_available, resource): with the partition and client_id, an index position
 StartKey = tuple[str, str]
@@ -185,7 +186,8 @@ class CandidateBuffer:
         self.lane_after: StartKey | None = None
         self.lane_id = 0
         self.lane_wrap = False  # the lane reached the end: it goes on from the head
-        #: sub-partitions where a claim lost lately (how many times): new lanes avoid them
+        #: sub-partitions where claims lost lately (how many; halved past CONTENDED_MEMORY):
+        #: new lanes avoid them
         self.contended: dict[int, int] = {}
         self._lanes = 0  # lane ids handed out
         self._busy: set[int] = set()  # lanes with a read in flight
@@ -274,6 +276,8 @@ class CandidateBuffer:
         too) and note the sub-partition as contended. Returns how many were dropped."""
         n = partition_of(cand.item.resource)
         self.contended[n] = self.contended.get(n, 0) + 1
+        if sum(self.contended.values()) > CONTENDED_MEMORY:  # forget slowly: halve them all
+            self.contended = {i: c // 2 for i, c in self.contended.items() if c > 1}
         if not cand.lane:
             return 0
         if cand.lane == self.lane_id:

@@ -13,6 +13,7 @@ from rasd.config import Config
 from rasd.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
 from rasd.prefetch import (
     BURST_HALF_LIFE,
+    CONTENDED_MEMORY,
     DEMAND_HALF_LIFE,
     END_KEEP,
     MIN_PAGE,
@@ -532,6 +533,19 @@ def test_new_lanes_avoid_contended_sub_partitions() -> None:
     b.contended[4] = 3  # the home sub-partition lost most
     b.contended[7] = 0
     assert {b.lane_partition() for _ in range(50)} == {7}
+
+
+def test_contention_is_forgotten_slowly() -> None:
+    """Past CONTENDED_MEMORY lost claims the counts halve, so old contention fades."""
+    b = known(buf())
+    idx = sorted_index(200, part=partition_of("res-00001"))
+    c = Candidate(idx[0], 0.0, 0)
+    n = partition_of(c.item.resource)
+    for _ in range(CONTENDED_MEMORY):
+        b.lost(c)
+    assert b.contended == {n: CONTENDED_MEMORY}
+    b.lost(c)
+    assert b.contended == {n: (CONTENDED_MEMORY + 1) // 2}
 
 
 def test_an_item_taken_is_never_a_candidate_again() -> None:
