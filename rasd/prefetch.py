@@ -312,7 +312,7 @@ class CandidateBuffer:
         known there (a pool seeded in one batch has one time everywhere). None too until
         both ends of the pool have been read: the names seen at one end span only a part of
         the range, and every daemon would start its lanes in that part."""
-        if len(self._ends) < 2:
+        if not self.ends_known():
             return None
         seen = self.seen.get(n)
         if not seen:
@@ -324,6 +324,10 @@ class CandidateBuffer:
         if name is None:
             return None
         return self.rng.choice(seen), name
+
+    def ends_known(self) -> bool:
+        """Both ends of the pool have been read (lanes can start)."""
+        return len(self._ends) == 2
 
     def end_direction(self) -> bool:
         """The direction of a read from an end of the index (True: forward, from the head).
@@ -522,7 +526,7 @@ class Prefetcher:
         deadline = time.monotonic() + max(2.0, self.cfg.default_deadline)
         try:
             for _ in range(3):
-                await self._read(pool, buf, buf.plan(), deadline)
+                await self._read_plan(pool, buf, buf.plan(), deadline)
                 if not buf.needs_refill():
                     return
         except RasdError as exc:
@@ -533,7 +537,7 @@ class Prefetcher:
         """The buffer is empty: read the lane (or a new one), then the other sub-partitions
         at once."""
         first = buf.plan(urgent=True)
-        if await self._read(pool, buf, first, deadline):
+        if await self._read_plan(pool, buf, first, deadline):
             return
         others = [n for n in buf.partitions() if n != first.n]
         found = await asyncio.gather(
@@ -542,6 +546,19 @@ class Prefetcher:
         if not any(found):
             buf.mark_exhausted(self.clock.mono())
             self.counters.inc("prefetch.exhausted")
+
+    async def _read_plan(
+        self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float
+    ) -> bool:
+        """``read``; when it is the pool's first read from an end, the other end at the same
+        time (one round trip, not two, before lanes can start: start-up waits for it)."""
+        if read.after is None and not read.lane and not buf.ends_known():
+            other = buf.plan(urgent=bool(read.keep))
+            found = await asyncio.gather(
+                self._read(pool, buf, read, deadline), self._read(pool, buf, other, deadline)
+            )
+            return any(found)
+        return await self._read(pool, buf, read, deadline)
 
     async def _read(self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float) -> bool:
         """One read (and, when it finds nothing claimable after a random start or at the tail,

@@ -627,3 +627,50 @@ def test_daemons_on_a_same_time_pool_rarely_lose_claims() -> None:
     finally:
         CandidateBuffer.start_key = orig  # type: ignore[method-assign]
     assert crowded > 3 * max(spread) and crowded > 0.1
+
+
+async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
+    """Start-up waits for the warm refill: the two reads from the ends go out together (one
+    round trip), then the first lane read; nothing from the ends is kept in the background."""
+    import asyncio
+
+    from rasd.metrics import Counters
+    from rasd.prefetch import Prefetcher
+
+    idx = sorted_index(200)
+    calls: list[tuple[int, bool, bool]] = []  # (in flight when sent, forward, after given)
+    inflight = 0
+
+    class Store:
+        async def query_available(
+            self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+        ) -> list[ResourceItem]:
+            nonlocal inflight
+            calls.append((inflight, forward, after is not None))
+            inflight += 1
+            await asyncio.sleep(0)
+            inflight -= 1
+            if after is None:
+                return (idx if forward else idx[::-1])[:limit]
+            names = [it.resource for it in idx]
+            return idx[bisect.bisect_right(names, after[2]) :][:limit]  # type: ignore[index]
+
+    class Clock:
+        def mono(self) -> float:
+            return 0.0
+
+        def now_us(self) -> int:
+            return 10**9
+
+    cfg = Config(prefetch_min=8).validate()
+    p = Prefetcher(cfg, Store(), Clock(), Counters(), random.Random(1), seed=0)  # type: ignore[arg-type]
+    pool = type("P", (), {"client_id": "c", "pool_id": "p"})()
+    await p.warm([pool], timeout=5.0)  # type: ignore[list-item]
+    assert [(f, a) for _, f, a in calls[:2]] in (
+        [(True, False), (False, False)],
+        [(False, False), (True, False)],
+    )
+    assert calls[1][0] == 1  # the second end read went out while the first was in flight
+    assert calls[2][2]  # then a lane, after a random position
+    buf = p.buffer(pool)  # type: ignore[arg-type]
+    assert len(buf) >= 8 and all(c.lane for c in buf.q)
