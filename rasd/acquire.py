@@ -351,6 +351,7 @@ class Acquirer:
                 return lease
             if isinstance(step, D.NextCandidate):
                 self.counters.inc("prefetch.conflicts")
+                self.prefetch.lost(pool, cand)
                 expect_ver = step.expect_ver
                 continue
             if isinstance(step, D.GiveBack):

@@ -61,11 +61,12 @@ class Config:
     pending_hold: float = 2.0
 
     # --- prefetch ------------------------------------------------------------------------
-    #: Candidates kept per (client, pool): at least / at most.
-    prefetch_min: int = 4
+    #: Candidates kept per (client, pool): at least / at most. The floor is what a burst of new
+    #: keys after a pause starts from (its demand is seen within a few takes).
+    prefetch_min: int = 12
     prefetch_max: int = 64
-    #: Items read per refill Query; the daemon samples its candidates from this page at random
-    #: so daemons hold different items.
+    #: Most items read per refill Query. A lane's refill reads the room left in the buffer
+    #: (at least 8); a read from an end of the index (learning a pool) reads a whole page.
     prefetch_page: int = 64
     #: Candidates older than this are dropped: someone else has likely taken them.
     candidate_max_age: float = 10.0

@@ -6,7 +6,12 @@ moto's threaded server does not serialise conditional writes: two UpdateItems on
 both evaluate their condition before either writes, and both "succeed". Real DynamoDB never
 does that, and rasd's correctness rests on it. ``start()`` therefore wraps the DynamoDB
 backend's write operations in one lock, so each conditional write is atomic, as in DynamoDB.
-Reads stay concurrent.
+
+Query and Scan take the lock too: moto's Query picks the index's items (those with every key
+attribute) and then sorts them by those attributes, without a lock; a claim that removes
+``lease_available`` in between (an item leaving the sparse ``available_resources`` index)
+made the sort raise ``KeyError: 'lease_available'``, answered as a 500. In DynamoDB a Query
+sees each item either in the index or not. GetItem stays concurrent.
 """
 
 from __future__ import annotations
@@ -19,16 +24,19 @@ from typing import Any
 _LOCK = threading.RLock()
 _PATCHED = False
 WRITE_OPS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
+#: reads that walk many items and must not see one half-written (see above)
+READ_OPS = ("query", "scan")
 
 
 def make_writes_atomic() -> None:
-    """Serialise moto's DynamoDB writes in this process (idempotent)."""
+    """Serialise moto's DynamoDB writes, and the Queries and Scans that walk an index, in
+    this process (idempotent)."""
     global _PATCHED
     if _PATCHED:
         return
     from moto.dynamodb.models import DynamoDBBackend
 
-    for name in WRITE_OPS:
+    for name in WRITE_OPS + READ_OPS:
         original = getattr(DynamoDBBackend, name)
 
         @functools.wraps(original)

@@ -4,36 +4,49 @@ Theory of operation
 -------------------
 ``CandidateBuffer`` (pure, time passed in) holds free items read from the
 ``available_resources`` index. A new lease takes the first fresh candidate and makes the single
-conditional claim; losing the race just means taking the next one.
+conditional claim; losing the race just means taking the next one. Prefetch only chooses
+candidates: the claim's condition decides.
 
-Spreading daemons over different items (see the dalloc seed). A pool seeded in one batch has
-the same ``lease_available`` on every item, so a start *time* cannot spread readers: the index
-orders such items by the base table's keys. Every read therefore starts after a random
-position of the index, an ``ExclusiveStartKey`` (partition, lease_available, client_id,
-resource) that need not exist:
+Lanes: spreading daemons over different items (the dalloc seed: spread claims evenly). A pool
+seeded in one batch has the same ``lease_available`` on every item, so a start *time* cannot
+spread readers: the index orders such items by the base table's keys. A daemon therefore reads
+a *lane*: it starts after a random position of the index, an ``ExclusiveStartKey``
+(partition, lease_available, client_id, resource) that need not exist, and every later refill
+continues forward after the last item it read, keeping every claimable item of the page in
+index order. Each daemon thus consumes its own stretch of the index, and another daemon's
+candidates overlap it only where two lanes run into each other, instead of at every refill
+(when every refill started at a fresh random point, each start could land among another
+daemon's candidates). The start position:
 
-* ``lease_available``: one of the values seen claimable in that sub-partition before (a
-  reservoir, so dense times are picked as often as they occur), or the head when none is known;
+* ``lease_available``: one of the values seen claimable in that sub-partition (a reservoir, so
+  dense times are picked as often as they occur), or in the pool when none is known there;
 * ``resource``: a random name drawn per character position from the names seen in the pool
-  (``NameModel``), so the start falls anywhere in the range of names, not only between names
-  already read;
-* the direction is random, and the page is a random sample of what is read.
+  (``NameModel``), so the start falls anywhere in the range of names.
 
-Sub-partitions: each daemon has a *home* sub-partition from a hash of its host identity
-(hostname, pid) and reads it first most of the time (``HOME_SHARE``), the others in random
-order; daemons of one host and of different hosts thus mostly read different sub-partitions.
-When the read after a random start finds nothing claimable, the head is read (the fallback:
-the start may lie past the last item, or a backend may ignore the key).
+At the end of its sub-partition (a short page) or at an item not claimable yet (the
+quarantined tail) a lane wraps to the head; it ends when the head has nothing either, or when
+a claim from it loses the race: the winner is reading the same stretch, so the daemon drops
+the lane's other candidates (``lost``; a read of that lane still in flight keeps nothing),
+counts the sub-partition as contended and starts a new lane at a new random position, in one
+of the least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of
+its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read
+still in flight is never read twice (a sweep next to a refill starts another lane), and an
+item this daemon took lately is never a candidate again (``TAKEN_MAX``). Until both ends of
+the pool have been read (the first two reads from an end go opposite ways, so the NameModel
+spans the range of names; starting lanes from one end's names would crowd them into a part
+of it), reads are from an end and keep nothing in the background, ``END_KEEP`` random items
+when a request waits: every cold daemon reads there. When a lane's random start finds nothing
+claimable, a sample of the head is read (the start may lie past the last item, or a backend
+may ignore the key).
 
-Sizing: the buffer tracks demand as an EWMA of takes per second and keeps about
-``REFILL_HORIZON`` seconds of it plus twice the time a refill read takes (an EWMA too), clamped
-to ``prefetch_min..prefetch_max``; a refill starts in
-the background, after the claim it follows has been sent, when the buffer falls below half of
-that. A background page after a random start is twice the room left (at least ``MIN_PAGE``,
-at most ``prefetch_page``): a slow daemon reads small pages. A read from an end, where all
-daemons that know nothing yet start, is a whole ``prefetch_page`` sampled at random.
-Candidates older than ``candidate_max_age`` are dropped: by then another daemon has likely
-taken them.
+Sizing: demand is the larger of two decaying counts of takes (half-lives ``BURST_HALF_LIFE``
+and ``DEMAND_HALF_LIFE``): a burst after a pause is seen within a few takes, a steady rate is
+not forgotten in a short lull. The target is ``REFILL_HORIZON`` seconds of demand plus twice
+the time a refill read takes (an EWMA), clamped to ``prefetch_min..prefetch_max``; the floor
+is what a burst after a pause starts from. A refill starts in the background, after the claim
+it follows has been sent, when the buffer falls below half of the target (the low watermark),
+and reads the room left (at least ``MIN_PAGE``, at most ``prefetch_page``). Candidates older
+than ``candidate_max_age`` are dropped: by then another daemon has likely taken them.
 
 Only items claimable now are kept: an early free (release, give-back, dedupe) sets
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
@@ -62,19 +75,22 @@ import structlog
 from .clock import Clock
 from .config import Config
 from .errors import RasdError
-from .lease import PARTITIONS, Pool, ResourceItem, partition_name
+from .lease import PARTITIONS, Pool, ResourceItem, partition_name, partition_of
 from .metrics import Counters
 from .store import Store
 
 log = structlog.get_logger("rasd.prefetch")
 
-REFILL_HORIZON = 2.0  # seconds of demand a buffer should hold
-DEMAND_HALF_LIFE = 3.0  # seconds: react within a few seconds to a burst of new keys
-HOME_SHARE = 0.75  # share of refills that read the daemon's home sub-partition first
+REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
+DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull
+BURST_HALF_LIFE = 0.5  # seconds: a burst after a pause is seen within a few takes
+HOME_SHARE = 0.75  # share of lanes that start in the daemon's home sub-partition
 SEEN_MAX = 32  # lease_available values remembered per sub-partition
 NAMES_MAX = 64  # resource names remembered per pool (NameModel)
 MIN_PAGE = 8  # smallest page a refill reads
-HEAD_SHARE = 0.1  # share of reads that start at an end of the index anyway
+END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
+TAKEN_MAX = 256  # resources taken lately, never kept as candidates again
+CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 
 #: (lease_available, resource): with the partition and client_id, an index position
 StartKey = tuple[str, str]
@@ -128,6 +144,21 @@ class NameModel:
 class Candidate:
     item: ResourceItem
     fetched: float  # monotonic seconds
+    lane: int = 0  # the lane it was read from (0: a sampled read, no lane)
+
+
+@dataclass(slots=True, frozen=True)
+class Read:
+    """One Query of sub-partition ``n``: ``after`` a position, or from an end (None)."""
+
+    n: int
+    after: StartKey | None
+    forward: bool
+    limit: int
+    #: the lane this read continues or starts (keeps the page in order); 0: keep a sample
+    lane: int = 0
+    #: the most a sampled read keeps (None: up to the target)
+    keep: int | None = None
 
 
 class CandidateBuffer:
@@ -139,8 +170,10 @@ class CandidateBuffer:
         self.home = seed % PARTITIONS
         self.q: deque[Candidate] = deque()
         self.exhausted_until = 0.0
-        self.rate = 0.0  # EWMA of takes per second
-        self._last_take = 0.0
+        self.rate = 0.0  # takes per second: max(fast, slow)
+        self.fast = 0.0  # decaying count of takes, BURST_HALF_LIFE
+        self.slow = 0.0  # decaying count of takes, DEMAND_HALF_LIFE
+        self._last_take: float | None = None
         #: EWMA of how long a refill read took (seconds): the buffer must outlast it
         self.refill_s = 0.0
         #: per sub-partition: lease_available values seen claimable (a reservoir)
@@ -148,16 +181,38 @@ class CandidateBuffer:
         self._seen_n: dict[int, int] = {}
         self.names = NameModel()
         self._ends: set[bool] = set()  # directions of reads from an end so far
+        #: the current lane: its sub-partition, the position after which it continues, its id
+        self.lane_n = 0
+        self.lane_after: StartKey | None = None
+        self.lane_id = 0
+        self.lane_wrap = False  # the lane reached the end: it goes on from the head
+        #: sub-partitions where claims lost lately (how many; halved past CONTENDED_MEMORY):
+        #: new lanes avoid them
+        self.contended: dict[int, int] = {}
+        self._lanes = 0  # lane ids handed out
+        self._busy: set[int] = set()  # lanes with a read in flight
+        self._lost_lanes: deque[int] = deque(maxlen=8)  # lanes ended by a lost claim
+        #: resources this daemon took lately: never a candidate again (a new lane may cross
+        #: an old one, two reads may return the same item)
+        self._taken: deque[str] = deque(maxlen=TAKEN_MAX)
+        self._taken_set: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.q)
 
     # -- demand --------------------------------------------------------------------------
     def _note_take(self, now: float) -> None:
-        dt = max(now - self._last_take, 1e-3) if self._last_take else DEMAND_HALF_LIFE
+        """Two decaying counts of takes, scaled to takes per second (each take adds
+        ln 2 / half-life): a kernel estimate of the rate that is exact for a steady stream
+        and needs no gap to divide by."""
+        if self._last_take is not None:
+            dt = max(0.0, now - self._last_take)
+            self.fast *= 2.0 ** (-dt / BURST_HALF_LIFE)
+            self.slow *= 2.0 ** (-dt / DEMAND_HALF_LIFE)
         self._last_take = now
-        alpha = 1.0 - math.exp(-dt * math.log(2) / DEMAND_HALF_LIFE)
-        self.rate += alpha * (1.0 / dt - self.rate)
+        self.fast += math.log(2) / BURST_HALF_LIFE
+        self.slow += math.log(2) / DEMAND_HALF_LIFE
+        self.rate = max(self.fast, self.slow)
 
     def target(self) -> int:
         """REFILL_HORIZON seconds of demand, plus twice what a refill takes (a slow or loaded
@@ -170,12 +225,13 @@ class CandidateBuffer:
         self.refill_s += 0.25 * (seconds - self.refill_s)
 
     def needs_refill(self) -> bool:
+        """Below the low watermark, half the target: the refill lands before the rest is used."""
         return len(self.q) < max(1, self.target() // 2)
 
     def page(self) -> int:
-        """How many items a refill reads: twice the room left, within MIN_PAGE..prefetch_page."""
+        """How many items a lane read asks for: the room left, within MIN_PAGE..prefetch_page."""
         room = max(1, self.target() - len(self.q))
-        return max(min(MIN_PAGE, self.cfg.prefetch_page), min(self.cfg.prefetch_page, 2 * room))
+        return max(min(MIN_PAGE, self.cfg.prefetch_page), min(self.cfg.prefetch_page, room))
 
     # -- candidates ----------------------------------------------------------------------
     def take(self, now: float) -> Candidate | None:
@@ -184,19 +240,52 @@ class CandidateBuffer:
         while self.q:
             c = self.q.popleft()
             if now - c.fetched <= self.cfg.candidate_max_age:
+                self._remember_taken(c.item.resource)
                 return c
         return None
 
-    def add(self, items: list[ResourceItem], now: float) -> int:
-        """Keep a random sample of ``items`` (up to the target); returns how many were kept."""
-        held = {c.item.resource for c in self.q}
+    def _remember_taken(self, resource: str) -> None:
+        if len(self._taken) == self._taken.maxlen:
+            self._taken_set.discard(self._taken[0])
+        self._taken.append(resource)
+        self._taken_set.add(resource)
+
+    def add(
+        self, items: list[ResourceItem], now: float, lane: int = 0, keep: int | None = None
+    ) -> int:
+        """Keep candidates from a page of claimable ``items``: all of a lane's page, in index
+        order (up to prefetch_max); of any other read a random sample up to the target (and
+        up to ``keep`` if given). Returns how many were kept."""
+        held = {c.item.resource for c in self.q} | self._taken_set
         fresh = [it for it in items if it.resource not in held]
-        room = max(0, self.target() - len(self.q))
-        if len(fresh) > room:
-            fresh = self.rng.sample(fresh, room)
+        if lane:
+            fresh = fresh[: max(0, self.cfg.prefetch_max - len(self.q))]
+        else:
+            room = max(0, self.target() - len(self.q))
+            if keep is not None:
+                room = min(room, keep)
+            if len(fresh) > room:
+                fresh = self.rng.sample(fresh, room)
         for it in fresh:
-            self.q.append(Candidate(it, now))
+            self.q.append(Candidate(it, now, lane))
         return len(fresh)
+
+    def lost(self, cand: Candidate) -> int:
+        """A claim of ``cand`` lost the race: another daemon reads the same stretch of the
+        index. End the lane, drop its other candidates (they are that daemon's next claims
+        too) and note the sub-partition as contended. Returns how many were dropped."""
+        n = partition_of(cand.item.resource)
+        self.contended[n] = self.contended.get(n, 0) + 1
+        if sum(self.contended.values()) > CONTENDED_MEMORY:  # forget slowly: halve them all
+            self.contended = {i: c // 2 for i, c in self.contended.items() if c > 1}
+        if not cand.lane:
+            return 0
+        if cand.lane == self.lane_id:
+            self._end_lane()
+        self._lost_lanes.append(cand.lane)  # a read of it still in flight keeps nothing
+        before = len(self.q)
+        self.q = deque(c for c in self.q if c.lane != cand.lane)
+        return before - len(self.q)
 
     def learn(self, n: int, items: list[ResourceItem]) -> None:
         """Remember where claimable items of sub-partition ``n`` are (``items``: claimable)."""
@@ -218,14 +307,27 @@ class CandidateBuffer:
             del self.seen[n]
 
     def start_key(self, n: int) -> StartKey | None:
-        """A random position to read sub-partition ``n`` after (None: from an end)."""
-        seen = self.seen.get(n)
-        if not seen or self.rng.random() < HEAD_SHARE:
+        """A random position to read sub-partition ``n`` after (None: nothing known yet).
+        The time is one seen in ``n``, or in another sub-partition of the pool when none is
+        known there (a pool seeded in one batch has one time everywhere). None too until
+        both ends of the pool have been read: the names seen at one end span only a part of
+        the range, and every daemon would start its lanes in that part."""
+        if not self.ends_known():
             return None
+        seen = self.seen.get(n)
+        if not seen:
+            pools = [s for s in self.seen.values() if s]
+            if not pools:
+                return None
+            seen = self.rng.choice(pools)
         name = self.names.draw(self.rng)
         if name is None:
             return None
         return self.rng.choice(seen), name
+
+    def ends_known(self) -> bool:
+        """Both ends of the pool have been read (lanes can start)."""
+        return len(self._ends) == 2
 
     def end_direction(self) -> bool:
         """The direction of a read from an end of the index (True: forward, from the head).
@@ -234,6 +336,83 @@ class CandidateBuffer:
         forward = self.rng.choice(left) if left else self.rng.random() < 0.5
         self._ends.add(forward)
         return forward
+
+    # -- what to read ----------------------------------------------------------------------
+    def plan(self, urgent: bool = False) -> Read:
+        """The next refill read: the current lane, or a new one (mostly in the home
+        sub-partition) after a random position, or from an end when the pool's two ends are
+        not known yet. A read from an end keeps nothing in the background (a lane read
+        follows), and ``END_KEEP`` items when a request waits (``urgent``)."""
+        if (
+            self.lane_id
+            and self.lane_id not in self._busy
+            and (self.lane_after is not None or self.lane_wrap)
+        ):
+            self._busy.add(self.lane_id)
+            return Read(self.lane_n, self.lane_after, True, self.page(), self.lane_id)
+        # no lane, or its read is still in flight (a sweep next to a refill): a new lane
+        n = self.lane_partition()
+        start = self.start_key(n)
+        if start is None:
+            keep = END_KEEP if urgent else 0
+            return Read(n, None, self.end_direction(), self.cfg.prefetch_page, keep=keep)
+        self._lanes += 1
+        self.lane_n, self.lane_after, self.lane_id = n, start, self._lanes
+        self.lane_wrap = False
+        self._busy.add(self.lane_id)
+        return Read(n, start, True, self.page(), self.lane_id)
+
+    def lane_partition(self) -> int:
+        """Where a new lane starts: mostly the home sub-partition, else one at random; either
+        way one of those where claims lost least often."""
+        n = self.home if self.rng.random() < HOME_SHARE else self.rng.randrange(PARTITIONS)
+        if self.contended.get(n):
+            least = min(self.contended.get(i, 0) for i in range(PARTITIONS))
+            if self.contended[n] > least:
+                n = self.rng.choice(
+                    [i for i in range(PARTITIONS) if self.contended.get(i, 0) == least]
+                )
+        return n
+
+    def probe(self, n: int) -> Read:
+        """A read of sub-partition ``n`` that starts no lane (a sweep of the others, a
+        fallback to the head): a whole page from a random position or an end, sampled."""
+        start = self.start_key(n)
+        forward = self.rng.random() < 0.5 if start is not None else self.end_direction()
+        return Read(n, start, forward, self.cfg.prefetch_page)
+
+    def read_done(
+        self, read: Read, raw: list[ResourceItem], claimable: list[ResourceItem], now: float
+    ) -> int:
+        """Take in what ``read`` returned (``claimable``: those claimable now): move the lane
+        on past the page (or end it), learn where items are, keep candidates. Returns how
+        many were kept."""
+        self._busy.discard(read.lane)
+        if read.lane and read.lane == self.lane_id:
+            last = claimable[-1] if claimable else None
+            if last is None or last.lease_available is None:
+                self._end_lane()  # nothing claimable at all: another lane, elsewhere
+            elif len(raw) < read.limit or len(claimable) < len(raw):
+                # the end of the sub-partition, or its quarantined tail: on from the head,
+                # unless this read was from the head already
+                if read.after is None:
+                    self._end_lane()
+                else:
+                    self.lane_after, self.lane_wrap = None, True
+            else:
+                self.lane_after = (last.lease_available, last.resource)
+                self.lane_wrap = False
+        self.learn(read.n, claimable)
+        if read.lane and read.lane in self._lost_lanes:
+            return 0
+        return self.add(claimable, now, read.lane, read.keep)
+
+    def _end_lane(self) -> None:
+        self.lane_id, self.lane_after, self.lane_wrap = 0, None, False
+
+    def read_failed(self, read: Read) -> None:
+        """``read`` raised: its lane may be read again."""
+        self._busy.discard(read.lane)
 
     # -- exhaustion ----------------------------------------------------------------------
     def exhausted(self, now: float) -> bool:
@@ -307,6 +486,14 @@ class Prefetcher:
         await self._sweep(pool, buf, deadline)
         return buf.take(self.clock.mono())
 
+    def lost(self, pool: Pool, cand: Candidate) -> None:
+        """The claim of ``cand`` lost the race: leave its lane (see CandidateBuffer.lost)."""
+        buf = self.buffers.get((pool.client_id, pool.pool_id))
+        if buf is not None:
+            dropped = buf.lost(cand)
+            if dropped:
+                self.counters.inc("prefetch.dropped_contended", dropped)
+
     async def idle(self, timeout: float = 5.0) -> None:
         """Wait for background refills in flight (tests; shutdown)."""
         pending = [t for t in self._refills.values() if not t.done()]
@@ -334,56 +521,82 @@ class Prefetcher:
             self._refills[k] = asyncio.get_running_loop().create_task(self._refill(pool, buf))
 
     async def _refill(self, pool: Pool, buf: CandidateBuffer) -> None:
+        """Up to three reads (a lane that ends, a first read from an end) until the buffer is
+        above its low watermark."""
         deadline = time.monotonic() + max(2.0, self.cfg.default_deadline)
         try:
-            for n in buf.partitions()[:3]:
-                if await self._read(pool, buf, n, deadline, buf.page()) and not buf.needs_refill():
+            for _ in range(3):
+                await self._read_plan(pool, buf, buf.plan(), deadline)
+                if not buf.needs_refill():
                     return
         except RasdError as exc:
             self.counters.inc("prefetch.refill_errors")
             log.warning("prefetch_refill_failed", pool=pool.pool_id, error=str(exc))
 
     async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> None:
-        """The buffer is empty: read one random sub-partition, then all the others at once."""
-        order = buf.partitions()
-        page = self.cfg.prefetch_page
-        if await self._read(pool, buf, order[0], deadline, page):
+        """The buffer is empty: read the lane (or a new one), then the other sub-partitions
+        at once."""
+        first = buf.plan(urgent=True)
+        if await self._read_plan(pool, buf, first, deadline):
             return
-        found = await asyncio.gather(*(self._read(pool, buf, n, deadline, page) for n in order[1:]))
+        others = [n for n in buf.partitions() if n != first.n]
+        found = await asyncio.gather(
+            *(self._read(pool, buf, buf.probe(n), deadline) for n in others)
+        )
         if not any(found):
             buf.mark_exhausted(self.clock.mono())
             self.counters.inc("prefetch.exhausted")
 
-    async def _read(
-        self, pool: Pool, buf: CandidateBuffer, n: int, deadline: float, limit: int
+    async def _read_plan(
+        self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float
     ) -> bool:
-        self.counters.inc("prefetch.reads")
-        part = partition_name(pool.client_id, pool.pool_id, self.cfg.region, n)
-        start = buf.start_key(n)
-        forward = self.rng.random() < 0.5 if start is not None else buf.end_direction()
-        t0 = time.monotonic()
-        if start is None:
-            # From an end of the index, where every daemon with nothing learnt yet reads: a
-            # whole page, of which add() keeps a random sample, so two such daemons rarely
-            # keep the same items.
-            limit = self.cfg.prefetch_page
-            items = await self.store.query_available(part, limit, forward, deadline)
-        else:
-            self.counters.inc("prefetch.reads_random_start")
-            lease_available, resource = start
-            items = await self.store.query_available(
-                part, limit, forward, deadline, after=(lease_available, pool.client_id, resource)
+        """``read``; when it is the pool's first read from an end, the other end at the same
+        time (one round trip, not two, before lanes can start: start-up waits for it)."""
+        if read.after is None and not read.lane and not buf.ends_known():
+            other = buf.plan(urgent=bool(read.keep))
+            found = await asyncio.gather(
+                self._read(pool, buf, read, deadline), self._read(pool, buf, other, deadline)
             )
+            return any(found)
+        return await self._read(pool, buf, read, deadline)
+
+    async def _read(self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float) -> bool:
+        """One read (and, when it finds nothing claimable after a random start or at the tail,
+        a sample of the head). True if it found claimable items."""
+        self.counters.inc("prefetch.reads")
+        part = partition_name(pool.client_id, pool.pool_id, self.cfg.region, read.n)
+        t0 = time.monotonic()
+        try:
+            if read.after is None:
+                items = await self.store.query_available(part, read.limit, read.forward, deadline)
+            else:
+                self.counters.inc(
+                    "prefetch.reads_lane" if read.lane else "prefetch.reads_random_start"
+                )
+                lease_available, resource = read.after
+                items = await self.store.query_available(
+                    part,
+                    read.limit,
+                    read.forward,
+                    deadline,
+                    after=(lease_available, pool.client_id, resource),
+                )
+        except BaseException:
+            buf.read_failed(read)
+            raise
         buf.note_refill(time.monotonic() - t0)
+        self.counters.inc("prefetch.items_read", len(items))
         now_us = self.clock.now_us()
-        items = [it for it in items if it.claimable(now_us)]
-        if not items and (start is not None or not forward):
-            # Nothing claimable past the random start, or only quarantined items at the tail
-            # (early frees are claimable from a future ``lease_available``): read the head.
+        ok = [it for it in items if it.claimable(now_us)]
+        buf.read_done(read, items, ok, self.clock.mono())
+        if not ok and (read.after is not None or not read.forward):
+            # Nothing claimable past the start, or only quarantined items at the tail (early
+            # frees are claimable from a future ``lease_available``): a sample of the head.
             self.counters.inc("prefetch.reads_head_fallback")
-            items = await self.store.query_available(part, limit, True, deadline)
+            head = Read(read.n, None, True, self.cfg.prefetch_page, keep=END_KEEP)
+            items = await self.store.query_available(part, head.limit, True, deadline)
+            self.counters.inc("prefetch.items_read", len(items))
             now_us = self.clock.now_us()
-            items = [it for it in items if it.claimable(now_us)]
-        buf.learn(n, items)
-        buf.add(items, self.clock.mono())
-        return bool(items)
+            ok = [it for it in items if it.claimable(now_us)]
+            buf.read_done(head, items, ok, self.clock.mono())
+        return bool(ok)

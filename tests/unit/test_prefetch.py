@@ -10,15 +10,21 @@ from dataclasses import replace
 import pytest
 
 from rasd.config import Config
-from rasd.lease import PARTITIONS, ResourceItem, fmt_time
+from rasd.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
 from rasd.prefetch import (
+    BURST_HALF_LIFE,
+    CONTENDED_MEMORY,
     DEMAND_HALF_LIFE,
+    END_KEEP,
     MIN_PAGE,
     NAMES_MAX,
     REFILL_HORIZON,
     SEEN_MAX,
+    TAKEN_MAX,
+    Candidate,
     CandidateBuffer,
     NameModel,
+    Read,
     host_seed,
 )
 
@@ -90,43 +96,60 @@ def test_exhaustion_memo() -> None:
     assert not b.exhausted(11.1)
 
 
-# ------------------------------------------------------------------- demand (EWMA of takes/s)
-def test_first_take_counts_as_one_take_per_half_life() -> None:
-    """With no previous take the gap is taken as one half-life: alpha is exactly 1/2."""
+# ----------------------------------------------- demand (two decaying counts of takes, per s)
+def test_first_take_counts_one_take_in_each_count() -> None:
     b = buf()
     b.take(100.0)
-    assert b.rate == pytest.approx(0.5 * (1.0 / DEMAND_HALF_LIFE))
+    assert b.fast == pytest.approx(math.log(2) / BURST_HALF_LIFE)
+    assert b.slow == pytest.approx(math.log(2) / DEMAND_HALF_LIFE)
+    assert b.rate == max(b.fast, b.slow)
 
 
-def test_ewma_step_uses_the_gap_since_the_previous_take() -> None:
+def test_counts_decay_by_their_half_lives_between_takes() -> None:
     b = buf()
     b.take(100.0)
-    before = b.rate
-    b.take(101.0)  # dt = 1 s: alpha = 1 - 2 ** (-1 / half-life), target rate 1/s
-    alpha = 1.0 - 2.0 ** (-1.0 / DEMAND_HALF_LIFE)
-    assert b.rate == pytest.approx(before + alpha * (1.0 - before))
+    fast, slow = b.fast, b.slow
+    b.take(101.0)  # one second later: each count halves once per half-life, plus one take
+    assert b.fast == pytest.approx(fast * 2 ** (-1 / BURST_HALF_LIFE) + fast)
+    assert b.slow == pytest.approx(slow * 2 ** (-1 / DEMAND_HALF_LIFE) + slow)
 
 
 def test_steady_demand_converges_to_its_rate() -> None:
+    """10 takes a second: both counts settle near 10/s (just after a take, a little above)."""
     b = buf(prefetch_min=1, prefetch_max=1000)
     now = 0.0
     for _ in range(600):  # 10 takes per second for 60 s
         now += 0.1
         b.take(now)
-    assert b.rate == pytest.approx(10.0, rel=1e-3)
-    assert b.target() == math.ceil(10.0 * REFILL_HORIZON)
+    assert 10.0 <= b.slow <= b.fast <= 11.0
+    assert b.target() == math.ceil(b.rate * REFILL_HORIZON)
+
+
+def test_a_burst_after_a_pause_is_seen_within_a_few_takes() -> None:
+    """Eight takes in 0.4 s after a 10 s pause: the demand (and the target) follow at once;
+    the slow count alone (the old 3 s EWMA) would still say about 2 a second."""
+    b = buf(prefetch_min=4, prefetch_max=64)
+    b.take(0.0)
+    now = 10.0
+    for _ in range(8):
+        now += 0.05
+        b.take(now)
+    assert b.slow < 3.0
+    assert b.rate > 8.0
+    assert b.target() >= math.ceil(8.0 * REFILL_HORIZON) > 4
 
 
 def test_demand_falls_after_a_quiet_spell() -> None:
-    """The next take after a long pause pulls the rate down to about one per pause."""
-    b = buf()
+    """The next take after a long pause leaves about one take per burst half-life."""
+    b = buf(prefetch_min=4)
     now = 0.0
     for _ in range(100):
         now += 0.01
         b.take(now)
     assert b.rate > 10
     b.take(now + 60.0)
-    assert b.rate < 0.1
+    assert b.rate == pytest.approx(math.log(2) / BURST_HALF_LIFE, rel=1e-3)
+    assert b.target() == 4
 
 
 def test_takes_at_the_same_instant_are_bounded() -> None:
@@ -134,7 +157,7 @@ def test_takes_at_the_same_instant_are_bounded() -> None:
     b = buf(prefetch_max=100_000)
     b.take(5.0)
     b.take(5.0)
-    assert 0 < b.rate <= 1000.0
+    assert b.rate == pytest.approx(2 * math.log(2) / BURST_HALF_LIFE)
 
 
 # -------------------------------------------------------------------------------- sizing
@@ -142,8 +165,8 @@ def test_target_is_clamped_to_min_and_max() -> None:
     b = buf(prefetch_min=4, prefetch_max=16)
     b.rate = 0.0
     assert b.target() == 4
-    b.rate = 5.0  # 10 candidates for REFILL_HORIZON = 2 s
-    assert b.target() == 10
+    b.rate = 10.0
+    assert b.target() == math.ceil(10.0 * REFILL_HORIZON)
     b.rate = 1000.0
     assert b.target() == 16
 
@@ -290,14 +313,20 @@ def same_time_items(n: int, t: int = 7, part: int = 0) -> list[ResourceItem]:
     ]
 
 
+def both_ends_read(b: CandidateBuffer) -> CandidateBuffer:
+    b.end_direction()
+    b.end_direction()
+    return b
+
+
 def test_start_keys_spread_when_all_times_are_equal() -> None:
     """The start key's resource varies even when every lease_available is the same, and
     stays shaped like the names seen (so it falls inside their range)."""
-    b = buf()
+    b = both_ends_read(buf())
     b.learn(0, same_time_items(64))
     keys = [b.start_key(0) for _ in range(200)]
     got = [k for k in keys if k is not None]
-    assert len(got) > 150  # HEAD_SHARE of reads start at an end
+    assert len(got) == 200
     assert {t for t, _ in got} == {fmt_time(7)}
     names = [r for _, r in got]
     assert len(set(names)) > 40  # of the 70 names res-00000..res-00069
@@ -358,48 +387,290 @@ def test_page_follows_the_room_left() -> None:
     assert b.page() == MIN_PAGE
 
 
-def simulate(daemons: int, items_n: int, seed: int) -> float:
-    """Daemons reading one sub-partition of same-time items through start keys (a sorted
-    index, ExclusiveStartKey placed by bisection): the share of held candidates that another
-    daemon holds too."""
-    index = same_time_items(items_n)
-    names = [it.resource for it in index]
-    bufs = [
-        CandidateBuffer(Config(prefetch_min=4).validate(), random.Random(seed + d), seed=d)
-        for d in range(daemons)
-    ]
-    for b in bufs:
-        b.learn(0, index[:32] + index[-32:])  # a cold start read the head and the tail
-        b.q.clear()
-    for b in bufs:
-        start = b.start_key(0)
-        page = b.page()
-        if start is None:
-            got = index[:page]
-        else:
-            i = bisect.bisect_right(names, start[1])
-            got = index[i : i + page] or index[:page]
-        b.add(got, 0.0)
-    held = [c.item.resource for b in bufs for c in b.q]
-    return 1 - len(set(held)) / len(held)
-
-
-def test_daemons_on_a_same_time_pool_hold_different_items() -> None:
-    """20 daemons, 200 same-time items: few candidates are held twice (reading the head,
-    as before, they would all hold the same 64)."""
-    shared = [simulate(20, 200, s) for s in range(5)]
-    assert sorted(shared)[2] < 0.35
-
-
 def test_target_covers_the_time_a_refill_takes() -> None:
     """A slow DynamoDB (or a loaded host) makes the buffer deeper, within prefetch_max."""
     b = buf(prefetch_min=4, prefetch_max=64)
-    b.rate = 4.0
-    assert b.target() == 8  # REFILL_HORIZON = 2 s
+    b.rate = 8.0
+    assert b.target() == math.ceil(8.0 * REFILL_HORIZON)
     for _ in range(40):
         b.note_refill(1.0)
     assert b.refill_s == pytest.approx(1.0, rel=1e-3)
-    assert b.target() == 16  # 4/s x (2 s + 2 x 1 s)
+    assert b.target() == math.ceil(8.0 * (REFILL_HORIZON + 2 * 1.0))  # + twice the refill
     for _ in range(40):
         b.note_refill(100.0)
     assert b.target() == 64
+
+
+# ---------------------------------------------------------------------------------- lanes
+def sorted_index(n: int, part: int = 0) -> list[ResourceItem]:
+    return same_time_items(n, part=part)
+
+
+def serve(index: list[ResourceItem], read: Read) -> list[ResourceItem]:
+    """What a Query of a same-time sub-partition returns: from an end, or after a position
+    that need not name an item (placed where it would sort, as DynamoDB does)."""
+    names = [it.resource for it in index]
+    if read.after is None:
+        page = index if read.forward else index[::-1]
+    elif read.forward:
+        page = index[bisect.bisect_right(names, read.after[1]) :]
+    else:
+        page = index[: bisect.bisect_left(names, read.after[1])][::-1]
+    return page[: read.limit]
+
+
+def known(b: CandidateBuffer, n: int = 0) -> CandidateBuffer:
+    """A buffer that has read both ends of sub-partition ``n`` (res-00000 .. res-00199)."""
+    both_ends_read(b)
+    idx = sorted_index(200, part=n)
+    b.learn(n, idx[:8] + idx[-8:])
+    return b
+
+
+def test_before_both_ends_are_known_reads_are_from_an_end() -> None:
+    """A cold pool: the first two reads go to opposite ends; in the background they keep
+    nothing (every cold daemon reads there), for a waiting request END_KEEP items."""
+    b = buf()
+    first, second = b.plan(), b.plan(urgent=True)
+    assert first.after is None and second.after is None and first.lane == second.lane == 0
+    assert {first.forward, second.forward} == {True, False}
+    assert first.keep == 0 and second.keep == END_KEEP
+    idx = sorted_index(64)
+    assert b.read_done(first, idx, idx, 0.0) == 0
+    assert b.read_done(second, idx[::-1], idx[::-1], 0.0) == END_KEEP
+    lane = b.plan()
+    assert lane.lane and lane.after is not None and lane.forward
+
+
+def test_a_lane_continues_after_the_last_item_it_read() -> None:
+    b = known(buf(prefetch_min=8, prefetch_max=64))
+    idx = sorted_index(200)
+    r1 = b.plan()
+    p1 = serve(idx, r1)
+    assert len(p1) == r1.limit and b.read_done(r1, p1, p1, 0.0) == len(p1)
+    assert [c.item.resource for c in b.q] == [it.resource for it in p1]  # in index order
+    for _ in range(6):
+        b.take(1.0)
+    r2 = b.plan()
+    assert r2.lane == r1.lane and r2.after == (p1[-1].lease_available, p1[-1].resource)
+    p2 = serve(idx, r2)
+    b.read_done(r2, p2, p2, 1.0)
+    held = [c.item.resource for c in b.q]
+    assert held == sorted(held) and len(set(held)) == len(held)  # contiguous, no repeats
+
+
+def test_a_lane_wraps_to_the_head_at_the_end_and_ends_if_the_head_is_short() -> None:
+    b = known(buf(prefetch_min=8))
+    idx = sorted_index(20)
+    r1 = b.plan()
+    r1 = Read(r1.n, (idx[-3].lease_available or "", idx[-3].resource), True, 8, r1.lane)
+    b.lane_after = r1.after
+    tail = serve(idx, r1)
+    assert len(tail) == 2
+    b.read_done(r1, tail, tail, 0.0)
+    r2 = b.plan()
+    assert r2.lane == r1.lane and r2.after is None and r2.forward  # on from the head
+    b.read_done(r2, idx[:5], idx[:5], 0.0)  # a short page from the head: the lane ends
+    r3 = b.plan()
+    assert r3.lane != r1.lane
+
+
+def test_a_quarantined_tail_ends_the_page_like_the_end_of_the_index() -> None:
+    """An item not claimable yet (an early free's future lease_available) sorts after the
+    claimable ones: past it there is nothing to claim, so the lane goes on from the head."""
+    for claimable_all in (True, False):
+        b = known(buf(prefetch_min=8))
+        idx = sorted_index(200)
+        r = b.plan()
+        r = Read(r.n, (fmt_time(7), "res-00050"), True, 8, r.lane)
+        b.lane_after = r.after
+        page = serve(idx, r)
+        assert len(page) == 8
+        b.read_done(r, page, page if claimable_all else page[:-1], 0.0)
+        nxt = b.plan()
+        assert nxt.lane == r.lane
+        if claimable_all:
+            assert nxt.after == (fmt_time(7), page[-1].resource)
+        else:
+            assert nxt.after is None and nxt.forward
+
+
+def test_a_lost_claim_ends_the_lane_and_drops_its_candidates() -> None:
+    """The winner reads the same stretch: the loser leaves it (the lane's other candidates
+    are dropped, a read of it still in flight keeps nothing) and notes the sub-partition."""
+    b = known(buf(prefetch_min=8))
+    idx = sorted_index(200)
+    r1 = b.plan()
+    b.read_done(r1, serve(idx, r1), serve(idx, r1), 0.0)
+    b.q.append(Candidate(replace(idx[150], resource="zz-other"), 0.0, 0))
+    inflight = b.plan()  # the next page of that lane, not back yet
+    assert inflight.lane == r1.lane
+    c = b.take(1.0)
+    assert c is not None and c.lane == r1.lane
+    dropped = b.lost(c)
+    assert dropped == r1.limit - 1
+    assert [x.item.resource for x in b.q] == ["zz-other"]  # another read's candidate stays
+    assert b.contended == {partition_of(c.item.resource): 1}
+    late = serve(idx, inflight)
+    assert b.read_done(inflight, late, late, 1.0) == 0
+    assert b.plan().lane not in (0, r1.lane)
+
+
+def test_a_second_read_while_the_lanes_read_is_in_flight_starts_another_lane() -> None:
+    """A sweep next to a refill must not read the same page twice."""
+    b = known(buf())
+    first = b.plan()
+    second = b.plan()
+    assert first.lane and second.lane and first.lane != second.lane
+    b.read_failed(second)
+    assert b.plan().lane == second.lane  # a failed read frees the lane for the next one
+
+
+def test_new_lanes_avoid_contended_sub_partitions() -> None:
+    b = CandidateBuffer(Config().validate(), random.Random(3), seed=4)
+    for n in range(PARTITIONS):
+        b.contended[n] = 1
+    b.contended[4] = 3  # the home sub-partition lost most
+    b.contended[7] = 0
+    assert {b.lane_partition() for _ in range(50)} == {7}
+
+
+def test_contention_is_forgotten_slowly() -> None:
+    """Past CONTENDED_MEMORY lost claims the counts halve, so old contention fades."""
+    b = known(buf())
+    idx = sorted_index(200, part=partition_of("res-00001"))
+    c = Candidate(idx[0], 0.0, 0)
+    n = partition_of(c.item.resource)
+    for _ in range(CONTENDED_MEMORY):
+        b.lost(c)
+    assert b.contended == {n: CONTENDED_MEMORY}
+    b.lost(c)
+    assert b.contended == {n: (CONTENDED_MEMORY + 1) // 2}
+
+
+def test_an_item_taken_is_never_a_candidate_again() -> None:
+    """Two lanes of one daemon may cross, two reads may return the same item: once taken
+    (and claimed, or lost), an item is not handed out again (bounded memory)."""
+    b = buf(prefetch_min=8)
+    b.add(items(3), 0.0)
+    c = b.take(0.0)
+    assert c is not None
+    assert b.add(items(3), 0.0, lane=0) == 0  # r1, r2 held, r0 taken
+    for i in range(TAKEN_MAX + 10):
+        b._remember_taken(f"t{i}")
+    assert len(b._taken_set) == TAKEN_MAX and "t0" not in b._taken_set
+
+
+def simulate(daemons: int, per_partition: int, claims_each: int, seed: int) -> float:
+    """Daemons on one same-time pool, each claiming in turn from its buffer and refilling it
+    as rasd does (reads answered at once from a sorted index; a claim removes the item from
+    the index): lost claims per claim made."""
+    names = [f"res-{i:05d}" for i in range(per_partition * PARTITIONS)]
+    free: dict[int, list[ResourceItem]] = {n: [] for n in range(PARTITIONS)}
+    for name in names:
+        n = partition_of(name)
+        free[n].append(
+            ResourceItem("c", name, "p", "r", f"c.p.r.{n}", 0, lease_available=fmt_time(7))
+        )
+    rng = random.Random(seed)
+    cfg = Config().validate()
+    bufs = [
+        CandidateBuffer(cfg, random.Random(seed * 100 + d), seed=rng.getrandbits(32))
+        for d in range(daemons)
+    ]
+
+    def fill(b: CandidateBuffer, urgent: bool) -> None:
+        for _ in range(3):
+            read = b.plan(urgent)
+            page = serve(free[read.n], read)
+            b.read_done(read, page, page, now)
+            if not b.needs_refill():
+                return
+
+    now, claims, lost = 0.0, 0, 0
+    for b in bufs:
+        fill(b, False)  # warm at start-up
+    for _ in range(claims_each):
+        order = list(range(daemons))
+        rng.shuffle(order)
+        for d in order:
+            b = bufs[d]
+            now += 0.001
+            while True:
+                c = b.take(now)
+                if c is None:
+                    fill(b, True)
+                    continue
+                part = free[partition_of(c.item.resource)]
+                if c.item in part:
+                    part.remove(c.item)
+                    claims += 1
+                    break
+                lost += 1
+                b.lost(c)
+            if b.needs_refill():
+                fill(b, False)
+    return lost / claims
+
+
+def test_daemons_on_a_same_time_pool_rarely_lose_claims() -> None:
+    """20 daemons, 2,000 same-time items, 30 claims each (scenario f's shape): lanes keep
+    lost claims rare. The control, every lane starting at the head of the home sub-partition
+    (what reading the head, or any start key every daemon shares, amounts to), loses often:
+    the simulation can tell the two apart."""
+    spread = [simulate(20, 200, 30, s) for s in range(3)]
+    assert max(spread) < 0.05
+    orig = CandidateBuffer.start_key
+    try:
+        CandidateBuffer.start_key = lambda self, n: (fmt_time(7), "res-")  # type: ignore[method-assign]
+        crowded = simulate(20, 200, 30, 0)
+    finally:
+        CandidateBuffer.start_key = orig  # type: ignore[method-assign]
+    assert crowded > 3 * max(spread) and crowded > 0.1
+
+
+async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
+    """Start-up waits for the warm refill: the two reads from the ends go out together (one
+    round trip), then the first lane read; nothing from the ends is kept in the background."""
+    import asyncio
+
+    from rasd.metrics import Counters
+    from rasd.prefetch import Prefetcher
+
+    idx = sorted_index(200)
+    calls: list[tuple[int, bool, bool]] = []  # (in flight when sent, forward, after given)
+    inflight = 0
+
+    class Store:
+        async def query_available(
+            self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+        ) -> list[ResourceItem]:
+            nonlocal inflight
+            calls.append((inflight, forward, after is not None))
+            inflight += 1
+            await asyncio.sleep(0)
+            inflight -= 1
+            if after is None:
+                return (idx if forward else idx[::-1])[:limit]
+            names = [it.resource for it in idx]
+            return idx[bisect.bisect_right(names, after[2]) :][:limit]  # type: ignore[index]
+
+    class Clock:
+        def mono(self) -> float:
+            return 0.0
+
+        def now_us(self) -> int:
+            return 10**9
+
+    cfg = Config(prefetch_min=8).validate()
+    p = Prefetcher(cfg, Store(), Clock(), Counters(), random.Random(1), seed=0)  # type: ignore[arg-type]
+    pool = type("P", (), {"client_id": "c", "pool_id": "p"})()
+    await p.warm([pool], timeout=5.0)  # type: ignore[list-item]
+    assert [(f, a) for _, f, a in calls[:2]] in (
+        [(True, False), (False, False)],
+        [(False, False), (True, False)],
+    )
+    assert calls[1][0] == 1  # the second end read went out while the first was in flight
+    assert calls[2][2]  # then a lane, after a random position
+    buf = p.buffer(pool)  # type: ignore[arg-type]
+    assert len(buf) >= 8 and all(c.lane for c in buf.q)
