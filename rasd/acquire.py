@@ -36,7 +36,7 @@ from typing import Any
 import structlog
 
 from . import decide as D
-from .cache import CacheKey, LeaseCache
+from .cache import HEAD, ID_PACK, META, CacheKey, LeaseCache, lease_of
 from .clock import Clock
 from .config import Config
 from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
@@ -88,6 +88,7 @@ WAIT_FIRST = 0.005  # polling a pending mapping: 5 ms, doubling, up to WAIT_MAX
 WAIT_MAX = 0.1
 #: seconds between two reads of the wall clock on the hit path (Acquirer.wall_us)
 WALL_RESYNC = 0.25
+META_UNPACK = META.unpack_from
 
 
 class Acquirer:
@@ -107,7 +108,11 @@ class Acquirer:
         self.counters = counters or store.counters
         self.rng = rng or random.Random()
         self.cache = LeaseCache(
-            self.clock, cfg.cache_max_leases, int(cfg.skew_margin * US), cfg.confirm_interval
+            self.clock,
+            cfg.cache_max_leases,
+            int(cfg.skew_margin * US),
+            cfg.confirm_interval,
+            cfg.region,
         )
         self.prefetch = Prefetcher(cfg, store, self.clock, self.counters, self.rng)
         self.pools: dict[tuple[str, str], Pool] = {}
@@ -183,16 +188,57 @@ class Acquirer:
         e = self.cache.entry(client_id, pool_id, key, now)
         if e is None:
             return None
-        lease = e[0]
-        # Anything to do in the background? (the same tests as _maybe_refresh, inlined so
-        # that a plain hit allocates nothing)
-        if now - e[1] > self.cache.half_s or (
-            requested_us > lease.expires_us and lease.region == self.region
-        ):
+        lease = lease_of(client_id, pool_id, key, e)
+        _, confirmed, extend_from_us, _ = META_UNPACK(e)
+        if now - confirmed > self.cache.half_s or requested_us > extend_from_us:
             k = (client_id, pool_id, key)
             if k not in self._refreshing:
                 self._maybe_refresh(k, lease, requested_us, now_us)
         return lease
+
+    def hit_answer(
+        self,
+        client_id: str,
+        pool_id: str,
+        key: str,
+        requested_us: int,
+        now: float,
+        req_id: int,
+    ) -> bytes | None:
+        """The server's fast path: the whole answer frame of a cache hit for request
+        ``req_id`` (0 <= req_id < 2**64), or None when this is not a plain hit (no pool, a
+        lease end the pool refuses, no valid entry). Decides nothing :meth:`try_hit` would
+        decide otherwise: on None the server takes the full path, which names any error.
+        Allocates only the answer; the Lease is rebuilt only when the hit needs background
+        work (past S/2, or an extension), by the same tests as :meth:`try_hit`."""
+        pool = self.pools.get((client_id, pool_id))
+        if pool is None:
+            return None
+        if 0 <= now - self._wall_synced < WALL_RESYNC:
+            now_us = int(now * US) + self._wall_offset_us
+        else:
+            now_us = self.wall_us(now)
+        if not 0 < requested_us - now_us <= pool.max_lease_us:
+            return None
+        pools = self.cache.entries.get(client_id)
+        if pools is None:
+            return None
+        d = pools.get(pool_id)
+        if d is None:
+            return None
+        e = d.get(key)
+        if e is None:
+            return None
+        until, confirmed, extend_from_us, end = META_UNPACK(e)
+        if now >= until:
+            self.cache.expired(d, key)
+            return None
+        if now - confirmed > self.cache.half_s or requested_us > extend_from_us:
+            k = (client_id, pool_id, key)
+            if k not in self._refreshing:
+                lease = lease_of(client_id, pool_id, key, e)
+                self._maybe_refresh(k, lease, requested_us, now_us)
+        return e[HEAD:end] + ID_PACK(req_id)
 
     async def get_lease(
         self, client_id: str, pool_id: str, key: str, requested_us: int, deadline: float

@@ -14,8 +14,19 @@ unclaimable for a quarantine longer than S plus the clock skew. ``stale(k, now)`
 server to re-confirm a hit in the background once half of S has passed, so busy keys never
 drop out of the cache.
 
-Layout (compact: about a third of the bytes of a TLRU cache per lease): per client and pool a
-plain dict ``key -> (lease, confirmed, valid_until)``, the key string being the lease's own.
+Layout (compact: one ``bytes`` object per lease, no per-lease Python objects besides it and
+the key). Per client and pool a plain dict ``key -> entry``, where an entry is::
+
+    META: until (f64, mono s), confirmed (f64, mono s), extend_from_us (i64), head_end (u16)
+    head: the whole answer frame of a cache hit (length prefix, msgpack map) except the last
+          8 bytes: the value of its ``id``, which comes last, as a msgpack uint64 (0xcf + 8)
+    tail: msgpack of (acquired_us, token)
+
+so a hit answers with ``entry[META.size:head_end] + id`` (:func:`answer`): nothing packed per
+request. ``extend_from_us`` is the lease's end for a lease of this cache's region (a request
+asking for more may need an extension) and INT64_MAX for another region's (never extended
+here). The ``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
+
 Validity is checked on read, against the monotonic time the caller passes in (confirmation
 ages must not jump with the wall clock); an entry past it is dropped when read. The size bound
 is kept cheaply: a ``put`` that finds ``maxsize`` entries first drops every expired entry and,
@@ -26,36 +37,128 @@ injected clock or the caller, so tests advance a FakeClock instead of sleeping.
 
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
+import struct
+
+import msgpack
+
+from rasd_client.wire import HEADER_SIZE, VERSION
 
 from .clock import Clock
-from .lease import US, Lease
+from .lease import MAX_KEY_LEN, US, Lease
+from .protocol import MAX_ID_LEN
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)
-#: lease, confirmed (mono s), valid until (mono s)
-Entry = tuple[Lease, float, float]
+#: see the module docstring
+Entry = bytes
 _Pool = dict[str, Entry]
-_canon = sys.intern
+
+META = struct.Struct("<ddqH")
+HEAD = META.size  # where the answer's head starts in an entry
+NEVER = 2**63 - 1  # extend_from_us of a lease this daemon never extends
+#: packs the id's value in an answer (the 8 bytes after the head's 0xcf)
+ID_PACK = struct.Struct(">Q").pack
+ID_MAX = 2**64 - 1
+_LEN = struct.Struct(">I")
+
+
+def _head(lease: Lease) -> bytes:
+    """The answer frame of a hit on ``lease`` without the id's 8 value bytes."""
+    body: bytes = msgpack.packb(
+        {
+            "v": VERSION,
+            "ok": True,
+            "resource": lease.resource,
+            "lease_expires_us": lease.expires_us,
+            "version": lease.version,
+            "new": False,
+            "region": lease.region,
+            "id": 0,  # packed as one byte (0x00): replaced by 0xcf and 8 bytes per answer
+        },
+        use_bin_type=True,
+    )
+    return _LEN.pack(len(body) + 8) + body[:-1] + b"\xcf"
+
+
+def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
+    head = _head(lease)
+    ext = lease.expires_us if lease.region == region else NEVER
+    tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
+    return META.pack(until, confirmed, ext, HEAD + len(head)) + head + tail
+
+
+def answer(e: Entry, end: int, req_id: int) -> bytes:
+    """The hit's answer frame for request ``req_id`` (0 <= req_id <= ID_MAX)."""
+    return e[HEAD:end] + ID_PACK(req_id)
+
+
+def lease_of(client_id: str, pool_id: str, key: str, e: Entry) -> Lease:
+    """The Lease an entry was made from."""
+    end = META.unpack_from(e)[3]
+    ans = msgpack.unpackb(e[HEAD + HEADER_SIZE : end] + bytes(8))
+    acquired_us, token = msgpack.unpackb(e[end:])
+    return Lease(
+        client_id,
+        pool_id,
+        key,
+        ans["resource"],
+        ans["region"],
+        ans["lease_expires_us"],
+        ans["version"],
+        acquired_us,
+        token,
+    )
+
+
+def _servable_names(lease: Lease) -> bool:
+    """Names a request may carry (protocol.parse): the cache holds nothing else, so a request
+    whose names find an entry passed that validation (the server's fast path relies on it)."""
+    return (
+        0 < len(lease.client_id) <= MAX_ID_LEN
+        and 0 < len(lease.pool_id) <= MAX_ID_LEN
+        and 0 < len(lease.key) <= MAX_KEY_LEN
+    )
+
+
+def until_of(e: Entry) -> float:
+    until: float = META.unpack_from(e)[0]
+    return until
 
 
 class LeaseCache:
-    __slots__ = ("_n", "_pools", "clock", "confirm_s", "half_s", "maxsize", "skew_margin_us")
+    __slots__ = (
+        "_n",
+        "clock",
+        "confirm_s",
+        "entries",
+        "half_s",
+        "maxsize",
+        "region",
+        "skew_margin_us",
+    )
 
-    def __init__(self, clock: Clock, maxsize: int, skew_margin_us: int, confirm_s: float) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        maxsize: int,
+        skew_margin_us: int,
+        confirm_s: float,
+        region: str = "",
+    ) -> None:
         self.clock = clock
         self.maxsize = maxsize
         self.skew_margin_us = skew_margin_us
         self.confirm_s = confirm_s
         self.half_s = confirm_s / 2
-        #: client_id -> pool_id -> key -> entry
-        self._pools: dict[str, dict[str, _Pool]] = {}
+        #: leases of this region may be extended by this daemon (``extend_from_us``)
+        self.region = region
+        #: client_id -> pool_id -> key -> entry (the server's hot path reads it directly)
+        self.entries: dict[str, dict[str, _Pool]] = {}
         self._n = 0  # entries held, expired ones included until they are dropped
 
     # ------------------------------------------------------------------------- hot path
     def entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
-        """The entry valid at monotonic time ``now``, or None. No allocation on a hit."""
-        pools = self._pools.get(client_id)
+        """The entry valid at monotonic time ``now``, or None."""
+        pools = self.entries.get(client_id)
         if pools is None:
             return None
         d = pools.get(pool_id)
@@ -64,54 +167,48 @@ class LeaseCache:
         e = d.get(key)
         if e is None:
             return None
-        if now < e[2]:
+        if now < META.unpack_from(e)[0]:
             return e
         del d[key]
         self._n -= 1
         return None
 
+    def expired(self, d: _Pool, key: str) -> None:
+        """Drop an entry the hot path found past its validity."""
+        if d.pop(key, None) is not None:
+            self._n -= 1
+
     # ---------------------------------------------------------------------- by CacheKey
     def get(self, k: CacheKey, now: float | None = None) -> Lease | None:
         e = self.entry(k[0], k[1], k[2], self.clock.mono() if now is None else now)
-        return e[0] if e is not None else None
+        return lease_of(k[0], k[1], k[2], e) if e is not None else None
 
     def confirmed_at(self, k: CacheKey) -> float | None:
         e = self.entry(k[0], k[1], k[2], self.clock.mono())
-        return e[1] if e is not None else None
+        if e is None:
+            return None
+        confirmed: float = META.unpack_from(e)[1]
+        return confirmed
 
     def stale(self, k: CacheKey, now: float) -> bool:
         """Past half of S since the last confirmation: re-confirm in the background."""
         e = self.entry(k[0], k[1], k[2], now)
-        return e is not None and now - e[1] > self.half_s
+        return e is not None and now - META.unpack_from(e)[1] > self.half_s
 
     def put(self, lease: Lease, confirmed: float) -> None:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
         confirmed it was sent). An older confirmation never replaces a newer one; an entry
         already past its validity is simply not kept."""
-        now = self.clock.mono()
-        pools = self._pools.get(lease.client_id)
-        if pools is None:
-            pools = self._pools[lease.client_id] = {}
-        d = pools.get(lease.pool_id)
-        if d is None:
-            d = pools[lease.pool_id] = {}
-        key = lease.key
-        # One string object per client, pool and region for all their leases (each DynamoDB
-        # response brings fresh copies): about 150 bytes less per cached lease.
-        client_id, pool_id, region = (
-            _canon(lease.client_id),
-            _canon(lease.pool_id),
-            _canon(lease.region),
-        )
-        if (
-            client_id is not lease.client_id
-            or pool_id is not lease.pool_id
-            or region is not lease.region
-        ):
-            lease = replace(lease, client_id=client_id, pool_id=pool_id, region=region)
-        current = d.get(key)
-        if current is not None and current[1] > confirmed and now < current[2]:
+        if not _servable_names(lease):
             return
+        now = self.clock.mono()
+        d = self._pool_for(lease.client_id, lease.pool_id)
+        key = lease.key
+        current = d.get(key)
+        if current is not None:
+            cur_until, cur_confirmed = META.unpack_from(current)[:2]
+            if cur_confirmed > confirmed and now < cur_until:
+                return
         left_s = (lease.expires_us - self.skew_margin_us - self.clock.now_us()) / US
         until = min(confirmed + self.confirm_s, now + left_s)
         if current is not None:
@@ -121,11 +218,21 @@ class LeaseCache:
             return
         if self._n >= self.maxsize:
             self._make_room(now)
-        d[key] = (lease, confirmed, until)
+            d = self._pool_for(lease.client_id, lease.pool_id)  # purge drops empty pools
+        d[key] = pack_entry(lease, confirmed, until, self.region)
         self._n += 1
 
+    def _pool_for(self, client_id: str, pool_id: str) -> _Pool:
+        pools = self.entries.get(client_id)
+        if pools is None:
+            pools = self.entries[client_id] = {}
+        d = pools.get(pool_id)
+        if d is None:
+            d = pools[pool_id] = {}
+        return d
+
     def drop(self, k: CacheKey) -> None:
-        d = self._pools.get(k[0], {}).get(k[1])
+        d = self.entries.get(k[0], {}).get(k[1])
         if d is not None and d.pop(k[2], None) is not None:
             self._n -= 1
 
@@ -133,9 +240,10 @@ class LeaseCache:
     def purge(self, now: float) -> int:
         """Drop every entry past its validity; returns how many are left."""
         n = 0
-        for pools in self._pools.values():
+        unpack = META.unpack_from
+        for pools in self.entries.values():
             for pid, d in list(pools.items()):
-                dead = [k for k, e in d.items() if e[2] <= now]
+                dead = [k for k, e in d.items() if unpack(e)[0] <= now]
                 for k in dead:
                     del d[k]
                 n += len(d)
@@ -147,7 +255,7 @@ class LeaseCache:
     def _make_room(self, now: float) -> None:
         if self.purge(now) < self.maxsize:
             return
-        for pools in self._pools.values():
+        for pools in self.entries.values():
             for d in pools.values():
                 drop = max(1, len(d) // 8)
                 for k in [k for k, _ in zip(d, range(drop), strict=False)]:

@@ -75,12 +75,33 @@ def _config(args: argparse.Namespace, env: dict[str, str] | None = None) -> Conf
     )
 
 
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns`` without importing shutil (and bz2 and lzma with
+    it, about 0.4 MB the daemon never uses): argparse imports it for every formatter it makes
+    unless it is given a width."""
+    try:
+        n = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        n = 0
+    if n <= 0:
+        try:
+            n = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            n = 0
+    return n or 80
+
+
+def _formatter(cls: type[argparse.HelpFormatter]) -> Any:
+    """``cls`` at the width argparse would pick (the terminal's, less 2)."""
+    return lambda prog: cls(prog, width=_columns() - 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rasd",
         description="Per-host sidecar handing out exclusive, expiring leases from DynamoDB.",
         epilog=ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     serve = sub.add_parser(
@@ -89,11 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the lease daemon. Takes its socket from systemd (LISTEN_FDS) when "
         "socket-activated, else binds --socket. Logs JSON to stderr.",
         epilog=ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     _common(serve)
     dev = sub.add_parser(
         "dev",
+        formatter_class=_formatter(argparse.HelpFormatter),
         help="embedded default: moto on loopback, a demo pool, and the daemon",
         description="Start moto's DynamoDB server on a free loopback port (its request log "
         "goes to DIR/moto.log), create the table, seed a demo pool and serve on DIR/rasd.sock. "
@@ -105,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
     check = sub.add_parser(
         "check-config",
+        formatter_class=_formatter(argparse.HelpFormatter),
         help="print the effective config; exit 2 if it is invalid",
         description="Print the config `rasd serve` would run with under systemd: the TOML "
         "file, then the RASD_* variables of --env-file (the unit's EnvironmentFile=, default "
@@ -117,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"KEY=VALUE file the service reads (default {DEFAULT_ENV_FILE} if present)",
     )
-    stats = sub.add_parser("stats", help="print a running daemon's counters as JSON")
+    stats = sub.add_parser(
+        "stats",
+        help="print a running daemon's counters as JSON",
+        formatter_class=_formatter(argparse.HelpFormatter),
+    )
     stats.add_argument("--socket", metavar="PATH", help="daemon socket (default $RASD_SOCKET)")
     return parser
 
@@ -177,11 +204,12 @@ def serve(cfg: Config, reloader: Any = None) -> int:
     """Run the daemon until SIGTERM/SIGINT. Takes systemd's socket when socket-activated."""
     import uvloop
 
-    from . import log
+    from . import log, malloc
     from .peercred import AclError
     from .sdnotify import listen_fds_with_names
     from .server import run_daemon
 
+    malloc.one_arena()  # before any other thread starts
     log.configure(cfg.log_level)
     if cfg.metrics_port:
         from .prom import MetricsUnavailable, require
@@ -198,7 +226,7 @@ def serve(cfg: Config, reloader: Any = None) -> int:
         return 2
     sock = inherited.get("rasd") or next(iter(inherited.values()), None)
     try:
-        uvloop.run(run_daemon(cfg, sock, reloader=reloader))
+        uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
     except AclError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2

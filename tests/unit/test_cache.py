@@ -3,9 +3,11 @@ last confirmation and its lease end minus the skew margin (docs/design.md, I3)."
 
 from __future__ import annotations
 
-from rasd.cache import LeaseCache
+from rasd.cache import ID_MAX, META, NEVER, LeaseCache, answer
 from rasd.clock import FakeClock
 from rasd.lease import US, Lease
+from rasd.protocol import lease_response
+from rasd_client.wire import FrameDecoder
 
 K = ("c", "p", "k")
 S = 30.0
@@ -155,3 +157,75 @@ def test_entry_takes_the_time_passed_in() -> None:
     assert cache.entry("c", "p", "k", t + S - 0.1) is not None
     assert cache.entry("c", "p", "k", t + S + 0.1) is None
     assert cache.get(K) is None  # dropped when read past its validity
+
+
+# ------------------------------------------------------------------ the compact entry
+def test_entry_gives_back_the_lease_it_was_made_from() -> None:
+    """One bytes object per lease: the Lease is rebuilt from it field for field."""
+    clock = FakeClock()
+    cache = make(clock)
+    exp = clock.now_us() + 3600 * US
+    for lease_in in (
+        Lease("c", "p", "k", "rés-1", "us-east-1", exp, 2**40, exp - 7, "0123456789abcdef"),
+        Lease("c", "p", "k2", "r" * 1024, "eu-west-1", exp, 0, 0, None),
+    ):
+        cache.put(lease_in, clock.mono())
+        got = cache.get((lease_in.client_id, lease_in.pool_id, lease_in.key))
+        assert got == lease_in
+
+
+def test_the_stored_answer_is_the_hit_answer_for_any_id() -> None:
+    """The entry holds a hit's whole answer frame but the id's value: spliced, it decodes to
+    what protocol.lease_response says."""
+    clock = FakeClock()
+    cache = make(clock)
+    lease_in = lease(clock, 3600, version=9, resource="res-9")
+    cache.put(lease_in, clock.mono())
+    e = cache.entry("c", "p", "k", clock.mono())
+    assert e is not None
+    end = META.unpack_from(e)[3]
+    for rid in (0, 5, 255, 2**31, ID_MAX):
+        dec = FrameDecoder()
+        dec.feed(answer(e, end, rid))
+        (got,) = list(dec.frames())
+        assert got == lease_response(rid, lease_in, False)
+        assert dec.buffered == 0
+
+
+def test_only_leases_of_this_region_are_marked_for_extension() -> None:
+    clock = FakeClock()
+    cache = LeaseCache(clock, 100, 5 * US, S, "us-east-1")
+    exp = clock.now_us() + 3600 * US
+    cache.put(Lease("c", "p", "own", "r", "us-east-1", exp, 1), clock.mono())
+    cache.put(Lease("c", "p", "far", "r", "eu-west-1", exp, 1), clock.mono())
+    own = cache.entry("c", "p", "own", clock.mono())
+    far = cache.entry("c", "p", "far", clock.mono())
+    assert own is not None and far is not None
+    assert META.unpack_from(own)[2] == exp
+    assert META.unpack_from(far)[2] == NEVER
+
+
+def test_names_a_request_could_not_carry_are_not_cached() -> None:
+    """The server's fast path trusts names that find an entry: none may be invalid."""
+    clock = FakeClock()
+    cache = make(clock)
+    exp = clock.now_us() + 3600 * US
+    for c, p, k in (("", "p", "k"), ("c", "p" * 65, "k"), ("c", "p", ""), ("c", "p", "k" * 513)):
+        cache.put(Lease(c, p, k, "r", "us-east-1", exp, 1), clock.mono())
+    assert len(cache) == 0
+    cache.put(Lease("c" * 64, "p", "k" * 512, "r", "us-east-1", exp, 1), clock.mono())
+    assert len(cache) == 1
+
+
+def test_the_first_lease_of_a_pool_in_a_full_cache_is_kept() -> None:
+    """Making room drops empty pools, the new lease's own included: it must still land in
+    the pool the cache serves from."""
+    clock = FakeClock()
+    cache = make(clock, maxsize=2)
+    exp = clock.now_us() + 3600 * US
+    cache.put(Lease("c", "p", "a", "r", "us-east-1", exp, 1), clock.mono())
+    cache.put(Lease("c", "q", "b", "r", "us-east-1", exp, 1), clock.mono())
+    cache.put(Lease("c", "new", "k", "rn", "us-east-1", exp, 1), clock.mono())
+    got = cache.get(("c", "new", "k"))
+    assert got is not None and got.resource == "rn"
+    assert cache.size() == len(cache)
