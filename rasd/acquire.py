@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import structlog
+from cachetools import TTLCache
 
 from . import decide as D
 from .cache import HEAD, ID_PACK, META, CacheKey, LeaseCache, lease_of
@@ -81,6 +82,7 @@ from .store import Store, WriteResult
 log = structlog.get_logger("rasd.acquire")
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
+UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
 HEADROOM_TTL = 10.0
 HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
 BACKGROUND_DEADLINE = 5.0  # extensions, confirmations, give-backs: not bound to a request
@@ -119,7 +121,11 @@ class Acquirer:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
         # Each daemon extends at a slightly different point, so a fleet does not write at once.
         self.extend_fraction = cfg.extend_fraction * self.rng.uniform(0.9, 1.0)
-        self._unknown: dict[tuple[str, str], float] = {}
+        # Pools asked for that do not exist, remembered UNKNOWN_POOL_TTL: bounded, so a caller
+        # cycling through made-up pool names cannot grow the daemon.
+        self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
+            UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=self.clock.mono
+        )
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
         self._refreshing: set[CacheKey] = set()
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
@@ -141,11 +147,11 @@ class Acquirer:
         p = self.pools.get(k)
         if p is not None:
             return p
-        if self._unknown.get(k, 0.0) > self.clock.mono():
+        if k in self._unknown:
             raise UnknownPool(f"no pool {pool_id!r} for client {client_id!r}")
         p = await self.store.get_pool(client_id, pool_id, deadline)
         if p is None:
-            self._unknown[k] = self.clock.mono() + UNKNOWN_POOL_TTL
+            self._unknown[k] = True
             raise UnknownPool(f"no pool {pool_id!r} for client {client_id!r}")
         self.pools[k] = p
         return p
