@@ -621,7 +621,7 @@ def _spawn(w: World, d: Daemon, p: Proc) -> Daemon:
 
 
 def _cache_put(w: World, d: Daemon, lease: Lease, sent: int) -> Daemon:
-    """cache.py:56 LeaseCache.put: an older confirmation never replaces a newer one."""
+    """cache.py LeaseCache.put: an older confirmation never replaces a newer one."""
     d = w.daemons[d.idx]
     cur = d.entry(lease.key)
     if cur is not None and cur.confirmed > sent:
