@@ -218,6 +218,19 @@ async def _read_request(r: asyncio.StreamReader) -> bytes:
     return await r.readexactly(length)
 
 
+async def _requests(r: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Each request's body on a kept-alive connection, until the client closes it."""
+    while True:
+        try:
+            yield await _read_request(r)
+        except asyncio.IncompleteReadError:
+            return
+
+
+def _echo(body: bytes) -> bytes:
+    return orjson.dumps({"Echo": orjson.loads(body)["TableName"]})
+
+
 def _response(body: bytes, close: bool = False) -> bytes:
     extra = b"Connection: close\r\n" if close else b""
     return (
@@ -235,12 +248,8 @@ def _lean(url: str, **kw: Any) -> ddb.LeanDynamoDB:
 
 async def test_keep_alive_reuses_one_connection() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                body = await _read_request(r)
-            except asyncio.IncompleteReadError:
-                return
-            w.write(_response(orjson.dumps({"Echo": orjson.loads(body)["TableName"]})))
+        async for body in _requests(r):
+            w.write(_response(_echo(body)))
 
     async with _server(handler) as (url, accepted):
         c = _lean(url)
@@ -395,12 +404,8 @@ async def test_responses_however_framed_or_split(how: str) -> None:
     answer, and the connection is reused."""
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                body = await _read_request(r)
-            except asyncio.IncompleteReadError:
-                return
-            out = orjson.dumps({"Echo": orjson.loads(body)["TableName"]})
+        async for body in _requests(r):
+            out = _echo(body)
             if how == "chunked":
                 w.write(_chunked(out))
             elif how == "continue_first":
