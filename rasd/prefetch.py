@@ -31,7 +31,10 @@ counts the sub-partition as contended and starts a new lane at a new random posi
 of the least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of
 its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read
 still in flight is never read twice (a sweep next to a refill starts another lane), and an
-item this daemon took lately is never a candidate again (``TAKEN_MAX``). Until both ends of
+item this daemon took lately is not a candidate again *at the version it was taken at*
+(``TAKEN_MAX``, ``candidate_max_age``): two lanes may cross and an index read may lag behind a
+claim, but once the item is freed again (any free writes a new version) it is a candidate
+like any other. Until both ends of
 the pool have been read (the first two reads from an end go opposite ways, so the NameModel
 spans the range of names; starting lanes from one end's names would crowd them into a part
 of it), reads are from an end and keep nothing in the background, ``END_KEEP`` random items
@@ -52,8 +55,11 @@ Only items claimable now are kept: an early free (release, give-back, dedupe) se
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
 conditional on ``lease_available <= now``.
 
-When a sweep of all ten sub-partitions finds nothing, the pool is marked exhausted for
+When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
+stale copies of items this daemon has just claimed), the pool is marked exhausted for
 ``exhausted_backoff`` seconds and NO_CAPACITY is answered without reading DynamoDB at all.
+A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
+is never the answer while the last sweep found something.
 
 ``Prefetcher`` does the I/O around the buffers.
 """
@@ -89,7 +95,8 @@ SEEN_MAX = 32  # lease_available values remembered per sub-partition
 NAMES_MAX = 64  # resource names remembered per pool (NameModel)
 MIN_PAGE = 8  # smallest page a refill reads
 END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
-TAKEN_MAX = 256  # resources taken lately, never kept as candidates again
+TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
+SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
 CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 
 #: (lease_available, resource): with the partition and client_id, an index position
@@ -192,10 +199,10 @@ class CandidateBuffer:
         self._lanes = 0  # lane ids handed out
         self._busy: set[int] = set()  # lanes with a read in flight
         self._lost_lanes: deque[int] = deque(maxlen=8)  # lanes ended by a lost claim
-        #: resources this daemon took lately: never a candidate again (a new lane may cross
-        #: an old one, two reads may return the same item)
-        self._taken: deque[str] = deque(maxlen=TAKEN_MAX)
-        self._taken_set: set[str] = set()
+        #: (resource, version) this daemon took lately, and when (monotonic): not a candidate
+        #: again at that version (a new lane may cross an old one, two reads may return the
+        #: same item, an index read may lag behind the claim); insertion order is time order
+        self._taken: dict[tuple[str, int], float] = {}
 
     def __len__(self) -> int:
         return len(self.q)
@@ -240,15 +247,25 @@ class CandidateBuffer:
         while self.q:
             c = self.q.popleft()
             if now - c.fetched <= self.cfg.candidate_max_age:
-                self._remember_taken(c.item.resource)
+                self._remember_taken(c.item, now)
                 return c
         return None
 
-    def _remember_taken(self, resource: str) -> None:
-        if len(self._taken) == self._taken.maxlen:
-            self._taken_set.discard(self._taken[0])
-        self._taken.append(resource)
-        self._taken_set.add(resource)
+    def _remember_taken(self, item: ResourceItem, now: float) -> None:
+        self._forget_taken(now)
+        if len(self._taken) >= TAKEN_MAX:
+            del self._taken[next(iter(self._taken))]
+        self._taken[(item.resource, item.version)] = now
+
+    def _forget_taken(self, now: float) -> None:
+        """Drop takes older than ``candidate_max_age``: an index that still shows such an
+        item at the version taken is lagging a lot, and the claim's condition decides."""
+        horizon = now - self.cfg.candidate_max_age
+        while self._taken:
+            first = next(iter(self._taken))
+            if self._taken[first] >= horizon:
+                break
+            del self._taken[first]
 
     def add(
         self, items: list[ResourceItem], now: float, lane: int = 0, keep: int | None = None
@@ -256,8 +273,12 @@ class CandidateBuffer:
         """Keep candidates from a page of claimable ``items``: all of a lane's page, in index
         order (up to prefetch_max); of any other read a random sample up to the target (and
         up to ``keep`` if given). Returns how many were kept."""
-        held = {c.item.resource for c in self.q} | self._taken_set
-        fresh = [it for it in items if it.resource not in held]
+        self._forget_taken(now)
+        held = {c.item.resource for c in self.q}
+        taken = self._taken
+        fresh = [
+            it for it in items if it.resource not in held and (it.resource, it.version) not in taken
+        ]
         if lane:
             fresh = fresh[: max(0, self.cfg.prefetch_max - len(self.q))]
         else:
@@ -483,8 +504,14 @@ class Prefetcher:
             c = buf.take(self.clock.mono())
             if c is not None:
                 return c
-        await self._sweep(pool, buf, deadline)
-        return buf.take(self.clock.mono())
+        for _ in range(SWEEPS_MAX):
+            kept = await self._sweep(pool, buf, deadline)
+            c = buf.take(self.clock.mono())
+            if c is not None or not kept:
+                return c
+            # what this sweep kept went to concurrent requests first: sweep again
+            self.counters.inc("prefetch.sweeps_again")
+        return None
 
     def lost(self, pool: Pool, cand: Candidate) -> None:
         """The claim of ``cand`` lost the race: leave its lane (see CandidateBuffer.lost)."""
@@ -533,36 +560,40 @@ class Prefetcher:
             self.counters.inc("prefetch.refill_errors")
             log.warning("prefetch_refill_failed", pool=pool.pool_id, error=str(exc))
 
-    async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> None:
-        """The buffer is empty: read the lane (or a new one), then the other sub-partitions
-        at once."""
+    async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> int:
+        """The buffer is empty: read the lane (or a new one), then, unless that kept a
+        candidate, every other sub-partition at once. Marks the pool exhausted when no read
+        kept anything. Returns how many candidates were kept."""
         first = buf.plan(urgent=True)
-        if await self._read_plan(pool, buf, first, deadline):
-            return
+        kept = await self._read_plan(pool, buf, first, deadline)
+        if kept:
+            return kept
         others = [n for n in buf.partitions() if n != first.n]
-        found = await asyncio.gather(
-            *(self._read(pool, buf, buf.probe(n), deadline) for n in others)
+        kept = sum(
+            await asyncio.gather(*(self._read(pool, buf, buf.probe(n), deadline) for n in others))
         )
-        if not any(found):
+        if not kept:
             buf.mark_exhausted(self.clock.mono())
             self.counters.inc("prefetch.exhausted")
+        return kept
 
     async def _read_plan(
         self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float
-    ) -> bool:
+    ) -> int:
         """``read``; when it is the pool's first read from an end, the other end at the same
-        time (one round trip, not two, before lanes can start: start-up waits for it)."""
+        time (one round trip, not two, before lanes can start: start-up waits for it).
+        Returns how many candidates were kept."""
         if read.after is None and not read.lane and not buf.ends_known():
             other = buf.plan(urgent=bool(read.keep))
-            found = await asyncio.gather(
+            kept = await asyncio.gather(
                 self._read(pool, buf, read, deadline), self._read(pool, buf, other, deadline)
             )
-            return any(found)
+            return sum(kept)
         return await self._read(pool, buf, read, deadline)
 
-    async def _read(self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float) -> bool:
-        """One read (and, when it finds nothing claimable after a random start or at the tail,
-        a sample of the head). True if it found claimable items."""
+    async def _read(self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float) -> int:
+        """One read (and, when it keeps nothing after a random start or at the tail, a sample
+        of the head). Returns how many candidates were kept."""
         self.counters.inc("prefetch.reads")
         part = partition_name(pool.client_id, pool.pool_id, self.cfg.region, read.n)
         t0 = time.monotonic()
@@ -588,15 +619,17 @@ class Prefetcher:
         self.counters.inc("prefetch.items_read", len(items))
         now_us = self.clock.now_us()
         ok = [it for it in items if it.claimable(now_us)]
-        buf.read_done(read, items, ok, self.clock.mono())
-        if not ok and (read.after is not None or not read.forward):
-            # Nothing claimable past the start, or only quarantined items at the tail (early
-            # frees are claimable from a future ``lease_available``): a sample of the head.
+        kept = buf.read_done(read, items, ok, self.clock.mono())
+        found = kept if read.keep != 0 else len(ok)  # a read from an end may keep nothing
+        if not found and (read.after is not None or not read.forward):
+            # Nothing kept past the start (nothing claimable, or only what this daemon has
+            # just taken), or only quarantined items at the tail (early frees are claimable
+            # from a future ``lease_available``): a sample of the head.
             self.counters.inc("prefetch.reads_head_fallback")
             head = Read(read.n, None, True, self.cfg.prefetch_page, keep=END_KEEP)
             items = await self.store.query_available(part, head.limit, True, deadline)
             self.counters.inc("prefetch.items_read", len(items))
             now_us = self.clock.now_us()
             ok = [it for it in items if it.claimable(now_us)]
-            buf.read_done(head, items, ok, self.clock.mono())
-        return bool(ok)
+            kept = buf.read_done(head, items, ok, self.clock.mono())
+        return kept

@@ -106,6 +106,8 @@ def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[st
         "requests": total_req,
         "no_capacity": total_miss,
         "no_capacity_rate": _rate(total_miss, total_req),
+        # answered while the region held an item claimable all along (sim.capacity): 0
+        "no_capacity_while_claimable": res.end.get("no_capacity_while_claimable"),
         "balancer": {
             "runs": len(bal),
             "ok_runs": sum(1 for j in bal if j.get("status") == "ok"),
@@ -228,6 +230,14 @@ def verdicts(bal: dict[str, Any], static: dict[str, Any] | None, lag: float) -> 
             "all_failures_balancer": sb + _other(bal),
             "all_failures_static": ss + _other(static),
         }
+    for name, run in (("balancer", bal), ("static", static)):
+        if run is not None:
+            n = run.get("no_capacity_while_claimable")
+            out[f"no_capacity_only_when_nothing_claimable_{name}"] = {
+                "no_capacity": run["no_capacity"],
+                "while_claimable": n,
+                "met": n == 0,
+            }
     out["no_leased_item_moved"] = {
         "leased_items_moved": bal["leased_items_moved"],
         "met": bal["leased_items_moved"] == 0 and bal["replicator"].get("leased_moves", 0) == 0,
@@ -260,6 +270,15 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
             + "".join(f"{x * 100:>13.2f}%" for x in rates)
             + f"{(run['no_capacity_rate'] or 0) * 100:>13.2f}%"
         )
+    lines.append(
+        f"{'  while claimable':28}"
+        + f"{bal.get('no_capacity_while_claimable')} (balancer)"
+        + (
+            f", {static.get('no_capacity_while_claimable')} (static split)"
+            if static is not None
+            else ""
+        )
+    )
     for name, run in (("balancer", bal), ("static split", static)):
         if run is None:
             continue

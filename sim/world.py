@@ -31,10 +31,10 @@ from botocore.config import Config as BotoConfig
 
 from rasd import schema
 from rasd.config import Config
-from rasd.lease import LIVE, PENDING, map_pk, mapping_from_ddb, new_resource_item
+from rasd.lease import LIVE, PENDING, fmt_time, map_pk, mapping_from_ddb, new_resource_item
 from rasd_jobs import balance_model as bm
 
-from . import traffic
+from . import capacity, traffic
 
 CLIENT, POOL = "sim", "default"
 REPO = Path(__file__).resolve().parent.parent
@@ -74,6 +74,9 @@ class Outcome:
     new: bool = False
     resource: str | None = None
     latency_ms: float = 0.0
+    #: monotonic seconds when the request was sent and answered (the sampler's clock)
+    sent: float = 0.0
+    done: float = 0.0
 
 
 @dataclass
@@ -83,6 +86,8 @@ class RunResult:
     initial_split: dict[str, int]
     outcomes: list[Outcome] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    #: the sampler's claimable items (not written out: see capacity.no_capacity_while_claimable)
+    claimable: list[capacity.ClaimableSample] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
     replicator: dict[str, Any] = field(default_factory=dict)
@@ -315,6 +320,7 @@ class World:
                     "lease_acquired": it.get("lease_acquired", {}).get("S"),
                     "lease_expires": it.get("lease_expires", {}).get("S"),
                     "holder": it.get("holder", {}).get("S"),
+                    "lease_available": it.get("lease_available", {}).get("S"),
                 }
             if "LastEvaluatedKey" not in resp:
                 return out
@@ -387,6 +393,12 @@ class World:
             )
             sampler.stop()
             res.samples = sampler.rows
+            res.claimable = sampler.claimable
+            wrong = capacity.no_capacity_while_claimable(
+                res.outcomes, res.claimable, Config().exhausted_backoff
+            )
+            res.end["no_capacity_while_claimable"] = len(wrong)
+            res.end["no_capacity_while_claimable_examples"] = wrong[:5]
             _close(jobs, 30)
             res.jobs = _read_jsonl(self.dir / "jobs.jsonl")
             res.daemon_stats = self.daemon_stats()
@@ -511,6 +523,7 @@ class World:
             rr[req.region] += 1
             t0 = time.perf_counter()
             o = Outcome(req.t, req.region, req.key, req.first, req.gap, "OK")
+            o.sent = time.monotonic()
             try:
                 lease = await aio.get_lease(
                     CLIENT,
@@ -526,6 +539,7 @@ class World:
                 if exc.code == "NO_CAPACITY":
                     misses[req.region] += 1
             o.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
+            o.done = time.monotonic()
             outcomes.append(o)
 
         reporter = None
@@ -601,13 +615,16 @@ class World:
 
 
 class Sampler:
-    """Every ``every`` seconds: per region, items assigned to it and items leased, read in
-    that region's own replica (a Scan: the tables are small)."""
+    """Every ``every`` seconds: per region, items assigned to it, items leased and items
+    claimable (free, out of quarantine), read in that region's own replica (a consistent
+    Scan: the tables are small). The claimable items, with their versions and the scan's
+    monotonic start and end, are kept for ``capacity.no_capacity_while_claimable``."""
 
     def __init__(self, world: World, every: float) -> None:
         self.world = world
         self.every = every
         self.rows: list[dict[str, Any]] = []
+        self.claimable: list[capacity.ClaimableSample] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -624,12 +641,24 @@ class Sampler:
             t = time.monotonic() - self.t0
             row: dict[str, Any] = {"t": round(t, 2)}
             for r in self.world.regions:
+                start = time.monotonic()
+                now = fmt_time(time.time_ns() // 1000)
                 try:
                     items = self.world.resource_items(r)
                 except Exception:  # noqa: BLE001 - a missed sample is a gap in the plot
                     continue
-                mine = [it for it in items.values() if it["region"] == r]
-                row[r] = {"items": len(mine), "leased": sum(1 for it in mine if it["key"])}
+                mine = {n: it for n, it in items.items() if it["region"] == r}
+                free = frozenset(
+                    (n, it["version"])
+                    for n, it in mine.items()
+                    if not it["key"] and it["lease_available"] and it["lease_available"] <= now
+                )
+                self.claimable.append(capacity.ClaimableSample(r, start, time.monotonic(), free))
+                row[r] = {
+                    "items": len(mine),
+                    "leased": sum(1 for it in mine.values() if it["key"]),
+                    "claimable": len(free),
+                }
             self.rows.append(row)
             self._stop.wait(max(0.0, self.every - (time.monotonic() - self.t0 - t)))
 

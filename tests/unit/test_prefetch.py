@@ -548,17 +548,42 @@ def test_contention_is_forgotten_slowly() -> None:
     assert b.contended == {n: (CONTENDED_MEMORY + 1) // 2}
 
 
-def test_an_item_taken_is_never_a_candidate_again() -> None:
-    """Two lanes of one daemon may cross, two reads may return the same item: once taken
-    (and claimed, or lost), an item is not handed out again (bounded memory)."""
+def test_an_item_taken_is_not_a_candidate_again_at_that_version() -> None:
+    """Two lanes of one daemon may cross, two reads may return the same item, an index read
+    may lag behind the claim: once taken (and claimed, or lost), an item is not handed out
+    again at the version it was taken at (bounded memory)."""
     b = buf(prefetch_min=8)
     b.add(items(3), 0.0)
     c = b.take(0.0)
     assert c is not None
-    assert b.add(items(3), 0.0, lane=0) == 0  # r1, r2 held, r0 taken
+    assert b.add(items(3), 0.0, lane=0) == 0  # r1, r2 held, r0 taken at this version
     for i in range(TAKEN_MAX + 10):
-        b._remember_taken(f"t{i}")
-    assert len(b._taken_set) == TAKEN_MAX and "t0" not in b._taken_set
+        b._remember_taken(replace(items(1)[0], resource=f"t{i}"), 0.0)
+    assert len(b._taken) == TAKEN_MAX and ("t0", 0) not in b._taken
+
+
+def test_an_item_freed_after_it_was_taken_is_a_candidate_again() -> None:
+    """The liberator (or a release) frees what this daemon claimed: the free writes a new
+    version, and the item is a candidate like any other, however often it was taken."""
+    b = buf(prefetch_min=4, prefetch_max=4)
+    r0 = items(1)[0]
+    for round_ in range(3):
+        item = replace(r0, version=2 * round_)  # free at an even version, claimed at odd
+        assert b.add([item], float(round_)) == 1
+        c = b.take(float(round_))
+        assert c is not None and c.item == item
+        assert b.add([item], float(round_)) == 0  # a lagging index: the same version again
+
+
+def test_a_take_is_forgotten_after_candidate_max_age() -> None:
+    """A claim that never applied leaves the item claimable at the version taken: after
+    ``candidate_max_age`` it is a candidate again (the claim's condition decides)."""
+    b = buf(prefetch_min=4, candidate_max_age=10.0)
+    r0 = items(1)[0]
+    b.add([r0], 0.0)
+    assert b.take(0.0) is not None
+    assert b.add([r0], 9.0) == 0
+    assert b.add([r0], 10.5) == 1
 
 
 def simulate(daemons: int, per_partition: int, claims_each: int, seed: int) -> float:
@@ -674,3 +699,86 @@ async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
     assert calls[2][2]  # then a lane, after a random position
     buf = p.buffer(pool)  # type: ignore[arg-type]
     assert len(buf) >= 8 and all(c.lane for c in buf.q)
+
+
+class _TableStore:
+    """Answers ``query_available`` from a dict of sub-partition -> items in index order,
+    so a test can change what the index shows between calls (a small table, not a fake of
+    DynamoDB's semantics: no conditions, no versions checked)."""
+
+    def __init__(self, parts: dict[int, list[ResourceItem]]) -> None:
+        self.parts = parts
+        self.reads: list[int] = []
+
+    async def query_available(
+        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+    ) -> list[ResourceItem]:
+        n = int(part.rsplit(".", 1)[1])
+        self.reads.append(n)
+        items = self.parts.get(n, [])
+        return (items if forward else items[::-1])[:limit]
+
+
+def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:
+    from rasd.metrics import Counters
+    from rasd.prefetch import Prefetcher
+
+    class Clock:
+        t = 100.0
+
+        def mono(self) -> float:
+            return self.t
+
+        def now_us(self) -> int:
+            return 10**9
+
+    cfg = Config(**kw).validate()  # type: ignore[arg-type]
+    p = Prefetcher(cfg, store, Clock(), Counters(), random.Random(3), seed=0)  # type: ignore[arg-type]
+    pool = type("P", (), {"client_id": "c", "pool_id": "p"})()
+    return p, pool
+
+
+def _free(name: str, version: int) -> ResourceItem:
+    n = partition_of(name)
+    return ResourceItem(
+        "c", name, "p", "us-east-1", f"c.p.us-east-1.{n}", version, lease_available=fmt_time(0)
+    )
+
+
+async def test_a_freed_item_comes_back_to_a_small_pool() -> None:
+    """A one-item pool cycled through claim and free: every free (a new version) makes the
+    item a candidate again; NO_CAPACITY only while the index shows nothing claimable."""
+    item = _free("only", 0)
+    store = _TableStore({})
+    p, pool = _prefetcher(store, exhausted_backoff=0.0)
+    for version in (0, 2, 4, 6):
+        store.parts = {partition_of("only"): [replace(item, version=version)]}
+        c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
+        assert c is not None and c.item.version == version
+        # claimed: the index still shows the version taken (it lags), nothing else
+        assert await p.candidate(pool, 1e9) is None  # type: ignore[attr-defined]
+
+
+async def test_no_capacity_only_after_every_sub_partition_was_read() -> None:
+    """The home sub-partition shows only an item this daemon has just claimed (a lagging
+    index): the sweep goes on to the other sub-partitions and finds the free one there."""
+    taken = _free("taken", 0)
+    other = next(
+        _free(f"o{i}", 0) for i in range(100) if partition_of(f"o{i}") != partition_of("taken")
+    )
+    store = _TableStore({partition_of("taken"): [taken]})
+    p, pool = _prefetcher(store, exhausted_backoff=0.0)
+    c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
+    assert c is not None and c.item == taken
+    store.parts[partition_of(other.resource)] = [other]
+    for _ in range(20):  # whatever sub-partition the sweep starts in
+        c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
+        assert c is not None and c.item == other
+        store.parts[partition_of(other.resource)] = [
+            other := replace(other, version=other.version + 2)
+        ]
+    # only the taken copies left: a full sweep, then NO_CAPACITY
+    store.parts = {partition_of("taken"): [taken]}
+    store.reads.clear()
+    assert await p.candidate(pool, 1e9) is None  # type: ignore[attr-defined]
+    assert set(store.reads) == set(range(PARTITIONS))

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sim import traffic
+from sim.capacity import ClaimableSample, no_capacity_while_claimable
 from sim.replicator import audit_events, image_hash, stamp_of, wins
 
 SCN = traffic.default_scenario()
@@ -183,3 +184,34 @@ def test_audit_flags_leased_moves_only() -> None:
     meta = _rec(None, {"client_id": {"S": "#meta"}, "resource": {"S": "x"}}, 1.0)
     meta["dynamodb"]["Keys"]["client_id"] = {"S": "#meta"}
     assert audit_events(meta, "a") == []
+
+
+# ---------------------------------------------------------------------------- capacity
+class _Answer:
+    def __init__(self, code: str, sent: float, done: float, region: str = "r") -> None:
+        self.region, self.code, self.sent, self.done = region, code, sent, done
+
+
+def _sample(start: float, *items: tuple[str, int], region: str = "r") -> ClaimableSample:
+    return ClaimableSample(region, start, start + 0.1, frozenset(items))
+
+
+def test_no_capacity_while_an_item_was_claimable_all_along_is_wrong() -> None:
+    samples = [_sample(0.0, ("a", 1)), _sample(1.0, ("a", 1)), _sample(5.0, ("a", 1))]
+    wrong = no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 3.2)], samples, 1.0)
+    assert wrong == [{"region": "r", "sent": 3.0, "witness": "a"}]
+
+
+def test_no_capacity_is_right_when_the_item_changed_or_the_window_is_not_covered() -> None:
+    # claimed and freed again between the scans (a new version): not all along
+    samples = [_sample(0.0, ("a", 1)), _sample(5.0, ("a", 3))]
+    assert no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 3.2)], samples, 1.0) == []
+    # a scan inside the back-off window cannot witness: the empty sweep may follow it
+    samples = [_sample(2.5, ("a", 1)), _sample(5.0, ("a", 1))]
+    assert no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 3.2)], samples, 1.0) == []
+    # another region's items, answers that were leases, and no scan after the answer
+    samples = [_sample(0.0, ("a", 1), region="x"), _sample(5.0, ("a", 1), region="x")]
+    assert no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 3.2)], samples, 1.0) == []
+    samples = [_sample(0.0, ("a", 1)), _sample(5.0, ("a", 1))]
+    assert no_capacity_while_claimable([_Answer("OK", 3.0, 3.2)], samples, 1.0) == []
+    assert no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 6.0)], samples, 1.0) == []
