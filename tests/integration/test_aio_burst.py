@@ -181,16 +181,20 @@ def start_uvicorn(sock: str, loop: str, log: Path) -> tuple[subprocess.Popen[byt
             cwd=ROOT,
             stderr=err,
         )
-    for _ in range(600):
-        assert proc.poll() is None, log.read_text()
-        try:
-            if asyncio.run(http_get(port, "/health"))[0] == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"uvicorn never answered: {log.read_text()}")
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, log.read_text()
+            try:
+                if asyncio.run(http_get(port, "/health"))[0] == 200:
+                    return proc, port
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"uvicorn never answered: {log.read_text()}")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
 
 
 async def http_get(port: int, path: str) -> tuple[int, dict[str, Any]]:
