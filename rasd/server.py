@@ -74,6 +74,11 @@ _NOBODY = Grant(False, frozenset())
 #: one cached hit in HIT_SAMPLE is timed for the latency histogram (a power of two)
 HIT_SAMPLE = 16
 HIT_SAMPLE_MASK = HIT_SAMPLE - 1
+#: Connections the kernel queues for the daemon to accept, the same as systemd/rasd.socket's
+#: Backlog=: a burst of connects (every worker of a pre-fork web server at start-up) waits
+#: in it instead of failing with EAGAIN, whether the daemon bound the socket itself
+#: (``rasd serve --socket``) or inherited it. The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 
 
 class Connection(asyncio.Protocol):
@@ -240,13 +245,19 @@ class Daemon:
         loop = asyncio.get_running_loop()
         if sock is not None:
             self._listen_sock = sock
-            self.server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
+            # asyncio and uvloop call listen() on a socket they are given, inherited ones too:
+            # without the backlog they would cut systemd's Backlog= down to their default 100.
+            self.server = await loop.create_unix_server(
+                lambda: Connection(self), sock=sock, backlog=LISTEN_BACKLOG
+            )
         else:
             path = self.cfg.socket
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             if os.path.exists(path):
                 os.unlink(path)  # a stale socket from a crash
-            self.server = await loop.create_unix_server(lambda: Connection(self), path=path)
+            self.server = await loop.create_unix_server(
+                lambda: Connection(self), path=path, backlog=LISTEN_BACKLOG
+            )
             os.chmod(path, self.cfg.socket_mode)
             self._bound_path = path
         self._socket_name = self.cfg.socket if sock is None else "inherited"

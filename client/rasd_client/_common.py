@@ -17,6 +17,11 @@ SOCKET_GRACE = 0.25
 #: A retry after a connection closed before any reply needs at least this much of the
 #: caller's deadline left, else the first failure is raised.
 MIN_RETRY_BUDGET = 0.02
+#: The async client tries a connect that failed for a transient reason (a full listen backlog,
+#: no daemon listening while one restarts) again after this pause, doubling up to
+#: CONNECT_RETRY_MAX, for as long as the caller's timeout allows.
+CONNECT_RETRY_INITIAL = 0.005
+CONNECT_RETRY_MAX = 0.1
 
 LeaseExpires = datetime | timedelta | int | float
 

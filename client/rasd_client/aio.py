@@ -1,21 +1,38 @@
 """asyncio client: the same functions as ``rasd_client``, as coroutines.
 
-One connection per (event loop, socket path) carries many requests at once: each request has an
-id and a reader task hands responses to the waiting coroutines.
+One connection per (event loop, socket path) carries every request of that loop at once: each
+request has an id and a reader task hands responses to the waiting coroutines.
+
+Theory of operation. A :class:`_Link` is one loop's view of one socket path: the connection
+in use, if any, and the connect under way, if any. A call that finds no usable connection
+starts the connect (a task) unless one is under way, and waits for it; so however many calls
+a loop makes at once, it opens one connection, and concurrent first calls wait for that one.
+The connect itself is a non-blocking ``connect(2)``, which on a Unix socket either succeeds at
+once or fails at once: ``EAGAIN`` (the daemon's listen backlog is full), ``ECONNREFUSED`` or
+``ENOENT`` (no daemon is listening: it is restarting) are tried again after a short, growing
+pause within the caller's own timeout; any other error is raised as ``Unavailable`` at once.
+A connection is replaced only once it is closed (the daemon closed it, or a call found it
+broken), and one that is given up is closed and its reader task ended, never dropped while
+its task still waits on the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import os
+import socket
 import time
 import weakref
 from typing import Any
 
 from . import wire
 from ._common import (
+    CONNECT_RETRY_INITIAL,
+    CONNECT_RETRY_MAX,
     DEFAULT_TIMEOUT,
+    MIN_RETRY_BUDGET,
     SOCKET_GRACE,
     Lease,
     LeaseExpires,
@@ -33,6 +50,9 @@ from .errors import RasdError, Timeout, Unavailable
 
 __all__ = ["call_raw", "close", "get_lease", "headroom", "release"]
 
+#: connect(2) errors that mean "not now" (a full backlog, a daemon restarting), not "never".
+TRANSIENT_CONNECT_ERRORS = frozenset({errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT})
+
 
 class _AioConn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -43,6 +63,14 @@ class _AioConn:
         self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<_AioConn {state} pid={self.pid} waiting={len(self.waiting)}>"
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.pid == os.getpid()
 
     async def _read_loop(self) -> None:
         decoder = wire.FrameDecoder()
@@ -70,6 +98,10 @@ class _AioConn:
             self.writer.close()
 
     async def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.closed:
+            # Sent on a connection already given up, it would never be answered: this is a
+            # close before the reply, which the caller retries on a new connection.
+            raise Unavailable("rasd connection lost: closed before the request was sent")
         req_id = next(self.ids)
         req["v"] = wire.VERSION
         req["id"] = req_id
@@ -83,44 +115,111 @@ class _AioConn:
         finally:
             self.waiting.pop(req_id, None)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Close the socket and end the reader task (waiting calls get ``Unavailable``)."""
         self.closed = True
         self.task.cancel()
         self.writer.close()
+        await asyncio.wait([self.task])
 
 
-_conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _AioConn]] = (
+class _Link:
+    """One event loop's connection to one socket path, and the connect under way, if any."""
+
+    __slots__ = ("conn", "opening", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.conn: _AioConn | None = None
+        self.opening: asyncio.Task[_AioConn] | None = None
+
+    def __repr__(self) -> str:
+        return f"<_Link {self.path!r} conn={self.conn!r} opening={self.opening is not None}>"
+
+    async def _open(self) -> _AioConn:
+        """One connect attempt; the new connection becomes this link's."""
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                # On a Unix socket a non-blocking connect never is "in progress": it is
+                # accepted into the backlog or fails now (EAGAIN when the backlog is full).
+                sock.connect(self.path)
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+            except BaseException:
+                sock.close()
+                raise
+            old, self.conn = self.conn, _AioConn(reader, writer)
+            if old is not None:
+                await old.close()
+            return self.conn
+        finally:
+            self.opening = None
+
+    async def conn_for(self, deadline: float) -> _AioConn:
+        """This link's connection, opened if needed. Calls that arrive while it is being
+        opened wait for that connect; a transient failure is tried again, after a short
+        pause, until ``deadline`` (time.monotonic())."""
+        delay = CONNECT_RETRY_INITIAL
+        while True:
+            conn = self.conn
+            if conn is not None and conn.usable:
+                return conn
+            if self.opening is None:
+                self.opening = asyncio.get_running_loop().create_task(self._open())
+            try:
+                # shield: a caller that gives up does not cancel the connect the others await
+                return await asyncio.shield(self.opening)
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_CONNECT_ERRORS:
+                    raise Unavailable(f"cannot connect to rasd at {self.path}: {exc}") from exc
+                if deadline - time.monotonic() - delay < MIN_RETRY_BUDGET:
+                    raise Unavailable(
+                        f"cannot connect to rasd at {self.path} within the timeout: {exc}"
+                    ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CONNECT_RETRY_MAX)
+
+    async def drop(self, conn: _AioConn) -> None:
+        """A call found ``conn`` broken: close it; the next call opens a new one."""
+        if self.conn is conn:
+            self.conn = None
+        await conn.close()
+
+
+_links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Link]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-async def _conn(path: str) -> _AioConn:
-    loop = asyncio.get_running_loop()
-    per_loop = _conns.setdefault(loop, {})
-    conn = per_loop.get(path)
-    if conn is not None and (conn.closed or conn.pid != os.getpid()):
-        conn = None
-    if conn is None:
-        try:
-            reader, writer = await asyncio.open_unix_connection(path)
-        except OSError as exc:
-            raise Unavailable(f"cannot connect to rasd at {path}: {exc}") from exc
-        conn = _AioConn(reader, writer)
-        per_loop[path] = conn
-    return conn
+def _link(path: str) -> _Link:
+    per_loop = _links.setdefault(asyncio.get_running_loop(), {})
+    link = per_loop.get(path)
+    if link is None:
+        link = per_loop[path] = _Link(path)
+    return link
 
 
 async def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    link = _link(path)
     for attempt in (1, 2):
-        conn = await _conn(path)
+        conn = link.conn
+        if conn is None or not conn.usable:
+            conn = await link.conn_for(deadline)
+            # The connect took part of the caller's time: tell the daemon what is left.
+            budget = retry_budget(deadline)
+            if budget is None:
+                raise Unavailable(f"cannot connect to rasd at {path} within the timeout")
+            timeout = budget
+            req = with_deadline(req, timeout)
         try:
             return await conn.call(dict(req), timeout)
         except Unavailable as exc:  # the connection closed before the reply
-            conn.close()
+            await link.drop(conn)
             err: Exception = exc
         except (ConnectionError, OSError) as exc:
-            conn.close()
+            await link.drop(conn)
             err = Unavailable(f"rasd connection failed: {exc}")
         # Once more on a new connection within the caller's deadline: see the sync client.
         budget = retry_budget(deadline)
@@ -175,10 +274,14 @@ async def call_raw(
 
 
 async def close() -> None:
-    """Close this event loop's connections (optional; they close with the loop anyway)."""
-    per_loop = _conns.pop(asyncio.get_running_loop(), {})
-    for conn in per_loop.values():
-        conn.close()
+    """Close this event loop's connections and end their reader tasks (optional; they close
+    with the loop anyway). A later call opens a new one."""
+    for link in list(_links.get(asyncio.get_running_loop(), {}).values()):
+        if link.opening is not None:
+            await asyncio.wait([link.opening])
+        conn, link.conn = link.conn, None
+        if conn is not None:
+            await conn.close()
 
 
 def _path(explicit: str | None) -> str:

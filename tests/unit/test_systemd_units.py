@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import socket
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from rasd.config import Config, load
 from rasd.peercred import Acl
+from rasd.server import LISTEN_BACKLOG, Daemon
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 
@@ -90,6 +93,62 @@ def test_socket_survives_service_restarts(socket_unit: Unit) -> None:
     close the listening socket and drop the callers queued in its backlog."""
     for key in ("PartOf", "BindsTo"):
         assert key not in socket_unit["Unit"], f"{key}= would bounce the socket on restart"
+
+
+def test_socket_backlog_is_the_daemons(socket_unit: Unit) -> None:
+    """rasd.socket's Backlog= and the backlog ``rasd serve --socket`` listens with are one
+    figure, so a connect storm (every worker of a web server at once) meets the same queue
+    with or without socket activation."""
+    assert int(one(socket_unit, "Socket", "Backlog")) == LISTEN_BACKLOG
+
+
+def refused_connects(path: str, n: int) -> int:
+    """Connect ``n`` times without accepting any; how many the kernel refused (EAGAIN)."""
+    refused = 0
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except BlockingIOError:
+            s.close()
+            refused += 1
+        else:
+            socks.append(s)
+    for s in socks:
+        s.close()
+    return refused
+
+
+@pytest.mark.parametrize("inherited", [False, True], ids=["bound", "inherited"])
+def test_daemon_listens_with_the_socket_units_backlog(tmp_path: Path, inherited: bool) -> None:
+    """The daemon's listening socket queues 600 connects nobody has accepted yet, both the
+    one it binds itself and one it inherits: asyncio and uvloop call listen() again on a
+    socket they are given, which must not cut systemd's Backlog= down to their default."""
+    if int(Path("/proc/sys/net/core/somaxconn").read_text()) < 600:
+        pytest.skip("net.core.somaxconn caps every backlog below 600 on this machine")
+    path = str(tmp_path / "d.sock")
+    sock = None
+    if inherited:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        sock.listen(LISTEN_BACKLOG)  # as systemd does with Backlog=
+
+    async def main() -> int:
+        d = Daemon(Config(socket=path).validate())
+        await d.listen(sock)
+        assert d.server is not None
+        try:
+            return refused_connects(path, 600)  # the loop never runs: nothing is accepted
+        finally:
+            d.server.close()
+
+    try:
+        assert uvloop.run(main()) == 0
+    finally:
+        if sock is not None:
+            sock.close()
 
 
 def test_service_never_gives_up(service: Unit) -> None:
