@@ -371,6 +371,9 @@ class Acquirer:
             # Queued behind the two writes: building the refill's Query never delays them.
             self.prefetch.refill_soon(pool)
             mres, cres = await writes
+            if cres.outcome is D.Outcome.UNKNOWN or cres.error is not None:
+                # not refused by its condition: the item may still be free at this version
+                self.prefetch.untake(pool, cand)
             step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
             if isinstance(step, D.Won):
                 lease = Lease(

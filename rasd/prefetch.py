@@ -257,6 +257,11 @@ class CandidateBuffer:
             del self._taken[next(iter(self._taken))]
         self._taken[(item.resource, item.version)] = now
 
+    def untake(self, item: ResourceItem) -> None:
+        """The claim of ``item`` did not apply, or may not have: if a read shows it again at
+        the same version, it is a candidate (the claim's condition decides)."""
+        self._taken.pop((item.resource, item.version), None)
+
     def _forget_taken(self, now: float) -> None:
         """Drop takes older than ``candidate_max_age``: an index that still shows such an
         item at the version taken is lagging a lot, and the claim's condition decides."""
@@ -520,6 +525,13 @@ class Prefetcher:
             dropped = buf.lost(cand)
             if dropped:
                 self.counters.inc("prefetch.dropped_contended", dropped)
+
+    def untake(self, pool: Pool, cand: Candidate) -> None:
+        """The claim of ``cand`` failed for a reason other than its condition, or its outcome
+        is unknown (see CandidateBuffer.untake)."""
+        buf = self.buffers.get((pool.client_id, pool.pool_id))
+        if buf is not None:
+            buf.untake(cand.item)
 
     async def idle(self, timeout: float = 5.0) -> None:
         """Wait for background refills in flight (tests; shutdown)."""

@@ -450,3 +450,19 @@ async def test_a_claim_applied_before_its_answer_was_lost_is_recognised(
         assert d.counters["ddb.ambiguous_applied"] == 1
     held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "once"]
     assert held == [got.resource]
+
+
+async def test_a_claim_that_never_applied_leaves_its_item_a_candidate(
+    ddb: Any, table: str, faulty_daemon: Any
+) -> None:
+    """A pool of one: the first attempt's two writes fail with an error that is not their
+    condition (they never applied), so the item is still free at the version read. The
+    daemon must not treat it as taken: the request's next attempt claims it, instead of
+    answering NO_CAPACITY while the pool's only item is claimable."""
+    (only,) = seed_pool(ddb, table, count=1)
+    faults = Faults(seed=1)
+    async with faulty_daemon(faults) as d:
+        faults.add("validation", ops={"UpdateItem"}, times=2)
+        lease = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert faults.injected == {"validation": 2}
+        assert lease.new and lease.resource == only

@@ -782,3 +782,16 @@ async def test_no_capacity_only_after_every_sub_partition_was_read() -> None:
     store.reads.clear()
     assert await p.candidate(pool, 1e9) is None  # type: ignore[attr-defined]
     assert set(store.reads) == set(range(PARTITIONS))
+
+
+def test_an_item_whose_claim_never_applied_is_a_candidate_again() -> None:
+    """``untake``: the claim failed for another reason than its condition (or its outcome is
+    unknown): the item, read again at the same version, is a candidate."""
+    b = buf(prefetch_min=4)
+    r0 = items(1)[0]
+    b.add([r0], 0.0)
+    c = b.take(0.0)
+    assert c is not None
+    assert b.add([r0], 0.0) == 0
+    b.untake(c.item)
+    assert b.add([r0], 0.0) == 1
