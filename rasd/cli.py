@@ -21,8 +21,9 @@ environment:
   RASD_TABLE, RASD_REGION, RASD_SOCKET   table, RAS region, socket path (flags override)
   RASD_<SETTING>                          any config setting, e.g. RASD_SKEW_MARGIN=5
   AWS_REGION                              DynamoDB client region (defaults to the RAS region)
-  AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID, ...
-                                          as boto3 reads them
+  AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID,
+  AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT, AWS_CA_BUNDLE, AWS_MAX_ATTEMPTS,
+  HTTPS_PROXY, NO_PROXY, ...              as botocore reads them (check-config prints them)
 """
 
 
@@ -195,9 +196,32 @@ def main(argv: list[str] | None = None) -> int:
         except AclError as exc:
             print(f"rasd: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps(cfg.public(), indent=2, sort_keys=True))
+        out = cfg.public()
+        try:
+            out["aws"] = _aws_settings(cfg, env).public()
+        except ConfigError as exc:
+            print(f"rasd: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     return serve(cfg, reloader=lambda: _config(args))
+
+
+def _aws_settings(cfg: Config, env: dict[str, str] | None) -> Any:
+    """The AWS settings the daemon would run with (``rasd.aws``), botocore reading ``env``
+    (the service's environment) as the process environment."""
+    from . import aws
+
+    saved = dict(os.environ)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        return aws.resolve(cfg.endpoint_url, os.environ.get("AWS_REGION") or cfg.region)
+    finally:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 def serve(cfg: Config, reloader: Any = None) -> int:

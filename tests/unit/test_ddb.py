@@ -556,29 +556,6 @@ async def test_refreshable_credentials_refresh_off_the_loop() -> None:
     assert creds.current()[0] == "A1"
 
 
-def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    for var in (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_DYNAMODB",
-        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    assert ddb.resolve_endpoint("http://x:1", "eu-west-1") == "http://x:1"
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "https://dynamodb.eu-west-1.amazonaws.com"
-    assert ddb.resolve_endpoint(None, "cn-north-1").endswith(".amazonaws.com.cn")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://all:1")
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://all:1"
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://ddb:1")
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://ddb:1"
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
-    monkeypatch.delenv("AWS_ENDPOINT_URL_DYNAMODB")
-    cfg = tmp_path / "config"
-    cfg.write_text("[default]\nendpoint_url = http://profile:1\n")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://profile:1"
-
-
 async def test_calls_sent_together_leave_in_one_loop_iteration() -> None:
     """Three gathered calls on warm connections are all written before the loop polls for
     I/O once: a callback re-scheduling itself with call_soon counts the iterations."""
