@@ -250,11 +250,11 @@ def serve(cfg: Config, reloader: Any = None) -> int:
         return 2
     sock = inherited.get("rasd") or next(iter(inherited.values()), None)
     try:
-        uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
+        status = uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
     except AclError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -722,12 +722,8 @@ class LeanDynamoDB:
             if len(parts) < 2 or not parts[1].isdigit() or not 200 <= int(parts[1]) < 300:
                 raise ProxyRefused(f"proxy {host}:{port} answered CONNECT with {status_line!r}")
             conn = _Conn()
-            tls = await loop.start_tls(
-                transport,
-                conn,
-                self._ssl,
-                server_hostname=self._host,  # type: ignore[arg-type]
-            )
+            assert self._ssl is not None  # a tunnel is for https endpoints only
+            tls = await loop.start_tls(transport, conn, self._ssl, server_hostname=self._host)
             if tls is None:
                 raise ConnectFailed("TLS through the proxy's tunnel could not start")
             conn.connection_made(tls)

@@ -239,7 +239,8 @@ class Store:
                 failure = classify_code(code, _status(exc))
                 never_sent = False
                 reason = code or str(_status(exc))
-                detail = f"{reason}: {exc.response.get('Error', {}).get('Message', '')}"
+                message = exc.response.get("Error", {}).get("Message", "")
+                detail = f"{reason}: {message}" if message else reason
             except TimeoutError:
                 failure, reason, detail = Failure.TIMEOUT, "timeout", "no answer"
                 never_sent = False
@@ -273,7 +274,7 @@ class Store:
                 counters.inc("ddb.conflicts")  # another writer: DynamoDB itself is fine
                 breaker.record_success(now)
             else:
-                counters.inc("ddb.timeouts" if failure is Failure.TIMEOUT else "ddb.errors")
+                counters.inc("ddb.timeouts" if reason == "timeout" else "ddb.errors")
                 breaker.record_failure(now)
             if ambiguous is not None and failure.may_have_applied and not never_sent:
                 ambiguous.append(True)  # the write may have landed

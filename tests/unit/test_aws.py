@@ -92,15 +92,15 @@ def test_endpoint_is_botocores(
     assert got.tls
 
 
-def test_fips_and_dualstack_from_the_profile(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+def test_fips_and_dualstack_from_the_profile(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
     clean_env.write_text("[default]\nuse_fips_endpoint = true\nuse_dualstack_endpoint = true\n")
     assert aws.resolve(None, "us-west-2").endpoint_url == _boto_url("us-west-2")
     assert aws.resolve(None, "us-west-2").endpoint_url == "https://dynamodb-fips.us-west-2.api.aws"
 
 
-def test_endpoint_urls_in_botocores_order(
-    monkeypatch: pytest.MonkeyPatch, clean_env: Path
-) -> None:
+def test_endpoint_urls_in_botocores_order(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     """rasd's endpoint_url, AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, the profile's
     services section and endpoint_url, AWS_IGNORE_CONFIGURED_ENDPOINT_URLS."""
     clean_env.write_text(
@@ -134,7 +134,7 @@ def test_ca_bundle_from_env_or_profile(
     assert got.ca_bundle == certifi.where() and got.sources["ca_bundle"] == "profile ca_bundle"
     missing = tmp_path / "nope.pem"
     monkeypatch.setenv("AWS_CA_BUNDLE", str(missing))
-    with pytest.raises(aws.AwsSettingsError, match="nope.pem"):
+    with pytest.raises(aws.AwsSettingsError, match=r"nope\.pem"):
         aws.resolve(None, "us-east-1")
 
 
@@ -196,9 +196,7 @@ def test_what_rasd_cannot_honour_stops_it(
     assert match in capsys.readouterr().err
 
 
-def test_max_attempts_from_env_or_profile(
-    monkeypatch: pytest.MonkeyPatch, clean_env: Path
-) -> None:
+def test_max_attempts_from_env_or_profile(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     assert aws.resolve(None, "us-east-1").max_attempts == 3
     clean_env.write_text("[default]\nmax_attempts = 7\nretry_mode = standard\n")
     assert aws.resolve(None, "us-east-1").max_attempts == 7

@@ -90,8 +90,10 @@ def test_every_error_botocore_retries_is_retried() -> None:
         (ConnectTimeoutError(endpoint_url="u"), Failure.CONNECT_TIMEOUT),
         (EndpointConnectionError(endpoint_url="u"), Failure.CONNECTION),
         (ConnectionClosedError(endpoint_url="u"), Failure.CONNECTION),
-        (ChecksumError(checksum_type="crc32", expected_checksum="1", actual_checksum="2"),
-         Failure.CONNECTION),
+        (
+            ChecksumError(checksum_type="crc32", expected_checksum="1", actual_checksum="2"),
+            Failure.CONNECTION,
+        ),
         (ConnectionResetError(), Failure.CONNECTION),
         (NoCredentialsError(), Failure.FATAL),
     ],
