@@ -248,6 +248,9 @@ class Store:
                 failure = classify_exception(exc)
                 never_sent = _never_sent(exc)
                 reason, detail = type(exc).__name__, f"{type(exc).__name__}: {exc}"
+                cause = getattr(exc, "kwargs", {}).get("error")
+                if cause is not None and str(cause) not in detail:
+                    detail = f"{detail} ({cause})"  # botocore's text leaves out why
             now = time.monotonic()
             if failure is Failure.EXPIRED_TOKEN:
                 breaker.record_success(now)  # DynamoDB answered
