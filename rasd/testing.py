@@ -241,8 +241,9 @@ class FaultyStore(Store):
         *,
         faults: Faults | None = None,
         sleep: Sleep = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
-        super().__init__(config, counters)
+        super().__init__(config, counters, rng=rng)
         self.faults = faults if faults is not None else Faults()
         self._sleep = sleep
 

@@ -28,6 +28,7 @@ from botocore.exceptions import (
 )
 
 from rasd import ddb
+from rasd.config import Config
 from rasd.store import _never_sent
 
 WHEN = datetime.datetime(2024, 3, 9, 23, 59, 58, tzinfo=datetime.timezone.utc)
@@ -276,6 +277,28 @@ async def test_connection_close_and_stale_connections_are_not_reused() -> None:
         await c.get_item(TableName="t")
         await c.close()
     assert len(accepted) == 2
+
+
+async def test_old_connections_are_replaced_and_the_name_resolved_again() -> None:
+    """A pooled connection older than max_age is closed, not reused: the next request opens
+    a new one, which resolves the endpoint's name again (DynamoDB's addresses change). Age is
+    checked against the connection's birth, so the test ages it instead of waiting."""
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        async for body in _requests(r):
+            w.write(_response(_echo(body)))
+
+    async with _server(echo) as (url, accepted):
+        url = url.replace("127.0.0.1", "localhost")  # a name, resolved per connection
+        c = _lean(url, max_age=60.0)
+        await c.get_item(TableName="t")
+        await c.get_item(TableName="t")
+        assert len(accepted) == 1  # young: reused
+        c._idle[0].born -= 61.0
+        await c.get_item(TableName="t")
+        await c.close()
+    assert len(accepted) == 2
+    assert ddb.MAX_AGE == 60.0 == Config().ddb_connection_max_age
 
 
 async def test_pool_is_bounded() -> None:
