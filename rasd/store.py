@@ -197,6 +197,8 @@ class Store:
         call (or the circuit breaker is open). A failed attempt of a write that may have
         applied appends to ``ambiguous``.
         """
+        if self._client is None:
+            raise Unavailable(f"DynamoDB {op}: the store is closed")
         method = getattr(self._client, OPERATIONS[op])
         breaker = self.breaker
         policy = self.retry
@@ -308,6 +310,8 @@ class Store:
                 request_id=rid,
             )
             await self._sleep(decision.delay)
+            if self._client is None:  # closed (shutdown) while this call waited to retry
+                raise Unavailable(f"DynamoDB {op}: the store is closed")
 
     # -------------------------------------------------------------------------- queries
     async def list_pools(self, deadline: float) -> list[Pool]:
