@@ -249,7 +249,7 @@ async def serving(handler: Any, ctx: ssl.SSLContext | None = None) -> AsyncItera
 class IamMoto:
     url: str
     port: int
-    keys: dict[str, tuple[str, str]]  # "a", "b", "admin" -> (access key id, secret)
+    keys: dict[str, tuple[str, str]]  # "a", "b", "r1", "r2", "admin" -> (key id, secret)
 
     def admin(self, service: str = "dynamodb") -> Any:
         ak, sk = self.keys["admin"]
@@ -265,7 +265,7 @@ class IamMoto:
 
 @pytest.fixture(scope="module")
 def iam_moto() -> Iterator[IamMoto]:
-    """moto in its own process; a user with three access keys and the table, then IAM
+    """moto in its own process; users with access keys, the table and a pool, then IAM
     authentication switched on (signatures verified from then on)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rasd.motoserver"],
@@ -281,7 +281,8 @@ def iam_moto() -> Iterator[IamMoto]:
         url = f"http://127.0.0.1:{port}"
         iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1")
         keys = {}
-        for user, names in (("rasd", ("a", "b")), ("admin", ("admin",))):
+        users = (("rasd", ("a", "b")), ("rotating", ("r1", "r2")), ("admin", ("admin",)))
+        for user, names in users:
             iam.create_user(UserName=user)
             iam.put_user_policy(
                 UserName=user,
@@ -508,21 +509,24 @@ async def test_rotated_credentials_and_an_expired_token(
     credentials at once (off the event loop), retries once, and the lease is granted, signed
     with the new key and verified."""
     pki = make_pki(aws_env)
-    (ak_a, sk_a), (ak_b, sk_b) = iam_moto.keys["a"], iam_moto.keys["b"]
+    (ak_a, sk_a), (ak_b, sk_b) = iam_moto.keys["r1"], iam_moto.keys["r2"]
     credential_process(aws_env, ak_a, sk_a)
     monkeypatch.setenv("AWS_CA_BUNDLE", str(pki.ca))
-    async with tls_front(iam_moto, pki) as front:
-        async with daemon(short_dir, f"https://localhost:{front.port}") as d:
-            first = await rasd_aio.get_lease(C, P, "r1", HOUR, socket_path=d.cfg.socket, timeout=5)
-            assert first.new and set(front.keys) == {ak_a}
-            credential_process(aws_env, ak_b, sk_b)  # rotation
-            front.expired.add(ak_a)
-            second = await rasd_aio.get_lease(C, P, "r2", HOUR, socket_path=d.cfg.socket, timeout=5)
-            assert second.new
-            assert front.keys[-1] == ak_b and ak_a in front.keys
-            assert d.counters["ddb.expired_token"] >= 1
-            assert d.store.client.credential_refreshes == 1
-    iam_moto.admin("iam").delete_access_key(UserName="rasd", AccessKeyId=ak_a)
+    async with (
+        tls_front(iam_moto, pki) as front,
+        daemon(short_dir, f"https://localhost:{front.port}") as d,
+    ):
+        first = await rasd_aio.get_lease(C, P, "r1", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert first.new and set(front.keys) == {ak_a}
+        credential_process(aws_env, ak_b, sk_b)  # rotation: B issued, A revoked
+        iam = iam_moto.admin("iam")
+        await asyncio.to_thread(iam.delete_access_key, UserName="rotating", AccessKeyId=ak_a)
+        front.expired.add(ak_a)
+        second = await rasd_aio.get_lease(C, P, "r2", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert second.new
+        assert front.keys[-1] == ak_b and ak_a in front.keys
+        assert d.counters["ddb.expired_token"] >= 1
+        assert d.store.client.credential_refreshes >= 1
     got = iam_moto.admin().get_item(
         TableName=TABLE,
         Key={"client_id": {"S": C}, "resource": {"S": second.resource}},
