@@ -10,7 +10,10 @@ and ``rasd.testing``'s fault wrapper work unchanged:
 ================================  ================================================================
 DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
 connection refused, DNS, any       ``EndpointConnectionError(error=ConnectFailed(...))``: never
-error while connecting             sent (``store._never_sent``)
+error while connecting, a proxy    sent (``store._never_sent``)
+refusing CONNECT
+certificate not trusted by the     ``SSLError(error=ConnectFailed(...))`` naming the CA bundle:
+CA bundle                          never sent
 connect (or TLS handshake) slow    ``ConnectTimeoutError``: never sent
 no answer within read_timeout      ``ReadTimeoutError``: may have applied
 closed or reset after sending      ``ConnectionClosedError``: may have applied
@@ -463,14 +466,12 @@ class LeanDynamoDB:
         self.settings = settings
         self._proxy: tuple[str, int] | None = None
         self._proxy_ssl = settings.proxy_ssl_context()
-        self._proxy_host = ""
         target = "/"
         proxy_head = "".join(f"{k}: {v}\r\n" for k, v in settings.proxy_headers)
         if settings.proxy_url:
             p = urlsplit(settings.proxy_url)
             assert p.hostname is not None and p.port is not None
             self._proxy = (p.hostname, p.port)
-            self._proxy_host = p.hostname
             if not self._tls:  # plain HTTP through the proxy: absolute-form requests
                 target = f"http://{host_header}/"
         #: the CONNECT request that opens a tunnel to the endpoint (https through a proxy)
@@ -691,7 +692,10 @@ class LeanDynamoDB:
             raise ConnectTimeoutError(endpoint_url=self.endpoint_url) from None
         except ssl.SSLCertVerificationError as exc:
             # what failed and against which bundle: a wrong CA bundle is a setting to fix
-            bad = ConnectFailed(exc.errno, f"{exc} (CA bundle: {self.settings.ca_bundle})")
+            bundles = f"CA bundle: {self.settings.ca_bundle}"
+            if self._proxy_ssl is not None:
+                bundles += f"; proxy CA bundle: {self.settings.proxy_ca_bundle or 'the same'}"
+            bad = ConnectFailed(exc.errno, f"{exc} ({bundles})")
             raise SSLError(endpoint_url=self.endpoint_url, error=bad) from exc
         except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS handshake...
             known = isinstance(exc, ConnectionRefusedError | socket.gaierror | ConnectFailed)

@@ -166,7 +166,8 @@ class RetryQuota:
         return True
 
     def release(self, amount: int) -> None:
-        self.available = min(self.capacity, self.available + amount)
+        if self.available != self.capacity:  # full (the usual case): nothing to do
+            self.available = min(self.capacity, self.available + amount)
 
     def __repr__(self) -> str:
         return f"RetryQuota({self.available}/{self.capacity})"

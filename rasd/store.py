@@ -228,7 +228,8 @@ class Store:
                 async with asyncio.timeout(budget):
                     resp: dict[str, Any] = await method(TableName=self.table, **kw)
                 breaker.record_success(time.monotonic())
-                policy.succeeded(cost)
+                if cost or policy.quota.available != policy.quota.capacity:
+                    policy.succeeded(cost)
                 return resp
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
@@ -261,7 +262,13 @@ class Store:
                 if not refreshed and refresh is not None:
                     refreshed = True  # one forced refresh and one more attempt per call
                     log.warning("ddb_credentials_expired", op=op, request_id=rid)
-                    await refresh()
+                    try:
+                        await refresh()
+                    except Exception as exc:  # any provider's failure
+                        raise Unavailable(
+                            f"DynamoDB {op}: credentials expired ({reason}) and could not be "
+                            f"refreshed: {type(exc).__name__}: {exc}{_rid(rid)}"
+                        ) from exc
                     attempt -= 1  # the attempt with fresh credentials is not a retry
                     continue
                 raise Unavailable(

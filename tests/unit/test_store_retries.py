@@ -23,8 +23,9 @@ import orjson
 import pytest
 import structlog
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, NoCredentialsError
 
+import rasd.ddb
 import rasd.store
 from rasd.config import Config
 from rasd.decide import Outcome
@@ -327,3 +328,11 @@ async def test_expired_token_forces_a_refresh_and_one_more_attempt(
         with pytest.raises(Unavailable, match=r"credentials expired.*request id RID-3"):
             await store._call("GetItem", fake_time.monotonic() + 60.0)
         assert store.client.credential_refreshes == 2
+
+        def no_credentials() -> None:
+            raise NoCredentialsError()
+
+        monkeypatch.setattr(rasd.ddb, "resolve_credentials", no_credentials)
+        script.answers[:] = [Answer(400, "ExpiredTokenException")]
+        with pytest.raises(Unavailable, match=r"could not be refreshed: NoCredentialsError"):
+            await store._call("GetItem", fake_time.monotonic() + 60.0)
