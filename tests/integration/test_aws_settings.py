@@ -533,3 +533,22 @@ async def test_rotated_credentials_and_an_expired_token(
         ConsistentRead=True,
     )["Item"]
     assert got["key"]["S"] == "r2"
+
+
+async def test_a_setting_rasd_cannot_honour_refuses_the_start(
+    aws_env: Path, short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SOCKS proxy: the daemon logs startup_refused with the reason and ends with exit
+    status 2 instead of connecting directly (or retrying forever, degraded)."""
+    import structlog
+
+    monkeypatch.setenv("HTTPS_PROXY", "socks5h://127.0.0.1:1080")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    cfg = Config(table=TABLE, socket=str(short_dir / "d.sock")).validate()
+    d = Daemon(cfg)
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(d.run(), 30)
+    assert d.exit_status == 2
+    refused = [e for e in logs if e["event"] == "startup_refused"]
+    assert refused and "SOCKS" in refused[0]["cause"], logs

@@ -221,3 +221,16 @@ def test_check_config_prints_the_aws_settings(
     assert a["ca_bundle"] == certifi.where()
     assert a["sources"]["ca_bundle"] == "AWS_CA_BUNDLE"
     assert a["max_attempts"] == 3 and a["retry_mode"] == "standard"
+
+
+def test_check_config_reads_aws_settings_from_the_env_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/etc/default/rasd (the unit's EnvironmentFile=) is where operators put AWS_* and proxy
+    variables: check-config resolves with them, as the service will."""
+    env_file = tmp_path / "rasd.env"
+    env_file.write_text("HTTPS_PROXY=http://proxy.example:3128\nAWS_MAX_ATTEMPTS=4\n")
+    assert cli.main(["check-config", "--env-file", str(env_file)]) == 0
+    a = json.loads(capsys.readouterr().out)["aws"]
+    assert a["proxy"] == "http://proxy.example:3128" and a["max_attempts"] == 4
+    assert "HTTPS_PROXY" not in __import__("os").environ  # the shell's environment is kept
