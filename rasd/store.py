@@ -271,9 +271,9 @@ class Store:
                         ) from exc
                     attempt -= 1  # the attempt with fresh credentials is not a retry
                     continue
+                done = "a refresh did not help" if refreshed else "this client cannot refresh them"
                 raise Unavailable(
-                    f"DynamoDB {op}: credentials expired ({reason}) and a refresh did not help"
-                    f"{_rid(rid)}"
+                    f"DynamoDB {op}: credentials expired ({reason}); {done}{_rid(rid)}"
                 )
             if failure is Failure.FATAL:
                 breaker.record_success(now)  # DynamoDB answered (or this is no outage)
@@ -303,7 +303,8 @@ class Store:
                 }.get(decision.reason, decision.reason)
                 if failure is Failure.TIMEOUT and decision.reason == "deadline":
                     raise Timeout(f"DynamoDB {op}: no answer within the deadline{_rid(rid)}")
-                log.warning(
+                # debug: the caller's error (which names the request id) is what gets logged
+                log.debug(
                     "ddb_gave_up", op=op, reason=reason, attempts=attempt, why=why, request_id=rid
                 )
                 raise Unavailable(f"DynamoDB {op}: {detail}, {why}{_rid(rid)}")

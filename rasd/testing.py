@@ -168,6 +168,7 @@ def fault_exception(kind: FaultKind, op: str) -> Exception | None:
         response: dict[str, Any] = {
             "Error": {"Code": code, "Message": message},
             "ResponseMetadata": {
+                "RequestId": f"FAULT-{kind.upper()}",
                 "HTTPStatusCode": status,
                 "HTTPHeaders": {"x-amzn-errortype": f"{prefix}{code}"},
                 "RetryAttempts": 0,

@@ -280,6 +280,7 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
         assert len(events) == 1, logs
         assert events[0]["event"] == "lease_at_risk" and events[0]["log_level"] == "error"
         assert events[0]["key"] == "k" and events[0]["retry_in_s"] == 1.0
+        assert "(request id FAULT-VALIDATION)" in events[0]["error"]  # DynamoDB's, to quote
 
         # within the backoff: hits are served, no new write is attempted
         writes = faults.calls("UpdateItem")
@@ -454,3 +455,16 @@ async def test_a_claim_applied_before_its_answer_was_lost_is_recognised(
         assert d.counters["ddb.ambiguous_applied"] == 1
     held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "once"]
     assert held == [got.resource]
+
+
+async def test_request_ids_in_answers(ddb: Any, table: str, faulty_daemon: Any) -> None:
+    """DynamoDB failing: the UNAVAILABLE answer quotes DynamoDB's request id, the thing AWS
+    support asks for (error log lines quote it too: the background extension test)."""
+    seed_pool(ddb, table, count=10)
+    faults = Faults(seed=3)
+    async with faulty_daemon(faults, breaker_failures=1000) as d:
+        await d.acquirer.prefetch.idle()
+        faults.add("server_error", ops={"Query"})
+        with pytest.raises(rasd_client.Unavailable) as err:
+            await rasd_aio.get_lease(C, P, "rid", HOUR, socket_path=d.cfg.socket, timeout=5)
+        assert "(request id FAULT-SERVER_ERROR)" in err.value.message, err.value.message
