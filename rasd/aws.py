@@ -2,15 +2,18 @@
 
 Every setting botocore reads (environment, the profile, the shared config file) means the same
 to rasd, because botocore resolves it: :func:`resolve` makes a botocore DynamoDB client for the
-region (never used to call anything) and reads what it decided:
+region and reads what it decided; the endpoint is where it sends a GetItem that is built and
+signed but answered before it leaves (nothing goes on the network):
 
 ==============================  ===============================================================
-endpoint                        ``client.meta.endpoint_url``: the ``endpoint_url`` setting,
+endpoint                        the ``endpoint_url`` setting,
                                 ``AWS_ENDPOINT_URL_DYNAMODB``, ``AWS_ENDPOINT_URL``, the
                                 profile's ``endpoint_url`` and ``services`` section, FIPS
                                 (``AWS_USE_FIPS_ENDPOINT``), dual-stack
                                 (``AWS_USE_DUALSTACK_ENDPOINT``), every partition (China,
-                                GovCloud, ISO)
+                                GovCloud, ISO), and the account-based endpoint
+                                (``https://<account>.ddb.<region>.amazonaws.com``) when the
+                                credentials carry an account id, as botocore sends a request
 proxy                           ``HTTPS_PROXY``/``HTTP_PROXY`` as botocore reads them
                                 (``botocore.utils.get_environ_proxies``: ``NO_PROXY`` applies);
                                 the profile's ``proxies_config`` (``proxy_ca_bundle``)
@@ -24,7 +27,8 @@ retries                         ``client.meta.config.retries``: ``AWS_MAX_ATTEMP
 What rasd cannot honour stops it with :class:`AwsSettingsError` (``rasd check-config`` exits
 2, ``rasd serve`` refuses to start), never silently: a proxy that is not ``http://`` or
 ``https://`` (SOCKS), ``proxy_client_cert``, ``proxy_use_forwarding_for_https``, a client
-certificate, ``retry_mode`` other than ``standard``, ``account_id_endpoint_mode = required``.
+certificate, ``retry_mode`` other than ``standard``, endpoint discovery, and
+``account_id_endpoint_mode = required`` with credentials that carry no account id.
 
 Resolution reads files: call :func:`resolve` in a thread, never on the event loop. Nothing
 here runs per request.
@@ -110,10 +114,33 @@ def _source(env_var: str, profile_key: str, profile: dict[str, Any], default: st
     return default
 
 
-def resolve(endpoint_url: str | None, region: str) -> AwsSettings:
+def _sent_to(client: Any) -> str:
+    """Where botocore sends a GetItem: a request is built and signed as for real, and
+    answered before anything is sent (``before-send``). Per-request endpoint rules (the
+    account-based endpoint of credentials that carry an account id) are applied this way."""
+    from botocore.awsrequest import AWSResponse
+
+    urls: list[str] = []
+
+    class _Body:
+        def stream(self, **_: Any) -> Any:
+            yield b"{}"
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        urls.append(request.url)
+        return AWSResponse(request.url, 200, {}, _Body())  # type: ignore[arg-type]
+
+    client.meta.events.register("before-send.dynamodb", answer)
+    client.get_item(TableName="rasd", Key={"client_id": {"S": "#"}, "resource": {"S": "#"}})
+    p = urlsplit(urls[-1])
+    return f"{p.scheme}://{p.netloc}"
+
+
+def resolve(endpoint_url: str | None, region: str, account_id: str | None = None) -> AwsSettings:
     """botocore's decisions for a DynamoDB client in ``region`` (``endpoint_url``: rasd's own
-    setting, which wins as botocore's ``endpoint_url=`` argument does). Blocking: reads the
-    shared config file. Raises :class:`AwsSettingsError` for what rasd cannot honour."""
+    setting, which wins as botocore's ``endpoint_url=`` argument does; ``account_id``: the
+    credentials' account, for botocore's account-based endpoints). Blocking: reads the shared
+    config file. Raises :class:`AwsSettingsError` for what rasd cannot honour."""
     import botocore.session
     from botocore.exceptions import BotoCoreError
     from botocore.httpsession import get_cert_path
@@ -122,18 +149,29 @@ def resolve(endpoint_url: str | None, region: str) -> AwsSettings:
     try:
         session = botocore.session.Session()
         profile: dict[str, Any] = session.get_scoped_config()
-        # credentials are not needed to resolve anything; rasd.ddb resolves them itself
+        # keys are not needed to resolve anything (rasd.ddb resolves them); the account is
+        if str(session.get_config_variable("endpoint_discovery_enabled")).lower() == "true":
+            raise AwsSettingsError(
+                "AWS settings rasd cannot honour: endpoint_discovery_enabled = true (rasd does "
+                "not discover endpoints with DescribeEndpoints); unset it"
+            )
+        mode = session.get_config_variable("account_id_endpoint_mode") or "preferred"
+        if mode == "required" and not account_id:
+            raise AwsSettingsError(
+                "account_id_endpoint_mode = required, and the credentials carry no account id"
+            )
         client = session.create_client(
             "dynamodb",
             region_name=region,
             endpoint_url=endpoint_url or None,
             aws_access_key_id="unused",
             aws_secret_access_key="unused",
+            aws_account_id=account_id,
         )
+        url = _sent_to(client)
     except (BotoCoreError, ValueError) as exc:
         raise AwsSettingsError(f"AWS settings: {exc}") from exc
     problems: list[str] = []
-    url: str = client.meta.endpoint_url
     conf: Any = client.meta.config
     sources: dict[str, str] = {}
     if endpoint_url:
@@ -144,6 +182,8 @@ def resolve(endpoint_url: str | None, region: str) -> AwsSettings:
         sources["endpoint_url"] = "AWS_ENDPOINT_URL_DYNAMODB"
     elif os.environ.get("AWS_ENDPOINT_URL") and url == os.environ.get("AWS_ENDPOINT_URL"):
         sources["endpoint_url"] = "AWS_ENDPOINT_URL"
+    elif account_id and url.startswith(f"https://{account_id}."):
+        sources["endpoint_url"] = "botocore (the credentials' account id)"
     else:
         sources["endpoint_url"] = "botocore (region, profile, FIPS/dual-stack settings)"
     parts = urlsplit(url)
@@ -166,11 +206,6 @@ def resolve(endpoint_url: str | None, region: str) -> AwsSettings:
     )
     if max_attempts < 1:
         problems.append(f"max_attempts {max_attempts}: must be >= 1")
-    if (session.get_config_variable("account_id_endpoint_mode") or "") == "required":
-        problems.append(
-            "account_id_endpoint_mode = required: rasd uses the regional endpoint "
-            "(set it to 'preferred' or 'disabled')"
-        )
     if getattr(conf, "client_cert", None):
         problems.append("client_cert: rasd does not present client certificates")
 

@@ -217,11 +217,29 @@ def _aws_settings(cfg: Config, env: dict[str, str] | None) -> Any:
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
-        return aws.resolve(cfg.endpoint_url, os.environ.get("AWS_REGION") or cfg.region)
+        region = os.environ.get("AWS_REGION") or cfg.region
+        account, note = _account_id()
+        settings = aws.resolve(cfg.endpoint_url, region, account)
+        settings.sources["credentials"] = note
+        return settings
     finally:
         if env is not None:
             os.environ.clear()
             os.environ.update(saved)
+
+
+def _account_id() -> tuple[str | None, str]:
+    """The credentials' account id, as the daemon will see it (the endpoint may depend on
+    it), and a note on what was found. Missing credentials are no config error here: the
+    operator's shell is often not the service's user."""
+    from . import ddb
+
+    try:
+        creds = ddb.resolve_credentials()
+    except Exception as exc:  # noqa: BLE001 - any provider's failure: reported, not fatal
+        return None, f"not resolved here ({type(exc).__name__}: {exc})"
+    account = creds.account_id
+    return account, f"found (account id {account})" if account else "found (no account id)"
 
 
 def serve(cfg: Config, reloader: Any = None) -> int:

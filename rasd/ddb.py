@@ -108,8 +108,13 @@ class Credentials:
     """Where the signing credentials come from. ``current()`` is called once per request and
     returns ``(access_key, secret_key, token)``."""
 
-    def __init__(self, access_key: str, secret_key: str, token: str | None) -> None:
+    def __init__(
+        self, access_key: str, secret_key: str, token: str | None, account_id: str | None = None
+    ) -> None:
         self._frozen = (access_key, secret_key, token)
+        #: the AWS account the credentials belong to, when they say (botocore then uses the
+        #: account-based endpoint)
+        self.account_id = account_id
 
     def current(self) -> tuple[str, str, str | None]:
         return self._frozen
@@ -121,7 +126,7 @@ class BotocoreCredentials(Credentials):
 
     def __init__(self, creds: Any) -> None:
         f = creds.get_frozen_credentials()
-        super().__init__(f.access_key, f.secret_key, f.token)
+        super().__init__(f.access_key, f.secret_key, f.token, getattr(f, "account_id", None))
         self._creds = creds
         self._next = time.monotonic() + CREDS_CHECK
         self._refreshing: asyncio.Future[Any] | None = None
@@ -157,7 +162,8 @@ def resolve_credentials() -> Credentials:
     env = os.environ
     ak, sk = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if ak and sk and not env.get("AWS_CREDENTIAL_EXPIRATION"):
-        return Credentials(ak, sk, env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN"))
+        token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN")
+        return Credentials(ak, sk, token, env.get("AWS_ACCOUNT_ID") or None)
     import botocore.session
     from botocore.exceptions import NoCredentialsError
 
@@ -514,8 +520,10 @@ class LeanDynamoDB:
         from . import aws
 
         def resolve() -> tuple[AwsSettings, Credentials]:
-            s = settings if settings is not None else aws.resolve(endpoint_url, region)
-            return s, resolve_credentials()
+            creds = resolve_credentials()
+            if settings is not None:
+                return settings, creds
+            return aws.resolve(endpoint_url, region, creds.account_id), creds
 
         s, creds = await asyncio.to_thread(resolve)
         return cls(

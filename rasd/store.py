@@ -122,22 +122,25 @@ class Store:
 
         cfg = self.config
         region = os.environ.get("AWS_REGION") or cfg.region
-        self.aws = await asyncio.to_thread(aws.resolve, cfg.endpoint_url, region)
-        self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
         if cfg.ddb_client == "lean":
             from .ddb import LeanDynamoDB
 
-            self._client = await LeanDynamoDB.create(
+            # credentials, then the settings (the endpoint may depend on their account)
+            client = await LeanDynamoDB.create(
                 cfg.endpoint_url,
                 region,
-                settings=self.aws,
                 max_connections=cfg.ddb_max_connections,
                 connect_timeout=cfg.ddb_connect_timeout,
                 read_timeout=cfg.ddb_read_timeout,
                 max_age=cfg.ddb_connection_max_age,
             )
-            self._ctx = self._client
+            self.aws = client.settings
+            self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
+            self._client = self._ctx = client
             return
+        # the checks and the retry settings (aiobotocore resolves the rest itself)
+        self.aws = await asyncio.to_thread(aws.resolve, cfg.endpoint_url, region)
+        self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
         # aioboto3 takes about a second to import: only this path pays for it
         import aioboto3
         from aiobotocore.config import AioConfig

@@ -26,6 +26,8 @@ AWS_VARS = (
     "AWS_PROFILE",
     "AWS_DEFAULT_PROFILE",
     "AWS_ACCOUNT_ID_ENDPOINT_MODE",
+    "AWS_ACCOUNT_ID",
+    "AWS_ENDPOINT_DISCOVERY_ENABLED",
     "HTTPS_PROXY",
     "https_proxy",
     "HTTP_PROXY",
@@ -53,12 +55,37 @@ def _boto_url(region: str) -> str:
     return url
 
 
+def _boto_sends_to(region: str, account_id: str | None = None) -> str:
+    """Where boto3 sends a GetItem (its before-send hook answers instead of the network):
+    per-request endpoint rules included, which ``meta.endpoint_url`` does not show."""
+    from botocore.awsrequest import AWSResponse
+
+    client = boto3.session.Session().client(
+        "dynamodb",
+        region_name=region,
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        aws_account_id=account_id,
+    )
+    sent: list[str] = []
+
+    class Body:
+        def stream(self, **_: Any) -> Any:
+            yield b"{}"
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        sent.append(request.url)
+        return AWSResponse(request.url, 200, {}, Body())  # type: ignore[arg-type]
+
+    client.meta.events.register("before-send.dynamodb", answer)
+    client.get_item(TableName="t", Key={"k": {"S": "v"}})
+    return sent[0].rstrip("/")
+
+
 REGIONS = [
     "us-east-1",
-    "eu-west-1",
     "us-gov-west-1",
     "cn-north-1",
-    "cn-northwest-1",
     "us-iso-east-1",
     "us-isob-east-1",
     "eu-isoe-west-1",
@@ -77,11 +104,13 @@ FLAGS: list[dict[str, str]] = [
 def test_endpoint_is_botocores(
     monkeypatch: pytest.MonkeyPatch, region: str, flags: dict[str, str]
 ) -> None:
-    """FIPS, dual-stack and every partition (China, GovCloud, ISO) resolve as botocore does."""
+    """FIPS, dual-stack and every partition (China, GovCloud, ISO) resolve as botocore does:
+    rasd connects where boto3 sends its requests (in GovCloud with FIPS, and in ISO regions
+    with dual-stack, that is not ``meta.endpoint_url``)."""
     for k, v in flags.items():
         monkeypatch.setenv(k, v)
     try:
-        expected = _boto_url(region)
+        expected = _boto_sends_to(region)
     except Exception as exc:  # noqa: BLE001 - a combination botocore refuses
         with pytest.raises(aws.AwsSettingsError):
             aws.resolve(None, region)
@@ -90,6 +119,49 @@ def test_endpoint_is_botocores(
     got = aws.resolve(None, region)
     assert got.endpoint_url == expected
     assert got.tls
+    meta = _boto_url(region)
+    if expected != meta:
+        print(f"{region} {flags}: sent to {expected}, meta.endpoint_url {meta}")
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1", "cn-north-1", "us-gov-west-1"])
+def test_account_based_endpoint_as_botocore_sends(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path, region: str
+) -> None:
+    """Credentials that carry an account id (AWS_ACCOUNT_ID, a credential_process's
+    AccountId, SSO) make botocore send to the account's endpoint; so does rasd, and
+    account_id_endpoint_mode = disabled turns it off for both."""
+    acct = "123456789012"
+    got = aws.resolve(None, region, acct)
+    assert got.endpoint_url == _boto_sends_to(region, acct)
+    print(region, got.endpoint_url, got.sources["endpoint_url"])
+    clean_env.write_text("[default]\naccount_id_endpoint_mode = disabled\n")
+    assert aws.resolve(None, region, acct).endpoint_url == _boto_sends_to(region, acct)
+    assert acct not in aws.resolve(None, region, acct).endpoint_url
+    clean_env.write_text("[default]\naccount_id_endpoint_mode = required\n")
+    with pytest.raises(aws.AwsSettingsError, match="no account id"):
+        aws.resolve(None, region)
+
+
+def test_the_daemons_credentials_choose_the_account_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rasd import ddb
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SK")
+    monkeypatch.setenv("AWS_ACCOUNT_ID", "123456789012")
+    monkeypatch.delenv("AWS_CREDENTIAL_EXPIRATION", raising=False)
+    assert ddb.resolve_credentials().account_id == "123456789012"
+
+    async def create() -> ddb.LeanDynamoDB:
+        return await ddb.LeanDynamoDB.create(None, "us-east-1")
+
+    import asyncio
+
+    client = asyncio.run(create())
+    assert client.endpoint_url == "https://123456789012.ddb.us-east-1.amazonaws.com"
+    assert client.endpoint_url == _boto_sends_to("us-east-1", "123456789012")
 
 
 def test_fips_and_dualstack_from_the_profile(
@@ -166,6 +238,7 @@ def test_proxies_as_botocore_reads_them(monkeypatch: pytest.MonkeyPatch) -> None
         ({"AWS_RETRY_MODE": "legacy"}, "", "retry_mode 'legacy'"),
         ({}, "[default]\nretry_mode = adaptive\n", "retry_mode 'adaptive'"),
         ({"AWS_ACCOUNT_ID_ENDPOINT_MODE": "required"}, "", "account_id_endpoint_mode"),
+        ({"AWS_ENDPOINT_DISCOVERY_ENABLED": "true"}, "", "endpoint_discovery_enabled"),
         (
             {"HTTPS_PROXY": "http://proxy.example:3128"},
             "[default]\nproxies_config =\n  proxy_client_cert = /c.pem\n",
@@ -177,7 +250,15 @@ def test_proxies_as_botocore_reads_them(monkeypatch: pytest.MonkeyPatch) -> None
             "proxy_use_forwarding_for_https",
         ),
     ],
-    ids=["socks", "legacy", "adaptive", "account-id-required", "proxy-cert", "forwarding"],
+    ids=[
+        "socks",
+        "legacy",
+        "adaptive",
+        "account-id-required",
+        "endpoint-discovery",
+        "proxy-cert",
+        "forwarding",
+    ],
 )
 def test_what_rasd_cannot_honour_stops_it(
     monkeypatch: pytest.MonkeyPatch,
