@@ -19,6 +19,7 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -133,8 +134,17 @@ async def read_message(r: asyncio.StreamReader) -> tuple[bytes, dict[str, str], 
 
 
 async def forward(request: bytes, host: str, port: int) -> bytes:
-    """Send one whole request to host:port on a new connection; the whole response."""
-    r, w = await asyncio.open_connection(host, port)
+    """Send one whole request to host:port on a new connection; the whole response. A refused
+    connect is tried again (a loaded machine's moto): nothing was sent, and rasd is not what
+    this helper tests."""
+    for delay in (0.05, 0.2, 0.5, None):
+        try:
+            r, w = await asyncio.open_connection(host, port)
+            break
+        except ConnectionError:
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
     try:
         w.write(request)
         head, _, body = await read_message(r)
@@ -277,6 +287,8 @@ def iam_moto() -> Iterator[IamMoto]:
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
         assert line[0] == "PORT", line
+        # whatever moto prints later must not fill the pipe and block it
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         port = int(line[1])
         url = f"http://127.0.0.1:{port}"
         iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1")
