@@ -807,6 +807,7 @@ class Daemon:
             "connections": len(self.connections),
             "inflight": len(self.inflight),
             "breaker": self.store.breaker.state if up else "starting",
+            "retry_quota": self.store.retry.quota.available if up else None,
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),
         }
