@@ -5,6 +5,7 @@ rasd cannot honour stops it with a clear error instead of being ignored."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ def test_account_based_endpoint_as_botocore_sends(
         aws.resolve(None, region)
 
 
-def test_the_daemons_credentials_choose_the_account_endpoint(
+async def test_the_daemons_credentials_choose_the_account_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from rasd import ddb
@@ -153,13 +154,8 @@ def test_the_daemons_credentials_choose_the_account_endpoint(
     monkeypatch.setenv("AWS_ACCOUNT_ID", "123456789012")
     monkeypatch.delenv("AWS_CREDENTIAL_EXPIRATION", raising=False)
     assert ddb.resolve_credentials().account_id == "123456789012"
-
-    async def create() -> ddb.LeanDynamoDB:
-        return await ddb.LeanDynamoDB.create(None, "us-east-1")
-
-    import asyncio
-
-    client = asyncio.run(create())
+    client = await ddb.LeanDynamoDB.create(None, "us-east-1")
+    await client.close()
     assert client.endpoint_url == "https://123456789012.ddb.us-east-1.amazonaws.com"
     assert client.endpoint_url == _boto_sends_to("us-east-1", "123456789012")
 
@@ -314,4 +310,4 @@ def test_check_config_reads_aws_settings_from_the_env_file(
     assert cli.main(["check-config", "--env-file", str(env_file)]) == 0
     a = json.loads(capsys.readouterr().out)["aws"]
     assert a["proxy"] == "http://proxy.example:3128" and a["max_attempts"] == 4
-    assert "HTTPS_PROXY" not in __import__("os").environ  # the shell's environment is kept
+    assert "HTTPS_PROXY" not in os.environ  # the shell's environment is kept
