@@ -21,8 +21,9 @@ environment:
   RASD_TABLE, RASD_REGION, RASD_SOCKET   table, RAS region, socket path (flags override)
   RASD_<SETTING>                          any config setting, e.g. RASD_SKEW_MARGIN=5
   AWS_REGION                              DynamoDB client region (defaults to the RAS region)
-  AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID, ...
-                                          as boto3 reads them
+  AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, AWS_PROFILE, AWS_ACCESS_KEY_ID,
+  AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT, AWS_CA_BUNDLE, AWS_MAX_ATTEMPTS,
+  HTTPS_PROXY, NO_PROXY, ...              as botocore reads them (check-config prints them)
 """
 
 
@@ -195,9 +196,50 @@ def main(argv: list[str] | None = None) -> int:
         except AclError as exc:
             print(f"rasd: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps(cfg.public(), indent=2, sort_keys=True))
+        out = cfg.public()
+        try:
+            out["aws"] = _aws_settings(cfg, env).public()
+        except ConfigError as exc:
+            print(f"rasd: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     return serve(cfg, reloader=lambda: _config(args))
+
+
+def _aws_settings(cfg: Config, env: dict[str, str] | None) -> Any:
+    """The AWS settings the daemon would run with (``rasd.aws``), botocore reading ``env``
+    (the service's environment) as the process environment."""
+    from . import aws
+
+    saved = dict(os.environ)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        region = os.environ.get("AWS_REGION") or cfg.region
+        account, note = _account_id()
+        settings = aws.resolve(cfg.endpoint_url, region, account)
+        settings.sources["credentials"] = note
+        return settings
+    finally:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def _account_id() -> tuple[str | None, str]:
+    """The credentials' account id, as the daemon will see it (the endpoint may depend on
+    it), and a note on what was found. Missing credentials are no config error here: the
+    operator's shell is often not the service's user."""
+    from . import ddb
+
+    try:
+        creds = ddb.resolve_credentials()
+    except Exception as exc:  # noqa: BLE001 - any provider's failure: reported, not fatal
+        return None, f"not resolved here ({type(exc).__name__}: {exc})"
+    account = creds.account_id
+    return account, f"found (account id {account})" if account else "found (no account id)"
 
 
 def serve(cfg: Config, reloader: Any = None) -> int:
@@ -226,11 +268,11 @@ def serve(cfg: Config, reloader: Any = None) -> int:
         return 2
     sock = inherited.get("rasd") or next(iter(inherited.values()), None)
     try:
-        uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
+        status = uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
     except AclError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return status
 
 
 if __name__ == "__main__":

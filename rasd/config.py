@@ -120,10 +120,15 @@ class Config:
     ddb_warm_connections: int = 4
     ddb_connect_timeout: float = 1.0
     ddb_read_timeout: float = 2.0
-    #: Circuit breaker: this many failed DynamoDB calls (network errors, 5xx, timeouts)
-    #: within breaker_window seconds open it; new work then fails fast with UNAVAILABLE for
-    #: breaker_cooldown seconds, after which one probe call decides. Cached leases are served
-    #: throughout. Throttles do not count (they are per partition, not an outage).
+    #: A pooled DynamoDB connection older than this (seconds) is closed instead of reused, so
+    #: the next one resolves the endpoint's name again: DynamoDB's addresses change, and a
+    #: connection kept for hours stays on one front-end host whatever happens to it.
+    ddb_connection_max_age: float = 60.0
+    #: Circuit breaker: this many failed DynamoDB attempts (network errors, 5xx, timeouts,
+    #: throttles) within breaker_window seconds open it; new work then fails fast with
+    #: UNAVAILABLE for breaker_cooldown seconds, after which one probe call decides. Cached
+    #: leases are served throughout. Throttles count, so that a throttled fleet backs off
+    #: together instead of retrying into the throttle; lost races and conflicts do not.
     breaker_failures: int = 20
     breaker_window: float = 5.0
     breaker_cooldown: float = 2.0
@@ -169,6 +174,8 @@ class Config:
         for name in ("startup_deadline", "prefetch_warm", "pool_refresh_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
+        if self.ddb_connection_max_age <= 0:
+            problems.append("ddb_connection_max_age: must be > 0")
         if self.ddb_max_connections < 1:
             problems.append("ddb_max_connections: must be >= 1")
         if self.ddb_client not in ("lean", "botocore"):
@@ -264,6 +271,7 @@ CONVERTERS: dict[str, Converter] = {
     "ddb_warm_connections": int,
     "ddb_connect_timeout": float,
     "ddb_read_timeout": float,
+    "ddb_connection_max_age": float,
     "breaker_failures": int,
     "breaker_window": float,
     "breaker_cooldown": float,

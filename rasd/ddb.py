@@ -10,7 +10,10 @@ and ``rasd.testing``'s fault wrapper work unchanged:
 ================================  ================================================================
 DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
 connection refused, DNS, any       ``EndpointConnectionError(error=ConnectFailed(...))``: never
-error while connecting             sent (``store._never_sent``)
+error while connecting, a proxy    sent (``store._never_sent``)
+refusing CONNECT
+certificate not trusted by the     ``SSLError(error=ConnectFailed(...))`` naming the CA bundle:
+CA bundle                          never sent
 connect (or TLS handshake) slow    ``ConnectTimeoutError``: never sent
 no answer within read_timeout      ``ReadTimeoutError``: may have applied
 closed or reset after sending      ``ConnectionClosedError``: may have applied
@@ -21,13 +24,21 @@ What it does per call: one ``orjson.dumps`` of the parameters, one SHA-256 of th
 one of the canonical request, one HMAC with a signing key derived once per (secret, date,
 region), a header block from a template, one write, the response parsed by httptools (llhttp,
 in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.loads``. What it
-leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS; refreshable
-credentials are refreshed in a thread, never on the event loop) and exception classes. Not
+leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS, credential_process;
+refreshable credentials are refreshed in a thread, never on the event loop), exception classes,
+and every AWS setting: the endpoint (FIPS, dual-stack, partitions, endpoint URLs), the proxy
+and the CA bundle are botocore's own decisions, made once at start-up (``rasd.aws``). Not
 done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
 binary (``B``/``BS``) attribute encoding, which the daemon does not use.
 
+Through a proxy, an ``https://`` endpoint is reached through a CONNECT tunnel (TLS end to end
+with the endpoint, the proxy itself reached over TLS when its URL is ``https://``), an
+``http://`` endpoint by sending the requests to the proxy in absolute form.
+
 Keep-alive connections are pooled up to ``max_connections``; a pooled connection the server
-has closed is dropped before anything is sent on it (then the request goes out on another);
+has closed is dropped before anything is sent on it (then the request goes out on another); a
+connection older than ``max_age`` is closed rather than reused, so a new one resolves the
+endpoint's name again (DynamoDB's addresses change);
 once a request was written, a lost connection or a malformed answer is ambiguous
 (``ConnectionClosedError``). Bytes that no outstanding request asked for (beyond an answer, or
 on an idle connection) spoil the connection: they are never read as a later request's answer.
@@ -59,7 +70,10 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     EndpointConnectionError,
     ReadTimeoutError,
+    SSLError,
 )
+
+from .aws import AwsSettings
 
 SERVICE = "dynamodb"
 TARGET_PREFIX = "DynamoDB_20120810."
@@ -67,6 +81,9 @@ CONTENT_TYPE = "application/x-amz-json-1.0"
 #: A pooled connection idle longer than this is closed rather than reused (DynamoDB and load
 #: balancers drop idle connections; a request on a dropped one would be ambiguous).
 IDLE_MAX = 50.0
+#: A pooled connection older than this is closed rather than reused: the next one resolves
+#: the endpoint's name again (``ddb_connection_max_age``).
+MAX_AGE = 60.0
 #: Refreshable credentials are looked at (cheaply) at most this often.
 CREDS_CHECK = 1.0
 _READ = 65536
@@ -91,8 +108,13 @@ class Credentials:
     """Where the signing credentials come from. ``current()`` is called once per request and
     returns ``(access_key, secret_key, token)``."""
 
-    def __init__(self, access_key: str, secret_key: str, token: str | None) -> None:
+    def __init__(
+        self, access_key: str, secret_key: str, token: str | None, account_id: str | None = None
+    ) -> None:
         self._frozen = (access_key, secret_key, token)
+        #: the AWS account the credentials belong to, when they say (botocore then uses the
+        #: account-based endpoint)
+        self.account_id = account_id
 
     def current(self) -> tuple[str, str, str | None]:
         return self._frozen
@@ -104,7 +126,7 @@ class BotocoreCredentials(Credentials):
 
     def __init__(self, creds: Any) -> None:
         f = creds.get_frozen_credentials()
-        super().__init__(f.access_key, f.secret_key, f.token)
+        super().__init__(f.access_key, f.secret_key, f.token, getattr(f, "account_id", None))
         self._creds = creds
         self._next = time.monotonic() + CREDS_CHECK
         self._refreshing: asyncio.Future[Any] | None = None
@@ -140,7 +162,8 @@ def resolve_credentials() -> Credentials:
     env = os.environ
     ak, sk = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if ak and sk and not env.get("AWS_CREDENTIAL_EXPIRATION"):
-        return Credentials(ak, sk, env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN"))
+        token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN")
+        return Credentials(ak, sk, token, env.get("AWS_ACCOUNT_ID") or None)
     import botocore.session
     from botocore.exceptions import NoCredentialsError
 
@@ -148,43 +171,6 @@ def resolve_credentials() -> Credentials:
     if creds is None:
         raise NoCredentialsError()
     return BotocoreCredentials(creds)
-
-
-# ------------------------------------------------------------------------------- endpoint
-def resolve_endpoint(endpoint_url: str | None, region: str) -> str:
-    """The DynamoDB endpoint as botocore resolves it: the argument, AWS_ENDPOINT_URL_DYNAMODB,
-    AWS_ENDPOINT_URL, the profile's ``endpoint_url`` (or its ``services`` section), else
-    ``https://dynamodb.<region>.amazonaws.com`` (``.com.cn`` in China). Blocking when it has
-    to read the shared config file: call it in a thread."""
-    if endpoint_url:
-        return endpoint_url
-    env = os.environ
-    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() != "true":
-        url = env.get("AWS_ENDPOINT_URL_DYNAMODB") or env.get("AWS_ENDPOINT_URL")
-        if url:
-            return url
-        path = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
-        if os.path.exists(path):
-            url = _configured_endpoint()
-            if url:
-                return url
-    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
-    return f"https://dynamodb.{region}.{suffix}"
-
-
-def _configured_endpoint() -> str | None:
-    import botocore.session
-
-    session = botocore.session.get_session()
-    profile = session.get_scoped_config()
-    services = profile.get("services")
-    if services:
-        section = session.full_config.get("services", {}).get(services, {})
-        url = section.get("dynamodb", {}).get("endpoint_url")
-        if url:
-            return str(url)
-    url = profile.get("endpoint_url")
-    return str(url) if url else None
 
 
 # -------------------------------------------------------------------------------- signing
@@ -284,6 +270,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
+        #: when the connection was opened (monotonic seconds)
+        self.born = time.monotonic()
         #: a request is outstanding (written, its response not yet complete)
         self.busy = False
         #: the last response allows the connection to be used again
@@ -374,8 +362,9 @@ class _Conn(asyncio.Protocol):
         if fut is not None and not fut.done():
             fut.set_exception(exc)
 
-    def usable(self) -> bool:
-        """A pooled connection is reused only if nothing says the server closed it."""
+    def usable(self, now: float, max_age: float) -> bool:
+        """A pooled connection is reused only if nothing says the server closed it, it was
+        not idle too long and it is younger than ``max_age``."""
         t = self.transport
         return (
             not self.lost
@@ -383,7 +372,8 @@ class _Conn(asyncio.Protocol):
             and not self.busy
             and t is not None
             and not t.is_closing()
-            and time.monotonic() - self.idle_since < IDLE_MAX
+            and now - self.idle_since < IDLE_MAX
+            and now - self.born < max_age
         )
 
     def close(self) -> None:
@@ -409,6 +399,37 @@ class _Conn(asyncio.Protocol):
         return fut
 
 
+class ProxyRefused(ConnectFailed):
+    """The proxy answered CONNECT with something other than 2xx (407: it wants credentials)."""
+
+
+class _Tunnel(asyncio.Protocol):
+    """The proxy's side of a CONNECT: the answer's head, then nothing until TLS starts."""
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        end = self._buf.find(b"\r\n\r\n")
+        if self.done.done():
+            return
+        if end >= 0:
+            if end + 4 != len(self._buf):  # the endpoint speaks first in TLS: nobody may yet
+                self.done.set_exception(ConnectFailed("proxy sent bytes after its CONNECT answer"))
+            else:
+                self.done.set_result(self._buf[:end])
+        elif len(self._buf) > 65536:
+            self.done.set_exception(ConnectFailed("proxy's CONNECT answer is too long"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(
+                ConnectFailed(f"proxy closed the connection during CONNECT ({exc or 'EOF'})")
+            )
+
+
 class LeanDynamoDB:
     """The daemon's DynamoDB client (see the module docstring). Make it with :meth:`create`."""
 
@@ -421,6 +442,8 @@ class LeanDynamoDB:
         max_connections: int = 32,
         connect_timeout: float = 1.0,
         read_timeout: float = 2.0,
+        max_age: float = MAX_AGE,
+        settings: AwsSettings | None = None,
     ) -> None:
         u = urlsplit(endpoint_url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -438,8 +461,34 @@ class LeanDynamoDB:
             host_header = f"[{self._host}]:{self._port}"
         self._signer = Signer(region, host_header)
         self._creds = credentials
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
+        self._refreshing: asyncio.Future[None] | None = None
+        #: forced credential refreshes (after an expired token)
+        self.credential_refreshes = 0
+        if settings is None:
+            settings = AwsSettings(region=region, endpoint_url=endpoint_url)
+            self._ssl = ssl.create_default_context() if self._tls else None
+        else:
+            self._ssl = settings.ssl_context()
+        self.settings = settings
+        self._proxy: tuple[str, int] | None = None
+        self._proxy_ssl = settings.proxy_ssl_context()
+        target = "/"
+        proxy_head = "".join(f"{k}: {v}\r\n" for k, v in settings.proxy_headers)
+        if settings.proxy_url:
+            p = urlsplit(settings.proxy_url)
+            assert p.hostname is not None and p.port is not None
+            self._proxy = (p.hostname, p.port)
+            if not self._tls:  # plain HTTP through the proxy: absolute-form requests
+                target = f"http://{host_header}/"
+        #: the CONNECT request that opens a tunnel to the endpoint (https through a proxy)
+        authority = f"[{self._host}]" if ":" in self._host else self._host
+        authority = f"{authority}:{self._port}"
+        self._connect_head = (
+            f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{proxy_head}\r\n"
+        ).encode()
+        self._keepalive = settings.tcp_keepalive
         self._max = max_connections
+        self._max_age = max_age
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle: deque[_Conn] = deque()
@@ -449,8 +498,9 @@ class LeanDynamoDB:
         self._date = _AmzDate()
         #: the part of every request head that never changes
         self._head_fixed = (
-            f"POST / HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: {user_agent()}\r\n"
+            f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: {user_agent()}\r\n"
             f"Content-Type: {CONTENT_TYPE}\r\nAccept-Encoding: identity\r\n"
+            + (proxy_head if target != "/" else "")
         ).encode()
 
     @classmethod
@@ -459,24 +509,50 @@ class LeanDynamoDB:
         endpoint_url: str | None,
         region: str,
         *,
+        settings: AwsSettings | None = None,
         max_connections: int = 32,
         connect_timeout: float = 1.0,
         read_timeout: float = 2.0,
+        max_age: float = MAX_AGE,
     ) -> LeanDynamoDB:
-        """Resolve credentials and endpoint (in a thread: they may read files or IMDS)."""
+        """Resolve the AWS settings (unless given) and the credentials, in a thread: they read
+        files, run credential processes or ask IMDS."""
+        from . import aws
 
-        def resolve() -> tuple[str, Credentials]:
-            return resolve_endpoint(endpoint_url, region), resolve_credentials()
+        def resolve() -> tuple[AwsSettings, Credentials]:
+            creds = resolve_credentials()
+            if settings is not None:
+                return settings, creds
+            return aws.resolve(endpoint_url, region, creds.account_id), creds
 
-        url, creds = await asyncio.to_thread(resolve)
+        s, creds = await asyncio.to_thread(resolve)
         return cls(
-            url,
+            s.endpoint_url,
             region,
             creds,
             max_connections=max_connections,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            max_age=max_age,
+            settings=s,
         )
+
+    async def refresh_credentials(self) -> None:
+        """Fresh credentials, whatever their expiry says (DynamoDB answered that the token
+        expired): botocore's chain is resolved again in a thread (refreshable credentials
+        fetched anew: credential_process, IMDS, SSO...). Concurrent callers share one refresh."""
+        fut = self._refreshing
+        if fut is None:
+            fut = self._refreshing = asyncio.ensure_future(self._refresh())
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if fut.done():
+                self._refreshing = None
+
+    async def _refresh(self) -> None:
+        self._creds = await asyncio.to_thread(resolve_credentials)
+        self.credential_refreshes += 1
 
     # ---------------------------------------------------------------------- operations
     async def get_item(self, **params: Any) -> dict[str, Any]:
@@ -573,9 +649,10 @@ class LeanDynamoDB:
     async def _acquire(self) -> _Conn:
         while True:
             idle = self._idle
+            now = time.monotonic()
             while idle:
                 conn = idle.pop()  # the most recently used: least likely to have been dropped
-                if conn.usable():
+                if conn.usable(now, self._max_age):
                     return conn
                 conn.close()
                 self._open -= 1
@@ -604,22 +681,68 @@ class LeanDynamoDB:
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
+        conn: _Conn
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    _Conn,
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._ssl else None,
-                )
+                if self._proxy is not None and self._tls:
+                    conn = await self._tunnel(loop, self._proxy)
+                else:  # direct, or plain HTTP to the proxy
+                    host, port = self._proxy or (self._host, self._port)
+                    sslctx = self._proxy_ssl if self._proxy else self._ssl
+                    _, conn = await loop.create_connection(
+                        _Conn,
+                        host,
+                        port,
+                        ssl=sslctx,
+                        server_hostname=host if sslctx else None,
+                    )
         except TimeoutError:
             raise ConnectTimeoutError(endpoint_url=self.endpoint_url) from None
+        except ssl.SSLCertVerificationError as exc:
+            # what failed and against which bundle: a wrong CA bundle is a setting to fix
+            bundles = f"CA bundle: {self.settings.ca_bundle}"
+            if self._proxy_ssl is not None:
+                bundles += f"; proxy CA bundle: {self.settings.proxy_ca_bundle or 'the same'}"
+            bad = ConnectFailed(exc.errno, f"{exc} ({bundles})")
+            raise SSLError(endpoint_url=self.endpoint_url, error=bad) from exc
         except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS handshake...
-            known = isinstance(exc, ConnectionRefusedError | socket.gaierror)
+            known = isinstance(exc, ConnectionRefusedError | socket.gaierror | ConnectFailed)
             cause = exc if known else ConnectFailed(exc.errno, str(exc))
             raise EndpointConnectionError(endpoint_url=self.endpoint_url, error=cause) from exc
+        conn.born = time.monotonic()
+        if self._keepalive:
+            sock = conn.transport.get_extra_info("socket") if conn.transport else None
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         return conn
+
+    async def _tunnel(self, loop: asyncio.AbstractEventLoop, proxy: tuple[str, int]) -> _Conn:
+        """A CONNECT tunnel through the proxy, then TLS with the endpoint inside it."""
+        host, port = proxy
+        transport, tunnel = await loop.create_connection(
+            _Tunnel,
+            host,
+            port,
+            ssl=self._proxy_ssl,
+            server_hostname=host if self._proxy_ssl else None,
+        )
+        try:
+            transport.write(self._connect_head)
+            head = await tunnel.done
+            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[1].isdigit() or not 200 <= int(parts[1]) < 300:
+                raise ProxyRefused(f"proxy {host}:{port} answered CONNECT with {status_line!r}")
+            conn = _Conn()
+            assert self._ssl is not None  # a tunnel is for https endpoints only
+            tls = await loop.start_tls(transport, conn, self._ssl, server_hostname=self._host)
+            if tls is None:
+                raise ConnectFailed("TLS through the proxy's tunnel could not start")
+            conn.connection_made(tls)
+            return conn
+        except BaseException:
+            transport.close()
+            raise
 
     def _release(self, conn: _Conn, reuse: bool) -> None:
         if reuse and not self._closed and conn.keep_alive and not conn.busy and not conn.lost:

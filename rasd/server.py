@@ -53,6 +53,7 @@ from rasd_client.wire import _decode_body as decode_body
 
 from . import log as logsetup
 from . import protocol
+from .aws import AwsSettingsError
 from .cache import ID_MAX
 from .clock import Clock
 from .config import Config
@@ -222,6 +223,10 @@ class Daemon:
         self.up = asyncio.Event()
         #: Why the daemon is degraded (DynamoDB unreachable at start), or None.
         self.degraded: str | None = None
+        #: The process's exit status: 2 when an AWS setting cannot be honoured (start refused).
+        self.exit_status = 0
+        #: The DynamoDB endpoint botocore resolved, once a start-up attempt resolved it.
+        self._endpoint: str | None = None
         self._bring_up_task: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -278,9 +283,11 @@ class Daemon:
                 self._tasks.append(loop.create_task(run_watchdog(self.notifier, interval)))
 
     def endpoint(self) -> str:
-        """The DynamoDB endpoint as botocore will resolve it, for log lines and STATUS=."""
+        """The DynamoDB endpoint botocore resolved (before that, a guess), for log lines and
+        STATUS=."""
         return (
-            self.cfg.endpoint_url
+            self._endpoint
+            or self.cfg.endpoint_url
             or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
             or os.environ.get("AWS_ENDPOINT_URL")
             or f"https://dynamodb.{os.environ.get('AWS_REGION') or self.cfg.region}.amazonaws.com"
@@ -295,6 +302,8 @@ class Daemon:
         store = self._given_store or store_mod.Store(cfg, self.counters)
         try:
             await store.start()
+            if store.aws is not None:
+                self._endpoint = store.aws.endpoint_url
             await store.warm(cfg.startup_deadline)
             acquirer = acquire_mod.Acquirer(cfg, store, self.clock, self.counters)
             n: int = await acquirer.load_pools(deadline)
@@ -318,6 +327,7 @@ class Daemon:
             table=cfg.table,
             pools=n,
             endpoint=self.endpoint(),
+            aws=store.aws.public() if store.aws is not None else None,
             acl="open" if self.acl.open else "enforced",
             metrics_port=self._metrics.port if self._metrics else None,
             startup_s=round(time.time() - self.started, 3),
@@ -337,6 +347,12 @@ class Daemon:
                 return
             except asyncio.CancelledError:
                 raise
+            except AwsSettingsError as exc:  # retrying cannot help: refuse to start
+                self.degraded = str(exc)
+                log.error("startup_refused", cause=str(exc))
+                self.exit_status = 2
+                self.stop()
+                return
             except Exception as exc:  # noqa: BLE001 - every failure is retried; logged below
                 cause = describe_cause(exc)
                 if "circuit breaker" in cause or "no answer" in cause:
@@ -802,6 +818,7 @@ class Daemon:
             "connections": len(self.connections),
             "inflight": len(self.inflight),
             "breaker": self.store.breaker.state if up else "starting",
+            "retry_quota": self.store.retry.quota.available if up else None,
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),
         }
@@ -884,11 +901,12 @@ async def run_daemon(
     reloader: Callable[[], Config] | None = None,
     daemon: Daemon | None = None,
     on_up: Callable[[], None] | None = None,
-) -> None:
+) -> int:
     """The one way to run the daemon (``rasd serve`` and ``rasd dev``): SIGTERM/SIGINT stop
     it (draining), SIGHUP reloads the config (``reloader``; without one the running config
     is kept and the reload is still acknowledged to systemd). ``on_up`` runs once the store
-    is up (``rasd dev`` prints its banner then)."""
+    is up (``rasd dev`` prints its banner then). Returns the exit status (2: start refused,
+    an AWS setting rasd cannot honour)."""
     d = daemon or Daemon(cfg, reloader=reloader or (lambda: d.cfg))
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_loop_exception)
@@ -910,3 +928,4 @@ async def run_daemon(
             waiter.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             loop.remove_signal_handler(sig)
+    return d.exit_status

@@ -2,8 +2,14 @@
 one (``rasd.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
 
 Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
-engine serves them). Throttling, 5xx and network errors are retried with full-jitter backoff
-inside the request's deadline. Every call is counted by operation in ``counters``
+engine serves them). Failed attempts are retried as botocore's standard mode retries them
+(``rasd.retry``: at most ``max_attempts`` attempts, exponential backoff with full jitter, a
+retry quota shared by all calls) inside the request's deadline. Throttles, 5xx, timeouts and
+network errors count as failures for the circuit breaker, so that a fleet of daemons backs off
+together; conflicts with other writers (a transaction, another region's write) are retried
+without. An expired session token forces a credential refresh (off the event loop) and one
+more attempt. The request id of DynamoDB's last error answer is in every message about the
+call (``request id ...``). Every call is counted by operation in ``counters``
 (``ddb.Query``, ``ddb.UpdateItem``...), which is how the tests prove that a cache hit made no
 DynamoDB call.
 
@@ -23,7 +29,7 @@ import random
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +39,10 @@ from botocore.exceptions import (
     ClientError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    SSLError,
 )
 
+from .aws import AwsSettings
 from .config import Config
 from .ddb import ConnectFailed
 from .decide import Outcome
@@ -54,28 +62,11 @@ from .lease import (
 )
 from .limits import CircuitBreaker
 from .metrics import Counters
+from .retry import Failure, RetryPolicy, classify_code, classify_exception
 from .writes import ItemKey, Value, Write, item_from_av, key_av, render
 
 log = structlog.get_logger("rasd.store")
 
-RETRYABLE = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "InternalFailure",
-        "ServiceUnavailable",
-        "ServiceUnavailableException",
-        "LimitExceededException",
-        "TransactionConflictException",
-    }
-)
-THROTTLES = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
-)
-BACKOFF_BASE = 0.01
-BACKOFF_CAP = 0.25
 #: An attempt may use at most this share of the time left before the deadline (all of it when
 #: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
 ATTEMPT_SHARE = 0.6
@@ -91,10 +82,22 @@ class WriteResult:
     error: RasdError | None = None
 
 
-class Store:
-    """DynamoDB access for one daemon. ``start()`` opens and warms the connection pool."""
+Sleep = Callable[[float], Awaitable[object]]
 
-    def __init__(self, config: Config, counters: Counters | None = None) -> None:
+
+class Store:
+    """DynamoDB access for one daemon. ``start()`` resolves the AWS settings, opens and warms
+    the connection pool. ``rng`` (a float in [0, 1)) and ``sleep`` drive the retry backoff:
+    tests pass their own."""
+
+    def __init__(
+        self,
+        config: Config,
+        counters: Counters | None = None,
+        *,
+        rng: Callable[[], float] = random.random,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.config = config
         self.table = config.table
         self.counters = counters or Counters()
@@ -105,23 +108,39 @@ class Store:
         self.breaker = CircuitBreaker(
             config.breaker_failures, config.breaker_window, config.breaker_cooldown
         )
+        self._rng = rng
+        self._sleep = sleep
+        #: botocore's standard mode; ``max_attempts`` is the AWS settings' (set by start())
+        self.retry = RetryPolicy(rng=rng)
+        #: the AWS settings in effect (``rasd.aws``), once start() resolved them
+        self.aws: AwsSettings | None = None
 
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        """Raises ``rasd.aws.AwsSettingsError`` for an AWS setting rasd cannot honour."""
+        from . import aws
+
         cfg = self.config
         region = os.environ.get("AWS_REGION") or cfg.region
         if cfg.ddb_client == "lean":
             from .ddb import LeanDynamoDB
 
-            self._client = await LeanDynamoDB.create(
+            # credentials, then the settings (the endpoint may depend on their account)
+            client = await LeanDynamoDB.create(
                 cfg.endpoint_url,
                 region,
                 max_connections=cfg.ddb_max_connections,
                 connect_timeout=cfg.ddb_connect_timeout,
                 read_timeout=cfg.ddb_read_timeout,
+                max_age=cfg.ddb_connection_max_age,
             )
-            self._ctx = self._client
+            self.aws = client.settings
+            self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
+            self._client = self._ctx = client
             return
+        # the checks and the retry settings (aiobotocore resolves the rest itself)
+        self.aws = await asyncio.to_thread(aws.resolve, cfg.endpoint_url, region)
+        self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
         # aioboto3 takes about a second to import: only this path pays for it
         import aioboto3
         from aiobotocore.config import AioConfig
@@ -174,76 +193,136 @@ class Store:
     async def _call(
         self, op: str, deadline: float, ambiguous: list[bool] | None = None, **kw: Any
     ) -> dict[str, Any] | None:
-        """One DynamoDB call with retries until ``deadline`` (monotonic seconds).
+        """One DynamoDB call with retries (``rasd.retry``) until ``deadline`` (monotonic s).
 
         Returns None when a condition failed (a lost race). Raises ``Timeout`` when DynamoDB
-        gave no answer before the deadline, ``Unavailable`` when it kept failing (or the
-        circuit breaker is open).
+        gave no answer before the deadline, ``Unavailable`` when it kept failing, refused the
+        call (or the circuit breaker is open). A failed attempt of a write that may have
+        applied appends to ``ambiguous``.
         """
+        if self._client is None:
+            raise Unavailable(f"DynamoDB {op}: the store is closed")
         method = getattr(self._client, OPERATIONS[op])
         breaker = self.breaker
+        policy = self.retry
+        counters = self.counters
         attempt = 0
+        cost = 0  # the quota the last retry took
+        refreshed = False
+        rid = ""  # the request id of DynamoDB's last error answer
         while True:
             attempt += 1
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
-                self.counters.inc("ddb.deadline")
-                raise Timeout(f"DynamoDB {op}: deadline passed after {attempt - 1} tries")
+                counters.inc("ddb.deadline")
+                raise Timeout(
+                    f"DynamoDB {op}: deadline passed after {attempt - 1} tries{_rid(rid)}"
+                )
             if not breaker.allow(now):
-                self.counters.inc("ddb.breaker_open")
+                counters.inc("ddb.breaker_open")
                 raise Unavailable(
                     f"DynamoDB is failing ({self.last_failure or 'unknown'}); circuit breaker open",
                     retry_after=round(breaker.retry_after(now), 3),
                 )
-            self.counters.inc(f"ddb.{op}")
+            counters.inc(f"ddb.{op}")
             budget = left if left < MIN_ATTEMPT else max(MIN_ATTEMPT, left * ATTEMPT_SHARE)
             try:
                 async with asyncio.timeout(budget):
                     resp: dict[str, Any] = await method(TableName=self.table, **kw)
                 breaker.record_success(time.monotonic())
+                if cost or policy.quota.available != policy.quota.capacity:
+                    policy.succeeded(cost)
                 return resp
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
+                rid = exc.response.get("ResponseMetadata", {}).get("RequestId") or rid
                 if code == "ConditionalCheckFailedException":
                     breaker.record_success(time.monotonic())
-                    self.counters.inc("ddb.conditional_failed")
+                    policy.succeeded(cost)  # DynamoDB answered: a lost race, not trouble
+                    counters.inc("ddb.conditional_failed")
                     return None
-                if code in THROTTLES:
-                    self.counters.inc("ddb.throttles")  # per partition: not an outage
-                elif code in RETRYABLE or _status(exc) >= 500:
-                    # (any 5xx: a proxy's or an overloaded server's page has no error type)
-                    breaker.record_failure(time.monotonic())
-                    self.counters.inc("ddb.errors")
-                    if ambiguous is not None:
-                        ambiguous.append(True)  # a 5xx write may have been applied
-                else:
-                    breaker.record_success(time.monotonic())  # DynamoDB answered
-                    self.counters.inc("ddb.errors")
-                    raise Unavailable(f"DynamoDB {op} failed: {code}: {exc}") from exc
-                reason = code
+                failure = classify_code(code, _status(exc))
+                never_sent = False
+                reason = code or str(_status(exc))
+                message = exc.response.get("Error", {}).get("Message", "")
+                detail = f"{reason}: {message}" if message else reason
             except TimeoutError:
-                breaker.record_failure(time.monotonic())
-                self.counters.inc("ddb.timeouts")
-                if ambiguous is not None:
-                    ambiguous.append(True)  # sent, no answer: the write may have landed
-                if time.monotonic() >= deadline - 0.001:
-                    raise Timeout(f"DynamoDB {op}: no answer within the deadline") from None
-                reason = "timeout"
+                failure, reason, detail = Failure.TIMEOUT, "timeout", "no answer"
+                never_sent = False
             except (BotoCoreError, OSError) as exc:
-                breaker.record_failure(time.monotonic())
-                self.counters.inc("ddb.errors")
-                if ambiguous is not None and not _never_sent(exc):
-                    ambiguous.append(True)  # e.g. a read timeout: the write may have landed
-                reason = type(exc).__name__
+                failure = classify_exception(exc)
+                never_sent = _never_sent(exc)
+                reason, detail = type(exc).__name__, f"{type(exc).__name__}: {exc}"
+                cause = getattr(exc, "kwargs", {}).get("error")
+                if cause is not None and str(cause) not in detail:
+                    detail = f"{detail} ({cause})"  # botocore's text leaves out why
+            now = time.monotonic()
+            if failure is Failure.EXPIRED_TOKEN:
+                breaker.record_success(now)  # DynamoDB answered
+                counters.inc("ddb.expired_token")
+                refresh = getattr(self._client, "refresh_credentials", None)
+                if not refreshed and refresh is not None:
+                    refreshed = True  # one forced refresh and one more attempt per call
+                    log.warning("ddb_credentials_expired", op=op, request_id=rid)
+                    try:
+                        await refresh()
+                    except Exception as exc:  # any provider's failure
+                        raise Unavailable(
+                            f"DynamoDB {op}: credentials expired ({reason}) and could not be "
+                            f"refreshed: {type(exc).__name__}: {exc}{_rid(rid)}"
+                        ) from exc
+                    attempt -= 1  # the attempt with fresh credentials is not a retry
+                    continue
+                done = "a refresh did not help" if refreshed else "this client cannot refresh them"
+                raise Unavailable(
+                    f"DynamoDB {op}: credentials expired ({reason}); {done}{_rid(rid)}"
+                )
+            if failure is Failure.FATAL:
+                breaker.record_success(now)  # DynamoDB answered (or this is no outage)
+                counters.inc("ddb.errors")
+                raise Unavailable(f"DynamoDB {op} failed: {detail}{_rid(rid)}")
+            if failure is Failure.THROTTLE:
+                counters.inc("ddb.throttles")
+                breaker.record_failure(now)  # the fleet backs off together
+            elif failure is Failure.CONFLICT:
+                counters.inc("ddb.conflicts")  # another writer: DynamoDB itself is fine
+                breaker.record_success(now)
+            else:
+                counters.inc("ddb.timeouts" if reason == "timeout" else "ddb.errors")
+                breaker.record_failure(now)
+            if ambiguous is not None and failure.may_have_applied and not never_sent:
+                ambiguous.append(True)  # the write may have landed
             self.last_failure = f"{op}: {reason}"
-            sleep = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
-            if time.monotonic() + sleep >= deadline:
-                if reason == "timeout":
-                    raise Timeout(f"DynamoDB {op}: no answer within the deadline")
-                raise Unavailable(f"DynamoDB {op}: {reason}, no time left to retry")
-            log.debug("ddb_retry", op=op, reason=reason, attempt=attempt, sleep=sleep)
-            await asyncio.sleep(sleep)
+            if failure is Failure.TIMEOUT and now >= deadline - 0.001:
+                raise Timeout(f"DynamoDB {op}: no answer within the deadline{_rid(rid)}")
+            decision = policy.after_failure(attempt, failure, now, deadline)
+            if not decision.retry:
+                counters.inc(f"ddb.gave_up.{decision.reason}")
+                why = {
+                    "max_attempts": f"after {attempt} attempts",
+                    "quota": "retry quota exhausted",
+                    "deadline": "no time left to retry",
+                }.get(decision.reason, decision.reason)
+                if failure is Failure.TIMEOUT and decision.reason == "deadline":
+                    raise Timeout(f"DynamoDB {op}: no answer within the deadline{_rid(rid)}")
+                # debug: the caller's error (which names the request id) is what gets logged
+                log.debug(
+                    "ddb_gave_up", op=op, reason=reason, attempts=attempt, why=why, request_id=rid
+                )
+                raise Unavailable(f"DynamoDB {op}: {detail}, {why}{_rid(rid)}")
+            cost = decision.cost
+            log.debug(
+                "ddb_retry",
+                op=op,
+                reason=reason,
+                attempt=attempt,
+                sleep=round(decision.delay, 4),
+                request_id=rid,
+            )
+            await self._sleep(decision.delay)
+            if self._client is None:  # closed (shutdown) while this call waited to retry
+                raise Unavailable(f"DynamoDB {op}: the store is closed")
 
     # -------------------------------------------------------------------------- queries
     async def list_pools(self, deadline: float) -> list[Pool]:
@@ -398,6 +477,11 @@ OPERATIONS: dict[str, str] = {
 }
 
 
+def _rid(rid: str) -> str:
+    """The request id for a message (empty when DynamoDB never answered)."""
+    return f" (request id {rid})" if rid else ""
+
+
 def _status(exc: ClientError) -> int:
     """The HTTP status of a DynamoDB error answer (0 if unknown)."""
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -412,7 +496,7 @@ def _never_sent(exc: BaseException) -> bool:
     error (the lean client's causes are all of that kind: ``rasd.ddb.ConnectFailed``)."""
     if isinstance(exc, ConnectTimeoutError):
         return True
-    if not isinstance(exc, EndpointConnectionError):
+    if not isinstance(exc, EndpointConnectionError | SSLError):
         return False
     cause = getattr(exc, "kwargs", {}).get("error")
     if isinstance(cause, ConnectionRefusedError | socket.gaierror | ConnectFailed):

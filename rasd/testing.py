@@ -168,6 +168,7 @@ def fault_exception(kind: FaultKind, op: str) -> Exception | None:
         response: dict[str, Any] = {
             "Error": {"Code": code, "Message": message},
             "ResponseMetadata": {
+                "RequestId": f"FAULT-{kind.upper()}",
                 "HTTPStatusCode": status,
                 "HTTPHeaders": {"x-amzn-errortype": f"{prefix}{code}"},
                 "RetryAttempts": 0,
@@ -241,8 +242,9 @@ class FaultyStore(Store):
         *,
         faults: Faults | None = None,
         sleep: Sleep = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
-        super().__init__(config, counters)
+        super().__init__(config, counters, rng=rng)
         self.faults = faults if faults is not None else Faults()
         self._sleep = sleep
 

@@ -28,6 +28,7 @@ from botocore.exceptions import (
 )
 
 from rasd import ddb
+from rasd.config import Config
 from rasd.store import _never_sent
 
 WHEN = datetime.datetime(2024, 3, 9, 23, 59, 58, tzinfo=datetime.timezone.utc)
@@ -276,6 +277,28 @@ async def test_connection_close_and_stale_connections_are_not_reused() -> None:
         await c.get_item(TableName="t")
         await c.close()
     assert len(accepted) == 2
+
+
+async def test_old_connections_are_replaced_and_the_name_resolved_again() -> None:
+    """A pooled connection older than max_age is closed, not reused: the next request opens
+    a new one, which resolves the endpoint's name again (DynamoDB's addresses change). Age is
+    checked against the connection's birth, so the test ages it instead of waiting."""
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        async for body in _requests(r):
+            w.write(_response(_echo(body)))
+
+    async with _server(echo) as (url, accepted):
+        url = url.replace("127.0.0.1", "localhost")  # a name, resolved per connection
+        c = _lean(url, max_age=60.0)
+        await c.get_item(TableName="t")
+        await c.get_item(TableName="t")
+        assert len(accepted) == 1  # young: reused
+        c._idle[0].born -= 61.0
+        await c.get_item(TableName="t")
+        await c.close()
+    assert len(accepted) == 2
+    assert ddb.MAX_AGE == 60.0 == Config().ddb_connection_max_age
 
 
 async def test_pool_is_bounded() -> None:
@@ -554,29 +577,6 @@ async def test_refreshable_credentials_refresh_off_the_loop() -> None:
         if creds._refreshing is None:
             break
     assert creds.current()[0] == "A1"
-
-
-def test_endpoint_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    for var in (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_DYNAMODB",
-        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    assert ddb.resolve_endpoint("http://x:1", "eu-west-1") == "http://x:1"
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "https://dynamodb.eu-west-1.amazonaws.com"
-    assert ddb.resolve_endpoint(None, "cn-north-1").endswith(".amazonaws.com.cn")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://all:1")
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://all:1"
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://ddb:1")
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://ddb:1"
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
-    monkeypatch.delenv("AWS_ENDPOINT_URL_DYNAMODB")
-    cfg = tmp_path / "config"
-    cfg.write_text("[default]\nendpoint_url = http://profile:1\n")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
-    assert ddb.resolve_endpoint(None, "eu-west-1") == "http://profile:1"
 
 
 async def test_calls_sent_together_leave_in_one_loop_iteration() -> None:

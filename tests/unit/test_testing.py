@@ -148,8 +148,7 @@ class FakeClient:
 
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> tuple[rasd.store.Store, FakeClient, Faults]:
-    monkeypatch.setattr(rasd.store, "BACKOFF_BASE", 0.0)  # retries without backoff waits
-    s = rasd.store.Store(Config(table="t"))
+    s = rasd.store.Store(Config(table="t"), rng=lambda: 0.0)  # retries without backoff waits
     fake = FakeClient()
     s._client = fake
     faults = install(s, Faults(seed=1))

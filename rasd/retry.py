@@ -1,0 +1,235 @@
+"""When to retry a DynamoDB call, and after how long: botocore's standard retry mode, pure.
+
+Theory of operation. A failed attempt is first *classified* (:func:`classify_code`,
+:func:`classify_exception`) into a :class:`Failure`: what kind of trouble it is, whether it is
+worth another attempt, and whether a write that met it may have applied (the store reports
+such a write as UNKNOWN, never as REJECTED). The :class:`RetryPolicy` then decides, from the
+attempt number, the kind, the time and the request's deadline, whether to try again and how
+long to wait first. It is botocore's standard mode:
+
+* at most ``max_attempts`` attempts in all (botocore's ``total_max_attempts``, default 3);
+* before attempt n+1, a delay of ``rng() * min(2 ** (n - 1), 20)`` seconds (exponential
+  backoff with full jitter, base 2, capped at 20 s): 0-1 s, then 0-2 s, 0-4 s...;
+* a retry quota shared by every call of the client (:class:`RetryQuota`): 500 tokens; a retry
+  costs 5 (10 after a timeout), and is not made when the quota cannot pay; a call that succeeds
+  gives back what its last retry cost, or 1 if it needed none. A fleet of daemons facing a
+  sick DynamoDB thus stops retrying after about 100 retries each, until calls succeed again;
+* rasd adds the request's deadline: a retry whose delay would end past it is not made (its
+  quota is given back), so a call never outlives its request.
+
+Nothing here sleeps, reads a clock or draws a random number of its own: time and the random
+source are passed in, so tests replay botocore's decisions exactly (tests/unit/test_retry.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: botocore's standard mode: throttling error codes (ThrottledRetryableChecker).
+THROTTLE_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "RequestThrottled",
+        "SlowDown",
+        "PriorRequestNotComplete",
+        "EC2ThrottledException",
+    }
+)
+#: Refusals because another writer holds the item: in botocore's standard mode as a throttle
+#: (TransactionInProgressException) or as modeled retryable in DynamoDB's service model
+#: (ReplicatedWriteConflictException); TransactionConflictException rasd retries beyond
+#: botocore (an item in another client's transaction). Nothing was applied.
+CONFLICT_CODES = frozenset(
+    {
+        "TransactionInProgressException",
+        "ReplicatedWriteConflictException",
+        "TransactionConflictException",
+    }
+)
+#: botocore's standard mode: transient error codes and HTTP statuses (TransientRetryableChecker),
+#: plus DynamoDB's own 5xx error types (which come with a 500 or 503 anyway).
+TRANSIENT_CODES = frozenset(
+    {
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+    }
+)
+TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
+#: The session's credentials expired: refresh them (off the event loop) and try once more.
+EXPIRED_TOKEN_CODES = frozenset({"ExpiredTokenException", "ExpiredToken"})
+
+DEFAULT_MAX_ATTEMPTS = 3
+BACKOFF_BASE = 2.0
+MAX_BACKOFF = 20.0
+QUOTA_CAPACITY = 500
+RETRY_COST = 5
+TIMEOUT_RETRY_COST = 10
+NO_RETRY_INCREMENT = 1
+
+
+class Failure(enum.Enum):
+    """What a failed attempt was. ``retryable``: worth another attempt under the policy;
+    ``may_have_applied``: a write that met it may have been applied by DynamoDB."""
+
+    #: DynamoDB refused for capacity (per partition or account): nothing applied.
+    THROTTLE = ("throttle", True, False)
+    #: DynamoDB refused because another writer holds the item: nothing applied.
+    CONFLICT = ("conflict", True, False)
+    #: a 5xx or a transient error code: DynamoDB may have applied the write.
+    TRANSIENT = ("transient", True, True)
+    #: sent, no answer in time (read timeout): may have applied. A retry costs more quota.
+    TIMEOUT = ("timeout", True, True)
+    #: the connection failed or the answer was unreadable: may have applied (unless the store
+    #: can tell that nothing was sent).
+    CONNECTION = ("connection", True, True)
+    #: connecting took too long: nothing was sent. A retry costs as much as after a timeout.
+    CONNECT_TIMEOUT = ("connect_timeout", True, False)
+    #: the credentials expired: nothing applied; retried once after a forced refresh.
+    EXPIRED_TOKEN = ("expired_token", False, False)
+    #: anything else (validation, access denied, a missing table): not retried.
+    FATAL = ("fatal", False, False)
+
+    def __init__(self, label: str, retryable: bool, may_have_applied: bool) -> None:
+        self.label = label
+        self.retryable = retryable
+        self.may_have_applied = may_have_applied
+
+    @property
+    def is_timeout(self) -> bool:
+        """Does a retry after it cost TIMEOUT_RETRY_COST (botocore: ConnectTimeoutError and
+        ReadTimeoutError)?"""
+        return self is Failure.TIMEOUT or self is Failure.CONNECT_TIMEOUT
+
+
+def classify_code(code: str, status: int) -> Failure:
+    """An error answer from DynamoDB (its short ``__type`` and HTTP status)."""
+    if code in THROTTLE_CODES:
+        return Failure.THROTTLE
+    if code in CONFLICT_CODES:
+        return Failure.CONFLICT
+    if code in EXPIRED_TOKEN_CODES:
+        return Failure.EXPIRED_TOKEN
+    if code in TRANSIENT_CODES or status in TRANSIENT_STATUSES:
+        return Failure.TRANSIENT
+    return Failure.FATAL
+
+
+def classify_exception(exc: BaseException) -> Failure:
+    """An attempt that got no answer: what botocore's standard mode makes of the exception
+    (ConnectionError and HTTPClientError are transient; the DynamoDB checksum check too)."""
+    from botocore.exceptions import (
+        ChecksumError,
+        ConnectionError,
+        ConnectTimeoutError,
+        HTTPClientError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, ConnectTimeoutError):
+        return Failure.CONNECT_TIMEOUT
+    if isinstance(exc, ReadTimeoutError | TimeoutError):
+        return Failure.TIMEOUT
+    if isinstance(exc, ConnectionError | HTTPClientError | ChecksumError | OSError):
+        return Failure.CONNECTION
+    return Failure.FATAL
+
+
+class RetryQuota:
+    """botocore's retry quota (``botocore.retries.quota``): a bucket of tokens that retries
+    spend and successes refill, shared by all calls of one client."""
+
+    __slots__ = ("available", "capacity")
+
+    def __init__(self, capacity: int = QUOTA_CAPACITY) -> None:
+        self.capacity = capacity
+        self.available = capacity
+
+    def acquire(self, amount: int) -> bool:
+        if amount > self.available:
+            return False
+        self.available -= amount
+        return True
+
+    def release(self, amount: int) -> None:
+        if self.available != self.capacity:  # full (the usual case): nothing to do
+            self.available = min(self.capacity, self.available + amount)
+
+    def __repr__(self) -> str:
+        return f"RetryQuota({self.available}/{self.capacity})"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Retry after ``delay`` seconds (``retry``), or give up for ``reason``: "not_retryable",
+    "max_attempts", "quota", "deadline". ``cost`` is the quota a retry took."""
+
+    retry: bool
+    delay: float = 0.0
+    reason: str = ""
+    cost: int = 0
+
+
+class RetryPolicy:
+    """botocore's standard retry mode with the request's deadline on top (module docstring).
+
+    ``rng`` returns a float in [0, 1) (``random.random``); tests pass their own."""
+
+    __slots__ = ("max_attempts", "max_backoff", "quota", "rng")
+
+    def __init__(
+        self,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        *,
+        rng: Callable[[], float] = random.random,
+        max_backoff: float = MAX_BACKOFF,
+        quota: RetryQuota | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.max_attempts = max_attempts
+        self.rng = rng
+        self.max_backoff = max_backoff
+        self.quota = quota if quota is not None else RetryQuota()
+
+    def delay(self, attempt: int) -> float:
+        """The wait before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
+        return self.rng() * min(BACKOFF_BASE ** (attempt - 1), self.max_backoff)
+
+    def after_failure(
+        self, attempt: int, failure: Failure, now: float, deadline: float
+    ) -> Decision:
+        """Attempt ``attempt`` (from 1) failed with ``failure`` at ``now``: retry or not?"""
+        if not failure.retryable:
+            return Decision(False, reason="not_retryable")
+        if attempt >= self.max_attempts:
+            return Decision(False, reason="max_attempts")
+        cost = TIMEOUT_RETRY_COST if failure.is_timeout else RETRY_COST
+        if not self.quota.acquire(cost):
+            return Decision(False, reason="quota")
+        delay = self.delay(attempt)
+        if now + delay >= deadline:
+            self.quota.release(cost)  # no retry was made
+            return Decision(False, delay=delay, reason="deadline")
+        return Decision(True, delay=delay, cost=cost)
+
+    def succeeded(self, last_cost: int) -> None:
+        """A call succeeded; ``last_cost`` is what its last retry took (0: no retry)."""
+        self.quota.release(last_cost or NO_RETRY_INCREMENT)
+
+    def __repr__(self) -> str:
+        return f"RetryPolicy(max_attempts={self.max_attempts}, {self.quota!r})"
