@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from jobs.dedupe import outlasts, served_end
 from rasd import decide as D
-from rasd.decide import Orphan, Outcome, Rules, orphan_verdict
+from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict
 from rasd.lease import (
     FREE,
     LIVE,
@@ -1620,7 +1620,11 @@ def step_job(w0: World, j: Job) -> Out:
         if j.pc == "P1":
             wr = map_fence(_mident(r), j.m.ver if j.m else 0, j.now)
         else:
-            wr = free_orphan(r, j.now, q)
+            if w0.proto.orphan_quarantine_only:  # D5: the quarantine only
+                avail = j.now + q
+            else:
+                avail = orphan_free_at(r, j.m, j.now, q, w0.rules.grace_us)
+            wr = free_orphan(r, j.now, avail)
         for lab, w, rep in write_branches(w0, wr, None):
             if j.pc == "P1" and rep.outcome is Outcome.APPLIED:
                 _set_job(w, j, replace(j, pc="P2"))

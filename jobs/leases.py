@@ -5,8 +5,9 @@ rasd.decide) in the same order (docs/design.md, "Invariants").
   then the resource, claimable again only after the quarantine. Used by ``ras-dedupe`` and
   ``rasadmin release-resource``.
 * ``repair``: a held resource that no mapping names (a crash between two writes left it) is
-  freed, with quarantine; if its acquisition's mapping write could still land, the mapping is
-  fenced first. Used by ``ras-liberator``.
+  freed, with quarantine, and not before its lease's end when a mapping may have named it
+  (``rasd.decide.orphan_free_at``); if its acquisition's mapping write could still land, the
+  mapping is fenced first. Used by ``ras-liberator`` and ``ras-dedupe``.
 
 * ``delete``: delete a resource item (``rasadmin delete-resource``/``delete-pool``); a held
   one only after its key's mapping stops naming it, so no daemon reads a lease on a resource
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from rasd.decide import Orphan, orphan_verdict
+from rasd.config import Config
+from rasd.decide import Orphan, orphan_free_at, orphan_verdict
 from rasd.lease import (
+    US,
     Mapping,
     ResourceItem,
     free_claim,
@@ -37,6 +40,10 @@ from rasd.writes import ItemKey, Write, item_from_av, key_av, render
 from . import common
 
 Result = Literal["released", "freed_orphan", "lease", "lost_race", "kept"]
+
+#: the clock-skew bound: what an orphan's hold adds to its lease's end when the caller names
+#: no grace of its own
+SKEW_US = int(Config().max_clock_skew * US)
 
 
 def write(ddb: Any, table: str, w: Write) -> bool:
@@ -95,7 +102,8 @@ def release_held(
     m = get_mapping(ddb, table, r)
     verdict = orphan_verdict(r, m)
     if verdict is not Orphan.LEASE:
-        return repair(ddb, table, r, m, now_us, quarantine_us)
+        grace = SKEW_US if hold_to_end_grace_us is None else hold_to_end_grace_us
+        return repair(ddb, table, r, m, now_us, quarantine_us, grace)
     assert m is not None
     ver: int | None = None
     if end_by_us is not None:
@@ -124,15 +132,20 @@ def repair(
     m: Mapping | None,
     now_us: int,
     quarantine_us: int,
+    grace_us: int,
 ) -> Result:
-    """Free ``r`` if no mapping names it (fencing the mapping first when needed)."""
+    """Free ``r`` if no mapping names it (fencing the mapping first when needed). It stays
+    unclaimable for the quarantine, and, if a mapping may have named it (apps may use it to
+    its end, and no app need have released it: a ``ras-dedupe`` stopped between its two
+    writes), until its lease's end plus ``grace_us`` (``rasd.decide.orphan_free_at``)."""
     verdict = orphan_verdict(r, m)
     if verdict is Orphan.LEASE:
         return "lease"
     fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
     if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
         return "lost_race"
-    if not write(ddb, table, free_orphan(r, now_us, quarantine_us)):
+    available = orphan_free_at(r, m, now_us, quarantine_us, grace_us)
+    if not write(ddb, table, free_orphan(r, now_us, available)):
         return "lost_race"
     return "freed_orphan"
 

@@ -461,15 +461,16 @@ def liberate(item: ResourceItem, now_us: int) -> Write:
     )
 
 
-def free_orphan(item: ResourceItem, now_us: int, quarantine_us: int) -> Write:
-    """Free a held resource no mapping names (a crash left it): with quarantine, since it may
-    have been served before the crash."""
-    assert item.holder is not None
+def free_orphan(item: ResourceItem, now_us: int, available_us: int) -> Write:
+    """Free a held resource no mapping names (a crash left it), claimable again from
+    ``available_us`` on: ``rasd.decide.orphan_free_at`` (it may have been served before the
+    crash: at least the quarantine, and the lease's end when it may have been named)."""
+    assert item.holder is not None and available_us >= now_us
     return Write(
         key=item.ident,
         conds=(Cond("version", "=", item.version), Cond("holder", "=", item.holder)),
         set=(
-            ("lease_available", fmt_time(now_us + quarantine_us)),
+            ("lease_available", fmt_time(available_us)),
             ("version", item.version + 1),
         ),
         remove=_HELD_ATTRS,

@@ -400,9 +400,10 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A held resource whose key's mapping names another acquisition (an orphan a crash left)
-    and that was acquired longer ago than --orphan-age is freed with quarantine
-    (lease_available = now + --quarantine: it may have been served before the crash); the
-    lease the mapping names is left alone, and so is a younger orphan (its acquisition may
+    and that was acquired longer ago than --orphan-age is freed, unclaimable until its lease's
+    end plus --grace (the mapping named it once: it may have been served until then, and no
+    app need have released it; decide.orphan_free_at), at least --quarantine; the lease the
+    mapping names is left alone, and so is a younger orphan (its acquisition may
     still be under way). --dry-run counts the orphan and writes nothing; a second run finds
     nothing to do."""
     seed_pool(ddb, table, region=EAST, count=10)
@@ -411,6 +412,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     lease(ddb, table, "res-00002", "j", NOW + HOUR, acquired_us=NOW - 60 * US)  # young orphan
     lease(ddb, table, "res-00003", "j", NOW + HOUR, acquired_us=NOW - 30 * US)
     quarantine = 45 * US
+    liberator_grace = int(liberator.DEFAULT_GRACE_S * US)
     argv = [*base(table, moto_endpoint), "--orphan-age", "120", "--quarantine", "45"]
     before = by_resource(ddb, table)
     orphan = get(ddb, table, "res-00000")
@@ -432,7 +434,9 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     after = by_resource(ddb, table)
     freed = item_from_ddb(after[("demo", "res-00000")])
     assert freed.key is None and freed.holder is None and freed.lease_expires_us is None
-    assert freed.lease_available == fmt_time(NOW + quarantine)
+    assert orphan.lease_expires_us is not None
+    assert freed.lease_available == fmt_time(orphan.lease_expires_us + liberator_grace)
+    assert freed.lease_available > fmt_time(NOW + quarantine)
     assert freed.version == orphan.version + 1
     for attr in ("lease_acquired", "holder", "mver"):
         assert attr not in after[("demo", "res-00000")], attr
@@ -460,7 +464,8 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
     held at ``mver`` while the mapping is at ``mver - 1`` (absent when ``mver`` is 1), and the
     mapping write may still be in flight (orphan_verdict FENCE_MAPPING). The liberator fences
     the mapping past ``mver - 1`` first, so that write can never apply, and then frees the
-    orphan with quarantine. A lease the mapping already names (``behind``) is kept."""
+    orphan with quarantine (to its lease's end when the mapping is absent: it may have named
+    it before a TTL reaped it). A lease the mapping already names (``behind``) is kept."""
     seed_pool(ddb, table, region=EAST, count=4)
     ident = map_ident("k", EAST)
     if mapping == "behind":
@@ -488,7 +493,11 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
         assert get(ddb, table, "res-00001").holder == prior.token
     freed = get(ddb, table, "res-00000")
     assert freed.key is None and freed.holder is None
-    assert freed.lease_available == fmt_time(NOW + Q)
+    # Behind: the mapping write never landed, so the claim was never served: the quarantine.
+    # Absent: the mapping may have been reaped by TTL after naming it: held to its end.
+    grace = int(liberator.DEFAULT_GRACE_S * US)
+    hold = NOW + Q if mapping == "behind" else NOW + HOUR + grace
+    assert freed.lease_available == fmt_time(hold)
     assert freed.version == free_before.version + 1
     # The dead daemon's map_acquire, landing now, is refused: no mapping ever names the claim.
     late = map_acquire(ident, orphan.mver - 1, orphan.holder or "", "res-00000",
@@ -606,7 +615,8 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
     """After each region's dedupe ran, every (client, pool, key) holds exactly one resource:
     the one the daemons serve (its region's mapping names it, and among regions it is the
     one ``pick()`` chooses). Within a region, only the item the mapping names is a lease:
-    the others are orphans, freed with quarantine, even when their claim is earlier. Each
+    the others are orphans, freed with quarantine and held to their lease end (the mapping
+    named them once), even when their claim is earlier. Each
     job released only its own region's extras (mapping first, then the resource, with
     quarantine) and reported the others."""
     seed_duplicates(ddb, table)
@@ -642,8 +652,10 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
         assert (items[0].region, items[0].resource) == chosen[k], k
     assert served(ddb, table) == chosen  # the daemons' answers did not change
     # Changed: an early free is claimable only after the quarantine (was: at once).
-    assert_released(ddb, table, "e-00001", "k1", EAST)  # orphans
-    assert_released(ddb, table, "e-00002", "k1", EAST)
+    # Orphans the mapping named once (it moved past them): held to their lease end too, as
+    # apps may use them until then (decide.orphan_free_at).
+    assert_released(ddb, table, "e-00001", "k1", EAST, EXTRA_FREE)
+    assert_released(ddb, table, "e-00002", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)  # released extras
     assert_released(ddb, table, "e-00006", "k4", EAST, EXTRA_FREE)
     assert_released(ddb, table, "w-00002", "k3", WEST, EXTRA_FREE)

@@ -55,7 +55,7 @@ def resource_writes() -> list[W.Write]:
         L.extend_resource(lease, NOW + 7200 * L.US),
         L.extend_resource(lease, NOW + 60 * L.US),
         L.liberate(held, NOW + 7200 * L.US),
-        L.free_orphan(held, NOW, 60 * L.US),
+        L.free_orphan(held, NOW, NOW + 60 * L.US),
         L.move(free, "eu-west-1"),
     ]
 
