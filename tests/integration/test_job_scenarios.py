@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import boto3
 import pytest
 import structlog
 from botocore.exceptions import ClientError
@@ -26,7 +27,7 @@ from rasd.config import Config
 from rasd.errors import NoCapacity
 from rasd.store import Store
 from rasd.writes import item_from_av
-from rasd_jobs import dedupe, liberator
+from rasd_jobs import balancer, dedupe, liberator
 from tests.conftest import hold
 
 pytestmark = pytest.mark.integration
@@ -154,3 +155,100 @@ async def test_orphan_left_by_dedupe_is_held_to_its_lease_end(
     async with daemon(moto_endpoint, table, "dW2", clock, WEST) as dw2:
         other = await get_lease(dw2, "k2", clock, 600)
     assert other is None, f"{other} answered to k2 while k1's answer (rb) runs to its end"
+
+
+# --------------------------------------------- ras-balancer without the donor's replica
+class Replica:
+    """A boto3 client of one replica: the job's table name is mapped to that replica's table
+    (two moto tables stand for the global table's two replicas)."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner, self._name = inner, name
+
+    def __getattr__(self, attr: str) -> Any:
+        real = getattr(self._inner, attr)
+        if not callable(real) or attr in ("get_paginator",):
+            return real if attr != "get_paginator" else self._paginator
+
+        def call(**kw: Any) -> Any:
+            if "TableName" in kw:
+                kw["TableName"] = self._name
+            return real(**kw)
+
+        return call
+
+    def _paginator(self, op: str) -> Any:
+        inner = self._inner.get_paginator(op)
+        name = self._name
+
+        class Pages:
+            def paginate(self, **kw: Any) -> Any:
+                return inner.paginate(**{**kw, "TableName": name})
+
+        return Pages()
+
+
+def replicate_lww(
+    ddb: Any, rep: dict[str, str], key: dict[str, Any], writes: list[tuple[int, str]]
+) -> None:
+    """Global tables' last-writer-wins for one item written in several replicas within the
+    lag: the replica with the latest write wins everywhere. ``writes``: (order, region)."""
+    _, winner = max(writes)
+    img = ddb.get_item(TableName=rep[winner], Key=key, ConsistentRead=True)["Item"]
+    for t in rep.values():
+        ddb.put_item(TableName=t, Item=img)
+
+
+@pytest.mark.parametrize("peer", [False, True])
+async def test_balancer_never_moves_a_region_in_another_regions_replica(
+    moto_endpoint: str, ddb: Any, table: str, peer: bool
+) -> None:
+    """eu-west-1's daemon claims all four of its items in its replica; within the replication
+    lag us-east-1's replica still shows them free. A ras-balancer run for us-east-1 with no
+    --peer-endpoint for eu-west-1 would move two of them in us-east-1's replica; last writer
+    wins, the claims are gone while the mappings still name them, and us-east-1 answers them
+    to other keys. Without eu-west-1's replica the run must refuse and write no item; with
+    it, the moves go to eu-west-1's replica, where the claims already won."""
+
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    rep = {EAST: f"{table}-east", WEST: f"{table}-west"}
+    names = [f"w{i}" for i in range(4)]
+    for t in rep.values():
+        schema.create_table(ddb, t)
+        schema.put_pool(ddb, t, C, P, 7200)
+        schema.add_resources(ddb, t, C, P, WEST, names, now_us=clock.now_us() - 60 * L.US)
+    got: dict[str, str] = {}
+    async with daemon(moto_endpoint, rep[WEST], "dW", clock, WEST) as dw:
+        for k in ("k1", "k2", "k3", "k4"):
+            lease = await get_lease(dw, k, clock)
+            assert lease is not None
+            got[lease.resource] = k
+        await dw.drain(2.0)
+    assert sorted(got) == names
+    streams = boto3.client("dynamodbstreams", endpoint_url=moto_endpoint, region_name=EAST)
+    east = Replica(ddb, rep[EAST])
+    clients = balancer.Clients(
+        ddb=east, streams=streams, peers={WEST: Replica(ddb, rep[WEST])} if peer else {}
+    )
+    opts = balancer.Options(table="rasd", region=EAST, now_us=clock.now_us(), regions=(EAST, WEST))
+    summary = balancer.run(opts, clients)
+    for r in names:  # replication: east's copy of an item wins where east wrote it last
+        key = {"client_id": {"S": C}, "resource": {"S": r}}
+        moved = ddb.get_item(TableName=rep[EAST], Key=key, ConsistentRead=True)["Item"]
+        writes = [(0, WEST)] + ([(1, EAST)] if moved["region"]["S"] == EAST else [])
+        replicate_lww(ddb, rep, key, writes)
+    clock.advance(2.0)
+    async with daemon(moto_endpoint, rep[EAST], "dE", clock, EAST) as de:
+        other = await get_lease(de, "k9", clock)
+    async with daemon(moto_endpoint, rep[WEST], "dW2", clock, WEST) as dw2:
+        if other is not None:
+            mine = await get_lease(dw2, got[other.resource], clock)
+            assert mine is None or mine.resource != other.resource, (
+                f"{other.resource} answered to k9 in us-east-1 and to {got[other.resource]} "
+                "in eu-west-1"
+            )
+    assert other is None
+    if peer:
+        assert summary["status"] == "ok" and summary["moved"] == 0, summary
+    else:
+        assert summary["status"] == "refused" and summary["missing_peer_endpoints"] == [WEST]
