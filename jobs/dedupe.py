@@ -331,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if region in peers_urls:
             raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
         now = common.now_us(args)
+        rules = common.daemon_config(args).rules()
         ddb = common.make_client(args, region, pool=args.segments + 2)
         peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
         opts = Options(
@@ -341,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             page_size=args.page_size,
             dry_run=args.dry_run,
             peers=peers,
+            quarantine_us=rules.quarantine_us,
+            margin_us=rules.margin_us,
+            grace_us=rules.grace_us,
         )
         log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
         summary = run(ddb, opts)

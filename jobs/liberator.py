@@ -226,10 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quarantine",
         type=common.non_negative_float,
-        default=DEFAULT_QUARANTINE_S,
+        default=None,
         help="seconds a freed orphan stays unclaimable; at least the daemons' "
-        "confirm_interval + max_clock_skew + replication_lag "
-        f"(default {DEFAULT_QUARANTINE_S:g})",
+        "confirm_interval + max_clock_skew + replication_lag (default: that sum, from "
+        f"--config; {DEFAULT_QUARANTINE_S:g} with the daemons' defaults)",
     )
     p.add_argument(
         "--all-regions",
@@ -247,13 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         region = common.ras_region(args, required=not args.all_regions)
+        cfg = common.daemon_config(args)
+        if args.grace < cfg.max_clock_skew:
+            raise common.UsageError(
+                f"--grace {args.grace:g} is below the daemons' max_clock_skew "
+                f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
+            )
+        quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
         opts = Options(
             table=args.table,
             region=None if args.all_regions else region,
             now_us=common.now_us(args),
             grace_us=int(args.grace * US),
             orphan_age_us=int(args.orphan_age * US),
-            quarantine_us=int(args.quarantine * US),
+            quarantine_us=int(quarantine * US),
             segments=args.segments,
             page_size=args.page_size,
             dry_run=args.dry_run,

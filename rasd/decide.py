@@ -30,7 +30,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from .lease import FREE, LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
+from .lease import (
+    FREE,
+    LIVE,
+    PENDING,
+    Lease,
+    Mapping,
+    ResourceItem,
+    lease_from_mapping,
+    parse_time,
+)
 
 
 class Outcome(enum.Enum):
@@ -349,6 +358,20 @@ def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
         # (absent at a version past 1: reaped by TTL long after it moved on)
         return Orphan.ORPHAN
     return Orphan.FENCE_MAPPING
+
+
+def name_held_until(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int) -> int:
+    """Until when a deleted resource's name stays held (``lease.tombstone``): a re-add is
+    claimable no earlier. A held item (deleted with --force; its mapping released first) may
+    be served from caches for the quarantine and used by apps until its lease's end plus the
+    clock-skew bound (no app released it); a free one is held to its ``lease_available``
+    (its quarantine, if it is in one)."""
+    if r.key is not None:
+        ends = [] if r.lease_expires_us is None else [r.lease_expires_us + grace_us]
+        return max(now_us + quarantine_us, *ends)
+    if r.lease_available is not None:
+        return max(now_us, parse_time(r.lease_available))
+    return now_us
 
 
 def orphan_free_at(

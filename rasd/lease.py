@@ -503,6 +503,56 @@ def move(item: ResourceItem, to_region: str) -> Write:
     )
 
 
+def tombstone(item: ResourceItem, now_us: int, hold_until_us: int) -> Write:
+    """Delete a resource item (``rasadmin delete-resource``/``delete-pool``), leaving a
+    tombstone under its name: no attribute of either index (``key``, ``partition``,
+    ``lease_available``) and no ``pool_id``, so nothing lists, claims or serves it, and
+    ``hold_until``: a re-add of the name (:func:`readd`) is claimable no earlier, so a lease
+    or quarantine that still runs on the name runs out first (docs/design.md, I1).
+    Conditional on the version read; the version goes on growing through a re-add (claims in
+    flight fail, fencing tokens keep growing). DynamoDB's TTL reaps it a day after its hold."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(
+            ("hold_until", fmt_time(hold_until_us)),
+            ("deleted", fmt_time(now_us)),
+            ("ttl", _ttl(hold_until_us)),
+            ("version", item.version + 1),
+        ),
+        remove=("pool_id", "region", "partition", "lease_available", *_HELD_ATTRS),
+        kind="tombstone",
+    )
+
+
+def readd(
+    ident: ItemKey, version: int, hold_until: str, pool_id: str, region: str, now_us: int
+) -> Write:
+    """Add a resource again under a tombstone's name (``rasadmin add-resources``): free,
+    claimable from the later of now and the tombstone's ``hold_until``; only while the
+    tombstone is still the one read (``version``)."""
+    client_id, resource = ident
+    return Write(
+        key=ident,
+        conds=(Cond("version", "=", version), Cond("hold_until", "exists")),
+        set=(
+            ("pool_id", pool_id),
+            ("region", region),
+            ("partition", partition_name(client_id, pool_id, region, partition_of(resource))),
+            ("lease_available", max(fmt_time(now_us), hold_until)),
+            ("version", version + 1),
+        ),
+        remove=("hold_until", "deleted", "ttl"),
+        kind="readd",
+    )
+
+
+def is_tombstone(item: dict[str, Any]) -> bool:
+    """A deleted resource's name (:func:`tombstone`), not a resource (either form: the
+    attribute map or the plain dict)."""
+    return "hold_until" in item and "pool_id" not in item
+
+
 # ------------------------------------------------------------------- writes: mapping item
 def _ver_is(ver: int) -> Cond:
     return Cond("ver", "not_exists") if ver == 0 else Cond("ver", "=", ver)

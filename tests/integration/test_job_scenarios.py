@@ -252,3 +252,132 @@ async def test_balancer_never_moves_a_region_in_another_regions_replica(
         assert summary["status"] == "ok" and summary["moved"] == 0, summary
     else:
         assert summary["status"] == "refused" and summary["missing_peer_endpoints"] == [WEST]
+
+
+# ------------------------------------------------------- rasadmin delete, then add again
+def admin_call(url: str, table: str, clock: FakeClock, *argv: str) -> int:
+    from rasd_jobs import admin
+
+    common = ["--endpoint-url", url, "--table", table, "--region", EAST]
+    return admin.main([*argv, *common, "--now", str(clock.now_us() / L.US)])
+
+
+@pytest.mark.parametrize("force", [False, True])
+async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
+    moto_endpoint: str, ddb: Any, table: str, tmp_path: Any, force: bool
+) -> None:
+    """k1's lease on res-0 is released through d1 (res-0 quarantined for Q) while d2 still
+    serves it from its cache. `rasadmin delete-resource` refuses a quarantined item without
+    --force; with --force it leaves a tombstone, and `rasadmin add-resources` of the same
+    name makes it claimable only when the quarantine ends: d3 does not answer it to k2 while
+    d2 may still answer it to k1, and does once the quarantine is over."""
+    schema.put_pool(ddb, table, C, P, 7200)
+    schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    names = tmp_path / "names"
+    names.write_text("res-0\n")
+    async with (
+        daemon(moto_endpoint, table, "d1", clock) as d1,
+        daemon(moto_endpoint, table, "d2", clock) as d2,
+        daemon(moto_endpoint, table, "d3", clock) as d3,
+    ):
+        a = await get_lease(d1, "k1", clock)
+        b = await get_lease(d2, "k1", clock)
+        assert a is not None and b is not None and a.resource == b.resource == "res-0"
+        await d1.release(C, P, "k1", time.monotonic() + 2)
+        await d1.drain(2.0)
+        released = item(ddb, table, "res-0")
+        assert released is not None and "key" not in released
+        until = L.parse_time(str(released["lease_available"]))
+        clock.advance(1.0)
+        argv = ["delete-resource", "--client", C, "--resource", "res-0"]
+        rc = admin_call(moto_endpoint, table, clock, *argv, *(["--force"] if force else []))
+        assert rc == (0 if force else 1)
+        rc = admin_call(
+            moto_endpoint, table, clock, "add-resources", "--client", C, "--pool", P,
+            "--file", str(names),
+        )  # fmt: skip
+        assert rc == 0
+        back = item(ddb, table, "res-0")
+        assert back is not None and str(back["lease_available"]) >= L.fmt_time(until)
+        clock.advance(1.0)
+        d3.prefetch.buffers.clear()
+        other = await get_lease(d3, "k2", clock)
+        cached = d2.try_hit(C, P, "k1", clock.now_us() + 3600 * L.US)
+        assert cached is not None and cached.resource == "res-0"  # allowed for up to S (I3)
+        assert other is None, f"{other.resource} answered to k2 while d2 answers it to k1"
+        clock.advance((until - clock.now_us()) / L.US + 1)
+        d3.prefetch.buffers.clear()
+        later = await get_lease(d3, "k2", clock)
+        assert later is not None and later.resource == "res-0"  # the quarantine is over
+
+
+async def test_force_deleted_lease_added_again_waits_for_its_end(
+    moto_endpoint: str, ddb: Any, table: str, tmp_path: Any
+) -> None:
+    """`rasadmin delete-resource --force` of a running lease, then `add-resources` of the
+    name: the app was answered until the lease's end and no app released it, so the name is
+    claimable again only after that end plus the skew."""
+    schema.put_pool(ddb, table, C, P, 7200)
+    schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    names = tmp_path / "names"
+    names.write_text("res-0\n")
+    async with daemon(moto_endpoint, table, "d1", clock) as d1:
+        a = await get_lease(d1, "k1", clock, 600)
+        await d1.drain(2.0)
+    assert a is not None
+    clock.advance(1.0)
+    argv = ["delete-resource", "--client", C, "--resource", "res-0", "--force"]
+    assert admin_call(moto_endpoint, table, clock, *argv) == 0
+    add = ["add-resources", "--client", C, "--pool", P, "--file", str(names)]
+    assert admin_call(moto_endpoint, table, clock, *add) == 0
+    back = item(ddb, table, "res-0")
+    skew = int(Config().max_clock_skew * L.US)
+    assert back is not None and back["lease_available"] == L.fmt_time(a.expires_us + skew)
+    assert int(back["version"]) > a.version  # fencing tokens keep growing through a re-add
+    clock.advance(300.0)
+    async with daemon(moto_endpoint, table, "d2", clock) as d2:
+        assert await get_lease(d2, "k2", clock) is None
+
+
+async def test_admin_release_holds_the_resource_to_the_lease_end(
+    moto_endpoint: str, ddb: Any, table: str
+) -> None:
+    """`rasadmin release-resource` of a running lease: the key's mapping is released (its
+    next get_lease acquires anew), but no app released the lease, so the resource is
+    claimable only after its end plus the skew, not after the quarantine alone."""
+    schema.put_pool(ddb, table, C, P, 7200)
+    schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    async with daemon(moto_endpoint, table, "d1", clock) as d1:
+        a = await get_lease(d1, "k1", clock, 600)
+        await d1.drain(2.0)
+    assert a is not None
+    argv = ["release-resource", "--client", C, "--resource", "res-0"]
+    assert admin_call(moto_endpoint, table, clock, *argv) == 0
+    freed = item(ddb, table, "res-0")
+    skew = int(Config().max_clock_skew * L.US)
+    assert freed is not None and freed["lease_available"] == L.fmt_time(a.expires_us + skew)
+    clock.advance(120.0)  # past the quarantine, before the lease's end
+    async with daemon(moto_endpoint, table, "d2", clock) as d2:
+        assert await get_lease(d2, "k2", clock) is None
+
+
+def test_delete_pool_writes_another_regions_items_only_through_its_endpoint(
+    moto_endpoint: str, ddb: Any, table: str
+) -> None:
+    """`rasadmin delete-pool` of a pool with items in two regions, pointed at one region's
+    replica: deleting (tombstoning) eu-west-1's items there would race eu-west-1's claims by
+    last-writer-wins, so it refuses before any write unless that region has an endpoint
+    (--peer-endpoint), or --unreplicated says the table is one plain table."""
+    schema.put_pool(ddb, table, C, P, 7200)
+    schema.add_resources(ddb, table, C, P, EAST, ["e0"])
+    schema.add_resources(ddb, table, C, P, WEST, ["w0"])
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    argv = ["delete-pool", "--client", C, "--pool", P]
+    assert admin_call(moto_endpoint, table, clock, *argv) == 1
+    assert item(ddb, table, "w0") is not None and item(ddb, table, "e0") is not None
+    assert ddb.get_item(TableName=table, Key=L.pool_meta_key(C, P)).get("Item") is not None
+    assert admin_call(moto_endpoint, table, clock, *argv, "--unreplicated") == 0
+    assert all(L.is_tombstone(item(ddb, table, r) or {}) for r in ("e0", "w0"))

@@ -229,3 +229,17 @@ def test_orphan_free_at_holds_a_possibly_served_orphan_to_its_lease_end() -> Non
 def test_cache_validity_is_the_earlier_bound() -> None:
     assert D.cache_valid_until_us(NOW, NOW + 3600 * S, RULES) == NOW + 30 * S
     assert D.cache_valid_until_us(NOW, NOW + 10 * S, RULES) == NOW + 5 * S
+
+
+def test_name_held_until_covers_every_lease_and_quarantine_on_it() -> None:
+    """A deleted resource's name is held (a re-add is claimable no earlier) until its
+    quarantine ends, or, for a lease deleted with --force, until the later of the quarantine
+    (caches) and its end plus the skew (apps: no app released it)."""
+    held = r()  # lease to NOW + 1 h
+    assert D.name_held_until(held, NOW, 57 * S, 2 * S) == NOW + 3600 * S + 2 * S
+    short = replace(held, lease_expires_us=NOW + 10 * S)
+    assert D.name_held_until(short, NOW, 57 * S, 2 * S) == NOW + 57 * S
+    quarantined = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW + 40 * S))
+    assert D.name_held_until(quarantined, NOW, 57 * S, 2 * S) == NOW + 40 * S
+    free = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW - 40 * S))
+    assert D.name_held_until(free, NOW, 57 * S, 2 * S) == NOW
