@@ -1569,6 +1569,9 @@ def step_job(w0: World, j: Job) -> Out:
             verdict = orphan_verdict(r, m)
             if verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
+            elif what == "orphan" and not w.proto.dedupe_orphan_as_lease:
+                # dedupe.py release_one: an orphan is only repaired; a lease now is left
+                _next(w, j, f"lost_race ({r.resource} is a lease now)")
             else:
                 assert m is not None
                 read = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]

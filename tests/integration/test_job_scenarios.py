@@ -10,6 +10,7 @@ another key?
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,7 +28,7 @@ from rasd.clock import FakeClock
 from rasd.config import Config
 from rasd.errors import NoCapacity
 from rasd.store import Store
-from rasd.writes import item_from_av
+from rasd.writes import item_from_av, key_av, render
 from rasd_jobs import balancer, dedupe, liberator
 from tests.conftest import hold
 
@@ -443,3 +444,76 @@ def test_dedupe_keeps_an_extra_its_survivor_outlasts_only_by_the_default_slack(
     assert '"kept_until_survivor_outlasts": 1' in capsys.readouterr().out
     rb = item(ddb, table, "rb")
     assert rb is not None and rb["key"] == "k1"
+
+
+# ------------------------------------- ras-dedupe: an orphan that became a lease meanwhile
+class LandsBeforeRelease:
+    """A boto3 client that, on the second consistent read of ``mapping`` (dedupe reads it
+    once to examine the item, once more to free it), first lands ``late`` (a daemon's
+    map_acquire that was in flight) and waits until a daemon has served it."""
+
+    def __init__(self, inner: Any, mapping: dict[str, Any], late: Any) -> None:
+        self._inner, self._mapping, self._late = inner, mapping, late
+        self.reads = 0
+        self.landed, self.served = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get_item(self, **kw: Any) -> Any:
+        if kw["Key"] == self._mapping:
+            self.reads += 1
+            if self.reads == 2:
+                self._inner.update_item(TableName=kw["TableName"], **render(self._late))
+                self.landed.set()
+                assert self.served.wait(10)
+        return self._inner.get_item(**kw)
+
+
+async def test_dedupe_never_frees_an_orphan_that_became_a_lease(
+    moto_endpoint: str, ddb: Any, table: str
+) -> None:
+    """k1 got ra in us-east-1; in eu-west-1 a daemon's claim of rb landed but its mapping
+    write was still in flight (its request gave up), so ras-dedupe (west) examines rb as an
+    orphan. The write lands, a west daemon serves k1 -> rb, and only then does dedupe free
+    "the orphan". It must not: rb is a lease now, perhaps served until its end, and no app
+    released it. Dedupe leaves it (a lost race; the next run judges it as a lease), so no
+    other key gets rb while k1's answer runs."""
+    schema.put_pool(ddb, table, C, P, 7200)
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    t0 = clock.now_us()
+    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * L.US)
+
+    def resource(name: str) -> L.ResourceItem:
+        raw = ddb.get_item(TableName=table, Key=key_av((C, name)), ConsistentRead=True)["Item"]
+        return L.item_from_ddb(raw)
+
+    # east's lease on ra, its mapping still pending (the confirm not yet written): west's
+    # daemons do not serve it, they verify and serve their own pending mapping
+    east = (L.map_pk(C, P, "k1"), EAST)
+    ra0, ra_end = resource("ra"), t0 + 3660 * L.US
+    for w in (
+        L.map_acquire(east, 0, "tok-east", "ra", ra0.version, ra_end, t0 - L.US, "dE0"),
+        L.claim(ra0, "k1", ra_end, t0 - L.US, "tok-east", 1),
+    ):
+        ddb.update_item(TableName=table, **render(w))
+    rb0, end = resource("rb"), t0 + 3600 * L.US
+    ident = (L.map_pk(C, P, "k1"), WEST)
+    ddb.update_item(TableName=table, **render(L.claim(rb0, "k1", end, t0, "tok-west", 1)))
+    late = L.map_acquire(ident, 0, "tok-west", "rb", rb0.version, end, t0, "dW0")
+    hooked = LandsBeforeRelease(ddb, key_av(ident), late)
+    opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * L.US, segments=1)
+    async with daemon(moto_endpoint, table, "dW1", clock, WEST) as dw1:
+        run = asyncio.create_task(asyncio.to_thread(dedupe.run, hooked, opts))
+        assert await asyncio.to_thread(hooked.landed.wait, 10)
+        served = await get_lease(dw1, "k1", clock)
+        hooked.served.set()
+        summary = await run
+    assert served is not None and served.resource == "rb"  # the pending lease, verified
+    clock.advance(120.0)  # past the quarantine, long before k1's answer ends
+    async with daemon(moto_endpoint, table, "dW2", clock, WEST) as dw2:
+        other = await get_lease(dw2, "k2", clock, 600)
+    assert other is None, f"{other.resource} answered to k2 while k1's answer runs to its end"
+    assert summary["released"] == 0 and summary["orphans_freed"] == 0, summary
+    assert summary["lost_races"] == 1, summary
