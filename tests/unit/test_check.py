@@ -190,8 +190,8 @@ def test_bad_d2_dedupe_pending_survivor_is_caught() -> None:
 
 def test_real_rules_pass_the_dedupe_search() -> None:
     """Every interleaving of dedupe with both regions' daemons from a cross-region duplicate
-    still pending (4,854 states) keeps I1 and I2 with the real rules. (From the confirmed
-    duplicate, DEDUPE_LIVE, 26,426 states: `make check-protocol`, too slow for CI.)"""
+    still pending (4,426 states) keeps I1 and I2 with the real rules. (From the confirmed
+    duplicate, DEDUPE_LIVE, 30,129 states: `make check-protocol`, too slow for CI.)"""
     cfg, prefix = DEDUPE_PENDING
     res = bfs(cfg, REAL, prefix=prefix)
     assert res.complete
