@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from jobs.dedupe import outlasts, served_end
 from rasd import decide as D
-from rasd.decide import Orphan, Outcome, Rules, orphan_verdict
+from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict
 from rasd.lease import (
     FREE,
     LIVE,
@@ -1569,6 +1569,9 @@ def step_job(w0: World, j: Job) -> Out:
             verdict = orphan_verdict(r, m)
             if verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
+            elif what == "orphan" and not w.proto.dedupe_orphan_as_lease:
+                # dedupe.py release_one: an orphan is only repaired; a lease now is left
+                _next(w, j, f"lost_race ({r.resource} is a lease now)")
             else:
                 assert m is not None
                 read = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
@@ -1620,7 +1623,11 @@ def step_job(w0: World, j: Job) -> Out:
         if j.pc == "P1":
             wr = map_fence(_mident(r), j.m.ver if j.m else 0, j.now)
         else:
-            wr = free_orphan(r, j.now, q)
+            if w0.proto.orphan_quarantine_only:  # D5: the quarantine only
+                avail = j.now + q
+            else:
+                avail = orphan_free_at(r, j.m, j.now, q, w0.rules.grace_us)
+            wr = free_orphan(r, j.now, avail)
         for lab, w, rep in write_branches(w0, wr, None):
             if j.pc == "P1" and rep.outcome is Outcome.APPLIED:
                 _set_job(w, j, replace(j, pc="P2"))

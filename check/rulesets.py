@@ -42,6 +42,14 @@ class Protocol:
     #: D4 (found by this checker, fixed since): the survivor judged in its own region's
     #: replica, not in the extra's (where a confirm may not have replicated yet)
     dedupe_survivor_own_region: bool = False
+    #: D5 (found by the adversarial evidence, fixed since): orphan repair frees with the
+    #: quarantine only, though a ras-dedupe stopped between its two writes leaves an orphan
+    #: whose lease apps still use to its end
+    orphan_quarantine_only: bool = False
+    #: D6 (found by this checker, fixed since): ras-dedupe releases an item it examined as an
+    #: orphan even when its mapping write has landed since (a lease, perhaps served): with
+    #: the quarantine only, and with no check that a survivor outlasts it
+    dedupe_orphan_as_lease: bool = False
 
     # ---------------------------------------------------------------- the decisions
     def on_read(
@@ -96,6 +104,10 @@ BAD_D1 = Protocol("D1-dedupe-unversioned", dedupe_unversioned=True)
 BAD_D2 = Protocol("D2-dedupe-pending-survivor", dedupe_pending_survivor=True)
 BAD_D3 = Protocol("D3-dedupe-margin-only", dedupe_margin_only=True)
 BAD_D4 = Protocol("D4-dedupe-survivor-own-region", dedupe_survivor_own_region=True)
+BAD_D5 = Protocol("D5-orphan-quarantine-only", orphan_quarantine_only=True)
+BAD_D6 = Protocol("D6-dedupe-orphan-as-lease", dedupe_orphan_as_lease=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
-PROTOCOLS = {p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4)}
+PROTOCOLS = {
+    p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, BAD_D5, BAD_D6)
+}

@@ -6,8 +6,15 @@ line only when stderr is a terminal). Exit 0 done, 1 failed or refused, 2 bad us
 
 Read-only commands (list-*, show-*, stats) cover every region unless ``--region`` is given on
 the command line; ``RASD_REGION`` is not applied to them as a filter. Commands that write a
-region's items (add-resources, release-resource) need the region: ``--region`` or
-``RASD_REGION``.
+region's items (add-resources, release-resource, delete-resource) need the region:
+``--region`` or ``RASD_REGION``, and write only that region's items (in a global table an item
+is written in its own region's replica, where its daemons' claims are ordered with the write);
+``delete-pool`` writes other regions' items through ``--peer-endpoint``.
+
+Every command keeps I1 (docs/design.md): nothing it frees, deletes or adds is claimable while a
+lease or quarantine on that resource may still run. A release is held to the lease's end (no
+app released it); a delete leaves a tombstone holding the name until the lease or quarantine
+it had runs out, and a re-add of the name waits for it (``rasd.lease.tombstone``/``readd``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -27,10 +35,14 @@ from rasd.lease import (
     MAX_RESOURCE_LEN,
     US,
     ResourceItem,
+    fmt_time,
     is_resource_item,
+    is_tombstone,
     item_from_ddb,
+    new_resource_item,
     pool_from_ddb,
     pool_meta_key,
+    readd,
 )
 
 from . import common, leases
@@ -138,7 +150,8 @@ def client_items(
         kw["ExpressionAttributeNames"] = names
     for page in common.scan_pages(ddb, kw):
         for raw in page.get("Items", []):
-            yield item_from_ddb(raw)
+            if is_resource_item(raw):  # not a deleted resource's tombstone
+                yield item_from_ddb(raw)
 
 
 is_resource = is_resource_item
@@ -169,6 +182,23 @@ def check_resource_name(resource: str) -> None:
     if not resource or len(resource) > MAX_RESOURCE_LEN:
         raise common.UsageError(
             f"bad resource {resource[:40]!r}: 1-{MAX_RESOURCE_LEN} characters expected"
+        )
+
+
+def bounds(args: argparse.Namespace) -> tuple[int, int]:
+    """(quarantine, clock-skew bound) in microseconds, as the daemons keep them (--config)."""
+    cfg = common.daemon_config(args)
+    return int(cfg.quarantine * US), int(cfg.max_clock_skew * US)
+
+
+def own_region(args: argparse.Namespace, it: ResourceItem, verb: str) -> None:
+    """Refuse to write an item of another region than the command's: in a global table it
+    would be written in the wrong replica and race that region's claims (last writer wins)."""
+    region = common.ras_region(args)
+    if it.region != region:
+        raise common.JobError(
+            f"{it.resource!r} belongs to region {it.region}, not {region}: {verb} it with "
+            f"--region {it.region} against that region's table"
         )
 
 
@@ -254,6 +284,7 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     items = list(client_items(ddb, args.table, args.client, args.pool))
     if pool is None and not items:
         raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
+    writers = pool_writers(ddb, args, items)
     held = [it for it in items if state_of(it, now) == "leased"]
     if held and not args.force:
         raise common.JobError(
@@ -261,6 +292,15 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
             f"(e.g. {held[0].resource!r} by key {held[0].key!r} until "
             f"{common.iso(held[0].lease_expires_us)}); wait for them to end or pass --force"
         )
+    quarantined = [it for it in items if not it.leased and not it.claimable(now)]
+    if quarantined and not args.force:
+        raise common.JobError(
+            f"refusing to delete pool {args.client}/{args.pool}: {len(quarantined)} "
+            f"resource(s) in quarantine (e.g. {quarantined[0].resource!r} until "
+            f"{quarantined[0].lease_available}: a cache may still serve it); wait or pass "
+            "--force (their names stay held until then)"
+        )
+    quarantine_us, grace_us = bounds(args)
     summary: dict[str, Any] = {
         "command": "delete-pool",
         "client_id": args.client,
@@ -281,7 +321,9 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     for it in items:
         # only as we read it unless --force: a lease taken since then survives; with --force a
         # held item's mapping is ended before the item goes (jobs/leases.py)
-        done = leases.delete(ddb, args.table, it.ident, common.now_us(args), args.force)
+        done = leases.delete(
+            writers[it.region], args.table, it.ident, now, args.force, quarantine_us, grace_us
+        )
         if done:
             summary["deleted"] += 1
         else:
@@ -291,6 +333,32 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     progress.close()
     common.emit(summary)
     return 1 if summary["changed_meanwhile"] else 0
+
+
+def pool_writers(
+    ddb: Any, args: argparse.Namespace, items: Sequence[ResourceItem]
+) -> dict[str, Any]:
+    """The client that writes each region's items: ours for ``--region`` (or every region
+    with ``--unreplicated``), a ``--peer-endpoint``'s for the others. Refuses (before any
+    write) when a region of ``items`` has none."""
+    regions = {it.region for it in items}
+    if args.unreplicated:
+        return dict.fromkeys(regions, ddb)
+    region = common.ras_region(args, required=False)
+    peers = dict(common.parse_peer(s) for s in args.peer_endpoint)
+    out = {r: common.client_for(url, r, pool=4) for r, url in peers.items() if r != region}
+    if region is not None:
+        out[region] = ddb
+    missing = sorted(regions - set(out))
+    if missing:
+        raise common.JobError(
+            f"refusing to delete pool {args.client}/{args.pool}: it has items in region(s) "
+            f"{', '.join(missing)}, which this command would write in another region's "
+            "replica (racing their daemons' claims); pass --region for this endpoint's region "
+            "and --peer-endpoint REGION=URL for each other (or --unreplicated for one plain "
+            "table)"
+        )
+    return out
 
 
 def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[str], int]:
@@ -336,35 +404,37 @@ def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:
     assert region is not None
     require_pool(ddb, args.table, args.client, args.pool)
     # A resource is unique per client (it is the sort key): never overwrite an existing item,
-    # which might be leased, whatever pool it is in.
-    existing = {
-        it["resource"]["S"]
-        for page in common.scan_pages(
-            ddb,
-            {
-                "TableName": args.table,
-                "KeyConditionExpression": "client_id = :c",
-                "ExpressionAttributeValues": {":c": {"S": args.client}},
-                "ProjectionExpression": "#res",
-                "ExpressionAttributeNames": {"#res": "resource"},
-                "ConsistentRead": True,
-            },
-        )
-        for it in page.get("Items", [])
-    }
+    # which might be leased, whatever pool it is in. A deleted name (a tombstone) is added
+    # again, claimable no earlier than the tombstone's hold.
+    existing: set[str] = set()
+    held = 0
+    for page in common.scan_pages(
+        ddb,
+        {
+            "TableName": args.table,
+            "KeyConditionExpression": "client_id = :c",
+            "ExpressionAttributeValues": {":c": {"S": args.client}},
+            "ProjectionExpression": "#res, pool_id, hold_until",
+            "ExpressionAttributeNames": {"#res": "resource"},
+            "ConsistentRead": True,
+        },
+    ):
+        for it in page.get("Items", []):
+            if not is_tombstone(it):
+                existing.add(it["resource"]["S"])
     names, skipped = resource_names(args, existing)
     added = 0
     if not args.dry_run and names:
         progress = common.Progress("adding", len(names))
-        added = schema.add_resources(
-            ddb,
-            args.table,
-            args.client,
-            args.pool,
-            region,
-            ticking(names, progress),
-            now_us=common.now_us(args),
-        )
+        now = common.now_us(args)
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="add") as pool:
+            for got in pool.map(lambda n: put_resource(ddb, args, region, n, now), names):
+                progress.add()
+                if got == "exists":
+                    skipped += 1
+                else:
+                    added += 1
+                    held += got == "held"
         progress.close()
     common.emit(
         {
@@ -374,11 +444,41 @@ def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:
             "region": region,
             "dry_run": args.dry_run,
             "added": added,
+            "held_by_tombstone": held,
             "skipped_existing": skipped,
             **({"would_add": len(names)} if args.dry_run else {}),
         }
     )
     return 0
+
+
+def put_resource(ddb: Any, args: argparse.Namespace, region: str, name: str, now_us: int) -> str:
+    """Add one name, free: ``"added"`` (claimable now), ``"held"`` (a tombstone's name:
+    claimable from its ``hold_until``), or ``"exists"`` (a resource took the name meanwhile:
+    left alone). A new name is a PutItem conditional on no item under it, so a name deleted
+    since the listing is never overwritten without its hold."""
+    item = new_resource_item(args.client, args.pool, region, name, now_us)
+    for _ in range(5):
+        try:
+            ddb.put_item(
+                TableName=args.table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(client_id)",
+            )
+            return "added"
+        except Exception as exc:
+            if not common.is_lost_race(exc):
+                raise
+        raw = leases.get(ddb, args.table, (args.client, name))
+        if raw is None:
+            continue  # reaped meanwhile: put again
+        if not is_tombstone(raw):
+            return "exists"
+        hold = str(raw["hold_until"])
+        w = readd((args.client, name), int(raw["version"]), hold, args.pool, region, now_us)
+        if leases.write(ddb, args.table, w):
+            return "held" if hold > fmt_time(now_us) else "added"
+    raise common.JobError(f"{name!r} kept changing while it was added; look again")
 
 
 RESOURCE_COLUMNS = ["pool_id", "resource", "region", "state", "key", "lease_expires", "version"]
@@ -424,11 +524,7 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
     assert region is not None
     it = get_resource(ddb, args.table, args.client, args.resource)
     base = {"command": "release-resource", "client_id": args.client, "resource": args.resource}
-    if it.region != region:
-        raise common.JobError(
-            f"{args.resource!r} belongs to region {it.region}, not {region}: release it with "
-            f"--region {it.region} against that region's table"
-        )
+    own_region(args, it, "release")
     if not it.leased:
         common.emit({**base, "released": False, "reason": "not leased"})
         return 0
@@ -438,17 +534,25 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
             "frees it when its lease ends"
         )
     now = common.now_us(args)
-    got = leases.release_held(ddb, args.table, it, now, int(args.quarantine * US))
+    quarantine_us, grace_us = bounds(args)
+    if args.quarantine is not None:
+        quarantine_us = int(args.quarantine * US)
+    # No app released it: apps may use it until its end, so it is claimable only after that
+    # end plus the skew, however short the quarantine (docs/design.md, I1).
+    got = leases.release_held(
+        ddb, args.table, it, now, quarantine_us, hold_to_end_grace_us=grace_us
+    )
     if got == "lost_race":
         raise common.JobError(
             f"{args.resource!r} changed after it was read (a daemon wrote it); look again"
         )
+    after = leases.get(ddb, args.table, it.ident) or {}
     common.emit(
         {
             **base,
             "released": True,
             "key": it.key,
-            "claimable_from": common.iso(now + int(args.quarantine * US)),
+            "claimable_from": after.get("lease_available"),
         }
     )
     return 0
@@ -458,20 +562,31 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
     common.check_name("client", args.client)
     check_resource_name(args.resource)
     it = get_resource(ddb, args.table, args.client, args.resource)
-    if state_of(it, common.now_us(args)) == "leased" and not args.force:
+    own_region(args, it, "delete")
+    now = common.now_us(args)
+    if state_of(it, now) == "leased" and not args.force:
         raise common.JobError(
             f"refusing to delete {args.resource!r}: leased by key {it.key!r} until "
             f"{common.iso(it.lease_expires_us)}; pass --force to delete it anyway"
         )
+    if not it.leased and not it.claimable(now) and not args.force:
+        raise common.JobError(
+            f"refusing to delete {args.resource!r}: in quarantine until {it.lease_available} "
+            "(a daemon's cache may still serve it to the key that released it); wait, or "
+            "pass --force (the name stays held until then: a re-add is claimable no earlier)"
+        )
+    quarantine_us, grace_us = bounds(args)
     # A held item's mapping is ended first: daemons must not serve a lease on it (docs/design.md).
-    if not leases.delete(ddb, args.table, it.ident, common.now_us(args), args.force):
+    if not leases.delete(ddb, args.table, it.ident, now, args.force, quarantine_us, grace_us):
         raise common.JobError(f"{args.resource!r} changed after it was read; look again")
+    tomb = leases.get(ddb, args.table, it.ident) or {}
     common.emit(
         {
             "command": "delete-resource",
             "client_id": it.client_id,
             "resource": it.resource,
             "deleted": True,
+            "name_held_until": tomb.get("hold_until"),
         }
     )
     return 0
@@ -634,13 +749,30 @@ def build_parser() -> argparse.ArgumentParser:
         [dry],
     )
     client_pool(sp)
-    sp.add_argument("--force", action="store_true", help="delete even while leases are held")
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="delete even while leases are held or resources are in quarantine (their names "
+        "stay held until those end: a re-add is claimable no earlier)",
+    )
+    common.add_peer_endpoint(
+        sp,
+        "DynamoDB endpoint of REGION's replica: that region's items are deleted there "
+        "(repeatable; needed for every region of the pool but --region)",
+    )
+    sp.add_argument(
+        "--unreplicated",
+        action="store_true",
+        help="one plain table holds every region's items (development, tests): delete them "
+        "all through --endpoint-url",
+    )
 
     sp = add(
         "add-resources",
         cmd_add_resources,
         "add free resources to a pool in one region (spread over the 10 sub-partitions); "
-        "names that already exist for the client are skipped, never overwritten",
+        "names that already exist for the client are skipped, never overwritten; a deleted "
+        "name is added again, claimable only once the lease or quarantine it had has ended",
         [dry],
     )
     client_pool(sp)
@@ -672,7 +804,8 @@ def build_parser() -> argparse.ArgumentParser:
         "release-resource",
         cmd_release_resource,
         "give a leased item back the way a daemon does: the key's mapping first, then the "
-        "item, claimable again after --quarantine (only items of --region)",
+        "item, claimable again after --quarantine and, since no app released it, not before "
+        "its lease's end plus max_clock_skew (only items of --region)",
         [],
     )
     sp.add_argument("--client", required=True, help="client_id")
@@ -680,21 +813,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--quarantine",
         type=common.non_negative_float,
-        default=Config().quarantine,
+        default=None,
         help="seconds the item stays unclaimable, so daemons still serving it from their "
         "caches stop first; at least the daemons' confirm_interval + max_clock_skew + "
-        f"replication_lag (default {Config().quarantine:g})",
+        f"replication_lag (default: that sum, from --config; {Config().quarantine:g} with the "
+        "daemons' defaults)",
     )
 
     sp = add(
         "delete-resource",
         cmd_delete_resource,
-        "delete one resource item; refuses while it is leased",
+        "delete one resource item of --region; refuses while it is leased or in quarantine. "
+        "Its name stays held (a tombstone) until its lease or quarantine ends: a re-add is "
+        "claimable no earlier",
         [],
     )
     sp.add_argument("--client", required=True, help="client_id")
     sp.add_argument("--resource", required=True, help="the resource string")
-    sp.add_argument("--force", action="store_true", help="delete even while leased")
+    sp.add_argument(
+        "--force", action="store_true", help="delete even while leased or in quarantine"
+    )
 
     sp = add(
         "stats",

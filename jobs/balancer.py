@@ -23,10 +23,13 @@ Steps 1 and 8's lock release are :func:`run`; :func:`_run_locked` calls one func
 ``_load_state`` (2), ``_read_stream`` (3), ``_observe`` (4, and what exists), ``_count_free``
 (5), ``_plan`` (6), ``_move`` (7), ``_write_headroom`` and ``_save_state`` (8).
 
-Replicas: every write goes to this region's table (the paper's single-region job) unless
-``--peer-endpoint REGION=URL`` names the donor region's replica: then that donor's candidates
-are read and moved there, where the conditional check is ordered with its own daemons' claims
-(in a global table, a move written in another replica races a claim by last-writer-wins).
+Replicas: a move of a donor region's item is written in that region's replica, where its
+conditional check is ordered with the donor's own daemons' claims: in a global table, a move
+written in another replica races a claim by last-writer-wins, and a claim the mapping names
+can be lost. So ``--peer-endpoint REGION=URL`` must name every region but this one; a run that
+finds a region without one refuses before it moves anything (``"status": "refused"``, exit 1),
+unless ``--unreplicated`` says the table is one plain table holding every region's items
+(development, tests), where every write goes through ``--endpoint-url``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class Options:
     dry_run: bool = False
     lock_s: float = 240.0  # lock expiry; a run stops moving after lock_s - 30 s
     stream_budget_s: float = 60.0
+    #: one plain table holds every region's items (no replicas): no peer endpoints needed
+    unreplicated: bool = False
 
 
 @dataclass
@@ -328,6 +333,9 @@ def _run_locked(
     loc, state = _load_state(opts, clients)
     arn, read = _read_stream(opts, clients, state, clock)
     obs = _observe(opts, clients, state, arn, read)
+    missing = missing_peers(opts, clients, obs.regions)
+    if missing:
+        return _refused(obs, missing)
     free = _count_free(opts, clients, obs.keys)
     signals, the_plan = _plan(opts, state, obs, free)
     summary = _summary(obs, the_plan)
@@ -339,6 +347,30 @@ def _run_locked(
     summary["headroom_items"] = _write_headroom(opts, clients, obs.keys, after, the_plan)
     _save_state(opts, clients, loc, obs, signals, free, after, the_plan, done)
     return summary
+
+
+def missing_peers(opts: Options, clients: Clients, regions: Sequence[str]) -> list[str]:
+    """Regions whose items this run may move but has no replica for: a move written in our
+    replica races that region's claims by last-writer-wins (the module's docstring)."""
+    if opts.unreplicated:
+        return []
+    return sorted(r for r in regions if r != opts.region and r not in clients.peers)
+
+
+def _refused(obs: _Observed, missing: list[str]) -> dict[str, Any]:
+    error = (
+        f"no --peer-endpoint for region(s) {', '.join(missing)}: their items would be moved "
+        f"in this region's replica, racing their daemons' claims by last-writer-wins; pass "
+        f"--peer-endpoint REGION=URL for each (or --unreplicated for one plain table)"
+    )
+    log.error("refused", missing_peer_endpoints=missing, regions=obs.regions)
+    return {
+        "status": "refused",
+        "error": error,
+        "regions": obs.regions,
+        "missing_peer_endpoints": missing,
+        "moved": 0,
+    }
 
 
 def _load_state(
@@ -650,7 +682,15 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_peer_endpoint(
         g,
         "DynamoDB endpoint of REGION's replica: that region's items are read "
-        "and moved there, ordered with its daemons' claims (repeatable)",
+        "and moved there, ordered with its daemons' claims (repeatable). Required for "
+        "every region but --region: a run that finds a region without one refuses "
+        '(status "refused", exit 1)',
+    )
+    g.add_argument(
+        "--unreplicated",
+        action="store_true",
+        help="the table is one plain table holding every region's items, not a global "
+        "table (development, tests): every region's items are moved through --endpoint-url",
     )
     return p
 
@@ -707,6 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             regions=args.regions or (),
             state_uri=args.state_uri,
             dry_run=args.dry_run,
+            unreplicated=args.unreplicated,
         )
         log.info(
             "start",
@@ -721,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except st.NoStream as exc:
             raise common.JobError(str(exc))
         common.emit(summary)
-        return common.EXIT_OK
+        return common.EXIT_ERRORS if summary.get("status") == "refused" else common.EXIT_OK
 
     return common.run_main("ras-balancer", body)
 

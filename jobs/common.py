@@ -10,6 +10,11 @@ Conventions every job keeps (docs/operations.md):
 * exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names.
 
 Time is a parameter: every job takes a hidden ``--now`` so tests never sleep.
+
+The protocol's time bounds (``skew_margin``, ``max_clock_skew``, ``confirm_interval``,
+``replication_lag``, hence the quarantine) come from the daemons' config file: ``--config FILE``
+(env ``RASD_CONFIG``), read by ``rasd.config.load`` with the daemons' defaults and ``RASD_*``
+overrides, so a job's quarantine and margins are the ones the daemons keep (:func:`daemon_config`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd import log as rasd_log
+from rasd.config import Config, ConfigError
+from rasd.config import load as load_config
 from rasd.lease import REGION_RE, US, fmt_time, parse_time, valid_name
 
 EXIT_OK = 0
@@ -82,6 +89,14 @@ def connection_parent() -> argparse.ArgumentParser:
         default=os.environ.get("RASD_LOG_LEVEL") or "info",
         choices=["debug", "info", "warning", "error"],
         help="stderr log level (env RASD_LOG_LEVEL, default info)",
+    )
+    g.add_argument(
+        "--config",
+        default=os.environ.get("RASD_CONFIG") or None,
+        metavar="FILE",
+        help="the daemons' TOML config file (env RASD_CONFIG): skew_margin, max_clock_skew, "
+        "confirm_interval and replication_lag (the quarantine) are taken from it, so the "
+        "job keeps the daemons' bounds (default: the daemons' defaults and RASD_* overrides)",
     )
     # Hidden: the jobs' notion of "now", so tests pass time in instead of sleeping.
     g.add_argument("--now", default=None, help=argparse.SUPPRESS)
@@ -167,6 +182,15 @@ def check_name(what: str, value: str) -> None:
         raise UsageError(
             f"bad {what} {value!r}: 1-64 characters of letters, digits, '_' and '-' (no '.' or '#')"
         )
+
+
+def daemon_config(args: argparse.Namespace) -> Config:
+    """The daemons' config as ``--config`` (and ``RASD_*``) give it: the time bounds a job
+    must keep with them (``Config.rules()``, ``Config.quarantine``)."""
+    try:
+        return load_config(getattr(args, "config", None))
+    except ConfigError as exc:
+        raise UsageError(str(exc))
 
 
 def now_us(args: argparse.Namespace) -> int:

@@ -20,7 +20,10 @@ so apps may use it until then (docs/design.md, I1 and I2). Such extras are count
 
 The index is eventually consistent, so nothing is decided from it: every item of a group is
 read again, strongly consistently, with its region's mapping item. Within a region only the
-item the mapping names is a lease; any other is an orphan (a crash left it), freed like one.
+item the mapping names is a lease; any other is an orphan (a crash left it), freed like one
+(orphan repair, ``jobs/leases.py``), and only while it still is one: a claim whose mapping
+write was in flight when it was examined may have landed since and been served, and is then
+left to the next run, which judges it as a lease (counted in ``lost_races``).
 
 Only items of the job's own region are released. Extras of other regions are reported in the
 log (``foreign_duplicate``) and counted as ``foreign_reported``, unless ``--peer-endpoint
@@ -193,17 +196,27 @@ def release_one(
         log.info("would_release", kind=what, **ictx)
         return
     try:
-        # No app released an extra: apps may use it until its end, so it is not claimable
-        # before then (plus the skew), however short the quarantine (docs/design.md, I1).
-        got = leases.release_held(
-            client,
-            opts.table,
-            it,
-            opts.now_us,
-            opts.quarantine_us,
-            hold_to_end_grace_us=opts.grace_us if what == "extra" else None,
-            end_by_us=end_by_us,
-        )
+        if what == "orphan":
+            # Freed only while it is one: a claim whose mapping write was still in flight
+            # when it was examined may have landed since, and been served. Then it is a
+            # lease (``repair`` says "lease"), left to the next run, which judges it as one.
+            m = leases.get_mapping(client, opts.table, it)
+            got = leases.repair(
+                client, opts.table, it, m, opts.now_us, opts.quarantine_us, opts.grace_us
+            )
+        else:
+            # No app released an extra: apps may use it until its end, so it is not
+            # claimable before then (plus the skew), however short the quarantine
+            # (docs/design.md, I1).
+            got = leases.release_held(
+                client,
+                opts.table,
+                it,
+                opts.now_us,
+                opts.quarantine_us,
+                hold_to_end_grace_us=opts.grace_us,
+                end_by_us=end_by_us,
+            )
     except Exception as exc:  # noqa: BLE001 - counted; the next run retries
         counts["errors"] += 1
         log.error("release_failed", error=repr(exc), **ictx)
@@ -212,9 +225,9 @@ def release_one(
         counts["kept_until_survivor_outlasts"] += 1
         log.info("extra_kept", **ictx)
         return
-    if got == "lost_race":
+    if got in ("lost_race", "lease"):
         counts["lost_races"] += 1
-        log.info("lost_race", **ictx)
+        log.info("lost_race", kind=what, **ictx)
         return
     counts["orphans_freed" if got == "freed_orphan" else "released"] += 1
     log.info("released", kind=what, **ictx)
@@ -331,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if region in peers_urls:
             raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
         now = common.now_us(args)
+        rules = common.daemon_config(args).rules()
         ddb = common.make_client(args, region, pool=args.segments + 2)
         peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
         opts = Options(
@@ -341,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             page_size=args.page_size,
             dry_run=args.dry_run,
             peers=peers,
+            quarantine_us=rules.quarantine_us,
+            margin_us=rules.margin_us,
+            grace_us=rules.grace_us,
         )
         log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
         summary = run(ddb, opts)

@@ -5,12 +5,15 @@ rasd.decide) in the same order (docs/design.md, "Invariants").
   then the resource, claimable again only after the quarantine. Used by ``ras-dedupe`` and
   ``rasadmin release-resource``.
 * ``repair``: a held resource that no mapping names (a crash between two writes left it) is
-  freed, with quarantine; if its acquisition's mapping write could still land, the mapping is
-  fenced first. Used by ``ras-liberator``.
+  freed, with quarantine, and not before its lease's end when a mapping may have named it
+  (``rasd.decide.orphan_free_at``); if its acquisition's mapping write could still land, the
+  mapping is fenced first. Used by ``ras-liberator`` and ``ras-dedupe``.
 
 * ``delete``: delete a resource item (``rasadmin delete-resource``/``delete-pool``); a held
   one only after its key's mapping stops naming it, so no daemon reads a lease on a resource
-  that is gone (or, worse, re-added under the same name and leased to another key).
+  that is gone. It leaves a tombstone that holds the name until every lease and quarantine on
+  it has run out (``rasd.decide.name_held_until``), so a re-add under the same name is not
+  claimable before then (``rasd.lease.readd``).
 
 Every write is a ``rasd.writes.Write`` rendered for UpdateItem; a failed condition is a lost
 race (someone changed the item since it was read), reported as such, never retried blindly.
@@ -20,23 +23,31 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from rasd.decide import Orphan, orphan_verdict
+from rasd.config import Config
+from rasd.decide import Orphan, name_held_until, orphan_free_at, orphan_verdict
 from rasd.lease import (
+    US,
     Mapping,
     ResourceItem,
     free_claim,
     free_orphan,
+    is_tombstone,
     map_fence,
     map_pk,
     map_release,
     mapping_from,
     resource_from,
+    tombstone,
 )
 from rasd.writes import ItemKey, Write, item_from_av, key_av, render
 
 from . import common
 
 Result = Literal["released", "freed_orphan", "lease", "lost_race", "kept"]
+
+#: the clock-skew bound: what an orphan's hold adds to its lease's end when the caller names
+#: no grace of its own
+SKEW_US = int(Config().max_clock_skew * US)
 
 
 def write(ddb: Any, table: str, w: Write) -> bool:
@@ -95,7 +106,8 @@ def release_held(
     m = get_mapping(ddb, table, r)
     verdict = orphan_verdict(r, m)
     if verdict is not Orphan.LEASE:
-        return repair(ddb, table, r, m, now_us, quarantine_us)
+        grace = SKEW_US if hold_to_end_grace_us is None else hold_to_end_grace_us
+        return repair(ddb, table, r, m, now_us, quarantine_us, grace)
     assert m is not None
     ver: int | None = None
     if end_by_us is not None:
@@ -124,42 +136,52 @@ def repair(
     m: Mapping | None,
     now_us: int,
     quarantine_us: int,
+    grace_us: int,
 ) -> Result:
-    """Free ``r`` if no mapping names it (fencing the mapping first when needed)."""
+    """Free ``r`` if no mapping names it (fencing the mapping first when needed). It stays
+    unclaimable for the quarantine, and, if a mapping may have named it (apps may use it to
+    its end, and no app need have released it: a ``ras-dedupe`` stopped between its two
+    writes), until its lease's end plus ``grace_us`` (``rasd.decide.orphan_free_at``)."""
     verdict = orphan_verdict(r, m)
     if verdict is Orphan.LEASE:
         return "lease"
     fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
     if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
         return "lost_race"
-    if not write(ddb, table, free_orphan(r, now_us, quarantine_us)):
+    available = orphan_free_at(r, m, now_us, quarantine_us, grace_us)
+    if not write(ddb, table, free_orphan(r, now_us, available)):
         return "lost_race"
     return "freed_orphan"
 
 
-def delete(ddb: Any, table: str, ident: ItemKey, now_us: int, force: bool) -> bool:
-    """Delete a resource item; one with a running lease only with ``force``. The mapping of
-    any lease on it (running or lapsed) is ended first. Conditional on the version read
-    (re-read and retried a few times when a daemon writes it meanwhile). False: it is leased
-    and ``force`` was not given, or it kept changing."""
+def delete(
+    ddb: Any,
+    table: str,
+    ident: ItemKey,
+    now_us: int,
+    force: bool,
+    quarantine_us: int,
+    grace_us: int,
+) -> bool:
+    """Delete a resource item; one with a running lease, or in quarantine, only with
+    ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
+    becomes a tombstone that holds its name until ``rasd.decide.name_held_until`` (what a
+    re-add waits for). Conditional on the version read (re-read and retried a few times
+    when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
+    not given, or it kept changing."""
     for _ in range(5):
-        r = get_resource(ddb, table, ident)
-        if r is None:
+        raw = get(ddb, table, ident)
+        if raw is None or is_tombstone(raw):
             return True
+        r = resource_from(raw)
         if r.key is not None:
             if not force and not r.expired(now_us):
                 return False
             if r.holder is not None:
                 write(ddb, table, map_release(mapping_ident(r), r.holder, now_us))
-        try:
-            ddb.delete_item(
-                TableName=table,
-                Key=key_av(ident),
-                ConditionExpression="version = :v",
-                ExpressionAttributeValues={":v": {"N": str(r.version)}},
-            )
+        elif not force and not r.claimable(now_us):
+            return False
+        hold = name_held_until(r, now_us, quarantine_us, grace_us)
+        if write(ddb, table, tombstone(r, now_us, hold)):
             return True
-        except Exception as exc:
-            if not common.is_lost_race(exc):
-                raise
     return False

@@ -10,7 +10,9 @@ lease that a daemon extended or re-let after our read fails that condition and i
 It also repairs what a crash left half-done (docs/design.md): a held resource older than
 ``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
 names it, and none ever will (``rasd.decide.orphan_verdict``), it is freed with quarantine
-(``jobs/leases.py``), because it may have been served before the crash.
+(``jobs/leases.py``), because it may have been served before the crash; and, if a mapping may
+have named it, not before its lease's end plus ``--grace`` (``rasd.decide.orphan_free_at``:
+a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
 
 Only items whose ``region`` is the job's region are touched: with a replicated global table
 each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
@@ -110,7 +112,9 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             if opts.dry_run:
                 log.info("would_free_orphan", **ctx)
                 return
-            got = leases.repair(ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us)
+            got = leases.repair(
+                ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us, opts.grace_us
+            )
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             c["errors"] += 1
             log.error("repair_failed", error=repr(exc), **ctx)
@@ -200,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         "writes make it safe next to daemons and other liberators. Prints one JSON summary "
         "line on stdout: scanned, expired, freed, lost_races (changed by someone else after "
         "our read; left alone), orphans_checked, orphans, orphans_freed (held resources no "
-        "mapping names, freed with quarantine), errors, seconds.",
+        "mapping names, freed with quarantine, and held to their lease end plus --grace "
+        "when a mapping may have named them), errors, seconds.",
         [common.job_parent()],
     )
     p.add_argument(
@@ -221,10 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quarantine",
         type=common.non_negative_float,
-        default=DEFAULT_QUARANTINE_S,
+        default=None,
         help="seconds a freed orphan stays unclaimable; at least the daemons' "
-        "confirm_interval + max_clock_skew + replication_lag "
-        f"(default {DEFAULT_QUARANTINE_S:g})",
+        "confirm_interval + max_clock_skew + replication_lag (default: that sum, from "
+        f"--config; {DEFAULT_QUARANTINE_S:g} with the daemons' defaults)",
     )
     p.add_argument(
         "--all-regions",
@@ -242,13 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         region = common.ras_region(args, required=not args.all_regions)
+        cfg = common.daemon_config(args)
+        if args.grace < cfg.max_clock_skew:
+            raise common.UsageError(
+                f"--grace {args.grace:g} is below the daemons' max_clock_skew "
+                f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
+            )
+        quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
         opts = Options(
             table=args.table,
             region=None if args.all_regions else region,
             now_us=common.now_us(args),
             grace_us=int(args.grace * US),
             orphan_age_us=int(args.orphan_age * US),
-            quarantine_us=int(args.quarantine * US),
+            quarantine_us=int(quarantine * US),
             segments=args.segments,
             page_size=args.page_size,
             dry_run=args.dry_run,

@@ -30,7 +30,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from .lease import FREE, LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
+from .lease import (
+    FREE,
+    LIVE,
+    PENDING,
+    Lease,
+    Mapping,
+    ResourceItem,
+    lease_from_mapping,
+    parse_time,
+)
 
 
 class Outcome(enum.Enum):
@@ -349,3 +358,42 @@ def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
         # (absent at a version past 1: reaped by TTL long after it moved on)
         return Orphan.ORPHAN
     return Orphan.FENCE_MAPPING
+
+
+def name_held_until(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int) -> int:
+    """Until when a deleted resource's name stays held (``lease.tombstone``): a re-add is
+    claimable no earlier. A held item (deleted with --force; its mapping released first) may
+    be served from caches for the quarantine and used by apps until its lease's end plus the
+    clock-skew bound (no app released it); a free one is held to its ``lease_available``
+    (its quarantine, if it is in one)."""
+    if r.key is not None:
+        ends = [] if r.lease_expires_us is None else [r.lease_expires_us + grace_us]
+        return max(now_us + quarantine_us, *ends)
+    if r.lease_available is not None:
+        return max(now_us, parse_time(r.lease_available))
+    return now_us
+
+
+def orphan_free_at(
+    r: ResourceItem, m: Mapping | None, now_us: int, quarantine_us: int, grace_us: int
+) -> int:
+    """When an orphan ``r`` (``orphan_verdict`` is not LEASE; ``m`` as read for it) may be
+    claimed again once repair frees it.
+
+    A claim whose mapping write never landed was never served: the quarantine is enough. That
+    is known only while the mapping is present: just below ``r.mver`` (the write not landed;
+    repair fences it), or at ``r.mver`` naming another acquisition (ours lost that version).
+    Any other orphan may have been named, and answered to apps, before it was left behind:
+    by a release or a ``ras-dedupe`` stopped between its two writes, or a crash between an
+    extension's two writes. No app need have released it (dedupe releases leases apps still
+    use), so it stays unclaimable until its lease's end as the item records it, plus
+    ``grace_us`` (the clock-skew bound): an extension writes the item before the mapping, so
+    no answer ever ends later than the item's ``lease_expires``.
+    """
+    available = now_us + quarantine_us
+    never_named = m is not None and (
+        m.ver == r.mver - 1 or (m.ver == r.mver and m.token != r.holder)
+    )
+    if never_named or r.lease_expires_us is None:
+        return available
+    return max(available, r.lease_expires_us + grace_us)

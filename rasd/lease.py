@@ -461,15 +461,16 @@ def liberate(item: ResourceItem, now_us: int) -> Write:
     )
 
 
-def free_orphan(item: ResourceItem, now_us: int, quarantine_us: int) -> Write:
-    """Free a held resource no mapping names (a crash left it): with quarantine, since it may
-    have been served before the crash."""
-    assert item.holder is not None
+def free_orphan(item: ResourceItem, now_us: int, available_us: int) -> Write:
+    """Free a held resource no mapping names (a crash left it), claimable again from
+    ``available_us`` on: ``rasd.decide.orphan_free_at`` (it may have been served before the
+    crash: at least the quarantine, and the lease's end when it may have been named)."""
+    assert item.holder is not None and available_us >= now_us
     return Write(
         key=item.ident,
         conds=(Cond("version", "=", item.version), Cond("holder", "=", item.holder)),
         set=(
-            ("lease_available", fmt_time(now_us + quarantine_us)),
+            ("lease_available", fmt_time(available_us)),
             ("version", item.version + 1),
         ),
         remove=_HELD_ATTRS,
@@ -500,6 +501,56 @@ def move(item: ResourceItem, to_region: str) -> Write:
         ),
         kind="move",
     )
+
+
+def tombstone(item: ResourceItem, now_us: int, hold_until_us: int) -> Write:
+    """Delete a resource item (``rasadmin delete-resource``/``delete-pool``), leaving a
+    tombstone under its name: no attribute of either index (``key``, ``partition``,
+    ``lease_available``) and no ``pool_id``, so nothing lists, claims or serves it, and
+    ``hold_until``: a re-add of the name (:func:`readd`) is claimable no earlier, so a lease
+    or quarantine that still runs on the name runs out first (docs/design.md, I1).
+    Conditional on the version read; the version goes on growing through a re-add (claims in
+    flight fail, fencing tokens keep growing). DynamoDB's TTL reaps it a day after its hold."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(
+            ("hold_until", fmt_time(hold_until_us)),
+            ("deleted", fmt_time(now_us)),
+            ("ttl", _ttl(hold_until_us)),
+            ("version", item.version + 1),
+        ),
+        remove=("pool_id", "region", "partition", "lease_available", *_HELD_ATTRS),
+        kind="tombstone",
+    )
+
+
+def readd(
+    ident: ItemKey, version: int, hold_until: str, pool_id: str, region: str, now_us: int
+) -> Write:
+    """Add a resource again under a tombstone's name (``rasadmin add-resources``): free,
+    claimable from the later of now and the tombstone's ``hold_until``; only while the
+    tombstone is still the one read (``version``)."""
+    client_id, resource = ident
+    return Write(
+        key=ident,
+        conds=(Cond("version", "=", version), Cond("hold_until", "exists")),
+        set=(
+            ("pool_id", pool_id),
+            ("region", region),
+            ("partition", partition_name(client_id, pool_id, region, partition_of(resource))),
+            ("lease_available", max(fmt_time(now_us), hold_until)),
+            ("version", version + 1),
+        ),
+        remove=("hold_until", "deleted", "ttl"),
+        kind="readd",
+    )
+
+
+def is_tombstone(item: dict[str, Any]) -> bool:
+    """A deleted resource's name (:func:`tombstone`), not a resource (either form: the
+    attribute map or the plain dict)."""
+    return "hold_until" in item and "pool_id" not in item
 
 
 # ------------------------------------------------------------------- writes: mapping item

@@ -58,6 +58,7 @@ def clients(ddb: Any, s3: Any, moto_endpoint: str) -> balancer.Clients:
 
 def opts(table: str, state_uri: str | None, now_us: int, **kw: Any) -> balancer.Options:
     kw.setdefault("regions", (E, W))
+    kw.setdefault("unreplicated", True)  # one table stands in for every replica
     return balancer.Options(table=table, region=E, now_us=now_us, state_uri=state_uri, **kw)
 
 
@@ -303,6 +304,7 @@ def test_dry_run_writes_nothing(
     argv = [
         "--table", table, "--region", E, "--regions", f"{E},{W}", "--endpoint-url",
         moto_endpoint, "--state-uri", state_uri, "--now", str(T0 // US), "--dry-run",
+        "--unreplicated",
     ]  # fmt: skip
     assert balancer.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -332,7 +334,7 @@ def test_cli_run_summary_and_headroom_items(
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
     argv = [
         "--table", table, "--region", E, "--regions", f"{W},{E}", "--endpoint-url",
-        moto_endpoint, "--state-uri", state_uri, "--now", str(T0 // US),
+        moto_endpoint, "--state-uri", state_uri, "--now", str(T0 // US), "--unreplicated",
     ]  # fmt: skip
     assert balancer.main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -405,10 +407,39 @@ def test_peer_endpoint_moves_in_the_donor_replica(
 
     home = Hooked(ddb, "update_item", is_move, lambda kw: pytest.fail("move sent to home"))
     peered = balancer.Clients(ddb=home, streams=clients.streams, s3=clients.s3, peers={W: Peer()})
-    s = balancer.run(opts(table, state_uri, T0), peered)
+    s = balancer.run(opts(table, state_uri, T0, unreplicated=False), peered)
     assert s["moved"] == 2
     assert calls.count("update_item") == 2 and "query" in calls
     assert free_count(ddb, table, E) == 2
+
+
+def test_refuses_to_move_a_region_it_has_no_replica_for(
+    ddb: Any,
+    table: str,
+    state_uri: str,
+    moto_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Run with one region's endpoint and no --peer-endpoint, a run over
+    a global table would move eu-west-1's items in us-east-1's replica, racing eu-west-1's
+    claims by last-writer-wins. It refuses instead, before writing any item: exit 1, a JSON
+    summary naming the regions without an endpoint, the table's resource items untouched."""
+    seed_pool(ddb, table, region=W, count=30)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    before = resource_items(ddb, table)
+    argv = [
+        "--table", table, "--region", E, "--regions", f"{E},{W}", "--endpoint-url",
+        moto_endpoint, "--state-uri", state_uri, "--now", str(T0 // US),
+    ]  # fmt: skip
+    assert balancer.main(argv) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "refused" and summary["missing_peer_endpoints"] == [W]
+    assert "--peer-endpoint" in summary["error"] and summary["moved"] == 0
+    assert resource_items(ddb, table) == before
+    # one plain table, said so: it runs (peer replicas: test_peer_endpoint_moves_in_the_...)
+    assert balancer.main([*argv, "--unreplicated"]) == 0
+    assert json.loads(capsys.readouterr().out)["moved"] == 2
 
 
 def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

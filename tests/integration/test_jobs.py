@@ -33,6 +33,7 @@ from rasd.lease import (
     extend_resource,
     fmt_time,
     free_claim,
+    is_tombstone,
     item_from_ddb,
     lease_from_item,
     map_acquire,
@@ -57,6 +58,8 @@ MINUTE = 60 * US
 EAST, WEST = "us-east-1", "eu-west-1"
 #: the daemons' default quarantine Q, which every job uses unless told otherwise
 Q = int(Config().quarantine * US)
+#: the daemons' default clock-skew bound
+SKEW = int(Config().max_clock_skew * US)
 OWNER = "test:0:0"  # the ``owner`` a test's "daemon" writes into mapping items
 
 
@@ -400,9 +403,10 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A held resource whose key's mapping names another acquisition (an orphan a crash left)
-    and that was acquired longer ago than --orphan-age is freed with quarantine
-    (lease_available = now + --quarantine: it may have been served before the crash); the
-    lease the mapping names is left alone, and so is a younger orphan (its acquisition may
+    and that was acquired longer ago than --orphan-age is freed, unclaimable until its lease's
+    end plus --grace (the mapping named it once: it may have been served until then, and no
+    app need have released it; decide.orphan_free_at), at least --quarantine; the lease the
+    mapping names is left alone, and so is a younger orphan (its acquisition may
     still be under way). --dry-run counts the orphan and writes nothing; a second run finds
     nothing to do."""
     seed_pool(ddb, table, region=EAST, count=10)
@@ -411,6 +415,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     lease(ddb, table, "res-00002", "j", NOW + HOUR, acquired_us=NOW - 60 * US)  # young orphan
     lease(ddb, table, "res-00003", "j", NOW + HOUR, acquired_us=NOW - 30 * US)
     quarantine = 45 * US
+    liberator_grace = int(liberator.DEFAULT_GRACE_S * US)
     argv = [*base(table, moto_endpoint), "--orphan-age", "120", "--quarantine", "45"]
     before = by_resource(ddb, table)
     orphan = get(ddb, table, "res-00000")
@@ -432,7 +437,9 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     after = by_resource(ddb, table)
     freed = item_from_ddb(after[("demo", "res-00000")])
     assert freed.key is None and freed.holder is None and freed.lease_expires_us is None
-    assert freed.lease_available == fmt_time(NOW + quarantine)
+    assert orphan.lease_expires_us is not None
+    assert freed.lease_available == fmt_time(orphan.lease_expires_us + liberator_grace)
+    assert freed.lease_available > fmt_time(NOW + quarantine)
     assert freed.version == orphan.version + 1
     for attr in ("lease_acquired", "holder", "mver"):
         assert attr not in after[("demo", "res-00000")], attr
@@ -460,7 +467,8 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
     held at ``mver`` while the mapping is at ``mver - 1`` (absent when ``mver`` is 1), and the
     mapping write may still be in flight (orphan_verdict FENCE_MAPPING). The liberator fences
     the mapping past ``mver - 1`` first, so that write can never apply, and then frees the
-    orphan with quarantine. A lease the mapping already names (``behind``) is kept."""
+    orphan with quarantine (to its lease's end when the mapping is absent: it may have named
+    it before a TTL reaped it). A lease the mapping already names (``behind``) is kept."""
     seed_pool(ddb, table, region=EAST, count=4)
     ident = map_ident("k", EAST)
     if mapping == "behind":
@@ -488,7 +496,11 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
         assert get(ddb, table, "res-00001").holder == prior.token
     freed = get(ddb, table, "res-00000")
     assert freed.key is None and freed.holder is None
-    assert freed.lease_available == fmt_time(NOW + Q)
+    # Behind: the mapping write never landed, so the claim was never served: the quarantine.
+    # Absent: the mapping may have been reaped by TTL after naming it: held to its end.
+    grace = int(liberator.DEFAULT_GRACE_S * US)
+    hold = NOW + Q if mapping == "behind" else NOW + HOUR + grace
+    assert freed.lease_available == fmt_time(hold)
     assert freed.version == free_before.version + 1
     # The dead daemon's map_acquire, landing now, is refused: no mapping ever names the claim.
     late = map_acquire(ident, orphan.mver - 1, orphan.holder or "", "res-00000",
@@ -606,7 +618,8 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
     """After each region's dedupe ran, every (client, pool, key) holds exactly one resource:
     the one the daemons serve (its region's mapping names it, and among regions it is the
     one ``pick()`` chooses). Within a region, only the item the mapping names is a lease:
-    the others are orphans, freed with quarantine, even when their claim is earlier. Each
+    the others are orphans, freed with quarantine and held to their lease end (the mapping
+    named them once), even when their claim is earlier. Each
     job released only its own region's extras (mapping first, then the resource, with
     quarantine) and reported the others."""
     seed_duplicates(ddb, table)
@@ -642,8 +655,10 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
         assert (items[0].region, items[0].resource) == chosen[k], k
     assert served(ddb, table) == chosen  # the daemons' answers did not change
     # Changed: an early free is claimable only after the quarantine (was: at once).
-    assert_released(ddb, table, "e-00001", "k1", EAST)  # orphans
-    assert_released(ddb, table, "e-00002", "k1", EAST)
+    # Orphans the mapping named once (it moved past them): held to their lease end too, as
+    # apps may use them until then (decide.orphan_free_at).
+    assert_released(ddb, table, "e-00001", "k1", EAST, EXTRA_FREE)
+    assert_released(ddb, table, "e-00002", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)  # released extras
     assert_released(ddb, table, "e-00006", "k4", EAST, EXTRA_FREE)
     assert_released(ddb, table, "w-00002", "k3", WEST, EXTRA_FREE)
@@ -798,7 +813,7 @@ def test_rasadmin_pool_and_resource_lifecycle(
 ) -> None:
     """The admin commands do what the operations guide says, end to end: define, add (never
     overwriting an existing name), list with filters, show, stats, release (own region
-    only), and delete only what is not leased."""
+    only, held to the lease's end), and delete only what is not leased (own region only)."""
     b = base(table, moto_endpoint, region=None)  # read-only commands: every region
     r = call(admin.main, ["create-table", *b], capsys)
     assert r.code == 0 and r.summary["created"] is False, r  # the fixture made it: idempotent
@@ -860,25 +875,27 @@ def test_rasadmin_pool_and_resource_lifecycle(
              capsys)  # fmt: skip
     assert json.loads(r.out)["key"] == "west"
 
-    # release-resource: only items of --region; the release procedure, with quarantine
+    # release-resource: only items of --region; the release procedure, held to the lease's
+    # end plus the skew (no app released it)
     rel = ["release-resource", *b, "--region", EAST, "--client", "acme", "--resource"]
     r = call(admin.main, [*rel, "x1"], capsys)
     assert r.code == 1 and "belongs to region eu-west-1" in r.err, r
     assert get(ddb, table, "x1", "acme").key == "west"
     r = call(admin.main, [*rel, "ads-000001"], capsys)
     assert r.code == 0 and r.summary["released"] is True, r
-    # Changed: the summary says when the item is claimable again (was: its new version)
-    assert r.summary["claimable_from"] == fmt_time(NOW + Q), r
+    assert r.summary["claimable_from"] == fmt_time(NOW + HOUR + SKEW), r
     released = get(ddb, table, "ads-000001", "acme")
-    assert released.key is None and released.lease_available == fmt_time(NOW + Q)
+    assert released.key is None and released.lease_available == fmt_time(NOW + HOUR + SKEW)
 
-    # delete-resource: refuses a running lease without --force
+    # delete-resource: only items of --region; refuses a running lease without --force
     dele = ["delete-resource", *b, "--client", "acme", "--resource"]
-    r = call(admin.main, [*dele, "x1"], capsys)
+    r = call(admin.main, [*dele, "x1", "--region", EAST, "--force"], capsys)
+    assert r.code == 1 and "belongs to region eu-west-1" in r.err, r
+    r = call(admin.main, [*dele, "x1", "--region", WEST], capsys)
     assert r.code == 1 and "refusing" in r.err, r
-    assert call(admin.main, [*dele, "ads-000003"], capsys).code == 0
-    assert call(admin.main, [*dele, "x1", "--force"], capsys).code == 0
-    assert call(admin.main, [*dele, "x1"], capsys).code == 1  # gone
+    assert call(admin.main, [*dele, "ads-000003", "--region", EAST], capsys).code == 0
+    assert call(admin.main, [*dele, "x1", "--region", WEST, "--force"], capsys).code == 0
+    assert call(admin.main, [*dele, "x1", "--region", WEST], capsys).code == 1  # gone
 
 
 def test_rasadmin_release_resource_releases_mapping_then_resource(
@@ -890,7 +907,8 @@ def test_rasadmin_release_resource_releases_mapping_then_resource(
 ) -> None:
     """``rasadmin release-resource`` releases the way a daemon does: the key's mapping first
     (a daemon reading it then finds the key holds nothing in the region: ``free``), then the
-    resource, claimable again only after --quarantine. It answers "not leased" for a free
+    resource, claimable again only after --quarantine and after the lease's end plus the
+    skew (no app released it: apps may use it until then). It answers "not leased" for a free
     item, and refuses (exit 1, no write) an item leased without a holder token (rasd 0.1)."""
     seed_pool(ddb, table, region=EAST, count=4)
     held = lease(ddb, table, "res-00001", "k", NOW + HOUR)
@@ -909,7 +927,7 @@ def test_rasadmin_release_resource_releases_mapping_then_resource(
     r = call(admin.main, [*rel, "res-00001", "--quarantine", "30"], capsys)
     assert r.code == 0, r
     assert r.summary["released"] is True and r.summary["key"] == "k", r
-    assert r.summary["claimable_from"] == fmt_time(NOW + 30 * US), r
+    assert r.summary["claimable_from"] == fmt_time(NOW + HOUR + SKEW), r
     assert writes == [map_ident("k", EAST), ("demo", "res-00001")]  # mapping, then resource
 
     m = get_map(ddb, table, map_ident("k", EAST))  # what a daemon reads
@@ -917,7 +935,7 @@ def test_rasadmin_release_resource_releases_mapping_then_resource(
     assert m.ver == before_map.ver + 1
     it = get(ddb, table, "res-00001")
     assert it.key is None and it.holder is None and it.lease_expires_us is None
-    assert it.lease_available == fmt_time(NOW + 30 * US)
+    assert it.lease_available == fmt_time(NOW + HOUR + SKEW)
     assert it.version == held.version + 1
 
     writes.clear()
@@ -943,7 +961,8 @@ def test_delete_pool_refuses_while_leases_are_held(
     ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A pool with a running lease is not deleted without --force (nothing changes); with
-    --force its definition and all its items go, and other pools are untouched."""
+    --force its definition and all its items go (each leaves a tombstone holding its name,
+    in neither index), and other pools are untouched."""
     seed_pool(ddb, table, count=10)
     seed_pool(ddb, table, pool_id="keep", count=3, prefix="k-")
     lease(ddb, table, "res-00003", "live", NOW + HOUR)
@@ -958,7 +977,14 @@ def test_delete_pool_refuses_while_leases_are_held(
     left = by_resource(ddb, table)
     assert ("#meta", "pool#demo#default") not in left
     assert not [k for k, it in left.items() if it.get("pool_id", {}).get("S") == "default"]
-    assert ("#meta", "pool#demo#keep") in left and len(left) == len(before) - 11
+    assert ("#meta", "pool#demo#keep") in left and len(left) == len(before) - 1
+    tombs = {k for k, it in left.items() if is_tombstone(it)}
+    assert tombs == {("demo", f"res-{i:05d}") for i in range(10)}
+    for k in tombs:
+        assert not {"key", "partition", "lease_available"} & set(left[k]), left[k]
+    # the running lease's name is held to its end plus the skew; the free ones' to now
+    assert left[("demo", "res-00003")]["hold_until"]["S"] == fmt_time(NOW + HOUR + SKEW)
+    assert left[("demo", "res-00000")]["hold_until"]["S"] == fmt_time(NOW)
 
 
 def test_delete_pool_with_only_expired_leases_needs_no_force(
@@ -972,8 +998,9 @@ def test_delete_pool_with_only_expired_leases_needs_no_force(
     argv = ["delete-pool", *base(table, moto_endpoint), "--client", "demo", "--pool", "default"]
     r = call(admin.main, argv, capsys)
     assert r.code == 0 and r.summary["deleted"] == 4, r
-    # Changed: was "the table is empty"; mapping items did not exist then.
-    assert list(by_resource(ddb, table)) == [map_ident("dead", EAST)]
+    left = by_resource(ddb, table)
+    assert [k for k, it in left.items() if not is_tombstone(it)] == [map_ident("dead", EAST)]
+    assert len(left) == 5  # the mapping and four tombstones
     m = get_map(ddb, table, map_ident("dead", EAST))
     assert m is not None and m.state == "free" and m.resource is None, m
 
@@ -1076,7 +1103,9 @@ def test_force_delete_ends_the_mapping_before_the_item(
     assert call(admin.main, [*argv, "--force"], capsys).code == 0
     m = get_map(ddb, table, map_ident("k", EAST))
     assert m is not None and m.state == "free" and m.resource is None, m
-    assert ("demo", "res-00000") not in by_resource(ddb, table)
+    tomb = by_resource(ddb, table)[("demo", "res-00000")]
+    assert is_tombstone(tomb) and "key" not in tomb, tomb
+    assert tomb["hold_until"]["S"] == fmt_time(NOW + HOUR + SKEW)  # the lease's end + skew
 
 
 def test_dedupe_keeps_an_extra_its_survivor_does_not_outlast(ddb: Any, table: str) -> None:

@@ -37,7 +37,9 @@ def resource_states() -> list[dict[str, W.Value] | None]:
     other = {**held, "key": "k2", "holder": "t2"}
     legacy = {k: v for k, v in held.items() if k not in ("holder", "mver")}
     eu = {**free, "region": "eu-west-1"}
-    return [None, free, quarantined, held, other, legacy, eu]
+    tomb = W.apply(free, L.tombstone(L.resource_from(free), NOW, NOW + 60 * L.US))
+    assert tomb is not None and L.is_tombstone(tomb)
+    return [None, free, quarantined, held, other, legacy, eu, tomb]
 
 
 def resource_writes() -> list[W.Write]:
@@ -55,8 +57,12 @@ def resource_writes() -> list[W.Write]:
         L.extend_resource(lease, NOW + 7200 * L.US),
         L.extend_resource(lease, NOW + 60 * L.US),
         L.liberate(held, NOW + 7200 * L.US),
-        L.free_orphan(held, NOW, 60 * L.US),
+        L.free_orphan(held, NOW, NOW + 60 * L.US),
         L.move(free, "eu-west-1"),
+        L.tombstone(free, NOW, NOW + 60 * L.US),
+        L.tombstone(held, NOW, NOW + 3600 * L.US),
+        L.readd(IDENT, 5, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
+        L.readd(IDENT, 4, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
     ]
 
 

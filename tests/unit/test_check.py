@@ -14,7 +14,7 @@ import pytest
 
 from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, QUICK_BFS, WALK, _acquired
 from check.explore import bfs, format_trace, script, walk, walks
-from check.rulesets import BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, REAL
+from check.rulesets import BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, BAD_D5, BAD_D6, REAL
 
 #: the CI configuration (python -m check --quick): small enough to explore completely in a
 #: few seconds, big enough for scenarios A and B
@@ -190,8 +190,8 @@ def test_bad_d2_dedupe_pending_survivor_is_caught() -> None:
 
 def test_real_rules_pass_the_dedupe_search() -> None:
     """Every interleaving of dedupe with both regions' daemons from a cross-region duplicate
-    still pending (4,854 states) keeps I1 and I2 with the real rules. (From the confirmed
-    duplicate, DEDUPE_LIVE, 26,426 states: `make check-protocol`, too slow for CI.)"""
+    still pending (4,426 states) keeps I1 and I2 with the real rules. (From the confirmed
+    duplicate, DEDUPE_LIVE, 30,129 states: `make check-protocol`, too slow for CI.)"""
     cfg, prefix = DEDUPE_PENDING
     res = bfs(cfg, REAL, prefix=prefix)
     assert res.complete
@@ -337,3 +337,97 @@ def test_found_dedupe_survivor_not_yet_live_in_the_extras_replica() -> None:
     ]
     res = script(cfg, BAD_D4, bad)
     assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+
+
+def test_orphan_left_by_dedupe_is_held_to_its_lease_end() -> None:
+    """FOUND BY THE ADVERSARIAL EVIDENCE, fixed: ras-dedupe releases the extra rb (k1's in
+    r2, answered until 12): map_release applies, its free_claim is never sent (a 5xx, or the
+    job killed between its two writes). The liberator's orphan repair then freed rb with the
+    quarantine only (at 4 + 5 = 9 on its clock), and d1 answered rb to k2 at t = 9 while k1's
+    answer ran to 12 (I1: no app released it). Repair now holds a possibly-served orphan to
+    its lease's end plus the skew (decide.orphan_free_at); D5 is the old rule."""
+    cfg = dataclasses.replace(
+        DEDUPE,
+        keys=("k1", "k2"),
+        leases=(16, 12),
+        max_faults=1,
+        max_ops=3,
+        repair_runs=1,
+        horizon=12,
+        ticks=(1, 3, 5),
+    )
+    start = [
+        *_acquired(0, "ra"),
+        *_acquired(1, "rb"),
+        "d0 bg confirm(k1) map_confirm APPLIED",
+        "d1 bg confirm(k1) map_confirm APPLIED",
+        *_EXAMINE,
+        "dedupe survivor ra in r2: read mapping",
+        *_RB_RELEASED,
+        "dedupe release_held(rb, extra): read resource",
+        "dedupe release_held(rb, extra): free_claim NOT SENT",
+        "time +3",
+        "liberator orphan check rb",
+        "liberator orphan check rb: read resource",
+        "liberator orphan check rb: read mapping",
+        "liberator repair(rb): free_orphan APPLIED",
+        "time +5",
+        "time +1",
+        "d1 get_lease(k2) called",
+        "d1 get_lease(k2) read mapping",
+    ]
+    takes_rb = [
+        "d1 get_lease(k2) candidate rb@v2",
+        "d1 get_lease(k2) map_acquire APPLIED",
+        "d1 get_lease(k2) claim APPLIED",
+    ]
+    res = script(cfg, BAD_D5, [*start, *takes_rb])
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    with pytest.raises(ValueError, match="not enabled"):  # rb is still in its hold
+        script(cfg, REAL, [*start, *takes_rb])
+
+
+def test_found_dedupe_released_an_orphan_that_had_become_a_lease() -> None:
+    """FOUND BY THE CHECKER (real rules, one fault), fixed: d1's map_acquire for rb is in
+    flight (its request gave up) when ras-dedupe examines k1's items, so rb is an orphan
+    (the mapping is below its mver). The write lands, d1 serves rb to k1 (until 12), and
+    dedupe's release of "the orphan" found a lease on its mapping and released it as one:
+    with the quarantine only (no app released it) and without asking whether a survivor
+    outlasts it. k2 got rb at t = 6 while k1's answer ran to 12 (I1). Dedupe now only
+    repairs an orphan; one that became a lease is a lost race, judged as a lease by the next
+    run (D6 is the old rule)."""
+    cfg = dataclasses.replace(
+        DEDUPE, keys=("k1", "k2"), leases=(16, 12), max_faults=1, max_ops=4, horizon=12,
+        ticks=(1, 3, 5),
+    )  # fmt: skip
+    start = [
+        *_acquired(0, "ra"),
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping",
+        "d1 get_lease(k1) candidate rb",
+        "d1 get_lease(k1) map_acquire DELAYED/LOST",
+        "d1 get_lease(k1) claim APPLIED",
+        *_EXAMINE,
+        "in-flight map_acquire",
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping",
+        "d1 get_lease(k1) read resource rb",
+        "dedupe release_held(rb, orphan): read mapping",
+    ]
+    res = script(cfg, REAL, start)
+    assert res.violation is None, format_trace(res)
+    assert "dedupe: lost_race (rb is a lease now)" in res.trace[-1][1], format_trace(res)
+    bad = [
+        *start,
+        "dedupe release_held(rb, orphan): map_release APPLIED",
+        "dedupe release_held(rb, orphan): free_claim APPLIED",
+        "time +5",
+        "time +1",
+        "d1 get_lease(k2) called",
+        "d1 get_lease(k2) read mapping",
+        "d1 get_lease(k2) candidate rb@v2",
+        "d1 get_lease(k2) map_acquire APPLIED",
+        "d1 get_lease(k2) claim APPLIED",
+    ]
+    res = script(cfg, BAD_D6, bad)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)

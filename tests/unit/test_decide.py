@@ -211,6 +211,35 @@ def test_orphan_verdict() -> None:
     assert D.orphan_verdict(held, None) is D.Orphan.ORPHAN  # reaped by TTL long ago
 
 
+def test_orphan_free_at_holds_a_possibly_served_orphan_to_its_lease_end() -> None:
+    """An orphan a mapping may have named (a release or ras-dedupe stopped between its two
+    writes) may still be in use to its lease's end: claimable only after that end plus the
+    grace. One whose mapping write never landed was never served: the quarantine only."""
+    held = r()  # mver 3, lease to NOW + 1 h
+    end = NOW + 3600 * S + 2 * S
+    q = NOW + 57 * S
+    assert D.orphan_free_at(held, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == end
+    assert D.orphan_free_at(held, None, NOW, 57 * S, 2 * S) == end  # unknown: to its end
+    assert D.orphan_free_at(held, m(token="other", ver=2), NOW, 57 * S, 2 * S) == q  # below
+    assert D.orphan_free_at(held, m(token="other", ver=3), NOW, 57 * S, 2 * S) == q  # lost
+    short = replace(held, lease_expires_us=NOW + 10 * S)  # ends within the quarantine
+    assert D.orphan_free_at(short, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == q
+
+
 def test_cache_validity_is_the_earlier_bound() -> None:
     assert D.cache_valid_until_us(NOW, NOW + 3600 * S, RULES) == NOW + 30 * S
     assert D.cache_valid_until_us(NOW, NOW + 10 * S, RULES) == NOW + 5 * S
+
+
+def test_name_held_until_covers_every_lease_and_quarantine_on_it() -> None:
+    """A deleted resource's name is held (a re-add is claimable no earlier) until its
+    quarantine ends, or, for a lease deleted with --force, until the later of the quarantine
+    (caches) and its end plus the skew (apps: no app released it)."""
+    held = r()  # lease to NOW + 1 h
+    assert D.name_held_until(held, NOW, 57 * S, 2 * S) == NOW + 3600 * S + 2 * S
+    short = replace(held, lease_expires_us=NOW + 10 * S)
+    assert D.name_held_until(short, NOW, 57 * S, 2 * S) == NOW + 57 * S
+    quarantined = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW + 40 * S))
+    assert D.name_held_until(quarantined, NOW, 57 * S, 2 * S) == NOW + 40 * S
+    free = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW - 40 * S))
+    assert D.name_held_until(free, NOW, 57 * S, 2 * S) == NOW

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,3 +247,13 @@ def test_help_mentions_the_environment(capsys: pytest.CaptureFixture[str]) -> No
         out = capsys.readouterr().out
         for var in ("RASD_TABLE", "RASD_REGION", "AWS_REGION", "AWS_ENDPOINT_URL_DYNAMODB"):
             assert var in out, (argv, var)
+
+
+def test_jenkinsfile_gives_the_balancer_every_regions_endpoint() -> None:
+    """ras-balancer moves a donor region's items in that region's replica: the shipped
+    pipeline passes --peer-endpoint for every region but the primary (the balancer refuses
+    to run without them), and the region list it derives them from."""
+    text = (Path(__file__).parents[2] / "jobs" / "Jenkinsfile").read_text()
+    stage = text[text.index("stage('balancer')") : text.index("stage('per region')")]
+    assert "--peer-endpoint ${it}=https://dynamodb.${it}.amazonaws.com" in stage
+    assert "--regions ${regions.join(',')}" in stage

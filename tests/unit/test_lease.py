@@ -126,7 +126,7 @@ def test_writes_never_use_reserved_words_bare() -> None:
         L.extend_resource(lease, NOW + 2 * L.US),
         L.free_claim(HELD.ident, "k", "tok", NOW, NOW),
         L.liberate(HELD, NOW),
-        L.free_orphan(HELD, NOW, L.US),
+        L.free_orphan(HELD, NOW, NOW + L.US),
         L.move(FREE, "eu-west-1"),
         L.map_release(("#map#c#p#k", "us-east-1"), "tok", NOW),
     ):
