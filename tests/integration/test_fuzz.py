@@ -322,7 +322,7 @@ async def test_fuzzed_peers_never_disturb_a_good_client(
     frame, and goes on serving a well-behaved client its lease."""
     seed_pool(ddb, table, count=5)
     async with make_daemon() as d:
-        good = await rasd_aio.get_lease(C, P, "good", HOUR, socket_path=d.cfg.socket)
+        good = await rasd_aio.get_lease(C, P, "good", HOUR, socket_path=d.cfg.socket, timeout=5)
         fuzzer = Fuzzer(d, asyncio.get_running_loop())
         fuzzer.good = good.resource
 
