@@ -67,6 +67,7 @@ from rasd.lease import (
     partition_name,
     partition_of,
     pick,
+    relist,
     resource_from,
     should_extend,
 )
@@ -1316,6 +1317,25 @@ def liberator(w0: World) -> Out:
     return out
 
 
+def relister(w0: World) -> Out:
+    """``Acquirer._relist`` (the daemon that quarantined an item) and the liberator's
+    re-listing: an item whose ``quarantine_until`` has passed goes back to the available
+    index. Read strongly consistent and written conditional on what was read, so one step; on
+    the clock furthest ahead of all hosts (any of them may be the one that re-lists)."""
+    out: Out = []
+    now = w0.now_us(max((*w0.cfg.offsets, w0.cfg.liberator_offset)))
+    for k in sorted(w0.table):
+        if k[0] != CLIENT:
+            continue
+        it = _res_of(w0.table[k])
+        if it.quarantine_until is None or it.quarantine_until > fmt_time(now):
+            continue
+        w = w0.clone()
+        if w.land(relist(it, now)):
+            out.append((f"relist({it.resource}) applied", w))
+    return out
+
+
 # ------------------------------------------------------------------ ras-dedupe, orphan repair
 @dataclass(frozen=True)
 class Job:
@@ -1681,6 +1701,7 @@ def successors(w0: World) -> Out:
         )
     if w0.cfg.liberator:
         out += liberator(w0)
+    out += relister(w0)
     out += start_jobs(w0)
     for j in w0.jobs:
         out += step_job(w0, j)

@@ -127,7 +127,7 @@ def repair(
 ) -> Result:
     """Free ``r`` if no mapping names it (fencing the mapping first when needed)."""
     verdict = orphan_verdict(r, m)
-    if verdict is Orphan.LEASE:
+    if verdict in (Orphan.LEASE, Orphan.FOREIGN):
         return "lease"
     fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
     if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):

@@ -12,6 +12,13 @@ It also repairs what a crash left half-done (docs/design.md): a held resource ol
 names it, and none ever will (``rasd.decide.orphan_verdict``), it is freed with quarantine
 (``jobs/leases.py``), because it may have been served before the crash.
 
+A held resource whose ``holder`` a write of the paper's agent or its liberator left stale
+(``ResourceItem.holder_current``) is the paper agent's lease, not an orphan: it is left to run
+to its end. Quarantined items (an early free keeps them out of the available index, with
+``quarantine_until``) whose quarantine is over are put back in that index (``relist``): the
+daemon that freed one does it itself, this job catches what a stopped daemon or a job left
+behind. That takes one Scan of the base table per run (``--no-relist`` skips it).
+
 Only items whose ``region`` is the job's region are touched: with a replicated global table
 each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
 frees every region's items and is meant for a single, unreplicated table (development, tests)
@@ -31,7 +38,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, liberate
+from rasd.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb, liberate, relist
 from rasd.writes import render
 
 from . import common, leases
@@ -55,6 +62,8 @@ class Options:
     #: held resources acquired longer ago than this are checked for orphans (None: never)
     orphan_age_us: int | None = int(DEFAULT_ORPHAN_AGE_S * US)
     quarantine_us: int = int(DEFAULT_QUARANTINE_S * US)
+    #: put items whose quarantine is over back in the available index (a base-table Scan)
+    relist: bool = True
 
 
 def scan_kwargs(opts: Options) -> dict[str, Any]:
@@ -73,6 +82,27 @@ def scan_kwargs(opts: Options) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "TableName": opts.table,
         "IndexName": "leased_resources",
+        "FilterExpression": cond,
+        "ExpressionAttributeValues": values,
+    }
+    if names:
+        kw["ExpressionAttributeNames"] = names
+    if opts.page_size:
+        kw["Limit"] = opts.page_size
+    return kw
+
+
+def relist_scan_kwargs(opts: Options) -> dict[str, Any]:
+    """The Scan of the base table for quarantined items whose quarantine is over."""
+    cond = "quarantine_until <= :now"
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":now": {"S": fmt_time(opts.now_us)}}
+    if opts.region is not None:
+        cond += " AND #r = :region"
+        names["#r"] = "region"
+        values[":region"] = {"S": opts.region}
+    kw: dict[str, Any] = {
+        "TableName": opts.table,
         "FilterExpression": cond,
         "ExpressionAttributeValues": values,
     }
@@ -103,8 +133,11 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             fresh = leases.get_resource(ddb, opts.table, item.ident)
             if fresh is None or fresh.holder != item.holder:
                 return
+            if not fresh.holder_current:
+                c["foreign"] += 1  # the paper's agent holds it: runs to its end
+                return
             m = leases.get_mapping(ddb, opts.table, fresh)
-            if orphan_verdict(fresh, m) is Orphan.LEASE:
+            if orphan_verdict(fresh, m) in (Orphan.LEASE, Orphan.FOREIGN):
                 return
             c["orphans"] += 1
             if opts.dry_run:
@@ -160,7 +193,38 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             c["freed"] += 1
             log.debug("freed", **ctx)
 
+    def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
+        c = counts[seg]
+        c["relist_scanned"] += int(page.get("ScannedCount", 0))
+        for raw in page.get("Items", []):
+            if not is_resource_item(raw):
+                continue
+            try:
+                item = item_from_ddb(raw)
+            except (KeyError, ValueError) as exc:
+                c["errors"] += 1
+                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+                continue
+            if opts.region is not None and item.region != opts.region:
+                continue
+            if item.quarantine_until is None or item.quarantine_until > fmt_time(opts.now_us):
+                continue
+            c["quarantine_over"] += 1
+            if opts.dry_run:
+                continue
+            try:
+                ok = leases.write(ddb, opts.table, relist(item, opts.now_us))
+            except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+                c["errors"] += 1
+                log.error("relist_failed", resource=item.resource, error=repr(exc))
+                continue
+            c["relisted" if ok else "lost_races"] += 1
+
     failures = common.parallel_scan(ddb, scan_kwargs(opts), opts.segments, handle)
+    if opts.relist:
+        failures += common.parallel_scan(
+            ddb, relist_scan_kwargs(opts), opts.segments, handle_quarantined
+        )
     total: Counter[str] = Counter()
     for c in counts:
         total.update(c)
@@ -182,6 +246,9 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "orphans_checked": total["checked"],
         "orphans": total["orphans"],
         "orphans_freed": total["orphans_freed"],
+        "foreign_held": total["foreign"],
+        "quarantine_over": total["quarantine_over"],
+        "relisted": total["relisted"],
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -200,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         "writes make it safe next to daemons and other liberators. Prints one JSON summary "
         "line on stdout: scanned, expired, freed, lost_races (changed by someone else after "
         "our read; left alone), orphans_checked, orphans, orphans_freed (held resources no "
-        "mapping names, freed with quarantine), errors, seconds.",
+        "mapping names, freed with quarantine), foreign_held (held by the paper's agent with a "
+        "stale holder: left to run), quarantine_over and relisted (quarantined items put back "
+        "in the available index), errors, seconds.",
         [common.job_parent()],
     )
     p.add_argument(
@@ -225,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a freed orphan stays unclaimable; at least the daemons' "
         "confirm_interval + max_clock_skew + replication_lag "
         f"(default {DEFAULT_QUARANTINE_S:g})",
+    )
+    p.add_argument(
+        "--no-relist",
+        action="store_true",
+        help="do not Scan the base table for quarantined items whose quarantine is over (the "
+        "daemons re-list what they quarantined themselves; this catches the rest)",
     )
     p.add_argument(
         "--all-regions",
@@ -252,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             segments=args.segments,
             page_size=args.page_size,
             dry_run=args.dry_run,
+            relist=not args.no_relist,
         )
         ddb = common.make_client(args, region, pool=args.segments + 2)
         log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})

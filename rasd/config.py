@@ -60,6 +60,13 @@ class Config:
     #: blocks a key only briefly.
     pending_hold: float = 2.0
 
+    #: Look for leases of the paper's agent (a held resource item, no mapping item) when a
+    #: key misses: one leased_resources Query sent beside the mapping Query (same round
+    #: trip), and a lease found there is adopted instead of acquiring a second resource for
+    #: the key. Needed while any host runs the old agent; off once none does
+    #: (docs/operations.md, "Rolling out beside the paper's agent").
+    adopt_legacy: bool = True
+
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most. The floor is what a burst of new
     #: keys after a pause starts from (its demand is seen within a few takes).
@@ -219,6 +226,19 @@ def _optional(convert: Converter) -> Converter:
     return optional
 
 
+def _bool(raw: Any) -> bool:
+    """A TOML boolean, or a string: true/false, yes/no, on/off, 1/0."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOLS:
+        return _BOOLS[raw.strip().lower()]
+    raise ValueError("expected true or false")
+
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True}
+_BOOLS.update({"false": False, "no": False, "off": False, "0": False})
+
+
 def _acl(raw: Any) -> dict[str, list[str]]:
     if not isinstance(raw, dict):
         raise TypeError("expected a table")
@@ -240,6 +260,7 @@ CONVERTERS: dict[str, Converter] = {
     "max_clock_skew": float,
     "replication_lag": float,
     "pending_hold": float,
+    "adopt_legacy": _bool,
     "prefetch_min": int,
     "prefetch_max": int,
     "prefetch_page": int,

@@ -328,6 +328,7 @@ def cache_valid_until_us(confirmed_us: int, expires_us: int, rules: Rules) -> in
 # ------------------------------------------------------------------------ repair (jobs)
 class Orphan(enum.Enum):
     LEASE = "lease"  # the mapping names this claim: a lease (perhaps not yet confirmed)
+    FOREIGN = "foreign"  # held by the paper's agent (its holder, if any, is stale): not ours
     ORPHAN = "orphan"  # no mapping names it, and none ever will: free it, with quarantine
     FENCE_MAPPING = "fence_mapping"  # the acquisition's mapping write may still land: fence it
 
@@ -342,6 +343,8 @@ def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
     the mapping is fenced first.
     """
     assert r.holder is not None
+    if not r.holder_current:
+        return Orphan.FOREIGN
     if m is not None and m.token == r.holder and m.resource == r.resource and m.state != FREE:
         return Orphan.LEASE
     current = m.ver if m is not None else 0
@@ -349,3 +352,22 @@ def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
         # (absent at a version past 1: reaped by TTL long after it moved on)
         return Orphan.ORPHAN
     return Orphan.FENCE_MAPPING
+
+
+# ------------------------------------------------------------ leases of the paper's agent
+def adoptable(
+    r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int
+) -> bool:
+    """Is ``r`` (read strongly consistently) a running lease of ``key`` in our region that
+    rasd may adopt? Asked only when the key's mapping names no lease here
+    (:func:`on_read` said Acquire), so no acquisition of ours serves it: the paper's agent
+    took it (or a crash left it, held for this same key). Adoption keeps it where it is."""
+    return (
+        r is not None
+        and r.key == key
+        and r.client_id == client_id
+        and r.pool_id == pool_id
+        and r.region == region
+        and r.lease_expires_us is not None
+        and r.lease_expires_us > now_us
+    )

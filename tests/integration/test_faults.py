@@ -399,7 +399,7 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
         q = int(d.cfg.quarantine * L.US)
     given_back = item(ddb, table, "res-00000") or {}
     assert given_back["version"] == 2 and "key" not in given_back  # claimed, then freed
-    assert L.parse_time(str(given_back["lease_available"])) == clock.now_us() + q
+    assert L.parse_time(str(given_back["quarantine_until"])) == clock.now_us() + q
 
 
 def _read_timeout() -> Exception:

@@ -432,7 +432,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     after = by_resource(ddb, table)
     freed = item_from_ddb(after[("demo", "res-00000")])
     assert freed.key is None and freed.holder is None and freed.lease_expires_us is None
-    assert freed.lease_available == fmt_time(NOW + quarantine)
+    assert freed.quarantine_until == fmt_time(NOW + quarantine)
     assert freed.version == orphan.version + 1
     for attr in ("lease_acquired", "holder", "mver"):
         assert attr not in after[("demo", "res-00000")], attr
@@ -488,7 +488,7 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
         assert get(ddb, table, "res-00001").holder == prior.token
     freed = get(ddb, table, "res-00000")
     assert freed.key is None and freed.holder is None
-    assert freed.lease_available == fmt_time(NOW + Q)
+    assert freed.quarantine_until == fmt_time(NOW + Q)
     assert freed.version == free_before.version + 1
     # The dead daemon's map_acquire, landing now, is refused: no mapping ever names the claim.
     late = map_acquire(ident, orphan.mver - 1, orphan.holder or "", "res-00000",
@@ -595,7 +595,7 @@ def assert_released(
     quarantine; for an extra ras-dedupe released, its own lease end)."""
     it = get(ddb, table, resource)
     assert it.key is None and it.holder is None, it
-    assert it.lease_available == fmt_time(until_us), it
+    assert it.quarantine_until == fmt_time(until_us), it
     m = get_map(ddb, table, map_ident(key, region))
     assert m is None or m.resource != resource, m
 
@@ -870,7 +870,7 @@ def test_rasadmin_pool_and_resource_lifecycle(
     # Changed: the summary says when the item is claimable again (was: its new version)
     assert r.summary["claimable_from"] == fmt_time(NOW + Q), r
     released = get(ddb, table, "ads-000001", "acme")
-    assert released.key is None and released.lease_available == fmt_time(NOW + Q)
+    assert released.key is None and released.quarantine_until == fmt_time(NOW + Q)
 
     # delete-resource: refuses a running lease without --force
     dele = ["delete-resource", *b, "--client", "acme", "--resource"]
@@ -917,7 +917,7 @@ def test_rasadmin_release_resource_releases_mapping_then_resource(
     assert m.ver == before_map.ver + 1
     it = get(ddb, table, "res-00001")
     assert it.key is None and it.holder is None and it.lease_expires_us is None
-    assert it.lease_available == fmt_time(NOW + 30 * US)
+    assert it.quarantine_until == fmt_time(NOW + 30 * US)
     assert it.version == held.version + 1
 
     writes.clear()

@@ -159,10 +159,10 @@ def test_quarantine_is_read_on_the_most_advanced_clock() -> None:
         "d0 release(k1) map_release APPLIED",
         "d0 bg free_claim(ra, t1) free_claim APPLIED",
     ]
-    res = script(cfg, REAL, [*base, *["time +1"] * 4, *_K2_TAKES_RA])
+    res = script(cfg, REAL, [*base, *["time +1"] * 4, "relist(ra)", *_K2_TAKES_RA])
     assert res.violation is None, format_trace(res)
     with pytest.raises(ValueError, match="not enabled"):
-        script(cfg, REAL, [*base, *["time +1"] * 3, *_K2_TAKES_RA])
+        script(cfg, REAL, [*base, *["time +1"] * 3, "relist(ra)", *_K2_TAKES_RA])
 
 
 # ------------------------------------------------ two regions, ras-dedupe, orphan repair
