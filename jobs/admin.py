@@ -33,7 +33,7 @@ from rasd.lease import (
     pool_meta_key,
 )
 
-from . import common, leases
+from . import adopt, common, leases
 
 log = structlog.get_logger("rasd_jobs.admin")
 
@@ -695,6 +695,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--client", required=True, help="client_id")
     sp.add_argument("--resource", required=True, help="the resource string")
     sp.add_argument("--force", action="store_true", help="delete even while leased")
+
+    sp = add(
+        "adopt",
+        adopt.cmd_adopt,
+        "bring a table the paper's agent wrote to rasd's schema in place: indexes, stream and "
+        "TTL, pool definitions, and a mapping item for every running lease of --region (each "
+        "keeps its resource and end). Idempotent; --resume-from continues an interrupted run",
+        [dry],
+    )
+    adopt.add_parser(sp)
 
     sp = add(
         "stats",

@@ -6,6 +6,7 @@ is its hourly liberator. moto's server over HTTP, as every integration test.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -15,10 +16,13 @@ import pytest
 
 from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
 from rasd import lease as L
+from rasd import schema
 from rasd.clock import FakeClock
+from rasd.config import Config
+from rasd.server import Daemon
 from rasd.writes import render
 from rasd_client import aio as rasd_aio
-from rasd_jobs import liberator
+from rasd_jobs import admin, liberator
 from tests.conftest import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
@@ -194,3 +198,76 @@ async def test_both_liberators_free_nothing_early(
     assert paper_liberate(ddb, table, now_us())["freed"] == 0
     assert resource(ddb, table, got.resource).key == "paper-key"
     assert agent.get_lease(C, P, "paper-key", now_us() + 3600 * L.US).resource == got.resource
+
+
+def paper_table(ddb: Any, name: str) -> None:
+    """A table as the paper describes it: both indexes, no stream, no TTL, no pool items."""
+    spec = schema.table_spec(name)
+    del spec["StreamSpecification"]
+    ddb.create_table(**spec)
+
+
+def rasadmin(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
+    code = admin.main(argv)
+    out, err = capsys.readouterr()
+    return code, json.loads(out.strip().splitlines()[-1]), err
+
+
+async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
+    ddb: Any,
+    moto_endpoint: str,
+    paper: Any,
+    short_tmp: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``rasadmin adopt`` on a table the paper's agent filled: the stream and a pool
+    definition are added, every running lease gets its mapping where it is (a dry run first
+    writes nothing), a daemon then answers every key with the paper agent's resource without
+    adopting anything itself, and a second run is a no-op (no write)."""
+    table = f"paper-{time.monotonic_ns()}"
+    paper_table(ddb, table)
+    try:
+        names = [f"res-{i:05d}" for i in range(12)]
+        schema.add_resources(ddb, table, C, P, EAST, names)
+        agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
+        try:
+            theirs = {
+                f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * L.US).resource
+                for i in range(6)
+            }
+            agent.get_lease(C, P, "ended", now_us() - L.US)  # past its end, not liberated
+        finally:
+            agent.ddb.close()
+        argv = ["adopt", "--table", table, "--endpoint-url", moto_endpoint, "--region", EAST]
+        code, dry, _ = rasadmin([*argv, "--dry-run", "--page-size", "5"], capsys)
+        assert code == 0 and dry["writes"] == 0 and dry["adopted"] == 6, dry
+        assert "enable the stream (NEW_AND_OLD_IMAGES)" in dry["schema_changes"], dry
+        assert not [raw for raw in scan_all(ddb, table) if L.is_mapping_pk(raw["client_id"]["S"])]
+        code, first, err = rasadmin([*argv, "--page-size", "5"], capsys)
+        assert code == 0 and first["errors"] == 0, (first, err)
+        assert (first["adopted"], first["pools_added"], first["running_leases"]) == (6, 1, 6)
+        assert "resume_from" in err  # the position after each page, for --resume-from
+        code, second, _ = rasadmin(argv, capsys)
+        assert code == 0 and second["writes"] == 0 and second["schema_changes"] == [], second
+        assert (second["adopted"], second["already_rasd"], second["pools_added"]) == (0, 6, 0)
+        desc = ddb.describe_table(TableName=table)["Table"]
+        assert desc["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
+        cfg = Config(
+            table=table,
+            endpoint_url=moto_endpoint,
+            socket=str(short_tmp / "adopted.sock"),
+            ddb_warm_connections=1,
+        ).validate()
+        d = Daemon(cfg)
+        await d.startup()
+        try:
+            for key, res in theirs.items():
+                got = await rasd_aio.get_lease(
+                    C, P, key, timedelta(hours=1), socket_path=cfg.socket
+                )
+                assert got.resource == res and not got.new
+            assert d.counters["lease.adopted"] == 0 and d.counters["lease.existing"] == 6
+        finally:
+            await d.shutdown(drain=2.0)
+    finally:
+        ddb.delete_table(TableName=table)
