@@ -124,15 +124,17 @@ def repair(
     m: Mapping | None,
     now_us: int,
     quarantine_us: int,
+    hold_to_end_us: int | None = None,
 ) -> Result:
-    """Free ``r`` if no mapping names it (fencing the mapping first when needed)."""
+    """Free ``r`` if no mapping names it (fencing the mapping first when needed); with
+    ``hold_to_end_us``, claimable no earlier than its end plus that (``free_orphan``)."""
     verdict = orphan_verdict(r, m)
     if verdict in (Orphan.LEASE, Orphan.FOREIGN):
         return "lease"
     fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
     if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
         return "lost_race"
-    if not write(ddb, table, free_orphan(r, now_us, quarantine_us)):
+    if not write(ddb, table, free_orphan(r, now_us, quarantine_us, hold_to_end_us)):
         return "lost_race"
     return "freed_orphan"
 

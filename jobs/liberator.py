@@ -64,6 +64,9 @@ class Options:
     quarantine_us: int = int(DEFAULT_QUARANTINE_S * US)
     #: put items whose quarantine is over back in the available index (a base-table Scan)
     relist: bool = True
+    #: the paper's agent may run against the table: a freed orphan stays unclaimable until
+    #: its lease's end plus the grace as well (that agent may have answered it, to its end)
+    legacy_agents: bool = True
 
 
 def scan_kwargs(opts: Options) -> dict[str, Any]:
@@ -143,7 +146,10 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             if opts.dry_run:
                 log.info("would_free_orphan", **ctx)
                 return
-            got = leases.repair(ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us)
+            hold = opts.grace_us if opts.legacy_agents else None
+            got = leases.repair(
+                ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us, hold_to_end_us=hold
+            )
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             c["errors"] += 1
             log.error("repair_failed", error=repr(exc), **ctx)
@@ -296,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_QUARANTINE_S:g})",
     )
     p.add_argument(
+        "--no-legacy-agents",
+        action="store_true",
+        help="no host runs the paper's in-process agent against this table any more: a freed "
+        "orphan is claimable after --quarantine, not held until its lease's end too",
+    )
+    p.add_argument(
         "--no-relist",
         action="store_true",
         help="do not Scan the base table for quarantined items whose quarantine is over (the "
@@ -328,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             page_size=args.page_size,
             dry_run=args.dry_run,
             relist=not args.no_relist,
+            legacy_agents=not args.no_legacy_agents,
         )
         ddb = common.make_client(args, region, pool=args.segments + 2)
         log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})

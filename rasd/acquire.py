@@ -96,6 +96,8 @@ WAIT_MAX = 0.1
 WALL_RESYNC = 0.25
 #: seconds after its quarantine's end that a daemon re-lists an item it quarantined
 RELIST_SLACK = 1.0
+#: a daemon re-lists what it freed only if that is due within this long (else the liberator)
+RELIST_MAX_WAIT_US = 600 * US
 META_UNPACK = META.unpack_from
 
 
@@ -290,9 +292,9 @@ class Acquirer:
     async def _read_first(
         self, pool: Pool, key: str, deadline: float
     ) -> tuple[Mapping | None, list[Mapping], list[ResourceItem]]:
-        """:meth:`_read`, and with ``adopt_legacy`` the leased index's items of the key, read
+        """:meth:`_read`, and with ``legacy_agents`` the leased index's items of the key, read
         at once (one round trip): where a lease of the paper's agent would be."""
-        if not self.cfg.adopt_legacy:
+        if not self.cfg.legacy_agents:
             own, others = await self._read(pool, key, deadline)
             return own, others, []
         mappings, held = await asyncio.gather(
@@ -528,17 +530,36 @@ class Acquirer:
 
     async def _free_claim(self, ident: tuple[str, str], key: str, token: str) -> None:
         """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
-        about a minute; if the daemon dies first, the liberator's orphan repair frees it."""
+        about a minute; if the daemon dies first, the liberator's orphan repair frees it.
+        With ``legacy_agents`` not before the lease's end plus the skew either: the paper's
+        agent answers any lease it finds in the leased index, to its end, and is never told
+        of a release (the end is read first, and the free is conditional on it)."""
         for attempt in range(6):
+            deadline = time.monotonic() + BACKGROUND_DEADLINE
             now = self.clock.now_us()
-            w = free_claim(ident, key, token, now, now + self.rules.quarantine_us)
-            res = await self.store.write(
-                w, time.monotonic() + BACKGROUND_DEADLINE, not_held_by(token)
-            )
+            available = now + self.rules.quarantine_us
+            ends: int | None = None
+            if self.cfg.legacy_agents:
+                try:
+                    r = await self._resource(ident[0], ident[1], deadline)
+                except RasdError as exc:
+                    res = WriteResult(D.Outcome.UNKNOWN, error=exc)
+                    r = None
+                else:
+                    if r is None or r.holder != token or r.key != key:
+                        return  # not ours any more
+                    ends = r.lease_expires_us
+                if ends is not None:
+                    available = max(available, ends + self.rules.grace_us)
+            if not self.cfg.legacy_agents or ends is not None:
+                w = free_claim(ident, key, token, now, available, ends)
+                res = await self.store.write(w, deadline, not_held_by(token))
+                if res.outcome is D.Outcome.REJECTED and res.error is None and ends is not None:
+                    continue  # extended since the read: read the end again
             if res.outcome is not D.Outcome.UNKNOWN and res.error is None:
                 self.counters.inc(f"acq.free_claim_{res.outcome.value}")
-                if res.outcome is D.Outcome.APPLIED:
-                    self._relist_later(ident, now + self.rules.quarantine_us)
+                if res.outcome is D.Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
+                    self._relist_later(ident, available)
                 return
             self.counters.inc("acq.free_claim_errors")
             log.warning(

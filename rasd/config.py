@@ -60,12 +60,14 @@ class Config:
     #: blocks a key only briefly.
     pending_hold: float = 2.0
 
-    #: Look for leases of the paper's agent (a held resource item, no mapping item) when a
-    #: key misses: one leased_resources Query sent beside the mapping Query (same round
-    #: trip), and a lease found there is adopted instead of acquiring a second resource for
-    #: the key. Needed while any host runs the old agent; off once none does
-    #: (docs/operations.md, "Rolling out beside the paper's agent").
-    adopt_legacy: bool = True
+    #: The paper's in-process agent may still run against this table (a rollout beside it,
+    #: docs/operations.md). Then (1) a key that misses also reads the leased_resources index,
+    #: sent beside the mapping Query (same round trip), and a lease of the paper's agent found
+    #: there is adopted instead of acquiring a second resource for the key; (2) every early
+    #: free (release, giving a claim back) keeps the resource unclaimable until its lease's
+    #: end plus max_clock_skew as well as for the quarantine, since the paper's agent answers
+    #: any lease it finds in that index with its end. Off once no host runs the old agent.
+    legacy_agents: bool = True
 
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most. The floor is what a burst of new
@@ -260,7 +262,7 @@ CONVERTERS: dict[str, Converter] = {
     "max_clock_skew": float,
     "replication_lag": float,
     "pending_hold": float,
-    "adopt_legacy": _bool,
+    "legacy_agents": _bool,
     "prefetch_min": int,
     "prefetch_max": int,
     "prefetch_page": int,

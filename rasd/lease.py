@@ -438,14 +438,25 @@ def fence_resource(ident: ItemKey, version: int) -> Write:
     )
 
 
-def free_claim(ident: ItemKey, key: str, token: str, now_us: int, available_us: int) -> Write:
+def free_claim(
+    ident: ItemKey,
+    key: str,
+    token: str,
+    now_us: int,
+    available_us: int,
+    expires_us: int | None = None,
+) -> Write:
     """Free a claim held by ``token``: claimable again from ``available_us`` on. A claim that
     no mapping ever named (a lost acquisition's) may use ``now``; a lease that may have been
-    served gets ``now + quarantine`` (see docs/design.md, I3)."""
+    served gets ``now + quarantine`` (see docs/design.md, I3). With ``expires_us``, only if
+    the lease still ends then (``available_us`` was computed from that end)."""
     assert available_us >= now_us
+    conds: tuple[Cond, ...] = (Cond("holder", "=", token), Cond("key", "=", key))
+    if expires_us is not None:
+        conds += (Cond("lease_expires", "=", fmt_time(expires_us)),)
     return Write(
         key=ident,
-        conds=(Cond("holder", "=", token), Cond("key", "=", key)),
+        conds=conds,
         set=(_free_until(available_us, now_us),),
         remove=_HELD_ATTRS,
         incr=("version",),
@@ -488,15 +499,21 @@ def liberate(item: ResourceItem, now_us: int) -> Write:
     )
 
 
-def free_orphan(item: ResourceItem, now_us: int, quarantine_us: int) -> Write:
+def free_orphan(
+    item: ResourceItem, now_us: int, quarantine_us: int, hold_to_end_us: int | None = None
+) -> Write:
     """Free a held resource no mapping names (a crash left it): with quarantine, since it may
-    have been served before the crash."""
+    have been served before the crash. With ``hold_to_end_us`` (the paper's agent may have
+    answered it from the leased index, to its end) not before its end plus that either."""
     assert item.holder is not None
+    available = now_us + quarantine_us
+    if hold_to_end_us is not None and item.lease_expires_us is not None:
+        available = max(available, item.lease_expires_us + hold_to_end_us)
     return Write(
         key=item.ident,
         conds=(Cond("version", "=", item.version), Cond("holder", "=", item.holder)),
         set=(
-            _free_until(now_us + quarantine_us, now_us),
+            _free_until(available, now_us),
             ("version", item.version + 1),
         ),
         remove=_HELD_ATTRS,

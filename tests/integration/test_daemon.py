@@ -91,7 +91,10 @@ async def test_expiry_relet_refresh_ahead_and_release(
     key gets a new one; release frees the item with quarantine."""
     seed_pool(ddb, table, count=10)
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
-    async with make_daemon(clock=clock, skew_margin=5.0, extend_fraction=0.5) as d:
+    # legacy_agents off: the release's quarantine alone (no paper agent on the table)
+    async with make_daemon(
+        clock=clock, skew_margin=5.0, extend_fraction=0.5, legacy_agents=False
+    ) as d:
         d.acquirer.extend_fraction = 0.5  # remove the per-daemon jitter for exact numbers
         s = d.cfg.socket
         a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)

@@ -384,7 +384,8 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
 
     faults = BeforeFirstWrite()
     faults.hook = winner
-    async with faulty_daemon(faults, clock=clock) as d:
+    # a table with no paper agent beside rasd: the quarantine alone
+    async with faulty_daemon(faults, clock=clock, legacy_agents=False) as d:
         mine = L.resource_from(item(ddb, table, "res-00000") or {})
 
         async def candidate(pool: Any, deadline: float) -> Candidate:

@@ -412,6 +412,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     lease(ddb, table, "res-00003", "j", NOW + HOUR, acquired_us=NOW - 30 * US)
     quarantine = 45 * US
     argv = [*base(table, moto_endpoint), "--orphan-age", "120", "--quarantine", "45"]
+    argv.append("--no-legacy-agents")  # the quarantine alone (no paper agent on the table)
     before = by_resource(ddb, table)
     orphan = get(ddb, table, "res-00000")
     m = get_map(ddb, table, map_ident("k", EAST))
@@ -472,7 +473,8 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
     assert orphan_verdict(orphan, prior) is Orphan.FENCE_MAPPING  # the premise
     free_before = get(ddb, table, "res-00000")
 
-    r = call(liberator.main, [*base(table, moto_endpoint), "--quarantine", "57"], capsys)
+    argv = [*base(table, moto_endpoint), "--quarantine", "57", "--no-legacy-agents"]
+    r = call(liberator.main, argv, capsys)
     assert r.code == 0, r
     s = r.summary
     assert (s["orphans"], s["orphans_freed"], s["lost_races"], s["errors"]) == (1, 1, 0, 0), s

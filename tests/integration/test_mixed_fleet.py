@@ -151,7 +151,8 @@ async def test_daemon_relists_what_it_quarantined(ddb: Any, table: str, make_dae
     """The daemon that quarantined an item puts it back in the available index once the
     quarantine is over (a short quarantine here), with no job."""
     seed_pool(ddb, table, count=2)
-    async with make_daemon(confirm_interval=0.2, max_clock_skew=0.1, replication_lag=0.1) as d:
+    short = {"confirm_interval": 0.2, "max_clock_skew": 0.1, "replication_lag": 0.1}
+    async with make_daemon(legacy_agents=False, **short) as d:
         s = d.cfg.socket
         mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
         await rasd_aio.release(C, P, "k", socket_path=s)
@@ -271,3 +272,33 @@ async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
             await d.shutdown(drain=2.0)
     finally:
         ddb.delete_table(TableName=table)
+
+
+async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """The paper's agent answers a rasd lease it finds in the leased index with the lease's
+    end and is never told of a release: with ``legacy_agents`` (the default) a release keeps
+    the resource out of the available index until that end plus the skew, not just for the
+    quarantine; the liberator re-lists it only then."""
+    seed_pool(ddb, table, count=2)
+    agent = paper()
+    async with make_daemon() as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        theirs = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+        assert theirs.resource == mine.resource and not theirs.new
+        await rasd_aio.release(C, P, "k", socket_path=s)
+        await d.acquirer.drain(2.0)
+        skew = int(d.cfg.max_clock_skew * L.US)
+        q = int(d.cfg.quarantine * L.US)
+    r = resource(ddb, table, mine.resource)
+    assert r.key is None and r.quarantine_until == L.fmt_time(theirs.expires_us + skew)
+    soon = liberator.run(ddb, liberator.Options(table, EAST, now_us() + q + L.US, segments=1))
+    assert soon["relisted"] == 0, soon
+    other = agent.get_lease(C, P, "k2", now_us() + 3600 * L.US)
+    assert other.resource != mine.resource
+    with pytest.raises(NoCapacity):
+        agent.get_lease(C, P, "k3", now_us() + 3600 * L.US)
+    after = liberator.Options(table, EAST, theirs.expires_us + skew, segments=1)
+    assert liberator.run(ddb, after)["relisted"] == 1

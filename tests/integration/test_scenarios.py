@@ -67,12 +67,12 @@ def is_claim(kw: dict[str, Any]) -> bool:
 
 @asynccontextmanager
 async def daemons(
-    url: str, table: str, n: int, clock: Clock | None = None
+    url: str, table: str, n: int, clock: Clock | None = None, **overrides: Any
 ) -> AsyncIterator[list[Acquirer]]:
     out: list[Acquirer] = []
     try:
         for i in range(n):
-            cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock")
+            cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock", **overrides)
             store = Store(cfg.validate())
             await store.start()
             acq = Acquirer(cfg, store, clock=clock)
@@ -220,7 +220,8 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
     claimable again."""
     seed_pool(ddb, table, count=2, prefix="res-")
     clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
-    async with daemons(moto_endpoint, table, 2, clock=clock) as (d1, d2):
+    # no paper agent beside rasd: the release's quarantine alone (legacy_agents off)
+    async with daemons(moto_endpoint, table, 2, clock=clock, legacy_agents=False) as (d1, d2):
         a = await try_get(d1, "k23", clock)
         b = await try_get(d2, "k23", clock)
         assert a is not None and a == b
@@ -247,7 +248,7 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
     old answer go (quarantine >= S + skew)."""
     seed_pool(ddb, table, count=1, prefix="res-")
     base = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
-    async with daemons(moto_endpoint, table, 1, clock=base) as (d1,):
+    async with daemons(moto_endpoint, table, 1, clock=base, legacy_agents=False) as (d1,):
         skew = d1.cfg.max_clock_skew
         ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
