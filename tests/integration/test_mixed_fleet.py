@@ -302,3 +302,83 @@ async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
         agent.get_lease(C, P, "k3", now_us() + 3600 * L.US)
     after = liberator.Options(table, EAST, theirs.expires_us + skew, segments=1)
     assert liberator.run(ddb, after)["relisted"] == 1
+
+
+class Recorder:
+    """The daemon's DynamoDB client, recording every call: what it was and when it ran."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.calls: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+        if name not in ("get_item", "query", "update_item"):
+            return method
+
+        async def call(**kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await method(**kw)
+            finally:
+                self.calls.append({"what": _what(name, kw), "t0": t0, "t1": time.perf_counter()})
+
+        return call
+
+
+def _what(name: str, kw: dict[str, Any]) -> str:
+    if name == "query":
+        return str(kw.get("IndexName") or "mappings")
+    pk = kw.get("Key", {}).get("client_id", {}).get("S", "")
+    kind = "M" if pk.startswith("#map#") else "meta" if pk.startswith("#") else "R"
+    values = kw.get("ExpressionAttributeValues", {}).values()
+    if name == "update_item" and kind == "M" and {"S": "live"} in values:
+        return "map_confirm"
+    return f"{name}:{kind}"
+
+
+async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_daemon: Any) -> None:
+    """Round trips on a request's path (bench.storetrace.round_trips: overlapping calls are
+    one), with the leased index read beside the mapping Query: an existing lease uncached on
+    a host costs 1, a new lease 2, as without it; adopting a lease of the paper's agent costs
+    4, once per key and region (the read, the item read strongly consistent, the mapping
+    write, then the adoption)."""
+    from bench.storetrace import round_trips
+
+    seed_pool(ddb, table, count=20)
+    agent = paper()
+    agent.get_lease(C, P, "old", now_us() + 3600 * L.US)
+    async with make_daemon() as d1, make_daemon() as d2:
+        recs = []
+        for d in (d1, d2):
+            rec = Recorder(d.store.client)
+            d.store.wrap_client(lambda _c, rec=rec: rec)
+            recs.append(rec)
+            await d.acquirer.prefetch.idle()
+
+        async def path(d: Any, rec: Recorder, key: str) -> list[dict[str, Any]]:
+            await d.acquirer.prefetch.idle()
+            rec.calls.clear()
+            t0 = time.perf_counter()
+            await rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d.cfg.socket)
+            t1 = time.perf_counter()
+            return [
+                c
+                for c in rec.calls
+                if t0 <= c["t0"]
+                and c["t1"] <= t1
+                and c["what"] not in ("available_resources", "map_confirm")
+            ]
+
+        new = await path(d1, recs[0], "fresh")
+        assert round_trips(new) == 2, new
+        assert sorted(c["what"] for c in new) == sorted(
+            ["mappings", "leased_resources", "update_item:M", "update_item:R"]
+        ), new
+        existing = await path(d2, recs[1], "fresh")
+        assert round_trips(existing) == 1, existing
+        adopted = await path(d1, recs[0], "old")
+        assert round_trips(adopted) == 4, adopted
+        assert [c["what"] for c in adopted][-3:] == ["get_item:R", "update_item:M", "update_item:R"]
+        again = await path(d2, recs[1], "old")
+        assert round_trips(again) == 1, again
