@@ -134,7 +134,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         try:
             # The index is eventually consistent: decide only on consistent reads.
             fresh = leases.get_resource(ddb, opts.table, item.ident)
-            if fresh is None or fresh.holder != item.holder:
+            if fresh is None or fresh.holder != item.holder or fresh.key is None:
                 return
             if not fresh.holder_current:
                 c["foreign"] += 1  # the paper's agent holds it: runs to its end
