@@ -16,6 +16,12 @@ its items look like rasd's held items; but no rasd daemon will serve them (no ma
 them), and ``ras-liberator`` may treat them as orphans once they are older than its
 ``--orphan-age``. Keep its keys apart from the daemons' keys when both write one table.
 
+With ``paper=True`` it writes what the paper's agent writes, nothing more: the claim is
+conditioned on the ``version`` read from the index alone and sets ``key``, ``lease_expires``
+and ``version`` (:func:`paper_claim`), and :func:`paper_liberate` is the paper's hourly
+liberator. That is the old agent a table keeps running while rasd rolls out beside it
+(docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
+
 A lost race (the condition failed) tries the next candidate of the page; an empty
 sub-partition tries another random one. Every DynamoDB call is counted in ``calls``; the
 calls of the last ``get_lease`` are in ``last_calls`` (it makes them one after another, so
@@ -35,7 +41,59 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 from rasd import lease as L
-from rasd.writes import render
+from rasd.writes import Cond, Write, render
+
+
+def paper_claim(item: L.ResourceItem, key: str, expires_us: int) -> Write:
+    """The paper's claim: conditional on the version read (from the available index) alone;
+    sets the key and the end, increments the version, removes ``lease_available``."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(
+            ("key", key),
+            ("lease_expires", L.fmt_time(expires_us)),
+            ("version", item.version + 1),
+        ),
+        remove=("lease_available",),
+        kind="paper_claim",
+    )
+
+
+def paper_free(item: L.ResourceItem, now_us: int) -> Write:
+    """The paper's liberator's write: conditional on the version read (from the leased index),
+    clears ``key`` and ``lease_expires``, sets ``lease_available``, increments the version.
+    Nothing else: attributes rasd added stay as they are."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(("lease_available", L.fmt_time(now_us)), ("version", item.version + 1)),
+        remove=("key", "lease_expires"),
+        kind="paper_free",
+    )
+
+
+def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
+    """The paper's liberator, once: Scan the leased index, free every lease whose end has
+    passed on this clock (no grace), conditional on the version the Scan read."""
+    counts = {"scanned": 0, "freed": 0, "lost_races": 0}
+    kw: dict[str, Any] = {"TableName": table, "IndexName": "leased_resources"}
+    while True:
+        page = ddb.scan(**kw)
+        for raw in page.get("Items", []):
+            counts["scanned"] += 1
+            it = L.item_from_ddb(raw)
+            if it.lease_expires_us is None or it.lease_expires_us > now_us:
+                continue
+            try:
+                ddb.update_item(TableName=table, **render(paper_free(it, now_us)))
+            except ddb.exceptions.ConditionalCheckFailedException:
+                counts["lost_races"] += 1
+                continue
+            counts["freed"] += 1
+        if "LastEvaluatedKey" not in page:
+            return counts
+        kw["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +117,10 @@ class BaselineAgent:
         page: int = 10,
         ddb: Any = None,
         max_pool_connections: int = 10,
+        paper: bool = False,
     ) -> None:
         self.table = table
+        self.paper = paper
         self.region = region
         self.page = page
         self.calls: Counter[str] = Counter()
@@ -98,10 +158,11 @@ class BaselineAgent:
         return BaselineLease(it.resource, it.lease_expires_us, it.version, False)
 
     def get_lease(
-        self, client_id: str, pool_id: str, key: str, lease_expires_us: int
+        self, client_id: str, pool_id: str, key: str, lease_expires_us: int, now_us: int = 0
     ) -> BaselineLease:
+        """``now_us``: this host's clock (0: the system's)."""
         self.last_calls = 0
-        now = time.time_ns() // 1000
+        now = now_us or time.time_ns() // 1000
         found = self.lookup(client_id, pool_id, key, now)
         if found is not None:
             return found
@@ -120,8 +181,13 @@ class BaselineAgent:
             cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
-                token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
-                w = L.claim(cand, key, lease_expires_us, time.time_ns() // 1000, token, 0)
+                if self.paper:
+                    w = paper_claim(cand, key, lease_expires_us)
+                else:
+                    token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
+                    w = L.claim(
+                        cand, key, lease_expires_us, now_us or time.time_ns() // 1000, token, 0
+                    )
                 self.calls["UpdateItem"] += 1
                 self.last_calls += 1
                 try:

@@ -379,7 +379,8 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
             continue
         res = it["resource"]["S"]
         key = it.get("key", {}).get("S")
-        avail = it.get("lease_available", {}).get("S")
+        # free: in the available index, or quarantined out of it until re-listed
+        avail = it.get("lease_available", it.get("quarantine_until", {})).get("S")
         holders[res] = it.get("holder", {}).get("S") if key is not None else None
         counts["resources"] += 1
         if key is not None and avail is not None:

@@ -57,12 +57,16 @@ def bfs(
     max_states: int | None = None,
     max_seconds: float | None = None,
     prefix: list[str] | None = None,
+    ops_after_prefix: int | None = None,
 ) -> Result:
     """Every state reachable within ``cfg``'s bounds, from the initial state or from the
-    state a written ``prefix`` (see :func:`script`) leads to."""
+    state a written ``prefix`` (see :func:`script`) leads to; after it, ``ops_after_prefix``
+    app calls (default: ``cfg.max_ops``)."""
     start = time.monotonic()
     res = Result(proto.name, "bfs")
     w0 = initial(cfg, proto) if not prefix else _run(cfg, proto, prefix)
+    if prefix and ops_after_prefix is not None:
+        w0.ops = max(0, cfg.max_ops - ops_after_prefix)
     k0 = w0.key()
     parent: dict[object, tuple[object, str, int]] = {k0: (None, "", 0)}
     queue: deque[tuple[World, int]] = deque([(w0, 0)])

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
+from bench.baseline import paper_claim, paper_free
 from jobs.dedupe import outlasts, served_end
 from rasd import decide as D
 from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict
@@ -67,6 +68,7 @@ from rasd.lease import (
     partition_name,
     partition_of,
     pick,
+    relist,
     resource_from,
     should_extend,
 )
@@ -127,6 +129,19 @@ class Config:
     #: repair), each a process; a held item is checked once acquired ``orphan_age`` ago
     repair_runs: int = 0
     orphan_age: int = 2
+    #: get_lease calls of the paper's in-process agent (bench/baseline.py, paper=True) for
+    #: ``paper_key``, one at a time: the leased index (lagging) by key, else a candidate from
+    #: the available index (lagging, any ``lease_available``) and a claim on its version alone
+    paper_calls: int = 0
+    paper_key: str = "kp"
+    paper_offset: int = 1
+    #: the paper's liberator (bench/baseline.py paper_liberate): frees every lease past its
+    #: end on its clock (no grace) read from the lagging index, on the version read alone
+    paper_liberator: bool = False
+    #: how long past a lease's end the paper's liberator waits (docs/operations.md asks for
+    #: at least the clock-skew bound: with none, a clock ahead by the skew frees a lease that
+    #: early, which this checker found)
+    paper_grace: int = 1
 
     def region(self, daemon: int) -> str:
         return self.regions[daemon] if self.regions else REGION
@@ -274,6 +289,7 @@ class World:
         "jobs",
         "notes",
         "ops",
+        "paper",
         "proto",
         "release_calls",
         "released",
@@ -320,6 +336,8 @@ class World:
         self.jobs: tuple[Job, ...] = ()
         self.dedupe_done = 0
         self.repair_done = 0
+        #: the paper agent: calls made, and the candidate it read (between read and claim)
+        self.paper: tuple[int, ResourceItem | None] = (0, None)
 
     def clone(self) -> World:
         w = World.__new__(World)
@@ -347,6 +365,7 @@ class World:
             self.jobs,
             self.dedupe_done,
             self.repair_done,
+            self.paper,
         )
 
     # --------------------------------------------------------------------- clocks
@@ -1128,7 +1147,7 @@ def step_bg(w0: World, di: int, p: Proc) -> Out:
         assert p.item is not None
         now = w0.now_us(w0.daemons[di].offset)
         avail = now if p.at_once else now + w0.proto.early_free_quarantine(w0.rules)
-        wr = free_claim(p.item.ident, p.key, p.token, now, avail)
+        wr = w0.proto.early_free(free_claim(p.item.ident, p.key, p.token, now, avail))
         for lab, w, rep in write_branches(w0, wr, not_held_by(p.token)):
             d = w.daemons[di]
             n = p.attempts + 1
@@ -1313,6 +1332,110 @@ def liberator(w0: World) -> Out:
                 w.faults += 1
                 w.inflight = (*w.inflight, wr)
                 out.append((f"liberator liberate({it.resource}@v{it.version}) DELAYED", w))
+    return out
+
+
+def relister(w0: World) -> Out:
+    """``Acquirer._relist`` (the daemon that quarantined an item) and the liberator's
+    re-listing: an item whose ``quarantine_until`` has passed goes back to the available
+    index. Read strongly consistent and written conditional on what was read, so one step; on
+    the clock furthest ahead of all hosts (any of them may be the one that re-lists)."""
+    out: Out = []
+    now = w0.now_us(max((*w0.cfg.offsets, w0.cfg.liberator_offset)))
+    for k in sorted(w0.table):
+        if k[0] != CLIENT:
+            continue
+        it = _res_of(w0.table[k])
+        if it.quarantine_until is None or it.quarantine_until > fmt_time(now):
+            continue
+        w = w0.clone()
+        if w.land(relist(it, now)):
+            out.append((f"relist({it.resource}) applied", w))
+    return out
+
+
+def _lagging(w: World, k: ItemKey) -> list[ResourceItem]:
+    """The versions of a resource item a lagging index may return: current and recent."""
+    out: list[ResourceItem] = []
+    for f in (w.table[k], *w.hist.get(k, ())):
+        it = _res_of(f)
+        if it not in out:
+            out.append(it)
+    return out
+
+
+def paper_agent(w0: World) -> Out:
+    """The paper's agent (bench/baseline.py BaselineAgent, paper=True), one DynamoDB call a
+    step. Its answers are checked against I1 like the daemons'; it is never told of a
+    release, so an answer is good until the end it carries."""
+    done, cand = w0.paper
+    cfg = w0.cfg
+    key = cfg.paper_key
+    now = w0.now_us(cfg.paper_offset)
+    out: Out = []
+    if cand is not None:  # the claim, on the version read from the index alone
+        end = now + cfg.lease * US
+        w = w0.clone()
+        w.paper = (done, None)
+        if w.land(paper_claim(cand, key, end)):
+            tok = f"paper{done}"
+            w.answer(Daemon(9, cfg.paper_offset), key, _paper_lease(cand, key, end, tok))
+            out.append(
+                (f"paper get_lease({key}) claim({cand.resource}@v{cand.version}) applied", w)
+            )
+        else:
+            out.append(
+                (f"paper get_lease({key}) claim({cand.resource}@v{cand.version}) rejected", w)
+            )
+        return out
+    if done >= cfg.paper_calls:
+        return out
+    res_keys = [k for k in sorted(w0.table) if k[0] == CLIENT]
+    held = [
+        it
+        for k in res_keys
+        for it in _lagging(w0, k)
+        if it.key == key and it.lease_expires_us is not None and it.lease_expires_us > now
+    ]
+    for it in held:  # the leased index shows a running lease: the answer, to its end
+        assert it.lease_expires_us is not None
+        w = w0.clone()
+        w.paper = (done + 1, None)
+        lease = _paper_lease(it, key, it.lease_expires_us, f"paper-found{done}")
+        w.answer(Daemon(9, cfg.paper_offset), key, lease)
+        out.append((f"paper get_lease({key}) found {it.resource}@v{it.version}", w))
+    if held:
+        return out
+    for k in res_keys:
+        for it in _lagging(w0, k):
+            if it.key is None and it.lease_available is not None and it.region == REGION:
+                w = w0.clone()
+                w.paper = (done + 1, it)
+                out.append((f"paper get_lease({key}) candidate {it.resource}@v{it.version}", w))
+    return out
+
+
+def _paper_lease(it: ResourceItem, key: str, end: int, token: str) -> Lease:
+    return Lease(CLIENT, POOL, key, it.resource, it.region, end, it.version + 1, 0, token)
+
+
+def paper_liberator(w0: World) -> Out:
+    """The paper's liberator: a lease past its end plus ``paper_grace`` on its clock, from a
+    lagging scan, freed on the version read alone (``holder`` and the rest stay)."""
+    out: Out = []
+    now = w0.now_us(w0.cfg.paper_offset)
+    cutoff = now - w0.cfg.paper_grace * US
+    for k in sorted(w0.table):
+        if k[0] != CLIENT:
+            continue
+        for it in _lagging(w0, k):
+            if it.key is None or it.lease_expires_us is None or it.lease_expires_us > cutoff:
+                continue
+            wr = paper_free(it, now)
+            if apply(w0.get(wr.key), wr) is not None:
+                w = w0.clone()
+                w.land(wr)
+                out.append((f"paper liberator frees {it.resource}@v{it.version}", w))
     return out
 
 
@@ -1567,7 +1690,9 @@ def step_job(w0: World, j: Job) -> Out:
             assert r.key is not None
             m = w.mapping(r.key, r.region)
             verdict = orphan_verdict(r, m)
-            if verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
+            if verdict is Orphan.FOREIGN:  # leases.py repair: the paper agent's lease
+                _next(w, j, f"{r.resource} held by the paper's agent")
+            elif verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
             elif what == "orphan" and not w.proto.dedupe_orphan_as_lease:
                 # dedupe.py release_one: an orphan is only repaired; a lease now is left
@@ -1639,7 +1764,7 @@ def step_job(w0: World, j: Job) -> Out:
         it = j.todo[0]
         for lab, w, ok in read_branches(w0):
             fresh = w.resource(it.resource) if ok else None
-            if not ok or fresh is None or fresh.holder != it.holder:
+            if not ok or fresh is None or fresh.holder != it.holder or fresh.key is None:
                 _set_job(w, j, None)
             else:
                 _set_job(w, j, replace(j, pc="G2", fresh=fresh))
@@ -1649,8 +1774,8 @@ def step_job(w0: World, j: Job) -> Out:
         assert fresh is not None and fresh.key is not None
         for lab, w, ok in read_branches(w0):
             m = w.mapping(fresh.key, fresh.region) if ok else None
-            verdict = orphan_verdict(fresh, m) if ok else Orphan.LEASE
-            if verdict is Orphan.LEASE:
+            verdict = w0.proto.orphan_verdict(fresh, m) if ok else Orphan.LEASE
+            if verdict in (Orphan.LEASE, Orphan.FOREIGN):  # liberator.py: a stale holder
                 _set_job(w, j, None)
             else:
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
@@ -1688,6 +1813,11 @@ def successors(w0: World) -> Out:
         )
     if w0.cfg.liberator:
         out += liberator(w0)
+    out += relister(w0)
+    if w0.cfg.paper_calls:
+        out += paper_agent(w0)
+    if w0.cfg.paper_liberator:
+        out += paper_liberator(w0)
     out += start_jobs(w0)
     for j in w0.jobs:
         out += step_job(w0, j)

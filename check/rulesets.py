@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from rasd import decide as D
 from rasd.decide import Outcome, Rules
-from rasd.lease import PENDING, Lease, Mapping, lease_from_mapping
+from rasd.lease import PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
+from rasd.writes import Write
 
 INFINITY_US = 10**15
 
@@ -50,6 +51,26 @@ class Protocol:
     #: orphan even when its mapping write has landed since (a lease, perhaps served): with
     #: the quarantine only, and with no check that a survivor outlasts it
     dedupe_orphan_as_lease: bool = False
+    #: Q (before the paper's agent shared the table): an early free's quarantine is a future
+    #: ``lease_available``, inside the available index; an agent that claims on the version
+    #: alone takes the item while caches still serve it
+    quarantine_in_index: bool = False
+    #: H (before hver): a holder is taken as current whatever wrote the item since, so orphan
+    #: repair frees a lease the paper's agent made after its liberator left a stale holder
+    holder_always_current: bool = False
+
+    def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> D.Orphan:
+        """The liberator's verdict on a held item (``rasd.decide.orphan_verdict``)."""
+        if self.holder_always_current and r.holder is not None:
+            r = replace(r, hver=None)
+        return D.orphan_verdict(r, m)
+
+    def early_free(self, w: Write) -> Write:
+        """An early free as this rule set writes it."""
+        if not self.quarantine_in_index:
+            return w
+        renamed = tuple(("lease_available" if a == "quarantine_until" else a, v) for a, v in w.set)
+        return replace(w, set=renamed)
 
     # ---------------------------------------------------------------- the decisions
     def on_read(
@@ -106,8 +127,24 @@ BAD_D3 = Protocol("D3-dedupe-margin-only", dedupe_margin_only=True)
 BAD_D4 = Protocol("D4-dedupe-survivor-own-region", dedupe_survivor_own_region=True)
 BAD_D5 = Protocol("D5-orphan-quarantine-only", orphan_quarantine_only=True)
 BAD_D6 = Protocol("D6-dedupe-orphan-as-lease", dedupe_orphan_as_lease=True)
+BAD_Q = Protocol("Q-quarantine-in-index", quarantine_in_index=True)
+BAD_H = Protocol("H-holder-always-current", holder_always_current=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
-    p.name: p for p in (REAL, BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, BAD_D5, BAD_D6)
+    p.name: p
+    for p in (
+        REAL,
+        BAD_A,
+        BAD_B,
+        BAD_C,
+        BAD_D1,
+        BAD_D2,
+        BAD_D3,
+        BAD_D4,
+        BAD_D5,
+        BAD_D6,
+        BAD_Q,
+        BAD_H,
+    )
 }

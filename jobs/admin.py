@@ -45,7 +45,7 @@ from rasd.lease import (
     readd,
 )
 
-from . import common, leases
+from . import adopt, common, leases
 
 log = structlog.get_logger("rasd_jobs.admin")
 
@@ -552,7 +552,7 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
             **base,
             "released": True,
             "key": it.key,
-            "claimable_from": after.get("lease_available"),
+            "claimable_from": after.get("quarantine_until") or after.get("lease_available"),
         }
     )
     return 0
@@ -833,6 +833,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--force", action="store_true", help="delete even while leased or in quarantine"
     )
+
+    sp = add(
+        "adopt",
+        adopt.cmd_adopt,
+        "bring a table the paper's agent wrote to rasd's schema in place: indexes, stream and "
+        "TTL, pool definitions, and a mapping item for every running lease of --region (each "
+        "keeps its resource and end). Idempotent; --resume-from continues an interrupted run",
+        [dry],
+    )
+    adopt.add_parser(sp)
 
     sp = add(
         "stats",

@@ -137,18 +137,24 @@ def repair(
     now_us: int,
     quarantine_us: int,
     grace_us: int,
+    hold_to_end: bool = False,
 ) -> Result:
     """Free ``r`` if no mapping names it (fencing the mapping first when needed). It stays
     unclaimable for the quarantine, and, if a mapping may have named it (apps may use it to
     its end, and no app need have released it: a ``ras-dedupe`` stopped between its two
-    writes), until its lease's end plus ``grace_us`` (``rasd.decide.orphan_free_at``)."""
+    writes), until its lease's end plus ``grace_us`` (``rasd.decide.orphan_free_at``). With
+    ``hold_to_end`` (the paper's agent may run: it may have answered the claim from the leased
+    index, to its end, whether or not a mapping named it) until its end plus ``grace_us``
+    in any case."""
     verdict = orphan_verdict(r, m)
-    if verdict is Orphan.LEASE:
+    if verdict in (Orphan.LEASE, Orphan.FOREIGN):
         return "lease"
     fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
     if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
         return "lost_race"
     available = orphan_free_at(r, m, now_us, quarantine_us, grace_us)
+    if hold_to_end and r.lease_expires_us is not None:
+        available = max(available, r.lease_expires_us + grace_us)
     if not write(ddb, table, free_orphan(r, now_us, available)):
         return "lost_race"
     return "freed_orphan"

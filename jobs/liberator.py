@@ -14,6 +14,13 @@ names it, and none ever will (``rasd.decide.orphan_verdict``), it is freed with 
 have named it, not before its lease's end plus ``--grace`` (``rasd.decide.orphan_free_at``:
 a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
 
+A held resource whose ``holder`` a write of the paper's agent or its liberator left stale
+(``ResourceItem.holder_current``) is the paper agent's lease, not an orphan: it is left to run
+to its end. Quarantined items (an early free keeps them out of the available index, with
+``quarantine_until``) whose quarantine is over are put back in that index (``relist``): the
+daemon that freed one does it itself, this job catches what a stopped daemon or a job left
+behind. That takes one Scan of the base table per run (``--no-relist`` skips it).
+
 Only items whose ``region`` is the job's region are touched: with a replicated global table
 each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
 frees every region's items and is meant for a single, unreplicated table (development, tests)
@@ -33,7 +40,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import US, ResourceItem, fmt_time, item_from_ddb, liberate
+from rasd.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb, liberate, relist
 from rasd.writes import render
 
 from . import common, leases
@@ -57,6 +64,11 @@ class Options:
     #: held resources acquired longer ago than this are checked for orphans (None: never)
     orphan_age_us: int | None = int(DEFAULT_ORPHAN_AGE_S * US)
     quarantine_us: int = int(DEFAULT_QUARANTINE_S * US)
+    #: put items whose quarantine is over back in the available index (a base-table Scan)
+    relist: bool = True
+    #: the paper's agent may run against the table: a freed orphan stays unclaimable until
+    #: its lease's end plus the grace as well (that agent may have answered it, to its end)
+    legacy_agents: bool = True
 
 
 def scan_kwargs(opts: Options) -> dict[str, Any]:
@@ -85,6 +97,27 @@ def scan_kwargs(opts: Options) -> dict[str, Any]:
     return kw
 
 
+def relist_scan_kwargs(opts: Options) -> dict[str, Any]:
+    """The Scan of the base table for quarantined items whose quarantine is over."""
+    cond = "quarantine_until <= :now"
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":now": {"S": fmt_time(opts.now_us)}}
+    if opts.region is not None:
+        cond += " AND #r = :region"
+        names["#r"] = "region"
+        values[":region"] = {"S": opts.region}
+    kw: dict[str, Any] = {
+        "TableName": opts.table,
+        "FilterExpression": cond,
+        "ExpressionAttributeValues": values,
+    }
+    if names:
+        kw["ExpressionAttributeNames"] = names
+    if opts.page_size:
+        kw["Limit"] = opts.page_size
+    return kw
+
+
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
     """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...)."""
     started = time.monotonic()
@@ -103,17 +136,27 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         try:
             # The index is eventually consistent: decide only on consistent reads.
             fresh = leases.get_resource(ddb, opts.table, item.ident)
-            if fresh is None or fresh.holder != item.holder:
+            if fresh is None or fresh.holder != item.holder or fresh.key is None:
+                return
+            if not fresh.holder_current:
+                c["foreign"] += 1  # the paper's agent holds it: runs to its end
                 return
             m = leases.get_mapping(ddb, opts.table, fresh)
-            if orphan_verdict(fresh, m) is Orphan.LEASE:
+            if orphan_verdict(fresh, m) in (Orphan.LEASE, Orphan.FOREIGN):
                 return
             c["orphans"] += 1
             if opts.dry_run:
                 log.info("would_free_orphan", **ctx)
                 return
             got = leases.repair(
-                ddb, opts.table, fresh, m, opts.now_us, opts.quarantine_us, opts.grace_us
+                ddb,
+                opts.table,
+                fresh,
+                m,
+                opts.now_us,
+                opts.quarantine_us,
+                opts.grace_us,
+                hold_to_end=opts.legacy_agents,
             )
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             c["errors"] += 1
@@ -164,7 +207,38 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
             c["freed"] += 1
             log.debug("freed", **ctx)
 
+    def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
+        c = counts[seg]
+        c["relist_scanned"] += int(page.get("ScannedCount", 0))
+        for raw in page.get("Items", []):
+            if not is_resource_item(raw):
+                continue
+            try:
+                item = item_from_ddb(raw)
+            except (KeyError, ValueError) as exc:
+                c["errors"] += 1
+                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+                continue
+            if opts.region is not None and item.region != opts.region:
+                continue
+            if item.quarantine_until is None or item.quarantine_until > fmt_time(opts.now_us):
+                continue
+            c["quarantine_over"] += 1
+            if opts.dry_run:
+                continue
+            try:
+                ok = leases.write(ddb, opts.table, relist(item, opts.now_us))
+            except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+                c["errors"] += 1
+                log.error("relist_failed", resource=item.resource, error=repr(exc))
+                continue
+            c["relisted" if ok else "lost_races"] += 1
+
     failures = common.parallel_scan(ddb, scan_kwargs(opts), opts.segments, handle)
+    if opts.relist:
+        failures += common.parallel_scan(
+            ddb, relist_scan_kwargs(opts), opts.segments, handle_quarantined
+        )
     total: Counter[str] = Counter()
     for c in counts:
         total.update(c)
@@ -186,6 +260,9 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "orphans_checked": total["checked"],
         "orphans": total["orphans"],
         "orphans_freed": total["orphans_freed"],
+        "foreign_held": total["foreign"],
+        "quarantine_over": total["quarantine_over"],
+        "relisted": total["relisted"],
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -205,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
         "line on stdout: scanned, expired, freed, lost_races (changed by someone else after "
         "our read; left alone), orphans_checked, orphans, orphans_freed (held resources no "
         "mapping names, freed with quarantine, and held to their lease end plus --grace "
-        "when a mapping may have named them), errors, seconds.",
+        "when a mapping may have named them), foreign_held (held by the paper's agent with a "
+        "stale holder: left to run), quarantine_over and relisted (quarantined items put back "
+        "in the available index), errors, seconds.",
         [common.job_parent()],
     )
     p.add_argument(
@@ -230,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a freed orphan stays unclaimable; at least the daemons' "
         "confirm_interval + max_clock_skew + replication_lag (default: that sum, from "
         f"--config; {DEFAULT_QUARANTINE_S:g} with the daemons' defaults)",
+    )
+    p.add_argument(
+        "--no-legacy-agents",
+        action="store_true",
+        help="no host runs the paper's in-process agent against this table any more: a freed "
+        "orphan is claimable after --quarantine, not held until its lease's end too",
+    )
+    p.add_argument(
+        "--no-relist",
+        action="store_true",
+        help="do not Scan the base table for quarantined items whose quarantine is over (the "
+        "daemons re-list what they quarantined themselves; this catches the rest)",
     )
     p.add_argument(
         "--all-regions",
@@ -264,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             segments=args.segments,
             page_size=args.page_size,
             dry_run=args.dry_run,
+            relist=not args.no_relist,
+            legacy_agents=not args.no_legacy_agents,
         )
         ddb = common.make_client(args, region, pool=args.segments + 2)
         log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})

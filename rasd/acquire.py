@@ -42,11 +42,13 @@ from .clock import Clock
 from .config import Config
 from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
 from .lease import (
+    PENDING,
     US,
     Lease,
     Mapping,
     Pool,
     ResourceItem,
+    adopt,
     check_expiry,
     claim,
     extend_resource,
@@ -71,6 +73,8 @@ from .lease import (
     no_token,
     not_held_by,
     partition_name,
+    pick,
+    relist,
     resource_from,
     should_extend,
 )
@@ -90,6 +94,10 @@ WAIT_FIRST = 0.005  # polling a pending mapping: 5 ms, doubling, up to WAIT_MAX
 WAIT_MAX = 0.1
 #: seconds between two reads of the wall clock on the hit path (Acquirer.wall_us)
 WALL_RESYNC = 0.25
+#: seconds after its quarantine's end that a daemon re-lists an item it quarantined
+RELIST_SLACK = 1.0
+#: a daemon re-lists what it freed only if that is due within this long (else the liberator)
+RELIST_MAX_WAIT_US = 600 * US
 META_UNPACK = META.unpack_from
 
 
@@ -130,6 +138,7 @@ class Acquirer:
         self._refreshing: set[CacheKey] = set()
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
         self._bg: set[asyncio.Task[Any]] = set()
+        self._relists: set[asyncio.Task[None]] = set()  # quarantines to end (not drained)
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
         self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
@@ -280,6 +289,25 @@ class Acquirer:
         own = next((m for m in ms if m.region == self.region), None)
         return own, [m for m in ms if m.region != self.region]
 
+    async def _read_first(
+        self, pool: Pool, key: str, deadline: float
+    ) -> tuple[Mapping | None, list[Mapping], list[ResourceItem]]:
+        """:meth:`_read`, and with ``legacy_agents`` the leased index's items of the key, read
+        at once (one round trip): where a lease of the paper's agent would be."""
+        if not self.cfg.legacy_agents:
+            own, others = await self._read(pool, key, deadline)
+            return own, others, []
+        mappings, held = await asyncio.gather(
+            self._read(pool, key, deadline),
+            self.store.query_leased(pool.client_id, pool.pool_id, key, deadline),
+            return_exceptions=True,
+        )
+        if isinstance(mappings, BaseException):
+            raise mappings
+        if isinstance(held, BaseException):
+            raise held
+        return mappings[0], mappings[1], held
+
     async def _resource(
         self, client_id: str, resource: str, deadline: float
     ) -> ResourceItem | None:
@@ -292,11 +320,18 @@ class Acquirer:
         wait = WAIT_FIRST
         while True:
             sent = self.clock.mono()  # the answer is confirmed as of the read's departure
-            own, others = await self._read(pool, key, deadline)
+            own, others, held = await self._read_first(pool, key, deadline)
             d = D.on_read(own, others, self.clock.now_us(), self.rules)
+            if self.cfg.legacy_agents:
+                d = D.beside_legacy(d, self.clock.now_us())
             if isinstance(d, D.Verify):
                 r = await self._resource(pool.client_id, d.mapping.resource or "", deadline)
                 d = D.on_resource(d.mapping, r, self.clock.now_us(), self.rules)
+            if isinstance(d, D.Acquire) and held:
+                adopted = await self._adopt(pool, key, held, d.expect_ver, deadline)
+                if adopted is None:
+                    continue
+                d = adopted
             if isinstance(d, D.Serve):
                 self.cache.put(d.lease, sent)
                 if d.confirm is not None:
@@ -335,6 +370,74 @@ class Acquirer:
         self.counters.inc("acq.fenced" if res.outcome is D.Outcome.APPLIED else "acq.fence_lost")
         if res.error is not None and res.outcome is not D.Outcome.REJECTED:
             raise res.error
+
+    async def _adopt(
+        self, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int, deadline: float
+    ) -> D.Decision | None:
+        """The key has no lease in our mapping, but the leased index shows a resource of our
+        region held for it: a lease of the paper's agent. Read the item (strongly
+        consistent); if it is a running lease of the key, name it in the mapping (at the
+        version read, like any acquisition), then record our token on the item (conditional
+        on the version read). Returns what to do next: serve or extend the adopted lease,
+        acquire (nothing to adopt, or it changed before our write: the mapping is then ours
+        at the next version), or None to read again (another daemon wrote the mapping)."""
+        now = self.clock.now_us()
+        hint = pick(
+            [
+                it
+                for it in held
+                if D.adoptable(it, pool.client_id, pool.pool_id, key, self.region, now)
+            ]
+        )
+        if hint is None:
+            return D.Acquire(expect_ver)
+        r = await self._resource(pool.client_id, hint.resource, deadline)
+        now = self.clock.now_us()
+        if r is None or not D.adoptable(r, pool.client_id, pool.pool_id, key, self.region, now):
+            return D.Acquire(expect_ver)
+        assert r.lease_expires_us is not None
+        token = self._new_token()
+        m = Mapping(
+            pool.client_id,
+            pool.pool_id,
+            key,
+            self.region,
+            expect_ver + 1,
+            PENDING,
+            token,
+            r.resource,
+            r.version,
+            r.lease_expires_us,
+            now,
+            self.owner,
+        )
+        mw = map_acquire(
+            m.ident, expect_ver, token, r.resource, r.version, r.lease_expires_us, now, self.owner
+        )
+        mres = await self.store.write(mw, deadline, names_claim(token, r.resource))
+        ares = None
+        if mres.outcome is D.Outcome.APPLIED:
+            ares = await self.store.write(
+                adopt(r, token, expect_ver + 1, now), deadline, holds(token, key)
+            )
+        # The writes went one after the other: the adoption is sent only once the mapping
+        # names it, so it never holds a lease that no mapping can name.
+        step = D.after_acquire(
+            mres.outcome, ares.outcome if ares else D.Outcome.REJECTED, expect_ver
+        )
+        if isinstance(step, D.Won):
+            assert ares is not None and ares.item is not None
+            self.counters.inc("lease.adopted")
+            return D.on_resource(m, resource_from(ares.item), self.clock.now_us(), self.rules)
+        if isinstance(step, D.NextCandidate):
+            self.counters.inc("lease.adopt_lost")
+            return D.Acquire(step.expect_ver)
+        if isinstance(step, D.Reread):
+            return None
+        self.counters.inc("acq.gave_up")
+        raise _error_of(mres, *(() if ares is None else (ares,))) or Timeout(
+            "adoption outcome unknown"
+        )
 
     def _new_token(self) -> str:
         return f"{self.rng.getrandbits(64):016x}"
@@ -432,15 +535,36 @@ class Acquirer:
 
     async def _free_claim(self, ident: tuple[str, str], key: str, token: str) -> None:
         """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
-        about a minute; if the daemon dies first, the liberator's orphan repair frees it."""
+        about a minute; if the daemon dies first, the liberator's orphan repair frees it.
+        With ``legacy_agents`` not before the lease's end plus the skew either: the paper's
+        agent answers any lease it finds in the leased index, to its end, and is never told
+        of a release (the end is read first, and the free is conditional on it)."""
         for attempt in range(6):
+            deadline = time.monotonic() + BACKGROUND_DEADLINE
             now = self.clock.now_us()
-            w = free_claim(ident, key, token, now, now + self.rules.quarantine_us)
-            res = await self.store.write(
-                w, time.monotonic() + BACKGROUND_DEADLINE, not_held_by(token)
-            )
+            available = now + self.rules.quarantine_us
+            ends: int | None = None
+            if self.cfg.legacy_agents:
+                try:
+                    r = await self._resource(ident[0], ident[1], deadline)
+                except RasdError as exc:
+                    res = WriteResult(D.Outcome.UNKNOWN, error=exc)
+                    r = None
+                else:
+                    if r is None or r.holder != token or r.key != key:
+                        return  # not ours any more
+                    ends = r.lease_expires_us
+                if ends is not None:
+                    available = max(available, ends + self.rules.grace_us)
+            if not self.cfg.legacy_agents or ends is not None:
+                w = free_claim(ident, key, token, now, available, ends)
+                res = await self.store.write(w, deadline, not_held_by(token))
+                if res.outcome is D.Outcome.REJECTED and res.error is None and ends is not None:
+                    continue  # extended since the read: read the end again
             if res.outcome is not D.Outcome.UNKNOWN and res.error is None:
                 self.counters.inc(f"acq.free_claim_{res.outcome.value}")
+                if res.outcome is D.Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
+                    self._relist_later(ident, available)
                 return
             self.counters.inc("acq.free_claim_errors")
             log.warning(
@@ -451,6 +575,28 @@ class Acquirer:
                 error=str(res.error),
             )
             await asyncio.sleep(min(2.0**attempt, 16.0))
+
+    def _relist_later(self, ident: tuple[str, str], until_us: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._relist(ident, until_us))
+        self._relists.add(task)
+        task.add_done_callback(self._relists.discard)
+
+    async def _relist(self, ident: tuple[str, str], until_us: int) -> None:
+        """Put an item this daemon quarantined back in the available index once the
+        quarantine is over (read strongly consistent, then ``relist``, conditional on what
+        was read). Best effort: if the daemon stops first, ``ras-liberator`` re-lists it."""
+        await asyncio.sleep(max(0.0, (until_us - self.clock.now_us()) / US) + RELIST_SLACK)
+        deadline = time.monotonic() + BACKGROUND_DEADLINE
+        try:
+            r = await self._resource(ident[0], ident[1], deadline)
+            now = self.clock.now_us()
+            if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
+                return  # taken, re-listed, or quarantined again (by its own freer) since
+            res = await self.store.write(relist(r, now), deadline)
+            self.counters.inc(f"quarantine.relist_{res.outcome.value}")
+        except RasdError as exc:
+            self.counters.inc("quarantine.relist_errors")
+            log.warning("relist_failed", resource=ident[1], error=str(exc))
 
     async def _fence_own_claim(self, item: ResourceItem, key: str, token: str) -> None:
         """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
@@ -733,6 +879,8 @@ class Acquirer:
             log.warning("background_task_failed", error=repr(task.exception()))
 
     async def drain(self, timeout: float) -> None:
+        for t in set(self._relists):
+            t.cancel()  # ras-liberator re-lists what is left
         pending = set(self._bg) | set(self._flights.values())
         if pending:
             await asyncio.wait(pending, timeout=timeout)

@@ -60,6 +60,15 @@ class Config:
     #: blocks a key only briefly.
     pending_hold: float = 2.0
 
+    #: The paper's in-process agent may still run against this table (a rollout beside it,
+    #: docs/operations.md). Then (1) a key that misses also reads the leased_resources index,
+    #: sent beside the mapping Query (same round trip), and a lease of the paper's agent found
+    #: there is adopted instead of acquiring a second resource for the key; (2) every early
+    #: free (release, giving a claim back) keeps the resource unclaimable until its lease's
+    #: end plus max_clock_skew as well as for the quarantine, since the paper's agent answers
+    #: any lease it finds in that index with its end. Off once no host runs the old agent.
+    legacy_agents: bool = True
+
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most. The floor is what a burst of new
     #: keys after a pause starts from (its demand is seen within a few takes).
@@ -226,6 +235,19 @@ def _optional(convert: Converter) -> Converter:
     return optional
 
 
+def _bool(raw: Any) -> bool:
+    """A TOML boolean, or a string: true/false, yes/no, on/off, 1/0."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOLS:
+        return _BOOLS[raw.strip().lower()]
+    raise ValueError("expected true or false")
+
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True}
+_BOOLS.update({"false": False, "no": False, "off": False, "0": False})
+
+
 def _acl(raw: Any) -> dict[str, list[str]]:
     if not isinstance(raw, dict):
         raise TypeError("expected a table")
@@ -247,6 +269,7 @@ CONVERTERS: dict[str, Converter] = {
     "max_clock_skew": float,
     "replication_lag": float,
     "pending_hold": float,
+    "legacy_agents": _bool,
     "prefetch_min": int,
     "prefetch_max": int,
     "prefetch_page": int,

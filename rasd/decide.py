@@ -337,6 +337,7 @@ def cache_valid_until_us(confirmed_us: int, expires_us: int, rules: Rules) -> in
 # ------------------------------------------------------------------------ repair (jobs)
 class Orphan(enum.Enum):
     LEASE = "lease"  # the mapping names this claim: a lease (perhaps not yet confirmed)
+    FOREIGN = "foreign"  # held by the paper's agent (its holder, if any, is stale): not ours
     ORPHAN = "orphan"  # no mapping names it, and none ever will: free it, with quarantine
     FENCE_MAPPING = "fence_mapping"  # the acquisition's mapping write may still land: fence it
 
@@ -351,6 +352,8 @@ def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
     the mapping is fenced first.
     """
     assert r.holder is not None
+    if not r.holder_current:
+        return Orphan.FOREIGN
     if m is not None and m.token == r.holder and m.resource == r.resource and m.state != FREE:
         return Orphan.LEASE
     current = m.ver if m is not None else 0
@@ -364,14 +367,13 @@ def name_held_until(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: 
     """Until when a deleted resource's name stays held (``lease.tombstone``): a re-add is
     claimable no earlier. A held item (deleted with --force; its mapping released first) may
     be served from caches for the quarantine and used by apps until its lease's end plus the
-    clock-skew bound (no app released it); a free one is held to its ``lease_available``
-    (its quarantine, if it is in one)."""
+    clock-skew bound (no app released it); a free one is held to the end of its quarantine
+    (``quarantine_until``, or a ``lease_available`` in the future)."""
     if r.key is not None:
         ends = [] if r.lease_expires_us is None else [r.lease_expires_us + grace_us]
         return max(now_us + quarantine_us, *ends)
-    if r.lease_available is not None:
-        return max(now_us, parse_time(r.lease_available))
-    return now_us
+    marks = [parse_time(t) for t in (r.lease_available, r.quarantine_until) if t is not None]
+    return max(now_us, *marks)
 
 
 def orphan_free_at(
@@ -397,3 +399,36 @@ def orphan_free_at(
     if never_named or r.lease_expires_us is None:
         return available
     return max(available, r.lease_expires_us + grace_us)
+
+
+# ------------------------------------------------------------ leases of the paper's agent
+def beside_legacy(d: Decision, now_us: int) -> Decision:
+    """:func:`on_read`'s decision when the paper's agent may run against the table: a lease
+    of ours already past its end is not extended within the grace but acquired again (the
+    old agent takes the end as final, and may have leased the key another resource since,
+    which the acquisition then adopts)."""
+    if (
+        isinstance(d, Extend)
+        and d.mapping.expires_us is not None
+        and d.mapping.expires_us <= now_us
+    ):
+        return Acquire(d.mapping.ver)
+    return d
+
+
+def adoptable(
+    r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int
+) -> bool:
+    """Is ``r`` (read strongly consistently) a running lease of ``key`` in our region that
+    rasd may adopt? Asked only when the key's mapping names no lease here
+    (:func:`on_read` said Acquire), so no acquisition of ours serves it: the paper's agent
+    took it (or a crash left it, held for this same key). Adoption keeps it where it is."""
+    return (
+        r is not None
+        and r.key == key
+        and r.client_id == client_id
+        and r.pool_id == pool_id
+        and r.region == region
+        and r.lease_expires_us is not None
+        and r.lease_expires_us > now_us
+    )

@@ -145,6 +145,10 @@ class ResourceItem:
     #: token of the acquisition holding it, and the mapping version that acquisition wrote
     holder: str | None = None
     mver: int = 0
+    #: the item's version as rasd's last write of the lease left it (None: not written)
+    hver: int | None = None
+    #: free but out of the available index until this time (an early free's quarantine)
+    quarantine_until: str | None = None
 
     @property
     def leased(self) -> bool:
@@ -156,6 +160,15 @@ class ResourceItem:
 
     def expired(self, now_us: int) -> bool:
         return self.lease_expires_us is not None and self.lease_expires_us <= now_us
+
+    @property
+    def holder_current(self) -> bool:
+        """Does ``holder`` name the acquisition that holds the item now? Every write rasd
+        makes to a held item moves ``hver`` with ``version``; a write by the paper's agent or
+        its liberator moves ``version`` only, so a ``holder`` left behind by a lease that such
+        a write ended is stale. (An item held without ``hver`` was written before ``hver``
+        existed: its holder is taken as current.)"""
+        return self.holder is not None and (self.hver is None or self.hver == self.version)
 
     def claimable(self, now_us: int) -> bool:
         """Free, and out of any quarantine, by ``now_us``."""
@@ -239,6 +252,8 @@ def resource_from(d: dict[str, Value]) -> ResourceItem:
         lease_acquired_us=parse_time(acq) if acq else None,
         holder=_s(d, "holder"),
         mver=_n(d, "mver"),
+        hver=d["hver"] if isinstance(d.get("hver"), int) else None,  # type: ignore[arg-type]
+        quarantine_until=_s(d, "quarantine_until"),
     )
 
 
@@ -371,7 +386,18 @@ def pick(items: list[ResourceItem]) -> ResourceItem | None:
 
 
 # ------------------------------------------------------------------ writes: resource item
-_HELD_ATTRS = ("key", "lease_expires", "lease_acquired", "holder", "mver")
+_HELD_ATTRS = ("key", "lease_expires", "lease_acquired", "holder", "mver", "hver")
+
+
+def _free_until(available_us: int, now_us: int) -> tuple[str, str]:
+    """The attribute an item freed now, claimable from ``available_us`` on, carries: a free
+    claimable at once goes back to the available index (``lease_available``); one in
+    quarantine stays out of it (``quarantine_until``) until re-listed (:func:`relist`), so
+    that no agent that reads candidates from that index can see it at its current version
+    (docs/design.md, "Beside the paper's agent")."""
+    if available_us <= now_us:
+        return ("lease_available", fmt_time(now_us))
+    return ("quarantine_until", fmt_time(available_us))
 
 
 def claim(
@@ -393,6 +419,7 @@ def claim(
             ("lease_acquired", fmt_time(now_us)),
             ("holder", token),
             ("mver", mver),
+            ("hver", item.version + 1),
             ("version", item.version + 1),
         ),
         remove=("lease_available",),
@@ -411,15 +438,26 @@ def fence_resource(ident: ItemKey, version: int) -> Write:
     )
 
 
-def free_claim(ident: ItemKey, key: str, token: str, now_us: int, available_us: int) -> Write:
+def free_claim(
+    ident: ItemKey,
+    key: str,
+    token: str,
+    now_us: int,
+    available_us: int,
+    expires_us: int | None = None,
+) -> Write:
     """Free a claim held by ``token``: claimable again from ``available_us`` on. A claim that
     no mapping ever named (a lost acquisition's) may use ``now``; a lease that may have been
-    served gets ``now + quarantine`` (see docs/design.md, I3)."""
+    served gets ``now + quarantine`` (see docs/design.md, I3). With ``expires_us``, only if
+    the lease still ends then (``available_us`` was computed from that end)."""
     assert available_us >= now_us
+    conds: tuple[Cond, ...] = (Cond("holder", "=", token), Cond("key", "=", key))
+    if expires_us is not None:
+        conds += (Cond("lease_expires", "=", fmt_time(expires_us)),)
     return Write(
         key=ident,
-        conds=(Cond("holder", "=", token), Cond("key", "=", key)),
-        set=(("lease_available", fmt_time(available_us)),),
+        conds=conds,
+        set=(_free_until(available_us, now_us),),
         remove=_HELD_ATTRS,
         incr=("version",),
         kind="free_claim",
@@ -438,7 +476,7 @@ def extend_resource(lease: Lease, expires_us: int) -> Write:
             Cond("lease_expires", "<", fmt_time(expires_us)),
         ),
         set=(("lease_expires", fmt_time(expires_us)),),
-        incr=("version",),
+        incr=("version", "hver"),
         kind="extend_resource",
     )
 
@@ -464,17 +502,63 @@ def liberate(item: ResourceItem, now_us: int) -> Write:
 def free_orphan(item: ResourceItem, now_us: int, available_us: int) -> Write:
     """Free a held resource no mapping names (a crash left it), claimable again from
     ``available_us`` on: ``rasd.decide.orphan_free_at`` (it may have been served before the
-    crash: at least the quarantine, and the lease's end when it may have been named)."""
+    crash: at least the quarantine, and the lease's end when it may have been named). Until
+    then it stays out of the available index (``_free_until``)."""
     assert item.holder is not None and available_us >= now_us
     return Write(
         key=item.ident,
         conds=(Cond("version", "=", item.version), Cond("holder", "=", item.holder)),
         set=(
-            ("lease_available", fmt_time(available_us)),
+            _free_until(available_us, now_us),
             ("version", item.version + 1),
         ),
         remove=_HELD_ATTRS,
         kind="free_orphan",
+    )
+
+
+def relist(item: ResourceItem, now_us: int) -> Write:
+    """Put a quarantined item back in the available index once its quarantine is over (the
+    daemon that freed it, else ``ras-liberator``): ``lease_available`` becomes the end of the
+    quarantine. Conditional on the version and quarantine read, free and our region."""
+    assert item.quarantine_until is not None
+    return Write(
+        key=item.ident,
+        conds=(
+            Cond("version", "=", item.version),
+            Cond("quarantine_until", "=", item.quarantine_until),
+            Cond("quarantine_until", "<=", fmt_time(now_us)),
+            Cond("key", "not_exists"),
+            Cond("region", "=", item.region),
+        ),
+        set=(("lease_available", item.quarantine_until), ("version", item.version + 1)),
+        remove=("quarantine_until",),
+        kind="relist",
+    )
+
+
+def adopt(item: ResourceItem, token: str, mver: int, now_us: int) -> Write:
+    """Make a lease of the paper's agent (held, no mapping names it) a rasd lease of the same
+    key, to the same end: record the acquisition's ``token`` and the mapping version ``mver``
+    it wrote first (``map_acquire``, rver = the version read). Conditional on the version,
+    key, end and region read (strongly consistent), like a claim on the version."""
+    assert item.key is not None and item.lease_expires_us is not None
+    return Write(
+        key=item.ident,
+        conds=(
+            Cond("version", "=", item.version),
+            Cond("key", "=", item.key),
+            Cond("lease_expires", "=", fmt_time(item.lease_expires_us)),
+            Cond("region", "=", item.region),
+        ),
+        set=(
+            ("lease_acquired", fmt_time(now_us)),
+            ("holder", token),
+            ("mver", mver),
+            ("hver", item.version + 1),
+            ("version", item.version + 1),
+        ),
+        kind="adopt",
     )
 
 
@@ -520,7 +604,14 @@ def tombstone(item: ResourceItem, now_us: int, hold_until_us: int) -> Write:
             ("ttl", _ttl(hold_until_us)),
             ("version", item.version + 1),
         ),
-        remove=("pool_id", "region", "partition", "lease_available", *_HELD_ATTRS),
+        remove=(
+            "pool_id",
+            "region",
+            "partition",
+            "lease_available",
+            "quarantine_until",
+            *_HELD_ATTRS,
+        ),
         kind="tombstone",
     )
 
@@ -529,8 +620,9 @@ def readd(
     ident: ItemKey, version: int, hold_until: str, pool_id: str, region: str, now_us: int
 ) -> Write:
     """Add a resource again under a tombstone's name (``rasadmin add-resources``): free,
-    claimable from the later of now and the tombstone's ``hold_until``; only while the
-    tombstone is still the one read (``version``)."""
+    claimable from the later of now and the tombstone's ``hold_until`` (until then out of the
+    available index, as a quarantine: ``_free_until``); only while the tombstone is still the
+    one read (``version``)."""
     client_id, resource = ident
     return Write(
         key=ident,
@@ -539,7 +631,7 @@ def readd(
             ("pool_id", pool_id),
             ("region", region),
             ("partition", partition_name(client_id, pool_id, region, partition_of(resource))),
-            ("lease_available", max(fmt_time(now_us), hold_until)),
+            _free_until(parse_time(hold_until), now_us),
             ("version", version + 1),
         ),
         remove=("hold_until", "deleted", "ttl"),

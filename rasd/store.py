@@ -361,6 +361,23 @@ class Store:
         assert resp is not None
         return [mapping_from(item_from_av(it)) for it in resp.get("Items", [])]
 
+    async def query_leased(
+        self, client_id: str, pool_id: str, key: str, deadline: float
+    ) -> list[ResourceItem]:
+        """The items the ``leased_resources`` index shows held by ``key`` in the pool (any
+        region). An index read: eventually consistent, only a hint of where to look."""
+        resp = await self._call(
+            "Query",
+            deadline,
+            IndexName="leased_resources",
+            KeyConditionExpression="#k = :k AND pool_id = :p",
+            ExpressionAttributeNames={"#k": "key"},
+            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
+        )
+        assert resp is not None
+        items = (item_from_ddb(it) for it in resp.get("Items", []))
+        return [it for it in items if it.client_id == client_id]
+
     async def get_item(self, key: ItemKey, deadline: float) -> dict[str, Value] | None:
         """One item, strongly consistent, as a plain dict (None if absent)."""
         resp = await self._call("GetItem", deadline, Key=key_av(key), ConsistentRead=True)

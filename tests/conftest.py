@@ -12,10 +12,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
+import hypothesis  # noqa: F401 - see below
 import pytest
 import uvloop
 
 from rasd import schema
+
+# hypothesis is imported here, at start-up: its pytest plugin otherwise imports it in the
+# terminal summary, where CPython 3.11.7's compiler has failed with "AST constructor recursion
+# depth mismatch" after a run of some integration test files alone.
 
 # Dummy credentials: moto accepts anything, and no test may ever reach real AWS.
 os.environ.update(

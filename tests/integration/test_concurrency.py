@@ -93,7 +93,8 @@ def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> d
             else:
                 orphans.append(r)
         else:
-            assert r.lease_available is not None, f"{r.resource} neither leased nor free"
+            free = r.lease_available is not None or r.quarantine_until is not None
+            assert free, f"{r.resource} neither leased nor free"
     seen_by_clients: dict[str, set[str]] = defaultdict(set)
     for res in results:
         if "error" in res:

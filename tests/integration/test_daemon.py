@@ -91,7 +91,10 @@ async def test_expiry_relet_refresh_ahead_and_release(
     key gets a new one; release frees the item with quarantine."""
     seed_pool(ddb, table, count=10)
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
-    async with make_daemon(clock=clock, skew_margin=5.0, extend_fraction=0.5) as d:
+    # legacy_agents off: the release's quarantine alone (no paper agent on the table)
+    async with make_daemon(
+        clock=clock, skew_margin=5.0, extend_fraction=0.5, legacy_agents=False
+    ) as d:
         d.acquirer.extend_fraction = 0.5  # remove the per-daemon jitter for exact numbers
         s = d.cfg.socket
         a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
@@ -112,13 +115,14 @@ async def test_expiry_relet_refresh_ahead_and_release(
         clock.advance(200)
         e = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
         assert e.new and e.resource != a.resource
-        # release: the item is free again, claimable after the quarantine
+        # release: the item is free again, out of the available index until the quarantine
+        # is over (re-listed then)
         await rasd_aio.release(C, P, "k", socket_path=s)
         await d.acquirer.drain(2.0)
         row = item_of(ddb, table, e.resource)
-        assert "key" not in row
+        assert "key" not in row and "lease_available" not in row
         q = int(d.cfg.quarantine * L.US)
-        assert L.parse_time(row["lease_available"]["S"]) == clock.now_us() + q
+        assert L.parse_time(row["quarantine_until"]["S"]) == clock.now_us() + q
         with pytest.raises(rasd_client.NotHeld):
             await rasd_aio.release(C, P, "k", socket_path=s)
         f = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
@@ -159,7 +163,8 @@ async def test_exhaustion_and_unknown_pool(ddb: Any, table: str, make_daemon: An
         queries = d.counters["ddb.Query"]
         with pytest.raises(rasd_client.NoCapacity):
             await rasd_aio.get_lease(C, P, "k-more2", timedelta(hours=1), socket_path=s)
-        assert d.counters["ddb.Query"] == queries + 1  # the key lookup only, no sweep
+        # the key lookup only (its mappings, and the leased index sent with them), no sweep
+        assert d.counters["ddb.Query"] == queries + 2
         with pytest.raises(rasd_client.UnknownPool):
             await rasd_aio.get_lease(C, "nope", "k", timedelta(hours=1), socket_path=s)
         with pytest.raises(rasd_client.BadRequest, match="maximum"):

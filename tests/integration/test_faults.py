@@ -389,7 +389,8 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
 
     faults = BeforeFirstWrite()
     faults.hook = winner
-    async with faulty_daemon(faults, clock=clock) as d:
+    # a table with no paper agent beside rasd: the quarantine alone
+    async with faulty_daemon(faults, clock=clock, legacy_agents=False) as d:
         mine = L.resource_from(item(ddb, table, "res-00000") or {})
 
         async def candidate(pool: Any, deadline: float) -> Candidate:
@@ -404,7 +405,7 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
         q = int(d.cfg.quarantine * L.US)
     given_back = item(ddb, table, "res-00000") or {}
     assert given_back["version"] == 2 and "key" not in given_back  # claimed, then freed
-    assert L.parse_time(str(given_back["lease_available"])) == clock.now_us() + q
+    assert L.parse_time(str(given_back["quarantine_until"])) == clock.now_us() + q
 
 
 def _read_timeout() -> Exception:

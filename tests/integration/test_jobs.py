@@ -417,6 +417,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     quarantine = 45 * US
     liberator_grace = int(liberator.DEFAULT_GRACE_S * US)
     argv = [*base(table, moto_endpoint), "--orphan-age", "120", "--quarantine", "45"]
+    argv.append("--no-legacy-agents")  # the quarantine alone (no paper agent on the table)
     before = by_resource(ddb, table)
     orphan = get(ddb, table, "res-00000")
     m = get_map(ddb, table, map_ident("k", EAST))
@@ -438,8 +439,9 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     freed = item_from_ddb(after[("demo", "res-00000")])
     assert freed.key is None and freed.holder is None and freed.lease_expires_us is None
     assert orphan.lease_expires_us is not None
-    assert freed.lease_available == fmt_time(orphan.lease_expires_us + liberator_grace)
-    assert freed.lease_available > fmt_time(NOW + quarantine)
+    assert freed.lease_available is None  # out of the available index until re-listed
+    assert freed.quarantine_until == fmt_time(orphan.lease_expires_us + liberator_grace)
+    assert freed.quarantine_until > fmt_time(NOW + quarantine)
     assert freed.version == orphan.version + 1
     for attr in ("lease_acquired", "holder", "mver"):
         assert attr not in after[("demo", "res-00000")], attr
@@ -480,7 +482,8 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
     assert orphan_verdict(orphan, prior) is Orphan.FENCE_MAPPING  # the premise
     free_before = get(ddb, table, "res-00000")
 
-    r = call(liberator.main, [*base(table, moto_endpoint), "--quarantine", "57"], capsys)
+    argv = [*base(table, moto_endpoint), "--quarantine", "57", "--no-legacy-agents"]
+    r = call(liberator.main, argv, capsys)
     assert r.code == 0, r
     s = r.summary
     assert (s["orphans"], s["orphans_freed"], s["lost_races"], s["errors"]) == (1, 1, 0, 0), s
@@ -500,7 +503,7 @@ def test_liberator_fences_a_mapping_whose_acquisition_may_still_land(
     # Absent: the mapping may have been reaped by TTL after naming it: held to its end.
     grace = int(liberator.DEFAULT_GRACE_S * US)
     hold = NOW + Q if mapping == "behind" else NOW + HOUR + grace
-    assert freed.lease_available == fmt_time(hold)
+    assert freed.lease_available is None and freed.quarantine_until == fmt_time(hold)
     assert freed.version == free_before.version + 1
     # The dead daemon's map_acquire, landing now, is refused: no mapping ever names the claim.
     late = map_acquire(ident, orphan.mver - 1, orphan.holder or "", "res-00000",
@@ -607,7 +610,7 @@ def assert_released(
     quarantine; for an extra ras-dedupe released, its own lease end)."""
     it = get(ddb, table, resource)
     assert it.key is None and it.holder is None, it
-    assert it.lease_available == fmt_time(until_us), it
+    assert it.quarantine_until == fmt_time(until_us), it
     m = get_map(ddb, table, map_ident(key, region))
     assert m is None or m.resource != resource, m
 
@@ -885,7 +888,7 @@ def test_rasadmin_pool_and_resource_lifecycle(
     assert r.code == 0 and r.summary["released"] is True, r
     assert r.summary["claimable_from"] == fmt_time(NOW + HOUR + SKEW), r
     released = get(ddb, table, "ads-000001", "acme")
-    assert released.key is None and released.lease_available == fmt_time(NOW + HOUR + SKEW)
+    assert released.key is None and released.quarantine_until == fmt_time(NOW + HOUR + SKEW)
 
     # delete-resource: only items of --region; refuses a running lease without --force
     dele = ["delete-resource", *b, "--client", "acme", "--resource"]
@@ -935,7 +938,7 @@ def test_rasadmin_release_resource_releases_mapping_then_resource(
     assert m.ver == before_map.ver + 1
     it = get(ddb, table, "res-00001")
     assert it.key is None and it.holder is None and it.lease_expires_us is None
-    assert it.lease_available == fmt_time(NOW + HOUR + SKEW)
+    assert it.quarantine_until == fmt_time(NOW + HOUR + SKEW)
     assert it.version == held.version + 1
 
     writes.clear()

@@ -67,12 +67,12 @@ def is_claim(kw: dict[str, Any]) -> bool:
 
 @asynccontextmanager
 async def daemons(
-    url: str, table: str, n: int, clock: Clock | None = None
+    url: str, table: str, n: int, clock: Clock | None = None, **overrides: Any
 ) -> AsyncIterator[list[Acquirer]]:
     out: list[Acquirer] = []
     try:
         for i in range(n):
-            cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock")
+            cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock", **overrides)
             store = Store(cfg.validate())
             await store.start()
             acq = Acquirer(cfg, store, clock=clock)
@@ -84,6 +84,15 @@ async def daemons(
         for a in out:
             await a.drain(2.0)
             await a.store.close()
+
+
+def relist_due(ddb: Any, table: str, clock: Clock) -> int:
+    """Put the items whose quarantine is over on ``clock`` back in the available index, as
+    ``ras-liberator`` does (the daemons' own re-listing waits in real time): how many."""
+    opts = liberator.Options(table, "us-east-1", clock.now_us(), segments=1)
+    summary = liberator.run(ddb, opts)
+    assert summary["errors"] == 0, summary
+    return int(summary["relisted"])
 
 
 def req(clock: Clock | None = None, deadline: float = 1.0) -> tuple[int, float]:
@@ -211,7 +220,8 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
     claimable again."""
     seed_pool(ddb, table, count=2, prefix="res-")
     clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
-    async with daemons(moto_endpoint, table, 2, clock=clock) as (d1, d2):
+    # no paper agent beside rasd: the release's quarantine alone (legacy_agents off)
+    async with daemons(moto_endpoint, table, 2, clock=clock, legacy_agents=False) as (d1, d2):
         a = await try_get(d1, "k23", clock)
         b = await try_get(d2, "k23", clock)
         assert a is not None and a == b
@@ -227,8 +237,9 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
         clock.advance(cfg.confirm_interval + 0.1)
         assert d2.try_hit(C, P, "k23", req(clock)[0]) is None  # S passed: not served
         clock.advance(cfg.quarantine - cfg.confirm_interval)
+        relist_due(ddb, table, clock)  # Q passed: back in the available index
         d1.prefetch.buffers.clear()
-        assert await try_get(d1, "k77", clock) == a  # Q passed: claimable again
+        assert await try_get(d1, "k77", clock) == a  # claimable again
 
 
 async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, table: str) -> None:
@@ -237,7 +248,7 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
     old answer go (quarantine >= S + skew)."""
     seed_pool(ddb, table, count=1, prefix="res-")
     base = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
-    async with daemons(moto_endpoint, table, 1, clock=base) as (d1,):
+    async with daemons(moto_endpoint, table, 1, clock=base, legacy_agents=False) as (d1,):
         skew = d1.cfg.max_clock_skew
         ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
@@ -247,10 +258,12 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
             q = d1.cfg.quarantine
             for c in (base, ahead):
                 c.advance(q - skew - 0.5)
+            assert relist_due(ddb, table, ahead) == 0  # re-listed on the clock furthest ahead
             assert await try_get(d2, "k2", ahead) is None
             assert q - skew - 0.5 > d1.cfg.confirm_interval  # every cache let go by now
             for c in (base, ahead):
                 c.advance(1.0)
+            assert relist_due(ddb, table, ahead) == 1
             d2.prefetch.buffers.clear()
             assert await try_get(d2, "k2", ahead) == "res-00000"
 

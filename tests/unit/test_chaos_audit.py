@@ -275,9 +275,10 @@ def test_table_checks() -> None:
         mapping("k5", "r5", now + 60, token="other"),  # names a resource k2's token holds
         mapping("k6", "r2", now - 60),  # expired: not served, fine
         item("y", key="k1", exp=now + 60, client="other"),
+        {**item("r8"), "quarantine_until": {"S": fmt_time(int((now + 30) * US))}},  # free
     ]
     out = A.table_checks(items, "demo", now)
-    assert out["resources"] == 8
+    assert out["resources"] == 9
     assert out["both_free_and_leased"] == 1
     assert out["neither_free_nor_leased"] == 1
     assert out["orphans"] == 3  # r3, r4 (expired, unnamed) and r6

@@ -14,7 +14,21 @@ import pytest
 
 from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, QUICK_BFS, WALK, _acquired
 from check.explore import bfs, format_trace, script, walk, walks
-from check.rulesets import BAD_A, BAD_B, BAD_C, BAD_D1, BAD_D2, BAD_D3, BAD_D4, BAD_D5, BAD_D6, REAL
+from check.model import Config
+from check.rulesets import (
+    BAD_A,
+    BAD_B,
+    BAD_C,
+    BAD_D1,
+    BAD_D2,
+    BAD_D3,
+    BAD_D4,
+    BAD_D5,
+    BAD_D6,
+    BAD_H,
+    BAD_Q,
+    REAL,
+)
 
 #: the CI configuration (python -m check --quick): small enough to explore completely in a
 #: few seconds, big enough for scenarios A and B
@@ -159,10 +173,10 @@ def test_quarantine_is_read_on_the_most_advanced_clock() -> None:
         "d0 release(k1) map_release APPLIED",
         "d0 bg free_claim(ra, t1) free_claim APPLIED",
     ]
-    res = script(cfg, REAL, [*base, *["time +1"] * 4, *_K2_TAKES_RA])
+    res = script(cfg, REAL, [*base, *["time +1"] * 4, "relist(ra)", *_K2_TAKES_RA])
     assert res.violation is None, format_trace(res)
     with pytest.raises(ValueError, match="not enabled"):
-        script(cfg, REAL, [*base, *["time +1"] * 3, *_K2_TAKES_RA])
+        script(cfg, REAL, [*base, *["time +1"] * 3, "relist(ra)", *_K2_TAKES_RA])
 
 
 # ------------------------------------------------ two regions, ras-dedupe, orphan repair
@@ -377,7 +391,8 @@ def test_orphan_left_by_dedupe_is_held_to_its_lease_end() -> None:
         "d1 get_lease(k2) read mapping",
     ]
     takes_rb = [
-        "d1 get_lease(k2) candidate rb@v2",
+        "relist(rb)",  # the quarantine is over: back in the available index
+        "d1 get_lease(k2) candidate rb@v3",
         "d1 get_lease(k2) map_acquire APPLIED",
         "d1 get_lease(k2) claim APPLIED",
     ]
@@ -425,9 +440,128 @@ def test_found_dedupe_released_an_orphan_that_had_become_a_lease() -> None:
         "time +1",
         "d1 get_lease(k2) called",
         "d1 get_lease(k2) read mapping",
-        "d1 get_lease(k2) candidate rb@v2",
+        "relist(rb)",  # the quarantine is over: back in the available index
+        "d1 get_lease(k2) candidate rb@v3",
         "d1 get_lease(k2) map_acquire APPLIED",
         "d1 get_lease(k2) claim APPLIED",
     ]
     res = script(cfg, BAD_D6, bad)
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+
+
+# ------------------------------------------------ beside the paper's agent and its liberator
+PAPER = Config(
+    daemons=1,
+    keys=("k1",),
+    resources=("ra",),
+    max_ops=2,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    ticks=(1,),
+    horizon=8,
+    paper_calls=1,
+    paper_liberator=True,
+)
+
+
+def test_bad_q_quarantine_in_the_index_is_caught() -> None:
+    """Q (rasd before it shared a table with the paper's agent): a release's quarantine was a
+    future ``lease_available``, inside the available index. The paper's agent, whose claim
+    is conditioned on the version alone, takes the released resource for its key while the
+    quarantine still protects the released lease's cached answers: I1."""
+    res = bfs(PAPER, BAD_Q, max_states=200_000)  # found from the initial state
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("free_claim APPLIED" in lab for lab in labels), format_trace(res)
+    assert any("paper get_lease(kp) claim(ra" in lab for lab in labels), format_trace(res)
+
+
+def test_real_rules_keep_the_paper_agent_out_of_the_quarantine() -> None:
+    """From k1's release on, every interleaving of the paper's agent acquiring kp (from a
+    lagging index, any version it may return), the paper's liberator, the re-listing and
+    time keeps I1 and I2 with the real rules: the quarantined item is out of the available
+    index at its current version (quarantine_until), so the old agent's version-only claim
+    lands only after the re-listing, Q after the release. (With Q's rule the paper's agent
+    takes ra at once: the test above.)"""
+    released = [
+        "d0 get_lease(k1) called",
+        "d0 get_lease(k1) read mapping",
+        "d0 get_lease(k1) candidate ra",
+        "d0 get_lease(k1) map_acquire APPLIED",
+        "d0 get_lease(k1) claim APPLIED",
+        "d0 release(k1) called",
+        "d0 release(k1) read mapping",
+        "d0 release(k1) read resource ra",
+        "d0 release(k1) map_release APPLIED",
+        "d0 bg free_claim(ra, t1) free_claim APPLIED",
+    ]
+    # from the release on: the paper's agent, its liberator, the re-listing and time
+    res = bfs(PAPER, REAL, max_states=200_000, prefix=released, ops_after_prefix=0)
+    assert res.complete, res.states
+    assert res.violation is None, format_trace(res)
+
+
+STALE = Config(
+    daemons=1,
+    keys=("k1",),
+    resources=("ra",),
+    max_ops=3,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    release=False,
+    ticks=(1,),
+    horizon=16,
+    lease=12,  # the paper agent's
+    leases=(3,),  # d0's
+    paper_calls=1,
+    paper_liberator=True,
+    repair_runs=1,
+    orphan_age=1,
+)
+_STALE_HOLDER = [
+    *_ACQUIRE_K1[:5],
+    "d0 bg confirm(k1) map_confirm APPLIED",
+    *["time +1"] * 4,
+    "paper liberator frees ra",  # k1's lease ended: its holder stays on the item
+    "paper get_lease(kp) candidate ra",
+    "paper get_lease(kp) claim(ra",  # kp holds ra, with k1's stale holder
+    "liberator orphan check ra",
+    "liberator orphan check ra: read resource",
+    "liberator orphan check ra: read mapping",
+]
+
+
+def test_bad_h_stale_holder_repair_is_caught() -> None:
+    """H (before ``hver``): the paper's liberator frees k1's ended rasd lease and leaves its
+    holder; the paper's agent leases the item to kp; orphan repair sees a holder no mapping
+    names and frees kp's running lease (with quarantine); once re-listed, k1 gets it back
+    while kp's answer runs: I1. Orphan repair's hold to the lease's end (D5's fix) also
+    keeps this history safe, so the old holder rule is shown with the old orphan rule
+    (``orphan_quarantine_only``): each of the two defences alone closes it."""
+    res = script(
+        STALE,
+        dataclasses.replace(BAD_H, name="H+D5", orphan_quarantine_only=True),
+        [
+            *_STALE_HOLDER,
+            "liberator repair(ra): map_fence APPLIED",
+            "liberator repair(ra): free_orphan APPLIED",
+            *["time +1"] * 5,
+            "relist(ra)",
+            "time +1",
+            *_ACQUIRE_K1[:5],
+        ],
+    )
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+
+
+def test_real_rules_leave_the_paper_agents_lease_alone() -> None:
+    """The same history with the real rules: the holder is stale (``hver`` != ``version``),
+    orphan repair stops at its verdict (FOREIGN), and from there no interleaving of the
+    daemon, both liberators and time breaks I1 or I2."""
+    with pytest.raises(ValueError, match="not enabled"):
+        script(STALE, REAL, [*_STALE_HOLDER, "liberator repair(ra)"])
+    res = bfs(STALE, REAL, max_states=200_000, prefix=_STALE_HOLDER, ops_after_prefix=1)
+    assert res.complete, res.states
+    assert res.violation is None, format_trace(res)

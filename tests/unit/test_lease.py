@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from rasd import decide as D
 from rasd import lease as L
 from rasd import writes as W
 
@@ -105,17 +106,61 @@ def test_claim_is_conditional_on_version_free_quarantine_and_region() -> None:
 
 
 def test_quarantined_item_cannot_be_claimed() -> None:
-    """An early free sets lease_available in the future; a claim before then fails."""
+    """An early free keeps the item out of the available index (no ``lease_available``,
+    ``quarantine_until`` instead): no claim applies until it is re-listed, and re-listing
+    applies only once the quarantine is over."""
     w = L.free_claim(HELD.ident, "k", "tok", NOW, NOW + 60 * L.US)
     held = W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW))
-    held.update(key="k", holder="tok", version=7, lease_expires=L.fmt_time(NOW + L.US))
+    held.update(key="k", holder="tok", hver=7, version=7, lease_expires=L.fmt_time(NOW + L.US))
     del held["lease_available"]
     freed = W.apply(held, w)
     assert freed is not None and "key" not in freed and freed["version"] == 8
+    assert "lease_available" not in freed and "hver" not in freed
     item = L.resource_from(freed)
-    assert not item.claimable(NOW + 59 * L.US) and item.claimable(NOW + 60 * L.US)
-    assert W.apply(freed, L.claim(item, "k2", NOW + 2 * L.US, NOW + 59 * L.US, "t2", 1)) is None
-    assert W.apply(freed, L.claim(item, "k2", NOW + 90 * L.US, NOW + 60 * L.US, "t2", 1))
+    assert item.quarantine_until == L.fmt_time(NOW + 60 * L.US)
+    assert not item.claimable(NOW + 59 * L.US) and not item.claimable(NOW + 600 * L.US)
+    assert W.apply(freed, L.claim(item, "k2", NOW + 90 * L.US, NOW + 600 * L.US, "t2", 1)) is None
+    assert W.apply(freed, L.relist(item, NOW + 59 * L.US)) is None
+    back = W.apply(freed, L.relist(item, NOW + 60 * L.US))
+    assert back is not None and back["lease_available"] == L.fmt_time(NOW + 60 * L.US)
+    assert "quarantine_until" not in back and back["version"] == 9
+    again = L.resource_from(back)
+    assert again.claimable(NOW + 60 * L.US)
+    assert W.apply(back, L.claim(again, "k2", NOW + 90 * L.US, NOW + 60 * L.US, "t2", 1))
+    # a free claimable at once goes straight back to the index
+    at_once = W.apply(held, L.free_claim(HELD.ident, "k", "tok", NOW, NOW))
+    assert at_once is not None and at_once["lease_available"] == L.fmt_time(NOW)
+
+
+def test_holder_is_current_only_while_rasd_wrote_last() -> None:
+    """A claim, an extension and an adoption keep ``hver`` equal to ``version``; a write of
+    the paper's agent (its liberator, then its claim) moves ``version`` only, so the
+    ``holder`` it leaves behind is stale and orphan repair leaves the item alone."""
+    item = {**W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 3}
+    held = W.apply(item, L.claim(L.resource_from(item), "k", NOW + 60 * L.US, NOW, "tok", 1))
+    assert held is not None and L.resource_from(held).holder_current
+    lease = L.lease_from_item(L.resource_from(held))
+    ext = W.apply(held, L.extend_resource(lease, NOW + 120 * L.US))
+    assert ext is not None and L.resource_from(ext).holder_current
+    # the paper's liberator: key and lease_expires cleared, lease_available set, version + 1
+    freed = dict(ext)
+    del freed["key"], freed["lease_expires"]
+    freed.update(lease_available=L.fmt_time(NOW), version=int(ext["version"]) + 1)
+    # the paper's claim: key, lease_expires, version + 1, lease_available removed
+    theirs = dict(freed)
+    del theirs["lease_available"]
+    theirs.update(
+        key="k2", lease_expires=L.fmt_time(NOW + 60 * L.US), version=int(freed["version"]) + 1
+    )
+    r = L.resource_from(theirs)
+    assert r.holder == "tok" and not r.holder_current
+    assert D.orphan_verdict(r, None) is D.Orphan.FOREIGN
+    # adopted: our token, current again
+    adopted = W.apply(theirs, L.adopt(r, "t2", 1, NOW))
+    assert adopted is not None and L.resource_from(adopted).holder_current
+    assert adopted["key"] == "k2" and adopted["lease_expires"] == theirs["lease_expires"]
+    # an adoption conditioned on a version since moved does not apply
+    assert W.apply(adopted, L.adopt(r, "t3", 1, NOW)) is None
 
 
 def test_writes_never_use_reserved_words_bare() -> None:

@@ -1,0 +1,384 @@
+"""rasd beside the paper's in-process agent on one table (docs/operations.md, "Rolling out
+beside the paper's agent"): the agent is ``bench.baseline.BaselineAgent(paper=True)``, which
+writes what the paper's agent writes and nothing more, and ``bench.baseline.paper_liberate``
+is its hourly liberator. moto's server over HTTP, as every integration test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
+from rasd import lease as L
+from rasd import schema
+from rasd.clock import FakeClock
+from rasd.config import Config
+from rasd.server import Daemon
+from rasd.writes import render
+from rasd_client import aio as rasd_aio
+from rasd_jobs import admin, liberator
+from tests.conftest import scan_all, seed_pool
+
+pytestmark = pytest.mark.integration
+
+C, P, EAST = "demo", "default", "us-east-1"
+
+
+@pytest.fixture
+def paper(moto_endpoint: str, table: str) -> Iterator[Callable[[], BaselineAgent]]:
+    """``paper()``: a paper agent on the test's table (its connections closed afterwards)."""
+    made: list[BaselineAgent] = []
+
+    def make() -> BaselineAgent:
+        made.append(BaselineAgent(table, EAST, moto_endpoint, paper=True))
+        return made[-1]
+
+    yield make
+    for agent in made:
+        agent.ddb.close()
+
+
+def resource(ddb: Any, table: str, name: str) -> L.ResourceItem:
+    raw = ddb.get_item(
+        TableName=table, Key={"client_id": {"S": C}, "resource": {"S": name}}, ConsistentRead=True
+    )["Item"]
+    return L.item_from_ddb(raw)
+
+
+def held_by(ddb: Any, table: str) -> dict[str, list[str]]:
+    """key -> the resources the table shows held for it."""
+    out: dict[str, list[str]] = {}
+    for raw in scan_all(ddb, table):
+        if L.is_resource_item(raw) and "key" in raw:
+            out.setdefault(raw["key"]["S"], []).append(raw["resource"]["S"])
+    return out
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+async def test_rasd_serves_what_the_paper_agent_leased(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """A key the paper's agent leased (no mapping item) is answered by rasd with the same
+    resource, on every rasd host, and the paper's agent keeps answering it too: no key gets a
+    second resource. (Before: rasd acquired a second resource for each such key.)"""
+    seed_pool(ddb, table, count=30)
+    agent = paper()
+    theirs = {
+        f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * L.US).resource for i in range(8)
+    }
+    async with make_daemon() as d1, make_daemon() as d2:
+        for key, res in theirs.items():
+            a = await rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d1.cfg.socket)
+            b = await rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d2.cfg.socket)
+            assert (a.resource, b.resource) == (res, res), key
+            assert not a.new and not b.new
+        assert d1.counters["lease.adopted"] == len(theirs)
+        assert d2.counters["lease.adopted"] == 0  # d2 found the mappings d1 wrote
+        assert d1.counters["lease.new"] == 0 and d2.counters["lease.new"] == 0
+        await d1.acquirer.drain(2.0)
+    for key, res in theirs.items():
+        again = agent.get_lease(C, P, key, now_us() + 3600 * L.US)
+        assert again.resource == res and not again.new
+        r = resource(ddb, table, res)
+        assert r.key == key and r.holder_current  # now a rasd lease as well
+    assert {k: v for k, v in held_by(ddb, table).items()} == {k: [v] for k, v in theirs.items()}
+
+
+async def test_adoption_extends_a_lease_about_to_end(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """A paper lease too close to its end to serve is adopted and extended (resource, then
+    mapping) before it is answered, not replaced by a second resource."""
+    seed_pool(ddb, table, count=5)
+    clock = FakeClock(now_us=now_us())
+    agent = paper()
+    res = agent.get_lease(C, P, "short", clock.now_us() + 3 * L.US).resource
+    async with make_daemon(clock=clock) as d:
+        got = await rasd_aio.get_lease(
+            C, P, "short", (clock.now_us() + 600 * L.US) / L.US, socket_path=d.cfg.socket
+        )
+        assert got.resource == res and not got.new
+        assert d.counters["lease.adopted"] == 1 and d.counters["lease.extended"] == 1
+    r = resource(ddb, table, res)
+    assert r.lease_expires_us == clock.now_us() + 600 * L.US
+
+
+async def test_paper_agent_cannot_take_a_quarantined_resource(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """A resource rasd released stays out of the available index for the quarantine: the
+    paper's agent (candidates from that index, claim conditioned on the version alone)
+    cannot take it, not even from an index entry read before rasd claimed it; once the
+    quarantine is over it is re-listed and the agent may take it. (Before: the quarantine was
+    a future ``lease_available`` inside the index and the agent took the resource at once.)"""
+    names = seed_pool(ddb, table, count=4)
+    before = {n: resource(ddb, table, n) for n in names}  # the index as a lagging read shows it
+    agent = paper()
+    async with make_daemon() as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(C, P, "rasd-key", timedelta(hours=1), socket_path=s)
+        await rasd_aio.release(C, P, "rasd-key", socket_path=s)
+        await d.acquirer.drain(2.0)  # the quarantining write; its re-listing is cancelled
+    q = resource(ddb, table, mine.resource)
+    assert q.key is None and q.lease_available is None and q.quarantine_until is not None
+    taken = set()
+    with pytest.raises(NoCapacity):
+        for i in range(len(names)):
+            taken.add(agent.get_lease(C, P, f"p{i}", now_us() + 3600 * L.US).resource)
+    assert mine.resource not in taken and len(taken) == len(names) - 1
+    stale = before[mine.resource]  # free at version 0 in a stale index read
+    with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+        ddb.update_item(TableName=table, **render(paper_claim(stale, "p-stale", now_us() + L.US)))
+    # the quarantine ends: ras-liberator re-lists what no daemon re-listed
+    end = L.parse_time(q.quarantine_until or "")
+    early = liberator.run(ddb, liberator.Options(table, EAST, end - L.US, segments=1))
+    assert early["relisted"] == 0 and early["freed"] == 0, early
+    late = liberator.run(ddb, liberator.Options(table, EAST, end + L.US, segments=1))
+    assert late["relisted"] == 1 and late["errors"] == 0, late
+    assert agent.get_lease(C, P, "p-after", now_us() + 3600 * L.US).resource == mine.resource
+
+
+async def test_daemon_relists_what_it_quarantined(ddb: Any, table: str, make_daemon: Any) -> None:
+    """The daemon that quarantined an item puts it back in the available index once the
+    quarantine is over (a short quarantine here), with no job."""
+    seed_pool(ddb, table, count=2)
+    short = {"confirm_interval": 0.2, "max_clock_skew": 0.1, "replication_lag": 0.1}
+    async with make_daemon(legacy_agents=False, **short) as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        await rasd_aio.release(C, P, "k", socket_path=s)
+        for _ in range(600):
+            if d.counters["quarantine.relist_applied"]:
+                break
+            await __import__("asyncio").sleep(0.01)
+        r = resource(ddb, table, mine.resource)
+        assert r.quarantine_until is None and r.lease_available is not None
+        assert r.claimable(now_us())
+
+
+async def test_both_liberators_free_nothing_early(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """The paper's liberator frees an expired rasd lease and leaves rasd's ``holder`` on the
+    item; the paper's agent then leases the item to another key. rasd's orphan repair sees a
+    stale holder, not an orphan, and leaves that running lease alone; neither liberator frees
+    a lease before its end. (Before: orphan repair freed the paper agent's running lease.)"""
+    seed_pool(ddb, table, count=1)
+    clock = FakeClock(now_us=now_us())
+    async with make_daemon(clock=clock) as d:
+        got = await rasd_aio.get_lease(
+            C, P, "rasd-key", (clock.now_us() + 10 * L.US) / L.US, socket_path=d.cfg.socket
+        )
+        await d.acquirer.drain(2.0)
+    t = clock.now_us()
+    # neither liberator frees the running rasd lease
+    assert paper_liberate(ddb, table, t)["freed"] == 0
+    opts = liberator.Options(table, EAST, t, orphan_age_us=0, segments=1)
+    assert liberator.run(ddb, opts)["freed"] == 0
+    # after its end, the paper's liberator frees it (holder left behind)
+    assert paper_liberate(ddb, table, t + 11 * L.US)["freed"] == 1
+    agent = paper()
+    theirs = agent.get_lease(C, P, "paper-key", now_us() + 3600 * L.US)
+    assert theirs.resource == got.resource
+    r = resource(ddb, table, got.resource)
+    assert r.key == "paper-key" and r.holder is not None and not r.holder_current
+    # rasd's liberator, orphan repair included, later than the orphan age: left alone
+    late = liberator.Options(table, EAST, t + 600 * L.US, orphan_age_us=0, segments=1)
+    summary = liberator.run(ddb, late)
+    assert summary["foreign_held"] == 1 and summary["orphans_freed"] == 0, summary
+    assert summary["freed"] == 0, summary
+    assert paper_liberate(ddb, table, now_us())["freed"] == 0
+    assert resource(ddb, table, got.resource).key == "paper-key"
+    assert agent.get_lease(C, P, "paper-key", now_us() + 3600 * L.US).resource == got.resource
+
+
+def paper_table(ddb: Any, name: str) -> None:
+    """A table as the paper describes it: both indexes, no stream, no TTL, no pool items."""
+    spec = schema.table_spec(name)
+    del spec["StreamSpecification"]
+    ddb.create_table(**spec)
+
+
+def rasadmin(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
+    code = admin.main(argv)
+    out, err = capsys.readouterr()
+    return code, json.loads(out.strip().splitlines()[-1]), err
+
+
+async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
+    ddb: Any,
+    moto_endpoint: str,
+    paper: Any,
+    short_tmp: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``rasadmin adopt`` on a table the paper's agent filled: the stream and a pool
+    definition are added, every running lease gets its mapping where it is (a dry run first
+    writes nothing), a daemon then answers every key with the paper agent's resource without
+    adopting anything itself, and a second run is a no-op (no write)."""
+    table = f"paper-{time.monotonic_ns()}"
+    paper_table(ddb, table)
+    try:
+        names = [f"res-{i:05d}" for i in range(12)]
+        schema.add_resources(ddb, table, C, P, EAST, names)
+        agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
+        try:
+            theirs = {
+                f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * L.US).resource
+                for i in range(6)
+            }
+            agent.get_lease(C, P, "ended", now_us() - L.US)  # past its end, not liberated
+        finally:
+            agent.ddb.close()
+        argv = ["adopt", "--table", table, "--endpoint-url", moto_endpoint, "--region", EAST]
+        code, dry, _ = rasadmin([*argv, "--dry-run", "--page-size", "5"], capsys)
+        assert code == 0 and dry["writes"] == 0 and dry["adopted"] == 6, dry
+        assert "enable the stream (NEW_AND_OLD_IMAGES)" in dry["schema_changes"], dry
+        assert not [raw for raw in scan_all(ddb, table) if L.is_mapping_pk(raw["client_id"]["S"])]
+        code, first, err = rasadmin([*argv, "--page-size", "5"], capsys)
+        assert code == 0 and first["errors"] == 0, (first, err)
+        assert (first["adopted"], first["pools_added"], first["running_leases"]) == (6, 1, 6)
+        assert "resume_from" in err  # the position after each page, for --resume-from
+        code, second, _ = rasadmin(argv, capsys)
+        assert code == 0 and second["writes"] == 0 and second["schema_changes"] == [], second
+        assert (second["adopted"], second["already_rasd"], second["pools_added"]) == (0, 6, 0)
+        desc = ddb.describe_table(TableName=table)["Table"]
+        assert desc["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
+        cfg = Config(
+            table=table,
+            endpoint_url=moto_endpoint,
+            socket=str(short_tmp / "adopted.sock"),
+            ddb_warm_connections=1,
+        ).validate()
+        d = Daemon(cfg)
+        await d.startup()
+        try:
+            for key, res in theirs.items():
+                got = await rasd_aio.get_lease(
+                    C, P, key, timedelta(hours=1), socket_path=cfg.socket
+                )
+                assert got.resource == res and not got.new
+            assert d.counters["lease.adopted"] == 0 and d.counters["lease.existing"] == 6
+        finally:
+            await d.shutdown(drain=2.0)
+    finally:
+        ddb.delete_table(TableName=table)
+
+
+async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """The paper's agent answers a rasd lease it finds in the leased index with the lease's
+    end and is never told of a release: with ``legacy_agents`` (the default) a release keeps
+    the resource out of the available index until that end plus the skew, not just for the
+    quarantine; the liberator re-lists it only then."""
+    seed_pool(ddb, table, count=2)
+    agent = paper()
+    async with make_daemon() as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        theirs = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+        assert theirs.resource == mine.resource and not theirs.new
+        await rasd_aio.release(C, P, "k", socket_path=s)
+        await d.acquirer.drain(2.0)
+        skew = int(d.cfg.max_clock_skew * L.US)
+        q = int(d.cfg.quarantine * L.US)
+    r = resource(ddb, table, mine.resource)
+    assert r.key is None and r.quarantine_until == L.fmt_time(theirs.expires_us + skew)
+    soon = liberator.run(ddb, liberator.Options(table, EAST, now_us() + q + L.US, segments=1))
+    assert soon["relisted"] == 0, soon
+    other = agent.get_lease(C, P, "k2", now_us() + 3600 * L.US)
+    assert other.resource != mine.resource
+    with pytest.raises(NoCapacity):
+        agent.get_lease(C, P, "k3", now_us() + 3600 * L.US)
+    after = liberator.Options(table, EAST, theirs.expires_us + skew, segments=1)
+    assert liberator.run(ddb, after)["relisted"] == 1
+
+
+class Recorder:
+    """The daemon's DynamoDB client, recording every call: what it was and when it ran."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.calls: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+        if name not in ("get_item", "query", "update_item"):
+            return method
+
+        async def call(**kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await method(**kw)
+            finally:
+                self.calls.append({"what": _what(name, kw), "t0": t0, "t1": time.perf_counter()})
+
+        return call
+
+
+def _what(name: str, kw: dict[str, Any]) -> str:
+    if name == "query":
+        return str(kw.get("IndexName") or "mappings")
+    pk = kw.get("Key", {}).get("client_id", {}).get("S", "")
+    kind = "M" if pk.startswith("#map#") else "meta" if pk.startswith("#") else "R"
+    values = kw.get("ExpressionAttributeValues", {}).values()
+    if name == "update_item" and kind == "M" and {"S": "live"} in values:
+        return "map_confirm"
+    return f"{name}:{kind}"
+
+
+async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_daemon: Any) -> None:
+    """Round trips on a request's path (bench.storetrace.round_trips: overlapping calls are
+    one), with the leased index read beside the mapping Query: an existing lease uncached on
+    a host costs 1, a new lease 2, as without it; adopting a lease of the paper's agent costs
+    4, once per key and region (the read, the item read strongly consistent, the mapping
+    write, then the adoption)."""
+    from bench.storetrace import round_trips
+
+    seed_pool(ddb, table, count=20)
+    agent = paper()
+    agent.get_lease(C, P, "old", now_us() + 3600 * L.US)
+    async with make_daemon() as d1, make_daemon() as d2:
+        recs = []
+        for d in (d1, d2):
+            rec = Recorder(d.store.client)
+            d.store.wrap_client(lambda _c, rec=rec: rec)
+            recs.append(rec)
+            await d.acquirer.prefetch.idle()
+
+        async def path(d: Any, rec: Recorder, key: str) -> list[dict[str, Any]]:
+            await d.acquirer.prefetch.idle()
+            rec.calls.clear()
+            t0 = time.perf_counter()
+            await rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d.cfg.socket)
+            t1 = time.perf_counter()
+            return [
+                c
+                for c in rec.calls
+                if t0 <= c["t0"]
+                and c["t1"] <= t1
+                and c["what"] not in ("available_resources", "map_confirm")
+            ]
+
+        new = await path(d1, recs[0], "fresh")
+        assert round_trips(new) == 2, new
+        assert sorted(c["what"] for c in new) == sorted(
+            ["mappings", "leased_resources", "update_item:M", "update_item:R"]
+        ), new
+        existing = await path(d2, recs[1], "fresh")
+        assert round_trips(existing) == 1, existing
+        adopted = await path(d1, recs[0], "old")
+        assert round_trips(adopted) == 4, adopted
+        assert [c["what"] for c in adopted][-3:] == ["get_item:R", "update_item:M", "update_item:R"]
+        again = await path(d2, recs[1], "old")
+        assert round_trips(again) == 1, again
