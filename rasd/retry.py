@@ -14,8 +14,12 @@ long to wait first. It is botocore's standard mode:
   costs 5 (10 after a timeout), and is not made when the quota cannot pay; a call that succeeds
   gives back what its last retry cost, or 1 if it needed none. A fleet of daemons facing a
   sick DynamoDB thus stops retrying after about 100 retries each, until calls succeed again;
-* rasd adds the request's deadline: a retry whose delay would end past it is not made (its
-  quota is given back), so a call never outlives its request.
+* rasd adds the request's deadline: a call never outlives its request. Near the deadline the
+  jitter's range shrinks to the time left (less ``min_attempt`` for the attempt itself), so
+  the retry is still made, at a random point of what is left; with no time left for an
+  attempt, it is not made (its quota is given back). Far from the deadline the delays are
+  botocore's. The number of attempts and the quota, which bound the load on a sick table,
+  are botocore's in every case.
 
 Nothing here sleeps, reads a clock or draws a random number of its own: time and the random
 source are passed in, so tests replay botocore's decisions exactly (tests/unit/test_retry.py).
@@ -76,6 +80,8 @@ EXPIRED_TOKEN_CODES = frozenset({"ExpiredTokenException", "ExpiredToken"})
 DEFAULT_MAX_ATTEMPTS = 3
 BACKOFF_BASE = 2.0
 MAX_BACKOFF = 20.0
+#: Time an attempt needs at the least: a retry with less left before the deadline is not made.
+MIN_ATTEMPT = 0.1
 QUOTA_CAPACITY = 500
 RETRY_COST = 5
 TIMEOUT_RETRY_COST = 10
@@ -189,7 +195,7 @@ class RetryPolicy:
 
     ``rng`` returns a float in [0, 1) (``random.random``); tests pass their own."""
 
-    __slots__ = ("max_attempts", "max_backoff", "quota", "rng")
+    __slots__ = ("max_attempts", "max_backoff", "min_attempt", "quota", "rng")
 
     def __init__(
         self,
@@ -198,17 +204,20 @@ class RetryPolicy:
         rng: Callable[[], float] = random.random,
         max_backoff: float = MAX_BACKOFF,
         quota: RetryQuota | None = None,
+        min_attempt: float = MIN_ATTEMPT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.max_attempts = max_attempts
         self.rng = rng
         self.max_backoff = max_backoff
+        self.min_attempt = min_attempt
         self.quota = quota if quota is not None else RetryQuota()
 
-    def delay(self, attempt: int) -> float:
-        """The wait before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
-        return self.rng() * min(BACKOFF_BASE ** (attempt - 1), self.max_backoff)
+    def delay(self, attempt: int, room: float = float("inf")) -> float:
+        """The wait before attempt ``attempt + 1`` (``attempt`` counts from 1): full jitter
+        over botocore's exponential range, or over ``room`` when that is shorter."""
+        return self.rng() * min(BACKOFF_BASE ** (attempt - 1), self.max_backoff, room)
 
     def after_failure(
         self, attempt: int, failure: Failure, now: float, deadline: float
@@ -221,11 +230,11 @@ class RetryPolicy:
         cost = TIMEOUT_RETRY_COST if failure.is_timeout else RETRY_COST
         if not self.quota.acquire(cost):
             return Decision(False, reason="quota")
-        delay = self.delay(attempt)
-        if now + delay >= deadline:
+        room = deadline - now - self.min_attempt
+        if room <= 0:
             self.quota.release(cost)  # no retry was made
-            return Decision(False, delay=delay, reason="deadline")
-        return Decision(True, delay=delay, cost=cost)
+            return Decision(False, reason="deadline")
+        return Decision(True, delay=self.delay(attempt, room), cost=cost)
 
     def succeeded(self, last_cost: int) -> None:
         """A call succeeded; ``last_cost`` is what its last retry took (0: no retry)."""

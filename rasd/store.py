@@ -62,7 +62,7 @@ from .lease import (
 )
 from .limits import CircuitBreaker
 from .metrics import Counters
-from .retry import Failure, RetryPolicy, classify_code, classify_exception
+from .retry import MIN_ATTEMPT, Failure, RetryPolicy, classify_code, classify_exception
 from .writes import ItemKey, Value, Write, item_from_av, key_av, render
 
 log = structlog.get_logger("rasd.store")
@@ -70,7 +70,6 @@ log = structlog.get_logger("rasd.store")
 #: An attempt may use at most this share of the time left before the deadline (all of it when
 #: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
 ATTEMPT_SHARE = 0.6
-MIN_ATTEMPT = 0.1
 
 
 @dataclass(frozen=True, slots=True)

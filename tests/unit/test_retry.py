@@ -154,17 +154,23 @@ def test_attempts_and_quota_follow_botocore() -> None:
 
 
 def test_the_deadline_bounds_retries_and_refunds_the_quota() -> None:
+    """Far from the deadline the delay is botocore's; near it the jitter's range shrinks to
+    the time left less ``min_attempt`` (the retry is still made); with no time left for an
+    attempt no retry is made and its quota is given back."""
     policy = RetryPolicy(3, rng=lambda: 0.5)
-    d = policy.after_failure(1, Failure.THROTTLE, now=10.0, deadline=10.4)
-    assert not d.retry and d.reason == "deadline" and d.delay == 0.5
+    d = policy.after_failure(1, Failure.THROTTLE, now=10.0, deadline=10.05)
+    assert not d.retry and d.reason == "deadline"
     assert policy.quota.available == 500
-    d = policy.after_failure(1, Failure.THROTTLE, now=10.0, deadline=10.6)
-    assert d.retry and d.delay == 0.5 and d.cost == 5 and policy.quota.available == 495
+    d = policy.after_failure(1, Failure.THROTTLE, now=10.0, deadline=10.4)
+    assert d.retry and d.delay == pytest.approx(0.15) and d.cost == 5  # 0.5 x (0.4 - 0.1)
+    assert policy.quota.available == 495
+    d = policy.after_failure(1, Failure.THROTTLE, now=10.0, deadline=20.0)
+    assert d.retry and d.delay == 0.5 and policy.quota.available == 490  # botocore's
     d = policy.after_failure(2, Failure.TIMEOUT, now=10.0, deadline=20.0)
     assert d.retry and d.delay == 1.0 and d.cost == 10
     assert policy.after_failure(3, Failure.TIMEOUT, 10.0, 20.0).reason == "max_attempts"
     policy.succeeded(10)
-    assert policy.quota.available == 495
+    assert policy.quota.available == 490
 
 
 def test_not_retried() -> None:
