@@ -10,6 +10,7 @@ sleeps advance: no test here depends on how fast the machine is."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import types
 import zlib
@@ -297,11 +298,23 @@ async def test_write_outcome_per_error(
     assert res.outcome is outcome, res
 
 
-async def test_request_id_in_messages_and_log_lines(fake_time: FakeTime) -> None:
+async def test_request_id_in_messages_and_log_lines(
+    fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # debug lines, whatever an earlier test configured (a level, a logger cached on first use)
+    saved = structlog.get_config()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        cache_logger_on_first_use=False,
+    )
+    monkeypatch.setattr(rasd.store, "log", structlog.get_logger("rasd.store"))
     script = Script([Answer(500, "InternalServerError")] * 3)
-    async with scripted(script) as url, store_on(url, fake_time) as (store, _):
-        with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable) as err:
-            await store._call("GetItem", fake_time.monotonic() + 60.0)
+    try:
+        async with scripted(script) as url, store_on(url, fake_time) as (store, _):
+            with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable) as err:
+                await store._call("GetItem", fake_time.monotonic() + 60.0)
+    finally:
+        structlog.configure(**saved)
     assert "request id RID-2" in err.value.message  # what every error line about it quotes
     retries = [e for e in logs if e["event"] == "ddb_retry"]
     assert [e["request_id"] for e in retries] == ["RID-0", "RID-1"]
