@@ -11,8 +11,11 @@ A successful ``get_lease(k)`` answered ``(k, r, exp)`` and received at time ``a`
 from ``a`` until ``exp``, except that a release of ``k`` that **started after** ``a`` ends the
 validity at that release's start. A release that started before ``a`` but had not ended by
 then is concurrent with the answer: the two cannot be ordered, so it ends the validity at
-``a`` (the answer counts for nothing). A release over before ``a`` does not touch it. Which
-releases count:
+``a`` (the answer counts for nothing). A release over before ``a`` does not touch it, except
+for an answer of the paper's agent (below), whose call reads the index and then answers: a
+release that had not ended when that call started is concurrent with it. For every answer
+of one lease, ``a`` and its call are the lease's first answer and call. Which releases
+count:
 
 * a successful release (``ok``), and an *indeterminate* one (TIMEOUT, UNAVAILABLE, INTERNAL, a
   lost connection: the daemon may have written it). Only definite refusals (NOT_HELD,
@@ -137,16 +140,16 @@ def answers(
     # A lease is (key, resource, version, region): every answer of one lease, cached copies
     # served later by other daemons included, ends with the lease (docs/design.md: a release
     # ends the key's lease for every app; a stale copy is bounded by S, I3).
-    first: dict[tuple[Any, ...], float] = {}
+    first: dict[tuple[Any, ...], tuple[float, float]] = {}  # (received, its call's start)
     for r in recs:
         if r.get("op") == "get_lease" and r.get("ok"):
             lk = _lease_id(r)
-            first[lk] = min(first.get(lk, math.inf), _f(r, "t1"))
+            first[lk] = min(first.get(lk, (math.inf, math.inf)), (_f(r, "t1"), _f(r, "t0")))
     out: list[Answer] = []
     for r in recs:
         if r.get("op") != "get_lease" or not r.get("ok"):
             continue
-        a = first[_lease_id(r)]
+        a, asked_at = first[_lease_id(r)]
         end = _f(r, "lease_expires")
         end_i1 = end
         paper = agent_of(r) == PAPER  # never told of a release: I1 holds to the end
@@ -154,8 +157,8 @@ def answers(
         if scope in index:
             starts, run_max = index[scope]
             i = bisect.bisect_right(starts, a)
-            if i > 0 and run_max[i - 1] > a:
-                end = min(end, a)  # a release was under way when the answer came: unordered
+            if i > 0 and run_max[i - 1] > (asked_at if paper else a):
+                end = min(end, a)  # a release was under way at the answer: unordered
                 if not paper:
                     end_i1 = min(end_i1, a + quarantine_window)
             elif i < len(starts):
@@ -247,11 +250,14 @@ def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
         every[(a.key, a.region, a.resource)].append(a)
 
     def acquired(key: str, region: str, res: str, by: float) -> Answer:
-        # the answer that made the lease running at ``by``: the last acquisition of it up
-        # to then (else the first answer of it seen)
-        xs = sorted(every[(key, region, res)], key=lambda x: x.received)
-        upto = [x for x in xs if x.received <= by] or xs[:1]
-        return next((x for x in reversed(upto) if x.new), upto[0])
+        # the answer that made the lease running at ``by``: the acquisition of it that
+        # started last before then (one that was still under way answered its followers
+        # too), else the first answer of it seen
+        xs = every[(key, region, res)]
+        made = [x for x in xs if x.new and x.start <= by]
+        if made:
+            return max(made, key=lambda x: x.start)
+        return min(xs, key=lambda x: x.received)
 
     out: list[dict[str, Any]] = []
     for key, region in sorted(groups):

@@ -394,3 +394,21 @@ def test_one_resource_answered_by_both_agents_to_one_key_is_fine() -> None:
     out = A.audit(h, quarantine_window=0)
     assert out["double_allocations"] == out["in_region_splits"] == out["lost_leases"] == 0
     assert {a: g["answered"] for a, g in out["agents"].items()} == {"paper": 1, "rasd": 1}
+
+
+def test_a_release_that_ended_during_a_paper_call_ends_its_answer() -> None:
+    """The paper's agent reads its index, then answers: a release of the key that was over
+    before the answer came but not before the call started may have written after that
+    read. The answer counts for nothing (for splits); a later lease of the key on another
+    resource is no split. A paper call that started once the release was over is ordered
+    after it: a split."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(1, "k1", 5, 6),
+        {**paper("k1", "r1", 5.5, 6.5, 100), "version": 2},  # began while the release ran
+        get(0, "k1", "r2", 10, 11, 100),
+    ]
+    assert [a.end for a in A.answers(h) if a.resource == "r1"] == [5, 6.5]
+    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 0
+    later = [*h[:2], {**h[2], "t0": 6.2, "m0": 6.2}, h[3]]
+    assert A.audit(later, quarantine_window=0)["in_region_splits"] == 1
