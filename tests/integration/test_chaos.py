@@ -105,4 +105,5 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     assert a["in_region_splits"] == 0, examples
     assert a["lost_leases"] == 0, examples
     assert t["both_free_and_leased"] == 0, t["examples"]
+    assert t["keys_with_two_unexpired_in_region"] == 0, t["examples"]
     assert t["live_mappings_not_held"] == 0, t["examples"]
