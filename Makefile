@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short clean systemd-test tools deb
+.PHONY: dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,11 @@ chaos: $(STAMP)
 
 chaos-short: $(STAMP)
 	$(BIN)/python -m chaos --duration 75
+
+# The same beside the paper's agent (docs/reliability.md "Mixed fleet"): its workers on the same
+# keys in both regions, behind fault-injecting proxies, and its liberator; one audit of both.
+chaos-mixed: $(STAMP)
+	$(BIN)/python -m chaos --mixed --duration 600
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv

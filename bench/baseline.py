@@ -102,6 +102,8 @@ class BaselineLease:
     expires_us: int
     version: int
     new: bool
+    #: the item's region (a lookup answers an unexpired item of any region)
+    region: str = ""
 
 
 class NoCapacity(Exception):
@@ -155,7 +157,7 @@ class BaselineAgent:
         if it is None:
             return None
         assert it.lease_expires_us is not None
-        return BaselineLease(it.resource, it.lease_expires_us, it.version, False)
+        return BaselineLease(it.resource, it.lease_expires_us, it.version, False, it.region)
 
     def get_lease(
         self, client_id: str, pool_id: str, key: str, lease_expires_us: int, now_us: int = 0
@@ -198,5 +200,5 @@ class BaselineAgent:
                     self.conflicts += 1
                     continue
                 it = L.item_from_ddb(r["Attributes"])
-                return BaselineLease(it.resource, lease_expires_us, it.version, True)
+                return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")

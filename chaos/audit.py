@@ -11,8 +11,11 @@ A successful ``get_lease(k)`` answered ``(k, r, exp)`` and received at time ``a`
 from ``a`` until ``exp``, except that a release of ``k`` that **started after** ``a`` ends the
 validity at that release's start. A release that started before ``a`` but had not ended by
 then is concurrent with the answer: the two cannot be ordered, so it ends the validity at
-``a`` (the answer counts for nothing). A release over before ``a`` does not touch it. Which
-releases count:
+``a`` (the answer counts for nothing). A release over before ``a`` does not touch it, except
+for an answer of the paper's agent (below), whose call reads the index and then answers: a
+release that had not ended when that call started is concurrent with it. For every answer
+of one lease, ``a`` and its call are the lease's first answer and call. Which releases
+count:
 
 * a successful release (``ok``), and an *indeterminate* one (TIMEOUT, UNAVAILABLE, INTERNAL, a
   lost connection: the daemon may have written it). Only definite refusals (NOT_HELD,
@@ -35,6 +38,19 @@ Findings
   was received was answered a different resource of the same region while ``r``'s answer was
   still valid. Every lost lease is also a split; the split that is not a lost lease is a race
   between concurrent calls (once per (key, region, old, new)).
+
+Two agents (the mixed fleet)
+----------------------------
+A record with ``agent: "paper"`` is an answer of the paper's in-process agent
+(``chaos.paper``); every other record is rasd's. The findings are judged over the union:
+
+* a double allocation is a failure whichever agents answered it. The paper's agent is never
+  told of a release, so a paper answer's I1 validity runs to its end: a release shortens
+  only its validity for splits and lost leases (the key's lease is over for every app);
+* a split or lost lease that involves a rasd answer is a failure; one between two paper
+  answers alone is the paper's own race (two of its agents claiming for a key that its
+  index does not show yet, or a claim whose reply was lost and retried): counted apart as
+  ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures.
 """
 
 from __future__ import annotations
@@ -54,6 +70,7 @@ DEFINITE_RELEASE_FAILURES = frozenset(
     {"NOT_HELD", "BAD_REQUEST", "UNKNOWN_POOL", "FORBIDDEN", "BUSY", "NO_CAPACITY"}
 )
 EXAMPLES = 10
+RASD, PAPER = "rasd", "paper"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +88,13 @@ class Answer:
     daemon: int = -1
     #: for double allocations (I1): ``end``, or the release plus the quarantine window
     end_i1: float = 0.0
+    agent: str = RASD
+    new: bool = True  # the answer made the lease (an acquisition), else it found one
+
+
+def agent_of(rec: Mapping[str, Any]) -> str:
+    """Who answered the call: ``"paper"`` (the paper's agent) or ``"rasd"``."""
+    return str(rec.get("agent") or RASD)
 
 
 def _f(rec: Mapping[str, Any], name: str) -> float:
@@ -116,28 +140,31 @@ def answers(
     # A lease is (key, resource, version, region): every answer of one lease, cached copies
     # served later by other daemons included, ends with the lease (docs/design.md: a release
     # ends the key's lease for every app; a stale copy is bounded by S, I3).
-    first: dict[tuple[Any, ...], float] = {}
+    first: dict[tuple[Any, ...], tuple[float, float]] = {}  # (received, its call's start)
     for r in recs:
         if r.get("op") == "get_lease" and r.get("ok"):
             lk = _lease_id(r)
-            first[lk] = min(first.get(lk, math.inf), _f(r, "t1"))
+            first[lk] = min(first.get(lk, (math.inf, math.inf)), (_f(r, "t1"), _f(r, "t0")))
     out: list[Answer] = []
     for r in recs:
         if r.get("op") != "get_lease" or not r.get("ok"):
             continue
-        a = first[_lease_id(r)]
+        a, asked_at = first[_lease_id(r)]
         end = _f(r, "lease_expires")
         end_i1 = end
+        paper = agent_of(r) == PAPER  # never told of a release: I1 holds to the end
         scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
         if scope in index:
             starts, run_max = index[scope]
             i = bisect.bisect_right(starts, a)
-            if i > 0 and run_max[i - 1] > a:
-                end = min(end, a)  # a release was under way when the answer came: unordered
-                end_i1 = min(end_i1, a + quarantine_window)
+            if i > 0 and run_max[i - 1] > (asked_at if paper else a):
+                end = min(end, a)  # a release was under way at the answer: unordered
+                if not paper:
+                    end_i1 = min(end_i1, a + quarantine_window)
             elif i < len(starts):
                 end = min(end, starts[i])
-                end_i1 = min(end_i1, starts[i] + quarantine_window)
+                if not paper:
+                    end_i1 = min(end_i1, starts[i] + quarantine_window)
         out.append(
             Answer(
                 app=int(r.get("app", -1)),
@@ -150,6 +177,8 @@ def answers(
                 end=end,
                 daemon=int(r.get("daemon", -1)),
                 end_i1=end_i1,
+                agent=agent_of(r),
+                new=bool(r.get("new", True)),
             )
         )
     return out
@@ -192,26 +221,70 @@ def conflicts(
 
 # ------------------------------------------------------------------------------ findings
 def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    """Failures whichever agents answered; each finding names the agents that answered
+    each of its keys the resource (``agents``: key -> agents)."""
     by_res: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    who: dict[tuple[str, str], set[str]] = defaultdict(set)
     for a in ans:
         by_res[a.resource][a.key].append((a.received, a.end_i1))
+        who[(a.resource, a.key)].add(a.agent)
     out: list[dict[str, Any]] = []
     for res in sorted(by_res):
         for (k1, k2), (s, e) in sorted(conflicts(by_res[res]).items()):
-            out.append(_finding(resource=res, keys=[k1, k2], start=s, end=e))
+            agents = {k: sorted(who[(res, k)]) for k in (k1, k2)}
+            out.append(_finding(resource=res, keys=[k1, k2], agents=agents, start=s, end=e))
     return out
 
 
 def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+    """Every split, once per (key, region, resource pair). A finding is ``paper_only`` when
+    only pairs of two paper answers overlap; ``agents`` lists the agent pairs that do;
+    ``concurrent`` says the two leases' acquisitions ran at once (each call started before
+    the other was answered: neither could have seen the other's lease)."""
     groups: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = defaultdict(
         lambda: defaultdict(list)
     )
+    every: dict[tuple[str, str, str], list[Answer]] = defaultdict(list)
     for a in ans:
-        groups[(a.key, a.region)][a.resource].append((a.received, a.end))
+        groups[(a.key, a.region)][f"{a.agent}|{a.resource}"].append((a.received, a.end))
+        every[(a.key, a.region, a.resource)].append(a)
+
+    def acquired(key: str, region: str, res: str, by: float) -> Answer:
+        # the answer that made the lease running at ``by``: the acquisition of it that
+        # started last before then (one that was still under way answered its followers
+        # too), else the first answer of it seen
+        xs = every[(key, region, res)]
+        made = [x for x in xs if x.new and x.start <= by]
+        if made:
+            return max(made, key=lambda x: x.start)
+        return min(xs, key=lambda x: x.received)
+
     out: list[dict[str, Any]] = []
     for key, region in sorted(groups):
-        for (r1, r2), (s, e) in sorted(conflicts(groups[(key, region)]).items()):
-            out.append(_finding(key=key, region=region, resources=[r1, r2], start=s, end=e))
+        pairs: dict[tuple[str, str], list[tuple[str, str, float, float]]] = defaultdict(list)
+        for (l1, l2), (s, e) in conflicts(groups[(key, region)]).items():
+            (g1, r1), (g2, r2) = l1.split("|", 1), l2.split("|", 1)
+            if r1 == r2:
+                continue  # one resource answered by both agents: no split
+            (ra, ga), (rb, gb) = sorted(((r1, g1), (r2, g2)))
+            pairs[(ra, rb)].append((ga, gb, s, e))
+        for (ra, rb), found in sorted(pairs.items()):
+            s, e = min((s, e) for _ga, _gb, s, e in found)
+            agents = sorted({"/".join(sorted((ga, gb))) for ga, gb, _s, _e in found})
+            paper_only = agents == [f"{PAPER}/{PAPER}"]
+            qa, qb = acquired(key, region, ra, s), acquired(key, region, rb, s)
+            out.append(
+                _finding(
+                    key=key,
+                    region=region,
+                    resources=[ra, rb],
+                    agents=agents,
+                    paper_only=paper_only,
+                    concurrent=qa.start < qb.received and qb.start < qa.received,
+                    start=s,
+                    end=e,
+                )
+            )
     return out
 
 
@@ -236,30 +309,39 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
     for key, region in sorted(groups):
         by_received = sorted(groups[(key, region)], key=lambda x: x.received)
         by_start = sorted(groups[(key, region)], key=lambda x: x.start)
-        best: dict[str, float] = {}  # resource -> latest validity end among answers seen
+        # (resource, agent) -> latest validity end among the answers seen
+        best: dict[tuple[str, str], float] = {}
         j = 0
-        seen: set[tuple[str, str]] = set()
+        found: dict[tuple[str, str], dict[str, Any]] = {}
         for cur in by_start:
             if cur.end <= cur.received:
                 continue  # a stale copy of a lease already over (I3): it takes nothing over
             while j < len(by_received) and by_received[j].received <= cur.start:
                 p = by_received[j]
                 if p.end > p.received:
-                    best[p.resource] = max(best.get(p.resource, -math.inf), p.end)
+                    k = (p.resource, p.agent)
+                    best[k] = max(best.get(k, -math.inf), p.end)
                 j += 1
-            for res, end in best.items():
-                if res != cur.resource and end > cur.received and (res, cur.resource) not in seen:
-                    seen.add((res, cur.resource))
-                    out.append(
-                        _finding(
-                            key=key,
-                            region=region,
-                            old=res,
-                            new=cur.resource,
-                            start=cur.received,
-                            end=end,
-                        )
+            for (res, agent), end in best.items():
+                if res == cur.resource or end <= cur.received:
+                    continue
+                pair = f"{agent}/{cur.agent}"
+                f = found.get((res, cur.resource))
+                if f is None:
+                    found[(res, cur.resource)] = _finding(
+                        key=key,
+                        region=region,
+                        old=res,
+                        new=cur.resource,
+                        agents=[pair],
+                        paper_only=pair == f"{PAPER}/{PAPER}",
+                        start=cur.received,
+                        end=end,
                     )
+                elif pair not in f["agents"]:
+                    f["agents"] = sorted([*f["agents"], pair])
+                    f["paper_only"] = False  # a rasd answer is in it too
+        out.extend(found[k] for k in sorted(found))
     return out
 
 
@@ -437,20 +519,56 @@ def audit(
         quarantine_window = cfg.quarantine - cfg.max_clock_skew
     ans = answers(records, release_scope, quarantine_window)
     dbl = double_allocations(ans)
-    spl = in_region_splits(ans)
-    lost = lost_leases(ans)
+    splits = in_region_splits(ans)
+    spl = [f for f in splits if not f["paper_only"]]
+    spl_paper = [f for f in splits if f["paper_only"]]
+    losts = lost_leases(ans)
+    lost = [f for f in losts if not f["paper_only"]]
+    lost_paper = [f for f in losts if f["paper_only"]]
     xreg = cross_region_duplicates(ans)
-    return {
+    rasd = [r for r in records if agent_of(r) == RASD]
+    out = {
         "answers": len(ans),
         "double_allocations": len(dbl),
         "in_region_splits": len(spl),
         "lost_leases": len(lost),
+        "paper_only_splits": len(spl_paper),
+        # of the in-region splits: those whose two acquisitions ran at once (for a mixed
+        # fleet, docs/design.md "Beside the paper's agent": what the index cannot give)
+        "in_region_splits_concurrent": sum(1 for f in spl if f["concurrent"]),
+        "paper_only_lost_leases": len(lost_paper),
         "cross_region_duplicates": len(xreg),
         "examples": {
             "double_allocations": dbl[:EXAMPLES],
             "in_region_splits": spl[:EXAMPLES],
             "lost_leases": lost[:EXAMPLES],
+            "paper_only_splits": spl_paper[:EXAMPLES],
+            "paper_only_lost_leases": lost_paper[:EXAMPLES],
             "cross_region_duplicates": xreg[:EXAMPLES],
         },
-        **availability(records, outage),
+        # rasd's calls: what the daemons did under the faults (the figures of rasd-only runs)
+        **availability(rasd, outage),
+        "agents": by_agent(records),
     }
+    return out
+
+
+def by_agent(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per agent: get_lease calls, calls answered with a lease, error codes, latency."""
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r.get("op") == "get_lease":
+            groups[agent_of(r)].append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for agent in sorted(groups):
+        recs = groups[agent]
+        lat = [(float(r["m1"]) - float(r["m0"])) * 1000 for r in recs]
+        out[agent] = {
+            "calls": len(recs),
+            "answered": sum(1 for r in recs if r.get("ok")),
+            "outcomes": dict(
+                sorted(Counter("ok" if r.get("ok") else str(r.get("error")) for r in recs).items())
+            ),
+            "latency_ms": {"p50": _r(percentile(lat, 50)), "p99": _r(percentile(lat, 99))},
+        }
+    return out

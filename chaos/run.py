@@ -16,6 +16,12 @@ Sequence: moto, table and pool (resources in both regions), proxies (faults off)
 directly, and ``chaos.audit`` judges the histories and the table. The result (JSON) goes to
 ``--results-dir`` as ``<stamp>-<label>.json`` and ``latest-<label>.json``.
 
+Mixed mode (``--mixed``, docs/reliability.md "Mixed fleet"): beside the apps, workers of the
+paper's in-process agent (``python -m chaos.paper agent``, half in each region, each through
+its own fault-injecting proxy) ask for keys of the same key space, and the paper's liberator
+(``python -m chaos.paper liberate --grace``) runs with the other jobs. Their answers go into
+the same histories (``agent: "paper"``) and the audit judges the union.
+
 Every loop is bounded by the run's deadline; ``finally`` kills every process group started.
 """
 
@@ -67,7 +73,7 @@ class Params:
     outage_s: float = 8.0
     kill_every: float = 6.0
     jobs_every: float = 4.0
-    liberator_grace: float = 1.0
+    liberator_grace: float = 2.0  # ras-liberator refuses less than max_clock_skew (2 s)
     release_rate: float = 0.05
     think_ms: float = 20.0
     call_timeout: float = 2.0
@@ -78,6 +84,13 @@ class Params:
     keep_workdir: bool = False
     regions: tuple[str, ...] = REGIONS
     log: bool = True
+    #: the mixed fleet: workers of the paper's agent and its liberator beside rasd
+    mixed: bool = False
+    paper_workers: int = 4  # alternately in each region
+    paper_faults: bool = True  # each paper worker behind its own fault-injecting proxy
+    #: the paper's liberator frees a lease this long past its end: the runbook's grace,
+    #: at least the daemons' max_clock_skew (2 s)
+    paper_liberator_grace: float = 2.0
 
     def outage_offset(self) -> float:
         return self.outage_at if self.outage_at is not None else 0.4 * self.duration
@@ -268,6 +281,11 @@ class Jobs(threading.Thread):
              "--all-regions", "--grace", str(self.p.liberator_grace)],
         ]  # fmt: skip
         cmds += [[py, "-m", "rasd_jobs.dedupe", *base, "--region", r] for r in self.p.regions]
+        if self.p.mixed:
+            cmds.append(
+                [py, "-m", "chaos.paper", "liberate", "--table", self.p.table,
+                 "--endpoint-url", self.url, "--grace", str(self.p.paper_liberator_grace)]
+            )  # fmt: skip
         return cmds
 
     def run(self) -> None:
@@ -296,8 +314,8 @@ class Jobs(threading.Thread):
             summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             summary = {
-                "job": cmd[2].rsplit(".", 1)[-1],
-                "region": cmd[cmd.index("--region") + 1],
+                "job": "paper_liberator" if cmd[2] == "chaos.paper" else cmd[2].rsplit(".", 1)[-1],
+                "region": cmd[cmd.index("--region") + 1] if "--region" in cmd else None,
                 "unparsed": out.decode(errors="replace")[-300:],
             }
         summary.update(exit=proc.returncode, t0=round(t0, 3), t1=round(time.time(), 3))
@@ -355,7 +373,8 @@ def run(p: Params) -> dict[str, Any]:
         ddb = ddb_client(url)
         seed_table(ddb, p)
         say(p, f"moto {url}; table {p.table}; {p.resources_per_region} resources per region")
-        proxies = start_proxies(url, p.daemons, plan, p.seed)
+        paper_proxies = p.paper_workers if p.mixed and p.paper_faults else 0
+        proxies = start_proxies(url, p.daemons + paper_proxies, plan, p.seed)
         for i in range(p.daemons):
             daemons.append(
                 Daemon(
@@ -394,6 +413,20 @@ def run(p: Params) -> dict[str, Any]:
                 apps.append(
                     popen(cmd, env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
                 )
+        if p.mixed:
+            for i in range(p.paper_workers):
+                histories.append(work / f"paper{i}.jsonl")
+                endpoint = proxies[p.daemons + i].url if p.paper_faults else url
+                cmd = [
+                    sys.executable, "-m", "chaos.paper", "agent", "--app", str(p.apps + i),
+                    "--region", p.regions[i % len(p.regions)], "--endpoint-url", endpoint,
+                    "--table", p.table, "--out", str(histories[-1]), "--seed", str(p.seed),
+                    "--keys", str(p.keys), "--until", repr(t_end),
+                    "--think-ms", str(p.think_ms), "--read-timeout", str(p.call_timeout),
+                ]  # fmt: skip
+                with open(work / f"paper{i}.err", "ab") as err:
+                    quiet = subprocess.DEVNULL
+                    apps.append(popen(cmd, env, stdin=quiet, stdout=quiet, stderr=err))
         jobs = Jobs(p, url, env, events)
         jobs.start()
         next_kill = time.monotonic() + p.kill_every if p.kill_every > 0 else float("inf")
@@ -522,7 +555,23 @@ def table(result: dict[str, Any]) -> str:
         ("table: live mapping, resource not held", t["live_mappings_not_held"]),
         ("table: orphans (not served; repaired later)", t["orphans"]),
         ("cross-region duplicates (allowed)", a["cross_region_duplicates"]),
-        ("get_lease calls", a["calls"].get("get_lease", 0)),
+    ]
+    agents = a.get("agents", {})
+    if "paper" in agents:
+        rows += [
+            ("paper-only splits (the paper's race)", a["paper_only_splits"]),
+            ("paper-only lost leases", a["paper_only_lost_leases"]),
+            ("  in-region splits whose acquisitions ran at once", a["in_region_splits_concurrent"]),
+        ]
+        for name, g in agents.items():
+            rows.append(
+                (f"{name}: calls / answered", f"{g['calls']} / {g['answered']} "
+                 f"(p50 {g['latency_ms']['p50']} ms, p99 {g['latency_ms']['p99']} ms)")
+            )  # fmt: skip
+        rows.append(("paper: errors by code", _codes(agents["paper"]["outcomes"])))
+    calls = "get_lease calls" + (" (rasd's; so are the rows below)" if "paper" in agents else "")
+    rows += [
+        (calls, a["calls"].get("get_lease", 0)),
         ("answered with a lease", a["answered_share"]),
         ("  of calls that found a daemon", a["answered_share_daemon_up"]),
         ("calls that found no daemon (killed)", a["no_daemon"]),
@@ -577,6 +626,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", default=None, help="results name (default: short/full)")
     ap.add_argument("--results-dir", default=d.results_dir)
     ap.add_argument("--keep-workdir", action="store_true", help="keep histories and logs")
+    ap.add_argument(
+        "--mixed",
+        action="store_true",
+        help="a mixed fleet: workers of the paper's agent and its liberator beside rasd",
+    )
+    ap.add_argument("--paper-workers", type=int, default=d.paper_workers)
+    ap.add_argument(
+        "--no-paper-faults",
+        action="store_true",
+        help="the paper's workers talk to moto directly, not through fault-injecting proxies",
+    )
+    ap.add_argument("--paper-liberator-grace", type=float, default=d.paper_liberator_grace)
     return ap
 
 
@@ -603,9 +664,14 @@ def main(argv: list[str] | None = None) -> int:
         release_rate=args.release_rate,
         think_ms=args.think_ms,
         call_timeout=args.call_timeout,
-        label=args.label or ("full" if args.duration >= 300 else "short"),
+        label=args.label
+        or ("mixed-" if args.mixed else "") + ("full" if args.duration >= 300 else "short"),
         results_dir=args.results_dir,
         keep_workdir=args.keep_workdir,
+        mixed=args.mixed,
+        paper_workers=args.paper_workers,
+        paper_faults=not args.no_paper_faults,
+        paper_liberator_grace=args.paper_liberator_grace,
     )
     result = run(p)
     print(table(result))

@@ -326,3 +326,89 @@ def test_a_stale_copy_of_a_released_lease_ends_with_the_lease() -> None:
     assert (out["double_allocations"], out["in_region_splits"]) == (0, 0), out
     # without the lease identity (versions differ), the stale copy would be a new lease
     assert A.audit([*h[:2], v(h[2], 9), *h[3:]], quarantine_window=55)["in_region_splits"] == 1
+
+
+# ----------------------------------------------------------------------------- mixed fleet
+def paper(key: str, res: str, t0: float, t1: float, exp: float, region: str = E) -> dict[str, Any]:
+    """An answer of the paper's agent (chaos.paper): the same record, ``agent: "paper"``."""
+    return {**get(100, key, res, t0, t1, exp, region), "agent": "paper", "daemon": -1}
+
+
+def test_a_paper_and_a_rasd_answer_of_one_resource_to_two_keys_is_a_double_allocation() -> None:
+    """I1 across the agents: rasd answered r1 to k1, the paper's agent answered r1 to k2 while
+    that lease ran (and the other way round). Both are flagged, with who answered."""
+    h = [get(0, "k1", "r1", 0, 1, 100), paper("k2", "r1", 10, 11, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["double_allocations"] == 1
+    ex = out["examples"]["double_allocations"][0]
+    assert ex["keys"] == ["k1", "k2"] and ex["agents"] == {"k1": ["rasd"], "k2": ["paper"]}
+    h = [paper("k1", "r1", 0, 1, 100), get(0, "k2", "r1", 10, 11, 50)]
+    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+
+
+def test_a_paper_answer_holds_its_resource_to_its_end_through_a_release() -> None:
+    """The paper's agent is never told of a release: after a release of k1, r1 may go to
+    another key only once the paper's answer of it is over, quarantine or not."""
+    h = [paper("k1", "r1", 0, 1, 100), rel(0, "k1", 5, 6), get(1, "k2", "r1", 70, 71, 150)]
+    assert A.audit(h, quarantine_window=55)["double_allocations"] == 1
+    late = [*h[:2], get(1, "k2", "r1", 100, 101, 150)]
+    assert A.audit(late, quarantine_window=55)["double_allocations"] == 0
+
+
+def test_a_key_split_across_a_rasd_and_a_paper_answer_is_flagged() -> None:
+    """I2 across the agents: k1 answered r1 by rasd and r2 by the paper's agent, one region,
+    overlapping: a split involving rasd, a failure; and a lost lease when the second call
+    started after the first answer."""
+    h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "r2", 10, 11, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
+    ex = out["examples"]["in_region_splits"][0]
+    assert ex["agents"] == ["paper/rasd"] and not ex["paper_only"] and not ex["concurrent"]
+    assert (out["lost_leases"], out["paper_only_lost_leases"]) == (1, 0)
+    # acquisitions that ran at once are still a failure, marked as such
+    h = [get(0, "k1", "r1", 0, 2, 100), paper("k1", "r2", 1, 3, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["in_region_splits"] == 1 and out["in_region_splits_concurrent"] == 1
+    assert out["lost_leases"] == 0
+    # the paper's answers in another region are cross-region duplicates, not splits
+    h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "w1", 10, 11, 50, region=W)]
+    out = A.audit(h, quarantine_window=0)
+    assert (out["in_region_splits"], out["cross_region_duplicates"]) == (0, 1)
+
+
+def test_a_split_between_two_paper_answers_is_counted_apart() -> None:
+    """The paper's own race splits a key between two of its answers: counted as
+    ``paper_only_splits``, not as a failure; a rasd answer in the same overlap makes it one."""
+    h = [paper("k1", "r1", 0, 1, 100), paper("k1", "r2", 10, 11, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert (out["in_region_splits"], out["paper_only_splits"]) == (0, 1)
+    assert (out["lost_leases"], out["paper_only_lost_leases"]) == (0, 1)
+    h = [*h, get(0, "k1", "r2", 20, 21, 50)]
+    out = A.audit(h, quarantine_window=0)
+    assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
+    assert out["examples"]["in_region_splits"][0]["agents"] == ["paper/paper", "paper/rasd"]
+
+
+def test_one_resource_answered_by_both_agents_to_one_key_is_fine() -> None:
+    h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "r1", 10, 11, 100)]
+    out = A.audit(h, quarantine_window=0)
+    assert out["double_allocations"] == out["in_region_splits"] == out["lost_leases"] == 0
+    assert {a: g["answered"] for a, g in out["agents"].items()} == {"paper": 1, "rasd": 1}
+
+
+def test_a_release_that_ended_during_a_paper_call_ends_its_answer() -> None:
+    """The paper's agent reads its index, then answers: a release of the key that was over
+    before the answer came but not before the call started may have written after that
+    read. The answer counts for nothing (for splits); a later lease of the key on another
+    resource is no split. A paper call that started once the release was over is ordered
+    after it: a split."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 100),
+        rel(1, "k1", 5, 6),
+        {**paper("k1", "r1", 5.5, 6.5, 100), "version": 2},  # began while the release ran
+        get(0, "k1", "r2", 10, 11, 100),
+    ]
+    assert [a.end for a in A.answers(h) if a.resource == "r1"] == [5, 6.5]
+    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 0
+    later = [*h[:2], {**h[2], "t0": 6.2, "m0": 6.2}, h[3]]
+    assert A.audit(later, quarantine_window=0)["in_region_splits"] == 1
