@@ -375,10 +375,12 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
         assert sorted(c["what"] for c in new) == sorted(
             ["mappings", "leased_resources", "update_item:M", "update_item:R"]
         ), new
+        await d1.acquirer.drain(2.0)  # its confirmation landed: d2 finds a live mapping
         existing = await path(d2, recs[1], "fresh")
         assert round_trips(existing) == 1, existing
         adopted = await path(d1, recs[0], "old")
         assert round_trips(adopted) == 4, adopted
         assert [c["what"] for c in adopted][-3:] == ["get_item:R", "update_item:M", "update_item:R"]
+        await d1.acquirer.drain(2.0)
         again = await path(d2, recs[1], "old")
         assert round_trips(again) == 1, again
