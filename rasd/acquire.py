@@ -823,7 +823,15 @@ class Acquirer:
                 self.counters.inc("lease.released")
                 # The resource: quarantined, so caches elsewhere run out first. If this write
                 # is lost the liberator's orphan repair frees it (also with quarantine).
-                self.spawn(self._free_claim((client_id, lease.resource), key, lease.token))
+                free = self.spawn(self._free_claim((client_id, lease.resource), key, lease.token))
+                if self.cfg.legacy_agents:
+                    # The paper's agent answers whatever the leased index shows for the key:
+                    # answer the release once the resource no longer shows it, so that the
+                    # key's next lease (here, or the paper agent's) cannot overlap the one
+                    # released. Within the deadline; the free goes on in the background.
+                    left = deadline - time.monotonic()
+                    if left > 0:
+                        await asyncio.wait({free}, timeout=left)
                 return 1
             if isinstance(d, D.DropMapping):
                 await self.store.write(map_drop_dead(d.mapping, now), deadline)

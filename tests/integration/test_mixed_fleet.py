@@ -384,3 +384,23 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
         await d1.acquirer.drain(2.0)
         again = await path(d2, recs[1], "old")
         assert round_trips(again) == 1, again
+
+
+async def test_a_release_beside_the_paper_agent_answers_once_the_resource_is_free(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """The paper's agent answers whatever the leased index shows for a key: with
+    ``legacy_agents`` a release is answered only once the resource no longer holds the key,
+    so the key's next lease (the paper agent's, here) is a new one, never the released lease
+    answered on to its end beside rasd's next."""
+    seed_pool(ddb, table, count=2)
+    agent = paper()
+    async with make_daemon() as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        await d.acquirer.drain(2.0)
+        await rasd_aio.release(C, P, "k", socket_path=s, timeout=5)
+        released = resource(ddb, table, mine.resource)  # read as the answer arrives
+        assert released.key is None and released.holder is None, released
+        after = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+        assert after.new and after.resource != mine.resource
