@@ -80,8 +80,7 @@ def test_chaos_short(tmp_path: Path) -> None:
 
 @pytest.mark.skip(
     reason="known failure, not yet fixed: rasd and the paper's agent split keys in a region "
-    "(concurrent first acquisitions; a rasd release answered before its free lands): "
-    "docs/reliability.md, 'Mixed fleet'"
+    "when both acquire a key at once: docs/reliability.md, 'Mixed fleet'"
 )
 @pytest.mark.timeout(200)
 def test_chaos_mixed(tmp_path: Path) -> None:
