@@ -75,42 +75,35 @@ def scan_kwargs(opts: Options) -> dict[str, Any]:
     """The Scan of ``leased_resources`` with the expiry and age (and region) filtered
     server-side."""
     cond = "lease_expires < :cutoff"
-    names: dict[str, str] = {}
     values: dict[str, Any] = {":cutoff": {"S": fmt_time(opts.now_us - opts.grace_us)}}
     if opts.orphan_age_us is not None:
         cond = "(lease_expires < :cutoff OR lease_acquired < :old)"
         values[":old"] = {"S": fmt_time(opts.now_us - opts.orphan_age_us)}
-    if opts.region is not None:
-        cond += " AND #r = :region"
-        names["#r"] = "region"
-        values[":region"] = {"S": opts.region}
-    kw: dict[str, Any] = {
-        "TableName": opts.table,
-        "IndexName": "leased_resources",
-        "FilterExpression": cond,
-        "ExpressionAttributeValues": values,
-    }
-    if names:
-        kw["ExpressionAttributeNames"] = names
-    if opts.page_size:
-        kw["Limit"] = opts.page_size
-    return kw
+    return _scan(opts, cond, values, index="leased_resources")
 
 
 def relist_scan_kwargs(opts: Options) -> dict[str, Any]:
     """The Scan of the base table for quarantined items whose quarantine is over."""
-    cond = "quarantine_until <= :now"
+    return _scan(opts, "quarantine_until <= :now", {":now": {"S": fmt_time(opts.now_us)}})
+
+
+def _scan(
+    opts: Options, cond: str, values: dict[str, Any], index: str | None = None
+) -> dict[str, Any]:
+    """A Scan's arguments: ``cond`` (and the job's region, if it has one) filtered
+    server-side, pages of ``page_size``."""
     names: dict[str, str] = {}
-    values: dict[str, Any] = {":now": {"S": fmt_time(opts.now_us)}}
     if opts.region is not None:
         cond += " AND #r = :region"
         names["#r"] = "region"
-        values[":region"] = {"S": opts.region}
+        values = {**values, ":region": {"S": opts.region}}
     kw: dict[str, Any] = {
         "TableName": opts.table,
         "FilterExpression": cond,
         "ExpressionAttributeValues": values,
     }
+    if index is not None:
+        kw["IndexName"] = index
     if names:
         kw["ExpressionAttributeNames"] = names
     if opts.page_size:
