@@ -1692,7 +1692,7 @@ def step_job(w0: World, j: Job) -> Out:
             verdict = orphan_verdict(r, m)
             if verdict is Orphan.FOREIGN:  # leases.py repair: the paper agent's lease
                 _next(w, j, f"{r.resource} held by the paper's agent")
-            elif verdict is not Orphan.LEASE:  # leases.py:98-99 -> repair
+            elif verdict is not Orphan.LEASE:  # leases.release_held: not a lease -> repair
                 _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
             elif what == "orphan" and not w.proto.dedupe_orphan_as_lease:
                 # dedupe.py release_one: an orphan is only repaired; a lease now is left

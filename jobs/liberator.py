@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,18 +158,25 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         c["orphans_freed" if got == "freed_orphan" else "lost_races"] += 1
         log.warning("orphan_freed" if got == "freed_orphan" else "lost_race", **ctx)
 
-    def handle(seg: int, page: dict[str, Any]) -> None:
-        c = counts[seg]
-        c["scanned"] += int(page.get("ScannedCount", 0))
+    def ours(page: dict[str, Any], c: Counter[str]) -> Iterator[ResourceItem]:
+        """The page's resource items of the job's region (an item that does not parse is
+        counted as an error and logged)."""
         for raw in page.get("Items", []):
+            if not is_resource_item(raw):
+                continue
             try:
                 item = item_from_ddb(raw)
             except (KeyError, ValueError) as exc:
                 c["errors"] += 1
                 log.error("bad_item", item=str(raw)[:300], error=str(exc))
                 continue
-            if opts.region is not None and item.region != opts.region:
-                continue
+            if opts.region is None or item.region == opts.region:
+                yield item
+
+    def handle(seg: int, page: dict[str, Any]) -> None:
+        c = counts[seg]
+        c["scanned"] += int(page.get("ScannedCount", 0))
+        for item in ours(page, c):
             # The filter ran server-side; check again, it is cheap and the rule is ours.
             if item.lease_expires_us is None or item.lease_expires_us >= cutoff:
                 check_orphan(item, c)
@@ -203,17 +210,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
         c = counts[seg]
         c["relist_scanned"] += int(page.get("ScannedCount", 0))
-        for raw in page.get("Items", []):
-            if not is_resource_item(raw):
-                continue
-            try:
-                item = item_from_ddb(raw)
-            except (KeyError, ValueError) as exc:
-                c["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
-                continue
-            if opts.region is not None and item.region != opts.region:
-                continue
+        for item in ours(page, c):
             if item.quarantine_until is None or item.quarantine_until > fmt_time(opts.now_us):
                 continue
             c["quarantine_over"] += 1

@@ -57,6 +57,17 @@ def test_chaos_harness_works(tmp_path: Path) -> None:
     assert "double allocations" in table(result)
 
 
+def assert_rule_kept(a: dict[str, object], t: dict[str, object]) -> None:
+    """The audit of what the apps saw, and the final table: nothing broke the rule."""
+    examples = json.dumps(a["examples"], indent=1)
+    assert a["double_allocations"] == 0, examples
+    assert a["in_region_splits"] == 0, examples
+    assert a["lost_leases"] == 0, examples
+    assert t["both_free_and_leased"] == 0, t["examples"]
+    assert t["keys_with_two_unexpired_in_region"] == 0, t["examples"]
+    assert t["live_mappings_not_held"] == 0, t["examples"]
+
+
 @pytest.mark.timeout(280)
 def test_chaos_short(tmp_path: Path) -> None:
     p = Params(duration=60.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
@@ -69,13 +80,7 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert result["proxies"]["total"].get("fault.outage", 0) > 0
     assert result["jobs"]["liberator"]["runs"] > 0
     assert result["jobs"]["liberator"]["failed_runs"] == 0, result["jobs"]
-    examples = json.dumps(a["examples"], indent=1)
-    assert a["double_allocations"] == 0, examples
-    assert a["in_region_splits"] == 0, examples
-    assert a["lost_leases"] == 0, examples
-    assert t["both_free_and_leased"] == 0, t["examples"]
-    assert t["keys_with_two_unexpired_in_region"] == 0, t["examples"]
-    assert t["live_mappings_not_held"] == 0, t["examples"]
+    assert_rule_kept(a, t)
 
 
 @pytest.mark.skip(
@@ -104,10 +109,4 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     assert jobs["liberator"]["runs"] > 0 and jobs["liberator"]["failed_runs"] == 0, jobs
     assert jobs["paper_liberator"]["runs"] > 0, jobs
     assert jobs["paper_liberator"]["failed_runs"] == 0, jobs
-    examples = json.dumps(a["examples"], indent=1)
-    assert a["double_allocations"] == 0, examples
-    assert a["in_region_splits"] == 0, examples
-    assert a["lost_leases"] == 0, examples
-    assert t["both_free_and_leased"] == 0, t["examples"]
-    assert t["keys_with_two_unexpired_in_region"] == 0, t["examples"]
-    assert t["live_mappings_not_held"] == 0, t["examples"]
+    assert_rule_kept(a, t)
