@@ -322,8 +322,6 @@ class Acquirer:
             sent = self.clock.mono()  # the answer is confirmed as of the read's departure
             own, others, held = await self._read_first(pool, key, deadline)
             d = D.on_read(own, others, self.clock.now_us(), self.rules)
-            if self.cfg.legacy_agents:
-                d = D.beside_legacy(d, self.clock.now_us())
             if isinstance(d, D.Verify):
                 r = await self._resource(pool.client_id, d.mapping.resource or "", deadline)
                 d = D.on_resource(d.mapping, r, self.clock.now_us(), self.rules)

@@ -402,20 +402,6 @@ def orphan_free_at(
 
 
 # ------------------------------------------------------------ leases of the paper's agent
-def beside_legacy(d: Decision, now_us: int) -> Decision:
-    """:func:`on_read`'s decision when the paper's agent may run against the table: a lease
-    of ours already past its end is not extended within the grace but acquired again (the
-    old agent takes the end as final, and may have leased the key another resource since,
-    which the acquisition then adopts)."""
-    if (
-        isinstance(d, Extend)
-        and d.mapping.expires_us is not None
-        and d.mapping.expires_us <= now_us
-    ):
-        return Acquire(d.mapping.ver)
-    return d
-
-
 def adoptable(
     r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int
 ) -> bool:
