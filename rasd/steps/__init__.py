@@ -1,0 +1,233 @@
+"""The protocol's steps, written once, with no I/O: every actor that writes the table.
+
+Theory of operation
+-------------------
+An actor's protocol (the daemon's acquisition, extension and release; the liberator; ras-dedupe;
+the balancer's move; rasadmin's commands; the paper's agent the checker runs beside them) is a
+*program*: a generator that yields :data:`Effect` values and is sent back what each one
+returned. A program never reads a clock, a socket or a table itself; it says what it needs
+(``GetItem``, ``Send`` a ``Write``, ``Now``, ``Sleep``...) and decides from what comes back,
+through the pure functions of :mod:`rasd.decide` and the write builders of :mod:`rasd.lease`.
+This is h11's split, with the state machine written as straight-line code:
+
+    def free_it(ident, now_us):               # a program
+        item = yield GetItem(ident)           # one strongly consistent read
+        if item is None:
+            return "gone"
+        res = yield Send(liberate(...))       # one conditional write
+        return res.outcome.value
+
+Two kinds of interpreter run the same programs:
+
+* **drivers** (:func:`drive` for the daemon's asyncio tasks, :func:`run` for the jobs'
+  blocking code) perform each effect for real and send back its result; a failed call is
+  thrown into the program as the :class:`rasd.errors.RasdError` the store raised;
+* the **protocol checker** (``check/``) performs each effect against its model of DynamoDB,
+  one effect per step, branching on every outcome the real call could have (applied, refused,
+  lost reply, error). Generators cannot be copied, so the checker keeps a program as the
+  :class:`Trace` of results it was sent and rebuilds it by replaying them (:meth:`Trace.resume`):
+  programs are deterministic in what they are sent, which is what makes the replay exact.
+
+Effects that touch DynamoDB are one call each; the others (``Now``, ``Sleep``, ``Spawn``,
+``Note``, and the daemon's cache and prefetcher effects in :mod:`rasd.steps.daemon`) are
+local. A program may yield :class:`Together` to send several calls in one round trip.
+
+Known-bad rule sets (``check/rulesets.py``) work by handing a program other pure functions
+(``ops``): the programs take the decisions and write builders they use as a parameter whose
+default is the real one, so the checker can show that it finds each bug when it is put back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..errors import RasdError
+from ..writes import ItemKey, Write
+
+R = TypeVar("R")
+
+#: What a program yields: one of the effect classes below (or a driver-specific one).
+Effect = Any
+#: A program: yields effects, is sent their results, returns its answer.
+Program = Generator[Effect, Any, R]
+#: A read-back check for a write whose outcome is unknown (``rasd.lease.ReadBack``).
+ReadBack = Callable[[dict[str, Any]], bool]
+
+
+# --------------------------------------------------------------------------- DynamoDB calls
+@dataclass(frozen=True, slots=True)
+class GetItem:
+    """One strongly consistent GetItem. Result: the item as a plain dict, or None."""
+
+    key: ItemKey
+
+
+@dataclass(frozen=True, slots=True)
+class QueryMappings:
+    """The key's mapping items, every region's (one strongly consistent Query).
+    Result: ``list[rasd.lease.Mapping]``."""
+
+    client_id: str
+    pool_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueryLeased:
+    """The leased-resources index's items for the key (eventually consistent: a hint, never
+    a decision). Result: ``list[rasd.lease.ResourceItem]``."""
+
+    client_id: str
+    pool_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One conditional write. Result: ``rasd.store.WriteResult`` (outcome, item as written,
+    error). A write never raises into the program: an error is an outcome (``UNKNOWN``, or
+    ``REJECTED`` with ``error`` set when the table refused it for another reason).
+    ``readback`` resolves an unknown outcome by a consistent read, where the driver can."""
+
+    write: Write
+    readback: ReadBack | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Together:
+    """Several calls in one round trip. Result: a tuple of their results, in order. A read
+    in it that fails makes the whole effect fail (its error is thrown into the program)."""
+
+    calls: tuple[Effect, ...]
+
+
+# ------------------------------------------------------------------------------ local
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The wall clock. Result: microseconds since the epoch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mono:
+    """The monotonic clock. Result: seconds (float)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait. ``bounded``: within the request's deadline (the driver throws
+    ``rasd.errors.Timeout`` if the deadline would pass first). Result: None."""
+
+    seconds: float
+    bounded: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start ``fn(*args)`` (a program function) as a task of its own, not bound to this
+    request. Result: a handle that :class:`Join` takes (the driver's task, the checker's
+    process). The arguments are values (hashable): the checker keeps them in its states."""
+
+    fn: Callable[..., Program[Any]]
+    args: tuple[Any, ...] = ()
+
+    def trace(self) -> Trace:
+        fn, args = self.fn, self.args
+        return Trace(fn.__qualname__, lambda: fn(*args), args)
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Wait for a spawned program, at most until the deadline. Result: None."""
+
+    handle: Any = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something worth counting or logging (a counter name, and log fields). Result: None.
+    The checker ignores notes."""
+
+    event: str
+    fields: tuple[tuple[str, object], ...] = ()
+    level: str = ""  # "", "warning" or "error": log it too
+
+
+# --------------------------------------------------------------------------- interpreters
+def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
+    """Run ``prog`` to its end, performing each effect with ``perform`` (blocking)."""
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            eff = prog.send(result) if error is None else prog.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            result, error = perform(eff), None
+        except RasdError as exc:
+            result, error = None, exc
+
+
+async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
+    """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver)."""
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            eff = prog.send(result) if error is None else prog.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            result, error = await perform(eff), None
+        except RasdError as exc:
+            result, error = None, exc
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """A recorded failure: on replay, ``error`` is thrown into the program."""
+
+    error: RasdError
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A program that has ended: what it returned, or the error it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A program as the checker keeps it: how to start it and what it has been sent.
+
+    ``start()`` must build a fresh generator each time (a ``functools.partial`` of a
+    program function and its arguments); ``sent`` holds one result per effect performed
+    (a :class:`Raised` for a failure). Two traces of one program with equal results are the
+    same process state, so a trace is compared by ``(name, args, sent)``."""
+
+    name: str
+    start: Callable[[], Program[Any]] = field(compare=False, hash=False, repr=False)
+    args: tuple[Any, ...] = ()
+    sent: tuple[Any, ...] = ()
+
+    def resume(self) -> tuple[Program[Any] | None, Effect | Done]:
+        """Replay the results sent so far. Returns the live generator and the effect it is
+        waiting on, or ``(None, Done(...))`` if it has ended."""
+        gen = self.start()
+        try:
+            eff = gen.send(None)
+            for r in self.sent:
+                eff = gen.throw(r.error) if isinstance(r, Raised) else gen.send(r)
+        except StopIteration as stop:
+            return None, Done(stop.value)
+        except RasdError as exc:
+            return None, Done(error=exc)
+        return gen, eff
+
+    def then(self, result: Any) -> Trace:
+        """This program after its pending effect returned ``result``."""
+        return Trace(self.name, self.start, self.args, (*self.sent, result))
