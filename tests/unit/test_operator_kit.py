@@ -24,18 +24,18 @@ needs_promtool = pytest.mark.skipif(
 
 def exported_metric_names() -> set[str]:
     """Every family the daemon can export: each counter the code increments (as the
-    exposition names it), the gauges registered in server.py, and the latency histogram."""
+    exposition names it), the gauges the daemon registers, and the latency histogram."""
     names: set[str] = set()
-    for src in (ROOT / "rasd").glob("*.py"):
-        for counter in re.findall(r'counters\.inc\(\s*f?"([a-zA-Z_.]+)', src.read_text()):
+    for src in (ROOT / "rasd").rglob("*.py"):
+        text = src.read_text()
+        for counter in re.findall(r'counters\.inc\(\s*f?"([a-zA-Z_.]+)', text):
             # f"ddb.{op}", f"err.{code}": a prefix; any upper-case value stands for them
             family, _label, _value = counter_family(
                 counter + "X" if counter.endswith(".") else counter
             )
             names.add(f"rasd_{family}_total")
-    server = (ROOT / "rasd" / "server.py").read_text()
-    for gauge in re.findall(r'"([a-z_]+)": Gauge\(', server):
-        names.add(f"rasd_{gauge}")
+        for gauge in re.findall(r'"([a-z_]+)": Gauge\(', text):
+            names.add(f"rasd_{gauge}")
     names |= {"rasd_build_info", "rasd_scrape_errors"}
     for suffix in ("_bucket", "_sum", "_count"):
         names.add(f"rasd_request_duration_seconds{suffix}")

@@ -1,0 +1,22 @@
+"""The daemon: a Unix-socket server speaking msgpack frames, one module per job.
+
+=================  ==========================================================================
+``lifecycle``      ``Daemon`` and ``run_daemon``: start, serve, reload, hand over, stop; read
+                   it top to bottom
+``connection``     ``Connection``: frames in, answers out, back-pressure, the peer's grant
+``routing``        ``Routing`` (a part of ``Daemon``): the cached hit, the full dispatch, the
+                   slow path that waits for DynamoDB
+``handover``       SIGUSR2: a successor takes the listening socket over without a gap
+``diagnostics``    what a failed start-up says: the root cause, a probe of the endpoint
+=================  ==========================================================================
+
+The request protocol itself (fields, answers) is rasd.protocol; what a request does is
+rasd.acquire.
+"""
+
+from .connection import Connection
+from .diagnostics import describe_cause
+from .lifecycle import LISTEN_BACKLOG, Daemon, run_daemon
+from .routing import HIT_SAMPLE
+
+__all__ = ["HIT_SAMPLE", "LISTEN_BACKLOG", "Connection", "Daemon", "describe_cause", "run_daemon"]

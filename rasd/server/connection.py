@@ -1,0 +1,173 @@
+"""One client connection: msgpack frames in, answers out, and back-pressure.
+
+Theory of operation
+-------------------
+Each connection is an ``asyncio.Protocol``. Frames are decoded as bytes arrive and handed to
+the daemon's routing (rasd.server.routing): ``Daemon.hit`` answers a cache hit at once, inside
+``data_received``, without creating a task; anything else goes to ``Daemon.dispatch``, which
+answers at once or starts a task that writes its answer (with the request's ``id``) when
+done, so one connection may carry many requests at once.
+
+The usual read is exactly one whole frame: it is decoded in place, without copying it through
+the decoder's buffer. A read with several frames (a pipelining client) gets one write for all
+the answers it could give at once. A frame over the size limit is answered ``BAD_REQUEST`` and
+the connection closed (its length prefix cannot be trusted to find the next frame).
+
+The caller's Unix credentials (SO_PEERCRED) are read once, when the connection is made, and
+turned into a ``Grant`` by the ACL (:func:`grant_for`); a reload re-grants every connection.
+
+Back-pressure: when the peer stops reading its answers (the transport's buffer is full) the
+connection stops reading its requests until it catches up. At shutdown :meth:`quiesce` stops
+reading for good and closes once the last request read is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from rasd_client.wire import (
+    _HEADER,
+    HEADER_SIZE,
+    FrameDecoder,
+    FrameTooLarge,
+    encode,
+    error_payload,
+)
+from rasd_client.wire import _decode_body as decode_body
+
+from ..peercred import Acl, Grant, peer_credentials, peer_gids
+
+if TYPE_CHECKING:
+    from .lifecycle import Daemon
+
+log = structlog.get_logger("rasd.server")
+
+#: what a peer whose credentials cannot be read may use: nothing
+NOBODY = Grant(False, frozenset())
+
+
+def grant_for(acl: Acl, transport: asyncio.BaseTransport) -> Grant:
+    """What the peer may use, from its kernel-reported uid and groups (SO_PEERCRED)."""
+    if acl.open:
+        return acl.grant(0, ())
+    sock = transport.get_extra_info("socket")
+    try:
+        cred = peer_credentials(sock)
+        return acl.grant(cred.uid, peer_gids(sock, cred))
+    except OSError as exc:
+        log.warning("peer_credentials_failed", error=str(exc))
+        return NOBODY
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = (
+        "batch",
+        "closed",
+        "daemon",
+        "decoder",
+        "draining",
+        "grant",
+        "pending",
+        "transport",
+    )
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.decoder = FrameDecoder()
+        self.pending = 0
+        self.closed = False
+        #: Shutdown began: read nothing more; close once every request read is answered.
+        self.draining = False
+        self.transport: asyncio.Transport | None = None
+        self.grant = NOBODY
+        #: answers held while one data_received handles several frames (one write for all)
+        self.batch: list[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        daemon = self.daemon
+        daemon.connections.add(self)
+        daemon.counters.inc("conn.opened")
+        self.grant = grant_for(daemon.acl, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.daemon.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        # The peer is not reading its answers (its socket and our write buffer are full):
+        # stop reading its requests until it catches up, so a stuck or hostile client cannot
+        # make the daemon buffer answers without bound.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed and not self.draining:
+            self.transport.resume_reading()
+
+    def quiesce(self) -> None:
+        """Shutdown: read no more requests; close now if none is waiting for its answer, else
+        once the last one is answered (``Daemon._slow``). Never read-and-dropped: what the
+        peer sends from now on stays unread, and the close makes its client see the connection
+        closed before any reply, which it retries on a new connection, answered by the next
+        process from the listening socket's backlog (docs/protocol.md, "Restarts")."""
+        self.draining = True
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        if self.pending == 0:
+            self.close()
+
+    def data_received(self, data: bytes) -> None:
+        daemon = self.daemon
+        n = len(data)
+        if n > HEADER_SIZE and not self.decoder.buffered:
+            # The usual case: exactly one whole frame, nothing buffered. Decoded in place,
+            # without copying it through the decoder's buffer.
+            (length,) = _HEADER.unpack_from(data, 0)
+            if length == n - HEADER_SIZE and length <= self.decoder.max_frame:
+                frame = decode_body(memoryview(data)[HEADER_SIZE:])  # type: ignore[arg-type]
+                out = daemon.hit(self, frame)
+                if out is None:
+                    daemon.dispatch(self, frame)
+                elif not self.closed:
+                    self.transport.write(out)  # type: ignore[union-attr]
+                return
+        self.decoder.feed(data)
+        # Several frames at once (a pipelining client): their immediate answers go out in one
+        # write at the end; answers of requests that wait for DynamoDB are written when done.
+        batch: list[bytes] = []
+        self.batch = batch
+        too_large: FrameTooLarge | None = None
+        try:
+            for frame in self.decoder.frames():
+                out = daemon.hit(self, frame)
+                if out is None:
+                    daemon.dispatch(self, frame)
+                else:
+                    batch.append(out)
+        except FrameTooLarge as exc:
+            too_large = exc
+            daemon.counters.inc("req.bad_frame")
+            batch.append(encode(error_payload(None, "BAD_REQUEST", str(exc))))
+        finally:
+            self.batch = None
+            if batch and not self.closed and self.transport is not None:
+                self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+        if too_large is not None:
+            self.close()
+        if self.draining and self.pending == 0:
+            self.close()
+
+    def send(self, payload: dict[str, Any]) -> None:
+        if self.batch is not None:
+            self.batch.append(encode(payload))
+        elif not self.closed and self.transport is not None:
+            self.transport.write(encode(payload))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,107 @@
+"""The SIGUSR2 hand-over: a successor takes the listening socket over without a gap.
+
+Theory of operation
+-------------------
+``systemctl restart`` is stop-then-start: callers queued meanwhile wait for the new process's
+start-up (Python, imports, DynamoDB warm-up), longer than a 1 s timeout on a busy host. A
+hand-over overlaps instead:
+
+1. The predecessor (:func:`start_successor`, on SIGUSR2) starts the same command line (so
+   the code now on disk: an upgrade) with the listening socket as fd 3 (``LISTEN_FDS``) and
+   the write end of a pipe (``RASD_HANDOVER_FD``), and keeps serving.
+2. The successor (``Daemon.run``) brings its store up *before* it accepts, silent to systemd
+   meanwhile (with ``NotifyAccess=main`` it may not speak yet); a successor that cannot start
+   exits and answers nobody. Then :func:`take_over` accepts alongside the predecessor and
+   writes to the pipe.
+3. The predecessor tells systemd the successor is the main process (``MAINPID=``, which the
+   main process may send) and shuts down as on SIGTERM, minus ``STOPPING=1``. If the successor
+   dies (or closes the pipe) first, the predecessor keeps serving and logs ``handover_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from .lifecycle import Daemon
+
+log = structlog.get_logger("rasd.server")
+
+#: the fd systemd passes the first listening socket as (sd_listen_fds)
+LISTEN_FD = 3
+
+
+def start_successor(daemon: Daemon) -> None:
+    """The predecessor's side (SIGUSR2): start the successor; stop once it serves."""
+    if daemon._successor is not None or daemon._stop.is_set():
+        log.warning("handover_ignored", reason="a hand-over or a stop is under way")
+        return
+    sock = daemon._listen_sock
+    if sock is None or sock.fileno() != LISTEN_FD:
+        log.warning("handover_ignored", reason="not socket-activated (no inherited fd 3)")
+        return
+    import subprocess
+    import sys
+
+    rfd, wfd = os.pipe()
+    env = dict(os.environ)
+    env.update(LISTEN_FDS="1", LISTEN_FDNAMES="rasd", RASD_HANDOVER_FD=str(wfd))
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    try:
+        # sh sets LISTEN_PID/WATCHDOG_PID to its own pid, which exec keeps.
+        daemon._successor = subprocess.Popen(
+            ["/bin/sh", "-c", 'LISTEN_PID=$$ WATCHDOG_PID=$$ exec "$@"', "rasd", *argv],
+            env=env,
+            pass_fds=(LISTEN_FD, wfd),
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        os.close(rfd)
+        log.error("handover_failed", cause=f"cannot start the successor: {exc}")
+        return
+    finally:
+        os.close(wfd)
+    log.info("handover_started", successor=daemon._successor.pid)
+    loop = asyncio.get_running_loop()
+
+    def readable() -> None:
+        try:
+            data = os.read(rfd, 64)
+        except OSError:
+            data = b""
+        loop.remove_reader(rfd)
+        os.close(rfd)
+        successor = daemon._successor
+        if data and successor is not None:
+            # WATCHDOG=1 too: the successor's next ping is at most one interval away.
+            daemon.notifier.notify(
+                f"MAINPID={successor.pid}",
+                "READY=1",
+                "WATCHDOG=1",
+                f"STATUS=serving (took over from pid {os.getpid()})",
+            )
+            log.info("handed_over", successor=successor.pid)
+            daemon._handed_over = True
+            daemon.stop()
+        else:
+            code = successor.poll() if successor is not None else None
+            log.error("handover_failed", cause="the successor exited before serving", code=code)
+            daemon._successor = None
+
+    loop.add_reader(rfd, readable)
+
+
+async def take_over(daemon: Daemon, sock: socket.socket, fd: int) -> None:
+    """The successor's side, once its store is up: accept, then tell the predecessor (through
+    the pipe ``fd``), which makes us the main process and stops."""
+    await daemon.listen(sock)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    log.info("took_over", predecessor=os.getppid())
