@@ -37,7 +37,7 @@ import structlog
 from cachetools import TTLCache
 
 from . import decide as D
-from .cache import HEAD, ID_PACK, META, CacheKey, LeaseCache, lease_of
+from .cache import HEAD, CacheKey, LeaseCache, lease_of
 from .clock import Clock
 from .config import Config
 from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
@@ -81,6 +81,7 @@ from .lease import (
 from .limits import BucketTable
 from .metrics import Counters
 from .prefetch import Prefetcher
+from .protocol import ID_PACK
 from .store import Store, WriteResult
 
 log = structlog.get_logger("rasd.acquire")
@@ -98,7 +99,6 @@ WALL_RESYNC = 0.25
 RELIST_SLACK = 1.0
 #: a daemon re-lists what it freed only if that is due within this long (else the liberator)
 RELIST_MAX_WAIT_US = 600 * US
-META_UNPACK = META.unpack_from
 
 
 class Acquirer:
@@ -189,27 +189,18 @@ class Acquirer:
         requested_us: int,
         now: float | None = None,
     ) -> Lease | None:
-        """Answer from the cache, or None. Never awaits and never touches DynamoDB.
-        ``now``: the request's monotonic time (read once by the server).
-        (The server counts hits and misses: this is also called again after a miss.)"""
-        pool = self.pools.get((client_id, pool_id))
-        if pool is None:
-            return None
+        """The full path's cache hit: the cached Lease when :meth:`hit_answer` would answer,
+        else None; raises BadRequest when the pool refuses the lease end. Never awaits and
+        never touches DynamoDB. ``now``: the request's monotonic time (read once by the
+        server). (The server counts hits and misses: this is also called again after a miss.)"""
         if now is None:
             now = self.clock.mono()
-        now_us = self.wall_us(now)
-        if not 0 < requested_us - now_us <= pool.max_lease_us:
-            self._check(pool, requested_us, now_us)  # raises, naming what is wrong
-        e = self.cache.entry(client_id, pool_id, key, now)
-        if e is None:
+        if self.hit_answer(client_id, pool_id, key, requested_us, now, 0) is None:
+            pool = self.pools.get((client_id, pool_id))
+            if pool is not None:
+                self._check(pool, requested_us, self.wall_us(now))  # a refused end, named
             return None
-        lease = lease_of(client_id, pool_id, key, e)
-        _, confirmed, extend_from_us, _ = META_UNPACK(e)
-        if now - confirmed > self.cache.half_s or requested_us > extend_from_us:
-            k = (client_id, pool_id, key)
-            if k not in self._refreshing:
-                self._maybe_refresh(k, lease, requested_us, now_us)
-        return lease
+        return self.cache.get((client_id, pool_id, key), now)
 
     def hit_answer(
         self,
@@ -220,12 +211,13 @@ class Acquirer:
         now: float,
         req_id: int,
     ) -> bytes | None:
-        """The server's fast path: the whole answer frame of a cache hit for request
-        ``req_id`` (0 <= req_id < 2**64), or None when this is not a plain hit (no pool, a
-        lease end the pool refuses, no valid entry). Decides nothing :meth:`try_hit` would
-        decide otherwise: on None the server takes the full path, which names any error.
-        Allocates only the answer; the Lease is rebuilt only when the hit needs background
-        work (past S/2, or an extension), by the same tests as :meth:`try_hit`."""
+        """What the cache answers a get_lease at monotonic time ``now``, for both paths (the
+        full path through :meth:`try_hit`): the whole answer frame for request ``req_id``
+        (0 <= req_id <= protocol.ID_MAX), or None when this is not a plain hit (no pool, a
+        lease end the pool refuses, no valid entry). Starts the background work a hit calls
+        for: a re-confirmation past S/2, an extension when the caller asks for more than the
+        lease has (``_maybe_refresh``); the Lease is rebuilt only then. Otherwise allocates
+        only the answer."""
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None
@@ -233,26 +225,16 @@ class Acquirer:
             now_us = int(now * US) + self._wall_offset_us
         else:
             now_us = self.wall_us(now)
-        if not 0 < requested_us - now_us <= pool.max_lease_us:
+        if not 0 < requested_us - now_us <= pool.max_lease_us:  # check_expiry, inlined
             return None
-        pools = self.cache.entries.get(client_id)
-        if pools is None:
+        r = self.cache.read(client_id, pool_id, key, now)
+        if r is None:
             return None
-        d = pools.get(pool_id)
-        if d is None:
-            return None
-        e = d.get(key)
-        if e is None:
-            return None
-        until, confirmed, extend_from_us, end = META_UNPACK(e)
-        if now >= until:
-            self.cache.expired(d, key)
-            return None
+        e, confirmed, extend_from_us, end = r
         if now - confirmed > self.cache.half_s or requested_us > extend_from_us:
             k = (client_id, pool_id, key)
             if k not in self._refreshing:
-                lease = lease_of(client_id, pool_id, key, e)
-                self._maybe_refresh(k, lease, requested_us, now_us)
+                self._maybe_refresh(k, lease_of(client_id, pool_id, key, e), requested_us, now_us)
         return e[HEAD:end] + ID_PACK(req_id)
 
     async def get_lease(

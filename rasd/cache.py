@@ -19,11 +19,13 @@ the key). Per client and pool a plain dict ``key -> entry``, where an entry is::
 
     META: until (f64, mono s), confirmed (f64, mono s), extend_from_us (i64), head_end (u16)
     head: the whole answer frame of a cache hit (length prefix, msgpack map) except the last
-          8 bytes: the value of its ``id``, which comes last, as a msgpack uint64 (0xcf + 8)
+          8 bytes: the value of its ``id``, which comes last, as a msgpack uint64 (0xcf + 8);
+          ``protocol.answer_head`` makes it from ``protocol.lease_response``, the one layout
     tail: msgpack of (acquired_us, token)
 
 so a hit answers with ``entry[META.size:head_end] + id`` (:func:`answer`): nothing packed per
-request. ``extend_from_us`` is the lease's end for a lease of this cache's region (a request
+request. :meth:`LeaseCache.read` is the one reader of an entry, for the cached hit and the full
+path alike. ``extend_from_us`` is the lease's end for a lease of this cache's region (a request
 asking for more may need an extension) and INT64_MAX for another region's (never extended
 here). The ``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
 
@@ -41,53 +43,35 @@ import struct
 
 import msgpack
 
-from rasd_client.wire import HEADER_SIZE, VERSION
+from rasd_client.wire import HEADER_SIZE
 
 from .clock import Clock
 from .lease import MAX_KEY_LEN, US, Lease
-from .protocol import MAX_ID_LEN
+from .protocol import ID_PACK, MAX_ID_LEN, answer_head
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)
 #: see the module docstring
 Entry = bytes
+#: what LeaseCache.read gives: the entry, its confirmation time, extend_from_us, head_end
+Read = tuple[Entry, float, int, int]
 _Pool = dict[str, Entry]
 
 META = struct.Struct("<ddqH")
+_UNPACK = META.unpack_from
 HEAD = META.size  # where the answer's head starts in an entry
 NEVER = 2**63 - 1  # extend_from_us of a lease this daemon never extends
-#: packs the id's value in an answer (the 8 bytes after the head's 0xcf)
-ID_PACK = struct.Struct(">Q").pack
-ID_MAX = 2**64 - 1
-_LEN = struct.Struct(">I")
-
-
-def _head(lease: Lease) -> bytes:
-    """The answer frame of a hit on ``lease`` without the id's 8 value bytes."""
-    body: bytes = msgpack.packb(
-        {
-            "v": VERSION,
-            "ok": True,
-            "resource": lease.resource,
-            "lease_expires_us": lease.expires_us,
-            "version": lease.version,
-            "new": False,
-            "region": lease.region,
-            "id": 0,  # packed as one byte (0x00): replaced by 0xcf and 8 bytes per answer
-        },
-        use_bin_type=True,
-    )
-    return _LEN.pack(len(body) + 8) + body[:-1] + b"\xcf"
 
 
 def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
-    head = _head(lease)
+    head = answer_head(lease)
     ext = lease.expires_us if lease.region == region else NEVER
     tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
     return META.pack(until, confirmed, ext, HEAD + len(head)) + head + tail
 
 
 def answer(e: Entry, end: int, req_id: int) -> bytes:
-    """The hit's answer frame for request ``req_id`` (0 <= req_id <= ID_MAX)."""
+    """The hit's answer frame for request ``req_id`` (0 <= req_id <= protocol.ID_MAX), from an
+    entry and its ``head_end``."""
     return e[HEAD:end] + ID_PACK(req_id)
 
 
@@ -110,8 +94,9 @@ def lease_of(client_id: str, pool_id: str, key: str, e: Entry) -> Lease:
 
 
 def _servable_names(lease: Lease) -> bool:
-    """Names a request may carry (protocol.parse): the cache holds nothing else, so a request
-    whose names find an entry passed that validation (the server's fast path relies on it)."""
+    """Names a request may carry (their lengths are protocol.parse's to check): the cache holds
+    nothing else, so the cached hit, which checks no length, finds no entry for a name that
+    parse refuses (``Daemon.hit`` relies on it)."""
     return (
         0 < len(lease.client_id) <= MAX_ID_LEN
         and 0 < len(lease.pool_id) <= MAX_ID_LEN
@@ -156,8 +141,10 @@ class LeaseCache:
         self._n = 0  # entries held, expired ones included until they are dropped
 
     # ------------------------------------------------------------------------- hot path
-    def entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
-        """The entry valid at monotonic time ``now``, or None."""
+    def read(self, client_id: str, pool_id: str, key: str, now: float) -> Read | None:
+        """The entry valid at monotonic time ``now`` with its META (confirmation time,
+        extend_from_us, head_end), or None; an entry past its validity is dropped. The one
+        reader of the cache: the cached hit and the full path both read through it."""
         pools = self.entries.get(client_id)
         if pools is None:
             return None
@@ -167,16 +154,17 @@ class LeaseCache:
         e = d.get(key)
         if e is None:
             return None
-        if now < META.unpack_from(e)[0]:
-            return e
+        until, confirmed, extend_from_us, end = _UNPACK(e)
+        if now < until:
+            return e, confirmed, extend_from_us, end
         del d[key]
         self._n -= 1
         return None
 
-    def expired(self, d: _Pool, key: str) -> None:
-        """Drop an entry the hot path found past its validity."""
-        if d.pop(key, None) is not None:
-            self._n -= 1
+    def entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
+        """The entry valid at monotonic time ``now``, or None (:meth:`read`)."""
+        r = self.read(client_id, pool_id, key, now)
+        return None if r is None else r[0]
 
     # ---------------------------------------------------------------------- by CacheKey
     def get(self, k: CacheKey, now: float | None = None) -> Lease | None:

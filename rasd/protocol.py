@@ -1,19 +1,28 @@
-"""Requests and responses of the wire protocol (docs/protocol.md). Pure: dicts in, dicts out.
+"""Requests and responses of the wire protocol (docs/protocol.md): what a frame must hold, and
+what an answer holds. Pure: frames in, Requests and answers out, no I/O.
 
-``parse()`` validates one decoded frame into a ``Request`` or raises ``BadRequest``; the server
-never touches an unvalidated field. A well-formed ``get_lease`` (the cached hit's frame) is
-checked in one pass: one exact type check and, for strings, one length check per field, and
-nothing allocated but the ``Request``. Any frame that fails that pass goes through
-``_parse_checked``, the field-by-field walk that names what is wrong; so the fast pass decides
-nothing it could get wrong, it only lets through frames the walk would accept too.
+Theory of operation
+-------------------
+A ``get_lease`` frame's fields are checked by one function, :func:`lease_fields`: one pass, one
+exact type check per field, nothing allocated but the tuple of values. Both paths of the server
+use it: :func:`parse` (the full path, which adds the names' length limits) and ``Daemon.hit``
+(the cached hit, which needs no length check: the cache holds no name parse refuses). A frame
+they refuse is never accepted: :func:`parse` then walks its fields one by one only to name the
+first one that is wrong (``BadRequest``). Every other op is checked by that walk.
+
+A ``get_lease`` is answered by one layout, :func:`lease_response`, whose ``id`` comes last. A
+cached hit's answer is that frame encoded once, when the lease is cached, with its ``id``
+widened to a msgpack uint64 (:func:`answer_head`): per request only the id's 8 bytes are
+appended (``ID_PACK``), and the bytes decode to exactly what ``lease_response`` says.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
-from rasd_client.wire import VERSION
+from rasd_client.wire import _HEADER, HEADER_SIZE, VERSION, encode
 
 from .errors import BadRequest
 from .lease import MAX_KEY_LEN, Lease
@@ -22,6 +31,13 @@ OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats"})
 _NEEDS_POOL = frozenset({"get_lease", "release", "headroom"})
 MAX_DEADLINE_MS = 60_000
 MAX_ID_LEN = 64  # client_id and pool_id, characters
+#: the largest id a cached hit's answer carries (a msgpack uint64); others take the full path
+ID_MAX = 2**64 - 1
+#: packs the id's value after an answer's head (:func:`answer_head`): 8 bytes, big-endian
+ID_PACK = struct.Struct(">Q").pack
+#: the fields of a well-formed get_lease: id, client_id, pool_id, key, lease_expires_us,
+#: deadline_ms (None when absent)
+LeaseFields = tuple[int, str, str, str, int, int | None]
 
 
 @dataclass(slots=True)
@@ -56,36 +72,56 @@ def request_id(frame: dict[str, Any]) -> int | None:
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
 
 
+def lease_fields(frame: dict[str, Any]) -> LeaseFields | None:
+    """The one check of a get_lease frame's types and values: its fields when every one is
+    well-formed, else None (:func:`parse` then names the first wrong one). Exact types: True
+    and 1.0 equal 1 in Python, not on the wire. The names' lengths are :func:`parse`'s to
+    check: the cached hit needs no check of them (the cache holds no name that parse
+    refuses, so a longer name finds no entry and goes to parse)."""
+    if frame.get("op") != "get_lease":
+        return None
+    try:
+        v = frame["v"]
+        rid = frame["id"]
+        c = frame["client_id"]
+        p = frame["pool_id"]
+        k = frame["key"]
+        e = frame["lease_expires_us"]
+    except KeyError:
+        return None
+    d = frame.get("deadline_ms")
+    if (
+        type(v) is int
+        and v == VERSION
+        and type(rid) is int
+        and type(c) is str
+        and type(p) is str
+        and type(k) is str
+        and type(e) is int
+        and (d is None or (type(d) is int and 0 < d <= MAX_DEADLINE_MS))
+    ):
+        return rid, c, p, k, e, d
+    return None
+
+
 def parse(frame: dict[str, Any]) -> Request:
-    get = frame.get
-    if get("op") == "get_lease":
-        v = get("v")
-        rid = get("id")
-        c = get("client_id")
-        p = get("pool_id")
-        k = get("key")
-        e = get("lease_expires_us")
-        d = get("deadline_ms")
-        # exact types: True and 1.0 equal 1 in Python, not on the wire
-        if (
-            type(v) is int
-            and v == VERSION
-            and type(rid) is int
-            and type(c) is str
-            and 0 < len(c) <= MAX_ID_LEN
-            and type(p) is str
-            and 0 < len(p) <= MAX_ID_LEN
-            and type(k) is str
-            and 0 < len(k) <= MAX_KEY_LEN
-            and type(e) is int
-            and (d is None or (type(d) is int and 0 < d <= MAX_DEADLINE_MS))
-        ):
+    """The Request a frame asks for; raises BadRequest naming the first field that is wrong."""
+    f = lease_fields(frame)
+    if f is not None:
+        rid, c, p, k, e, d = f
+        if 0 < len(c) <= MAX_ID_LEN and 0 < len(p) <= MAX_ID_LEN and 0 < len(k) <= MAX_KEY_LEN:
             return Request(rid, "get_lease", c, p, k, e, d)
-    return _parse_checked(frame)
+    req = _parse_checked(frame)
+    if req.op == "get_lease":
+        # lease_fields and the lengths above alone accept a get_lease; the walk names what
+        # is wrong, and finds something in every frame they refuse
+        raise BadRequest("malformed get_lease")
+    return req
 
 
 def _parse_checked(frame: dict[str, Any]) -> Request:
-    """Every op, field by field; raises BadRequest naming the first field that is wrong."""
+    """Every op, field by field; raises BadRequest naming the first field that is wrong. The
+    acceptance of a get_lease is :func:`lease_fields`'s alone (see :func:`parse`)."""
     v = frame.get("v")
     if type(v) is not int or v != VERSION:  # True and 1.0 equal 1 in Python, not on the wire
         raise BadRequest(f"unsupported protocol version {frame.get('v')!r} (this daemon: 1)")
@@ -116,13 +152,24 @@ def ok(req_id: int, **fields: Any) -> dict[str, Any]:
 
 
 def lease_response(req_id: int, lease: Lease, new: bool) -> dict[str, Any]:
+    """The answer to a get_lease (the one layout: a cached hit's bytes are this frame). The
+    ``id`` comes last, so that :func:`answer_head` can leave its value out."""
     return {
         "v": VERSION,
-        "id": req_id,
         "ok": True,
         "resource": lease.resource,
         "lease_expires_us": lease.expires_us,
         "version": lease.version,
         "new": new,
         "region": lease.region,
+        "id": req_id,
     }
+
+
+def answer_head(lease: Lease) -> bytes:
+    """The encoded :func:`lease_response` of a hit on ``lease`` (``new`` false) but for the
+    value of its ``id``: the frame's length counts 8 bytes more, and the id's value, packed
+    last as one byte (0x00, id 0), is replaced by the uint64 marker 0xcf. The answer to
+    request ``req_id`` (0 <= req_id <= ID_MAX) is ``head + ID_PACK(req_id)``."""
+    frame = encode(lease_response(0, lease, False))
+    return _HEADER.pack(len(frame) - HEADER_SIZE + 8) + frame[HEADER_SIZE:-1] + b"\xcf"

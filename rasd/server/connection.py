@@ -123,7 +123,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         daemon = self.daemon
         n = len(data)
-        if n > HEADER_SIZE and not self.decoder.buffered:
+        if n > HEADER_SIZE and not self.decoder._buf:
             # The usual case: exactly one whole frame, nothing buffered. Decoded in place,
             # without copying it through the decoder's buffer.
             (length,) = _HEADER.unpack_from(data, 0)

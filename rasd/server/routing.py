@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from rasd_client.wire import VERSION, BadFrame, error_payload
+from rasd_client.wire import BadFrame, error_payload
 
 from .. import protocol
-from ..cache import ID_MAX
 from ..config import Config
 from ..errors import Busy, Forbidden, Internal, RasdError, Timeout, Unavailable
 from ..limits import InflightGate
 from ..metrics import Counters
 from ..prom import LatencyHistograms
+from ..protocol import ID_MAX, lease_fields
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
     from ..acquire import Acquirer
@@ -76,34 +76,20 @@ class Routing:
     def hit(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
         """The fast path: a well-formed get_lease the cache answers, as its answer frame; None
         for anything else, which the caller passes to :meth:`dispatch` (the full path, which
-        alone answers errors). It decides nothing dispatch would decide otherwise: exact
-        types as parse() checks them (True and 1.0 equal 1 in Python, not on the wire), the
-        ACL, the pool's lease-end rule, the cache. The names' lengths are not checked: the
-        cache holds only names parse() accepts (cache.py), so names that find an entry pass.
-        One clock reading; nothing allocated but the answer when no background work is due."""
+        alone answers errors). It decides nothing dispatch would decide otherwise: the same
+        field check (``protocol.lease_fields``), the ACL, the same cache decision
+        (``Acquirer.hit_answer``, which ``Acquirer.try_hit`` asks too). The names' lengths
+        are not checked: the cache holds only names parse() accepts, so names that find an
+        entry pass. An id the answer cannot carry as a uint64 (``protocol.ID_MAX``) goes to
+        the full path. One clock reading; nothing allocated but the answer when no background
+        work is due."""
         if type(frame) is not dict or not self.up.is_set():
             return None
-        get = frame.get
-        if get("op") != "get_lease":
+        f = lease_fields(frame)
+        if f is None:
             return None
-        v = get("v")
-        rid = get("id")
-        c = get("client_id")
-        p = get("pool_id")
-        k = get("key")
-        e = get("lease_expires_us")
-        d = get("deadline_ms")
-        if not (
-            type(v) is int
-            and v == VERSION
-            and type(rid) is int
-            and 0 <= rid <= ID_MAX
-            and type(c) is str
-            and type(p) is str
-            and type(k) is str
-            and type(e) is int
-            and (d is None or (type(d) is int and 0 < d <= protocol.MAX_DEADLINE_MS))
-        ):
+        rid, c, p, k, e, _ = f
+        if not 0 <= rid <= ID_MAX:
             return None
         grant = conn.grant
         if not grant.all and c not in grant.client_ids:

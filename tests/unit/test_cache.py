@@ -3,10 +3,10 @@ last confirmation and its lease end minus the skew margin (docs/design.md, I3)."
 
 from __future__ import annotations
 
-from rasd.cache import ID_MAX, META, NEVER, LeaseCache, answer
+from rasd.cache import NEVER, LeaseCache, answer
 from rasd.clock import FakeClock
 from rasd.lease import US, Lease
-from rasd.protocol import lease_response
+from rasd.protocol import ID_MAX, lease_response
 from rasd_client.wire import FrameDecoder
 
 K = ("c", "p", "k")
@@ -148,15 +148,17 @@ def test_pools_and_clients_are_apart() -> None:
     assert cache.entry("x", "p", "k", clock.mono()) is None
 
 
-def test_entry_takes_the_time_passed_in() -> None:
-    """The hot path passes the request's one clock reading; validity is judged at it."""
+def test_read_takes_the_time_passed_in() -> None:
+    """The hot path passes the request's one clock reading; validity is judged at it, and
+    the entry's confirmation time comes with it."""
     clock = FakeClock()
     cache = make(clock)
-    cache.put(lease(clock, 3600), clock.mono())
     t = clock.mono()
-    assert cache.entry("c", "p", "k", t + S - 0.1) is not None
-    assert cache.entry("c", "p", "k", t + S + 0.1) is None
-    assert cache.get(K) is None  # dropped when read past its validity
+    cache.put(lease(clock, 3600), t)
+    r = cache.read("c", "p", "k", t + S - 0.1)
+    assert r is not None and r[1] == t
+    assert cache.read("c", "p", "k", t + S + 0.1) is None
+    assert cache.size() == 0  # dropped when read past its validity
 
 
 # ------------------------------------------------------------------ the compact entry
@@ -181,9 +183,9 @@ def test_the_stored_answer_is_the_hit_answer_for_any_id() -> None:
     cache = make(clock)
     lease_in = lease(clock, 3600, version=9, resource="res-9")
     cache.put(lease_in, clock.mono())
-    e = cache.entry("c", "p", "k", clock.mono())
-    assert e is not None
-    end = META.unpack_from(e)[3]
+    r = cache.read("c", "p", "k", clock.mono())
+    assert r is not None
+    e, _, _, end = r
     for rid in (0, 5, 255, 2**31, ID_MAX):
         dec = FrameDecoder()
         dec.feed(answer(e, end, rid))
@@ -198,11 +200,11 @@ def test_only_leases_of_this_region_are_marked_for_extension() -> None:
     exp = clock.now_us() + 3600 * US
     cache.put(Lease("c", "p", "own", "r", "us-east-1", exp, 1), clock.mono())
     cache.put(Lease("c", "p", "far", "r", "eu-west-1", exp, 1), clock.mono())
-    own = cache.entry("c", "p", "own", clock.mono())
-    far = cache.entry("c", "p", "far", clock.mono())
+    own = cache.read("c", "p", "own", clock.mono())
+    far = cache.read("c", "p", "far", clock.mono())
     assert own is not None and far is not None
-    assert META.unpack_from(own)[2] == exp
-    assert META.unpack_from(far)[2] == NEVER
+    assert own[2] == exp
+    assert far[2] == NEVER
 
 
 def test_names_a_request_could_not_carry_are_not_cached() -> None:

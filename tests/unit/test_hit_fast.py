@@ -1,6 +1,8 @@
-"""The server's fast path (Daemon.hit) answers a frame only when the full path (dispatch)
-would answer it from the cache, and then with the same answer; everything else it leaves to
-the full path. Time is a FakeClock; no DynamoDB, no event loop."""
+"""The server's fast path (Daemon.hit): a plain cached hit is answered at once, with the answer
+the full path (dispatch) gives; every frame that is not one (a bad field, another op, the ACL,
+an id the answer cannot carry, no entry) is left to dispatch, which answers it. Both paths
+share the field check (protocol.lease_fields) and the cache decision (Acquirer.hit_answer).
+Time is a FakeClock; no DynamoDB, no event loop."""
 
 from __future__ import annotations
 
@@ -134,17 +136,21 @@ def test_hits_count_as_requests_and_cache_hits() -> None:
     assert d.counters["cache.miss"] == 0  # the full path counts the miss, not the fast one
 
 
-VALUES: dict[str, list[Any]] = {
-    "v": [1, 2, True, 1.0, None, "1"],
-    "id": [0, -3, 2**40, True, 1.5, "1", None],
-    "op": ["get_lease", "release", "ping", None],
-    "client_id": ["c", "", "x" * (MAX_ID_LEN + 1), "d", 5, None, b"c"],
-    "pool_id": ["p", "", "q", [], None],
-    "key": ["k", "", "z", 3, None],
-    "lease_expires_us": ["ok", "past", "too far", 0, False, 1.0, None],
-    "deadline_ms": [None, 1, MAX_DEADLINE_MS, MAX_DEADLINE_MS + 1, 0, True, 2.0, "5"],
-}
 MISSING = object()
+#: field -> (values the fast path answers, values it leaves to the full path)
+VALUES: dict[str, tuple[list[Any], list[Any]]] = {
+    "v": ([1], [2, True, 1.0, None, "1", MISSING]),
+    "id": ([0, 2**40, 2**64 - 1], [-3, True, 1.5, "1", None, MISSING]),
+    "op": (["get_lease"], ["release", "ping", None, MISSING]),
+    "client_id": (["c"], ["", "x" * (MAX_ID_LEN + 1), "d", 5, None, b"c", MISSING]),
+    "pool_id": (["p"], ["", "q", [], None, MISSING]),
+    "key": (["k"], ["", "z", 3, None, MISSING]),
+    "lease_expires_us": (["ok"], ["past", "too far", 0, False, 1.0, None, MISSING]),
+    "deadline_ms": (
+        [None, 1, MAX_DEADLINE_MS, MISSING],
+        [MAX_DEADLINE_MS + 1, 0, True, 2.0, "5"],
+    ),
+}
 
 
 def _variant(clock: FakeClock, field: str, value: Any) -> dict[str, Any]:
@@ -163,26 +169,30 @@ def _variant(clock: FakeClock, field: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("field", sorted(VALUES))
-def test_fast_path_answers_only_what_the_full_path_answers_from_cache(field: str) -> None:
-    """Each deviation from the plain hit is either the same answer or left to dispatch."""
+def test_the_fast_path_answers_plain_hits_and_leaves_the_rest(field: str) -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
-    answered = 0
-    for value in [*VALUES[field], MISSING]:
-        if agree(d, _variant(clock, field, value)) is not None:
-            answered += 1
-    assert answered >= 1  # the plain value is among them
+    answered, left = VALUES[field]
+    for value in answered:
+        assert agree(d, _variant(clock, field, value)) is not None, (field, value)
+    for value in left:
+        f = _variant(clock, field, value)
+        conn, _ = connect(d)
+        assert d.hit(conn, f) is None, (field, value)
+        if field != "op" and value not in ("d", "q", "z", -3):
+            assert full_path(d, f)["ok"] is False, (field, value)  # an error, named there
 
 
-def test_pairs_of_deviations() -> None:
+def test_pairs_of_deviations_are_left_to_the_full_path() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
+    conn, _ = connect(d)
     for a, b in itertools.combinations(sorted(VALUES), 2):
-        for va, vb in itertools.product(VALUES[a][:3], VALUES[b][:3]):
+        for va, vb in itertools.product(VALUES[a][1][:3], VALUES[b][1][:3]):
             f = {**_variant(clock, a, va), b: _variant(clock, b, vb).get(b)}
-            agree(d, f)
+            assert d.hit(conn, f) is None, (a, va, b, vb)
 
 
 def test_not_a_map_and_the_acl_are_left_to_the_full_path() -> None:
@@ -220,9 +230,9 @@ def test_past_s_is_not_served_and_the_entry_goes() -> None:
     assert acq.cache.size() == 0
 
 
-def test_background_work_is_asked_for_as_try_hit_asks_for_it() -> None:
-    """Past S/2, or a lease end beyond the cached one (own region only): the same calls to
-    _maybe_refresh, with the same Lease, as try_hit makes."""
+def test_background_work_is_asked_for_on_both_paths() -> None:
+    """Past S/2, or a lease end beyond the cached one (own region only): one call to
+    _maybe_refresh with the cached Lease, on the fast path as on the full path (try_hit)."""
     clock = FakeClock()
     d = make(clock)
     acq = d.acquirer
