@@ -41,6 +41,7 @@ tools:
 
 # The Debian package (dh-virtualenv): build/deb/rasd_<version>_<arch>.deb. Built in a copy of
 # the tree (dpkg-buildpackage writes next to the source). Installs its build deps with apt-get.
+# `make deb` always builds; $(DEB_STAMP) builds only when an input of the package changed.
 deb:
 	command -v dh_virtualenv >/dev/null && command -v dpkg-buildpackage >/dev/null || { \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
@@ -52,13 +53,28 @@ deb:
 	cd build/deb/rasd && dpkg-buildpackage -us -uc -b
 	ls -l build/deb/*.deb
 
+# What goes into the .deb: the Python packages (pyproject.toml's list and its readme), the
+# packaging and the units, the operations page it installs. Files git knows of or would add
+# (not ignored), that exist; a tree without git lists them with find. Not the Makefile:
+# after a change to the `deb` recipe itself, run `make deb`.
+DEB_SOURCES := rasd client jobs debian systemd docs/operations.md pyproject.toml README.md
+DEB_INPUTS := $(wildcard $(shell git ls-files --cached --others --exclude-standard -- \
+    $(DEB_SOURCES) 2>/dev/null || find $(DEB_SOURCES) -type f -not -name '*.pyc'))
+DEB_STAMP := build/deb.stamp
+
+$(DEB_STAMP): $(DEB_INPUTS)
+	$(MAKE) deb
+	touch $@
+
 # Builds the .deb first where the machine allows it (root and apt-get, unless
 # SYSTEMD_TEST_MANUAL=1), so the test installs, upgrades in place under load and purges it;
-# otherwise it tests the documented manual layout.
+# otherwise it tests the documented manual layout. The .deb is rebuilt only when one of its
+# inputs changed since the last build (or it is missing).
 systemd-test: $(STAMP)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -z "$$SYSTEMD_TEST_MANUAL" ] \
 	    && command -v unshare >/dev/null && [ -x /lib/systemd/systemd ]; then \
-	    $(MAKE) deb; \
+	    ls build/deb/rasd_*.deb >/dev/null 2>&1 || rm -f $(DEB_STAMP); \
+	    $(MAKE) $(DEB_STAMP); \
 	else echo "systemd-test: not building the .deb (needs root, apt-get, unshare, systemd)"; fi
 	bash tests/systemd/run.sh
 
