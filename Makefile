@@ -90,7 +90,7 @@ bench: $(STAMP)
 bench-full: $(STAMP)
 	$(BIN)/python -m bench --full
 
-# Issue 11's table, every figure from one run: all scenarios in full on dynalite (keep-alive,
+# The targets table (docs/performance.md), every figure from one run: all scenarios in full on dynalite (keep-alive,
 # as DynamoDB), 100K cached leases, 7 ms RTT. About 10-15 minutes on 2 cores.
 bench-targets: $(STAMP)
 	$(BIN)/python -m bench --full --backend dynalite --install-dynalite --no-plots

@@ -220,7 +220,7 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 11's table: each figure, its target, and whether this run met it."""
+    """The targets table: each figure, its target, and whether this run met it."""
     sc = doc["scenarios"]
     out: list[dict[str, Any]] = []
 
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["scenarios"]["g"] = run("g", scenarios.memory_g, g_env, g_opts)
             doc["scenarios"]["g"]["backend"] = g_env.backend_kind
         if "s" in wanted:
-            # issue 11 measures the daemon's CPU on dynalite (keep-alive, as DynamoDB)
+            # the daemon's CPU per new lease is a target on dynalite (keep-alive, as DynamoDB)
             s_kind = "dynalite" if not dyn_why else a.backend
             doc["scenarios"]["s"] = run(
                 "s", spawn.measure, s_kind, opts["s_runs"], opts["s_leases"]
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[v["met"]]
         print(f"  ({v['target']}) {mark} {v['goal']}: {v['measured']}")
     if doc["targets"]:
-        print("\nissue 11's targets, this run (load average before/after each scenario):")
+        print("\nthe targets, this run (load average before/after each scenario):")
         print(report.targets_table(doc["targets"], doc["load"]))
     path = report.write_json(doc, stamp)
     print(f"\nresults: {path}")

@@ -120,7 +120,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def targets_table(targets: list[dict[str, Any]], load: dict[str, Any]) -> str:
-    """Issue 11's table as markdown: figure, measured, target, verdict, and the load average
+    """The targets table as markdown: figure, measured, target, verdict, and the load average
     (1 min) before and after the scenario it came from: the noise this run saw."""
     mark = {True: "met", False: "**missed**", None: "n/a"}
     out = [

@@ -1,4 +1,4 @@
-"""The scenarios of issue 3. Each returns a JSON-able dict with ``rows`` for the table.
+"""The benchmark's scenarios, (a) to (g). Each returns a JSON-able dict with ``rows`` for the table.
 
 Every timed call is one ``time.perf_counter_ns()`` pair around one client call; rasd and the
 baseline are interleaved call by call where they measure the same thing, so both see the same

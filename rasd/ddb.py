@@ -1,6 +1,6 @@
 """A lean DynamoDB client for the daemon's hot path: JSON over HTTP/1.1, SigV4 by hand.
 
-It has the interface of the aiobotocore client the Store used to call (``await
+It has the interface of the aiobotocore client the Store can also use (``await
 client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_item``,
 ``delete_item``), returns the same response dicts (wire-format AttributeValues, ``Item``,
 ``Items``, ``LastEvaluatedKey``, ``Attributes``, ``Count``...) and raises the same botocore

@@ -1,8 +1,8 @@
 """Load shedding: say no at once instead of queueing work that will miss its deadline.
 
 Theory of operation. A request that waited in a queue past its deadline is worse than one
-refused at once: it held memory and a DynamoDB slot, and its caller gave up anyway (the RTB
-bidder lesson: "if a request had been in a queue for 80ms it was already too late"). So every
+refused at once: it held memory and a DynamoDB slot, and its caller gave up anyway (a request
+that waited 80 ms in a queue is already too late for a caller with a 100 ms budget). So every
 guard here answers immediately, and nothing here waits:
 
 * :class:`TokenBucket` / :class:`BucketTable`: per (client_id, pool_id) request rate, so one

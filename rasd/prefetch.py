@@ -7,7 +7,7 @@ Theory of operation
 conditional claim; losing the race just means taking the next one. Prefetch only chooses
 candidates: the claim's condition decides.
 
-Lanes: spreading daemons over different items (the dalloc seed: spread claims evenly). A pool
+Lanes: spreading daemons over different items, so that their claims rarely meet. A pool
 seeded in one batch has the same ``lease_available`` on every item, so a start *time* cannot
 spread readers: the index orders such items by the base table's keys. A daemon therefore reads
 a *lane*: it starts after a random position of the index, an ``ExclusiveStartKey``

@@ -1,6 +1,6 @@
 """Every actor that writes the table keeps I1: the adversarial scenarios of the jobs and
-``rasadmin`` (../shared/evidence), replayed deterministically against moto's server with the
-real daemons' driver (``rasd.acquire.Acquirer`` on one FakeClock) and the real commands.
+``rasadmin``, replayed deterministically against moto's server with the real daemons' driver
+(``rasd.acquire.Acquirer`` on one FakeClock) and the real commands.
 
 Each test asks one question of I1 (a resource is never answered to two keys while a lease on
 it runs): can a job or command make a resource claimable while a daemon still answers it to

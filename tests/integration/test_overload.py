@@ -1,8 +1,8 @@
 """Twenty daemons on one pool, overloaded: slow calls past the deadline, lost replies (writes
 that applied), 5xx and throttles, on a hot key set (Pareto). The load is sized so that moto
 (in this process, sharing its GIL) answers most calls and a good share still miss their
-deadline: an overload that answers nothing would test nothing. On the old protocol load
-alone left double allocations (the issue's 20-daemon runs on dynalite found 10 and 4).
+deadline: an overload that answers nothing would test nothing. Load alone can make a weaker
+protocol double-allocate (a lock item and index adoption did, in 20-daemon runs on dynalite).
 Here every answer is checked:
 
 - I1: no resource is answered to two keys (nothing expires or is released during the run);

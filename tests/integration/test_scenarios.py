@@ -1,7 +1,7 @@
-"""The double allocations of ../shared/evidence/repro_lost_responses.py (scenarios A, B, C),
-replayed deterministically against moto on the new protocol: each must now keep I1 (a resource
-is never answered to two keys while a lease on it runs) and I2 (one resource per key per
-region). On the old protocol (lock item + index adoption) each of them double-allocated.
+"""The double allocations of the lost-responses reproduction (scenarios A, B, C), replayed
+deterministically against moto: each must keep I1 (a resource is never answered to two keys
+while a lease on it runs) and I2 (one resource per key per region). A protocol with a lock
+item and index adoption double-allocates in each of them.
 
 Faults are injected under the store, at the aiobotocore client (a wrapper around the real
 store, as ``rasd.testing`` does): "applied, reply lost" makes the real write, then never

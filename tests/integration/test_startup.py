@@ -1,4 +1,4 @@
-"""Start-up as issue 12 asks: the daemon answers before its store is up (requests wait for it
+"""Start-up: the daemon answers before its store is up (requests wait for it
 within their deadline), and an unreachable DynamoDB leaves it running *degraded* (UNAVAILABLE
 at once, one structured log line per try naming the endpoint and the cause, no traceback, no
 "Unclosed client session"), retrying until DynamoDB comes back."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs INSIDE the test namespace (tests/systemd/run.sh), with systemd as PID 1 and a throwaway
 # root. Installs rasd (the .deb in $RASD_DEB if given, else the documented manual layout),
-# points it at moto's server on loopback, and goes through the scenarios of issue 12.
+# points it at moto's server on loopback, and goes through the scenarios of docs/operations.md.
 # Every figure goes to /out/results.txt; a broken promise is a FAIL line and exit 1.
 set -uo pipefail
 SRC=/src OUT=/out

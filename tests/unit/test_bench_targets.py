@@ -1,4 +1,4 @@
-"""Issue 11's targets table: each figure judged against its target from one run's document."""
+"""The bench's targets table: each figure judged against its target from one run's document."""
 
 from __future__ import annotations
 

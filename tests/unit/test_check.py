@@ -90,10 +90,10 @@ _ONE = dataclasses.replace(TINY, horizon=20, ticks=(1, 5), max_ops=8)
 
 
 def test_fixed_extension_race_no_longer_frees_a_live_lease() -> None:
-    """FOUND BY THE CHECKER (real rules, no fault), now fixed: two daemons extend one lease at
-    once; the one asking for less loses map_extend (``exp < new``: the other pushed it
-    further). That used to free the resource while the live mapping still named it (I1).
-    Now the daemon reads the mapping (decide.on_extend_check) and frees nothing."""
+    """A race the checker finds with the real rules and no fault: two daemons extend one lease
+    at once; the one asking for less loses map_extend (``exp < new``: the other pushed it
+    further). Freeing the resource then would free it while the live mapping still names it
+    (I1); the daemon reads the mapping (decide.on_extend_check) and frees nothing."""
     prefix = [
         *_ACQUIRE_K1,
         "time +5",
@@ -117,9 +117,9 @@ def test_fixed_extension_race_no_longer_frees_a_live_lease() -> None:
 
 
 def test_fixed_map_extend_not_sent_no_longer_frees_a_live_lease() -> None:
-    """FOUND BY THE CHECKER (real rules, one fault), now fixed: a map_extend that was never
-    sent (throttled to the deadline, breaker open) used to free the resource. Now the mapping
-    is read first; it still names the lease, so nothing is freed."""
+    """A case the checker finds with the real rules and one fault: a map_extend that was never
+    sent (throttled to the deadline, breaker open) must not free the resource. The mapping is
+    read first; it still names the lease, so nothing is freed."""
     prefix = [
         *_ACQUIRE_K1,
         "time +5",
@@ -181,7 +181,7 @@ def test_quarantine_is_read_on_the_most_advanced_clock() -> None:
 
 # ------------------------------------------------ two regions, ras-dedupe, orphan repair
 def test_bad_d1_dedupe_unversioned_is_caught() -> None:
-    """D1 (ras-dedupe before d4c7477): the extra's end checked only on the scan's items and
+    """D1 (an unversioned ras-dedupe): the extra's end checked only on the scan's items and
     its mapping released unconditionally. d1 extends the extra rb (and answers its app with
     the later end) between dedupe's check and its map_release; the release applies; once the
     survivor ra ends, r2 acquires rc while rb is still in use: a split in r2 (I2)."""
@@ -194,8 +194,9 @@ def test_bad_d1_dedupe_unversioned_is_caught() -> None:
 
 
 def test_bad_d2_dedupe_pending_survivor_is_caught() -> None:
-    """D2 (ras-dedupe before 375fa6c): a survivor whose mapping is still pending stands in for
-    the extra, but other regions serve only live mappings: r2 acquires rc while rb is in use."""
+    """D2 (a ras-dedupe that trusts pending mappings): a survivor whose mapping is still
+    pending stands in for the extra, but other regions serve only live mappings: r2 acquires
+    rc while rb is in use."""
     cfg, prefix = DEDUPE_PENDING
     res = bfs(cfg, BAD_D2, prefix=prefix)
     assert res.violation is not None and res.violation.name == "I2", format_trace(res)
@@ -354,12 +355,12 @@ def test_found_dedupe_survivor_not_yet_live_in_the_extras_replica() -> None:
 
 
 def test_orphan_left_by_dedupe_is_held_to_its_lease_end() -> None:
-    """FOUND BY THE ADVERSARIAL EVIDENCE, fixed: ras-dedupe releases the extra rb (k1's in
-    r2, answered until 12): map_release applies, its free_claim is never sent (a 5xx, or the
-    job killed between its two writes). The liberator's orphan repair then freed rb with the
-    quarantine only (at 4 + 5 = 9 on its clock), and d1 answered rb to k2 at t = 9 while k1's
-    answer ran to 12 (I1: no app released it). Repair now holds a possibly-served orphan to
-    its lease's end plus the skew (decide.orphan_free_at); D5 is the old rule."""
+    """An adversarial scenario: ras-dedupe releases the extra rb (k1's in r2, answered until
+    12): map_release applies, its free_claim is never sent (a 5xx, or the job killed between
+    its two writes). Were the liberator's orphan repair to free rb with the quarantine only
+    (at 4 + 5 = 9 on its clock), d1 would answer rb to k2 at t = 9 while k1's answer runs to
+    12 (I1: no app released it). Repair holds a possibly-served orphan to its lease's end plus
+    the skew (decide.orphan_free_at); D5 is the quarantine-only rule."""
     cfg = dataclasses.replace(
         DEDUPE,
         keys=("k1", "k2"),

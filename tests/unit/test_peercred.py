@@ -147,7 +147,7 @@ def test_peer_credentials_of_a_socketpair_is_this_process() -> None:
     with a, b:
         cred = peer_credentials(a)
         assert cred == PeerCred(os.getpid(), os.geteuid(), os.getegid())
-        pid, uid, gid = cred  # unpacks as the brief's (pid, uid, gid)
+        pid, uid, gid = cred  # unpacks as (pid, uid, gid)
         assert (pid, uid, gid) == (os.getpid(), os.geteuid(), os.getegid())
 
 

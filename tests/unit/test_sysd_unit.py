@@ -1,4 +1,4 @@
-"""Issue 12's small pieces: journald priorities, start-up failure causes, the service's
+"""The service's small pieces: journald priorities, start-up failure causes, the service's
 environment file for check-config, and `rasd dev` on an install without moto."""
 
 from __future__ import annotations
