@@ -78,9 +78,9 @@ def lease_fields(frame: dict[str, Any]) -> LeaseFields | None:
     and 1.0 equal 1 in Python, not on the wire. The names' lengths are :func:`parse`'s to
     check: the cached hit needs no check of them (the cache holds no name that parse
     refuses, so a longer name finds no entry and goes to parse)."""
-    if frame.get("op") != "get_lease":
-        return None
     try:
+        if frame["op"] != "get_lease":
+            return None
         v = frame["v"]
         rid = frame["id"]
         c = frame["client_id"]
