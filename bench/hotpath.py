@@ -4,6 +4,8 @@ Feeds encoded request frames to ``rasd.server.Connection.data_received`` (a cach
 answered right there) with a fake transport, and does the same with ``bench.echo.EchoConn``:
 the difference is what the daemon spends per request above the IPC floor. Then prints the
 top of a cProfile of the rasd loop. No DynamoDB, no event loop needed for a hit.
+``--rounds``: the hit alone, median CPU per hit over 15 rounds and one hit's p50/p99 wall time
+(for comparing two versions of the code, run one after the other).
 """
 
 from __future__ import annotations
@@ -123,6 +125,44 @@ def measure(n: int = 50_000) -> dict[str, Any]:
     return res
 
 
+def rounds(k: int = 15, n: int = 20_000, timed: int = 5_000) -> dict[str, Any]:
+    """CPU per hit (thread CPU time) of ``k`` rounds of ``n`` hits, and the wall time of each of
+    ``timed`` single hits per round (``perf_counter_ns`` around each call: its own overhead
+    included, the same for any code measured so); the garbage collector off while timing."""
+    import gc
+    import statistics
+
+    conn, frames = _setup(n)
+    feed = conn.data_received
+    for f in frames[:timed]:
+        feed(f)
+    cpu_us: list[float] = []
+    call_ns: list[int] = []
+    clock = time.perf_counter_ns
+    gc.disable()
+    try:
+        for _ in range(k):
+            t0 = time.thread_time_ns()
+            for f in frames:
+                feed(f)
+            cpu_us.append((time.thread_time_ns() - t0) / n / 1000)
+            for f in frames[:timed]:
+                t = clock()
+                feed(f)
+                call_ns.append(clock() - t)
+    finally:
+        gc.enable()
+    call_ns.sort()
+    return {
+        "cpu_us_per_hit_median": statistics.median(cpu_us),
+        "cpu_us_per_hit_min": min(cpu_us),
+        "cpu_us_per_hit_max": max(cpu_us),
+        "call_ns_p50": call_ns[len(call_ns) // 2],
+        "call_ns_p99": call_ns[int(len(call_ns) * 0.99)],
+        "hits": conn.daemon.counters["cache.hit"],
+    }
+
+
 def pyinstrument_profile(n: int = 200_000) -> str:
     """The rasd loop of :func:`measure` under pyinstrument (sampling, 0.1 ms), as text."""
     from pyinstrument import Profiler
@@ -139,6 +179,14 @@ def pyinstrument_profile(n: int = 200_000) -> str:
 def main() -> int:
     if "--pyinstrument" in sys.argv[1:]:
         print(pyinstrument_profile())
+        return 0
+    if "--rounds" in sys.argv[1:]:
+        r = rounds()
+        print(
+            f"cpu per hit  : median {r['cpu_us_per_hit_median']:.3f} us "
+            f"(min {r['cpu_us_per_hit_min']:.3f}, max {r['cpu_us_per_hit_max']:.3f}; 15 x 20K)"
+        )
+        print(f"one hit, wall: p50 {r['call_ns_p50']} ns, p99 {r['call_ns_p99']} ns")
         return 0
     r = measure()
     print(f"echo (floor) : {r['echo_us_per_request']:.2f} us/request (decode + encode)")
