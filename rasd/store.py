@@ -44,9 +44,9 @@ from botocore.exceptions import (
 
 from .aws import AwsSettings
 from .config import Config
-from .ddb import ConnectFailed
 from .decide import Outcome
 from .errors import RasdError, Timeout, Unavailable
+from .http1 import ConnectFailed
 from .lease import (
     META_CLIENT,
     Item,
@@ -509,7 +509,7 @@ def _never_sent(exc: BaseException) -> bool:
     not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
     generic connection errors, a reset after the request went out among them, to
     EndpointConnectionError, so that class alone proves nothing: its cause must be a connect
-    error (the lean client's causes are all of that kind: ``rasd.ddb.ConnectFailed``)."""
+    error (the lean client's causes are all of that kind: ``rasd.http1.ConnectFailed``)."""
     if isinstance(exc, ConnectTimeoutError):
         return True
     if not isinstance(exc, EndpointConnectionError | SSLError):
