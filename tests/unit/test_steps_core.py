@@ -65,3 +65,17 @@ def test_trace_replays_to_the_pending_effect() -> None:
     # equal traces are the same state, whatever built them
     assert t == Spawn(prog, (("c", "r"),)).trace().then(7)
     assert hash(t) == hash(Spawn(prog, (("c", "r"),)).trace().then(7))
+
+
+def test_an_error_the_program_raises_leaves_the_driver() -> None:
+    def raiser() -> Program[None]:
+        yield Now()
+        raise Timeout("mine")
+
+    for run in (lambda: drive_sync(raiser(), lambda eff: 1),):
+        try:
+            run()
+        except Timeout as exc:
+            assert str(exc) == "mine"
+        else:
+            raise AssertionError("the program's error was swallowed")
