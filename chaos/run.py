@@ -456,8 +456,10 @@ class Admin(threading.Thread):
     the regions in turn: ``delete-resource`` (no ``--force``) of a free item of the region,
     picked from its replica (claimable or in quarantine: rasadmin refuses the latter, and a
     claim can take the item between the pick and the delete: refusals are counted); every
-    second turn ``add-resources`` of the names deleted so far, in the region each was deleted
-    from (held by its tombstone until the lease or quarantine it had is over); every fifth
+    second turn ``add-resources`` of the names deleted so far (each held by its tombstone
+    until the lease or quarantine it had is over), alternately in the region each was
+    deleted from and in the other one (an operator moving capacity by hand: the tombstone
+    written in one replica, the name re-added in the other); every fifth
     turn ``add-pool``, the pool redefined with the next of ``max_leases``. Each command runs
     against its region's replica, as rasadmin requires."""
 
@@ -487,7 +489,7 @@ class Admin(threading.Thread):
             with contextlib.suppress(Exception):  # a failed pick: counted, next turn
                 self.delete(region)
             if turn % 2 == 1 and self.deleted:
-                self.readd()
+                self.readd(elsewhere=turn % 4 == 3)
             if turn % 5 == 4:
                 self.redefine(region, self.p.max_leases[(turn // 5) % len(self.p.max_leases)])
             turn += 1
@@ -525,16 +527,19 @@ class Admin(threading.Thread):
         if rec["exit"] == 0:
             self.deleted.append((region, name))
 
-    def readd(self) -> None:
+    def readd(self, elsewhere: bool) -> None:
         by_region: dict[str, list[str]] = {}
+        regions = self.p.regions
         for region, name in self.deleted:
+            if elsewhere:
+                region = regions[(regions.index(region) + 1) % len(regions)]
             by_region.setdefault(region, []).append(name)
         self.deleted = []
         for region, names in by_region.items():
             f = self.work / f"readd-{region}.txt"
             f.write_text("".join(n + "\n" for n in names))
             args = ["add-resources", "--client", CLIENT, "--pool", POOL, "--file", str(f)]
-            rec = self.rasadmin("readd", region, names, args)
+            rec = self.rasadmin("readd_elsewhere" if elsewhere else "readd", region, names, args)
             if rec["exit"] != 0:
                 self.deleted += [(region, n) for n in names]  # again next time
 
@@ -604,8 +609,10 @@ def admin_summary(admin: list[dict[str, Any]]) -> dict[str, Any]:
         if code == 0:
             if act == "delete":
                 out["deletes"] += 1
-            elif act == "readd":
+            elif act.startswith("readd"):
                 out["re_adds"] += int(a.get("added", 0))
+                if act == "readd_elsewhere":
+                    out["re_adds_in_the_other_region"] += int(a.get("added", 0))
                 out["re_adds_held_by_tombstone"] += int(a.get("held_by_tombstone", 0))
                 out["re_adds_skipped_existing"] += int(a.get("skipped_existing", 0))
             else:
