@@ -104,7 +104,7 @@ class Params:
     #: free resources of each region at the start (in ``regions`` order): uneven, so that
     #: the balancer has items to move (the first region has more than the keys, the second
     #: far fewer); empty, and in the mixed fleet: ``resources_per_region`` each
-    resources: tuple[int, ...] = (70, 25)
+    resources: tuple[int, ...] = (90, 20)
     #: ras-balancer on a loop of its own, every ``jobs_every`` seconds (its state on moto's
     #: S3): moves free items between regions (not in the mixed fleet)
     balancer: bool = True
@@ -486,8 +486,10 @@ class Admin(threading.Thread):
         turn = 0
         while not self.stop_ev.wait(self.p.admin_every):
             region = self.p.regions[turn % len(self.p.regions)]
-            with contextlib.suppress(Exception):  # a failed pick: counted, next turn
+            try:
                 self.delete(region)
+            except Exception as exc:  # noqa: BLE001 - the pick's read failed: counted
+                self.record("delete", region, [], None, {"status": "pick failed: " + repr(exc)})
             if turn % 2 == 1 and self.deleted:
                 self.readd(elsewhere=turn % 4 == 3)
             if turn % 5 == 4:
