@@ -600,6 +600,21 @@ class Admin(threading.Thread):
         self.join(70)
 
 
+#: rasadmin's refusals (its messages) -> the reason counted
+REFUSALS = (
+    ("in quarantine", "quarantine"),
+    ("leased by key", "leased"),
+    ("changed after it was read", "changed"),
+    ("no resource", "gone"),
+    ("region", "region"),
+)
+
+
+def refusal(message: str) -> str:
+    """Why rasadmin refused (exit 1), from its message on stderr."""
+    return next((why for text, why in REFUSALS if text in message), "other")
+
+
 def admin_summary(admin: list[dict[str, Any]]) -> dict[str, Any]:
     """rasadmin's actions: what was done, what it refused (and why), what failed."""
     out: Counter[str] = Counter()
@@ -620,13 +635,9 @@ def admin_summary(admin: list[dict[str, Any]]) -> dict[str, Any]:
             else:
                 out["redefinitions"] += 1
             continue
-        err = str(a.get("error", ""))
-        why = next(
-            (w for w in ("leased", "quarantine", "changed", "another region", "region")
-             if w in err),
-            "other",
-        )  # fmt: skip
-        out[f"{act}_refused_{why.replace(' ', '_')}" if code == 1 else f"{act}_failed"] += 1
+        out[
+            f"{act}_refused_{refusal(str(a.get('error', '')))}" if code == 1 else f"{act}_failed"
+        ] += 1
     return dict(sorted(out.items()))
 
 

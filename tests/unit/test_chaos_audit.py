@@ -499,3 +499,38 @@ def test_calls_refused_past_a_redefined_max_lease_are_counted() -> None:
         A.availability([refused, other, get(0, "k1", "r1", 2, 3, 50)])["refused_beyond_max_lease"]
         == 1
     )
+
+
+def test_rasadmin_refusals_are_told_apart() -> None:
+    """The chaos run counts rasadmin's refusals by reason, from its messages (a quarantine's
+    message speaks of the key that *released* it: not a lease)."""
+    from chaos.run import admin_summary
+
+    def deleted(code: int, error: str = "") -> dict[str, Any]:
+        return {"action": "delete", "region": E, "resources": ["r1"], "exit": code, "error": error}
+
+    q = "refusing to delete 'r1': in quarantine until x (a daemon's cache may still serve it "
+    q += "to the key that released it); wait, or pass --force"
+    out = admin_summary(
+        [
+            deleted(0),
+            deleted(1, "refusing to delete 'r1': leased by key 'k' until x; pass --force"),
+            deleted(1, q),
+            deleted(1, "'r1' changed after it was read; look again"),
+            deleted(2, "usage"),
+            {"action": "readd_elsewhere", "region": W, "resources": ["r1"], "exit": 0, "added": 1},
+            {"action": "redefine", "region": W, "resources": [], "exit": 0},
+        ]
+    )
+    assert out == {
+        "deletes": 1,
+        "delete_refused_leased": 1,
+        "delete_refused_quarantine": 1,
+        "delete_refused_changed": 1,
+        "delete_failed": 1,
+        "re_adds": 1,
+        "re_adds_held_by_tombstone": 0,
+        "re_adds_in_the_other_region": 1,
+        "re_adds_skipped_existing": 0,
+        "redefinitions": 1,
+    }
