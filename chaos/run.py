@@ -453,15 +453,19 @@ class Jobs(threading.Thread):
 
 class Admin(threading.Thread):
     """An operator with ``rasadmin`` while the daemons serve, every ``admin_every`` seconds,
-    the regions in turn: ``delete-resource`` (no ``--force``) of a free item of the region,
-    picked from its replica (claimable or in quarantine: rasadmin refuses the latter, and a
-    claim can take the item between the pick and the delete: refusals are counted); every
-    second turn ``add-resources`` of the names deleted so far (each held by its tombstone
-    until the lease or quarantine it had is over), alternately in the region each was
-    deleted from and in the other one (an operator moving capacity by hand: the tombstone
-    written in one replica, the name re-added in the other); every fifth
-    turn ``add-pool``, the pool redefined with the next of ``max_leases``. Each command runs
-    against its region's replica, as rasadmin requires."""
+    the regions in turn:
+
+    * ``delete-resource`` (no ``--force``) of a free item of the region, picked from its
+      replica: a claimable one, or every third turn one in quarantine, which rasadmin must
+      refuse (a claim can also take the item between the pick and the delete: refusals are
+      counted by reason);
+    * every second turn, ``add-resources`` of the names deleted so far (each held by its
+      tombstone until the lease or quarantine it had is over), alternately in the region
+      each was deleted from and in the other one (an operator moving capacity by hand: the
+      tombstone written in one replica, the name re-added in the other);
+    * every fifth turn, ``add-pool``: the pool redefined with the next of ``max_leases``.
+
+    Each command runs against its region's replica, as rasadmin requires."""
 
     def __init__(
         self,
@@ -487,7 +491,7 @@ class Admin(threading.Thread):
         while not self.stop_ev.wait(self.p.admin_every):
             region = self.p.regions[turn % len(self.p.regions)]
             try:
-                self.delete(region)
+                self.delete(region, quarantined=turn % 3 == 2)
             except Exception as exc:  # noqa: BLE001 - the pick's read failed: counted
                 self.record("delete", region, [], None, {"status": "pick failed: " + repr(exc)})
             if turn % 2 == 1 and self.deleted:
@@ -496,9 +500,12 @@ class Admin(threading.Thread):
                 self.redefine(region, self.p.max_leases[(turn // 5) % len(self.p.max_leases)])
             turn += 1
 
-    def free_items(self, region: str) -> list[str]:
-        """The region's free items, as its replica shows them now (strongly consistent)."""
-        out: list[str] = []
+    def free_items(self, region: str) -> tuple[list[str], list[str]]:
+        """The region's free items, as its replica shows them now (strongly consistent):
+        those claimable now, and those in quarantine."""
+        now_us = time.time_ns() // 1000
+        claimable: list[str] = []
+        quarantined: list[str] = []
         kw: dict[str, Any] = {
             "TableName": self.p.table,
             "KeyConditionExpression": "client_id = :c",
@@ -512,17 +519,20 @@ class Admin(threading.Thread):
                     continue
                 it = item_from_ddb(raw)
                 if it.region == region and not it.leased:
-                    out.append(it.resource)
+                    (claimable if it.claimable(now_us) else quarantined).append(it.resource)
             if "LastEvaluatedKey" not in resp:
-                return out
+                return sorted(claimable), sorted(quarantined)
             kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
-    def delete(self, region: str) -> None:
-        names = self.free_items(region)
+    def delete(self, region: str, quarantined: bool) -> None:
+        """Delete a claimable item of ``region``, or (``quarantined``) one in quarantine,
+        which rasadmin must refuse."""
+        claimable, held = self.free_items(region)
+        names = (held or claimable) if quarantined else (claimable or held)
         if not names:
             self.record("delete", region, [], None, {"status": "none free"})
             return
-        name = self.rng.choice(sorted(names))
+        name = self.rng.choice(names)
         rec = self.rasadmin(
             "delete", region, [name], ["delete-resource", "--client", CLIENT, "--resource", name]
         )
