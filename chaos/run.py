@@ -2,25 +2,32 @@
 
 Layout of one run (all on 127.0.0.1; every child in its own process group)::
 
-    moto (python -m rasd.motoserver, own process)  <── jobs: ras-liberator --all-regions,
-      ▲   ▲   ▲   ▲   ▲                                      ras-dedupe per region (direct)
-     p0  p1  p2  p3  p4     fault-injecting proxies (threads of this process, chaos.proxy)
-      ▲   ▲   ▲   ▲   ▲
-     d0  d1  d2  d3  d4     rasd serve, regions us-east-1 / eu-west-1 alternately; one is
-      ▲   ▲   ▲   ▲   ▲     kill -9'd every --kill-every seconds and restarted at once
+    moto us-east-1  <── sim.replicator (last writer wins, --lag) ──>  moto eu-west-1
+      ▲   ▲   ▲      <── per region, against its own replica: ras-liberator,  ▲   ▲
+      │   │   │          ras-dedupe, rasadmin; ras-balancer in us-east-1 with  │   │
+      │   │   │          --peer-endpoint eu-west-1 (its state on moto's S3)    │   │
+     p0  p2  p4     fault-injecting proxies (threads of this process)         p1  p3
+      ▲   ▲   ▲                                                                ▲   ▲
+     d0  d2  d4     rasd serve --region (alternately); one is kill -9'd       d1  d3
+                    every --kill-every seconds and restarted at once
      apps (python -m chaos.app): get_lease/release over --keys keys, history as JSON lines
 
-Sequence: moto, table and pool (resources in both regions), proxies (faults off), daemons
-(ready), then faults on, the outage window set, apps, jobs and the killer started; after
-``duration`` the apps stop by themselves, everything else is stopped, the table is scanned
-directly, and ``chaos.audit`` judges the histories and the table. The result (JSON) goes to
-``--results-dir`` as ``<stamp>-<label>.json`` and ``latest-<label>.json``.
+Sequence: one moto server per region (the replicas), the table, pool and resources in each
+(the same items), the replicator, proxies (faults off), daemons (ready), then faults on, the
+outage window set, apps, jobs, the balancer, rasadmin and the killer started; after
+``duration`` the apps stop by themselves, the other actors are stopped, the replicator is
+let settle, each replica is scanned directly, and ``chaos.audit`` judges the histories and
+the replicas. The result (JSON) goes to ``--results-dir`` as ``<stamp>-<label>.json`` and
+``latest-<label>.json``. ``--one-table``: one moto table for both regions, no replicator,
+every child signing for us-east-1 (the liberator then runs ``--all-regions`` and the
+balancer ``--unreplicated``).
 
 Mixed mode (``--mixed``, docs/reliability.md "Mixed fleet"): beside the apps, workers of the
 paper's in-process agent (``python -m chaos.paper agent``, half in each region, each through
 its own fault-injecting proxy) ask for keys of the same key space, and the paper's liberator
 (``python -m chaos.paper liberate --grace``) runs with the other jobs. Their answers go into
-the same histories (``agent: "paper"``) and the audit judges the union.
+the same histories (``agent: "paper"``) and the audit judges the union. The mixed fleet runs
+on one table (the paper's agent knows one), without the balancer and rasadmin.
 
 Every loop is bounded by the run's deadline; ``finally`` kills every process group started.
 """
@@ -874,7 +881,7 @@ def run(p: Params) -> dict[str, Any]:
             "audit": audit,
             "table": table,
             "replication": replication,
-            "actors": actors(job_counts, events.admin, writes, audit),
+            "actors": actors(job_counts, events.admin, writes if rep is not None else None, audit),
             "kills": len(events.kills),
             "kill_events": events.kills,
             "unplanned_restarts": dict(events.restarts),
@@ -923,17 +930,17 @@ def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:
 def actors(
     jobs: dict[str, Any],
     admin: list[dict[str, Any]],
-    writes: list[dict[str, Any]],
+    writes: list[dict[str, Any]] | None,
     audit: dict[str, Any],
 ) -> dict[str, Any]:
     """What each actor besides the daemons did: the balancer's runs and moves (as it counts
-    them, and as the replicas' streams show them), rasadmin's actions, and the get_lease
-    calls refused while a redefinition's shorter max lease was in force."""
-    bal = dict(jobs.get("balancer", {}))
-    bal["moves_in_streams"] = sum(1 for w in writes if w.get("ev") == "move")
-    bal["leased_moves_in_streams"] = sum(
-        1 for w in writes if w.get("ev") == "move" and w.get("leased")
-    )
+    them, and as the replicas' streams show them: ``writes``, None without replicas),
+    rasadmin's actions, and the get_lease calls refused while a redefinition's shorter max
+    lease was in force."""
+    bal: dict[str, Any] = dict(jobs.get("balancer", {}))
+    moves = None if writes is None else [w for w in writes if w.get("ev") == "move"]
+    bal["moves_in_streams"] = None if moves is None else len(moves)
+    bal["leased_moves_in_streams"] = None if moves is None else sum(1 for w in moves if w["leased"])
     return {
         "balancer": bal,
         "admin": admin_summary(admin),
@@ -943,7 +950,7 @@ def actors(
 
 def violations(result: dict[str, Any]) -> int:
     a, t = result["audit"], result["table"]
-    leased_moves = result.get("actors", {}).get("balancer", {}).get("leased_moves_in_streams", 0)
+    leased_moves = result.get("actors", {}).get("balancer", {}).get("leased_moves_in_streams") or 0
     return int(
         a["double_allocations"]
         + a["in_region_splits"]
