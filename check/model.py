@@ -758,7 +758,7 @@ def liberator(w0: World) -> Out:
 
 
 def relister(w0: World) -> Out:
-    """``Acquirer._relist`` (the daemon that quarantined an item) and the liberator's
+    """``rasd.steps.daemon.relist`` (the daemon that quarantined an item) and the liberator's
     re-listing: an item whose ``quarantine_until`` has passed goes back to the available
     index. Read strongly consistent and written conditional on what was read, so one step; on
     the clock furthest ahead of all hosts (any of them may be the one that re-lists)."""
