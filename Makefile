@@ -106,8 +106,10 @@ sim-full: $(STAMP)
 check-protocol: $(STAMP)
 	$(BIN)/python -m check
 
-# The chaos run (docs/reliability.md): 5 daemons in 2 regions behind fault-injecting proxies,
-# kill -9 every 6 s, one outage, the jobs on loops; an audit of what the apps saw (~11 min).
+# The chaos run (docs/reliability.md): 5 daemons in 2 regions, each region on its own replica
+# joined by a replicator (last writer wins, 1 s lag), behind fault-injecting proxies; kill -9
+# every 6 s, one outage, the jobs, ras-balancer and rasadmin on loops; an audit of what the
+# apps saw and of both replicas (~11 min).
 chaos: $(STAMP)
 	$(BIN)/python -m chaos --duration 600
 

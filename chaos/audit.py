@@ -63,7 +63,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rasd.config import Config
-from rasd.lease import FREE, LIVE, US, is_mapping_pk, mapping_from_ddb, parse_time
+from rasd.lease import (
+    FREE,
+    LIVE,
+    US,
+    is_mapping_pk,
+    is_tombstone,
+    mapping_from_ddb,
+    parse_time,
+)
 
 #: Error codes that say for sure that a release wrote nothing.
 DEFINITE_RELEASE_FAILURES = frozenset(
@@ -369,6 +377,7 @@ def availability(
     lat_ok: list[float] = []
     during: Counter[str] = Counter()
     no_daemon = 0
+    beyond_max = 0
     for r in records:
         op = str(r.get("op"))
         code = "ok" if r.get("ok") else str(r.get("error") or "?")
@@ -377,6 +386,8 @@ def availability(
             continue
         if not r.get("ok") and daemon_down(r):
             no_daemon += 1
+        if not r.get("ok") and "maximum lease" in str(r.get("message", "")):
+            beyond_max += 1  # asked past the pool's max lease (a redefinition shortened it)
         ms = (float(r["m1"]) - float(r["m0"])) * 1000
         lat.append(ms)
         if r.get("ok"):
@@ -392,6 +403,7 @@ def availability(
         # calls that found no daemon on the socket (killed, restarting) and the share answered
         # of the others: what the daemons did when they were there
         "no_daemon": no_daemon,
+        "refused_beyond_max_lease": beyond_max,
         "answered_share_daemon_up": (
             round(gl["ok"] / (total - no_daemon), 4) if total > no_daemon else None
         ),
@@ -448,6 +460,9 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
     held: dict[tuple[str, str], list[str]] = defaultdict(list)
     counts: Counter[str] = Counter()
     items = list(items)
+    for res, (key, region) in running_leases(items, client_id, now).items():
+        counts["leased_unexpired"] += 1
+        held[(key, region)].append(res)
     maps = [
         mapping_from_ddb(dict(it))
         for it in items
@@ -458,6 +473,9 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
     for it in items:
         cid = it.get("client_id", {}).get("S", "")
         if cid.startswith("#") or cid != client_id:
+            continue
+        if is_tombstone(dict(it)):
+            counts["tombstones"] += 1  # a deleted name: no resource (rasadmin)
             continue
         res = it["resource"]["S"]
         key = it.get("key", {}).get("S")
@@ -475,11 +493,6 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
         counts["leased"] += 1
         if (it.get("holder", {}).get("S"), res) not in named:
             counts["orphans"] += 1
-            continue
-        exp = it.get("lease_expires", {}).get("S")
-        if exp is not None and parse_time(exp) > now_us:
-            counts["leased_unexpired"] += 1
-            held[(key, it.get("region", {}).get("S", ""))].append(res)
     unheld = sorted(
         f"{m.key}@{m.region}->{m.resource}"
         for m in maps
@@ -491,7 +504,10 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
     )
     dup = {f"{k}@{r}": sorted(v) for (k, r), v in sorted(held.items()) if len(v) > 1}
     return {
-        **{k: counts[k] for k in ("resources", "free", "leased", "leased_unexpired", "orphans")},
+        **{
+            k: counts[k]
+            for k in ("resources", "free", "leased", "leased_unexpired", "orphans", "tombstones")
+        },
         "both_free_and_leased": len(both),
         "neither_free_nor_leased": len(neither),
         "live_mappings_not_held": len(unheld),
@@ -503,6 +519,127 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
             "keys_with_two_unexpired_in_region": dict(list(dup.items())[:EXAMPLES]),
         },
     }
+
+
+def running_leases(
+    items: Iterable[Mapping[str, Any]], client_id: str, now: float
+) -> dict[str, tuple[str, str]]:
+    """The leases running at ``now`` in one replica: resource -> (key, region), for each
+    held, unexpired resource item of ``client_id`` that a mapping item of this replica names
+    (its token is the item's holder). ``items`` are raw DynamoDB attribute maps."""
+    now_us = int(now * US)
+    items = list(items)
+    named = {
+        (m.token, m.resource)
+        for m in (
+            mapping_from_ddb(dict(it))
+            for it in items
+            if is_mapping_pk(it.get("client_id", {}).get("S", ""))
+        )
+        if m.state != FREE and m.token and m.resource
+    }
+    out: dict[str, tuple[str, str]] = {}
+    for it in items:
+        if it.get("client_id", {}).get("S", "") != client_id or is_tombstone(dict(it)):
+            continue
+        key = it.get("key", {}).get("S")
+        res = it["resource"]["S"]
+        if key is None or (it.get("holder", {}).get("S"), res) not in named:
+            continue
+        exp = it.get("lease_expires", {}).get("S")
+        if exp is not None and parse_time(exp) > now_us:
+            out[res] = (key, it.get("region", {}).get("S", ""))
+    return out
+
+
+#: the table checks' counters that are violations (summed over replicas)
+TABLE_VIOLATIONS = (
+    "both_free_and_leased",
+    "keys_with_two_unexpired_in_region",
+    "live_mappings_not_held",
+)
+
+
+def replica_checks(
+    scans: Mapping[str, Sequence[Mapping[str, Any]]], client_id: str, now: float
+) -> dict[str, Any]:
+    """The final state of two or more replicas of one global table (``scans``: region ->
+    that region's replica, scanned once replication has settled): :func:`table_checks` on
+    each (``replicas``), their counters summed (the top level, examples per region), and
+    what only the replicas together show:
+
+    - ``leased_to_two_keys_across_replicas`` (a violation): one resource running a lease
+      for a key in one replica and for another key in another, which is a resource answered
+      to two keys while a lease on it runs, whichever region's daemons serve it;
+    - ``regions_disagree``: resource items whose ``region`` differs between replicas (a move
+      or a re-add not replicated yet, or lost to last-writer-wins);
+    - ``items_differ``: items (any kind) not identical in every replica (daemons still write
+      while the scans run: a count, not a failure)."""
+    per = {r: table_checks(items, client_id, now) for r, items in scans.items()}
+    out: dict[str, Any] = {}
+    for name in per[next(iter(per))]:
+        if name != "examples":
+            out[name] = sum(int(c[name]) for c in per.values())
+    out["examples"] = {r: c["examples"] for r, c in per.items()}
+    running = {r: running_leases(items, client_id, now) for r, items in scans.items()}
+    two_keys: dict[str, dict[str, str]] = {}
+    for res in sorted({res for m in running.values() for res in m}):
+        keys = {r: f"{m[res][0]}@{m[res][1]}" for r, m in running.items() if res in m}
+        if len({k.split("@", 1)[0] for k in keys.values()}) > 1:
+            two_keys[res] = keys
+    by_item: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for r, items in scans.items():
+        for it in items:
+            ident = (it.get("client_id", {}).get("S", ""), it.get("resource", {}).get("S", ""))
+            by_item[ident][r] = it
+    differ = disagree = 0
+    disagree_ex: list[str] = []
+    for (cid, res), views in sorted(by_item.items()):
+        vs = list(views.values())
+        if len(vs) < len(scans) or any(v != vs[0] for v in vs[1:]):
+            differ += 1
+        if cid == client_id:
+            regions = {r: v.get("region", {}).get("S") for r, v in views.items()}
+            if len(set(regions.values())) > 1:
+                disagree += 1
+                disagree_ex.append(f"{res}: {regions}")
+    out["leased_to_two_keys_across_replicas"] = len(two_keys)
+    out["regions_disagree"] = disagree
+    out["items_differ"] = differ
+    out["examples"]["leased_to_two_keys_across_replicas"] = dict(list(two_keys.items())[:EXAMPLES])
+    out["examples"]["regions_disagree"] = disagree_ex[:EXAMPLES]
+    out["replicas"] = {r: {k: v for k, v in c.items() if k != "examples"} for r, c in per.items()}
+    return out
+
+
+def table_violations(t: Mapping[str, Any]) -> int:
+    """The violations among one :func:`table_checks` or :func:`replica_checks` result."""
+    names = (*TABLE_VIOLATIONS, "leased_to_two_keys_across_replicas")
+    return sum(int(t.get(n, 0)) for n in names)
+
+
+# ------------------------------------------------------------------------------ evidence
+def evidence(
+    findings: Iterable[dict[str, Any]],
+    writes: Sequence[Mapping[str, Any]],
+    before_s: float = 60.0,
+    after_s: float = 5.0,
+) -> None:
+    """Attach to each finding (in place) the writes that touched its resources from
+    ``before_s`` before its overlap began to ``after_s`` after it ended: ``writes`` are
+    dicts with ``t`` (epoch seconds), ``res`` and ``actor`` (daemon, balancer, admin,
+    liberator...), as the run collects them from the replicas' streams and the actors' logs."""
+    by_res: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for w in writes:
+        by_res[str(w.get("res"))].append(w)
+    for f in findings:
+        names = [f[k] for k in ("resource", "old", "new") if k in f] + list(f.get("resources", []))
+        lo, hi = float(f["from"]) - before_s, float(f["to"]) + after_s
+        f["writes"] = sorted(
+            (dict(w) for n in dict.fromkeys(names) for w in by_res.get(n, ())
+             if lo <= float(w["t"]) <= hi),
+            key=lambda w: float(w["t"]),
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- all of it

@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,14 +248,14 @@ class FaultProxy:
         return keep_alive(*resp)
 
 
-def start_proxies(upstream_url: str, n: int, plan: FaultPlan, seed: int) -> list[FaultProxy]:
-    """``n`` proxies to ``http://host:port``, each with its own RNG seeded from ``seed``."""
-    hostport = upstream_url.split("://", 1)[-1].rstrip("/")
-    host, port = hostport.rsplit(":", 1)
-    return [
-        FaultProxy((host, int(port)), plan, seed=f"{seed}/proxy/{i}", name=f"p{i}").start()
-        for i in range(n)
-    ]
+def start_proxies(upstreams: Sequence[str], plan: FaultPlan, seed: int) -> list[FaultProxy]:
+    """One proxy to each ``http://host:port`` of ``upstreams`` (proxy ``i`` to the ``i``-th),
+    each with its own RNG seeded from ``seed``."""
+    out = []
+    for i, url in enumerate(upstreams):
+        host, port = url.split("://", 1)[-1].rstrip("/").rsplit(":", 1)
+        out.append(FaultProxy((host, int(port)), plan, seed=f"{seed}/proxy/{i}", name=f"p{i}"))
+    return [px.start() for px in out]
 
 
 def totals(proxies: list[FaultProxy]) -> dict[str, Any]:

@@ -2,25 +2,32 @@
 
 Layout of one run (all on 127.0.0.1; every child in its own process group)::
 
-    moto (python -m rasd.motoserver, own process)  <── jobs: ras-liberator --all-regions,
-      ▲   ▲   ▲   ▲   ▲                                      ras-dedupe per region (direct)
-     p0  p1  p2  p3  p4     fault-injecting proxies (threads of this process, chaos.proxy)
-      ▲   ▲   ▲   ▲   ▲
-     d0  d1  d2  d3  d4     rasd serve, regions us-east-1 / eu-west-1 alternately; one is
-      ▲   ▲   ▲   ▲   ▲     kill -9'd every --kill-every seconds and restarted at once
+    moto us-east-1  <── sim.replicator (last writer wins, --lag) ──>  moto eu-west-1
+      ▲   ▲   ▲      <── per region, against its own replica: ras-liberator,  ▲   ▲
+      │   │   │          ras-dedupe, rasadmin; ras-balancer in us-east-1 with  │   │
+      │   │   │          --peer-endpoint eu-west-1 (its state on moto's S3)    │   │
+     p0  p2  p4     fault-injecting proxies (threads of this process)         p1  p3
+      ▲   ▲   ▲                                                                ▲   ▲
+     d0  d2  d4     rasd serve --region (alternately); one is kill -9'd       d1  d3
+                    every --kill-every seconds and restarted at once
      apps (python -m chaos.app): get_lease/release over --keys keys, history as JSON lines
 
-Sequence: moto, table and pool (resources in both regions), proxies (faults off), daemons
-(ready), then faults on, the outage window set, apps, jobs and the killer started; after
-``duration`` the apps stop by themselves, everything else is stopped, the table is scanned
-directly, and ``chaos.audit`` judges the histories and the table. The result (JSON) goes to
-``--results-dir`` as ``<stamp>-<label>.json`` and ``latest-<label>.json``.
+Sequence: one moto server per region (the replicas), the table, pool and resources in each
+(the same items), the replicator, proxies (faults off), daemons (ready), then faults on, the
+outage window set, apps, jobs, the balancer, rasadmin and the killer started; after
+``duration`` the apps stop by themselves, the other actors are stopped, the replicator is
+let settle, each replica is scanned directly, and ``chaos.audit`` judges the histories and
+the replicas. The result (JSON) goes to ``--results-dir`` as ``<stamp>-<label>.json`` and
+``latest-<label>.json``. ``--one-table``: one moto table for both regions, no replicator,
+every child signing for us-east-1 (the liberator then runs ``--all-regions`` and the
+balancer ``--unreplicated``).
 
 Mixed mode (``--mixed``, docs/reliability.md "Mixed fleet"): beside the apps, workers of the
 paper's in-process agent (``python -m chaos.paper agent``, half in each region, each through
 its own fault-injecting proxy) ask for keys of the same key space, and the paper's liberator
 (``python -m chaos.paper liberate --grace``) runs with the other jobs. Their answers go into
-the same histories (``agent: "paper"``) and the audit judges the union.
+the same histories (``agent: "paper"``) and the audit judges the union. The mixed fleet runs
+on one table (the paper's agent knows one), without the balancer and rasadmin.
 
 Every loop is bounded by the run's deadline; ``finally`` kills every process group started.
 """
@@ -50,6 +57,8 @@ from botocore.config import Config as BotoConfig
 
 import rasd_client
 from rasd import schema
+from rasd.lease import is_tombstone, item_from_ddb
+from sim import replicator
 
 from . import audit as A
 from .proxy import FaultPlan, FaultProxy, start_proxies, totals
@@ -58,6 +67,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 REGIONS = ("us-east-1", "eu-west-1")
 CLIENT, POOL = "demo", "default"
+#: the DynamoDB region of the one table of a run without replicas (every child signs for it)
+TABLE_REGION = "us-east-1"
+BUCKET = "chaos-balancer"
 
 
 @dataclass
@@ -91,9 +103,42 @@ class Params:
     #: the paper's liberator frees a lease this long past its end: the runbook's grace,
     #: at least the daemons' max_clock_skew (2 s)
     paper_liberator_grace: float = 2.0
+    #: two replicas, one moto server per region, joined by the simulation's replicator
+    #: (``sim.replicator``: last writer wins after ``lag_s``); False: one table for both
+    #: regions (the mixed fleet always runs so: the paper's agent knows one table)
+    replicas: bool = True
+    lag_s: float = 1.0
+    #: free resources of each region at the start (in ``regions`` order): uneven, so that
+    #: the balancer has items to move (the first region has more than the keys, the second
+    #: far fewer); empty, and in the mixed fleet: ``resources_per_region`` each
+    resources: tuple[int, ...] = (90, 20)
+    #: ras-balancer on a loop of its own, every ``jobs_every`` seconds (its state on moto's
+    #: S3): moves free items between regions (not in the mixed fleet)
+    balancer: bool = True
+    balancer_interval: float = 10.0  # its demand is a rate per this many seconds
+    balancer_horizon: float = 5.0  # it provisions for this many seconds ahead
+    balancer_safety: float = 1.0
+    balancer_floor: int = 2
+    #: rasadmin on a loop: delete-resource, add-resources of the deleted names, add-pool
+    #: (not in the mixed fleet)
+    admin: bool = True
+    admin_every: float = 3.0
+    #: add-pool redefines the pool with these max leases in turn (apps ask for up to 60 s)
+    max_leases: tuple[float, ...] = (45.0, 3600.0)
 
     def outage_offset(self) -> float:
         return self.outage_at if self.outage_at is not None else 0.4 * self.duration
+
+    def replicated(self) -> bool:
+        return self.replicas and not self.mixed
+
+    def counts(self) -> dict[str, int]:
+        """Free resources of each region at the start."""
+        if self.resources and not self.mixed:
+            if len(self.resources) != len(self.regions):
+                raise ValueError(f"resources: one count per region {self.regions}")
+            return dict(zip(self.regions, self.resources, strict=True))
+        return {r: self.resources_per_region for r in self.regions}
 
 
 @dataclass
@@ -113,22 +158,25 @@ class Events:
     kills: list[dict[str, Any]] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    admin: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- processes
-def child_env() -> dict[str, str]:
-    """Dummy credentials, no real AWS, and AWS_REGION pinned so that daemons and jobs of both
-    RAS regions share moto's one us-east-1 table (a global table's stand-in)."""
+def child_env(one_table: bool) -> dict[str, str]:
+    """Dummy credentials, no real AWS. ``one_table``: AWS_REGION pinned so that daemons and
+    jobs of both RAS regions share moto's one us-east-1 table. Else no region is set: every
+    daemon and job signs for its own RAS region, whose replica (a moto server of its own)
+    keeps the table in that region."""
     env = {
         k: v for k, v in os.environ.items() if not (k.startswith("AWS_") or k.startswith("RASD_"))
     }
     env.update(
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
-        AWS_REGION="us-east-1",
-        AWS_DEFAULT_REGION="us-east-1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
+    if one_table:
+        env.update(AWS_REGION=TABLE_REGION, AWS_DEFAULT_REGION=TABLE_REGION)
     return env
 
 
@@ -136,7 +184,7 @@ def popen(cmd: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[by
     return subprocess.Popen(cmd, env=env, cwd=str(REPO), start_new_session=True, **kw)
 
 
-def kill_group(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
+def kill_group(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGKILL) -> None:
     """Signal the child's whole process group (it leads one: start_new_session). A child
     already reaped is left alone: its pid, and so its group id, may belong to another now."""
     if proc is None or proc.poll() is not None:
@@ -174,26 +222,67 @@ def start_moto(env: dict[str, str], timeout: float = 60.0) -> tuple[subprocess.P
     raise RuntimeError(f"moto did not start: {buf!r}")
 
 
-def ddb_client(url: str) -> Any:
-    return boto3.client(
-        "dynamodb",
+def ddb_client(url: str, region: str = TABLE_REGION, service: str = "dynamodb") -> Any:
+    return boto3.client(  # type: ignore[call-overload]
+        service,
         endpoint_url=url,
-        region_name="us-east-1",
+        region_name=region,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
         config=BotoConfig(retries={"max_attempts": 8, "mode": "standard"}, read_timeout=30),
     )
 
 
-def seed_table(ddb: Any, p: Params) -> dict[str, list[str]]:
-    schema.create_table(ddb, p.table)
-    schema.put_pool(ddb, p.table, CLIENT, POOL, 3600)
+def seed_table(ddbs: list[Any], p: Params) -> dict[str, list[str]]:
+    """The table, the pool and the resources, the same items (same timestamps) in every
+    replica of ``ddbs``: a global table's state before the run."""
+    now_us = time.time_ns() // 1000
     names: dict[str, list[str]] = {}
-    for region in p.regions:
+    for region, n in p.counts().items():
         prefix = region.split("-")[0]
-        names[region] = [f"{prefix}-{i:04d}" for i in range(p.resources_per_region)]
-        schema.add_resources(ddb, p.table, CLIENT, POOL, region, names[region])
+        names[region] = [f"{prefix}-{i:04d}" for i in range(n)]
+    for ddb in ddbs:
+        schema.create_table(ddb, p.table)
+        schema.put_pool(ddb, p.table, CLIENT, POOL, 3600)
+        for region, ns in names.items():
+            schema.add_resources(ddb, p.table, CLIENT, POOL, region, ns, now_us)
     return names
+
+
+def start_replicator(
+    endpoints: dict[str, str], p: Params, env: dict[str, str], work: Path
+) -> subprocess.Popen[str]:
+    """``sim.replicator`` between the replicas, from the streams' current ends."""
+    with open(work / "replicator.log", "ab") as log:
+        proc = subprocess.Popen(
+            replicator.command(endpoints, p.table, p.lag_s, str(work / "replication.jsonl")),
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"replicator did not start; see {work / 'replicator.log'}")
+        if line.startswith("READY"):
+            return proc
+
+
+def stop_replicator(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """Close its stdin (its signal to stop); its summary (one JSON line on stdout)."""
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return {"error": "did not stop"}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    summary: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": "no summary"}
+    return summary
 
 
 def scan(ddb: Any, table: str) -> list[dict[str, Any]]:
@@ -263,62 +352,100 @@ def daemon_stats(d: Daemon) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------- jobs
 class Jobs(threading.Thread):
-    """ras-liberator (--all-regions) and ras-dedupe (per region) as their CLIs, straight
-    against moto, every ``every`` seconds until stopped; one at a time, each bounded."""
+    """The offline jobs as their CLIs, every ``jobs_every`` seconds until stopped; one at a
+    time, each bounded. Two loops, as Jenkins schedules them apart: the maintenance jobs, and
+    (``balancer=True``) ras-balancer alone. With replicas, as jobs/Jenkinsfile runs them:
+    ras-liberator and ras-dedupe once per region, each against its own region's replica;
+    ras-balancer in the first region (reading its replica's stream), with
+    ``--peer-endpoint`` for the other region, its state on moto's S3. Without replicas:
+    ras-liberator ``--all-regions``, ras-dedupe per region, ras-balancer
+    ``--unreplicated``, all against the one table."""
 
-    def __init__(self, p: Params, url: str, env: dict[str, str], events: Events) -> None:
-        super().__init__(name="chaos-jobs", daemon=True)
-        self.p, self.url, self.env, self.events = p, url, env, events
+    def __init__(
+        self,
+        p: Params,
+        endpoints: dict[str, str],
+        env: dict[str, str],
+        events: Events,
+        balancer: bool = False,
+    ) -> None:
+        super().__init__(name="chaos-balancer" if balancer else "chaos-jobs", daemon=True)
+        self.p, self.endpoints, self.env, self.events = p, endpoints, env, events
+        self.balancer = balancer
         self.stop_ev = threading.Event()
         self.current: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
 
-    def commands(self) -> list[list[str]]:
-        base = ["--table", self.p.table, "--endpoint-url", self.url, "--log-level", "error"]
-        py = sys.executable
-        cmds = [
-            [py, "-m", "rasd_jobs.liberator", *base, "--region", self.p.regions[0],
-             "--all-regions", "--grace", str(self.p.liberator_grace)],
-        ]  # fmt: skip
-        cmds += [[py, "-m", "rasd_jobs.dedupe", *base, "--region", r] for r in self.p.regions]
-        if self.p.mixed:
-            cmds.append(
-                [py, "-m", "chaos.paper", "liberate", "--table", self.p.table,
-                 "--endpoint-url", self.url, "--grace", str(self.p.paper_liberator_grace)]
-            )  # fmt: skip
-        return cmds
+    def commands(self) -> list[tuple[list[str], dict[str, str]]]:
+        p, py, env = self.p, sys.executable, self.env
+        home = p.regions[0]
+
+        def base(region: str) -> list[str]:
+            return ["--table", p.table, "--region", region,
+                    "--endpoint-url", self.endpoints[region], "--log-level", "error"]  # fmt: skip
+
+        if self.balancer:
+            cmd = [
+                py, "-m", "rasd_jobs.balancer", *base(home),
+                "--regions", ",".join(p.regions), "--state-uri", f"s3://{BUCKET}/state",
+                "--interval", str(p.balancer_interval), "--horizon", str(p.balancer_horizon),
+                "--safety", str(p.balancer_safety), "--floor", str(p.balancer_floor),
+            ]  # fmt: skip
+            if p.replicated():
+                for r in p.regions[1:]:
+                    cmd += ["--peer-endpoint", f"{r}={self.endpoints[r]}"]
+            else:
+                cmd.append("--unreplicated")
+            s3 = {"AWS_ENDPOINT_URL_S3": self.endpoints[home], "AWS_DEFAULT_REGION": home}
+            return [(cmd, {**env, **s3})]
+        grace = ["--grace", str(p.liberator_grace)]
+        cmds: list[list[str]] = []
+        if p.replicated():
+            cmds += [[py, "-m", "rasd_jobs.liberator", *base(r), *grace] for r in p.regions]
+        else:
+            cmds.append([py, "-m", "rasd_jobs.liberator", *base(home), "--all-regions", *grace])
+        cmds += [[py, "-m", "rasd_jobs.dedupe", *base(r)] for r in p.regions]
+        out = [(c, env) for c in cmds]
+        if p.mixed:
+            cmd = [py, "-m", "chaos.paper", "liberate", "--table", p.table,
+                   "--endpoint-url", self.endpoints[home],
+                   "--grace", str(p.paper_liberator_grace)]  # fmt: skip
+            out.append((cmd, env))
+        return out
 
     def run(self) -> None:
         while not self.stop_ev.wait(self.p.jobs_every):
-            for cmd in self.commands():
+            for cmd, env in self.commands():
                 if self.stop_ev.is_set():
                     return
-                self.one(cmd)
+                self.one(cmd, env)
 
-    def one(self, cmd: list[str]) -> None:
+    def one(self, cmd: list[str], env: dict[str, str]) -> None:
         t0 = time.time()
         with self.lock:
             if self.stop_ev.is_set():
                 return
-            proc = popen(cmd, self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            proc = popen(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.current = proc
         try:
-            out, _ = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            out = b""
+            out = err = b""
         finally:
             with self.lock:
                 self.current = None
+        name = "paper_liberator" if cmd[2] == "chaos.paper" else cmd[2].rsplit(".", 1)[-1]
+        region = cmd[cmd.index("--region") + 1] if "--region" in cmd else None
         try:
             summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
-            summary = {
-                "job": "paper_liberator" if cmd[2] == "chaos.paper" else cmd[2].rsplit(".", 1)[-1],
-                "region": cmd[cmd.index("--region") + 1] if "--region" in cmd else None,
-                "unparsed": out.decode(errors="replace")[-300:],
-            }
+            summary = {"unparsed": out.decode(errors="replace")[-300:]}
+        summary.setdefault("job", name)
+        summary.setdefault("region", region)
         summary.update(exit=proc.returncode, t0=round(t0, 3), t1=round(time.time(), 3))
+        if proc.returncode not in (0, None):
+            summary["stderr"] = err.decode(errors="replace")[-300:]
         if self.stop_ev.is_set() and proc.returncode != 0:
             summary["stopped"] = True  # killed by stop(), at the end of the run: no failure
         self.events.jobs.append(summary)
@@ -329,6 +456,206 @@ class Jobs(threading.Thread):
             proc = self.current
         kill_group(proc)
         self.join(70)
+
+
+class Admin(threading.Thread):
+    """An operator with ``rasadmin`` while the daemons serve, every ``admin_every`` seconds,
+    the regions in turn:
+
+    * ``delete-resource`` (no ``--force``) of a free item of the region, picked from its
+      replica: a claimable one, or every third turn one in quarantine, which rasadmin must
+      refuse (a claim can also take the item between the pick and the delete: refusals are
+      counted by reason);
+    * every second turn, ``add-resources`` of the names deleted so far (each held by its
+      tombstone until the lease or quarantine it had is over), alternately in the region
+      each was deleted from and in the other one (an operator moving capacity by hand: the
+      tombstone written in one replica, the name re-added in the other);
+    * every fifth turn, ``add-pool``: the pool redefined with the next of ``max_leases``.
+
+    Each command runs against its region's replica, as rasadmin requires."""
+
+    def __init__(
+        self,
+        p: Params,
+        endpoints: dict[str, str],
+        env: dict[str, str],
+        events: Events,
+        work: Path,
+    ) -> None:
+        super().__init__(name="chaos-admin", daemon=True)
+        self.p, self.endpoints, self.env, self.events, self.work = p, endpoints, env, events, work
+        self.rng = random.Random(f"{p.seed}/admin")
+        self.ddb = {
+            r: ddb_client(u, r if p.replicated() else TABLE_REGION) for r, u in endpoints.items()
+        }
+        self.deleted: list[tuple[str, str]] = []  # (region, name), not added again yet
+        self.stop_ev = threading.Event()
+        self.current: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        turn = 0
+        while not self.stop_ev.wait(self.p.admin_every):
+            region = self.p.regions[turn % len(self.p.regions)]
+            try:
+                self.delete(region, quarantined=turn % 3 == 2)
+            except Exception as exc:  # noqa: BLE001 - the pick's read failed: counted
+                self.record("delete", region, [], None, {"status": "pick failed: " + repr(exc)})
+            if turn % 2 == 1 and self.deleted:
+                self.readd(elsewhere=turn % 4 == 3)
+            if turn % 5 == 4:
+                self.redefine(region, self.p.max_leases[(turn // 5) % len(self.p.max_leases)])
+            turn += 1
+
+    def free_items(self, region: str) -> tuple[list[str], list[str]]:
+        """The region's free items, as its replica shows them now (strongly consistent):
+        those claimable now, and those in quarantine."""
+        now_us = time.time_ns() // 1000
+        claimable: list[str] = []
+        quarantined: list[str] = []
+        kw: dict[str, Any] = {
+            "TableName": self.p.table,
+            "KeyConditionExpression": "client_id = :c",
+            "ExpressionAttributeValues": {":c": {"S": CLIENT}},
+            "ConsistentRead": True,
+        }
+        while True:
+            resp = self.ddb[region].query(**kw)
+            for raw in resp["Items"]:
+                if is_tombstone(raw):
+                    continue
+                it = item_from_ddb(raw)
+                if it.region == region and not it.leased:
+                    (claimable if it.claimable(now_us) else quarantined).append(it.resource)
+            if "LastEvaluatedKey" not in resp:
+                return sorted(claimable), sorted(quarantined)
+            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def delete(self, region: str, quarantined: bool) -> None:
+        """Delete a claimable item of ``region``, or (``quarantined``) one in quarantine,
+        which rasadmin must refuse."""
+        claimable, held = self.free_items(region)
+        names = (held or claimable) if quarantined else (claimable or held)
+        if not names:
+            self.record("delete", region, [], None, {"status": "none free"})
+            return
+        name = self.rng.choice(names)
+        rec = self.rasadmin(
+            "delete", region, [name], ["delete-resource", "--client", CLIENT, "--resource", name]
+        )
+        if rec["exit"] == 0:
+            self.deleted.append((region, name))
+
+    def readd(self, elsewhere: bool) -> None:
+        by_region: dict[str, list[str]] = {}
+        regions = self.p.regions
+        for region, name in self.deleted:
+            if elsewhere:
+                region = regions[(regions.index(region) + 1) % len(regions)]
+            by_region.setdefault(region, []).append(name)
+        self.deleted = []
+        for region, names in by_region.items():
+            f = self.work / f"readd-{region}.txt"
+            f.write_text("".join(n + "\n" for n in names))
+            args = ["add-resources", "--client", CLIENT, "--pool", POOL, "--file", str(f)]
+            rec = self.rasadmin("readd_elsewhere" if elsewhere else "readd", region, names, args)
+            if rec["exit"] != 0:
+                self.deleted += [(region, n) for n in names]  # again next time
+
+    def redefine(self, region: str, max_lease: float) -> None:
+        args = ["add-pool", "--client", CLIENT, "--pool", POOL, "--max-lease", f"{max_lease:g}"]
+        self.rasadmin("redefine", region, [], args)
+
+    def rasadmin(
+        self, action: str, region: str, names: list[str], args: list[str]
+    ) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "rasd_jobs.admin", *args, "--table", self.p.table,
+               "--region", region, "--endpoint-url", self.endpoints[region],
+               "--log-level", "error"]  # fmt: skip
+        t0 = time.time()
+        with self.lock:
+            if self.stop_ev.is_set():
+                return {"exit": None}
+            proc = popen(cmd, self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.current = proc
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out = err = b""
+        finally:
+            with self.lock:
+                self.current = None
+        try:
+            summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            summary = {"error": err.decode(errors="replace").strip()[-300:]}
+        return self.record(action, region, names, proc.returncode, summary, t0)
+
+    def record(
+        self,
+        action: str,
+        region: str,
+        names: list[str],
+        code: int | None,
+        summary: dict[str, Any],
+        t0: float | None = None,
+    ) -> dict[str, Any]:
+        now = time.time()
+        rec = {"action": action, "region": region, "resources": names, "exit": code,
+               "t0": round(t0 or now, 3), "t1": round(now, 3), **summary}  # fmt: skip
+        if self.stop_ev.is_set() and code not in (0, None):
+            rec["stopped"] = True
+        self.events.admin.append(rec)
+        return rec
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        with self.lock:
+            proc = self.current
+        kill_group(proc)
+        self.join(70)
+
+
+#: rasadmin's refusals (its messages) -> the reason counted
+REFUSALS = (
+    ("in quarantine", "quarantine"),
+    ("leased by key", "leased"),
+    ("changed after it was read", "changed"),
+    ("no resource", "gone"),
+    ("region", "region"),
+)
+
+
+def refusal(message: str) -> str:
+    """Why rasadmin refused (exit 1), from its message on stderr."""
+    return next((why for text, why in REFUSALS if text in message), "other")
+
+
+def admin_summary(admin: list[dict[str, Any]]) -> dict[str, Any]:
+    """rasadmin's actions: what was done, what it refused (and why), what failed."""
+    out: Counter[str] = Counter()
+    for a in admin:
+        act, code = a["action"], a.get("exit")
+        if a.get("stopped") or code is None:
+            out[f"{act}_stopped" if a.get("stopped") else f"{act}_skipped"] += 1
+            continue
+        if code == 0:
+            if act == "delete":
+                out["deletes"] += 1
+            elif act.startswith("readd"):
+                out["re_adds"] += int(a.get("added", 0))
+                if act == "readd_elsewhere":
+                    out["re_adds_in_the_other_region"] += int(a.get("added", 0))
+                out["re_adds_held_by_tombstone"] += int(a.get("held_by_tombstone", 0))
+                out["re_adds_skipped_existing"] += int(a.get("skipped_existing", 0))
+            else:
+                out["redefinitions"] += 1
+            continue
+        out[
+            f"{act}_refused_{refusal(str(a.get('error', '')))}" if code == 1 else f"{act}_failed"
+        ] += 1
+    return dict(sorted(out.items()))
 
 
 def jobs_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -343,10 +670,41 @@ def jobs_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
             s["stopped_runs"] += 1
             continue
         s["failed_runs"] += int(j.get("exit") not in (0, None))
-        for k in ("freed", "expired", "duplicate_keys", "released", "lost_races", "errors"):
+        if name == "balancer" and j.get("status") not in (None, "ok"):
+            s[f"status_{j['status']}"] += 1
+        for k in ("freed", "expired", "duplicate_keys", "released", "lost_races", "errors",
+                  "moves_planned", "moved"):  # fmt: skip
             if isinstance(j.get(k), int):
                 s[k] += j[k]
     return {k: dict(v) for k, v in sorted(out.items())}
+
+
+def replication_writes(path: Path) -> list[dict[str, Any]]:
+    """The replicas' own writes of resource items as the replicator read them from the
+    streams (``sim.replicator.audit_events``), as evidence rows: ``t`` in epoch seconds,
+    ``actor``: who can write such a change (a move: the balancer; an acquisition: a daemon;
+    a release: a daemon, the liberator or ras-dedupe), ``in``: the replica written."""
+    who = {"move": "balancer", "acq": "daemon", "rel": "daemon/liberator/dedupe"}
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    with open(path) as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if ev.get("ev") in who:
+                    out.append({**ev, "t": ev["t"] / 1000.0, "actor": who[ev["ev"]]})
+    return out
+
+
+def admin_writes(admin: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """rasadmin's deletes and re-adds as evidence rows (one per resource)."""
+    return [
+        {"t": a["t0"], "t1": a["t1"], "res": n, "actor": "admin", "action": a["action"],
+         "in": a["region"], "exit": a.get("exit")}
+        for a in admin
+        for n in a.get("resources", [])
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ run
@@ -358,23 +716,45 @@ def say(p: Params, msg: str) -> None:
 def run(p: Params) -> dict[str, Any]:
     """One chaos run; returns the result (also written to ``p.results_dir``)."""
     rng = random.Random(f"{p.seed}/run")
-    env = child_env()
+    env = child_env(one_table=not p.replicated())
     work = Path(tempfile.mkdtemp(prefix="rasd-chaos-"))  # short: AF_UNIX paths <= 107 bytes
-    moto: subprocess.Popen[bytes] | None = None
+    motos: list[subprocess.Popen[bytes]] = []
+    rep: subprocess.Popen[str] | None = None
     proxies: list[FaultProxy] = []
     daemons: list[Daemon] = []
     apps: list[subprocess.Popen[bytes]] = []
     jobs: Jobs | None = None
+    balancer: Jobs | None = None
+    admin: Admin | None = None
     events = Events()
     plan = FaultPlan(rate=p.fault_rate, hold_s=p.hold_s)
     started = time.monotonic()
     try:
-        moto, url = start_moto(env)
-        ddb = ddb_client(url)
-        seed_table(ddb, p)
-        say(p, f"moto {url}; table {p.table}; {p.resources_per_region} resources per region")
+        endpoints: dict[str, str] = {}
+        for r in p.regions if p.replicated() else p.regions[:1]:
+            proc, endpoints[r] = start_moto(env)
+            motos.append(proc)
+        if not p.replicated():
+            endpoints = {r: endpoints[p.regions[0]] for r in p.regions}
+        ddbs = {
+            r: ddb_client(u, r if p.replicated() else TABLE_REGION) for r, u in endpoints.items()
+        }
+        home = p.regions[0]
+        seed_table([ddbs[r] for r in (p.regions if p.replicated() else [home])], p)
+        if p.balancer and not p.mixed:
+            ddb_client(endpoints[home], home, "s3").create_bucket(Bucket=BUCKET)
+        if p.replicated():
+            rep = start_replicator(endpoints, p, env, work)
+        say(
+            p,
+            f"moto {', '.join(f'{r} {u}' for r, u in endpoints.items())}; table {p.table}; "
+            f"resources {p.counts()}"
+            + (f"; replicated, lag {p.lag_s:g}s" if p.replicated() else "; one table"),
+        )
         paper_proxies = p.paper_workers if p.mixed and p.paper_faults else 0
-        proxies = start_proxies(url, p.daemons + paper_proxies, plan, p.seed)
+        upstreams = [endpoints[p.regions[i % len(p.regions)]] for i in range(p.daemons)]
+        upstreams += [endpoints[home]] * paper_proxies
+        proxies = start_proxies(upstreams, plan, p.seed)
         for i in range(p.daemons):
             daemons.append(
                 Daemon(
@@ -416,7 +796,7 @@ def run(p: Params) -> dict[str, Any]:
         if p.mixed:
             for i in range(p.paper_workers):
                 histories.append(work / f"paper{i}.jsonl")
-                endpoint = proxies[p.daemons + i].url if p.paper_faults else url
+                endpoint = proxies[p.daemons + i].url if p.paper_faults else endpoints[home]
                 cmd = [
                     sys.executable, "-m", "chaos.paper", "agent", "--app", str(p.apps + i),
                     "--region", p.regions[i % len(p.regions)], "--endpoint-url", endpoint,
@@ -427,8 +807,14 @@ def run(p: Params) -> dict[str, Any]:
                 with open(work / f"paper{i}.err", "ab") as err:
                     quiet = subprocess.DEVNULL
                     apps.append(popen(cmd, env, stdin=quiet, stdout=quiet, stderr=err))
-        jobs = Jobs(p, url, env, events)
+        jobs = Jobs(p, endpoints, env, events)
         jobs.start()
+        if p.balancer and not p.mixed:
+            balancer = Jobs(p, endpoints, env, events, balancer=True)
+            balancer.start()
+        if p.admin and not p.mixed:
+            admin = Admin(p, endpoints, env, events, work)
+            admin.start()
         next_kill = time.monotonic() + p.kill_every if p.kill_every > 0 else float("inf")
         hard_stop = time.monotonic() + p.duration + 3 * p.call_timeout + 30
         while time.monotonic() < hard_stop and any(a.poll() is None for a in apps):
@@ -455,9 +841,14 @@ def run(p: Params) -> dict[str, Any]:
             if a.poll() is None:
                 kill_group(a)
         say(p, "traffic over; stopping jobs, auditing")
-        jobs.stop()
+        for actor in (jobs, balancer, admin):
+            if actor is not None:
+                actor.stop()
         plan.enabled = False
         stats = {d.index: daemon_stats(d) for d in daemons}
+        settled = None
+        if rep is not None:
+            settled = replicator.settle(rep, max(1.0, p.lag_s + 0.5))
 
         # -- the audit
         records: list[dict[str, Any]] = []
@@ -468,20 +859,36 @@ def run(p: Params) -> dict[str, Any]:
                         with contextlib.suppress(ValueError):
                             records.append(json.loads(line))
         scanned_at = time.time()
-        table = A.table_checks(scan(ddb, p.table), CLIENT, scanned_at)
+        if rep is not None:
+            scans = {r: scan(ddbs[r], p.table) for r in p.regions}
+            table = A.replica_checks(scans, CLIENT, scanned_at)
+            table["settled"] = settled
+            replication = stop_replicator(rep)
+        else:
+            table = A.table_checks(scan(ddbs[home], p.table), CLIENT, scanned_at)
+            replication = None
+        audit = A.audit(records, plan.outage)
+        writes = replication_writes(work / "replication.jsonl") + admin_writes(events.admin)
+        for name in ("double_allocations", "in_region_splits", "lost_leases"):
+            A.evidence(audit["examples"][name], writes)
+        job_counts = jobs_summary(events.jobs)
         result = {
             "label": p.label,
             "params": asdict(p),
             "started": t_start,
             "outage": list(outage) if p.outage_s > 0 else None,
             "seconds": round(time.monotonic() - started, 1),
-            "audit": A.audit(records, plan.outage),
+            "audit": audit,
             "table": table,
+            "replication": replication,
+            "actors": actors(job_counts, events.admin, writes if rep is not None else None, audit),
             "kills": len(events.kills),
             "kill_events": events.kills,
             "unplanned_restarts": dict(events.restarts),
             "daemon_starts": {d.index: d.starts for d in daemons},
-            "jobs": jobs_summary(events.jobs),
+            "jobs": job_counts,
+            "job_events": events.jobs,
+            "admin_events": events.admin,
             "proxies": totals(proxies),
             "daemon_counters": _sum_counters(stats),
         }
@@ -489,15 +896,18 @@ def run(p: Params) -> dict[str, Any]:
         write(p, result)
         return result
     finally:
-        if jobs is not None:
-            jobs.stop()
+        for actor in (jobs, balancer, admin):
+            if actor is not None:
+                actor.stop()
         for a in apps:
             kill_group(a)
         for d in daemons:
             kill_group(d.proc)
         for px in proxies:
             px.stop()
-        if moto is not None:
+        if rep is not None:
+            kill_group(rep)
+        for moto in motos:
             with contextlib.suppress(OSError):
                 if moto.stdin is not None:
                     moto.stdin.close()
@@ -517,15 +927,36 @@ def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:
     return {k: v for k, v in sorted(total.items()) if k.startswith(keep)}
 
 
+def actors(
+    jobs: dict[str, Any],
+    admin: list[dict[str, Any]],
+    writes: list[dict[str, Any]] | None,
+    audit: dict[str, Any],
+) -> dict[str, Any]:
+    """What each actor besides the daemons did: the balancer's runs and moves (as it counts
+    them, and as the replicas' streams show them: ``writes``, None without replicas),
+    rasadmin's actions, and the get_lease calls refused while a redefinition's shorter max
+    lease was in force."""
+    bal: dict[str, Any] = dict(jobs.get("balancer", {}))
+    moves = None if writes is None else [w for w in writes if w.get("ev") == "move"]
+    bal["moves_in_streams"] = None if moves is None else len(moves)
+    bal["leased_moves_in_streams"] = None if moves is None else sum(1 for w in moves if w["leased"])
+    return {
+        "balancer": bal,
+        "admin": admin_summary(admin),
+        "refused_beyond_max_lease": audit.get("refused_beyond_max_lease", 0),
+    }
+
+
 def violations(result: dict[str, Any]) -> int:
     a, t = result["audit"], result["table"]
+    leased_moves = result.get("actors", {}).get("balancer", {}).get("leased_moves_in_streams") or 0
     return int(
         a["double_allocations"]
         + a["in_region_splits"]
         + a["lost_leases"]
-        + t["both_free_and_leased"]
-        + t["keys_with_two_unexpired_in_region"]
-        + t["live_mappings_not_held"]
+        + A.table_violations(t)
+        + leased_moves
     )
 
 
@@ -556,6 +987,28 @@ def table(result: dict[str, Any]) -> str:
         ("table: orphans (not served; repaired later)", t["orphans"]),
         ("cross-region duplicates (allowed)", a["cross_region_duplicates"]),
     ]
+    rep = result.get("replication")
+    if rep is not None:
+        rows += [
+            ("replicas: resource leased to 2 keys", t["leased_to_two_keys_across_replicas"]),
+            ("replicas: region differs / items differ", f"{t['regions_disagree']} / "
+             f"{t['items_differ']} (settled {t.get('settled')})"),
+            ("replication: lag set / p50 / p99 (s)", f"{rep.get('lag_s')} / "
+             f"{rep.get('achieved_lag_p50_s')} / {rep.get('achieved_lag_p99_s')}"),
+            ("replication: applied / LWW discarded / conflicts", f"{rep.get('applied')} / "
+             f"{rep.get('lww_discarded')} / {rep.get('conflicts')}"),
+        ]  # fmt: skip
+    act = result.get("actors", {})
+    bal = act.get("balancer", {})
+    if bal.get("runs"):
+        rows.append(
+            ("balancer: runs / moved / in streams / leased", f"{bal.get('runs')} / "
+             f"{bal.get('moved', 0)} / {bal.get('moves_in_streams')} / "
+             f"{bal.get('leased_moves_in_streams')}")
+        )  # fmt: skip
+    if act.get("admin"):
+        rows.append(("rasadmin", _codes(act["admin"], keep_ok=True)))
+        rows.append(("refused: beyond the max lease", act.get("refused_beyond_max_lease")))
     agents = a.get("agents", {})
     if "paper" in agents:
         rows += [
@@ -638,6 +1091,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's workers talk to moto directly, not through fault-injecting proxies",
     )
     ap.add_argument("--paper-liberator-grace", type=float, default=d.paper_liberator_grace)
+    ap.add_argument(
+        "--one-table",
+        action="store_true",
+        help="one moto table for both regions, no replicator (--mixed always runs so)",
+    )
+    ap.add_argument("--lag", type=float, default=d.lag_s, help="replication lag, seconds")
+    ap.add_argument(
+        "--resources",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=d.resources,
+        metavar="N1,N2",
+        help="free resources of each region at the start (default: --resources-per-region)",
+    )
+    ap.add_argument("--no-balancer", action="store_true", help="no ras-balancer on the loop")
+    ap.add_argument("--balancer-interval", type=float, default=d.balancer_interval)
+    ap.add_argument("--balancer-horizon", type=float, default=d.balancer_horizon)
+    ap.add_argument("--balancer-safety", type=float, default=d.balancer_safety)
+    ap.add_argument("--balancer-floor", type=int, default=d.balancer_floor)
+    ap.add_argument("--no-admin", action="store_true", help="no rasadmin on a loop")
+    ap.add_argument("--admin-every", type=float, default=d.admin_every)
     return ap
 
 
@@ -672,6 +1145,16 @@ def main(argv: list[str] | None = None) -> int:
         paper_workers=args.paper_workers,
         paper_faults=not args.no_paper_faults,
         paper_liberator_grace=args.paper_liberator_grace,
+        replicas=not args.one_table,
+        lag_s=args.lag,
+        resources=args.resources,
+        balancer=not args.no_balancer,
+        balancer_interval=args.balancer_interval,
+        balancer_horizon=args.balancer_horizon,
+        balancer_safety=args.balancer_safety,
+        balancer_floor=args.balancer_floor,
+        admin=not args.no_admin,
+        admin_every=args.admin_every,
     )
     result = run(p)
     print(table(result))

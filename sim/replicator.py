@@ -51,6 +51,7 @@ import argparse
 import hashlib
 import heapq
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -469,6 +470,41 @@ class Replicator:
 
 
 # ------------------------------------------------------------------------ subprocess entry
+def command(
+    endpoints: dict[str, str], table: str, lag: float, audit_path: str | None = None
+) -> list[str]:
+    """The child's command line (``python -m sim.replicator ...``, see :func:`main`): the
+    simulation and the chaos run start it so, each beside its own backends."""
+    cmd = [sys.executable, "-m", "sim.replicator", "--table", table, "--lag", str(lag)]
+    if audit_path:
+        cmd += ["--audit", audit_path]
+    for r, u in endpoints.items():
+        cmd += ["--endpoint", f"{r}={u}"]
+    return cmd
+
+
+def settle(proc: subprocess.Popen[str], quiet_s: float, timeout: float = 30.0) -> bool:
+    """Wait until the child (started with :func:`command`, text mode, pipes for stdin and
+    stdout) has had nothing to do for ``quiet_s`` seconds: every write read so far is
+    applied. False: still busy after ``timeout`` seconds."""
+    assert proc.stdin is not None and proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.stdin.write("IDLE?\n")
+        proc.stdin.flush()
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"replicator exited ({proc.poll()})")
+            if line.startswith("IDLE "):
+                break
+        idle = float(line.split()[1])
+        if idle >= quiet_s:
+            return True
+        time.sleep(max(0.05, quiet_s - idle))
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sim.replicator --endpoint R=URL ... --table T --lag S --audit F``: runs until
     stdin closes, then prints its summary as one JSON line on stdout."""

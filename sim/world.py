@@ -34,7 +34,7 @@ from rasd.config import Config
 from rasd.lease import LIVE, PENDING, fmt_time, map_pk, mapping_from_ddb, new_resource_item
 from rasd_jobs import balance_model as bm
 
-from . import capacity, traffic
+from . import capacity, replicator, traffic
 
 CLIENT, POOL = "sim", "default"
 REPO = Path(__file__).resolve().parent.parent
@@ -219,10 +219,9 @@ class World:
         )
 
     def start_replicator(self) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "sim.replicator", "--table", self.p.table]
-        cmd += ["--lag", str(self.p.lag_s), "--audit", str(self.dir / "audit.jsonl")]
-        for r, u in self.endpoints.items():
-            cmd += ["--endpoint", f"{r}={u}"]
+        cmd = replicator.command(
+            self.endpoints, self.p.table, self.p.lag_s, str(self.dir / "audit.jsonl")
+        )
         proc = _popen(cmd, self.env, self.dir / "replicator.log")
         self.children.append(proc)
         _readline(proc, "READY")
@@ -363,15 +362,7 @@ class World:
 
     def settle(self, rep: subprocess.Popen[str], quiet_s: float) -> None:
         """Wait until the replicator has had nothing to do for ``quiet_s`` seconds."""
-        assert rep.stdin is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            rep.stdin.write("IDLE?\n")
-            rep.stdin.flush()
-            idle = float(_readline(rep, "IDLE").split()[1])
-            if idle >= quiet_s:
-                return
-            time.sleep(max(0.05, quiet_s - idle))
+        replicator.settle(rep, quiet_s)
 
     # -- the run
     def run(self, sched: traffic.Schedule, split: dict[str, int]) -> RunResult:

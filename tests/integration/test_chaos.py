@@ -1,8 +1,11 @@
 """The short chaos run (chaos/, docs/reliability.md): 5 ``rasd serve`` daemons in two regions,
-each behind its own fault-injecting proxy (dropped requests and replies, 500s, throttles,
-latency, one outage of all proxies), 6 app processes, the liberator and ras-dedupe on loops,
-a daemon kill -9'd every 6 s. The audit works only from what the apps observed and the final
-table; the rule under test: a resource is never served to two keys while a lease on it runs.
+each region on its own replica (a moto server) joined by the simulation's replicator
+(last writer wins, 1 s lag), each daemon behind its own fault-injecting proxy (dropped
+requests and replies, 500s, throttles, latency, one outage of all proxies), 6 app processes,
+the liberator and ras-dedupe on loops, ras-balancer moving free items between the regions,
+rasadmin deleting and re-adding resources and redefining the pool, a daemon kill -9'd every
+6 s. The audit works only from what the apps observed and the final replicas; the rule
+under test: a resource is never served to two keys while a lease on it runs.
 
 Seeded (the harness's choices: keys, calls, faults, victims); the daemons' timing is not, so
 on a daemon that breaks the rule only under some interleavings this test can pass or fail.
@@ -52,6 +55,8 @@ def test_chaos_harness_works(tmp_path: Path) -> None:
     faults = result["proxies"]["total"]
     assert faults.get("fault.outage", 0) > 0
     assert result["jobs"]["liberator"]["runs"] >= 1
+    assert result["replication"]["applied"] > 0
+    assert result["table"]["settled"]
     saved = json.loads((tmp_path / "latest-smoke.json").read_text())
     assert saved["audit"]["answers"] == a["answers"]
     assert "double allocations" in table(result)
@@ -80,7 +85,17 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert result["proxies"]["total"].get("fault.outage", 0) > 0
     assert result["jobs"]["liberator"]["runs"] > 0
     assert result["jobs"]["liberator"]["failed_runs"] == 0, result["jobs"]
+    # the other actors: the replicator, the balancer (which moved something), rasadmin
+    assert result["replication"]["applied"] > 0 and result["replication"]["errors"] == 0
+    bal = result["actors"]["balancer"]
+    assert bal["runs"] > 0 and bal["failed_runs"] == 0, result["jobs"]
+    assert bal["moved"] > 0 and bal["moves_in_streams"] > 0, bal
+    admin = result["actors"]["admin"]
+    assert admin.get("deletes", 0) + admin.get("redefinitions", 0) > 0, admin
+    assert not any(k.endswith("_failed") for k in admin), admin
     assert_rule_kept(a, t)
+    assert t["leased_to_two_keys_across_replicas"] == 0, t["examples"]
+    assert bal["leased_moves_in_streams"] == 0
 
 
 @pytest.mark.skip(

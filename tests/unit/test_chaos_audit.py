@@ -412,3 +412,125 @@ def test_a_release_that_ended_during_a_paper_call_ends_its_answer() -> None:
     assert A.audit(h, quarantine_window=0)["in_region_splits"] == 0
     later = [*h[:2], {**h[2], "t0": 6.2, "m0": 6.2}, h[3]]
     assert A.audit(later, quarantine_window=0)["in_region_splits"] == 1
+
+
+# ------------------------------------------------------------------------------ replicas
+def tombstone(res: str) -> dict[str, Any]:
+    """A deleted name as ``rasadmin delete-resource`` leaves it (no pool, region, index)."""
+    return {
+        "client_id": {"S": "demo"},
+        "resource": {"S": res},
+        "hold_until": {"S": fmt_time(0)},
+        "version": {"N": "3"},
+    }
+
+
+def test_replicas_that_agree_pass_and_tombstones_are_no_resources() -> None:
+    now = 1_700_000_000.0
+    same = [
+        item("r1", avail=True),
+        item("r2", key="k1", exp=now + 60),
+        mapping("k1", "r2", now + 60),
+    ]
+    same.append(tombstone("r3"))
+    out = A.replica_checks({E: same, W: list(same)}, "demo", now)
+    assert out["resources"] == 4  # two per replica: the tombstone is none
+    assert out["tombstones"] == 2
+    assert out["neither_free_nor_leased"] == 0
+    assert out["leased_to_two_keys_across_replicas"] == 0
+    assert out["regions_disagree"] == out["items_differ"] == 0
+    assert A.table_violations(out) == 0
+    assert out["replicas"][E]["leased_unexpired"] == 1
+
+
+def test_a_resource_leased_to_two_keys_on_two_replicas_is_a_violation() -> None:
+    """Each replica alone is consistent; together they run two leases on r2: last-writer-wins
+    kept a claim in one replica that the other replica's claim overwrote there."""
+    now = 1_700_000_000.0
+    east = [
+        item("r2", key="k1", exp=now + 60, holder="a"),
+        mapping("k1", "r2", now + 60, token="a"),
+    ]
+    west = [
+        item("r2", key="k2", exp=now + 60, holder="b"),
+        mapping("k2", "r2", now + 60, token="b"),
+    ]
+    west.append(item("r1", avail=True, region=W))
+    east.append(item("r1", avail=True))  # a move not replicated yet
+    out = A.replica_checks({E: east, W: west}, "demo", now)
+    assert out["leased_to_two_keys_across_replicas"] == 1
+    assert out["examples"]["leased_to_two_keys_across_replicas"] == {
+        "r2": {E: f"k1@{E}", W: f"k2@{E}"}
+    }
+    assert out["regions_disagree"] == 1
+    assert A.table_violations(out) == 1
+    # the same lease in both replicas (one key), one of them expired in one: no violation
+    west2 = [
+        item("r2", key="k1", exp=now + 60, holder="a"),
+        mapping("k1", "r2", now + 60, token="a"),
+    ]
+    assert (
+        A.replica_checks({E: east[:2], W: west2}, "demo", now)["leased_to_two_keys_across_replicas"]
+        == 0
+    )
+
+
+def test_evidence_names_the_writes_near_a_finding() -> None:
+    f = {"resource": "r1", "keys": ["k1", "k2"], "from": 100.0, "to": 110.0}
+    writes = [
+        {"t": 30.0, "res": "r1", "actor": "admin"},  # long before: left out
+        {"t": 95.0, "res": "r1", "actor": "balancer", "ev": "move"},
+        {"t": 101.0, "res": "r2", "actor": "daemon"},  # another resource
+        {"t": 90.0, "res": "r1", "actor": "admin", "action": "readd"},
+        {"t": 120.0, "res": "r1", "actor": "daemon"},  # long after: left out
+    ]
+    A.evidence([f], writes, before_s=20.0, after_s=5.0)
+    assert [w["actor"] for w in f["writes"]] == ["admin", "balancer"]
+
+
+def test_calls_refused_past_a_redefined_max_lease_are_counted() -> None:
+    refused = {
+        "op": "get_lease", "app": 0, "key": "k1", "t0": 1.0, "t1": 1.1, "m0": 1.0, "m1": 1.1,
+        "ok": False, "error": "BAD_REQUEST",
+        "message": "lease_expires is beyond the pool's maximum lease of 45s",
+    }  # fmt: skip
+    other = {**refused, "message": "bad key"}
+    assert (
+        A.availability([refused, other, get(0, "k1", "r1", 2, 3, 50)])["refused_beyond_max_lease"]
+        == 1
+    )
+
+
+def test_rasadmin_refusals_are_told_apart() -> None:
+    """The chaos run counts rasadmin's refusals by reason, from its messages (a quarantine's
+    message speaks of the key that *released* it: not a lease)."""
+    from chaos.run import admin_summary
+
+    def deleted(code: int, error: str = "") -> dict[str, Any]:
+        return {"action": "delete", "region": E, "resources": ["r1"], "exit": code, "error": error}
+
+    q = "refusing to delete 'r1': in quarantine until x (a daemon's cache may still serve it "
+    q += "to the key that released it); wait, or pass --force"
+    out = admin_summary(
+        [
+            deleted(0),
+            deleted(1, "refusing to delete 'r1': leased by key 'k' until x; pass --force"),
+            deleted(1, q),
+            deleted(1, "'r1' changed after it was read; look again"),
+            deleted(2, "usage"),
+            {"action": "readd_elsewhere", "region": W, "resources": ["r1"], "exit": 0, "added": 1},
+            {"action": "redefine", "region": W, "resources": [], "exit": 0},
+        ]
+    )
+    assert out == {
+        "deletes": 1,
+        "delete_refused_leased": 1,
+        "delete_refused_quarantine": 1,
+        "delete_refused_changed": 1,
+        "delete_failed": 1,
+        "re_adds": 1,
+        "re_adds_held_by_tombstone": 0,
+        "re_adds_in_the_other_region": 1,
+        "re_adds_skipped_existing": 0,
+        "redefinitions": 1,
+    }
