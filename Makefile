@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
+.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,18 @@ sim-full: $(STAMP)
 check-protocol: $(STAMP)
 	$(BIN)/python -m check
 
+# Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
+# on rasd/decide.py, rasd/writes.py, rasd/steps/, lease.py's rules and write builders and the
+# jobs' decisions, each mutant against the unit tests and the checker's CI run that call it.
+# Summary: printed and check/results/mutate.json. Not part of `make test` (tens of minutes).
+MUTATE_STAMP := $(VENV)/.mutate-installed
+$(MUTATE_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,bench,mutate]'
+	touch $(MUTATE_STAMP)
+
+mutate: $(MUTATE_STAMP)
+	$(BIN)/python -m check.mutate
+
 # The chaos run (docs/reliability.md): 5 daemons in 2 regions behind fault-injecting proxies,
 # kill -9 every 6 s, one outage, the jobs on loops; an audit of what the apps saw (~11 min).
 chaos: $(STAMP)
@@ -104,4 +116,4 @@ chaos-mixed: $(STAMP)
 	$(BIN)/python -m chaos --mixed --duration 600
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv
+	rm -rf $(VENV) mutants .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv
