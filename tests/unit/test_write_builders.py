@@ -1,4 +1,5 @@
-"""Every write builder of rasd.lease, written out in full, and the rules next to them.
+"""Every write builder of rasd.lease, written out in full, the rules next to them, and
+rasd.writes' rendering for DynamoDB.
 
 The protocol checker runs the builders the daemon and ras-dedupe use; the ones only the
 operator's tools and the balancer send (``adopt``, ``move``, ``tombstone``, ``readd``,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from rasd import decide
+from rasd import writes as W
 from rasd.lease import (
     FREE,
     LIVE,
@@ -24,19 +26,22 @@ from rasd.lease import (
     adopt,
     check_expiry,
     fmt_time,
+    free_orphan,
     is_tombstone,
     lease_from_item,
     liberate,
     map_drop_dead,
+    map_fence,
     map_pk,
     move,
     partition_name,
     partition_of,
     pick_mapping,
     readd,
+    relist,
     tombstone,
 )
-from rasd.writes import Cond, Write, apply, from_av, render_plain
+from rasd.writes import Cond, Write, apply, from_av, render_plain, to_av
 
 NOW = 1_000 * US
 
@@ -132,12 +137,17 @@ def test_map_drop_dead_in_full() -> None:
 
 def test_liberate_in_full() -> None:
     w = liberate(_held(), NOW)
-    assert w.kind == "liberate"
-    assert w.conds == (
-        Cond("version", "=", 7),
-        Cond("lease_expires", "=", fmt_time(1_010 * US)),
-        Cond("region", "=", "r1"),
+    assert w == Write(
+        key=("c", "ra"),
+        conds=(
+            Cond("version", "=", 7),
+            Cond("lease_expires", "=", fmt_time(1_010 * US)),
+            Cond("region", "=", "r1"),
+        ),
+        set=(("lease_available", fmt_time(NOW)), ("version", 8)),
+        remove=("key", "lease_expires", "lease_acquired", "holder", "mver", "hver"),
     )
+    assert w.kind == "liberate"
     with pytest.raises(AssertionError):
         liberate(_held(lease_expires_us=None), NOW)
 
@@ -265,22 +275,24 @@ def test_render_plain_in_full() -> None:
         key=("c", "r"),
         conds=(Cond("a", "not_exists"), Cond("b", "exists"), Cond("c", "<=", 3)),
         set=(("x", "y"), ("c", 4)),
-        remove=("z",),
-        incr=("v",),
+        remove=("z", "w"),
+        incr=("v", "u"),
     )
     assert render_plain(w) == {
         "Key": {"client_id": {"S": "c"}, "resource": {"S": "r"}},
         "ConditionExpression": (
             "attribute_not_exists(#a0) AND attribute_exists(#a1) AND #a2 <= :v0"
         ),
-        "UpdateExpression": "SET #a3 = :v1, #a2 = :v2 REMOVE #a4 ADD #a5 :v3",
+        "UpdateExpression": "SET #a3 = :v1, #a2 = :v2 REMOVE #a4, #a5 ADD #a6 :v3, #a7 :v3",
         "ExpressionAttributeNames": {
             "#a0": "a",
             "#a1": "b",
             "#a2": "c",
             "#a3": "x",
             "#a4": "z",
-            "#a5": "v",
+            "#a5": "w",
+            "#a6": "v",
+            "#a7": "u",
         },
         "ExpressionAttributeValues": {
             ":v0": {"N": "3"},
@@ -306,3 +318,76 @@ def test_adoptable_needs_a_running_lease_of_this_key_pool_and_region() -> None:
     assert not ok(_held(lease_expires_us=None))
     assert not ok(r, now_us=1_010 * US)  # ends now: not running
     assert ok(r, now_us=1_010 * US - 1)
+
+
+def test_map_fence_in_full() -> None:
+    ident = (map_pk("c", "p", "k1"), "r1")
+    created = map_fence(ident, 0, NOW)
+    assert created == Write(
+        key=ident,
+        conds=(Cond("ver", "not_exists"),),
+        set=(("state", FREE), ("ver", 1), ("ttl", NOW // US + 24 * 3600)),
+    )
+    assert map_fence(ident, 1, NOW) == Write(
+        key=ident, conds=(Cond("ver", "=", 1),), set=(("ver", 2),)
+    )
+    assert created.kind == map_fence(ident, 1, NOW).kind == "map_fence"
+
+
+def test_relist_in_full() -> None:
+    q = fmt_time(990 * US)
+    w = relist(_free(lease_available=None, quarantine_until=q), NOW)
+    assert w == Write(
+        key=("c", "ra"),
+        conds=(
+            Cond("version", "=", 7),
+            Cond("quarantine_until", "=", q),
+            Cond("quarantine_until", "<=", fmt_time(NOW)),
+            Cond("key", "not_exists"),
+            Cond("region", "=", "r1"),
+        ),
+        set=(("lease_available", q), ("version", 8)),
+        remove=("quarantine_until",),
+    )
+    assert w.kind == "relist"
+
+
+def test_free_orphan_wants_a_holder_and_no_time_before_now() -> None:
+    w = free_orphan(_held(), NOW, NOW)  # claimable at once
+    assert ("lease_available", fmt_time(NOW)) in w.set
+    with pytest.raises(AssertionError):
+        free_orphan(_held(), NOW, NOW - 1)
+    with pytest.raises(AssertionError):
+        free_orphan(_held(holder=None), NOW, NOW + 1)
+
+
+def test_to_av_of_every_kind_of_value() -> None:
+    class Name(str):
+        pass
+
+    assert to_av("x") == {"S": "x"}
+    assert to_av(Name("x")) == {"S": "x"}
+    assert to_av(3) == {"N": "3"}
+    with pytest.raises(TypeError, match="booleans are not stored"):
+        to_av(True)
+
+
+def test_render_makes_each_shape_once_and_bounds_its_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[Write] = []
+    plain = W.render_plain
+
+    def counting(w: Write) -> dict[str, object]:
+        made.append(w)
+        return plain(w)
+
+    monkeypatch.setattr(W, "render_plain", counting)
+    monkeypatch.setattr(W, "_TEMPLATES", {})
+    a = Write(("c", "r"), (Cond("version", "=", 1),), set=(("x", "y"),))
+    b = Write(("c", "s"), (Cond("version", "=", 2),), set=(("x", "z"),))
+    assert W.render(a) == plain(a) and W.render(b) == plain(b)
+    assert made == [a]  # b has a's shape: filled in, not made again
+    for i in range(W._TEMPLATES_MAX + 5):
+        W.render(Write(("c", "r"), (), set=((f"a{i}", 1),)))
+        assert len(W._TEMPLATES) <= W._TEMPLATES_MAX
