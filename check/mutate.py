@@ -14,7 +14,8 @@ observable effect (an *equivalent* mutant).
 Equivalent mutants are argued one by one in docs/checker.md and listed in
 ``check/mutate_equivalent.json`` by a stable id, ``file::function::old => new`` (the changed
 source lines, whitespace collapsed), not by mutmut's numbers, which shift whenever a function
-changes. The score excludes them: ``(killed + timeout) / (mutants - equivalent)``.
+changes. The score excludes them: ``(killed + timeout) / (mutants - equivalent)``, over the
+mutants checked (a run stopped early leaves some "not checked"; they are counted apart).
 
 mutmut's configuration (what it copies and mutates, the test selection, the pytest plugin
 ``check.mutate_plugin``) is ``[tool.mutmut]`` in pyproject.toml; this module chooses which
@@ -247,7 +248,7 @@ def collect(with_diffs: bool = True) -> list[Mutant]:
                 status = "not checked" if code is None else _STATUS.get(code, "suspicious")
                 function = _function_of(name)
                 line, old, new = 0, list[str](), list[str]()
-                if with_diffs and status not in _DETECTED:
+                if with_diffs and status not in (*_DETECTED, "not checked"):
                     offset, old, new = _diff(name, f)
                     line = defs[f].get(function, 0) + offset if function in defs[f] else 0
                 out.append(Mutant(name, f, function, status, line, _collapse(old), _collapse(new)))
@@ -283,7 +284,7 @@ def summarize(mutants: list[Mutant], seconds: float | None, command: list[str]) 
             used.add(m.ident)
             argued.append({"id": m.ident, "line": m.line, "why": equivalent[m.ident]})
         by_file.setdefault(m.file, Counter())[status] += 1
-        if status not in _DETECTED and status != "equivalent":
+        if status not in (*_DETECTED, "equivalent", "not checked"):
             survivors.append(
                 {
                     "file": m.file,
@@ -313,12 +314,12 @@ def summarize(mutants: list[Mutant], seconds: float | None, command: list[str]) 
 
 def _score(c: Counter[str]) -> float | None:
     detected = sum(c[s] for s in _DETECTED)
-    counted = sum(c.values()) - c["equivalent"] - c["skipped"]
+    counted = sum(c.values()) - c["equivalent"] - c["skipped"] - c["not checked"]
     return round(detected / counted, 4) if counted else None
 
 
 def print_summary(out: dict[str, Any]) -> None:
-    cols = ["killed", "timeout", "survived", "no tests", "suspicious", "equivalent"]
+    cols = ["killed", "timeout", "survived", "no tests", "equivalent", "not checked"]
     print(f"\n{out['tool']}, {out['seconds']} s")
     print(f"{'file':<28}{'mutants':>8}" + "".join(f"{c:>12}" for c in cols) + f"{'score':>8}")
     for f, c in [*out["files"].items(), ("total", out["total"])]:
@@ -342,11 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         "--summary-only", action="store_true", help="summarize the results left in mutants/"
     )
     ap.add_argument("--min-score", type=float, default=0.95, help="exit 1 below this score")
+    ap.add_argument(
+        "--seconds", type=float, help="with --summary-only: the run's measured time, to record"
+    )
+    ap.add_argument("--note", default="", help="a note to record in the summary")
     ap.add_argument("names", nargs="*", help="mutmut names or globs (default: every target)")
     a = ap.parse_args(argv)
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(a.jobs)]
     command += a.names or name_globs()
-    seconds = None
+    seconds = a.seconds
     if not a.summary_only:
         if not a.names:  # a full run starts clean: no stale stats or results
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
@@ -357,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutmut exited {rc}", file=sys.stderr)
             return rc
     out = summarize(collect(), seconds, ["python -m check.mutate", *(a.names or [])])
+    if a.note:
+        out["note"] = a.note
     print_summary(out)
-    if not a.names and not a.summary_only:
+    if not a.names:  # a full run, or the summary of one
         RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     return 0 if out["score"] is not None and out["score"] >= a.min_score else 1
 

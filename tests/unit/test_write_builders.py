@@ -31,6 +31,7 @@ from rasd.lease import (
     lease_from_item,
     liberate,
     map_drop_dead,
+    map_extend,
     map_fence,
     map_pk,
     move,
@@ -391,3 +392,22 @@ def test_render_makes_each_shape_once_and_bounds_its_cache(
     for i in range(W._TEMPLATES_MAX + 5):
         W.render(Write(("c", "r"), (), set=((f"a{i}", 1),)))
         assert len(W._TEMPLATES) <= W._TEMPLATES_MAX
+
+
+def test_map_extend_in_full() -> None:
+    """It makes the mapping live (a pending mapping whose claim landed too close to its end
+    is extended before it is served) and moves its TTL with its end: DynamoDB reaps a
+    mapping by ``ttl``, which must never come before the lease's end (not in the model)."""
+    lease = lease_from_item(_held())
+    w = map_extend(lease, 1_020 * US)
+    assert w == Write(
+        key=(map_pk("c", "p", "k1"), "r1"),
+        conds=(
+            Cond("token", "=", "t1"),
+            Cond("res", "=", "ra"),
+            Cond("exp", "<", fmt_time(1_020 * US)),
+        ),
+        set=(("exp", fmt_time(1_020 * US)), ("state", LIVE), ("ttl", 1_020 + 24 * 3600)),
+        incr=("ver",),
+    )
+    assert w.kind == "map_extend"
