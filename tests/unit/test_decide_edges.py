@@ -47,6 +47,8 @@ def test_read_backs_of_extensions_and_releases() -> None:
     assert not L.extended_to("t", want)({"holder": "u", "lease_expires": later})
     assert L.map_extended_to("t", want)({"token": "t", "exp": want})
     assert not L.map_extended_to("t", want)({"token": "t", "exp": 5})
+    assert not L.map_extended_to("t", want)({"token": "u", "exp": later})
+    assert not L.map_extended_to("t", later)({"token": "t", "exp": want})
     assert L.no_token("t")({"token": "u"})
     assert L.no_token("t")({})
     assert not L.no_token("t")({"token": "t"})
