@@ -61,3 +61,12 @@ def test_extension_check_says_why_it_forgets() -> None:
     why = "the mapping still names the lease (extended further elsewhere)"
     assert D.on_extend_check(live, lease) == D.Forget(why)
     assert D.on_extend_check(m(state=L.FREE), lease) == D.FreeOrphan()
+
+
+def test_extension_outcomes_say_why_they_forget() -> None:
+    A, R, U = D.Outcome.APPLIED, D.Outcome.REJECTED, D.Outcome.UNKNOWN
+    assert D.after_extend(R, None) == D.Forget("resource extension rejected")
+    assert D.after_extend(U, None) == D.Forget("resource extension unknown")
+    assert D.after_extend(A, U) == D.Forget("mapping extension unknown")
+    assert D.after_extend(A, A) == D.Extended()
+    assert D.after_extend(A, R) == D.CheckMapping()
