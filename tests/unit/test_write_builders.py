@@ -35,6 +35,7 @@ from rasd.lease import (
     map_extend,
     map_fence,
     map_pk,
+    map_release,
     move,
     partition_name,
     partition_of,
@@ -447,3 +448,21 @@ def test_extend_resource_in_full_moves_the_version() -> None:
     assert extended is not None and (extended["version"], extended["hver"]) == (8, 8)
     assert apply(extended, tombstone(stale, NOW, NOW)) is None
     assert apply(extended, liberate(stale, NOW)) is None
+
+
+def test_map_release_in_full() -> None:
+    ident = (map_pk("c", "p", "k1"), "r1")
+    w = map_release(ident, "t1", NOW)
+    assert w == Write(
+        key=ident,
+        conds=(Cond("token", "=", "t1"),),
+        set=(("state", FREE), ("ttl", NOW // US + 24 * 3600)),
+        remove=("token", "res", "rver", "exp", "owner"),
+        incr=("ver",),
+    )
+    assert w.kind == "map_release"
+    # ras-dedupe's: the token and the version its end was read at
+    assert map_release(ident, "t1", NOW, 4).conds == (
+        Cond("token", "=", "t1"),
+        Cond("ver", "=", 4),
+    )
