@@ -70,3 +70,14 @@ def test_extension_outcomes_say_why_they_forget() -> None:
     assert D.after_extend(A, U) == D.Forget("mapping extension unknown")
     assert D.after_extend(A, A) == D.Extended()
     assert D.after_extend(A, R) == D.CheckMapping()
+
+
+def test_a_pending_mapping_is_waited_for_until_its_hold_ends() -> None:
+    """For ``pending_hold`` after it was written another daemon may still be acquiring;
+    from then on its claim is checked (and fenced if it may still land)."""
+    hold = RULES.pending_hold_us
+    free = r(holder=None, key=None, version=5)
+    young = m(state=L.PENDING, since=NOW - hold + 1, rver=5)
+    assert D.on_resource(young, free, NOW, RULES) == D.Wait("another daemon is acquiring this key")
+    old = m(state=L.PENDING, since=NOW - hold, rver=5)
+    assert D.on_resource(old, free, NOW, RULES) == D.FenceResource(free)

@@ -25,7 +25,9 @@ from rasd.lease import (
     ResourceItem,
     adopt,
     check_expiry,
+    claim,
     extend_resource,
+    fence_resource,
     fmt_time,
     free_orphan,
     is_tombstone,
@@ -466,3 +468,20 @@ def test_map_release_in_full() -> None:
         Cond("token", "=", "t1"),
         Cond("ver", "=", 4),
     )
+
+
+def test_fence_resource_in_full_stops_a_claim_in_flight() -> None:
+    w = fence_resource(("c", "ra"), 7)
+    assert w == Write(key=("c", "ra"), conds=(Cond("version", "=", 7),), set=(("version", 8),))
+    assert w.kind == "fence_resource"
+    free = {
+        "client_id": "c",
+        "resource": "ra",
+        "version": 7,
+        "region": "r1",
+        "lease_available": fmt_time(900 * US),
+    }
+    in_flight = claim(_free(), "k1", 1_010 * US, NOW, "t1", 1)  # conditioned on version 7
+    assert apply(free, in_flight) is not None
+    fenced = apply(free, w)
+    assert fenced is not None and apply(fenced, in_flight) is None
