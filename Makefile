@@ -93,7 +93,8 @@ check-protocol: $(STAMP)
 # Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
 # on rasd/decide.py, rasd/writes.py, rasd/steps/, lease.py's rules and write builders and the
 # jobs' decisions, each mutant against the unit tests and the checker's CI run that call it.
-# Summary: printed and check/results/mutate.json. Not part of `make test` (tens of minutes).
+# Summary: printed and check/results/mutate.json. Not part of `make test`: about 1.5-2.5 h on
+# this shared 2-core machine (docs/checker.md has the measured runs).
 MUTATE_STAMP := $(VENV)/.mutate-installed
 $(MUTATE_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,bench,mutate]'
