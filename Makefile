@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
+.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -106,6 +106,19 @@ sim-full: $(STAMP)
 check-protocol: $(STAMP)
 	$(BIN)/python -m check
 
+# Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
+# on rasd/decide.py, rasd/writes.py, rasd/steps/, lease.py's rules and write builders and the
+# jobs' decisions, each mutant against the unit tests and the checker's CI run that call it.
+# Summary: printed and check/results/mutate.json. Not part of `make test`: about 1.5-2.5 h on
+# this shared 2-core machine (docs/checker.md has the measured runs).
+MUTATE_STAMP := $(VENV)/.mutate-installed
+$(MUTATE_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,bench,mutate]'
+	touch $(MUTATE_STAMP)
+
+mutate: $(MUTATE_STAMP)
+	$(BIN)/python -m check.mutate
+
 # The chaos run (docs/reliability.md): 5 daemons in 2 regions, each region on its own replica
 # joined by a replicator (last writer wins, 1 s lag), behind fault-injecting proxies; kill -9
 # every 6 s, one outage, the jobs, ras-balancer and rasadmin on loops; an audit of what the
@@ -122,4 +135,4 @@ chaos-mixed: $(STAMP)
 	$(BIN)/python -m chaos --mixed --duration 600
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv
+	rm -rf $(VENV) mutants .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv

@@ -371,9 +371,9 @@ def name_held_until(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: 
     (``quarantine_until``, or a ``lease_available`` in the future)."""
     if r.key is not None:
         ends = [] if r.lease_expires_us is None else [r.lease_expires_us + grace_us]
-        return max(now_us + quarantine_us, *ends)
+        return max([now_us + quarantine_us, *ends])
     marks = [parse_time(t) for t in (r.lease_available, r.quarantine_until) if t is not None]
-    return max(now_us, *marks)
+    return max([now_us, *marks])
 
 
 def orphan_free_at(
