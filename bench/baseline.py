@@ -18,7 +18,7 @@ them), and ``ras-liberator`` may treat them as orphans once they are older than 
 
 With ``paper=True`` it writes what the paper's agent writes, nothing more: the claim is
 conditioned on the ``version`` read from the index alone and sets ``key``, ``lease_expires``
-and ``version`` (:func:`paper_claim`), and :func:`paper_liberate` is the paper's hourly
+and ``version`` (``rasd.lease.paper_claim``), and :func:`paper_liberate` is the paper's hourly
 liberator. That is the old agent a table keeps running while rasd rolls out beside it
 (docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
 
@@ -40,57 +40,29 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
+from jobs.leases import Driver
 from rasd import lease as L
-from rasd.writes import Cond, Write, render
-
-
-def paper_claim(item: L.ResourceItem, key: str, expires_us: int) -> Write:
-    """The paper's claim: conditional on the version read (from the available index) alone;
-    sets the key and the end, increments the version, removes ``lease_available``."""
-    return Write(
-        key=item.ident,
-        conds=(Cond("version", "=", item.version),),
-        set=(
-            ("key", key),
-            ("lease_expires", L.fmt_time(expires_us)),
-            ("version", item.version + 1),
-        ),
-        remove=("lease_available",),
-        kind="paper_claim",
-    )
-
-
-def paper_free(item: L.ResourceItem, now_us: int) -> Write:
-    """The paper's liberator's write: conditional on the version read (from the leased index),
-    clears ``key`` and ``lease_expires``, sets ``lease_available``, increments the version.
-    Nothing else: attributes rasd added stay as they are."""
-    return Write(
-        key=item.ident,
-        conds=(Cond("version", "=", item.version),),
-        set=(("lease_available", L.fmt_time(now_us)), ("version", item.version + 1)),
-        remove=("key", "lease_expires"),
-        kind="paper_free",
-    )
+from rasd.lease import paper_claim, paper_free
+from rasd.steps.paper import paper_free_expired
+from rasd.writes import render
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
     """The paper's liberator, once: Scan the leased index, free every lease whose end has
-    passed on this clock (no grace), conditional on the version the Scan read."""
+    passed on this clock (no grace), conditional on the version the Scan read
+    (``rasd.steps.paper.paper_free_expired``, the program the protocol checker runs)."""
     counts = {"scanned": 0, "freed": 0, "lost_races": 0}
+    driver = Driver(ddb, table)
     kw: dict[str, Any] = {"TableName": table, "IndexName": "leased_resources"}
     while True:
         page = ddb.scan(**kw)
         for raw in page.get("Items", []):
             counts["scanned"] += 1
-            it = L.item_from_ddb(raw)
-            if it.lease_expires_us is None or it.lease_expires_us > now_us:
-                continue
-            try:
-                ddb.update_item(TableName=table, **render(paper_free(it, now_us)))
-            except ddb.exceptions.ConditionalCheckFailedException:
+            got = driver.run(paper_free_expired(L.item_from_ddb(raw), now_us))
+            if got == "freed":
+                counts["freed"] += 1
+            elif got == "lost_race":
                 counts["lost_races"] += 1
-                continue
-            counts["freed"] += 1
         if "LastEvaluatedKey" not in page:
             return counts
         kw["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -202,3 +174,13 @@ class BaselineAgent:
                 it = L.item_from_ddb(r["Attributes"])
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
+
+
+__all__ = [
+    "BaselineAgent",
+    "BaselineLease",
+    "NoCapacity",
+    "paper_claim",
+    "paper_free",
+    "paper_liberate",
+]

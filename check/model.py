@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from bench.baseline import paper_claim, paper_free
-from jobs.dedupe import outlasts, served_end
 from rasd import decide as D
-from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict
+from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict, outlasts, served_end
 from rasd.lease import (
     FREE,
     LIVE,
@@ -65,6 +63,8 @@ from rasd.lease import (
     names_claim,
     no_token,
     not_held_by,
+    paper_claim,
+    paper_free,
     partition_name,
     partition_of,
     pick,
