@@ -43,7 +43,7 @@ from botocore.config import Config as BotoConfig
 from jobs.leases import Driver
 from rasd import lease as L
 from rasd.lease import paper_claim, paper_free
-from rasd.steps.paper import paper_free_expired
+from rasd.steps.paper import paper_free_expired, paper_get_lease
 from rasd.writes import render
 
 
@@ -137,6 +137,8 @@ class BaselineAgent:
         """``now_us``: this host's clock (0: the system's)."""
         self.last_calls = 0
         now = now_us or time.time_ns() // 1000
+        if self.paper:
+            return self._paper_get_lease(client_id, pool_id, key, lease_expires_us, now)
         found = self.lookup(client_id, pool_id, key, now)
         if found is not None:
             return found
@@ -155,13 +157,8 @@ class BaselineAgent:
             cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
-                if self.paper:
-                    w = paper_claim(cand, key, lease_expires_us)
-                else:
-                    token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
-                    w = L.claim(
-                        cand, key, lease_expires_us, now_us or time.time_ns() // 1000, token, 0
-                    )
+                token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
+                w = L.claim(cand, key, lease_expires_us, now, token, 0)
                 self.calls["UpdateItem"] += 1
                 self.last_calls += 1
                 try:
@@ -174,6 +171,37 @@ class BaselineAgent:
                 it = L.item_from_ddb(r["Attributes"])
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
+
+    def _paper_get_lease(
+        self, client_id: str, pool_id: str, key: str, lease_expires_us: int, now_us: int
+    ) -> BaselineLease:
+        """The paper's agent: ``rasd.steps.paper.paper_get_lease`` (the program the protocol
+        checker runs), over sub-partitions and candidates in a random order."""
+        parts = list(range(L.PARTITIONS))
+        random.shuffle(parts)
+        driver = Driver(self.ddb, self.table)
+        prog = paper_get_lease(
+            client_id,
+            pool_id,
+            key,
+            self.region,
+            lease_expires_us,
+            now_us,
+            tuple(parts),
+            self.page,
+            seed=random.getrandbits(32),
+        )
+        try:
+            got = driver.run(prog)
+        finally:
+            self.calls.update(driver.calls)
+            self.last_calls += driver.calls.total()
+            self.conflicts += driver.counts["conflicts"]
+        if got is None:
+            raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
+        it = got.item
+        assert it.lease_expires_us is not None
+        return BaselineLease(it.resource, it.lease_expires_us, it.version, got.new, it.region)
 
 
 __all__ = [
