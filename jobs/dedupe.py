@@ -153,8 +153,12 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         peers=frozenset(opts.peers),
         dry_run=opts.dry_run,
     )
-    for _key, items in dups:
-        driver.run(dedupe_key(tuple(items), bounds))
+    for (client_id, pool_id, key), items in dups:
+        try:
+            driver.run(dedupe_key(tuple(items), bounds))
+        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+            counts["errors"] += 1
+            log.error("key_failed", client_id=client_id, pool_id=pool_id, key=key, error=repr(exc))
     summary: dict[str, Any] = {
         "job": "dedupe",
         "table": opts.table,

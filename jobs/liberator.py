@@ -40,6 +40,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb
+from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
 
 from . import common, leases
@@ -147,13 +148,22 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         c = counts[seg]
         c["scanned"] += int(page.get("ScannedCount", 0))
         for item in ours(page, c):
-            drivers[seg].run(liberate_item(item, bounds))
+            run_item(seg, liberate_item(item, bounds), item)
 
     def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
         c = counts[seg]
         c["relist_scanned"] += int(page.get("ScannedCount", 0))
         for item in ours(page, c):
-            drivers[seg].run(relist_item(item, opts.now_us, opts.dry_run))
+            run_item(seg, relist_item(item, opts.now_us, opts.dry_run), item)
+
+    def run_item(seg: int, prog: Program[str], item: ResourceItem) -> None:
+        """One item's program; a failure it did not count (an item that does not parse
+        when read again) is counted here: the next run retries."""
+        try:
+            drivers[seg].run(prog)
+        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+            counts[seg]["errors"] += 1
+            log.error("item_failed", resource=item.resource, error=repr(exc))
 
     failures = common.parallel_scan(ddb, scan_kwargs(opts), opts.segments, handle)
     if opts.relist:

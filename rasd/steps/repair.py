@@ -273,7 +273,7 @@ def check_orphan(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Progr
         fresh = yield from read_resource(item.ident)
         if fresh is None or fresh.holder != item.holder or fresh.key is None:
             return "gone"
-        if not fresh.holder_current:
+        if ops.orphan_verdict(fresh, None) is Orphan.FOREIGN:  # a stale holder
             yield Note("foreign")
             return "foreign"
         m = yield from read_mapping(fresh)

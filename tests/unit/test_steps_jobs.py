@@ -518,3 +518,56 @@ def test_driver_outcomes_and_errors() -> None:
     d2 = Driver(Stub(), "t")
     d2.perform(Note("x"))
     assert d2.counts["x"] == 1
+
+
+# ------------------------------------------------- the checker's known-bad substitutions
+def survivor_pending_in_west() -> tuple[Table, tuple[ResourceItem, ...], DD.DedupeRun]:
+    """An east survivor whose confirm has not reached the west replica; a west extra."""
+    t = Table()
+    e = t.lease("e-1", "k1", NOW + 2 * HOUR, region=EAST, acquired=NOW - 2 * HOUR)
+    w = t.lease("w-1", "k1", NOW + HOUR, region=WEST)
+    mid = (map_pk("c", "p", "k1"), EAST)
+    t.lagging[WEST] = dict(t.items) | {mid: t.items[mid] | {"state": "pending"}}
+    return t, (e, w), DD.DedupeRun(EAST, NOW, Q, M, G, peers=frozenset({WEST}))
+
+
+@pytest.mark.parametrize("name", ["D1", "D2", "D4"])
+def test_known_bad_dedupe_sets_release_an_extra_whose_survivor_is_not_served(name: str) -> None:
+    from check.rulesets import PROTOCOLS, REAL, job_ops
+
+    bad = next(p for n, p in PROTOCOLS.items() if n.startswith(name + "-"))
+    for proto, released in ((REAL, 0), (bad, 1)):
+        t, items, run = survivor_pending_in_west()
+        t.run(DD.dedupe_key(items, run, job_ops(proto)))
+        assert t.counts["released"] == released, proto.name
+
+
+def test_known_bad_d3_d5_h_q_change_what_the_programs_do() -> None:
+    from check.rulesets import BAD_D3, BAD_D5, BAD_H, BAD_Q, REAL, job_ops
+
+    t, items = dup_table(survivor_end=NOW + HOUR + M)
+    t.run(DD.dedupe_key(items, DD.DedupeRun(EAST, NOW, Q, M, G), job_ops(BAD_D3)))
+    assert t.counts["released"] == 1
+
+    def named_orphan() -> tuple[Table, ResourceItem, Mapping]:
+        t = Table()
+        r = t.lease("ra", "k1", NOW + HOUR)
+        m = t.mapping("k1")
+        t.land(Write(m.ident, (), set=(("state", FREE), ("ver", m.ver + 1))))
+        return t, r, t.mapping("k1")
+
+    for proto, attr, until in (
+        (REAL, "quarantine_until", NOW + HOUR + G),
+        (BAD_D5, "quarantine_until", NOW + Q),
+        (BAD_Q, "lease_available", NOW + HOUR + G),
+    ):
+        t, r, m = named_orphan()
+        assert t.run(RP.repair(r, m, NOW, Q, G, ops=job_ops(proto))) == "freed_orphan"
+        assert t.items[("c", "ra")].get(attr) == fmt_time(until), proto.name
+
+    for proto, want in ((REAL, "foreign"), (BAD_H, "freed_orphan")):
+        t = Table()
+        r = t.lease("ra", "k1", NOW + HOUR, mapped=False)
+        t.items[("c", "ra")] = t.items[("c", "ra")] | {"version": r.version + 1}
+        stale = t.res("ra")
+        assert t.run(RP.check_orphan(stale, RUN, job_ops(proto))) == want, proto.name
