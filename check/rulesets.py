@@ -9,13 +9,15 @@ a checker that cannot find them proves nothing (tests/unit/test_check.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from rasd import decide as D
 from rasd.decide import Outcome, Rules
 from rasd.lease import LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping, map_release
 from rasd.steps import Program
-from rasd.steps.repair import Ops, Result, release_held
+from rasd.steps.repair import Ops as JobOps
+from rasd.steps.repair import Result, release_held
 from rasd.writes import ItemKey, Write
 
 INFINITY_US = 10**15
@@ -186,15 +188,17 @@ def _own_region(keep: ResourceItem, extra: ResourceItem) -> str:
 
 
 def _release_as_lease(
-    r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int, ops: Ops
+    r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int, ops: JobOps
 ) -> Program[Result]:
     return release_held(r, now_us, quarantine_us, grace_us, ops=ops)
 
 
-def job_ops(p: Protocol) -> Ops:
+@functools.cache
+def job_ops(p: Protocol) -> JobOps:
     """The pure functions the jobs' programs (``rasd.steps.repair``, ``.dedupe``) use under
-    rule set ``p``: the real ones, but for the one its bug replaces."""
-    ops = Ops()
+    rule set ``p``: the real ones, but for the one its bug replaces (one instance per rule
+    set: states compare it by identity)."""
+    ops = JobOps()
     if p.holder_always_current:
         ops = replace(ops, orphan_verdict=_holder_always_current)
     if p.quarantine_in_index:

@@ -137,6 +137,15 @@ def dedupe_key(items: tuple[ResourceItem, ...], run: DedupeRun, ops: Ops = OPS) 
         yield from release_one(e, "extra", run, ctx, end_by, ops)
 
 
+def dedupe_groups(
+    groups: tuple[tuple[ResourceItem, ...], ...], run: DedupeRun, ops: Ops = OPS
+) -> Program[None]:
+    """A whole run's duplicate groups, one after another (the checker's ``ras-dedupe``
+    process; the job drives :func:`dedupe_key` per group, counting a failure per group)."""
+    for items in groups:
+        yield from dedupe_key(items, run, ops)
+
+
 def release_one(
     it: ResourceItem,
     what: str,
@@ -199,4 +208,4 @@ def release_one(
     return got
 
 
-__all__ = ["DedupeRun", "dedupe_key", "examine", "release_one"]
+__all__ = ["DedupeRun", "dedupe_groups", "dedupe_key", "examine", "release_one"]
