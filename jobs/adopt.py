@@ -108,21 +108,7 @@ def ensure_schema(ddb: Any, table: str, dry_run: bool) -> list[str]:
 
 def ensure_pool(ddb: Any, table: str, client_id: str, pool_id: str, max_lease_s: float) -> bool:
     """Define the pool unless it is defined: True when this call added it."""
-    try:
-        ddb.put_item(
-            TableName=table,
-            Item={
-                **pool_meta_key(client_id, pool_id),
-                "kind": {"S": "pool"},
-                "max_lease": {"N": str(max_lease_s)},
-            },
-            ConditionExpression="attribute_not_exists(client_id)",
-        )
-    except Exception as exc:
-        if common.is_lost_race(exc):
-            return False
-        raise
-    return True
+    return leases.run(ddb, table, steps.define_pool(client_id, pool_id, max_lease_s, only_new=True))
 
 
 def pool_defined(ddb: Any, table: str, client_id: str, pool_id: str) -> bool:

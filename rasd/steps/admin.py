@@ -193,16 +193,19 @@ def delete_pool(p: PoolDelete) -> Program[AdminResult]:
     return AdminResult("deleted")
 
 
-def define_pool(client_id: str, pool_id: str, max_lease_s: float) -> Program[None]:
+def define_pool(
+    client_id: str, pool_id: str, max_lease_s: float, only_new: bool = False
+) -> Program[bool]:
     """``rasadmin add-pool``: define the pool, or redefine its longest lease (daemons read it
-    at their next pool refresh; a lease already given keeps its end)."""
+    at their next pool refresh; a lease already given keeps its end). ``only_new``
+    (``rasadmin adopt``): only if it is not defined. True: written."""
     item: dict[str, Any] = {
         "client_id": {"S": META_CLIENT},
         "resource": {"S": f"pool#{client_id}#{pool_id}"},
         "kind": {"S": "pool"},
         "max_lease": {"N": str(max_lease_s)},
     }
-    applied((yield Put(pool_key(client_id, pool_id), item)))
+    return applied((yield Put(pool_key(client_id, pool_id), item, only_new=only_new)))
 
 
 def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: int) -> Program[str]:
