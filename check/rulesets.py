@@ -9,12 +9,16 @@ a checker that cannot find them proves nothing (tests/unit/test_check.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from rasd import decide as D
+from rasd import lease as L
 from rasd.decide import Outcome, Rules
 from rasd.lease import PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
-from rasd.writes import Write
+from rasd.steps.daemon import REAL as REAL_OPS
+from rasd.steps.daemon import Ops
+from rasd.writes import ItemKey, Write
 
 INFINITY_US = 10**15
 
@@ -103,13 +107,24 @@ class Protocol:
     def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
         return D.on_extend_check(m, lease)
 
-    @property
-    def give_back_at_once(self) -> bool:
-        return self.act_on_unknown or self.no_quarantine
+    def quarantine_us(self, rules: Rules, give_back: bool) -> int:
+        """How long an early free (release, give-back, orphaned extension) stays
+        unclaimable: A gives a lost acquisition's claim back at once, C frees all at once."""
+        if self.no_quarantine or (self.act_on_unknown and give_back):
+            return 0
+        return rules.quarantine_us
 
-    def early_free_quarantine(self, rules: Rules) -> int:
-        """How long an early free (release, give-back, orphaned extension) stays unclaimable."""
-        return 0 if self.no_quarantine else rules.quarantine_us
+    def free_claim(
+        self,
+        ident: ItemKey,
+        key: str,
+        token: str,
+        now_us: int,
+        available_us: int,
+        expires_us: int | None = None,
+    ) -> Write:
+        """``rasd.lease.free_claim`` as this rule set writes it."""
+        return self.early_free(L.free_claim(ident, key, token, now_us, available_us, expires_us))
 
     def rules(self, real: Rules) -> Rules:
         if self.no_quarantine:
@@ -148,3 +163,22 @@ PROTOCOLS = {
         BAD_H,
     )
 }
+
+
+@functools.cache
+def ops_of(proto: Protocol) -> Ops:
+    """The functions the daemons' programs (``rasd.steps.daemon``) run with under ``proto``:
+    the real ones, or this rule set's (one instance per rule set: states compare it by
+    identity)."""
+    if proto == REAL:
+        return REAL_OPS
+    return Ops(
+        name=proto.name,
+        on_read=proto.on_read,
+        on_resource=proto.on_resource,
+        after_acquire=proto.after_acquire,
+        after_extend=proto.after_extend,
+        on_extend_check=proto.on_extend_check,
+        free_claim=proto.free_claim,
+        quarantine_us=proto.quarantine_us,
+    )

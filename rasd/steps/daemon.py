@@ -81,6 +81,7 @@ from . import (
     Sleep,
     Spawn,
     Together,
+    goto,
 )
 
 #: (client_id, pool_id, key): a lease's place in the daemon's cache
@@ -198,10 +199,11 @@ def _quarantine(rules: Rules, give_back: bool) -> int:
     return rules.quarantine_us
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ops:
     """The pure functions the programs decide and write with (:mod:`rasd.decide`,
-    :mod:`rasd.lease`). Only the checker's known-bad rule sets replace one."""
+    :mod:`rasd.lease`). Only the checker's known-bad rule sets replace one. Compared by
+    identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
     on_read: Callable[..., D.Decision] = field(default=D.on_read, repr=False)
@@ -267,44 +269,47 @@ def resource(client_id: str, name: str) -> Program[ResourceItem | None]:
 
 
 # -------------------------------------------------------------------------- resolution
-def resolve(d: Daemon, pool: Pool, key: str, requested_us: int) -> Program[tuple[Lease, bool]]:
-    """A cache miss: the lease for ``key`` and whether this call acquired it."""
+def resolve(
+    d: Daemon, pool: Pool, key: str, requested_us: int, wait: float = WAIT_FIRST
+) -> Program[tuple[Lease, bool]]:
+    """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
+    reads the key's mappings and does what ``rasd.decide`` says; a round that must read
+    again goes on as the next round (``Tail``)."""
     ops = d.ops
-    wait = WAIT_FIRST
-    while True:
-        sent = yield Mono()  # the answer is confirmed as of the read's departure
-        own, others, held = yield from read_first(d, pool, key)
-        dec = ops.on_read(own, others, (yield Now()), d.rules)
-        if isinstance(dec, D.Verify):
-            r = yield from resource(pool.client_id, dec.mapping.resource or "")
-            dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
-        if isinstance(dec, D.Acquire) and held:
-            adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
-            if adopted is None:
-                continue
-            dec = adopted
-        if isinstance(dec, D.Serve):
-            yield CachePut(dec.lease, sent)
-            if dec.confirm is not None:
-                yield Spawn(confirm, (dec.confirm,))
-            yield Note("lease.existing")
-            yield Refresh(dec.lease, requested_us)
-            return dec.lease, False
-        if isinstance(dec, D.Extend):
-            lease = yield from extend_now(d, dec.mapping, requested_us)
-            if lease is not None:
-                return lease, False
-            continue
-        if isinstance(dec, D.Acquire):
-            lease = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
-            if lease is not None:
-                return lease, True
-            continue
-        if isinstance(dec, D.FenceResource):
-            yield from fence(dec.resource)
-            continue
-        # Wait: another daemon of this region is acquiring this key.
-        wait = yield from wait_for(wait)
+    sent = yield Mono()  # the answer is confirmed as of the read's departure
+    own, others, held = yield from read_first(d, pool, key)
+    dec = ops.on_read(own, others, (yield Now()), d.rules)
+    if isinstance(dec, D.Verify):
+        r = yield from resource(pool.client_id, dec.mapping.resource or "")
+        dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
+    if isinstance(dec, D.Acquire) and held:
+        adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
+        if adopted is None:
+            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+        dec = adopted
+    if isinstance(dec, D.Serve):
+        yield CachePut(dec.lease, sent)
+        if dec.confirm is not None:
+            yield Spawn(confirm, (dec.confirm,))
+        yield Note("lease.existing")
+        yield Refresh(dec.lease, requested_us)
+        return dec.lease, False
+    if isinstance(dec, D.Extend):
+        lease = yield from extend_now(d, dec.mapping, requested_us)
+        if lease is not None:
+            return lease, False
+        return (yield from goto(resolve, d, pool, key, requested_us, wait))
+    if isinstance(dec, D.Acquire):
+        lease = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
+        if lease is not None:
+            return lease, True
+        return (yield from goto(resolve, d, pool, key, requested_us, wait))
+    if isinstance(dec, D.FenceResource):
+        yield from fence(dec.resource)
+        return (yield from goto(resolve, d, pool, key, requested_us, wait))
+    # Wait: another daemon of this region is acquiring this key.
+    wait = yield from wait_for(wait)
+    return (yield from goto(resolve, d, pool, key, requested_us, wait))
 
 
 def wait_for(wait: float) -> Program[float]:
@@ -477,49 +482,53 @@ def confirm(m: Mapping) -> Program[None]:
 
 
 def free_claim(
-    d: Daemon, ident: ItemKey, key: str, token: str, give_back: bool = False
+    d: Daemon, ident: ItemKey, key: str, token: str, give_back: bool = False, attempt: int = 0
 ) -> Program[None]:
     """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
-    about a minute; if the daemon dies first, the liberator's orphan repair frees it.
-    ``give_back``: the claim of an acquisition that lost (the rules may free it sooner).
-    With ``legacy_agents`` not before the lease's end plus the skew either: the paper's
-    agent answers any lease it finds in the leased index, to its end, and is never told of a
-    release (the end is read first, and the free is conditional on it)."""
-    for attempt in range(d.free_claim_attempts):
-        yield Deadline(BACKGROUND_DEADLINE)
-        now = yield Now()
-        available = now + d.ops.quarantine_us(d.rules, give_back)
-        ends: int | None = None
-        outcome, error = Outcome.UNKNOWN, None
-        if d.legacy_agents:
-            try:
-                r = yield from resource(ident[0], ident[1])
-            except RasdError as exc:
-                error = exc
-            else:
-                if r is None or r.holder != token or r.key != key:
-                    return  # not ours any more
-                ends = r.lease_expires_us
-            if ends is not None:
-                available = max(available, ends + d.rules.grace_us)
-        if not d.legacy_agents or ends is not None:
-            w = d.ops.free_claim(ident, key, token, now, available, ends)
-            res = yield Send(w, not_held_by(token))
-            outcome, error = res.outcome, res.error
-            if outcome is Outcome.REJECTED and error is None and ends is not None:
-                continue  # extended since the read: read the end again
-        if outcome is not Outcome.UNKNOWN and error is None:
-            yield Note(f"acq.free_claim_{outcome.value}")
-            if outcome is Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
-                yield RelistLater(ident, available)
-            return
-        yield Note("acq.free_claim_errors")
-        yield Note(
-            "claim_not_given_back",
-            (("resource", ident[1]), ("key", key), ("attempt", attempt + 1), ("error", str(error))),
-            "warning",
-        )
-        yield Sleep(min(2.0**attempt, 16.0), bounded=False)
+    about a minute (``attempt``: this one's number, from 0); if the daemon dies first, the
+    liberator's orphan repair frees it. ``give_back``: the claim of an acquisition that lost
+    (the rules may free it sooner). With ``legacy_agents`` not before the lease's end plus
+    the skew either: the paper's agent answers any lease it finds in the leased index, to
+    its end, and is never told of a release (the end is read first, and the free is
+    conditional on it)."""
+    if attempt >= d.free_claim_attempts:
+        return
+    yield Deadline(BACKGROUND_DEADLINE)
+    now = yield Now()
+    available = now + d.ops.quarantine_us(d.rules, give_back)
+    ends: int | None = None
+    outcome, error = Outcome.UNKNOWN, None
+    if d.legacy_agents:
+        try:
+            r = yield from resource(ident[0], ident[1])
+        except RasdError as exc:
+            error = exc
+        else:
+            if r is None or r.holder != token or r.key != key:
+                return  # not ours any more
+            ends = r.lease_expires_us
+        if ends is not None:
+            available = max(available, ends + d.rules.grace_us)
+    if not d.legacy_agents or ends is not None:
+        w = d.ops.free_claim(ident, key, token, now, available, ends)
+        res = yield Send(w, not_held_by(token))
+        outcome, error = res.outcome, res.error
+        if outcome is Outcome.REJECTED and error is None and ends is not None:
+            # extended since the read: read the end again
+            return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+    if outcome is not Outcome.UNKNOWN and error is None:
+        yield Note(f"acq.free_claim_{outcome.value}")
+        if outcome is Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
+            yield RelistLater(ident, available)
+        return
+    yield Note("acq.free_claim_errors")
+    yield Note(
+        "claim_not_given_back",
+        (("resource", ident[1]), ("key", key), ("attempt", attempt + 1), ("error", str(error))),
+        "warning",
+    )
+    yield Sleep(min(2.0**attempt, 16.0), bounded=False)
+    return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
 
 
 def relist(ident: ItemKey, until_us: int) -> Program[None]:
@@ -550,7 +559,7 @@ def fence_own_claim(d: Daemon, item: ResourceItem, key: str, token: str) -> Prog
         return
     cur = yield from resource(item.client_id, item.resource)
     if cur is not None and cur.holder == token:
-        yield from free_claim(d, item.ident, key, token)
+        return (yield from free_claim(d, item.ident, key, token))
 
 
 # ---------------------------------------------------------- extension and re-confirmation
@@ -650,52 +659,56 @@ def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
 
 
 # ---------------------------------------------------------------------------- release
-def release(d: Daemon, pool: Pool, key: str) -> Program[int]:
+def release(
+    d: Daemon, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
+) -> Program[int]:
     """Give back the key's lease in our region: the mapping first, then the resource with
-    quarantine (docs/design.md, I3). Returns 1, or raises NotHeld."""
+    quarantine (docs/design.md, I3). Returns 1, or raises NotHeld. A round that must read
+    again goes on as the next round (``Tail``)."""
     ops = d.ops
     k = (pool.client_id, pool.pool_id, key)
-    yield CacheDrop(k)
-    wait = WAIT_FIRST
-    while True:
-        own, others = yield from read(d, pool, key)
-        now = yield Now()
-        dec = ops.on_release_read(own, now, d.rules)
-        if isinstance(dec, D.Verify):
-            r = yield from resource(pool.client_id, dec.mapping.resource or "")
-            dec = ops.on_release_resource(dec.mapping, r, now, d.rules)
-        if isinstance(dec, D.NotHeld):
-            held = sorted(m.region for m in others if D.servable(m, now, d.rules))
-            if held:
-                raise NotHeld(f"{key!r} holds no lease in {d.region} (held in {', '.join(held)})")
-            raise NotHeld(f"{key!r} holds no lease in pool {pool.pool_id!r}")
-        if isinstance(dec, D.ReleaseLease):
-            lease = dec.lease
-            assert lease.token is not None and own is not None
-            res = yield Send(map_release(own.ident, lease.token, now), no_token(lease.token))
-            if res.outcome is Outcome.REJECTED and res.error is None:
-                continue  # changed under us: read again
-            if res.outcome is not Outcome.APPLIED:
-                raise res.error or Timeout("release outcome unknown")
-            yield CacheDrop(k)
-            yield Note("lease.released", (("token", lease.token),))
-            # The resource: quarantined, so caches elsewhere run out first. If this write is
-            # lost the liberator's orphan repair frees it (also with quarantine).
-            free = yield Spawn(free_claim, (d, (pool.client_id, lease.resource), key, lease.token))
-            if d.legacy_agents:
-                # The paper's agent answers whatever the leased index shows for the key:
-                # answer the release once the resource no longer shows it, so that the key's
-                # next lease (here, or the paper agent's) cannot overlap the one released.
-                # Within the deadline; the free goes on in the background.
-                yield Join(free)
-            return 1
-        if isinstance(dec, D.DropMapping):
-            yield Send(map_drop_dead(dec.mapping, now))
-            continue
-        if isinstance(dec, D.FenceResource):
-            yield from fence(dec.resource)
-            continue
-        wait = yield from wait_for(wait)
+    if first:
+        yield CacheDrop(k)
+    own, others = yield from read(d, pool, key)
+    now = yield Now()
+    dec = ops.on_release_read(own, now, d.rules)
+    if isinstance(dec, D.Verify):
+        r = yield from resource(pool.client_id, dec.mapping.resource or "")
+        dec = ops.on_release_resource(dec.mapping, r, now, d.rules)
+    if isinstance(dec, D.NotHeld):
+        held = sorted(m.region for m in others if D.servable(m, now, d.rules))
+        if held:
+            raise NotHeld(f"{key!r} holds no lease in {d.region} (held in {', '.join(held)})")
+        raise NotHeld(f"{key!r} holds no lease in pool {pool.pool_id!r}")
+    if isinstance(dec, D.ReleaseLease):
+        lease = dec.lease
+        assert lease.token is not None and own is not None
+        res = yield Send(map_release(own.ident, lease.token, now), no_token(lease.token))
+        if res.outcome is Outcome.REJECTED and res.error is None:
+            # changed under us: read again
+            return (yield from goto(release, d, pool, key, wait, False))
+        if res.outcome is not Outcome.APPLIED:
+            raise res.error or Timeout("release outcome unknown")
+        yield CacheDrop(k)
+        yield Note("lease.released", (("token", lease.token),))
+        # The resource: quarantined, so caches elsewhere run out first. If this write is lost
+        # the liberator's orphan repair frees it (also with quarantine).
+        free = yield Spawn(free_claim, (d, (pool.client_id, lease.resource), key, lease.token))
+        if d.legacy_agents:
+            # The paper's agent answers whatever the leased index shows for the key: answer
+            # the release once the resource no longer shows it, so that the key's next lease
+            # (here, or the paper agent's) cannot overlap the one released. Within the
+            # deadline; the free goes on in the background.
+            yield Join(free)
+        return 1
+    if isinstance(dec, D.DropMapping):
+        yield Send(map_drop_dead(dec.mapping, now))
+        return (yield from goto(release, d, pool, key, wait, False))
+    if isinstance(dec, D.FenceResource):
+        yield from fence(dec.resource)
+        return (yield from goto(release, d, pool, key, wait, False))
+    wait = yield from wait_for(wait)
+    return (yield from goto(release, d, pool, key, wait, False))
 
 
 def _error_of(*results: Any) -> RasdError | None:
