@@ -57,7 +57,7 @@ def test_bad_c_no_quarantine_is_caught() -> None:
 
 def test_real_rules_pass_tiny_exhaustively() -> None:
     """Every interleaving of TINY (one fault) keeps I1 and I2 with the real rules."""
-    res = bfs(TINY, REAL)  # about 57,000 states, 20 s of CPU
+    res = bfs(TINY, REAL)  # about 51,000 states, 17 s of CPU
     assert res.complete
     assert res.violation is None, format_trace(res)
 
