@@ -1,4 +1,4 @@
-"""The model: one DynamoDB table, daemons following ``rasd.acquire`` step by step, the liberator.
+"""The model: one DynamoDB table, daemons running the driver's own programs, the liberator.
 
 Theory of operation
 -------------------
@@ -10,10 +10,11 @@ still in flight, the answers given to apps that may still be valid, and the faul
 
 :func:`successors` lists every step any process may take from a world, each as
 ``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
-processes with a program counter (``Proc.pc``); each step is one DynamoDB call of the driver
-(``rasd/acquire.py``), and the comment ``# acquire.py:NNN`` on each step names the driver line
-it mirrors. Decisions are the real ``rasd.decide`` functions, reached through a
-:class:`check.rulesets.Protocol` so the known-bad rule sets can replace one of them.
+the programs of ``rasd.steps.daemon`` (the ones ``rasd.acquire`` drives), run by the
+interpreter of ``check/effects.py``: each step is one DynamoDB call, and :class:`DaemonHost`
+gives their local effects (cache, tokens, candidates from the lagging index, spawning) their
+meaning in the model. Decisions are the real ``rasd.decide`` functions, reached through the
+programs' ``Ops``; a known-bad rule set (:mod:`check.rulesets`) hands them others.
 
 Regions: each daemon has one and writes only its region's items; other regions' mappings are
 read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
@@ -27,12 +28,10 @@ clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from rasd import decide as D
 from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict, outlasts, served_end
 from rasd.lease import (
     FREE,
@@ -41,28 +40,16 @@ from rasd.lease import (
     US,
     Lease,
     Mapping,
+    Pool,
     ResourceItem,
-    claim,
-    extend_resource,
-    extended_to,
-    fence_resource,
     fmt_time,
     free_claim,
     free_orphan,
-    holds,
     liberate,
-    map_acquire,
-    map_confirm,
-    map_drop_dead,
-    map_extend,
-    map_extended_to,
     map_fence,
     map_pk,
     map_release,
     mapping_from,
-    names_claim,
-    no_token,
-    not_held_by,
     paper_claim,
     paper_free,
     partition_name,
@@ -72,15 +59,19 @@ from rasd.lease import (
     resource_from,
     should_extend,
 )
+from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
+from rasd.steps import daemon as S
 from rasd.writes import ItemKey, Value, Write, apply
 
-from .rulesets import Protocol
+from .effects import Host, Proc, read_branches, start, step, write_branches
+from .rulesets import Protocol, ops_of
 
 CLIENT, POOL, REGION = "c", "p", "r1"
 T0 = 1_700_000_000  # seconds since the epoch at tick 0
+#: the model's one pool (its lease bound never refuses a request)
+POOL_ = Pool(CLIENT, POOL, 10**12)
 Item = dict[str, Value]
 FrozenItem = tuple[tuple[str, Value], ...]
-Mine = Callable[[Item], bool] | None
 _T = TypeVar("_T")
 
 
@@ -170,33 +161,6 @@ class Config:
             quarantine_us=self.quarantine * US,
             confirm_us=self.confirm * US,
         )
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One process of a daemon: its request, or a background task. A bag of the driver's
-    local variables; ``pc`` says which step is next."""
-
-    kind: str
-    pc: str
-    key: str = ""
-    requested: int = 0  # us
-    sent: int = 0  # true tick the confirming read/write was sent
-    expect_ver: int = 0
-    token: str = ""
-    m: Mapping | None = None
-    item: ResourceItem | None = None
-    lease: Lease | None = None
-    attempts: int = 0
-    at_once: bool = False  # free_claim: claimable at once (known-bad rule set A only)
-    first: str = ""  # acquire: which of the two writes was delivered first ("m" or "c")
-    mout: Outcome | None = None
-    cout: Outcome | None = None
-    merr: bool = False
-    cerr: bool = False
-    now: int = 0  # us, the driver's `now` captured before a write
-    started: int = 0  # true tick the request began (its deadline runs from here)
-    steps: int = 0  # DynamoDB calls the request has made (its deadline, in calls)
 
 
 @dataclass(frozen=True)
@@ -295,6 +259,7 @@ class World:
         "released",
         "repair_done",
         "rules",
+        "setups",
         "t",
         "table",
         "tokens",
@@ -323,6 +288,17 @@ class World:
             )  # type: ignore[assignment]
             self.hist[rkey(r)] = ()
         self.daemons = tuple(Daemon(i, cfg.offsets[i]) for i in range(cfg.daemons))
+        #: each daemon as its programs see it (rasd.steps.daemon.Daemon)
+        self.setups = tuple(
+            S.Daemon(
+                cfg.region(i),
+                "owner",
+                self.rules,
+                free_claim_attempts=cfg.free_claim_attempts,
+                ops=ops_of(proto),
+            )
+            for i in range(cfg.daemons)
+        )
         self.inflight: tuple[Write, ...] = ()
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
@@ -530,354 +506,170 @@ def _tick(us: int) -> int:
     return us // US - T0
 
 
-# ----------------------------------------------------------------- faulty DynamoDB calls
-@dataclass(frozen=True)
-class Reply:
-    outcome: Outcome
-    error: bool  # an error (not a condition) decided it (WriteResult.error is not None)
-
-
-def write_branches(w: World, wr: Write, mine: Mine) -> list[tuple[str, World, Reply]]:
-    """Every way ``Store.write(wr, mine)`` can end, each with the world after it.
-
-    ok: applied or rejected, answer received. Faults (each costs one of the budget):
-    NOT SENT: nothing that could apply was sent (REJECTED with error, store.py:332);
-    DELAYED/LOST: the request is in flight and lands at any later step (at once: a lost reply;
-    never: a lost request) while the daemon is told UNKNOWN (store.py:331); REPLY LOST, retry
-    rejected, read-back: applied, the retry's condition fails, the item is read back with
-    ``mine`` (store.py:335-345); DELAYED, retry rejected, read-back: the same while the first
-    attempt is still in flight.
-    """
-    out: list[tuple[str, World, Reply]] = []
-    a = w.clone()
-    ok = a.land(wr)
-    out.append(
-        (
-            f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}",
-            a,
-            Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False),
-        )
-    )
-    if w.faults >= w.cfg.max_faults:
-        return out
-
-    def faulty(label: str) -> World:
-        x = w.clone()
-        x.faults += 1
-        return x
-
-    x = faulty("")
-    out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
-    # Lost request, lost reply: both are DELAYED (it lands at any later step, at once, or
-    # never), and the daemon is told UNKNOWN at the deadline.
-    x = faulty("")
-    x.inflight = (*x.inflight, wr)
-    out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
-    x = faulty("")
-    landed = x.land(wr)
-    out.append(
-        (
-            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
-            "read-back",
-            x,
-            _readback(x, wr, mine),
-        )
-    )
-    if mine is not None:
-        x = faulty("")
-        x.inflight = (*x.inflight, wr)
-        if apply(x.get(wr.key), wr) is None:  # the retry's condition fails now
-            out.append((f"{wr.kind} DELAYED, retry rejected, read-back", x, _readback(x, wr, mine)))
-    return out
-
-
-def _readback(x: World, wr: Write, mine: Mine) -> Reply:
-    if mine is None:
-        return Reply(Outcome.REJECTED, False)
-    cur = x.get(wr.key)
-    return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
-
-
-def read_branches(w: World) -> list[tuple[str, World, bool]]:
-    """A strongly consistent read: answered (True) or failed (False, a fault)."""
-    out = [("read", w.clone(), True)]
-    if w.faults < w.cfg.max_faults:
-        x = w.clone()
-        x.faults += 1
-        out.append(("read FAILED", x, False))
-    return out
-
-
-# The read-back predicates are the driver's own (rasd.lease: names_claim, holds, not_held_by,
-# no_token, extended_to, map_extended_to): a read-back decides here exactly as in Store.write.
-
-
 # ------------------------------------------------------------------------ the daemon
 Out = list[tuple[str, World]]
 
 
-def _set_proc(w: World, d: Daemon, old: Proc, new: Proc | None) -> Daemon:
-    """Replace process ``old`` of daemon ``d`` by ``new`` (None: it ended)."""
-    d = w.daemons[d.idx]
-    if d.req is old:
-        d = replace(d, req=new)
-    else:
-        bg = list(d.bg)
-        i = bg.index(old)
-        if new is None:
-            del bg[i]
+@dataclass(frozen=True)
+class Cand:
+    """A candidate as the model's prefetcher hands it out (``TakeCandidate``)."""
+
+    item: ResourceItem
+
+
+def _bg_order(p: Proc) -> tuple[str, str]:
+    return (p.label, repr(p.trace.sent))
+
+
+class DaemonHost(Host):
+    """Daemon ``di``'s processes: its request (``req``) and background tasks (``bg``), run
+    on its clock, with its cache and its region's replicas and available index."""
+
+    __slots__ = ("di",)
+
+    def __init__(self, di: int) -> None:
+        self.di = di
+
+    def place(self, w: World, old: Proc | None, new: Proc | None) -> None:
+        d = w.daemons[self.di]
+        is_req = d.req is old if old is not None else new is not None and new.bound
+        if is_req:
+            d = replace(d, req=new)
         else:
-            bg[i] = new
-        d = replace(d, bg=tuple(bg))
-    w.set_daemon(d)
-    return d
+            bg = list(d.bg)
+            if old is not None:
+                bg.remove(old)
+            if new is not None:
+                bg.append(new)
+            d = replace(d, bg=tuple(sorted(bg, key=_bg_order)))
+        w.set_daemon(d)
+
+    def chooses(self, eff: object) -> bool:
+        return isinstance(eff, S.TakeCandidate)
+
+    def choices(self, w: World, p: Proc, eff: object) -> list[tuple[str, object]]:
+        items = _candidates(w, w.now_us(p.offset), w.cfg.region(self.di))
+        if not items:
+            return [("no candidate", None)]
+        return [(f"candidate {it.resource}@v{it.version}", Cand(it)) for it in items]
+
+    def query(self, w: World, p: Proc, eff: object) -> list[tuple[str, object]]:
+        region = w.cfg.region(self.di)
+        if isinstance(eff, QueryMappings):
+            own = w.mapping(eff.key, region)
+            mine = () if own is None else (own,)
+            return [(lab, (*mine, *others)) for lab, others in w.replicas(eff.key, region)]
+        assert isinstance(eff, QueryLeased)
+        held = tuple(
+            r
+            for k in sorted(w.table)
+            if k[0] == CLIENT
+            for r in (_res_of(w.table[k]),)
+            if r.key == eff.key and r.holder is not None
+        )
+        return [("", held)]
+
+    def describe(self, eff: object) -> str:
+        if isinstance(eff, GetItem):
+            return f"resource {eff.key[1]}" if eff.key[0] == CLIENT else "mapping"
+        return "leased index" if isinstance(eff, QueryLeased) else "mapping"
+
+    def local(self, w: World, p: Proc, eff: object) -> object:
+        if isinstance(eff, S.CachePut):
+            _cache_put(w, self.di, eff.lease, int(eff.sent))
+        elif isinstance(eff, S.CacheDrop):
+            _cache_drop(w, self.di, eff.key[2])
+        elif isinstance(eff, S.Refresh):
+            _maybe_refresh(w, self.di, eff.lease.key, eff.lease, eff.requested_us)
+        elif isinstance(eff, S.NewToken):
+            return w.new_token()
+        elif isinstance(eff, S.RateLimit):
+            return 0.0  # no rate limit in the model
+        elif not isinstance(
+            eff,
+            (S.Deadline, S.RefillSoon, S.Untake, S.LostCandidate, S.Miss, S.RelistLater),
+        ):  # RelistLater: the relister process re-lists, on any host's clock
+            raise TypeError(f"no such effect: {eff!r}")
+        return None
+
+    def spawn(self, w: World, p: Proc, eff: Spawn) -> None:
+        start(w, self, eff.trace(), f"d{self.di} bg {_bg_label(eff)}", offset=p.offset)
+
+    def note(self, w: World, p: Proc, eff: Note) -> None:
+        if eff.event == "lease.released":  # the mapping's release applied (I1's clock starts)
+            w.release_done(str(dict(eff.fields)["token"]))
+
+    def finished(self, w: World, p: Proc, done: Done) -> None:
+        name, args = p.trace.name, p.trace.args
+        if name == "resolve":
+            if done.error is None:
+                lease, _ = done.value
+                w.answer(w.daemons[self.di], args[2], lease)
+        elif name in ("extend_bg", "reconfirm"):
+            lease = args[1] if name == "extend_bg" else args[2]
+            d = w.daemons[self.di]
+            w.set_daemon(replace(d, refreshing=d.refreshing - {lease.key}))
+        if done.error is not None:
+            w.notes.append(f"{p.label} -> error: {done.error}")
 
 
-def _spawn(w: World, d: Daemon, p: Proc) -> Daemon:
-    d = replace(w.daemons[d.idx], bg=tuple(sorted((*w.daemons[d.idx].bg, p), key=repr)))
-    w.set_daemon(d)
-    return d
+def _bg_label(eff: Spawn) -> str:
+    """How a background program's steps are named (from its arguments)."""
+    a = eff.args
+    fn = eff.fn
+    if fn is S.confirm:
+        return f"confirm({a[0].key})"
+    if fn is S.free_claim:
+        return f"free_claim({a[1][1]}, {a[3]})"
+    if fn is S.fence_own_claim:
+        return f"fence_own({a[1].resource})"
+    if fn is S.extend_bg:
+        return f"extend({a[1].key})"
+    if fn is S.reconfirm:
+        return f"reconfirm({a[2].key})"
+    return fn.__name__
 
 
-def _cache_put(w: World, d: Daemon, lease: Lease, sent: int) -> Daemon:
+def _cache_put(w: World, di: int, lease: Lease, sent: int) -> None:
     """cache.py LeaseCache.put: an older confirmation never replaces a newer one."""
-    d = w.daemons[d.idx]
+    d = w.daemons[di]
     cur = d.entry(lease.key)
     if cur is not None and cur.confirmed > sent:
-        return d
+        return
     # until = min(confirmed + S, mono + (exp - margin - now_us)), in true ticks
     left_t = (lease.expires_us - w.rules.margin_us - w.now_us(d.offset)) // US
     until = min(sent + w.rules.confirm_us // US, w.t + left_t)
-    d = d.with_entry(lease.key, Entry(lease, sent, until))
-    w.set_daemon(d)
-    return d
+    w.set_daemon(d.with_entry(lease.key, Entry(lease, sent, until)))
 
 
-def _cache_drop(w: World, d: Daemon, key: str) -> Daemon:
-    d = w.daemons[d.idx].with_entry(key, None)
-    w.set_daemon(d)
-    return d
+def _cache_drop(w: World, di: int, key: str) -> None:
+    w.set_daemon(w.daemons[di].with_entry(key, None))
 
 
-def _serve(w: World, d: Daemon, p: Proc, lease: Lease) -> None:
-    """The request answers the app (acquire.py:214/302/453) and ends."""
-    w.answer(w.daemons[d.idx], p.key, lease)
-    d = _set_proc(w, w.daemons[d.idx], p, None)
-    _maybe_refresh(w, d, p.key, lease, p.requested)
-
-
-def _fail(w: World, d: Daemon, p: Proc, why: str) -> None:
-    w.notes.append(f"d{d.idx} {p.kind}({p.key}) -> error: {why}")
-    _set_proc(w, w.daemons[d.idx], p, None)
-
-
-def _maybe_refresh(w: World, d: Daemon, key: str, lease: Lease, requested: int) -> None:
-    """acquire.py:391 _maybe_refresh: extend a sliding lease, or re-confirm a stale answer."""
-    d = w.daemons[d.idx]
+def _maybe_refresh(w: World, di: int, key: str, lease: Lease, requested: int) -> None:
+    """``Acquirer._maybe_refresh``: extend a sliding lease, or re-confirm a stale answer."""
+    d = w.daemons[di]
     if key in d.refreshing:
         return
     now = w.now_us(d.offset)
+    setup = w.setups[di]
     if (
-        lease.region == w.cfg.region(d.idx)
+        lease.region == w.cfg.region(di)
         and lease.token is not None
         and should_extend(lease, requested, now, w.cfg.extend_fraction)
     ):
-        d = replace(d, refreshing=d.refreshing | {key})
-        w.set_daemon(d)
-        _spawn(w, d, Proc("extend_bg", "X1", key=key, requested=requested, lease=lease, sent=w.t))
+        w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
+        _start_bg(w, di, Spawn(S.extend_bg, (setup, lease, requested)))
         return
     e = d.entry(key)
     if e is not None and (w.t - e.confirmed) * US > w.rules.confirm_us / 2:  # cache.stale
-        d = replace(d, refreshing=d.refreshing | {key})
-        w.set_daemon(d)
-        _spawn(w, d, Proc("reconfirm", "C1", key=key, lease=lease))
+        w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
+        _start_bg(w, di, Spawn(S.reconfirm, (setup, POOL_, lease)))
 
 
-def _handle(w: World, d: Daemon, p: Proc, dec: D.Decision) -> None:
-    """acquire.py:207-233, what _resolve does with a decision."""
-    if isinstance(dec, D.Serve):
-        d = _cache_put(w, d, dec.lease, p.sent)  # acquire.py:208
-        if dec.confirm is not None:
-            d = _spawn(w, d, Proc("confirm", "K1", m=dec.confirm))  # acquire.py:210
-        _serve(w, d, p, dec.lease)
-    elif isinstance(dec, D.Extend):  # acquire.py:216 -> _extend_now
-        m = dec.mapping
-        lease = Lease(
-            m.client_id,
-            m.pool_id,
-            m.key,
-            m.resource or "",
-            m.region,
-            m.expires_us or 0,
-            m.rver + 1,
-            m.since_us,
-            m.token,
-        )
-        now = w.now_us(d.offset)
-        if p.requested <= lease.expires_us:  # acquire.py:444
-            if lease.expires_us > now:
-                _serve(w, d, p, lease)
-            else:
-                _set_proc(w, d, p, replace(p, pc="R0"))
-            return
-        _set_proc(w, d, p, replace(p, pc="E1", m=m, lease=lease, now=now, sent=w.t))
-    elif isinstance(dec, D.Acquire):  # acquire.py:221 -> _acquire
-        _set_proc(w, d, p, replace(p, pc="A0", expect_ver=dec.expect_ver, token=w.new_token()))
-    elif isinstance(dec, D.FenceResource):  # acquire.py:226 -> _fence
-        _set_proc(w, d, p, replace(p, pc="F1", item=dec.resource))
-    elif isinstance(dec, D.Wait):  # acquire.py:229-233: sleep, read again (or time out)
-        _set_proc(w, d, p, replace(p, pc="R0"))
-    else:
-        raise AssertionError(f"unexpected decision {dec!r}")
-
-
-def step_request(w0: World, di: int) -> Out:
-    """One step of daemon ``di``'s get_lease resolution (``_resolve`` and what it calls)."""
-    d0 = w0.daemons[di]
-    p = d0.req
-    assert p is not None
-    out: Out = []
-    proto = w0.proto
-    if p.pc != "A2" and (w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls):
-        w = w0.clone()  # store.py:148-150: the deadline passed
-        _fail(w, w.daemons[di], p, "TIMEOUT")
-        return [(f"d{di} get_lease({p.key}) deadline passed", w)]
-    p = replace(p, steps=p.steps + 1)
-    w0 = w0.clone()
-    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
-    if p.pc == "R0":  # acquire.py:210-212: sent = now; read the key's mappings; on_read
-        region = w0.cfg.region(di)
-        for lab, w1, ok in read_branches(w0):
-            if not ok:
-                _fail(w1, w1.daemons[di], p, "read failed")
-                out.append((f"d{di} get_lease({p.key}) {lab} mapping", w1))
-                continue
-            reps = w1.replicas(p.key, region)
-            for rlab, others in reps:
-                w = w1.clone() if len(reps) > 1 else w1
-                d = w.daemons[di]
-                own = w.mapping(p.key, region)
-                p2 = replace(p, sent=w.t)
-                d = _set_proc(w, d, p, p2)
-                dec = proto.on_read(own, others, w.now_us(d.offset), w.rules)
-                if isinstance(dec, D.Verify):  # acquire.py:213
-                    _set_proc(w, d, p2, replace(p2, pc="R1", m=dec.mapping))
-                else:
-                    _handle(w, d, p2, dec)
-                out.append((f"d{di} get_lease({p.key}) {lab} mapping{rlab}", w))
-    elif p.pc == "R1":  # acquire.py:205-206: read the pending mapping's resource; on_resource
-        assert p.m is not None
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            if not ok:
-                _fail(w, d, p, "read failed")
-            else:
-                r = w.resource(p.m.resource or "")
-                dec = proto.on_resource(p.m, r, w.now_us(d.offset), w.rules)
-                _handle(w, d, p, dec)
-            out.append((f"d{di} get_lease({p.key}) {lab} resource {p.m.resource}", w))
-    elif p.pc == "F1":  # acquire.py:236 _fence: fence_resource, no read-back
-        assert p.item is not None
-        for lab, w, rep in write_branches(w0, fence_resource(p.item.ident, p.item.version), None):
-            d = w.daemons[di]
-            if rep.error and rep.outcome is not Outcome.REJECTED:
-                _fail(w, d, p, "fence outcome unknown")  # acquire.py:238-239
-            else:
-                _set_proc(w, d, p, replace(p, pc="R0"))  # acquire.py:227 continue
-            out.append((f"d{di} get_lease({p.key}) {lab} on {p.item.resource}", w))
-    elif p.pc == "A0":  # acquire.py:259-268: a candidate from the (lagging) index
-        cands = _candidates(w0, w0.now_us(d0.offset), w0.cfg.region(di))
-        if not cands:
-            w = w0.clone()
-            _fail(w, w.daemons[di], p, "NO_CAPACITY")
-            out.append((f"d{di} get_lease({p.key}) no candidate", w))
-        for item in cands:
-            for first in ("m", "c"):
-                w = w0.clone()
-                p2 = replace(p, pc="A1", item=item, now=w.now_us(d0.offset), sent=w.t, first=first)
-                _set_proc(w, w.daemons[di], p, p2)
-                out.append(
-                    (
-                        f"d{di} get_lease({p.key}) candidate {item.resource}@v{item.version}, "
-                        f"sends map_acquire+claim ({'mapping' if first == 'm' else 'claim'} "
-                        f"lands first)",
-                        w,
-                    )
-                )
-    elif p.pc in ("A1", "A2"):  # acquire.py:269-272: the two writes, gathered
-        which = p.first if p.pc == "A1" else ("c" if p.first == "m" else "m")
-        wr, mine = _acquire_write(p, which, w0.cfg.region(di))
-        branches = write_branches(w0, wr, mine)
-        if w0.t > p.started + w0.cfg.deadline:
-            # Sent in time, answered after the deadline: the store says UNKNOWN, the write may
-            # still land (store.py:196-197).
-            x = w0.clone()
-            x.inflight = (*x.inflight, wr)
-            branches = [(f"{wr.kind} answered after the deadline", x, Reply(Outcome.UNKNOWN, True))]
-        for lab, w, rep in branches:
-            d = w.daemons[di]
-            if which == "m":
-                p2 = replace(p, mout=rep.outcome, merr=rep.error)
-            else:
-                p2 = replace(p, cout=rep.outcome, cerr=rep.error)
-            if p.pc == "A1":
-                _set_proc(w, d, p, replace(p2, pc="A2"))
-            else:
-                d = _set_proc(w, d, p, p2)
-                _after_acquire(w, d, p2)
-            out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    elif p.pc == "E1":  # acquire.py:415 _extend: extend_resource first (read-back extended_to)
-        assert p.lease is not None
-        want = fmt_time(p.requested)
-        wr = extend_resource(p.lease, p.requested)
-        for lab, w, rep in write_branches(w0, wr, extended_to(p.lease.token, want)):
-            d = w.daemons[di]
-            if rep.outcome is Outcome.APPLIED:
-                _set_proc(w, d, p, replace(p, pc="E2"))
-            else:
-                _after_extend_now(w, d, p, rep, None)
-            out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    elif p.pc == "E2":  # acquire.py:420 then map_extend (read-back map_extended_to)
-        assert p.lease is not None
-        want = fmt_time(p.requested)
-        wr = map_extend(p.lease, p.requested)
-        for lab, w, rep in write_branches(w0, wr, map_extended_to(p.lease.token, want)):
-            _after_extend_now(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
-            out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    elif p.pc == "E3":  # acquire.py:461: the extension lost: read the resource
-        assert p.lease is not None and p.m is not None
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            if not ok:
-                _fail(w, d, p, "read failed")
-            else:
-                r = w.resource(p.lease.resource)
-                if r is None or r.holder != p.m.token:
-                    _set_proc(w, d, p, replace(p, pc="E4"))
-                else:
-                    _set_proc(w, d, p, replace(p, pc="R0"))
-            out.append((f"d{di} get_lease({p.key}) {lab} resource {p.lease.resource}", w))
-    elif p.pc == "E5":  # acquire.py _extend: CheckMapping -> read the mapping, on_extend_check
-        assert p.lease is not None and p.mout is not None
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            step = (
-                w.proto.on_extend_check(w.mapping(p.key, p.lease.region), p.lease)
-                if ok
-                else D.Forget("mapping unreadable")
-            )
-            mres = Reply(p.mout, p.merr)
-            _after_extend_now(w, d, p, Reply(Outcome.APPLIED, False), mres, step)
-            out.append((f"d{di} get_lease({p.key}) {lab} mapping (extension check)", w))
-    elif p.pc == "E4":  # acquire.py:464: map_release (outcome ignored), then read again
-        assert p.m is not None and p.m.token is not None
-        wr = map_release(p.m.ident, p.m.token, p.now)
-        for lab, w, _rep in write_branches(w0, wr, None):
-            _set_proc(w, w.daemons[di], p, replace(p, pc="R0"))
-            out.append((f"d{di} get_lease({p.key}) {lab}", w))
-    else:
-        raise AssertionError(p.pc)
-    return out
+def _start_bg(w: World, di: int, sp: Spawn) -> None:
+    host = DaemonHost(di)
+    start(w, host, sp.trace(), f"d{di} bg {_bg_label(sp)}", offset=w.daemons[di].offset)
 
 
 def _candidates(w: World, now_us: int, region: str) -> list[ResourceItem]:
@@ -900,373 +692,6 @@ def _candidates(w: World, now_us: int, region: str) -> list[ResourceItem]:
     return list(seen.values())
 
 
-def _acquire_write(p: Proc, which: str, region: str) -> tuple[Write, Mine]:
-    assert p.item is not None
-    item = p.item
-    if which == "m":
-        return (
-            map_acquire(
-                mkey(p.key, region),
-                p.expect_ver,
-                p.token,
-                item.resource,
-                item.version,
-                p.requested,
-                p.now,
-                "owner",
-            ),
-            names_claim(p.token, item.resource),
-        )
-    return (
-        claim(item, p.key, p.requested, p.now, p.token, p.expect_ver + 1),
-        holds(p.token, p.key),
-    )
-
-
-def _after_acquire(w: World, d: Daemon, p: Proc) -> None:
-    """acquire.py:273-320: what the two outcomes mean (decide.after_acquire)."""
-    assert p.item is not None and p.mout is not None and p.cout is not None
-    item = p.item
-    step = w.proto.after_acquire(p.mout, p.cout, p.expect_ver)
-    if isinstance(step, D.Won):  # acquire.py:274-302
-        lease = Lease(
-            CLIENT,
-            POOL,
-            p.key,
-            item.resource,
-            item.region,
-            p.requested,
-            item.version + 1,
-            p.now,
-            p.token,
-        )
-        d = _cache_put(w, d, lease, p.sent)
-        pending = Mapping(
-            CLIENT,
-            POOL,
-            p.key,
-            item.region,
-            p.expect_ver + 1,
-            PENDING,
-            p.token,
-            item.resource,
-            item.version,
-            p.requested,
-            p.now,
-        )
-        d = _spawn(w, d, Proc("confirm", "K1", m=pending))
-        _serve(w, d, p, lease)
-    elif isinstance(step, D.NextCandidate):  # acquire.py:303-306
-        _set_proc(w, d, p, replace(p, pc="A0", expect_ver=step.expect_ver, mout=None, cout=None))
-    elif isinstance(step, D.GiveBack):  # acquire.py:307-310: give back, then read again
-        d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
-        _spawn(
-            w,
-            d,
-            Proc(
-                "free_claim",
-                "G1",
-                key=p.key,
-                token=p.token,
-                item=item,
-                at_once=w.proto.give_back_at_once,
-            ),
-        )
-    elif isinstance(step, D.FenceOwnClaim):  # acquire.py:311-314
-        d = _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
-        _spawn(w, d, Proc("fence_own", "O1", key=p.key, token=p.token, item=item))
-    elif isinstance(step, D.Reread):  # acquire.py:315-317
-        _set_proc(w, d, p, replace(p, pc="R0", mout=None, cout=None))
-    else:  # acquire.py:318-320 GiveUp
-        _fail(w, d, p, f"gave up ({p.mout.value}, {p.cout.value})")
-
-
-def _extend_tail(
-    w: World,
-    d: Daemon,
-    p: Proc,
-    res: Reply,
-    mres: Reply | None,
-    step: D.ExtendStep | None,
-    check_pc: str,
-    orphan: ResourceItem,
-) -> tuple[Daemon, D.ExtendStep] | None:
-    """acquire.py ``_extend``'s tail, shared by its two callers: read the mapping first
-    (``CheckMapping``: the process moves to ``check_pc``, None is returned), or free the
-    orphaned resource ``orphan`` in the background (``FreeOrphan``); then the caller's own
-    tail decides on the step."""
-    assert p.lease is not None
-    if step is None:
-        step = w.proto.after_extend(res.outcome, mres.outcome if mres else None)
-    if isinstance(step, D.CheckMapping):  # acquire.py _extend: read the mapping first
-        assert mres is not None
-        _set_proc(w, d, p, replace(p, pc=check_pc, mout=mres.outcome, merr=mres.error))
-        return None
-    if isinstance(step, D.FreeOrphan):  # acquire.py:424-427
-        assert p.lease.token is not None
-        d = _spawn(w, d, Proc("free_claim", "G1", key=p.key, token=p.lease.token, item=orphan))
-    return d, step
-
-
-def _after_extend_now(
-    w: World,
-    d: Daemon,
-    p: Proc,
-    res: Reply,
-    mres: Reply | None,
-    step: D.ExtendStep | None = None,
-) -> None:
-    """acquire.py _extend's tail, then _extend_now's."""
-    assert p.lease is not None
-    orphan = w.resource(p.lease.resource) or _stub(p.lease.resource)
-    got = _extend_tail(w, d, p, res, mres, step, "E5", orphan)
-    if got is None:
-        return
-    d, step = got
-    if isinstance(step, D.Extended):  # acquire.py:449-453
-        new = replace(p.lease, expires_us=p.requested)
-        d = _cache_put(w, d, new, p.sent)
-        _serve(w, d, p, new)
-        return
-    last = mres if mres is not None else res
-    if last.outcome is Outcome.UNKNOWN or (last.error and last.outcome is not Outcome.APPLIED):
-        _fail(w, d, p, "extension outcome unknown")  # acquire.py:454-457
-        return
-    if isinstance(step, D.Forget):  # acquire.py:458-465
-        _set_proc(w, d, p, replace(p, pc="E3"))
-        return
-    _set_proc(w, d, p, replace(p, pc="R0"))  # acquire.py:466 return None: read again
-
-
-def _stub(res: str) -> ResourceItem:
-    return ResourceItem(CLIENT, res, POOL, REGION, "", 0)
-
-
-# ------------------------------------------------------------------- release (a request)
-def step_release(w0: World, di: int) -> Out:
-    """acquire.py:540-587, Acquirer.release."""
-    d0 = w0.daemons[di]
-    p = d0.req
-    assert p is not None
-    out: Out = []
-    if w0.t > p.started + w0.cfg.deadline or p.steps >= w0.cfg.max_calls:
-        w = w0.clone()
-        _fail(w, w.daemons[di], p, "TIMEOUT")
-        return [(f"d{di} release({p.key}) deadline passed", w)]
-    p = replace(p, steps=p.steps + 1)
-    w0 = w0.clone()
-    _set_proc(w0, d0, d0.req, p)  # type: ignore[arg-type]
-    if p.pc == "L0":  # acquire.py:548-553: read the mapping (and the resource if pending)
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            if not ok:
-                _fail(w, d, p, "read failed")
-            else:
-                own = w.mapping(p.key, w.cfg.region(di))
-                now = w.now_us(d.offset)
-                dec = D.on_release_read(own, now, w.rules)
-                if isinstance(dec, D.Verify):
-                    _set_proc(w, d, p, replace(p, pc="L1", m=dec.mapping, now=now))
-                else:
-                    _release_decision(w, d, replace(p, now=now), p, dec, own)
-            out.append((f"d{di} release({p.key}) {lab} mapping", w))
-    elif p.pc == "L1":
-        assert p.m is not None
-        for lab, w, ok in read_branches(w0):
-            d = w.daemons[di]
-            if not ok:
-                _fail(w, d, p, "read failed")
-            else:
-                r = w.resource(p.m.resource or "")
-                dec = D.on_release_resource(p.m, r, p.now, w.rules)
-                _release_decision(w, d, p, p, dec, p.m)
-            out.append((f"d{di} release({p.key}) {lab} resource {p.m.resource}", w))
-    elif p.pc == "L2":  # acquire.py:564-576: map_release (read-back no_token)
-        assert p.lease is not None and p.lease.token is not None
-        tok = p.lease.token
-        wr = map_release(mkey(p.key, w0.cfg.region(di)), tok, p.now)
-        for lab, w, rep in write_branches(w0, wr, no_token(tok)):
-            d = w.daemons[di]
-            if rep.outcome is Outcome.REJECTED and not rep.error:
-                _set_proc(w, d, p, replace(p, pc="L0"))  # acquire.py:567-568
-            elif rep.outcome is not Outcome.APPLIED:
-                _fail(w, d, p, "release outcome unknown")  # acquire.py:569-570
-            else:
-                d = _cache_drop(w, d, p.key)
-                w.release_done(tok)
-                d = _set_proc(w, d, p, None)
-                _spawn(
-                    w,
-                    d,
-                    Proc("free_claim", "G1", key=p.key, token=tok, item=_stub(p.lease.resource)),
-                )  # acquire.py:575
-            out.append((f"d{di} release({p.key}) {lab}", w))
-    elif p.pc == "L3":  # acquire.py:578: map_drop_dead, then read again
-        assert p.m is not None
-        for lab, w, _rep in write_branches(w0, map_drop_dead(p.m, p.now), None):
-            _set_proc(w, w.daemons[di], p, replace(p, pc="L0"))
-            out.append((f"d{di} release({p.key}) {lab}", w))
-    elif p.pc == "L4":  # acquire.py:581: _fence
-        assert p.item is not None
-        for lab, w, rep in write_branches(w0, fence_resource(p.item.ident, p.item.version), None):
-            d = w.daemons[di]
-            if rep.error and rep.outcome is not Outcome.REJECTED:
-                _fail(w, d, p, "fence outcome unknown")
-            else:
-                _set_proc(w, d, p, replace(p, pc="L0"))
-            out.append((f"d{di} release({p.key}) {lab}", w))
-    else:
-        raise AssertionError(p.pc)
-    return out
-
-
-def _release_decision(
-    w: World, d: Daemon, p: Proc, old: Proc, dec: D.Decision, own: Mapping | None
-) -> None:
-    if isinstance(dec, D.NotHeld):  # acquire.py:554-560
-        _fail(w, d, old, "NOT_HELD")
-    elif isinstance(dec, D.ReleaseLease):
-        _set_proc(w, d, old, replace(p, pc="L2", lease=dec.lease))
-    elif isinstance(dec, D.DropMapping):
-        _set_proc(w, d, old, replace(p, pc="L3", m=dec.mapping))
-    elif isinstance(dec, D.FenceResource):
-        _set_proc(w, d, old, replace(p, pc="L4", item=dec.resource))
-    else:  # Wait: acquire.py:583-587
-        _set_proc(w, d, old, replace(p, pc="L0"))
-
-
-# -------------------------------------------------------------------- background tasks
-def step_bg(w0: World, di: int, p: Proc) -> Out:
-    out: Out = []
-    if p.kind == "confirm":  # acquire.py:322-324: map_confirm, no read-back, outcome unused
-        assert p.m is not None
-        for lab, w, _rep in write_branches(w0, map_confirm(p.m), None):
-            _set_proc(w, w.daemons[di], p, None)
-            out.append((f"d{di} bg confirm({p.m.key}) {lab}", w))
-    elif p.kind == "free_claim":  # acquire.py:326-345 (G1: one attempt)
-        assert p.item is not None
-        now = w0.now_us(w0.daemons[di].offset)
-        avail = now if p.at_once else now + w0.proto.early_free_quarantine(w0.rules)
-        wr = w0.proto.early_free(free_claim(p.item.ident, p.key, p.token, now, avail))
-        for lab, w, rep in write_branches(w0, wr, not_held_by(p.token)):
-            d = w.daemons[di]
-            n = p.attempts + 1
-            if (rep.outcome is not Outcome.UNKNOWN and not rep.error) or (
-                n >= w.cfg.free_claim_attempts
-            ):
-                _set_proc(w, d, p, None)
-            else:
-                _set_proc(w, d, p, replace(p, attempts=n))
-            out.append((f"d{di} bg free_claim({p.item.resource}, {p.token}) {lab}", w))
-    elif p.kind == "fence_own":  # acquire.py:347-356
-        assert p.item is not None
-        if p.pc == "O1":
-            wr = fence_resource(p.item.ident, p.item.version)
-            for lab, w, rep in write_branches(w0, wr, None):
-                d = w.daemons[di]
-                if rep.outcome is Outcome.APPLIED:
-                    _set_proc(w, d, p, None)
-                else:
-                    _set_proc(w, d, p, replace(p, pc="O2"))
-                out.append((f"d{di} bg fence_own({p.item.resource}) {lab}", w))
-        else:
-            for lab, w, ok in read_branches(w0):
-                d = w.daemons[di]
-                cur = w.resource(p.item.resource) if ok else None
-                if ok and cur is not None and cur.holder == p.token:
-                    _set_proc(
-                        w, d, p, Proc("free_claim", "G1", key=p.key, token=p.token, item=p.item)
-                    )
-                else:
-                    _set_proc(w, d, p, None)
-                out.append((f"d{di} bg fence_own({p.item.resource}) {lab} resource", w))
-    elif p.kind == "extend_bg":  # acquire.py:468-488, via _extend (acquire.py:409-428)
-        assert p.lease is not None
-        want = fmt_time(p.requested)
-        if p.pc == "X3":  # acquire.py _extend: CheckMapping -> read the mapping
-            assert p.mout is not None
-            for lab, w, ok in read_branches(w0):
-                d = w.daemons[di]
-                step = (
-                    w.proto.on_extend_check(w.mapping(p.key, p.lease.region), p.lease)
-                    if ok
-                    else D.Forget("mapping unreadable")
-                )
-                mres = Reply(p.mout, p.merr)
-                _extend_bg_tail(w, d, p, Reply(Outcome.APPLIED, False), mres, step)
-                out.append((f"d{di} bg extend({p.key}) {lab} mapping (extension check)", w))
-        elif p.pc == "X1":
-            wr = extend_resource(p.lease, p.requested)
-            for lab, w, rep in write_branches(w0, wr, extended_to(p.lease.token, want)):
-                d = w.daemons[di]
-                if rep.outcome is Outcome.APPLIED:
-                    _set_proc(w, d, p, replace(p, pc="X2"))
-                else:
-                    _extend_bg_tail(w, d, p, rep, None)
-                out.append((f"d{di} bg extend({p.key}) {lab}", w))
-        else:
-            wr = map_extend(p.lease, p.requested)
-            for lab, w, rep in write_branches(w0, wr, map_extended_to(p.lease.token, want)):
-                _extend_bg_tail(w, w.daemons[di], p, Reply(Outcome.APPLIED, False), rep)
-                out.append((f"d{di} bg extend({p.key}) {lab}", w))
-    elif p.kind == "reconfirm":  # acquire.py:513-537
-        assert p.lease is not None
-        region = w0.cfg.region(di)
-        for lab0, w1, ok in read_branches(w0):
-            reps = w1.replicas(p.key, region) if ok else [("", [])]
-            for rlab, others in reps:
-                w = w1.clone() if len(reps) > 1 else w1
-                out.append((f"d{di} bg reconfirm({p.key}) {lab0}{rlab}", w))
-                _reconfirm_tail(w, di, p, ok, others)
-    else:
-        raise AssertionError(p.kind)
-    return out
-
-
-def _reconfirm_tail(w: World, di: int, p: Proc, ok: bool, others: list[Mapping]) -> None:
-    """acquire.py:527-540 _reconfirm after its read."""
-    assert p.lease is not None
-    d = w.daemons[di]
-    if ok:
-        own = w.mapping(p.key, w.cfg.region(di))
-        dec = w.proto.on_read(own, others, w.now_us(d.offset), w.rules)
-        if (
-            isinstance(dec, D.Serve)
-            and dec.lease.resource == p.lease.resource
-            and dec.lease.token == p.lease.token
-        ):
-            d = _cache_put(w, d, dec.lease, w.t)
-        else:
-            d = _cache_drop(w, d, p.key)
-    d = replace(w.daemons[di], refreshing=w.daemons[di].refreshing - {p.key})
-    w.set_daemon(d)
-    _set_proc(w, d, p, None)
-
-
-def _extend_bg_tail(
-    w: World,
-    d: Daemon,
-    p: Proc,
-    res: Reply,
-    mres: Reply | None,
-    step: D.ExtendStep | None = None,
-) -> None:
-    assert p.lease is not None
-    got = _extend_tail(w, d, p, res, mres, step, "X3", _stub(p.lease.resource))
-    if got is None:
-        return
-    d, step = got
-    if isinstance(step, D.Extended):  # acquire.py:474-478
-        d = _cache_put(w, d, replace(p.lease, expires_us=p.requested), p.sent)
-    else:
-        last = mres if mres is not None else res
-        if last.outcome is Outcome.REJECTED and not last.error:  # acquire.py:479-485
-            d = _cache_drop(w, d, p.key)
-    d = replace(w.daemons[d.idx], refreshing=w.daemons[d.idx].refreshing - {p.key})
-    w.set_daemon(d)
-    _set_proc(w, d, p, None)
-
-
 # ---------------------------------------------------------------------------- app calls
 def app_calls(w0: World, di: int) -> Out:
     """The app asks daemon ``di`` (idle) for get_lease(k) or release(k)."""
@@ -1274,32 +699,29 @@ def app_calls(w0: World, di: int) -> Out:
     d0 = w0.daemons[di]
     if d0.req is not None or w0.ops >= w0.cfg.max_ops:
         return out
+    host = DaemonHost(di)
+    setup = w0.setups[di]
     for key in w0.cfg.keys:
-        for length in (w0.cfg.lease_of(di),):
-            w = w0.clone()
-            w.ops += 1
-            d = w.daemons[di]
-            requested = w.now_us(d.offset) + length * US
-            asks = ""
-            e = d.entry(key)
-            if e is not None and w.t < e.until:  # acquire.py:140-154 try_hit
-                w.answer(d, key, e.lease)
-                _maybe_refresh(w, d, key, e.lease, requested)
-                out.append((f"d{di} get_lease({key}){asks} CACHE HIT", w))
-            else:
-                w.set_daemon(
-                    replace(
-                        d.with_entry(key, None),
-                        req=Proc("get", "R0", key=key, requested=requested, started=w.t),
-                    )
-                )
-                out.append((f"d{di} get_lease({key}){asks} called", w))
+        w = w0.clone()
+        w.ops += 1
+        d = w.daemons[di]
+        requested = w.now_us(d.offset) + w0.cfg.lease_of(di) * US
+        e = d.entry(key)
+        if e is not None and w.t < e.until:  # Acquirer.try_hit
+            w.answer(d, key, e.lease)
+            _maybe_refresh(w, di, key, e.lease, requested)
+            out.append((f"d{di} get_lease({key}) CACHE HIT", w))
+        else:
+            w.set_daemon(d.with_entry(key, None))
+            prog = Spawn(S.resolve, (setup, POOL_, key, requested))
+            start(w, host, prog.trace(), f"d{di} get_lease({key})", offset=d.offset, bound=True)
+            out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:
             w = w0.clone()
             w.ops += 1
-            d = _cache_drop(w, w.daemons[di], key)  # acquire.py:545
             w.release_called(key)
-            w.set_daemon(replace(d, req=Proc("release", "L0", key=key, started=w.t)))
+            prog = Spawn(S.release, (setup, POOL_, key))
+            start(w, host, prog.trace(), f"d{di} release({key})", offset=d0.offset, bound=True)
             out.append((f"d{di} release({key}) called", w))
     return out
 
@@ -1790,11 +1212,11 @@ def successors(w0: World) -> Out:
     out: Out = []
     for di, d in enumerate(w0.daemons):
         if d.req is not None:
-            out += step_request(w0, di) if d.req.kind == "get" else step_release(w0, di)
+            out += step(w0, DaemonHost(di), d.req)
         else:
             out += app_calls(w0, di)
         for p in d.bg:
-            out += step_bg(w0, di, p)
+            out += step(w0, DaemonHost(di), p)
         if w0.crashes < w0.cfg.max_crashes and (d.req is not None or d.bg or d.cache):
             w = w0.clone()
             w.crashes += 1

@@ -13,9 +13,12 @@ import functools
 from dataclasses import dataclass, replace
 
 from rasd import decide as D
+from rasd import lease as L
 from rasd.decide import Outcome, Rules
 from rasd.lease import LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping, map_release
 from rasd.steps import Program
+from rasd.steps.daemon import REAL as REAL_OPS
+from rasd.steps.daemon import Ops
 from rasd.steps.repair import Ops as JobOps
 from rasd.steps.repair import Result, release_held
 from rasd.writes import ItemKey, Write
@@ -107,13 +110,24 @@ class Protocol:
     def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
         return D.on_extend_check(m, lease)
 
-    @property
-    def give_back_at_once(self) -> bool:
-        return self.act_on_unknown or self.no_quarantine
+    def quarantine_us(self, rules: Rules, give_back: bool) -> int:
+        """How long an early free (release, give-back, orphaned extension) stays
+        unclaimable: A gives a lost acquisition's claim back at once, C frees all at once."""
+        if self.no_quarantine or (self.act_on_unknown and give_back):
+            return 0
+        return rules.quarantine_us
 
-    def early_free_quarantine(self, rules: Rules) -> int:
-        """How long an early free (release, give-back, orphaned extension) stays unclaimable."""
-        return 0 if self.no_quarantine else rules.quarantine_us
+    def free_claim(
+        self,
+        ident: ItemKey,
+        key: str,
+        token: str,
+        now_us: int,
+        available_us: int,
+        expires_us: int | None = None,
+    ) -> Write:
+        """``rasd.lease.free_claim`` as this rule set writes it."""
+        return self.early_free(L.free_claim(ident, key, token, now_us, available_us, expires_us))
 
     def rules(self, real: Rules) -> Rules:
         if self.no_quarantine:
@@ -216,3 +230,22 @@ def job_ops(p: Protocol) -> JobOps:
     if p.dedupe_orphan_as_lease:
         ops = replace(ops, release_orphan=_release_as_lease)
     return ops
+
+
+@functools.cache
+def ops_of(proto: Protocol) -> Ops:
+    """The functions the daemons' programs (``rasd.steps.daemon``) run with under ``proto``:
+    the real ones, or this rule set's (one instance per rule set: states compare it by
+    identity)."""
+    if proto == REAL:
+        return REAL_OPS
+    return Ops(
+        name=proto.name,
+        on_read=proto.on_read,
+        on_resource=proto.on_resource,
+        after_acquire=proto.after_acquire,
+        after_extend=proto.after_extend,
+        on_extend_check=proto.on_extend_check,
+        free_claim=proto.free_claim,
+        quarantine_us=proto.quarantine_us,
+    )

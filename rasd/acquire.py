@@ -30,58 +30,47 @@ import random
 import socket
 import time
 from collections.abc import Coroutine
-from dataclasses import replace
 from typing import Any
 
 import structlog
 from cachetools import TTLCache
 
-from . import decide as D
 from .cache import HEAD, ID_PACK, META, CacheKey, LeaseCache, lease_of
 from .clock import Clock
 from .config import Config
-from .errors import BadRequest, Busy, NoCapacity, NotHeld, RasdError, Timeout, UnknownPool
+from .errors import BadRequest, RasdError, Timeout, UnknownPool
 from .lease import (
-    PENDING,
     US,
     Lease,
-    Mapping,
     Pool,
-    ResourceItem,
-    adopt,
     check_expiry,
-    claim,
-    extend_resource,
-    extended_to,
-    fence_resource,
-    fmt_time,
-    free_claim,
     headroom_from_ddb,
     headroom_resource,
-    holds,
-    lease_from_mapping,
-    map_acquire,
-    map_confirm,
-    map_drop_dead,
-    map_extend,
-    map_extended_to,
-    map_pk,
-    map_release,
-    mapping_from,
     miss_report_update,
-    names_claim,
-    no_token,
-    not_held_by,
     partition_name,
-    pick,
-    relist,
-    resource_from,
     should_extend,
 )
 from .limits import BucketTable
 from .metrics import Counters
 from .prefetch import Prefetcher
-from .store import Store, WriteResult
+from .steps import (
+    GetItem,
+    Join,
+    Mono,
+    Note,
+    Now,
+    Program,
+    QueryLeased,
+    QueryMappings,
+    Send,
+    Sleep,
+    Spawn,
+    Together,
+    drive,
+)
+from .steps import daemon as S
+from .steps.daemon import BACKGROUND_DEADLINE
+from .store import Store
 
 log = structlog.get_logger("rasd.acquire")
 
@@ -89,15 +78,8 @@ UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up
 UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
 HEADROOM_TTL = 10.0
 HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
-BACKGROUND_DEADLINE = 5.0  # extensions, confirmations, give-backs: not bound to a request
-WAIT_FIRST = 0.005  # polling a pending mapping: 5 ms, doubling, up to WAIT_MAX
-WAIT_MAX = 0.1
 #: seconds between two reads of the wall clock on the hit path (Acquirer.wall_us)
 WALL_RESYNC = 0.25
-#: seconds after its quarantine's end that a daemon re-lists an item it quarantined
-RELIST_SLACK = 1.0
-#: a daemon re-lists what it freed only if that is due within this long (else the liberator)
-RELIST_MAX_WAIT_US = 600 * US
 META_UNPACK = META.unpack_from
 
 
@@ -282,336 +264,32 @@ class Acquirer:
             task.exception()  # retrieved: every waiter may have given up already
 
     # ------------------------------------------------------------------ resolution
-    async def _read(
-        self, pool: Pool, key: str, deadline: float
-    ) -> tuple[Mapping | None, list[Mapping]]:
-        ms = await self.store.query_mappings(pool.client_id, pool.pool_id, key, deadline)
-        own = next((m for m in ms if m.region == self.region), None)
-        return own, [m for m in ms if m.region != self.region]
-
-    async def _read_first(
-        self, pool: Pool, key: str, deadline: float
-    ) -> tuple[Mapping | None, list[Mapping], list[ResourceItem]]:
-        """:meth:`_read`, and with ``legacy_agents`` the leased index's items of the key, read
-        at once (one round trip): where a lease of the paper's agent would be."""
-        if not self.cfg.legacy_agents:
-            own, others = await self._read(pool, key, deadline)
-            return own, others, []
-        mappings, held = await asyncio.gather(
-            self._read(pool, key, deadline),
-            self.store.query_leased(pool.client_id, pool.pool_id, key, deadline),
-            return_exceptions=True,
-        )
-        if isinstance(mappings, BaseException):
-            raise mappings
-        if isinstance(held, BaseException):
-            raise held
-        return mappings[0], mappings[1], held
-
-    async def _resource(
-        self, client_id: str, resource: str, deadline: float
-    ) -> ResourceItem | None:
-        got = await self.store.get_item((client_id, resource), deadline)
-        return resource_from(got) if got is not None else None
+    def steps_daemon(self) -> S.Daemon:
+        """This daemon as its programs see it (read at each program's start: tests rename
+        the owner)."""
+        return S.Daemon(self.region, self.owner, self.rules, self.cfg.legacy_agents)
 
     async def _resolve(
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        wait = WAIT_FIRST
-        while True:
-            sent = self.clock.mono()  # the answer is confirmed as of the read's departure
-            own, others, held = await self._read_first(pool, key, deadline)
-            d = D.on_read(own, others, self.clock.now_us(), self.rules)
-            if isinstance(d, D.Verify):
-                r = await self._resource(pool.client_id, d.mapping.resource or "", deadline)
-                d = D.on_resource(d.mapping, r, self.clock.now_us(), self.rules)
-            if isinstance(d, D.Acquire) and held:
-                adopted = await self._adopt(pool, key, held, d.expect_ver, deadline)
-                if adopted is None:
-                    continue
-                d = adopted
-            if isinstance(d, D.Serve):
-                self.cache.put(d.lease, sent)
-                if d.confirm is not None:
-                    self.spawn(self._confirm(d.confirm))
-                self.counters.inc("lease.existing")
-                k = (pool.client_id, pool.pool_id, key)
-                self._maybe_refresh(k, d.lease, requested_us, self.clock.now_us())
-                return d.lease, False
-            if isinstance(d, D.Extend):
-                lease = await self._extend_now(d.mapping, requested_us, deadline)
-                if lease is not None:
-                    return lease, False
-                continue
-            if isinstance(d, D.Acquire):
-                lease = await self._acquire(pool, key, requested_us, d.expect_ver, deadline)
-                if lease is not None:
-                    return lease, True
-                continue
-            if isinstance(d, D.FenceResource):
-                await self._fence(d.resource, deadline)
-                continue
-            # Wait: another daemon of this region is acquiring this key.
-            wait = await self._wait(wait, deadline)
-
-    async def _wait(self, wait: float, deadline: float) -> float:
-        """Another daemon of this region is acquiring the key: poll again after ``wait``
-        (5 ms, doubling, up to WAIT_MAX), within the deadline. Returns the next wait."""
-        self.counters.inc("acq.waits")
-        if time.monotonic() + wait >= deadline:
-            raise Timeout("another daemon is acquiring this key; deadline passed")
-        await asyncio.sleep(wait)
-        return min(wait * 2, WAIT_MAX)
-
-    async def _fence(self, r: ResourceItem, deadline: float) -> None:
-        res = await self.store.write(fence_resource(r.ident, r.version), deadline)
-        self.counters.inc("acq.fenced" if res.outcome is D.Outcome.APPLIED else "acq.fence_lost")
-        if res.error is not None and res.outcome is not D.Outcome.REJECTED:
-            raise res.error
-
-    async def _adopt(
-        self, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int, deadline: float
-    ) -> D.Decision | None:
-        """The key has no lease in our mapping, but the leased index shows a resource of our
-        region held for it: a lease of the paper's agent. Read the item (strongly
-        consistent); if it is a running lease of the key, name it in the mapping (at the
-        version read, like any acquisition), then record our token on the item (conditional
-        on the version read). Returns what to do next: serve or extend the adopted lease,
-        acquire (nothing to adopt, or it changed before our write: the mapping is then ours
-        at the next version), or None to read again (another daemon wrote the mapping)."""
-        now = self.clock.now_us()
-        hint = pick(
-            [
-                it
-                for it in held
-                if D.adoptable(it, pool.client_id, pool.pool_id, key, self.region, now)
-            ]
-        )
-        if hint is None:
-            return D.Acquire(expect_ver)
-        r = await self._resource(pool.client_id, hint.resource, deadline)
-        now = self.clock.now_us()
-        if r is None or not D.adoptable(r, pool.client_id, pool.pool_id, key, self.region, now):
-            return D.Acquire(expect_ver)
-        assert r.lease_expires_us is not None
-        token = self._new_token()
-        m = Mapping(
-            pool.client_id,
-            pool.pool_id,
-            key,
-            self.region,
-            expect_ver + 1,
-            PENDING,
-            token,
-            r.resource,
-            r.version,
-            r.lease_expires_us,
-            now,
-            self.owner,
-        )
-        mw = map_acquire(
-            m.ident, expect_ver, token, r.resource, r.version, r.lease_expires_us, now, self.owner
-        )
-        mres = await self.store.write(mw, deadline, names_claim(token, r.resource))
-        ares = None
-        if mres.outcome is D.Outcome.APPLIED:
-            ares = await self.store.write(
-                adopt(r, token, expect_ver + 1, now), deadline, holds(token, key)
-            )
-        # The writes went one after the other: the adoption is sent only once the mapping
-        # names it, so it never holds a lease that no mapping can name.
-        step = D.after_acquire(
-            mres.outcome, ares.outcome if ares else D.Outcome.REJECTED, expect_ver
-        )
-        if isinstance(step, D.Won):
-            assert ares is not None and ares.item is not None
-            self.counters.inc("lease.adopted")
-            return D.on_resource(m, resource_from(ares.item), self.clock.now_us(), self.rules)
-        if isinstance(step, D.NextCandidate):
-            self.counters.inc("lease.adopt_lost")
-            return D.Acquire(step.expect_ver)
-        if isinstance(step, D.Reread):
-            return None
-        self.counters.inc("acq.gave_up")
-        raise _error_of(mres, *(() if ares is None else (ares,))) or Timeout(
-            "adoption outcome unknown"
-        )
+        prog = S.resolve(self.steps_daemon(), pool, key, requested_us)
+        return await drive(prog, _Run(self, deadline).perform)
 
     def _new_token(self) -> str:
         return f"{self.rng.getrandbits(64):016x}"
 
-    async def _acquire(
-        self, pool: Pool, key: str, requested_us: int, expect_ver: int, deadline: float
-    ) -> Lease | None:
-        """Claim a candidate and name it in the key's mapping, both in one round trip.
-        None: re-read (someone else wrote the mapping first)."""
-        wait = self.buckets.try_take((pool.client_id, pool.pool_id), self.clock.mono())
-        if wait > 0:
-            self.counters.inc("shed.rate_limited")
-            raise Busy(
-                f"acquisition rate limit of pool {pool.pool_id!r} reached",
-                retry_after=round(wait, 3),
-            )
-        token = self._new_token()
-        ident = (map_pk(pool.client_id, pool.pool_id, key), self.region)
-        while True:
-            cand = await self.prefetch.candidate(pool, deadline)
-            if cand is None:
-                raise self._no_capacity(pool)
-            item = cand.item
-            now = self.clock.now_us()
-            mw = map_acquire(
-                ident, expect_ver, token, item.resource, item.version, requested_us, now, self.owner
-            )
-            cw = claim(item, key, requested_us, now, token, expect_ver + 1)
-            sent = self.clock.mono()
-            writes = asyncio.gather(
-                self.store.write(mw, deadline, names_claim(token, item.resource)),
-                self.store.write(cw, deadline, holds(token, key)),
-            )
-            # Queued behind the two writes: building the refill's Query never delays them.
-            self.prefetch.refill_soon(pool)
-            mres, cres = await writes
-            if cres.outcome is D.Outcome.UNKNOWN or cres.error is not None:
-                # not refused by its condition: the item may still be free at this version
-                self.prefetch.untake(pool, cand)
-            step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
-            if isinstance(step, D.Won):
-                lease = Lease(
-                    pool.client_id,
-                    pool.pool_id,
-                    key,
-                    item.resource,
-                    self.region,
-                    requested_us,
-                    item.version + 1,
-                    now,
-                    token,
-                )
-                self.cache.put(lease, sent)
-                pending = Mapping(
-                    pool.client_id,
-                    pool.pool_id,
-                    key,
-                    self.region,
-                    expect_ver + 1,
-                    "pending",
-                    token,
-                    item.resource,
-                    item.version,
-                    requested_us,
-                    now,
-                )
-                self.spawn(self._confirm(pending))
-                self.counters.inc("lease.new")
-                return lease
-            if isinstance(step, D.NextCandidate):
-                self.counters.inc("prefetch.conflicts")
-                self.prefetch.lost(pool, cand)
-                expect_ver = step.expect_ver
-                continue
-            if isinstance(step, D.GiveBack):
-                # No mapping names this claim, so nobody serves it: give it back in the
-                # background (retried), and read again now.
-                self.counters.inc("acq.gave_back")
-                self.spawn(self._free_claim(item.ident, key, token))
-                return None
-            if isinstance(step, D.FenceOwnClaim):
-                self.counters.inc("acq.fence_own")
-                self.spawn(self._fence_own_claim(item, key, token))
-                return None
-            if isinstance(step, D.Reread):
-                self.counters.inc("acq.lost_mapping")
-                return None
-            assert isinstance(step, D.GiveUp)
-            self.counters.inc("acq.gave_up")
-            raise _error_of(mres, cres) or Timeout(step.why)
-
-    async def _confirm(self, m: Mapping) -> None:
-        res = await self.store.write(map_confirm(m), time.monotonic() + BACKGROUND_DEADLINE)
-        self.counters.inc(f"acq.confirm_{res.outcome.value}")
-
-    async def _free_claim(self, ident: tuple[str, str], key: str, token: str) -> None:
-        """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
-        about a minute; if the daemon dies first, the liberator's orphan repair frees it.
-        With ``legacy_agents`` not before the lease's end plus the skew either: the paper's
-        agent answers any lease it finds in the leased index, to its end, and is never told
-        of a release (the end is read first, and the free is conditional on it)."""
-        for attempt in range(6):
-            deadline = time.monotonic() + BACKGROUND_DEADLINE
-            now = self.clock.now_us()
-            available = now + self.rules.quarantine_us
-            ends: int | None = None
-            if self.cfg.legacy_agents:
-                try:
-                    r = await self._resource(ident[0], ident[1], deadline)
-                except RasdError as exc:
-                    res = WriteResult(D.Outcome.UNKNOWN, error=exc)
-                    r = None
-                else:
-                    if r is None or r.holder != token or r.key != key:
-                        return  # not ours any more
-                    ends = r.lease_expires_us
-                if ends is not None:
-                    available = max(available, ends + self.rules.grace_us)
-            if not self.cfg.legacy_agents or ends is not None:
-                w = free_claim(ident, key, token, now, available, ends)
-                res = await self.store.write(w, deadline, not_held_by(token))
-                if res.outcome is D.Outcome.REJECTED and res.error is None and ends is not None:
-                    continue  # extended since the read: read the end again
-            if res.outcome is not D.Outcome.UNKNOWN and res.error is None:
-                self.counters.inc(f"acq.free_claim_{res.outcome.value}")
-                if res.outcome is D.Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
-                    self._relist_later(ident, available)
-                return
-            self.counters.inc("acq.free_claim_errors")
-            log.warning(
-                "claim_not_given_back",
-                resource=ident[1],
-                key=key,
-                attempt=attempt + 1,
-                error=str(res.error),
-            )
-            await asyncio.sleep(min(2.0**attempt, 16.0))
+    def _no_capacity(self, pool: Pool) -> None:
+        k = (pool.client_id, pool.pool_id)
+        self._misses[k] = self._misses.get(k, 0) + 1
 
     def _relist_later(self, ident: tuple[str, str], until_us: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._relist(ident, until_us))
+        task = asyncio.get_running_loop().create_task(self._run_bg(S.relist(ident, until_us)))
         self._relists.add(task)
         task.add_done_callback(self._relists.discard)
 
-    async def _relist(self, ident: tuple[str, str], until_us: int) -> None:
-        """Put an item this daemon quarantined back in the available index once the
-        quarantine is over (read strongly consistent, then ``relist``, conditional on what
-        was read). Best effort: if the daemon stops first, ``ras-liberator`` re-lists it."""
-        await asyncio.sleep(max(0.0, (until_us - self.clock.now_us()) / US) + RELIST_SLACK)
-        deadline = time.monotonic() + BACKGROUND_DEADLINE
-        try:
-            r = await self._resource(ident[0], ident[1], deadline)
-            now = self.clock.now_us()
-            if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
-                return  # taken, re-listed, or quarantined again (by its own freer) since
-            res = await self.store.write(relist(r, now), deadline)
-            self.counters.inc(f"quarantine.relist_{res.outcome.value}")
-        except RasdError as exc:
-            self.counters.inc("quarantine.relist_errors")
-            log.warning("relist_failed", resource=ident[1], error=str(exc))
-
-    async def _fence_own_claim(self, item: ResourceItem, key: str, token: str) -> None:
-        """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
-        or give it back if it did."""
-        deadline = time.monotonic() + BACKGROUND_DEADLINE
-        res = await self.store.write(fence_resource(item.ident, item.version), deadline)
-        if res.outcome is D.Outcome.APPLIED:
-            return
-        cur = await self._resource(item.client_id, item.resource, deadline)
-        if cur is not None and cur.holder == token:
-            await self._free_claim(item.ident, key, token)
-
-    def _no_capacity(self, pool: Pool) -> NoCapacity:
-        self.counters.inc("lease.no_capacity")
-        k = (pool.client_id, pool.pool_id)
-        self._misses[k] = self._misses.get(k, 0) + 1
-        return NoCapacity(f"no free resource in pool {pool.pool_id!r} in {self.region}")
+    async def _run_bg(self, prog: Program[Any]) -> Any:
+        """Run a background program: its own deadline, not bound to a request."""
+        return await drive(prog, _Run(self, time.monotonic() + BACKGROUND_DEADLINE).perform)
 
     async def flush_misses(self, deadline: float) -> None:
         """Write the NO_CAPACITY answers since the last report to our miss counter items."""
@@ -657,82 +335,13 @@ class Acquirer:
             self._refreshing.add(k)
             self.spawn(self._reconfirm(k, lease))
 
-    async def _extend(
-        self, lease: Lease, requested_us: int, deadline: float
-    ) -> tuple[D.ExtendStep, WriteResult]:
-        """The resource first, then the mapping: the mapping's end never passes the
-        resource's."""
-        want = fmt_time(requested_us)
-        res = await self.store.write(
-            extend_resource(lease, requested_us), deadline, extended_to(lease.token, want)
-        )
-        mres: WriteResult | None = None
-        if res.outcome is D.Outcome.APPLIED:
-            mres = await self.store.write(
-                map_extend(lease, requested_us), deadline, map_extended_to(lease.token, want)
-            )
-        step = D.after_extend(res.outcome, mres.outcome if mres else None)
-        if isinstance(step, D.CheckMapping):
-            try:
-                got = await self.store.get_item(
-                    (map_pk(lease.client_id, lease.pool_id, lease.key), lease.region), deadline
-                )
-            except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
-                return D.Forget(f"mapping unreadable: {exc}"), mres or res
-            step = D.on_extend_check(mapping_from(got) if got else None, lease)
-        if isinstance(step, D.FreeOrphan):
-            self.counters.inc("lease.extend_orphaned")
-            assert lease.token is not None
-            self.spawn(self._free_claim((lease.client_id, lease.resource), lease.key, lease.token))
-        return step, mres or res
-
-    async def _extend_now(self, m: Mapping, requested_us: int, deadline: float) -> Lease | None:
-        """Our lease is too close to its end to serve: extend it (None: re-read)."""
-        lease = lease_from_mapping(m)
-        now = self.clock.now_us()
-        if requested_us <= lease.expires_us:
-            # The caller asks for no more than the lease has: it is valid until its end.
-            return lease if lease.expires_us > now else None
-        sent = self.clock.mono()
-        step, last = await self._extend(lease, requested_us, deadline)
-        if isinstance(step, D.Extended):
-            new = replace(lease, expires_us=requested_us)
-            self.cache.put(new, sent)
-            self.counters.inc("lease.extended")
-            return new
-        if last.outcome is D.Outcome.UNKNOWN or (
-            last.error is not None and last.outcome is not D.Outcome.APPLIED
-        ):
-            raise last.error or Timeout("extension outcome unknown")
-        if isinstance(step, D.Forget):
-            # The resource write lost: if the resource is no longer ours the lease is over
-            # (liberated), and the mapping is ended so the key can acquire again.
-            r = await self._resource(m.client_id, lease.resource, deadline)
-            if r is None or r.holder != m.token:
-                assert m.token is not None
-                await self.store.write(map_release(m.ident, m.token, now), deadline)
-                self.counters.inc("lease.ended_lapsed")
-        return None
-
     async def _extend_bg(self, k: CacheKey, lease: Lease, requested_us: int) -> None:
         try:
-            sent = self.clock.mono()
-            step, last = await self._extend(
-                lease, requested_us, time.monotonic() + BACKGROUND_DEADLINE
-            )
-            if isinstance(step, D.Extended):
+            error = await self._run_bg(S.extend_bg(self.steps_daemon(), lease, requested_us))
+            if error is None:
                 self._extend_after.pop(k, None)
-                self.cache.put(replace(lease, expires_us=requested_us), sent)
-                self.counters.inc("lease.extended")
-                return
-            if last.outcome is D.Outcome.REJECTED and last.error is None:
-                # Lost: someone else extended, released or liberated it. Forget it here; the
-                # next request reads the truth.
-                self._extend_after.pop(k, None)
-                self.counters.inc("lease.extend_conflicts")
-                self.cache.drop(k)
-                return
-            self._extension_failed(k, lease, last.error or Timeout("extension outcome unknown"))
+            else:
+                self._extension_failed(k, lease, error)
         finally:
             self._refreshing.discard(k)
 
@@ -760,84 +369,22 @@ class Acquirer:
         )
 
     async def _reconfirm(self, k: CacheKey, lease: Lease) -> None:
-        """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
-        confirmed as of this read. Anything else: dropped, the next request resolves it."""
+        """A cached answer is past S/2: read the mapping again (``steps.daemon.reconfirm``)."""
         try:
-            sent = self.clock.mono()
             pool = self.pools.get((k[0], k[1]))
             if pool is None:
                 return
-            own, others = await self._read(pool, k[2], time.monotonic() + BACKGROUND_DEADLINE)
-            d = D.on_read(own, others, self.clock.now_us(), self.rules)
-            if (
-                isinstance(d, D.Serve)
-                and d.lease.resource == lease.resource
-                and d.lease.token == lease.token
-            ):
-                self.cache.put(d.lease, sent)
-                self.counters.inc("lease.reconfirmed")
-            else:
-                self.cache.drop(k)
-                self.counters.inc("lease.reconfirm_dropped")
-        except RasdError as exc:
-            self.counters.inc("lease.reconfirm_errors")  # served until S, then dropped
-            log.warning("reconfirm_failed", key=k[2], error=str(exc))
+            await self._run_bg(S.reconfirm(self.steps_daemon(), pool, lease))
         finally:
             self._refreshing.discard(k)
 
     # -------------------------------------------------------------------- release
     async def release(self, client_id: str, pool_id: str, key: str, deadline: float) -> int:
-        """Give back the key's lease in our region: the mapping first, then the resource with
-        quarantine (docs/design.md, I3). Returns 1, or raises NotHeld."""
+        """Give back the key's lease in our region (``steps.daemon.release``). Returns 1, or
+        raises NotHeld."""
         pool = await self.pool(client_id, pool_id, deadline)
-        k = (client_id, pool_id, key)
-        self.cache.drop(k)
-        wait = WAIT_FIRST
-        while True:
-            own, others = await self._read(pool, key, deadline)
-            now = self.clock.now_us()
-            d = D.on_release_read(own, now, self.rules)
-            if isinstance(d, D.Verify):
-                r = await self._resource(client_id, d.mapping.resource or "", deadline)
-                d = D.on_release_resource(d.mapping, r, now, self.rules)
-            if isinstance(d, D.NotHeld):
-                held = sorted(m.region for m in others if D.servable(m, now, self.rules))
-                if held:
-                    raise NotHeld(
-                        f"{key!r} holds no lease in {self.region} (held in {', '.join(held)})"
-                    )
-                raise NotHeld(f"{key!r} holds no lease in pool {pool_id!r}")
-            if isinstance(d, D.ReleaseLease):
-                lease = d.lease
-                assert lease.token is not None and own is not None
-                res = await self.store.write(
-                    map_release(own.ident, lease.token, now), deadline, no_token(lease.token)
-                )
-                if res.outcome is D.Outcome.REJECTED and res.error is None:
-                    continue  # changed under us: read again
-                if res.outcome is not D.Outcome.APPLIED:
-                    raise res.error or Timeout("release outcome unknown")
-                self.cache.drop(k)
-                self.counters.inc("lease.released")
-                # The resource: quarantined, so caches elsewhere run out first. If this write
-                # is lost the liberator's orphan repair frees it (also with quarantine).
-                free = self.spawn(self._free_claim((client_id, lease.resource), key, lease.token))
-                if self.cfg.legacy_agents:
-                    # The paper's agent answers whatever the leased index shows for the key:
-                    # answer the release once the resource no longer shows it, so that the
-                    # key's next lease (here, or the paper agent's) cannot overlap the one
-                    # released. Within the deadline; the free goes on in the background.
-                    left = deadline - time.monotonic()
-                    if left > 0:
-                        await asyncio.wait({free}, timeout=left)
-                return 1
-            if isinstance(d, D.DropMapping):
-                await self.store.write(map_drop_dead(d.mapping, now), deadline)
-                continue
-            if isinstance(d, D.FenceResource):
-                await self._fence(d.resource, deadline)
-                continue
-            wait = await self._wait(wait, deadline)
+        prog = S.release(self.steps_daemon(), pool, key)
+        return await drive(prog, _Run(self, deadline).perform)
 
     # ------------------------------------------------------------------- headroom
     async def headroom(self, client_id: str, pool_id: str, deadline: float) -> int:
@@ -894,5 +441,104 @@ class Acquirer:
             t.cancel()
 
 
-def _error_of(*results: WriteResult) -> RasdError | None:
-    return next((r.error for r in results if r.error is not None), None)
+class _Run:
+    """One program's run in this daemon: performs its effects (``rasd.steps`` and
+    ``rasd.steps.daemon``) with its deadline (monotonic seconds)."""
+
+    __slots__ = ("acq", "deadline", "refill")
+
+    def __init__(self, acq: Acquirer, deadline: float) -> None:
+        self.acq = acq
+        self.deadline = deadline
+        self.refill: Pool | None = None  # RefillSoon: behind the next round trip's calls
+
+    async def perform(self, eff: Any) -> Any:
+        acq = self.acq
+        t = type(eff)
+        if t is QueryMappings:
+            return await acq.store.query_mappings(
+                eff.client_id, eff.pool_id, eff.key, self.deadline
+            )
+        if t is GetItem:
+            return await acq.store.get_item(eff.key, self.deadline)
+        if t is Send:
+            if self.refill is None:
+                return await acq.store.write(eff.write, self.deadline, eff.readback)
+            sending = asyncio.ensure_future(acq.store.write(eff.write, self.deadline, eff.readback))
+            self._refill()
+            return await sending
+        if t is Now:
+            return acq.clock.now_us()
+        if t is Mono:
+            return acq.clock.mono()
+        if t is Note:
+            if eff.level:
+                getattr(log, eff.level)(eff.event, **dict(eff.fields))
+            else:
+                acq.counters.inc(eff.event)
+            return None
+        if t is S.CachePut:
+            acq.cache.put(eff.lease, eff.sent)
+            return None
+        if t is S.CacheDrop:
+            acq.cache.drop(eff.key)
+            return None
+        if t is Together:
+            # every call sent at once (one round trip); a failed read fails the effect
+            calls = asyncio.gather(*(self.perform(c) for c in eff.calls), return_exceptions=True)
+            if self.refill is not None:
+                self._refill()
+            results = await calls
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return tuple(results)
+        if t is Spawn:
+            return acq.spawn(acq._run_bg(eff.fn(*eff.args)))
+        if t is S.Refresh:
+            lease = eff.lease
+            k = (lease.client_id, lease.pool_id, lease.key)
+            acq._maybe_refresh(k, lease, eff.requested_us, acq.clock.now_us())
+            return None
+        if t is S.TakeCandidate:
+            return await acq.prefetch.candidate(eff.pool, self.deadline)
+        if t is S.RefillSoon:
+            self.refill = eff.pool
+            return None
+        if t is S.Untake:
+            acq.prefetch.untake(eff.pool, eff.cand)
+            return None
+        if t is S.LostCandidate:
+            acq.prefetch.lost(eff.pool, eff.cand)
+            return None
+        if t is S.RateLimit:
+            return acq.buckets.try_take((eff.pool.client_id, eff.pool.pool_id), acq.clock.mono())
+        if t is S.NewToken:
+            return acq._new_token()
+        if t is S.Miss:
+            acq._no_capacity(eff.pool)
+            return None
+        if t is Sleep:
+            if eff.bounded and time.monotonic() + eff.seconds >= self.deadline:
+                raise Timeout("another daemon is acquiring this key; deadline passed")
+            await asyncio.sleep(eff.seconds)
+            return None
+        if t is S.Deadline:
+            self.deadline = time.monotonic() + eff.seconds
+            return None
+        if t is Join:
+            left = self.deadline - time.monotonic()
+            if left > 0:
+                await asyncio.wait({eff.handle}, timeout=left)
+            return None
+        if t is S.RelistLater:
+            acq._relist_later(eff.ident, eff.until_us)
+            return None
+        if t is QueryLeased:
+            return await acq.store.query_leased(eff.client_id, eff.pool_id, eff.key, self.deadline)
+        raise TypeError(f"no such effect: {eff!r}")
+
+    def _refill(self) -> None:
+        pool, self.refill = self.refill, None
+        assert pool is not None
+        self.acq.prefetch.refill_soon(pool)

@@ -30,7 +30,9 @@ Two kinds of interpreter run the same programs:
 
 Effects that touch DynamoDB are one call each; the others (``Now``, ``Sleep``, ``Spawn``,
 ``Note``, and the daemon's cache and prefetcher effects in :mod:`rasd.steps.daemon`) are
-local. A program may yield :class:`Together` to send several calls in one round trip.
+local. A program may yield :class:`Together` to send several calls in one round trip, and
+ends a loop's round with :class:`Tail` (the next round as a call of its own), so that the
+checker's state of a looping program is its arguments, not its history.
 
 Known-bad rule sets (``check/rulesets.py``) work by handing a program other pure functions
 (``ops``): the programs take the decisions and write builders they use as a parameter whose
@@ -211,6 +213,24 @@ class Join:
 
 
 @dataclass(frozen=True, slots=True)
+class Tail:
+    """What remains of this program, and of every program that ``yield from``s it (each
+    returning what it returns), is ``fn(*args)``: a loop's next round as a call. A driver
+    goes on with the new program; the checker keeps a loop's state as its arguments rather
+    than as the history of its earlier rounds. Result: none (the program is left)."""
+
+    fn: Callable[..., Program[Any]]
+    args: tuple[Any, ...] = ()
+
+
+def goto(fn: Callable[..., Program[R]], *args: Any) -> Program[R]:
+    """``return (yield from goto(fn, *args))``: end this program as ``fn(*args)`` ends
+    (a :class:`Tail`, typed)."""
+    result: R = yield Tail(fn, args)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
 class Note:
     """Something worth counting or logging (a counter name, and log fields). Result: None.
     The checker ignores notes."""
@@ -230,6 +250,10 @@ def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
             eff = prog.send(result) if error is None else prog.throw(error)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+        if type(eff) is Tail:
+            prog.close()
+            prog, result, error = eff.fn(*eff.args), None, None
+            continue
         try:
             result, error = perform(eff), None
         except RasdError as exc:
@@ -245,6 +269,10 @@ async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -
             eff = prog.send(result) if error is None else prog.throw(error)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+        if type(eff) is Tail:
+            prog.close()
+            prog, result, error = eff.fn(*eff.args), None, None
+            continue
         try:
             result, error = await perform(eff), None
         except RasdError as exc:

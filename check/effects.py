@@ -1,0 +1,393 @@
+"""The checker's interpreter: the protocol's programs run over the model of the table.
+
+Theory of operation
+-------------------
+A process of the model (a daemon's request or background task; later the jobs) is a program
+of :mod:`rasd.steps` kept as a :class:`rasd.steps.Trace`: the results it has been sent. The
+interpreter steps it the way the model steps everything, one DynamoDB call at a time:
+
+* a process always waits on a *step* effect: a DynamoDB call (``GetItem``, ``QueryMappings``,
+  ``QueryLeased``, ``Send``, each call of a ``Together``), or a choice the host makes (the
+  daemon's ``TakeCandidate``: any version the lagging index may return);
+* :func:`step` performs that effect once per way it can end (:func:`write_branches`,
+  :func:`read_branches`: applied, refused, NOT SENT, DELAYED/LOST in flight, reply lost and
+  read back with the write's own ``readback``, read FAILED), each in a world of its own, and
+  sends the result in (a failure is thrown in as the ``RasdError`` the store raises);
+* then runs the program on through its local effects at once (``Now`` is the world's time
+  plus the process's clock offset, ``Mono`` the true tick, ``Sleep``, ``Join`` and ``Note``
+  pass, ``Spawn`` starts a process, ``Tail`` replaces its trace by a fresh one of the next
+  round, the rest go to the :class:`Host`) up to its next step effect or its end.
+
+A ``Together``'s calls are sent in one round trip but land one at a time, in either order,
+with other steps between them: the first call taken chooses the order. A request is bound by
+its deadline (``Config.deadline`` ticks, ``Config.max_calls`` calls): past it a read fails
+with ``Timeout`` and a write is not sent, as in ``Store``; a call of a ``Together`` sent in
+time and answered after it is in flight and UNKNOWN.
+
+Everything a process holds is a value (results are frozen: items as :class:`FrozenItem`,
+lists as tuples, errors as the module's singletons), so a world's key hashes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import permutations
+from typing import TYPE_CHECKING, Any
+
+from rasd.decide import Outcome
+from rasd.errors import RasdError, Timeout, Unavailable
+from rasd.steps import (
+    Done,
+    GetItem,
+    Join,
+    Mono,
+    Note,
+    Now,
+    Program,
+    QueryLeased,
+    QueryMappings,
+    Raised,
+    Send,
+    Sleep,
+    Spawn,
+    Tail,
+    Together,
+    Trace,
+)
+from rasd.store import WriteResult
+from rasd.writes import Write, apply
+
+if TYPE_CHECKING:
+    from .model import World
+
+#: the errors the model's calls fail with (one instance each: a state is compared by value)
+NOT_SENT = Unavailable("not sent (the model's fault)")
+UNANSWERED = Timeout("no answer within the deadline (the model's fault)")
+READ_FAILED = Unavailable("read failed (the model's fault)")
+DEADLINE = Timeout("deadline passed")
+
+DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together)
+
+
+class FrozenItem(dict[str, Any]):
+    """An item as a program is sent it: a dict, hashable by value (never changed)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+def frozen(it: dict[str, Any] | None) -> FrozenItem | None:
+    return None if it is None else FrozenItem(it)
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process: its program's trace, and what the interpreter keeps beside it."""
+
+    trace: Trace
+    label: str  # how its steps are named ("d0 get_lease(k1)", "d0 bg confirm(k1)")
+    offset: int = 0  # its clock's offset (ticks)
+    started: int = 0  # true tick it began (a bound process's deadline runs from here)
+    bound: bool = False  # bound by a request's deadline
+    calls: int = 0  # DynamoDB calls made
+    order: tuple[int, ...] = ()  # a Together under way: the order its calls land in
+    partial: tuple[Any, ...] = ()  # ... and the results of those landed so far
+    #: the step effect it waits on (its trace's, kept to spare a replay)
+    eff: Any = field(default=None, compare=False, repr=False)
+
+
+def replace(p: Proc, **kw: Any) -> Proc:
+    """``dataclasses.replace`` for a :class:`Proc`, fast (the checker makes millions)."""
+    new = object.__new__(Proc)
+    new.__dict__.update(p.__dict__)
+    new.__dict__.pop("gen", None)  # a live generator is used once (see _take)
+    new.__dict__.update(kw)
+    return new
+
+
+def _take(p: Proc) -> Program[Any] | None:
+    """The live generator ``p`` was left with, if no one has taken it: it spares one replay
+    of the trace (the first way a step can end uses it, the others replay)."""
+    gen: Program[Any] | None = p.__dict__.pop("gen", None)
+    return gen
+
+
+class Host:
+    """What the model supplies to run a kind of process: where it lives and its effects."""
+
+    def place(self, w: World, old: Proc | None, new: Proc | None) -> None:
+        """Put ``new`` where ``old`` was (None: started / ended)."""
+        raise NotImplementedError
+
+    def chooses(self, eff: Any) -> bool:
+        """Is ``eff`` a step of its own (a choice among results, not a DynamoDB call)?"""
+        return False
+
+    def choices(self, w: World, p: Proc, eff: Any) -> list[tuple[str, Any]]:
+        """The results such a step may have, labelled."""
+        raise NotImplementedError
+
+    def query(self, w: World, p: Proc, eff: Any) -> list[tuple[str, Any]]:
+        """A Query's results as the process may read them (replicas may lag), labelled."""
+        raise NotImplementedError
+
+    def local(self, w: World, p: Proc, eff: Any) -> Any:
+        """Perform a local effect of the host's kind (the daemon's cache, tokens...)."""
+        raise TypeError(f"no such effect: {eff!r}")
+
+    def spawn(self, w: World, p: Proc, eff: Spawn) -> None:
+        raise TypeError(f"{p.label} cannot spawn")
+
+    def note(self, w: World, p: Proc, eff: Note) -> None:
+        """A Note (most are ignored)."""
+
+    def finished(self, w: World, p: Proc, done: Done) -> None:
+        """The process ended."""
+
+    def describe(self, eff: Any) -> str:
+        """How a read is named in a step's label."""
+        return type(eff).__name__
+
+
+Out = list[tuple[str, "World"]]
+
+
+# ------------------------------------------------------------------------- starting, running
+def start(w: World, host: Host, trace: Trace, label: str, **kw: Any) -> None:
+    """Start a process: run it through its local effects to its first step effect."""
+    p = Proc(trace, label, started=w.t, **kw)
+    gen = trace.start()
+    try:
+        eff = gen.send(None)
+    except StopIteration as stop:
+        host.finished(w, p, Done(stop.value))
+        return
+    except RasdError as exc:
+        host.finished(w, p, Done(error=exc))
+        return
+    _settle(w, host, None, p, gen, eff)
+
+
+def _settle(w: World, host: Host, old: Proc | None, p: Proc, gen: Program[Any], eff: Any) -> None:
+    """Run ``gen`` (at ``p.trace``, waiting on ``eff``) through its local effects."""
+    while not (isinstance(eff, DDB_CALLS) or host.chooses(eff)):
+        result: Any = None
+        if isinstance(eff, Tail):  # the program goes on as a new one: forget its history
+            gen.close()
+            trace = Trace(eff.fn.__qualname__, partial(eff.fn, *eff.args), eff.args)
+            p = replace(p, trace=trace)
+            gen = trace.start()
+        else:
+            try:
+                result = _local(w, host, p, eff)
+            except RasdError as exc:
+                result = Raised(exc)
+            p = replace(p, trace=p.trace.then(result))
+        try:
+            eff = gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
+        except StopIteration as stop:
+            host.place(w, old, None)
+            host.finished(w, p, Done(stop.value))
+            return
+        except RasdError as exc:
+            host.place(w, old, None)
+            host.finished(w, p, Done(error=exc))
+            return
+    host.place(w, old, replace(p, order=(), partial=(), eff=eff, gen=gen))
+
+
+def _local(w: World, host: Host, p: Proc, eff: Any) -> Any:
+    if isinstance(eff, Now):
+        return w.now_us(p.offset)
+    if isinstance(eff, Mono):
+        return w.t
+    if isinstance(eff, (Sleep, Join)):
+        return None
+    if isinstance(eff, Note):
+        host.note(w, p, eff)
+        return None
+    if isinstance(eff, Spawn):
+        host.spawn(w, p, eff)
+        return None
+    return host.local(w, p, eff)
+
+
+def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
+    """``result`` is the pending effect's: send it in (replayed) and run on."""
+    gen = _take(old)
+    if gen is None:
+        gen, _ = p.trace.resume()
+        assert gen is not None
+    p = replace(p, trace=p.trace.then(result))
+    try:
+        eff = gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
+    except StopIteration as stop:
+        host.place(w, old, None)
+        host.finished(w, p, Done(stop.value))
+        return
+    except RasdError as exc:
+        host.place(w, old, None)
+        host.finished(w, p, Done(error=exc))
+        return
+    _settle(w, host, old, p, gen, eff)
+
+
+# ---------------------------------------------------------------------------- one step
+def step(w0: World, host: Host, p: Proc) -> Out:
+    """Every way process ``p``'s pending step effect can end, each as (label, world)."""
+    eff = p.eff
+    out: Out = []
+    if p.partial or p.order:  # a Together under way: its next call lands
+        assert isinstance(eff, Together)
+        i = p.order[len(p.partial)]
+        late = p.bound and w0.t > p.started + w0.cfg.deadline
+        for lab, w, r in _call(w0, host, p, eff.calls[i], late=late):
+            q = replace(p, partial=(*p.partial, r))
+            if len(q.partial) < len(eff.calls):
+                host.place(w, p, q)
+            else:
+                got = dict(zip(q.order, q.partial, strict=True))
+                results = tuple(got[j] for j in range(len(eff.calls)))
+                fail = next((r for r in results if isinstance(r, Raised)), None)
+                _send(w, host, p, replace(q, order=(), partial=()), fail or results)
+            out.append((f"{p.label} {lab}", w))
+        return out
+    if p.bound and (w0.t > p.started + w0.cfg.deadline or p.calls >= w0.cfg.max_calls):
+        w = w0.clone()
+        _send(w, host, p, p, _past_deadline(eff))
+        return [(f"{p.label} deadline passed", w)]
+    p1 = replace(p, calls=p.calls + 1)
+    if host.chooses(eff):
+        for lab, r in host.choices(w0, p, eff):
+            w = w0.clone()
+            _send(w, host, p, p1, r)
+            out.append((f"{p.label} {lab}", w))
+        return out
+    if isinstance(eff, Together):
+        for order in permutations(range(len(eff.calls))):
+            for lab, w, r in _call(w0, host, p1, eff.calls[order[0]]):
+                host.place(w, p, replace(p1, order=order, partial=(r,)))
+                out.append((f"{p.label} {lab}", w))
+        return out
+    for lab, w, r in _call(w0, host, p1, eff):
+        _send(w, host, p, p1, r)
+        out.append((f"{p.label} {lab}", w))
+    return out
+
+
+def _past_deadline(eff: Any) -> Any:
+    """What a call returns once the deadline has passed: a write is not sent, a read fails."""
+    if isinstance(eff, Send):
+        return WriteResult(Outcome.REJECTED, error=DEADLINE)
+    if isinstance(eff, Together) and all(isinstance(c, Send) for c in eff.calls):
+        return tuple(WriteResult(Outcome.REJECTED, error=DEADLINE) for _ in eff.calls)
+    return Raised(DEADLINE)
+
+
+def _call(
+    w0: World, host: Host, p: Proc, eff: Any, late: bool = False
+) -> list[tuple[str, World, Any]]:
+    """One DynamoDB call's ways to end: (label, world, result or Raised)."""
+    if isinstance(eff, Send):
+        wr = eff.write
+        if late:  # sent in time, answered after the deadline: it may still land
+            x = w0.clone()
+            x.inflight = (*x.inflight, wr)
+            res = WriteResult(Outcome.UNKNOWN, error=UNANSWERED)
+            return [(f"{wr.kind} answered after the deadline", x, res)]
+        out = []
+        for lab, w, rep in write_branches(w0, wr, eff.readback):
+            item = frozen(w.get(wr.key)) if rep.outcome is Outcome.APPLIED else None
+            error = None
+            if rep.error:
+                error = UNANSWERED if rep.outcome is Outcome.UNKNOWN else NOT_SENT
+            out.append((lab, w, WriteResult(rep.outcome, item, error)))
+        return out
+    what = host.describe(eff)
+    reads: list[tuple[str, World, Any]] = []
+    for lab, w, ok in read_branches(w0):
+        if not ok:
+            reads.append((f"{lab} {what}", w, Raised(READ_FAILED)))
+        elif isinstance(eff, GetItem):
+            reads.append((f"{lab} {what}", w, frozen(w.get(eff.key))))
+        else:
+            views = host.query(w, p, eff)
+            for vlab, r in views:
+                reads.append((f"{lab} {what}{vlab}", w.clone() if len(views) > 1 else w, r))
+    return reads
+
+
+# ----------------------------------------------------------------- faulty DynamoDB calls
+@dataclass(frozen=True)
+class Reply:
+    outcome: Outcome
+    error: bool  # an error (not a condition) decided it (WriteResult.error is not None)
+
+
+def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Reply]]:
+    """Every way ``Store.write(wr, mine)`` can end, each with the world after it.
+
+    ok: applied or rejected, answer received. Faults (each costs one of the budget):
+    NOT SENT: nothing that could apply was sent (REJECTED with an error); DELAYED/LOST: the
+    request is in flight and lands at any later step (at once: a lost reply; never: a lost
+    request) while the caller is told UNKNOWN; REPLY LOST, retry rejected, read-back:
+    applied, the retry's condition fails, the item is read back with ``mine``; DELAYED,
+    retry rejected, read-back: the same while the first attempt is still in flight.
+    """
+    out: list[tuple[str, World, Reply]] = []
+    a = w.clone()
+    ok = a.land(wr)
+    out.append(
+        (
+            f"{wr.kind} {'APPLIED' if ok else 'REJECTED'}",
+            a,
+            Reply(Outcome.APPLIED if ok else Outcome.REJECTED, False),
+        )
+    )
+    if w.faults >= w.cfg.max_faults:
+        return out
+
+    def faulty() -> World:
+        x = w.clone()
+        x.faults += 1
+        return x
+
+    x = faulty()
+    out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
+    x = faulty()
+    x.inflight = (*x.inflight, wr)
+    out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
+    x = faulty()
+    landed = x.land(wr)
+    out.append(
+        (
+            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
+            "read-back",
+            x,
+            _readback(x, wr, mine),
+        )
+    )
+    if mine is not None:
+        x = faulty()
+        x.inflight = (*x.inflight, wr)
+        if apply(x.get(wr.key), wr) is None:  # the retry's condition fails now
+            out.append((f"{wr.kind} DELAYED, retry rejected, read-back", x, _readback(x, wr, mine)))
+    return out
+
+
+def _readback(x: World, wr: Write, mine: Any) -> Reply:
+    if mine is None:
+        return Reply(Outcome.REJECTED, False)
+    cur = x.get(wr.key)
+    return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
+
+
+def read_branches(w: World) -> list[tuple[str, World, bool]]:
+    """A strongly consistent read: answered (True) or failed (False, a fault)."""
+    out = [("read", w.clone(), True)]
+    if w.faults < w.cfg.max_faults:
+        x = w.clone()
+        x.faults += 1
+        out.append(("read FAILED", x, False))
+    return out

@@ -1,0 +1,116 @@
+"""One source for the daemon's protocol: the checker runs the driver's programs.
+
+The protocol checker (check/) and the daemon's driver (rasd/acquire.py) must not be able to
+diverge: both run the programs of rasd.steps.daemon, and nothing in check/ builds the
+daemon's writes itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from check.effects import Proc
+from check.model import Config, World, initial, successors
+from check.rulesets import BAD_A, REAL
+from rasd import acquire
+from rasd.steps import daemon as S
+
+CHECK = Path(__file__).resolve().parents[2] / "check"
+
+#: rasd.lease's builders of the daemon's writes and read-backs: the programs' alone
+DAEMON_WRITES = {
+    "adopt",
+    "claim",
+    "extend_resource",
+    "extended_to",
+    "fence_resource",
+    "holds",
+    "map_acquire",
+    "map_confirm",
+    "map_drop_dead",
+    "map_extend",
+    "map_extended_to",
+    "names_claim",
+    "no_token",
+    "not_held_by",
+}
+
+SMALL = Config(
+    daemons=2,
+    keys=("k1", "k2"),
+    resources=("ra",),
+    max_faults=1,
+    max_crashes=0,
+    max_ops=3,
+    horizon=6,
+    ticks=(1, 5),
+    release=True,
+    liberator=False,
+)
+
+
+def _procs(w: World) -> list[Proc]:
+    return [p for d in w.daemons for p in (d.req, *d.bg) if p is not None]
+
+
+def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
+    """Every daemon process of every state reached is a trace of a program of
+    rasd.steps.daemon: replayed, its generator runs that function's code."""
+    programs = {f.__code__ for f in S.PROGRAMS}
+    seen: set[str] = set()
+    frontier = [initial(SMALL, REAL)]
+    for _ in range(12):  # breadth-first, a sample of each level
+        nxt = []
+        for w in frontier:
+            for p in _procs(w):
+                gen = p.trace.start()
+                assert gen.gi_code in programs, p.trace.name  # type: ignore[attr-defined]
+                assert getattr(S, p.trace.name) in S.PROGRAMS
+                seen.add(p.trace.name)
+                gen.close()
+            nxt += [x for _, x in successors(w)]
+        frontier = nxt[:: max(1, len(nxt) // 300)]
+    # requests, releases, and the background programs a lease starts
+    assert {"resolve", "release", "confirm", "free_claim"} <= seen, seen
+
+
+def test_the_driver_runs_the_same_programs() -> None:
+    """rasd/acquire.py drives rasd.steps.daemon's programs, and decides nothing itself."""
+    src = inspect.getsource(acquire)
+    for name in ("resolve", "release", "extend_bg", "reconfirm", "relist"):
+        assert f"S.{name}(" in src, name
+    tree = ast.parse(src)
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not used & DAEMON_WRITES, used & DAEMON_WRITES
+    assert "after_acquire" not in used and "on_read" not in used
+
+
+def test_check_builds_none_of_the_daemons_writes() -> None:
+    """No module of check/ names a builder of the daemon's writes: the model's daemons
+    write only what the programs send (the jobs and the liberator have their own)."""
+    for path in sorted(CHECK.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        names = {f.id for f in calls if isinstance(f, ast.Name)}
+        names |= {f.attr for f in calls if isinstance(f, ast.Attribute)}
+        names |= {
+            a.asname or a.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+        }
+        assert not names & DAEMON_WRITES, (path.name, names & DAEMON_WRITES)
+
+
+def test_a_known_bad_rule_set_changes_only_the_programs_functions() -> None:
+    """The known-bad rule sets reach the daemons through Ops (check/rulesets.py), never
+    through production code: the real rules run rasd.steps.daemon.REAL itself."""
+    assert initial(SMALL, REAL).setups[0].ops is S.REAL
+    bad = initial(SMALL, BAD_A).setups[0].ops
+    assert bad is not S.REAL and bad.name == BAD_A.name
+    assert "import" not in "".join(
+        line for line in inspect.getsource(S).splitlines() if "check" in line
+    )
