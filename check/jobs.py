@@ -29,7 +29,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rasd.lease import US, Lease, ResourceItem, fmt_time, liberate, paper_free, relist
+from rasd.lease import (
+    US,
+    Lease,
+    ResourceItem,
+    fmt_time,
+    liberate,
+    paper_free,
+    relist,
+    resource_from,
+)
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups
 from rasd.steps.paper import PaperAnswer, paper_free_expired, paper_get_lease
@@ -49,8 +58,6 @@ CLIENT, POOL, REGION = "c", "p", "r1"
 
 
 def _res(f: Any) -> ResourceItem:
-    from rasd.lease import resource_from
-
     return resource_from(dict(f))
 
 
