@@ -255,7 +255,7 @@ def test_foreign_lease_is_served_across_regions() -> None:
 
 
 def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
-    """The liberator's orphan repair (jobs/leases.py repair): a claim landed, its mapping write
+    """The liberator's orphan repair (rasd.steps.repair.repair): a claim landed, its mapping write
     is still in flight (the request gave up): FENCE_MAPPING first, so the late map_acquire is
     rejected, then free_orphan with quarantine."""
     cfg = dataclasses.replace(
