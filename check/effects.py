@@ -103,16 +103,8 @@ def replace(p: Proc, **kw: Any) -> Proc:
     """``dataclasses.replace`` for a :class:`Proc`, fast (the checker makes millions)."""
     new = object.__new__(Proc)
     new.__dict__.update(p.__dict__)
-    new.__dict__.pop("gen", None)  # a live generator is used once (see _take)
     new.__dict__.update(kw)
     return new
-
-
-def _take(p: Proc) -> Program[Any] | None:
-    """The live generator ``p`` was left with, if no one has taken it: it spares one replay
-    of the trace (the first way a step can end uses it, the others replay)."""
-    gen: Program[Any] | None = p.__dict__.pop("gen", None)
-    return gen
 
 
 class Host:
@@ -196,7 +188,7 @@ def _settle(w: World, host: Host, old: Proc | None, p: Proc, gen: Program[Any], 
             host.place(w, old, None)
             host.finished(w, p, Done(error=exc))
             return
-    host.place(w, old, replace(p, order=(), partial=(), eff=eff, gen=gen))
+    host.place(w, old, replace(p, order=(), partial=(), eff=eff))
 
 
 def _local(w: World, host: Host, p: Proc, eff: Any) -> Any:
@@ -217,10 +209,8 @@ def _local(w: World, host: Host, p: Proc, eff: Any) -> Any:
 
 def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
     """``result`` is the pending effect's: send it in (replayed) and run on."""
-    gen = _take(old)
-    if gen is None:
-        gen, _ = p.trace.resume()
-        assert gen is not None
+    gen, _ = p.trace.resume()
+    assert gen is not None
     p = replace(p, trace=p.trace.then(result))
     try:
         eff = gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)

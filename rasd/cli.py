@@ -232,10 +232,10 @@ def _account_id() -> tuple[str | None, str]:
     """The credentials' account id, as the daemon will see it (the endpoint may depend on
     it), and a note on what was found. Missing credentials are no config error here: the
     operator's shell is often not the service's user."""
-    from . import ddb
+    from .sigv4 import resolve_credentials
 
     try:
-        creds = ddb.resolve_credentials()
+        creds = resolve_credentials()
     except Exception as exc:  # noqa: BLE001 - any provider's failure: reported, not fatal
         return None, f"not resolved here ({type(exc).__name__}: {exc})"
     account = creds.account_id

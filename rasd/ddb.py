@@ -48,12 +48,8 @@ Importing this module does not import aiohttp, aiobotocore or botocore's session
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import os
 import socket
 import ssl
-import sys
 import time
 import zlib
 from collections import deque
@@ -74,360 +70,20 @@ from botocore.exceptions import (
 )
 
 from .aws import AwsSettings
+from .http1 import Conn, ConnectFailed, ProxyRefused, ReadTimedOut, Tunnel, expire
+from .sigv4 import (
+    CONTENT_TYPE,
+    AmzDate,
+    Credentials,
+    Signer,
+    resolve_credentials,
+    user_agent,
+)
 
-SERVICE = "dynamodb"
 TARGET_PREFIX = "DynamoDB_20120810."
-CONTENT_TYPE = "application/x-amz-json-1.0"
-#: A pooled connection idle longer than this is closed rather than reused (DynamoDB and load
-#: balancers drop idle connections; a request on a dropped one would be ambiguous).
-IDLE_MAX = 50.0
 #: A pooled connection older than this is closed rather than reused: the next one resolves
 #: the endpoint's name again (``ddb_connection_max_age``).
 MAX_AGE = 60.0
-#: Refreshable credentials are looked at (cheaply) at most this often.
-CREDS_CHECK = 1.0
-_READ = 65536
-
-
-class _ReadTimeout(Exception):
-    """Set on a round trip's future when ``read_timeout`` passed without a whole answer."""
-
-
-def _expire(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_exception(_ReadTimeout())
-
-
-class ConnectFailed(OSError):
-    """The cause of an ``EndpointConnectionError`` raised while connecting: the request was
-    never sent (``rasd.store._never_sent`` relies on it)."""
-
-
-# ---------------------------------------------------------------------------- credentials
-class Credentials:
-    """Where the signing credentials come from. ``current()`` is called once per request and
-    returns ``(access_key, secret_key, token)``."""
-
-    def __init__(
-        self, access_key: str, secret_key: str, token: str | None, account_id: str | None = None
-    ) -> None:
-        self._frozen = (access_key, secret_key, token)
-        #: the AWS account the credentials belong to, when they say (botocore then uses the
-        #: account-based endpoint)
-        self.account_id = account_id
-
-    def current(self) -> tuple[str, str, str | None]:
-        return self._frozen
-
-
-class BotocoreCredentials(Credentials):
-    """botocore credentials (possibly refreshable): frozen once per CREDS_CHECK seconds;
-    a refresh that botocore asks for (advisory or mandatory) runs in a thread."""
-
-    def __init__(self, creds: Any) -> None:
-        f = creds.get_frozen_credentials()
-        super().__init__(f.access_key, f.secret_key, f.token, getattr(f, "account_id", None))
-        self._creds = creds
-        self._next = time.monotonic() + CREDS_CHECK
-        self._refreshing: asyncio.Future[Any] | None = None
-
-    def current(self) -> tuple[str, str, str | None]:
-        now = time.monotonic()
-        if now >= self._next and self._refreshing is None:
-            self._next = now + CREDS_CHECK
-            needed = getattr(self._creds, "refresh_needed", None)
-            if needed is not None and needed():
-                loop = asyncio.get_running_loop()
-                fut = loop.run_in_executor(None, self._creds.get_frozen_credentials)
-                fut.add_done_callback(self._refreshed)
-                self._refreshing = fut
-            else:
-                self._take(self._creds.get_frozen_credentials())
-        return self._frozen
-
-    def _take(self, f: Any) -> None:
-        self._frozen = (f.access_key, f.secret_key, f.token)
-
-    def _refreshed(self, fut: asyncio.Future[Any]) -> None:
-        self._refreshing = None
-        if not fut.cancelled() and fut.exception() is None:
-            self._take(fut.result())
-        # a failed refresh: keep the old credentials; the next check tries again
-
-
-def resolve_credentials() -> Credentials:
-    """botocore's standard chain. Its first provider reads the environment; when that has
-    static keys they are used without loading botocore's session (a start-up saving of about
-    half a second). Blocking (profiles, IMDS): call it in a thread."""
-    env = os.environ
-    ak, sk = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
-    if ak and sk and not env.get("AWS_CREDENTIAL_EXPIRATION"):
-        token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN")
-        return Credentials(ak, sk, token, env.get("AWS_ACCOUNT_ID") or None)
-    import botocore.session
-    from botocore.exceptions import NoCredentialsError
-
-    creds = botocore.session.get_session().get_credentials()
-    if creds is None:
-        raise NoCredentialsError()
-    return BotocoreCredentials(creds)
-
-
-# -------------------------------------------------------------------------------- signing
-class Signer:
-    """SigV4 for DynamoDB's JSON protocol (POST /, no query string): the signing key is
-    derived once per (secret, date, region) and cached; each request costs two SHA-256 and
-    one HMAC. Equal to botocore's ``SigV4Auth`` (tests/unit/test_ddb.py)."""
-
-    def __init__(self, region: str, host: str) -> None:
-        self.region = region
-        self.host = host
-        self._key_for: tuple[str, str] | None = None
-        self._key = b""
-        self._scope = ""
-
-    def signing_key(self, secret: str, date: str) -> bytes:
-        if self._key_for != (secret, date):
-            k = hmac.digest(f"AWS4{secret}".encode(), date.encode(), "sha256")
-            k = hmac.digest(k, self.region.encode(), "sha256")
-            k = hmac.digest(k, SERVICE.encode(), "sha256")
-            self._key = hmac.digest(k, b"aws4_request", "sha256")
-            self._key_for = (secret, date)
-            self._scope = f"{date}/{self.region}/{SERVICE}/aws4_request"
-        return self._key
-
-    def authorization(
-        self,
-        target: str,
-        body: bytes,
-        amz_date: str,
-        access_key: str,
-        secret_key: str,
-        token: str | None,
-    ) -> str:
-        """The Authorization header of a request carrying exactly the headers content-type,
-        host, x-amz-date, x-amz-target (and x-amz-security-token with ``token``)."""
-        key = self.signing_key(secret_key, amz_date[:8])
-        if token is None:
-            signed = "content-type;host;x-amz-date;x-amz-target"
-            headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self.host}\nx-amz-date:{amz_date}\n"
-                f"x-amz-target:{target}\n"
-            )
-        else:
-            signed = "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
-            headers = (
-                f"content-type:{CONTENT_TYPE}\nhost:{self.host}\nx-amz-date:{amz_date}\n"
-                f"x-amz-security-token:{token}\nx-amz-target:{target}\n"
-            )
-        canonical = f"POST\n/\n\n{headers}\n{signed}\n{hashlib.sha256(body).hexdigest()}"
-        to_sign = (
-            f"AWS4-HMAC-SHA256\n{amz_date}\n{self._scope}\n"
-            f"{hashlib.sha256(canonical.encode()).hexdigest()}"
-        )
-        sig = hmac.digest(key, to_sign.encode(), "sha256").hex()  # one-shot, in C
-        return (
-            f"AWS4-HMAC-SHA256 Credential={access_key}/{self._scope}, "
-            f"SignedHeaders={signed}, Signature={sig}"
-        )
-
-
-class _AmzDate:
-    """The X-Amz-Date value, formatted once per second."""
-
-    __slots__ = ("_sec", "_val")
-
-    def __init__(self) -> None:
-        self._sec = -1
-        self._val = ""
-
-    def __call__(self) -> str:
-        sec = int(time.time())
-        if sec != self._sec:
-            self._val = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(sec))
-            self._sec = sec
-        return self._val
-
-
-def user_agent() -> str:
-    from . import __version__
-
-    py = ".".join(map(str, sys.version_info[:3]))
-    return f"rasd/{__version__} md/lean-ddb lang/python#{py} os/{os.uname().sysname.lower()}"
-
-
-# ----------------------------------------------------------------------------------- HTTP
-class _Conn(asyncio.Protocol):
-    """One HTTP/1.1 connection: requests written as given, responses parsed by httptools
-    (llhttp, in C) as they arrive; the parser's callbacks complete the round trip's future,
-    so a response costs one wake-up of the awaiting task however many packets it came in.
-
-    At most one request is outstanding; anything the server sends while none is (or after
-    its response ended) makes the connection unusable, never the answer to a later request.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.lost = False
-        self.idle_since = 0.0
-        #: when the connection was opened (monotonic seconds)
-        self.born = time.monotonic()
-        #: a request is outstanding (written, its response not yet complete)
-        self.busy = False
-        #: the last response allows the connection to be used again
-        self.keep_alive = False
-        self._parser: httptools.HttpResponseParser | None = None
-        self._fut: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] | None = None
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._chunks: list[bytes] = []
-        self._framed = False  # Content-Length or Transfer-Encoding seen
-        self._head_done = False
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] # uvloop's is no subclass
-
-    def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        if parser is None or not self.busy:  # nothing asked: no answer can be trusted
-            self.close()
-            return
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(exc)
-            self.close()
-
-    def eof_received(self) -> bool | None:
-        if self.busy:
-            if self._head_done and not self._framed:  # a body that ends with the connection
-                self._complete(keep_alive=False)
-            else:
-                self._fail(ConnectionResetError("connection closed before the response ended"))
-        self.keep_alive = False
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if self.busy:
-            self._fail(exc or ConnectionResetError("connection lost before the response ended"))
-
-    # httptools callbacks
-    def on_message_begin(self) -> None:
-        if not self.busy:  # a message after the answer: the connection is spoilt
-            self.keep_alive = False
-            self.close()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.busy:
-            return
-        name = name.lower()
-        if name == b"content-length" or name == b"transfer-encoding":
-            self._framed = True
-        self._headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self._head_done = True
-
-    def on_body(self, body: bytes) -> None:
-        if self.busy:
-            self._chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        assert self._parser is not None
-        if not self.busy:
-            return
-        if self._parser.get_status_code() < 200:  # informational (100 Continue): skip it
-            self._headers = []
-            self._chunks = []
-            self._framed = self._head_done = False
-            return
-        self._complete(self._parser.should_keep_alive())
-
-    # round trip
-    def _complete(self, keep_alive: bool) -> None:
-        assert self._parser is not None
-        self.busy = False
-        self.keep_alive = keep_alive
-        fut = self._fut
-        if fut is not None and not fut.done():
-            chunks = self._chunks
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            fut.set_result((self._parser.get_status_code(), self._headers, body))
-
-    def _fail(self, exc: BaseException) -> None:
-        self.busy = False
-        self.keep_alive = False
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_exception(exc)
-
-    def usable(self, now: float, max_age: float) -> bool:
-        """A pooled connection is reused only if nothing says the server closed it, it was
-        not idle too long and it is younger than ``max_age``."""
-        t = self.transport
-        return (
-            not self.lost
-            and self.keep_alive
-            and not self.busy
-            and t is not None
-            and not t.is_closing()
-            and now - self.idle_since < IDLE_MAX
-            and now - self.born < max_age
-        )
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-        self.lost = True
-
-    def round_trip(
-        self, data: bytes
-    ) -> asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]:
-        """Send one request (already encoded) and return the future of its response:
-        (status, lower-cased headers, body). A lost connection or a malformed response sets
-        an OSError or ``httptools.HttpParserError`` on it."""
-        assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
-        self._headers = []
-        self._chunks = []
-        self._framed = self._head_done = False
-        self.keep_alive = False
-        self.busy = True
-        fut = self._fut = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
-        return fut
-
-
-class ProxyRefused(ConnectFailed):
-    """The proxy answered CONNECT with something other than 2xx (407: it wants credentials)."""
-
-
-class _Tunnel(asyncio.Protocol):
-    """The proxy's side of a CONNECT: the answer's head, then nothing until TLS starts."""
-
-    def __init__(self) -> None:
-        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._buf = b""
-
-    def data_received(self, data: bytes) -> None:
-        self._buf += data
-        end = self._buf.find(b"\r\n\r\n")
-        if self.done.done():
-            return
-        if end >= 0:
-            if end + 4 != len(self._buf):  # the endpoint speaks first in TLS: nobody may yet
-                self.done.set_exception(ConnectFailed("proxy sent bytes after its CONNECT answer"))
-            else:
-                self.done.set_result(self._buf[:end])
-        elif len(self._buf) > 65536:
-            self.done.set_exception(ConnectFailed("proxy's CONNECT answer is too long"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(
-                ConnectFailed(f"proxy closed the connection during CONNECT ({exc or 'EOF'})")
-            )
 
 
 class LeanDynamoDB:
@@ -491,11 +147,11 @@ class LeanDynamoDB:
         self._max_age = max_age
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._idle: deque[_Conn] = deque()
+        self._idle: deque[Conn] = deque()
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
-        self._date = _AmzDate()
+        self._date = AmzDate()
         #: the part of every request head that never changes
         self._head_fixed = (
             f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: {user_agent()}\r\n"
@@ -595,9 +251,9 @@ class LeanDynamoDB:
         try:
             try:
                 fut = conn.round_trip(head + body)
-                timer = asyncio.get_running_loop().call_later(self._read_timeout, _expire, fut)
+                timer = asyncio.get_running_loop().call_later(self._read_timeout, expire, fut)
                 status, headers, data = await fut
-            except _ReadTimeout:
+            except ReadTimedOut:
                 raise ReadTimeoutError(endpoint_url=self.endpoint_url) from None
             except (OSError, httptools.HttpParserError) as exc:
                 raise ConnectionClosedError(endpoint_url=self.endpoint_url, error=exc) from exc
@@ -646,7 +302,7 @@ class LeanDynamoDB:
         raise ClientError(error, op)  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------------------- pool
-    async def _acquire(self) -> _Conn:
+    async def _acquire(self) -> Conn:
         while True:
             idle = self._idle
             now = time.monotonic()
@@ -679,9 +335,9 @@ class LeanDynamoDB:
                     self._wake_one()  # pass on the wake-up this waiter will not use
                 raise
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
-        conn: _Conn
+        conn: Conn
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if self._proxy is not None and self._tls:
@@ -690,7 +346,7 @@ class LeanDynamoDB:
                     host, port = self._proxy or (self._host, self._port)
                     sslctx = self._proxy_ssl if self._proxy else self._ssl
                     _, conn = await loop.create_connection(
-                        _Conn,
+                        Conn,
                         host,
                         port,
                         ssl=sslctx,
@@ -716,11 +372,11 @@ class LeanDynamoDB:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         return conn
 
-    async def _tunnel(self, loop: asyncio.AbstractEventLoop, proxy: tuple[str, int]) -> _Conn:
+    async def _tunnel(self, loop: asyncio.AbstractEventLoop, proxy: tuple[str, int]) -> Conn:
         """A CONNECT tunnel through the proxy, then TLS with the endpoint inside it."""
         host, port = proxy
         transport, tunnel = await loop.create_connection(
-            _Tunnel,
+            Tunnel,
             host,
             port,
             ssl=self._proxy_ssl,
@@ -733,7 +389,7 @@ class LeanDynamoDB:
             parts = status_line.split(" ", 2)
             if len(parts) < 2 or not parts[1].isdigit() or not 200 <= int(parts[1]) < 300:
                 raise ProxyRefused(f"proxy {host}:{port} answered CONNECT with {status_line!r}")
-            conn = _Conn()
+            conn = Conn()
             assert self._ssl is not None  # a tunnel is for https endpoints only
             tls = await loop.start_tls(transport, conn, self._ssl, server_hostname=self._host)
             if tls is None:
@@ -744,7 +400,7 @@ class LeanDynamoDB:
             transport.close()
             raise
 
-    def _release(self, conn: _Conn, reuse: bool) -> None:
+    def _release(self, conn: Conn, reuse: bool) -> None:
         if reuse and not self._closed and conn.keep_alive and not conn.busy and not conn.lost:
             conn.idle_since = time.monotonic()
             self._idle.append(conn)

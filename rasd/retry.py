@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import enum
 import random
+import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -153,6 +155,61 @@ def classify_exception(exc: BaseException) -> Failure:
     if isinstance(exc, ConnectionError | HTTPClientError | ChecksumError | OSError):
         return Failure.CONNECTION
     return Failure.FATAL
+
+
+def request_id(rid: str) -> str:
+    """The request id for a message (empty when DynamoDB never answered)."""
+    return f" (request id {rid})" if rid else ""
+
+
+def attempt_failed(exc: BaseException, rid: str) -> tuple[Failure, bool, str, str, str]:
+    """What a failed attempt was: its :class:`Failure`, whether the request was never sent
+    (a write that met it did not apply), a short reason, a message, and the request id of
+    DynamoDB's last error answer (``rid`` when this one has none)."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        rid = exc.response.get("ResponseMetadata", {}).get("RequestId") or rid
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        status = status if isinstance(status, int) else 0
+        reason = code or str(status)
+        message = exc.response.get("Error", {}).get("Message", "")
+        return (
+            classify_code(code, status),
+            False,
+            reason,
+            f"{reason}: {message}" if message else reason,
+            rid,
+        )
+    if isinstance(exc, TimeoutError):
+        return Failure.TIMEOUT, False, "timeout", "no answer", rid
+    reason, detail = type(exc).__name__, f"{type(exc).__name__}: {exc}"
+    cause = getattr(exc, "kwargs", {}).get("error")
+    if cause is not None and str(cause) not in detail:
+        detail = f"{detail} ({cause})"  # botocore's text leaves out why
+    return classify_exception(exc), never_sent(exc), reason, detail, rid
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Did this failure happen before the request was on the wire (so a write that met it did
+    not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
+    generic connection errors, a reset after the request went out among them, to
+    EndpointConnectionError, so that class alone proves nothing: its cause must be a connect
+    error (the lean client's causes are all of that kind: ``rasd.http1.ConnectFailed``)."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, SSLError
+
+    from .http1 import ConnectFailed
+
+    if isinstance(exc, ConnectTimeoutError):
+        return True
+    if not isinstance(exc, EndpointConnectionError | SSLError):
+        return False
+    cause = getattr(exc, "kwargs", {}).get("error")
+    if isinstance(cause, ConnectionRefusedError | socket.gaierror | ConnectFailed):
+        return True
+    aiohttp = sys.modules.get("aiohttp")  # imported only by the botocore path
+    return aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError)
 
 
 class RetryQuota:

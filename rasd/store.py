@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,14 +35,10 @@ import structlog
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    SSLError,
 )
 
 from .aws import AwsSettings
 from .config import Config
-from .ddb import ConnectFailed
 from .decide import Outcome
 from .errors import RasdError, Timeout, Unavailable
 from .lease import (
@@ -62,7 +56,15 @@ from .lease import (
 )
 from .limits import CircuitBreaker
 from .metrics import Counters
-from .retry import MIN_ATTEMPT, Failure, RetryPolicy, classify_code, classify_exception
+from .retry import (
+    MIN_ATTEMPT,
+    Failure,
+    RetryPolicy,
+    attempt_failed,
+)
+from .retry import (
+    request_id as _rid,
+)
 from .writes import ItemKey, Value, Write, item_from_av, key_av, render
 
 log = structlog.get_logger("rasd.store")
@@ -234,28 +236,14 @@ class Store:
                     policy.succeeded(cost)
                 return resp
             except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code", "")
-                rid = exc.response.get("ResponseMetadata", {}).get("RequestId") or rid
-                if code == "ConditionalCheckFailedException":
+                if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
                     breaker.record_success(time.monotonic())
                     policy.succeeded(cost)  # DynamoDB answered: a lost race, not trouble
                     counters.inc("ddb.conditional_failed")
                     return None
-                failure = classify_code(code, _status(exc))
-                never_sent = False
-                reason = code or str(_status(exc))
-                message = exc.response.get("Error", {}).get("Message", "")
-                detail = f"{reason}: {message}" if message else reason
-            except TimeoutError:
-                failure, reason, detail = Failure.TIMEOUT, "timeout", "no answer"
-                never_sent = False
-            except (BotoCoreError, OSError) as exc:
-                failure = classify_exception(exc)
-                never_sent = _never_sent(exc)
-                reason, detail = type(exc).__name__, f"{type(exc).__name__}: {exc}"
-                cause = getattr(exc, "kwargs", {}).get("error")
-                if cause is not None and str(cause) not in detail:
-                    detail = f"{detail} ({cause})"  # botocore's text leaves out why
+                failure, never_sent, reason, detail, rid = attempt_failed(exc, rid)
+            except (TimeoutError, BotoCoreError, OSError) as exc:
+                failure, never_sent, reason, detail, rid = attempt_failed(exc, rid)
             now = time.monotonic()
             if failure is Failure.EXPIRED_TOKEN:
                 breaker.record_success(now)  # DynamoDB answered
@@ -491,31 +479,3 @@ OPERATIONS: dict[str, str] = {
     "Query": "query",
     "UpdateItem": "update_item",
 }
-
-
-def _rid(rid: str) -> str:
-    """The request id for a message (empty when DynamoDB never answered)."""
-    return f" (request id {rid})" if rid else ""
-
-
-def _status(exc: ClientError) -> int:
-    """The HTTP status of a DynamoDB error answer (0 if unknown)."""
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    return status if isinstance(status, int) else 0
-
-
-def _never_sent(exc: BaseException) -> bool:
-    """Did this failure happen before the request was on the wire (so a write that met it did
-    not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
-    generic connection errors, a reset after the request went out among them, to
-    EndpointConnectionError, so that class alone proves nothing: its cause must be a connect
-    error (the lean client's causes are all of that kind: ``rasd.ddb.ConnectFailed``)."""
-    if isinstance(exc, ConnectTimeoutError):
-        return True
-    if not isinstance(exc, EndpointConnectionError | SSLError):
-        return False
-    cause = getattr(exc, "kwargs", {}).get("error")
-    if isinstance(cause, ConnectionRefusedError | socket.gaierror | ConnectFailed):
-        return True
-    aiohttp = sys.modules.get("aiohttp")  # imported only by the botocore path
-    return aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError)

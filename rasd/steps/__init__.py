@@ -241,42 +241,48 @@ class Note:
 
 
 # --------------------------------------------------------------------------- interpreters
+def _advance(prog: Program[Any], result: Any, error: BaseException | None) -> Done | Effect:
+    """Send ``result`` (or throw ``error``) into ``prog``: its next effect, or :class:`Done`."""
+    try:
+        return prog.send(result) if error is None else prog.throw(error)
+    except StopIteration as stop:
+        return Done(stop.value)
+
+
 def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
     """Run ``prog`` to its end, performing each effect with ``perform`` (blocking)."""
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            eff = prog.send(result) if error is None else prog.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        if type(eff) is Tail:
+    eff = _advance(prog, None, None)
+    while not isinstance(eff, Done):
+        if type(eff) is Tail:  # the program goes on as the next one
             prog.close()
-            prog, result, error = eff.fn(*eff.args), None, None
+            prog = eff.fn(*eff.args)
+            eff = _advance(prog, None, None)
             continue
         try:
-            result, error = perform(eff), None
+            result = perform(eff)
         except RasdError as exc:
-            result, error = None, exc
+            eff = _advance(prog, None, exc)
+        else:
+            eff = _advance(prog, result, None)
+    return eff.value  # type: ignore[no-any-return]
 
 
 async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
     """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver)."""
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            eff = prog.send(result) if error is None else prog.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        if type(eff) is Tail:
+    eff = _advance(prog, None, None)
+    while not isinstance(eff, Done):
+        if type(eff) is Tail:  # the program goes on as the next one
             prog.close()
-            prog, result, error = eff.fn(*eff.args), None, None
+            prog = eff.fn(*eff.args)
+            eff = _advance(prog, None, None)
             continue
         try:
-            result, error = await perform(eff), None
+            result = await perform(eff)
         except RasdError as exc:
-            result, error = None, exc
+            eff = _advance(prog, None, exc)
+        else:
+            eff = _advance(prog, result, None)
+    return eff.value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)

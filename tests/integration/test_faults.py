@@ -26,9 +26,9 @@ import rasd_client
 from rasd import acquire
 from rasd import lease as L
 from rasd import writes as W
+from rasd.candidates import Candidate
 from rasd.clock import Clock, FakeClock
 from rasd.config import Config
-from rasd.prefetch import Candidate
 from rasd.server import Daemon
 from rasd.testing import Faults, FaultyStore, Rule
 from rasd.writes import item_from_av, key_av, render

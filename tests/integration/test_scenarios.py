@@ -162,7 +162,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
     ras-dedupe / the liberator never free what d2 serves."""
     seed_pool(ddb, table, count=2, prefix="res-")
     async with daemons(moto_endpoint, table, 3) as (d1, d2, d3):
-        from rasd.prefetch import Candidate
+        from rasd.candidates import Candidate
 
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})

@@ -147,13 +147,13 @@ def test_account_based_endpoint_as_botocore_sends(
 async def test_the_daemons_credentials_choose_the_account_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rasd import ddb
+    from rasd import ddb, sigv4
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SK")
     monkeypatch.setenv("AWS_ACCOUNT_ID", "123456789012")
     monkeypatch.delenv("AWS_CREDENTIAL_EXPIRATION", raising=False)
-    assert ddb.resolve_credentials().account_id == "123456789012"
+    assert sigv4.resolve_credentials().account_id == "123456789012"
     client = await ddb.LeanDynamoDB.create(None, "us-east-1")
     await client.close()
     assert client.endpoint_url == "https://123456789012.ddb.us-east-1.amazonaws.com"

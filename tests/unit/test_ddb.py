@@ -27,9 +27,9 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from rasd import ddb
+from rasd import ddb, http1, sigv4
 from rasd.config import Config
-from rasd.store import _never_sent
+from rasd.retry import never_sent as _never_sent
 
 WHEN = datetime.datetime(2024, 3, 9, 23, 59, 58, tzinfo=datetime.timezone.utc)
 AMZ_DATE = "20240309T235958Z"
@@ -41,7 +41,7 @@ def _botocore_auth(url: str, region: str, body: bytes, target: str, token: str |
         method="POST",
         url=url,
         data=body,
-        headers={"Content-Type": ddb.CONTENT_TYPE, "X-Amz-Target": target},
+        headers={"Content-Type": sigv4.CONTENT_TYPE, "X-Amz-Target": target},
     )
     with mock.patch("botocore.auth.get_current_datetime", return_value=WHEN):
         SigV4Auth(creds, "dynamodb", region).add_auth(req)
@@ -66,7 +66,7 @@ def test_signature_equals_botocores(url: str, host: str, token: str | None) -> N
     client = ddb.LeanDynamoDB(
         url,
         region,
-        ddb.Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token),
+        sigv4.Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token),
     )
     assert client._signer.host == host
     ours = client._signer.authorization(
@@ -76,7 +76,7 @@ def test_signature_equals_botocores(url: str, host: str, token: str | None) -> N
 
 
 def test_signing_key_is_derived_once_per_day_and_secret() -> None:
-    s = ddb.Signer("us-east-1", "h")
+    s = sigv4.Signer("us-east-1", "h")
     k1 = s.signing_key("secret", "20240101")
     with mock.patch("hmac.digest", side_effect=AssertionError("derived again")):
         assert s.signing_key("secret", "20240101") is k1
@@ -85,7 +85,7 @@ def test_signing_key_is_derived_once_per_day_and_secret() -> None:
 
 
 def test_request_head_and_body() -> None:
-    client = ddb.LeanDynamoDB("http://localhost:9", "us-east-1", ddb.Credentials("a", "b", "tok"))
+    client = ddb.LeanDynamoDB("http://localhost:9", "us-east-1", sigv4.Credentials("a", "b", "tok"))
     params = {"TableName": "t", "Key": {"k": {"S": "v"}}, "ConsistentRead": True, "Limit": 5}
     head, body = client.build("Query", params)
     assert orjson.loads(body) == params
@@ -104,7 +104,7 @@ def test_request_head_and_body() -> None:
 
 
 def _client() -> ddb.LeanDynamoDB:
-    return ddb.LeanDynamoDB("http://localhost:9", "us-east-1", ddb.Credentials("a", "b", None))
+    return ddb.LeanDynamoDB("http://localhost:9", "us-east-1", sigv4.Credentials("a", "b", None))
 
 
 def _hdrs(body: bytes, **extra: str) -> list[tuple[bytes, bytes]]:
@@ -244,7 +244,7 @@ def _response(body: bytes, close: bool = False) -> bytes:
 
 
 def _lean(url: str, **kw: Any) -> ddb.LeanDynamoDB:
-    return ddb.LeanDynamoDB(url, "us-east-1", ddb.Credentials("a", "b", None), **kw)
+    return ddb.LeanDynamoDB(url, "us-east-1", sigv4.Credentials("a", "b", None), **kw)
 
 
 async def test_keep_alive_reuses_one_connection() -> None:
@@ -346,7 +346,7 @@ async def test_other_connect_errors_were_never_sent() -> None:
         pytest.raises(EndpointConnectionError) as ei,
     ):
         await c.update_item(TableName="t")
-    assert isinstance(ei.value.kwargs["error"], ddb.ConnectFailed)
+    assert isinstance(ei.value.kwargs["error"], http1.ConnectFailed)
     assert _never_sent(ei.value)
     assert c._open == 0
 
@@ -529,8 +529,8 @@ def test_env_credentials_skip_botocore(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "tok")
     monkeypatch.delenv("AWS_CREDENTIAL_EXPIRATION", raising=False)
-    creds = ddb.resolve_credentials()
-    assert type(creds) is ddb.Credentials
+    creds = sigv4.resolve_credentials()
+    assert type(creds) is sigv4.Credentials
     assert creds.current() == ("testing", "secret", "tok")
 
 
@@ -544,8 +544,8 @@ def test_profile_credentials_come_from_botocore(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(cred_file))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    creds = ddb.resolve_credentials()
-    assert isinstance(creds, ddb.BotocoreCredentials)
+    creds = sigv4.resolve_credentials()
+    assert isinstance(creds, sigv4.BotocoreCredentials)
     assert creds.current() == ("AKP", "SKP", None)
 
 
@@ -563,7 +563,7 @@ async def test_refreshable_credentials_refresh_off_the_loop() -> None:
         }
 
     boto = RefreshableCredentials.create_from_metadata(fetch(), fetch, "test")
-    creds = ddb.BotocoreCredentials(boto)
+    creds = sigv4.BotocoreCredentials(boto)
     first = creds.current()
     assert first == ("A0", "S", "T")
     # 11 minutes left: botocore wants a refresh (advisory); then a second passes

@@ -9,9 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from rasd.config import Config
-from rasd.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
-from rasd.prefetch import (
+from rasd.candidates import (
     BURST_HALF_LIFE,
     CONTENDED_MEMORY,
     DEMAND_HALF_LIFE,
@@ -27,6 +25,8 @@ from rasd.prefetch import (
     Read,
     host_seed,
 )
+from rasd.config import Config
+from rasd.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
 
 
 def items(n: int, start: int = 0) -> list[ResourceItem]:

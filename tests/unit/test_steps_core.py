@@ -5,8 +5,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from rasd.errors import Timeout
-from rasd.steps import Done, GetItem, Now, Program, Raised, Send, Spawn, drive, drive_sync
+from rasd.steps import (
+    Done,
+    GetItem,
+    Now,
+    Program,
+    Raised,
+    Send,
+    Spawn,
+    Tail,
+    drive,
+    drive_sync,
+    goto,
+)
 from rasd.writes import Write
 
 
@@ -65,3 +79,33 @@ def test_trace_replays_to_the_pending_effect() -> None:
     # equal traces are the same state, whatever built them
     assert t == Spawn(prog, (("c", "r"),)).trace().then(7)
     assert hash(t) == hash(Spawn(prog, (("c", "r"),)).trace().then(7))
+
+
+def test_an_error_the_program_raises_leaves_the_driver() -> None:
+    def raiser() -> Program[None]:
+        yield Now()
+        raise Timeout("mine")
+
+    with pytest.raises(Timeout, match="mine"):
+        drive_sync(raiser(), lambda eff: 1)
+
+
+def rounds(n: int, last: int) -> Program[str]:
+    """A loop as rounds: each round reads the clock and goes on as the next (Tail)."""
+    now = yield Now()
+    if n == last:
+        return f"round {n} at {now}"
+    return (yield from goto(rounds, n + 1, last))
+
+
+def test_tail_goes_on_as_the_next_round() -> None:
+    assert drive_sync(rounds(0, 3), lambda eff: 7) == "round 3 at 7"
+
+    async def perform(eff: Any) -> int:
+        return 8
+
+    assert asyncio.run(drive(rounds(0, 2), perform)) == "round 2 at 8"
+    # the checker sees the Tail itself: the rest of the program is the next round's call
+    gen = rounds(0, 1)
+    assert isinstance(gen.send(None), Now)
+    assert gen.send(5) == Tail(rounds, (1, 1))

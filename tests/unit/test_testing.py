@@ -283,7 +283,7 @@ def test_only_connection_set_up_failures_count_as_never_sent() -> None:
     import aiohttp
     from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 
-    from rasd.store import _never_sent
+    from rasd.retry import never_sent as _never_sent
 
     url = "http://x"
     refused = EndpointConnectionError(endpoint_url=url, error=ConnectionRefusedError(111, "x"))

@@ -1,0 +1,447 @@
+"""Claim candidates per (client, pool): which free items a new lease tries, and in what order.
+
+Theory of operation
+-------------------
+``CandidateBuffer`` (pure, time passed in) holds free items read from the
+``available_resources`` index. A new lease takes the first fresh candidate and makes the single
+conditional claim; losing the race just means taking the next one. Prefetch only chooses
+candidates: the claim's condition decides.
+
+Lanes: spreading daemons over different items (the dalloc seed: spread claims evenly). A pool
+seeded in one batch has the same ``lease_available`` on every item, so a start *time* cannot
+spread readers: the index orders such items by the base table's keys. A daemon therefore reads
+a *lane*: it starts after a random position of the index, an ``ExclusiveStartKey``
+(partition, lease_available, client_id, resource) that need not exist, and every later refill
+continues forward after the last item it read, keeping every claimable item of the page in
+index order. Each daemon thus consumes its own stretch of the index, and another daemon's
+candidates overlap it only where two lanes run into each other, instead of at every refill
+(when every refill started at a fresh random point, each start could land among another
+daemon's candidates). The start position:
+
+* ``lease_available``: one of the values seen claimable in that sub-partition (a reservoir, so
+  dense times are picked as often as they occur), or in the pool when none is known there;
+* ``resource``: a random name drawn per character position from the names seen in the pool
+  (``NameModel``), so the start falls anywhere in the range of names.
+
+At the end of its sub-partition (a short page) or at an item not claimable yet (the
+quarantined tail) a lane wraps to the head; it ends when the head has nothing either, or when
+a claim from it loses the race: the winner is reading the same stretch, so the daemon drops
+the lane's other candidates (``lost``; a read of that lane still in flight keeps nothing),
+counts the sub-partition as contended and starts a new lane at a new random position, in one
+of the least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of
+its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read
+still in flight is never read twice (a sweep next to a refill starts another lane), and an
+item this daemon took lately is not a candidate again *at the version it was taken at*
+(``TAKEN_MAX``, ``candidate_max_age``): two lanes may cross and an index read may lag behind a
+claim, but once the item is freed again (any free writes a new version) it is a candidate
+like any other. Until both ends of
+the pool have been read (the first two reads from an end go opposite ways, so the NameModel
+spans the range of names; starting lanes from one end's names would crowd them into a part
+of it), reads are from an end and keep nothing in the background, ``END_KEEP`` random items
+when a request waits: every cold daemon reads there. When a lane's random start finds nothing
+claimable, a sample of the head is read (the start may lie past the last item, or a backend
+may ignore the key).
+
+Sizing: demand is the larger of two decaying counts of takes (half-lives ``BURST_HALF_LIFE``
+and ``DEMAND_HALF_LIFE``): a burst after a pause is seen within a few takes, a steady rate is
+not forgotten in a short lull. The target is ``REFILL_HORIZON`` seconds of demand plus twice
+the time a refill read takes (an EWMA), clamped to ``prefetch_min..prefetch_max``; the floor
+is what a burst after a pause starts from. A refill starts in the background, after the claim
+it follows has been sent, when the buffer falls below half of the target (the low watermark),
+and reads the room left (at least ``MIN_PAGE``, at most ``prefetch_page``). Candidates older
+than ``candidate_max_age`` are dropped: by then another daemon has likely taken them.
+
+Only items claimable now are kept: an early free (release, give-back, dedupe) sets
+``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
+conditional on ``lease_available <= now``.
+
+When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
+stale copies of items this daemon has just claimed), the pool is marked exhausted for
+``exhausted_backoff`` seconds and NO_CAPACITY is answered without reading DynamoDB at all.
+A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
+is never the answer while the last sweep found something.
+
+``rasd.prefetch.Prefetcher`` does the I/O around the buffers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import socket
+import zlib
+from collections import deque
+from dataclasses import dataclass
+
+from .config import Config
+from .lease import PARTITIONS, ResourceItem, partition_of
+
+REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
+DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull
+BURST_HALF_LIFE = 0.5  # seconds: a burst after a pause is seen within a few takes
+HOME_SHARE = 0.75  # share of lanes that start in the daemon's home sub-partition
+SEEN_MAX = 32  # lease_available values remembered per sub-partition
+NAMES_MAX = 64  # resource names remembered per pool (NameModel)
+MIN_PAGE = 8  # smallest page a refill reads
+END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
+TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
+CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
+
+#: (lease_available, resource): with the partition and client_id, an index position
+StartKey = tuple[str, str]
+
+
+def host_seed() -> int:
+    """A stable number for this daemon (hostname and pid): its home sub-partition."""
+    return zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
+
+
+class NameModel:
+    """Random resource names shaped like the ones seen: per character position, any character
+    between the lowest and the highest seen there (names read at both ends of an index thus
+    span its whole range). Pure; bounded (a reservoir of ``NAMES_MAX`` names)."""
+
+    __slots__ = ("_chars", "_dirty", "n", "names")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.n = 0  # names offered so far (reservoir sampling)
+        self._chars: list[str] = []
+        self._dirty = False
+
+    def learn(self, name: str, rng: random.Random) -> None:
+        self.n += 1
+        if len(self.names) < NAMES_MAX:
+            self.names.append(name)
+        else:
+            j = rng.randrange(self.n)
+            if j >= NAMES_MAX:
+                return
+            self.names[j] = name
+        self._dirty = True
+
+    def draw(self, rng: random.Random) -> str | None:
+        if not self.names:
+            return None
+        if self._dirty:
+            width = max(len(x) for x in self.names)
+            chars = []
+            for i in range(width):
+                seen = [ord(x[i]) for x in self.names if len(x) > i]
+                chars.append("".join(map(chr, range(min(seen), max(seen) + 1))))
+            self._chars = chars
+            self._dirty = False
+        length = len(rng.choice(self.names))
+        return "".join(rng.choice(self._chars[i]) for i in range(length))
+
+
+@dataclass(slots=True)
+class Candidate:
+    item: ResourceItem
+    fetched: float  # monotonic seconds
+    lane: int = 0  # the lane it was read from (0: a sampled read, no lane)
+
+
+@dataclass(slots=True, frozen=True)
+class Read:
+    """One Query of sub-partition ``n``: ``after`` a position, or from an end (None)."""
+
+    n: int
+    after: StartKey | None
+    forward: bool
+    limit: int
+    #: the lane this read continues or starts (keeps the page in order); 0: keep a sample
+    lane: int = 0
+    #: the most a sampled read keeps (None: up to the target)
+    keep: int | None = None
+
+
+class CandidateBuffer:
+    """Candidates of one pool. Pure: every method takes ``now`` (monotonic seconds)."""
+
+    def __init__(self, cfg: Config, rng: random.Random, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.home = seed % PARTITIONS
+        self.q: deque[Candidate] = deque()
+        self.exhausted_until = 0.0
+        self.rate = 0.0  # takes per second: max(fast, slow)
+        self.fast = 0.0  # decaying count of takes, BURST_HALF_LIFE
+        self.slow = 0.0  # decaying count of takes, DEMAND_HALF_LIFE
+        self._last_take: float | None = None
+        #: EWMA of how long a refill read took (seconds): the buffer must outlast it
+        self.refill_s = 0.0
+        #: per sub-partition: lease_available values seen claimable (a reservoir)
+        self.seen: dict[int, list[str]] = {}
+        self._seen_n: dict[int, int] = {}
+        self.names = NameModel()
+        self._ends: set[bool] = set()  # directions of reads from an end so far
+        #: the current lane: its sub-partition, the position after which it continues, its id
+        self.lane_n = 0
+        self.lane_after: StartKey | None = None
+        self.lane_id = 0
+        self.lane_wrap = False  # the lane reached the end: it goes on from the head
+        #: sub-partitions where claims lost lately (how many; halved past CONTENDED_MEMORY):
+        #: new lanes avoid them
+        self.contended: dict[int, int] = {}
+        self._lanes = 0  # lane ids handed out
+        self._busy: set[int] = set()  # lanes with a read in flight
+        self._lost_lanes: deque[int] = deque(maxlen=8)  # lanes ended by a lost claim
+        #: (resource, version) this daemon took lately, and when (monotonic): not a candidate
+        #: again at that version (a new lane may cross an old one, two reads may return the
+        #: same item, an index read may lag behind the claim); insertion order is time order
+        self._taken: dict[tuple[str, int], float] = {}
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    # -- demand --------------------------------------------------------------------------
+    def _note_take(self, now: float) -> None:
+        """Two decaying counts of takes, scaled to takes per second (each take adds
+        ln 2 / half-life): a kernel estimate of the rate that is exact for a steady stream
+        and needs no gap to divide by."""
+        if self._last_take is not None:
+            dt = max(0.0, now - self._last_take)
+            self.fast *= 2.0 ** (-dt / BURST_HALF_LIFE)
+            self.slow *= 2.0 ** (-dt / DEMAND_HALF_LIFE)
+        self._last_take = now
+        self.fast += math.log(2) / BURST_HALF_LIFE
+        self.slow += math.log(2) / DEMAND_HALF_LIFE
+        self.rate = max(self.fast, self.slow)
+
+    def target(self) -> int:
+        """REFILL_HORIZON seconds of demand, plus twice what a refill takes (a slow or loaded
+        DynamoDB must not empty the buffer while its refill is on the way)."""
+        want = math.ceil(self.rate * (REFILL_HORIZON + 2 * self.refill_s))
+        return max(self.cfg.prefetch_min, min(self.cfg.prefetch_max, want))
+
+    def note_refill(self, seconds: float) -> None:
+        """A refill read took ``seconds`` (EWMA, weight 1/4: a few reads to follow a change)."""
+        self.refill_s += 0.25 * (seconds - self.refill_s)
+
+    def needs_refill(self) -> bool:
+        """Below the low watermark, half the target: the refill lands before the rest is used."""
+        return len(self.q) < max(1, self.target() // 2)
+
+    def page(self) -> int:
+        """How many items a lane read asks for: the room left, within MIN_PAGE..prefetch_page."""
+        room = max(1, self.target() - len(self.q))
+        return max(min(MIN_PAGE, self.cfg.prefetch_page), min(self.cfg.prefetch_page, room))
+
+    # -- candidates ----------------------------------------------------------------------
+    def take(self, now: float) -> Candidate | None:
+        """The next fresh candidate, dropping stale ones."""
+        self._note_take(now)
+        while self.q:
+            c = self.q.popleft()
+            if now - c.fetched <= self.cfg.candidate_max_age:
+                self._remember_taken(c.item, now)
+                return c
+        return None
+
+    def _remember_taken(self, item: ResourceItem, now: float) -> None:
+        self._forget_taken(now)
+        if len(self._taken) >= TAKEN_MAX:
+            del self._taken[next(iter(self._taken))]
+        self._taken[(item.resource, item.version)] = now
+
+    def untake(self, item: ResourceItem) -> None:
+        """The claim of ``item`` did not apply, or may not have: if a read shows it again at
+        the same version, it is a candidate (the claim's condition decides)."""
+        self._taken.pop((item.resource, item.version), None)
+
+    def _forget_taken(self, now: float) -> None:
+        """Drop takes older than ``candidate_max_age``: an index that still shows such an
+        item at the version taken is lagging a lot, and the claim's condition decides."""
+        horizon = now - self.cfg.candidate_max_age
+        while self._taken:
+            first = next(iter(self._taken))
+            if self._taken[first] >= horizon:
+                break
+            del self._taken[first]
+
+    def add(
+        self, items: list[ResourceItem], now: float, lane: int = 0, keep: int | None = None
+    ) -> int:
+        """Keep candidates from a page of claimable ``items``: all of a lane's page, in index
+        order (up to prefetch_max); of any other read a random sample up to the target (and
+        up to ``keep`` if given). Returns how many were kept."""
+        self._forget_taken(now)
+        held = {c.item.resource for c in self.q}
+        taken = self._taken
+        fresh = [
+            it for it in items if it.resource not in held and (it.resource, it.version) not in taken
+        ]
+        if lane:
+            fresh = fresh[: max(0, self.cfg.prefetch_max - len(self.q))]
+        else:
+            room = max(0, self.target() - len(self.q))
+            if keep is not None:
+                room = min(room, keep)
+            if len(fresh) > room:
+                fresh = self.rng.sample(fresh, room)
+        for it in fresh:
+            self.q.append(Candidate(it, now, lane))
+        return len(fresh)
+
+    def lost(self, cand: Candidate) -> int:
+        """A claim of ``cand`` lost the race: another daemon reads the same stretch of the
+        index. End the lane, drop its other candidates (they are that daemon's next claims
+        too) and note the sub-partition as contended. Returns how many were dropped."""
+        n = partition_of(cand.item.resource)
+        self.contended[n] = self.contended.get(n, 0) + 1
+        if sum(self.contended.values()) > CONTENDED_MEMORY:  # forget slowly: halve them all
+            self.contended = {i: c // 2 for i, c in self.contended.items() if c > 1}
+        if not cand.lane:
+            return 0
+        if cand.lane == self.lane_id:
+            self._end_lane()
+        self._lost_lanes.append(cand.lane)  # a read of it still in flight keeps nothing
+        before = len(self.q)
+        self.q = deque(c for c in self.q if c.lane != cand.lane)
+        return before - len(self.q)
+
+    def learn(self, n: int, items: list[ResourceItem]) -> None:
+        """Remember where claimable items of sub-partition ``n`` are (``items``: claimable)."""
+        seen = self.seen.setdefault(n, [])
+        count = self._seen_n.get(n, 0)
+        for it in items:
+            if it.lease_available is None:
+                continue
+            count += 1
+            if len(seen) < SEEN_MAX:
+                seen.append(it.lease_available)
+            else:
+                j = self.rng.randrange(count)
+                if j < SEEN_MAX:
+                    seen[j] = it.lease_available
+            self.names.learn(it.resource, self.rng)
+        self._seen_n[n] = count
+        if not seen:
+            del self.seen[n]
+
+    def start_key(self, n: int) -> StartKey | None:
+        """A random position to read sub-partition ``n`` after (None: nothing known yet).
+        The time is one seen in ``n``, or in another sub-partition of the pool when none is
+        known there (a pool seeded in one batch has one time everywhere). None too until
+        both ends of the pool have been read: the names seen at one end span only a part of
+        the range, and every daemon would start its lanes in that part."""
+        if not self.ends_known():
+            return None
+        seen = self.seen.get(n)
+        if not seen:
+            pools = [s for s in self.seen.values() if s]
+            if not pools:
+                return None
+            seen = self.rng.choice(pools)
+        name = self.names.draw(self.rng)
+        if name is None:
+            return None
+        return self.rng.choice(seen), name
+
+    def ends_known(self) -> bool:
+        """Both ends of the pool have been read (lanes can start)."""
+        return len(self._ends) == 2
+
+    def end_direction(self) -> bool:
+        """The direction of a read from an end of the index (True: forward, from the head).
+        The pool's first two go opposite ways, so names from both ends feed the NameModel."""
+        left = [d for d in (True, False) if d not in self._ends]
+        forward = self.rng.choice(left) if left else self.rng.random() < 0.5
+        self._ends.add(forward)
+        return forward
+
+    # -- what to read ----------------------------------------------------------------------
+    def plan(self, urgent: bool = False) -> Read:
+        """The next refill read: the current lane, or a new one (mostly in the home
+        sub-partition) after a random position, or from an end when the pool's two ends are
+        not known yet. A read from an end keeps nothing in the background (a lane read
+        follows), and ``END_KEEP`` items when a request waits (``urgent``)."""
+        if (
+            self.lane_id
+            and self.lane_id not in self._busy
+            and (self.lane_after is not None or self.lane_wrap)
+        ):
+            self._busy.add(self.lane_id)
+            return Read(self.lane_n, self.lane_after, True, self.page(), self.lane_id)
+        # no lane, or its read is still in flight (a sweep next to a refill): a new lane
+        n = self.lane_partition()
+        start = self.start_key(n)
+        if start is None:
+            keep = END_KEEP if urgent else 0
+            return Read(n, None, self.end_direction(), self.cfg.prefetch_page, keep=keep)
+        self._lanes += 1
+        self.lane_n, self.lane_after, self.lane_id = n, start, self._lanes
+        self.lane_wrap = False
+        self._busy.add(self.lane_id)
+        return Read(n, start, True, self.page(), self.lane_id)
+
+    def lane_partition(self) -> int:
+        """Where a new lane starts: mostly the home sub-partition, else one at random; either
+        way one of those where claims lost least often."""
+        n = self.home if self.rng.random() < HOME_SHARE else self.rng.randrange(PARTITIONS)
+        if self.contended.get(n):
+            least = min(self.contended.get(i, 0) for i in range(PARTITIONS))
+            if self.contended[n] > least:
+                n = self.rng.choice(
+                    [i for i in range(PARTITIONS) if self.contended.get(i, 0) == least]
+                )
+        return n
+
+    def probe(self, n: int) -> Read:
+        """A read of sub-partition ``n`` that starts no lane (a sweep of the others, a
+        fallback to the head): a whole page from a random position or an end, sampled."""
+        start = self.start_key(n)
+        forward = self.rng.random() < 0.5 if start is not None else self.end_direction()
+        return Read(n, start, forward, self.cfg.prefetch_page)
+
+    def read_done(
+        self, read: Read, raw: list[ResourceItem], claimable: list[ResourceItem], now: float
+    ) -> int:
+        """Take in what ``read`` returned (``claimable``: those claimable now): move the lane
+        on past the page (or end it), learn where items are, keep candidates. Returns how
+        many were kept."""
+        self._busy.discard(read.lane)
+        if read.lane and read.lane == self.lane_id:
+            last = claimable[-1] if claimable else None
+            if last is None or last.lease_available is None:
+                self._end_lane()  # nothing claimable at all: another lane, elsewhere
+            elif len(raw) < read.limit or len(claimable) < len(raw):
+                # the end of the sub-partition, or its quarantined tail: on from the head,
+                # unless this read was from the head already
+                if read.after is None:
+                    self._end_lane()
+                else:
+                    self.lane_after, self.lane_wrap = None, True
+            else:
+                self.lane_after = (last.lease_available, last.resource)
+                self.lane_wrap = False
+        self.learn(read.n, claimable)
+        if read.lane and read.lane in self._lost_lanes:
+            return 0
+        return self.add(claimable, now, read.lane, read.keep)
+
+    def _end_lane(self) -> None:
+        self.lane_id, self.lane_after, self.lane_wrap = 0, None, False
+
+    def read_failed(self, read: Read) -> None:
+        """``read`` raised: its lane may be read again."""
+        self._busy.discard(read.lane)
+
+    # -- exhaustion ----------------------------------------------------------------------
+    def exhausted(self, now: float) -> bool:
+        return now < self.exhausted_until
+
+    def mark_exhausted(self, now: float) -> None:
+        self.exhausted_until = now + self.cfg.exhausted_backoff
+
+    def partitions(self) -> list[int]:
+        """Sub-partitions in the order to read them: mostly the home one first, then the
+        others in random order."""
+        order = list(range(PARTITIONS))
+        self.rng.shuffle(order)
+        if self.rng.random() < HOME_SHARE:
+            order.remove(self.home)
+            order.insert(0, self.home)
+        return order
