@@ -18,7 +18,7 @@ them), and ``ras-liberator`` may treat them as orphans once they are older than 
 
 With ``paper=True`` it writes what the paper's agent writes, nothing more: the claim is
 conditioned on the ``version`` read from the index alone and sets ``key``, ``lease_expires``
-and ``version`` (:func:`paper_claim`), and :func:`paper_liberate` is the paper's hourly
+and ``version`` (``rasd.lease.paper_claim``), and :func:`paper_liberate` is the paper's hourly
 liberator. That is the old agent a table keeps running while rasd rolls out beside it
 (docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
 
@@ -40,57 +40,29 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
+from jobs.leases import Driver
 from rasd import lease as L
-from rasd.writes import Cond, Write, render
-
-
-def paper_claim(item: L.ResourceItem, key: str, expires_us: int) -> Write:
-    """The paper's claim: conditional on the version read (from the available index) alone;
-    sets the key and the end, increments the version, removes ``lease_available``."""
-    return Write(
-        key=item.ident,
-        conds=(Cond("version", "=", item.version),),
-        set=(
-            ("key", key),
-            ("lease_expires", L.fmt_time(expires_us)),
-            ("version", item.version + 1),
-        ),
-        remove=("lease_available",),
-        kind="paper_claim",
-    )
-
-
-def paper_free(item: L.ResourceItem, now_us: int) -> Write:
-    """The paper's liberator's write: conditional on the version read (from the leased index),
-    clears ``key`` and ``lease_expires``, sets ``lease_available``, increments the version.
-    Nothing else: attributes rasd added stay as they are."""
-    return Write(
-        key=item.ident,
-        conds=(Cond("version", "=", item.version),),
-        set=(("lease_available", L.fmt_time(now_us)), ("version", item.version + 1)),
-        remove=("key", "lease_expires"),
-        kind="paper_free",
-    )
+from rasd.lease import paper_claim, paper_free
+from rasd.steps.paper import paper_free_expired, paper_get_lease
+from rasd.writes import render
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
     """The paper's liberator, once: Scan the leased index, free every lease whose end has
-    passed on this clock (no grace), conditional on the version the Scan read."""
+    passed on this clock (no grace), conditional on the version the Scan read
+    (``rasd.steps.paper.paper_free_expired``, the program the protocol checker runs)."""
     counts = {"scanned": 0, "freed": 0, "lost_races": 0}
+    driver = Driver(ddb, table)
     kw: dict[str, Any] = {"TableName": table, "IndexName": "leased_resources"}
     while True:
         page = ddb.scan(**kw)
         for raw in page.get("Items", []):
             counts["scanned"] += 1
-            it = L.item_from_ddb(raw)
-            if it.lease_expires_us is None or it.lease_expires_us > now_us:
-                continue
-            try:
-                ddb.update_item(TableName=table, **render(paper_free(it, now_us)))
-            except ddb.exceptions.ConditionalCheckFailedException:
+            got = driver.run(paper_free_expired(L.item_from_ddb(raw), now_us))
+            if got == "freed":
+                counts["freed"] += 1
+            elif got == "lost_race":
                 counts["lost_races"] += 1
-                continue
-            counts["freed"] += 1
         if "LastEvaluatedKey" not in page:
             return counts
         kw["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -165,6 +137,8 @@ class BaselineAgent:
         """``now_us``: this host's clock (0: the system's)."""
         self.last_calls = 0
         now = now_us or time.time_ns() // 1000
+        if self.paper:
+            return self._paper_get_lease(client_id, pool_id, key, lease_expires_us, now)
         found = self.lookup(client_id, pool_id, key, now)
         if found is not None:
             return found
@@ -183,13 +157,8 @@ class BaselineAgent:
             cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
-                if self.paper:
-                    w = paper_claim(cand, key, lease_expires_us)
-                else:
-                    token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
-                    w = L.claim(
-                        cand, key, lease_expires_us, now_us or time.time_ns() // 1000, token, 0
-                    )
+                token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
+                w = L.claim(cand, key, lease_expires_us, now, token, 0)
                 self.calls["UpdateItem"] += 1
                 self.last_calls += 1
                 try:
@@ -202,3 +171,44 @@ class BaselineAgent:
                 it = L.item_from_ddb(r["Attributes"])
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
+
+    def _paper_get_lease(
+        self, client_id: str, pool_id: str, key: str, lease_expires_us: int, now_us: int
+    ) -> BaselineLease:
+        """The paper's agent: ``rasd.steps.paper.paper_get_lease`` (the program the protocol
+        checker runs), over sub-partitions and candidates in a random order."""
+        parts = list(range(L.PARTITIONS))
+        random.shuffle(parts)
+        driver = Driver(self.ddb, self.table)
+        prog = paper_get_lease(
+            client_id,
+            pool_id,
+            key,
+            self.region,
+            lease_expires_us,
+            now_us,
+            tuple(parts),
+            self.page,
+            seed=random.getrandbits(32),
+        )
+        try:
+            got = driver.run(prog)
+        finally:
+            self.calls.update(driver.calls)
+            self.last_calls += driver.calls.total()
+            self.conflicts += driver.counts["conflicts"]
+        if got is None:
+            raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
+        it = got.item
+        assert it.lease_expires_us is not None
+        return BaselineLease(it.resource, it.lease_expires_us, it.version, got.new, it.region)
+
+
+__all__ = [
+    "BaselineAgent",
+    "BaselineLease",
+    "NoCapacity",
+    "paper_claim",
+    "paper_free",
+    "paper_liberate",
+]

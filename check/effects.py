@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from rasd.decide import Outcome
 from rasd.errors import RasdError, Timeout, Unavailable
 from rasd.steps import (
+    At,
     Done,
     GetItem,
     Join,
@@ -45,6 +46,7 @@ from rasd.steps import (
     Note,
     Now,
     Program,
+    QueryAvailable,
     QueryLeased,
     QueryMappings,
     Raised,
@@ -67,7 +69,7 @@ UNANSWERED = Timeout("no answer within the deadline (the model's fault)")
 READ_FAILED = Unavailable("read failed (the model's fault)")
 DEADLINE = Timeout("deadline passed")
 
-DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together)
+DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, At, QueryAvailable)
 
 
 class FrozenItem(dict[str, Any]):
@@ -279,6 +281,8 @@ def _call(
     w0: World, host: Host, p: Proc, eff: Any, late: bool = False
 ) -> list[tuple[str, World, Any]]:
     """One DynamoDB call's ways to end: (label, world, result or Raised)."""
+    if isinstance(eff, At) and isinstance(eff.call, Send):  # one table holds every region
+        eff = eff.call
     if isinstance(eff, Send):
         wr = eff.write
         if late:  # sent in time, answered after the deadline: it may still land

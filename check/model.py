@@ -1,4 +1,4 @@
-"""The model: one DynamoDB table, daemons running the driver's own programs, the liberator.
+"""The model: one DynamoDB table, daemons and jobs running their drivers' own programs.
 
 Theory of operation
 -------------------
@@ -18,8 +18,10 @@ programs' ``Ops``; a known-bad rule set (:mod:`check.rulesets`) hands them other
 
 Regions: each daemon has one and writes only its region's items; other regions' mappings are
 read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
-is served as it is (``decide.on_read``). ``ras-dedupe`` and the liberator's orphan repair are
-:class:`Job` processes stepping through jobs/dedupe.py and jobs/leases.py one call at a time.
+is served as it is (``decide.on_read``). The jobs (``ras-dedupe``, the liberator's expiry
+free, orphan repair and re-listing, the paper's agent and liberator) are processes of the
+programs their drivers run (``rasd.steps.repair``, ``.dedupe``, ``.paper``), stepped by the
+same interpreter (:mod:`check.jobs`).
 
 Time is discrete: ``World.t`` is the true time in ticks (one tick = one second); a daemon's
 clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is given.
@@ -32,30 +34,20 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from bench.baseline import paper_claim, paper_free
-from jobs.dedupe import outlasts, served_end
-from rasd.decide import Orphan, Outcome, Rules, orphan_free_at, orphan_verdict
+from rasd.decide import Rules
 from rasd.lease import (
     FREE,
     LIVE,
-    PENDING,
     US,
     Lease,
     Mapping,
     Pool,
     ResourceItem,
     fmt_time,
-    free_claim,
-    free_orphan,
-    liberate,
-    map_fence,
     map_pk,
-    map_release,
     mapping_from,
     partition_name,
     partition_of,
-    pick,
-    relist,
     resource_from,
     should_extend,
 )
@@ -63,7 +55,8 @@ from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S
 from rasd.writes import ItemKey, Value, Write, apply
 
-from .effects import Host, Proc, read_branches, start, step, write_branches
+from . import jobs
+from .effects import Host, Proc, start, step
 from .rulesets import Protocol, ops_of
 
 CLIENT, POOL, REGION = "c", "p", "r1"
@@ -113,11 +106,11 @@ class Config:
     #: earlier versions (0: the current one), written less than ``lag`` ticks ago (a tick of
     #: at least ``lag`` lets every replica catch up)
     replica_history: int = 0
-    #: runs of ``ras-dedupe`` (jobs/dedupe.py), one at a time, each a process of its own
+    #: runs of ``ras-dedupe`` (``rasd.steps.dedupe``), one at a time, each a process
     dedupe_runs: int = 0
     dedupe_offset: int = 1
-    #: runs of the liberator's orphan repair (jobs/liberator.py check_orphan, jobs/leases.py
-    #: repair), each a process; a held item is checked once acquired ``orphan_age`` ago
+    #: runs of the liberator's orphan repair (``rasd.steps.repair.check_orphan``), each a
+    #: process; a held item is checked once acquired ``orphan_age`` ago
     repair_runs: int = 0
     orphan_age: int = 2
     #: get_lease calls of the paper's in-process agent (bench/baseline.py, paper=True) for
@@ -309,11 +302,12 @@ class World:
         self.tokens = 0
         self.violation: Violation | None = None
         self.notes: list[str] = []
-        self.jobs: tuple[Job, ...] = ()
+        #: the job processes (check.jobs): ras-dedupe, orphan checks, the paper's agent
+        self.jobs: tuple[Proc, ...] = ()
         self.dedupe_done = 0
         self.repair_done = 0
-        #: the paper agent: calls made, and the candidate it read (between read and claim)
-        self.paper: tuple[int, ResourceItem | None] = (0, None)
+        #: get_lease calls the paper's agent has started
+        self.paper = 0
 
     def clone(self) -> World:
         w = World.__new__(World)
@@ -726,184 +720,7 @@ def app_calls(w0: World, di: int) -> Out:
     return out
 
 
-# ------------------------------------------------------------------------- the liberator
-def liberator(w0: World) -> Out:
-    """jobs/liberator.py: an expired lease found by a (possibly stale) scan, liberated with a
-    write conditioned on the version and expiry read."""
-    out: Out = []
-    now = w0.now_us(w0.cfg.liberator_offset)
-    cutoff = now - w0.rules.grace_us
-    seen: set[tuple[str, int]] = set()
-    for k in sorted(w0.table):
-        if k[0] != CLIENT:
-            continue
-        for f in (w0.table[k], *w0.hist.get(k, ())):
-            it = _res_of(f)
-            if it.lease_expires_us is None or it.lease_expires_us >= cutoff:
-                continue
-            if (it.resource, it.version) in seen:
-                continue
-            seen.add((it.resource, it.version))
-            wr = liberate(it, now)
-            if apply(w0.get(wr.key), wr) is not None:  # a rejected liberation changes nothing
-                w = w0.clone()
-                w.land(wr)
-                out.append((f"liberator liberate({it.resource}@v{it.version}) applied", w))
-            if w0.faults < w0.cfg.max_faults:
-                w = w0.clone()
-                w.faults += 1
-                w.inflight = (*w.inflight, wr)
-                out.append((f"liberator liberate({it.resource}@v{it.version}) DELAYED", w))
-    return out
-
-
-def relister(w0: World) -> Out:
-    """``rasd.steps.daemon.relist`` (the daemon that quarantined an item) and the liberator's
-    re-listing: an item whose ``quarantine_until`` has passed goes back to the available
-    index. Read strongly consistent and written conditional on what was read, so one step; on
-    the clock furthest ahead of all hosts (any of them may be the one that re-lists)."""
-    out: Out = []
-    now = w0.now_us(max((*w0.cfg.offsets, w0.cfg.liberator_offset)))
-    for k in sorted(w0.table):
-        if k[0] != CLIENT:
-            continue
-        it = _res_of(w0.table[k])
-        if it.quarantine_until is None or it.quarantine_until > fmt_time(now):
-            continue
-        w = w0.clone()
-        if w.land(relist(it, now)):
-            out.append((f"relist({it.resource}) applied", w))
-    return out
-
-
-def _lagging(w: World, k: ItemKey) -> list[ResourceItem]:
-    """The versions of a resource item a lagging index may return: current and recent."""
-    out: list[ResourceItem] = []
-    for f in (w.table[k], *w.hist.get(k, ())):
-        it = _res_of(f)
-        if it not in out:
-            out.append(it)
-    return out
-
-
-def paper_agent(w0: World) -> Out:
-    """The paper's agent (bench/baseline.py BaselineAgent, paper=True), one DynamoDB call a
-    step. Its answers are checked against I1 like the daemons'; it is never told of a
-    release, so an answer is good until the end it carries."""
-    done, cand = w0.paper
-    cfg = w0.cfg
-    key = cfg.paper_key
-    now = w0.now_us(cfg.paper_offset)
-    out: Out = []
-    if cand is not None:  # the claim, on the version read from the index alone
-        end = now + cfg.lease * US
-        w = w0.clone()
-        w.paper = (done, None)
-        if w.land(paper_claim(cand, key, end)):
-            tok = f"paper{done}"
-            w.answer(Daemon(9, cfg.paper_offset), key, _paper_lease(cand, key, end, tok))
-            out.append(
-                (f"paper get_lease({key}) claim({cand.resource}@v{cand.version}) applied", w)
-            )
-        else:
-            out.append(
-                (f"paper get_lease({key}) claim({cand.resource}@v{cand.version}) rejected", w)
-            )
-        return out
-    if done >= cfg.paper_calls:
-        return out
-    res_keys = [k for k in sorted(w0.table) if k[0] == CLIENT]
-    held = [
-        it
-        for k in res_keys
-        for it in _lagging(w0, k)
-        if it.key == key and it.lease_expires_us is not None and it.lease_expires_us > now
-    ]
-    for it in held:  # the leased index shows a running lease: the answer, to its end
-        assert it.lease_expires_us is not None
-        w = w0.clone()
-        w.paper = (done + 1, None)
-        lease = _paper_lease(it, key, it.lease_expires_us, f"paper-found{done}")
-        w.answer(Daemon(9, cfg.paper_offset), key, lease)
-        out.append((f"paper get_lease({key}) found {it.resource}@v{it.version}", w))
-    if held:
-        return out
-    for k in res_keys:
-        for it in _lagging(w0, k):
-            if it.key is None and it.lease_available is not None and it.region == REGION:
-                w = w0.clone()
-                w.paper = (done + 1, it)
-                out.append((f"paper get_lease({key}) candidate {it.resource}@v{it.version}", w))
-    return out
-
-
-def _paper_lease(it: ResourceItem, key: str, end: int, token: str) -> Lease:
-    return Lease(CLIENT, POOL, key, it.resource, it.region, end, it.version + 1, 0, token)
-
-
-def paper_liberator(w0: World) -> Out:
-    """The paper's liberator: a lease past its end plus ``paper_grace`` on its clock, from a
-    lagging scan, freed on the version read alone (``holder`` and the rest stay)."""
-    out: Out = []
-    now = w0.now_us(w0.cfg.paper_offset)
-    cutoff = now - w0.cfg.paper_grace * US
-    for k in sorted(w0.table):
-        if k[0] != CLIENT:
-            continue
-        for it in _lagging(w0, k):
-            if it.key is None or it.lease_expires_us is None or it.lease_expires_us > cutoff:
-                continue
-            wr = paper_free(it, now)
-            if apply(w0.get(wr.key), wr) is not None:
-                w = w0.clone()
-                w.land(wr)
-                out.append((f"paper liberator frees {it.resource}@v{it.version}", w))
-    return out
-
-
-# ------------------------------------------------------------------ ras-dedupe, orphan repair
-@dataclass(frozen=True)
-class Job:
-    """One run of ``ras-dedupe`` (jobs/dedupe.py run/examine/release_one, jobs/leases.py
-    release_held/repair) or of the liberator's orphan repair (jobs/liberator.py check_orphan,
-    jobs/leases.py repair). Each DynamoDB call is one step; daemons interleave between them.
-    A job's ``now`` is captured once, when the run starts (common.now_us), as in the jobs."""
-
-    kind: str  # "dedupe" | "repair"
-    pc: str
-    now: int = 0  # us, on the job's clock, fixed for the run
-    groups: tuple[tuple[ResourceItem, ...], ...] = ()  # duplicate groups still to handle
-    todo: tuple[ResourceItem, ...] = ()  # examine: the group's items still to read
-    fresh: ResourceItem | None = None  # examine / repair: the item just read
-    real: tuple[ResourceItem, ...] = ()
-    orphans: tuple[ResourceItem, ...] = ()
-    #: release_one calls still to make: (item, "orphan" | "extra", end_by_us)
-    rel: tuple[tuple[ResourceItem, str, int | None], ...] = ()
-    m: Mapping | None = None
-    avail: int = 0  # us: the free_claim's lease_available
-    keep: ResourceItem | None = None  # the duplicate group's survivor
-
-
-def _job_offset(w: World, j: Job) -> int:
-    return w.cfg.dedupe_offset if j.kind == "dedupe" else w.cfg.liberator_offset
-
-
-def _set_job(w: World, old: Job, new: Job | None) -> None:
-    js = list(w.jobs)
-    i = next(i for i, x in enumerate(js) if x.kind == old.kind)  # one run of a kind at a time
-    if new is None:
-        del js[i]
-    else:
-        js[i] = new
-    w.jobs = tuple(js)
-
-
-def _mident(r: ResourceItem) -> ItemKey:
-    """jobs/leases.py mapping_ident: the key's mapping in the resource's region."""
-    assert r.key is not None
-    return mkey(r.key, r.region)
-
-
+# ------------------------------------------------------------------------------ the jobs
 def _scans(w: World) -> list[list[ResourceItem]]:
     """Every scan the lagging index may return: for each item, its current held version or an
     earlier held one (or nothing, if no version in the history is held)."""
@@ -922,288 +739,6 @@ def _scans(w: World) -> list[list[ResourceItem]]:
     out: list[list[ResourceItem]] = [[]]
     for vs in per:
         out = [[*sc, *([] if v is None else [v])] for sc in out for v in vs]
-    return out
-
-
-def _repair_pc(verdict: Orphan) -> str:
-    """jobs/leases.py repair: map_fence first when the mapping write may still land."""
-    return "P1" if verdict is Orphan.FENCE_MAPPING else "P2"
-
-
-def start_jobs(w0: World) -> Out:
-    out: Out = []
-    kinds = {j.kind for j in w0.jobs}
-    if "dedupe" not in kinds and w0.dedupe_done < w0.cfg.dedupe_runs:
-        now = w0.now_us(w0.cfg.dedupe_offset)
-        for scan in _scans(w0):  # dedupe.py:96-126 collect (the scan, grouped)
-            groups: dict[str, list[ResourceItem]] = {}
-            for it in scan:
-                assert it.key is not None
-                if it.expired(now):  # dedupe.py:119-123: lapsed leases are the liberator's
-                    continue
-                groups.setdefault(it.key, []).append(it)
-            dups = tuple(tuple(v) for _k, v in sorted(groups.items()) if len(v) > 1)
-            w = w0.clone()
-            w.dedupe_done += 1
-            lab = ", ".join(f"{it.resource}@v{it.version}" for g in dups for it in g) or "none"
-            if dups:
-                w.jobs = (*w.jobs, Job("dedupe", "X1", now=now, groups=dups[1:], todo=dups[0]))
-            out.append((f"dedupe scan: duplicates {lab}", w))
-    if "repair" not in kinds and w0.repair_done < w0.cfg.repair_runs:
-        now = w0.now_us(w0.cfg.liberator_offset)
-        old = now - w0.cfg.orphan_age * US
-        cutoff = now - w0.rules.grace_us
-        cands = [
-            it
-            for k in sorted(w0.table)
-            if k[0] == CLIENT
-            for it in dict.fromkeys(_res_of(f) for f in (w0.table[k], *w0.hist.get(k, ())))
-            if it.holder is not None
-            and it.lease_expires_us is not None
-            and it.lease_expires_us >= cutoff  # liberator.py:131-133: not expired
-            and it.lease_acquired_us is not None
-            and it.lease_acquired_us < old  # liberator.py:97-98
-        ]
-        for it in cands:
-            w = w0.clone()
-            w.repair_done += 1
-            w.jobs = (*w.jobs, Job("repair", "G1", now=now, todo=(it,)))
-            out.append((f"liberator orphan check {it.resource}@v{it.version} ({it.holder})", w))
-    return out
-
-
-def _next(w: World, j: Job, why: str = "") -> None:
-    """The job moves on: next release_one, next duplicate group, or the run ends."""
-    if why:
-        w.notes.append(f"{j.kind}: {why}")
-    if j.kind == "repair":
-        _set_job(w, j, None)
-        return
-    if len(j.rel) > 1:  # the current release_one is rel[0]
-        _set_job(w, j, replace(j, pc=_rel_pc(w, j.rel[1]), rel=j.rel[1:], m=None, fresh=None))
-        return
-    if j.groups:  # dedupe.py:231: the next duplicate key
-        _set_job(
-            w,
-            j,
-            Job("dedupe", "X1", now=j.now, groups=j.groups[1:], todo=j.groups[0]),
-        )
-        return
-    _set_job(w, j, None)
-
-
-def _slack(w: World) -> int:
-    """dedupe.py: how much the survivor must outlast an extra (margin + skew bound)."""
-    return w.rules.margin_us + (0 if w.proto.dedupe_margin_only else w.rules.grace_us)
-
-
-def _rel_pc(w: World, entry: tuple[ResourceItem, str, int | None]) -> str:
-    """An extra's release starts by reading the survivor as the extra's region sees it
-    (dedupe.py: ``served_end``); D1 (the old job) went straight to release_held."""
-    return "S1" if entry[1] == "extra" and not w.proto.dedupe_unversioned else "L1"
-
-
-def _after_examine(w: World, j: Job) -> None:
-    """dedupe.py run: keep pick()'s survivor, release orphans, then the extras that the
-    survivor outlasts (the rest are kept)."""
-    real = list(j.real)
-    keep = pick(real)
-    extras = sorted((it for it in real if it is not keep), key=lambda it: (it.region, it.resource))
-    rel: list[tuple[ResourceItem, str, int | None]] = [(o, "orphan", None) for o in j.orphans]
-    kept = []
-    for e in extras:
-        assert keep is not None
-        if not outlasts(keep, e, _slack(w)):
-            kept.append(e.resource)
-            continue
-        rel.append((e, "extra", None))  # end_by: set by S1 (None for D1)
-    w.notes.append(
-        f"dedupe: keep {keep.resource if keep else None}, extras "
-        f"{[e.resource for e in extras]} (kept {kept}), orphans "
-        f"{[o.resource for o in j.orphans]}"
-    )
-    if rel:
-        # the first release_one call; _next pops the head of ``rel`` for the following ones
-        _set_job(
-            w,
-            j,
-            replace(j, pc=_rel_pc(w, rel[0]), rel=tuple(rel), real=(), orphans=(), keep=keep),
-        )
-    else:
-        _next(w, replace(j, rel=()))
-
-
-def step_job(w0: World, j: Job) -> Out:
-    out: Out = []
-    q = w0.cfg.rules().quarantine_us
-    if j.pc == "X1":  # dedupe.py:152-155 examine: get_resource (consistent)
-        it = j.todo[0]
-        for lab, w, ok in read_branches(w0):
-            if not ok:
-                _next(w, replace(j, rel=()), "read_failed (examine)")  # dedupe.py:234-237
-            else:
-                fresh = w.resource(it.resource)
-                if fresh is None or fresh.key != it.key or fresh.holder is None:
-                    j2 = replace(j, todo=j.todo[1:])  # dedupe.py:156-157: changed since
-                    if j2.todo:
-                        _set_job(w, j, j2)
-                    else:
-                        _after_examine(w, j2)
-                else:
-                    _set_job(w, j, replace(j, pc="X2", fresh=fresh))
-            out.append((f"dedupe examine {it.resource}: {lab} resource", w))
-    elif j.pc == "X2":  # dedupe.py:158-167: its region's mapping; orphan_verdict; ends
-        fresh = j.fresh
-        assert fresh is not None and fresh.key is not None
-        for lab, w, ok in read_branches(w0):
-            if not ok:
-                _next(w, replace(j, rel=()), "read_failed (examine)")
-                out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
-                continue
-            m = w.mapping(fresh.key, fresh.region)
-            real, orphans = j.real, j.orphans
-            if orphan_verdict(fresh, m) is Orphan.LEASE:
-                real = (*real, fresh)
-            else:
-                orphans = (*orphans, fresh)
-            j2 = replace(j, todo=j.todo[1:], fresh=None, real=real, orphans=orphans)
-            if j2.todo:
-                _set_job(w, j, replace(j2, pc="X1"))
-            else:
-                _after_examine(w, j2)
-            out.append((f"dedupe examine {fresh.resource}: {lab} mapping", w))
-    elif j.pc == "S1":  # dedupe.py run: the survivor's mapping in the extra's replica
-        e, what, _ = j.rel[0]
-        keep = j.keep
-        assert keep is not None and keep.key is not None
-        for lab, w, ok in read_branches(w0):
-            if not ok:
-                _next(w, j, "read_failed (survivor)")
-                out.append((f"dedupe survivor {keep.resource} in {e.region}: {lab} mapping", w))
-                continue
-            views: list[tuple[str, Mapping | None]]
-            if w.proto.dedupe_survivor_own_region or keep.region == e.region:
-                views = [("", w.mapping(keep.key, keep.region))]
-            else:
-                views = [
-                    (lab2, next((m for m in ms if m.region == keep.region), None))
-                    for lab2, ms in w.replicas(keep.key, e.region)
-                ]
-            for lab2, m in views:
-                w2 = w.clone() if len(views) > 1 else w
-                if w2.proto.dedupe_pending_survivor and m is not None and m.state == PENDING:
-                    m = replace(m, state=LIVE)  # D2: a pending survivor counts as served
-                end = served_end(keep, m)
-                if end is None:
-                    _next(w2, j, f"extra {e.resource} kept (survivor not live in {e.region})")
-                else:
-                    rel = ((e, what, end - _slack(w2)), *j.rel[1:])
-                    _set_job(w2, j, replace(j, pc="L1", rel=rel))
-                out.append(
-                    (f"dedupe survivor {keep.resource} in {e.region}: {lab} mapping{lab2}", w2)
-                )
-    elif j.pc == "L1":  # leases.py:96-106 release_held: get_mapping; orphan_verdict; end_by
-        r, what, end_by = j.rel[0]
-        for lab, w, ok in read_branches(w0):
-            if not ok:
-                _next(w, j, "release_failed (read)")  # dedupe.py:203-206
-                out.append((f"dedupe release_held({r.resource}, {what}): {lab} mapping", w))
-                continue
-            assert r.key is not None
-            m = w.mapping(r.key, r.region)
-            verdict = orphan_verdict(r, m)
-            if verdict is Orphan.FOREIGN:  # leases.py repair: the paper agent's lease
-                _next(w, j, f"{r.resource} held by the paper's agent")
-            elif verdict is not Orphan.LEASE:  # leases.release_held: not a lease -> repair
-                _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
-            elif what == "orphan" and not w.proto.dedupe_orphan_as_lease:
-                # dedupe.py release_one: an orphan is only repaired; a lease now is left
-                _next(w, j, f"lost_race ({r.resource} is a lease now)")
-            else:
-                assert m is not None
-                read = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
-                if end_by is not None and (not read or max(read) > end_by):
-                    _next(w, j, f"extra {r.resource} kept (ends after {_tick(end_by)})")
-                else:
-                    _set_job(w, j, replace(j, pc="L2", m=m))
-            out.append((f"dedupe release_held({r.resource}, {what}): {lab} mapping", w))
-    elif j.pc == "L2":  # leases.py:107-108: map_release(..., ver)
-        r, what, end_by = j.rel[0]
-        assert j.m is not None and r.holder is not None
-        ver = j.m.ver if end_by is not None else None
-        wr = map_release(_mident(r), r.holder, j.now, ver)
-        for lab, w, rep in write_branches(w0, wr, None):
-            if rep.outcome is Outcome.APPLIED:
-                avail = j.now + q
-                if what == "extra":
-                    _set_job(w, j, replace(j, pc="L3"))
-                else:
-                    _set_job(w, j, replace(j, pc="L4", avail=avail))
-            elif rep.error:
-                _next(w, j, "release_failed (map_release)")
-            else:
-                _next(w, j, "lost_race")
-            out.append((f"dedupe release_held({r.resource}, {what}): {lab}", w))
-    elif j.pc == "L3":  # leases.py:110-117: the resource's end as read now, plus the grace
-        r, what, end_by = j.rel[0]
-        for lab, w, ok in read_branches(w0):
-            if not ok:
-                _next(w, j, "release_failed (get_resource)")
-            else:
-                cur = w.resource(r.resource) or r
-                read = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
-                avail = max([j.now + q, *(e + w.rules.grace_us for e in read)])
-                _set_job(w, j, replace(j, pc="L4", avail=avail))
-            out.append((f"dedupe release_held({r.resource}, {what}): {lab} resource", w))
-    elif j.pc == "L4":  # leases.py:118: free_claim
-        r, what, end_by = j.rel[0]
-        assert r.key is not None and r.holder is not None
-        wr = free_claim(r.ident, r.key, r.holder, j.now, j.avail)
-        for lab, w, rep in write_branches(w0, wr, None):
-            _next(w, j, "released" if rep.outcome is Outcome.APPLIED else "")
-            out.append((f"dedupe release_held({r.resource}, {what}): {lab}", w))
-    elif j.pc in ("P1", "P2"):  # leases.py:122-139 repair: map_fence (if needed), free_orphan
-        held = j.rel[0][0] if j.kind == "dedupe" else j.fresh
-        assert held is not None
-        r = held
-        who = "dedupe" if j.kind == "dedupe" else "liberator"
-        if j.pc == "P1":
-            wr = map_fence(_mident(r), j.m.ver if j.m else 0, j.now)
-        else:
-            if w0.proto.orphan_quarantine_only:  # D5: the quarantine only
-                avail = j.now + q
-            else:
-                avail = orphan_free_at(r, j.m, j.now, q, w0.rules.grace_us)
-            wr = free_orphan(r, j.now, avail)
-        for lab, w, rep in write_branches(w0, wr, None):
-            if j.pc == "P1" and rep.outcome is Outcome.APPLIED:
-                _set_job(w, j, replace(j, pc="P2"))
-            else:
-                ok = rep.outcome is Outcome.APPLIED
-                _next(w, j, "freed_orphan" if ok else "lost_race or error")
-            out.append((f"{who} repair({r.resource}): {lab}", w))
-    elif j.pc == "G1":  # liberator.py:102-104: get_resource (consistent)
-        it = j.todo[0]
-        for lab, w, ok in read_branches(w0):
-            fresh = w.resource(it.resource) if ok else None
-            if not ok or fresh is None or fresh.holder != it.holder or fresh.key is None:
-                _set_job(w, j, None)
-            else:
-                _set_job(w, j, replace(j, pc="G2", fresh=fresh))
-            out.append((f"liberator orphan check {it.resource}: {lab} resource", w))
-    elif j.pc == "G2":  # liberator.py:105-113: get_mapping; orphan_verdict; repair
-        fresh = j.fresh
-        assert fresh is not None and fresh.key is not None
-        for lab, w, ok in read_branches(w0):
-            m = w.mapping(fresh.key, fresh.region) if ok else None
-            verdict = w0.proto.orphan_verdict(fresh, m) if ok else Orphan.LEASE
-            if verdict in (Orphan.LEASE, Orphan.FOREIGN):  # liberator.py: a stale holder
-                _set_job(w, j, None)
-            else:
-                _set_job(w, j, replace(j, pc=_repair_pc(verdict), m=m))
-            out.append((f"liberator orphan check {fresh.resource}: {lab} mapping", w))
-    else:
-        raise AssertionError(j.pc)
     return out
 
 
@@ -1234,15 +769,14 @@ def successors(w0: World) -> Out:
             )
         )
     if w0.cfg.liberator:
-        out += liberator(w0)
-    out += relister(w0)
+        out += jobs.liberator(w0)
+    out += jobs.relister(w0)
     if w0.cfg.paper_calls:
-        out += paper_agent(w0)
+        out += jobs.paper_agent(w0)
     if w0.cfg.paper_liberator:
-        out += paper_liberator(w0)
-    out += start_jobs(w0)
-    for j in w0.jobs:
-        out += step_job(w0, j)
+        out += jobs.paper_liberator(w0)
+    out += jobs.start_jobs(w0)
+    out += jobs.step_jobs(w0)
     for dt in w0.cfg.ticks:
         if w0.t + dt <= w0.cfg.horizon:
             w = w0.clone()

@@ -15,9 +15,12 @@ from dataclasses import dataclass, replace
 from rasd import decide as D
 from rasd import lease as L
 from rasd.decide import Outcome, Rules
-from rasd.lease import PENDING, Lease, Mapping, ResourceItem, lease_from_mapping
+from rasd.lease import LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping, map_release
+from rasd.steps import Program
 from rasd.steps.daemon import REAL as REAL_OPS
 from rasd.steps.daemon import Ops
+from rasd.steps.repair import Ops as JobOps
+from rasd.steps.repair import Result, release_held
 from rasd.writes import ItemKey, Write
 
 INFINITY_US = 10**15
@@ -163,6 +166,70 @@ PROTOCOLS = {
         BAD_H,
     )
 }
+
+
+# ------------------------------------------------------------- the jobs' programs' ops
+def _holder_always_current(r: ResourceItem, m: Mapping | None) -> D.Orphan:
+    return D.orphan_verdict(replace(r, hver=None) if r.holder is not None else r, m)
+
+
+def _quarantine_only(r: ResourceItem, m: Mapping | None, now: int, q: int, g: int) -> int:
+    return now + q
+
+
+def _map_release_unversioned(
+    ident: ItemKey, token: str, now_us: int, ver: int | None = None
+) -> Write:
+    return map_release(ident, token, now_us)
+
+
+def _served_forever(keep: ResourceItem, m: Mapping | None) -> int | None:
+    return 2**62  # past every end: D1 checked no end
+
+
+def _pending_served(keep: ResourceItem, m: Mapping | None) -> int | None:
+    if m is not None and m.state == PENDING:
+        m = replace(m, state=LIVE)
+    return D.served_end(keep, m)
+
+
+def _margin_only(margin_us: int, grace_us: int) -> int:
+    return margin_us
+
+
+def _own_region(keep: ResourceItem, extra: ResourceItem) -> str:
+    return keep.region
+
+
+def _release_as_lease(
+    r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int, ops: JobOps
+) -> Program[Result]:
+    return release_held(r, now_us, quarantine_us, grace_us, ops=ops)
+
+
+@functools.cache
+def job_ops(p: Protocol) -> JobOps:
+    """The pure functions the jobs' programs (``rasd.steps.repair``, ``.dedupe``) use under
+    rule set ``p``: the real ones, but for the one its bug replaces (one instance per rule
+    set: states compare it by identity)."""
+    ops = JobOps()
+    if p.holder_always_current:
+        ops = replace(ops, orphan_verdict=_holder_always_current)
+    if p.quarantine_in_index:
+        ops = replace(ops, early_free=p.early_free)
+    if p.orphan_quarantine_only:
+        ops = replace(ops, orphan_free_at=_quarantine_only)
+    if p.dedupe_unversioned:
+        ops = replace(ops, served_end=_served_forever, map_release=_map_release_unversioned)
+    if p.dedupe_pending_survivor:
+        ops = replace(ops, served_end=_pending_served)
+    if p.dedupe_margin_only:
+        ops = replace(ops, dedupe_slack=_margin_only)
+    if p.dedupe_survivor_own_region:
+        ops = replace(ops, survivor_seen_in=_own_region)
+    if p.dedupe_orphan_as_lease:
+        ops = replace(ops, release_orphan=_release_as_lease)
+    return ops
 
 
 @functools.cache

@@ -35,15 +35,14 @@ from rasd.lease import (
     MAX_RESOURCE_LEN,
     US,
     ResourceItem,
-    fmt_time,
     is_resource_item,
     is_tombstone,
     item_from_ddb,
-    new_resource_item,
     pool_from_ddb,
     pool_meta_key,
-    readd,
 )
+from rasd.steps import Note
+from rasd.steps import admin as steps
 
 from . import adopt, common, leases
 
@@ -221,7 +220,7 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
     if not 0 < args.max_lease <= 366 * 86_400:
         raise common.UsageError(f"bad --max-lease {args.max_lease:g}: 1 s to 366 days")
     existed = get_pool(ddb, args.table, args.client, args.pool) is not None
-    schema.put_pool(ddb, args.table, args.client, args.pool, args.max_lease)
+    leases.run(ddb, args.table, steps.define_pool(args.client, args.pool, args.max_lease))
     common.emit(
         {
             "command": "add-pool",
@@ -285,21 +284,6 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     if pool is None and not items:
         raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
     writers = pool_writers(ddb, args, items)
-    held = [it for it in items if state_of(it, now) == "leased"]
-    if held and not args.force:
-        raise common.JobError(
-            f"refusing to delete pool {args.client}/{args.pool}: {len(held)} lease(s) held "
-            f"(e.g. {held[0].resource!r} by key {held[0].key!r} until "
-            f"{common.iso(held[0].lease_expires_us)}); wait for them to end or pass --force"
-        )
-    quarantined = [it for it in items if not it.leased and not it.claimable(now)]
-    if quarantined and not args.force:
-        raise common.JobError(
-            f"refusing to delete pool {args.client}/{args.pool}: {len(quarantined)} "
-            f"resource(s) in quarantine (e.g. {quarantined[0].resource!r} until "
-            f"{quarantined[0].lease_available}: a cache may still serve it); wait or pass "
-            "--force (their names stay held until then)"
-        )
     quarantine_us, grace_us = bounds(args)
     summary: dict[str, Any] = {
         "command": "delete-pool",
@@ -307,30 +291,55 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
         "pool_id": args.pool,
         "dry_run": args.dry_run,
         "resources": len(items),
-        "held": len(held),
+        "held": sum(state_of(it, now) == "leased" for it in items),
         "deleted": 0,
         "changed_meanwhile": 0,
     }
-    if args.dry_run:
-        common.emit(summary)
-        return 0
-    # Definition first: daemons stop handing out this pool at their next pool refresh.
-    if pool is not None:
-        ddb.delete_item(TableName=args.table, Key=pool_meta_key(args.client, args.pool))
     progress = common.Progress("deleting", len(items))
-    for it in items:
-        # only as we read it unless --force: a lease taken since then survives; with --force a
-        # held item's mapping is ended before the item goes (jobs/leases.py)
-        done = leases.delete(
-            writers[it.region], args.table, it.ident, now, args.force, quarantine_us, grace_us
-        )
-        if done:
-            summary["deleted"] += 1
-        else:
-            summary["changed_meanwhile"] += 1
-            log.warning("changed_meanwhile", resource=it.resource)
-        progress.add()
+    counts: Counter[str] = Counter()
+
+    class Ticking(leases.Driver):
+        def perform(self, eff: Any, ddb: Any = None) -> Any:
+            got = super().perform(eff, ddb)
+            if isinstance(eff, Note) and not eff.level:
+                progress.add()
+            return got
+
+    driver = Ticking(ddb, args.table, peers=writers, log=log, counts=counts)
+    job = steps.PoolDelete(
+        client_id=args.client,
+        pool_id=args.pool,
+        defined=pool is not None,
+        items=tuple(items),
+        now_us=now,
+        force=args.force,
+        quarantine_us=quarantine_us,
+        grace_us=grace_us,
+        dry_run=args.dry_run,
+    )
+    # Definition first: daemons stop handing out this pool at their next pool refresh; then
+    # each item only as we read it unless --force (a lease taken since then survives); with
+    # --force a held item's mapping is ended before the item goes (rasd.steps.admin).
+    got = driver.run(steps.delete_pool(job))
     progress.close()
+    ex = got.item
+    if got.status == "leased":
+        assert ex is not None
+        raise common.JobError(
+            f"refusing to delete pool {args.client}/{args.pool}: {got.detail} lease(s) held "
+            f"(e.g. {ex.resource!r} by key {ex.key!r} until "
+            f"{common.iso(ex.lease_expires_us)}); wait for them to end or pass --force"
+        )
+    if got.status == "quarantined":
+        assert ex is not None
+        raise common.JobError(
+            f"refusing to delete pool {args.client}/{args.pool}: {got.detail} "
+            f"resource(s) in quarantine (e.g. {ex.resource!r} until "
+            f"{ex.lease_available}: a cache may still serve it); wait or pass "
+            "--force (their names stay held until then)"
+        )
+    summary["deleted"] = counts["deleted"]
+    summary["changed_meanwhile"] = counts["changed_meanwhile"]
     common.emit(summary)
     return 1 if summary["changed_meanwhile"] else 0
 
@@ -453,32 +462,15 @@ def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:
 
 
 def put_resource(ddb: Any, args: argparse.Namespace, region: str, name: str, now_us: int) -> str:
-    """Add one name, free: ``"added"`` (claimable now), ``"held"`` (a tombstone's name:
-    claimable from its ``hold_until``), or ``"exists"`` (a resource took the name meanwhile:
-    left alone). A new name is a PutItem conditional on no item under it, so a name deleted
-    since the listing is never overwritten without its hold."""
-    item = new_resource_item(args.client, args.pool, region, name, now_us)
-    for _ in range(5):
-        try:
-            ddb.put_item(
-                TableName=args.table,
-                Item=item,
-                ConditionExpression="attribute_not_exists(client_id)",
-            )
-            return "added"
-        except Exception as exc:
-            if not common.is_lost_race(exc):
-                raise
-        raw = leases.get(ddb, args.table, (args.client, name))
-        if raw is None:
-            continue  # reaped meanwhile: put again
-        if not is_tombstone(raw):
-            return "exists"
-        hold = str(raw["hold_until"])
-        w = readd((args.client, name), int(raw["version"]), hold, args.pool, region, now_us)
-        if leases.write(ddb, args.table, w):
-            return "held" if hold > fmt_time(now_us) else "added"
-    raise common.JobError(f"{name!r} kept changing while it was added; look again")
+    """Add one name, free (``rasd.steps.admin.add_resource``): ``"added"`` (claimable now),
+    ``"held"`` (a tombstone's name: claimable from its ``hold_until``), or ``"exists"`` (a
+    resource took the name meanwhile: left alone)."""
+    got = leases.run(
+        ddb, args.table, steps.add_resource(args.client, args.pool, region, name, now_us)
+    )
+    if got == "changing":
+        raise common.JobError(f"{name!r} kept changing while it was added; look again")
+    return got
 
 
 RESOURCE_COLUMNS = ["pool_id", "resource", "region", "state", "key", "lease_expires", "version"]
@@ -522,71 +514,87 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
     check_resource_name(args.resource)
     region = common.ras_region(args)
     assert region is not None
-    it = get_resource(ddb, args.table, args.client, args.resource)
-    base = {"command": "release-resource", "client_id": args.client, "resource": args.resource}
-    own_region(args, it, "release")
-    if not it.leased:
-        common.emit({**base, "released": False, "reason": "not leased"})
-        return 0
-    if it.holder is None:
-        raise common.JobError(
-            f"{args.resource!r} was leased by an older rasd (no holder token); the liberator "
-            "frees it when its lease ends"
-        )
     now = common.now_us(args)
     quarantine_us, grace_us = bounds(args)
     if args.quarantine is not None:
         quarantine_us = int(args.quarantine * US)
+    base = {"command": "release-resource", "client_id": args.client, "resource": args.resource}
     # No app released it: apps may use it until its end, so it is claimable only after that
     # end plus the skew, however short the quarantine (docs/design.md, I1).
-    got = leases.release_held(
-        ddb, args.table, it, now, quarantine_us, hold_to_end_grace_us=grace_us
+    prog = steps.release_resource(
+        (args.client, args.resource), region, now, quarantine_us, grace_us
     )
-    if got == "lost_race":
+    got = leases.run(ddb, args.table, prog)
+    refused(args, got, "release")
+    it = got.item
+    assert it is not None
+    if got.status == "not_leased":
+        common.emit({**base, "released": False, "reason": "not leased"})
+        return 0
+    if got.status == "no_holder":
+        raise common.JobError(
+            f"{args.resource!r} was leased by an older rasd (no holder token); the liberator "
+            "frees it when its lease ends"
+        )
+    if got.status == "lost_race":
         raise common.JobError(
             f"{args.resource!r} changed after it was read (a daemon wrote it); look again"
         )
-    after = leases.get(ddb, args.table, it.ident) or {}
-    common.emit(
-        {
-            **base,
-            "released": True,
-            "key": it.key,
-            "claimable_from": after.get("quarantine_until") or after.get("lease_available"),
-        }
-    )
+    common.emit({**base, "released": True, "key": it.key, "claimable_from": got.detail})
     return 0
+
+
+def refused(args: argparse.Namespace, got: steps.AdminResult, verb: str) -> None:
+    """The refusals every one-resource command shares: no such resource; another region's
+    (in a global table it would be written in the wrong replica and race that region's
+    claims, last writer wins)."""
+    if got.status == "missing":
+        raise common.JobError(
+            f"no resource {args.resource!r} of client {args.client} in {args.table}"
+        )
+    if got.status == "other_region":
+        region = common.ras_region(args)
+        raise common.JobError(
+            f"{args.resource!r} belongs to region {got.detail}, not {region}: {verb} it with "
+            f"--region {got.detail} against that region's table"
+        )
 
 
 def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
     common.check_name("client", args.client)
     check_resource_name(args.resource)
-    it = get_resource(ddb, args.table, args.client, args.resource)
-    own_region(args, it, "delete")
+    region = common.ras_region(args)
+    assert region is not None
     now = common.now_us(args)
-    if state_of(it, now) == "leased" and not args.force:
+    quarantine_us, grace_us = bounds(args)
+    # A held item's mapping is ended first: daemons must not serve a lease on it (docs/design.md).
+    prog = steps.delete_resource(
+        (args.client, args.resource), region, now, args.force, quarantine_us, grace_us
+    )
+    got = leases.run(ddb, args.table, prog)
+    refused(args, got, "delete")
+    it = got.item
+    assert it is not None
+    if got.status == "leased":
         raise common.JobError(
             f"refusing to delete {args.resource!r}: leased by key {it.key!r} until "
             f"{common.iso(it.lease_expires_us)}; pass --force to delete it anyway"
         )
-    if not it.leased and not it.claimable(now) and not args.force:
+    if got.status == "quarantined":
         raise common.JobError(
             f"refusing to delete {args.resource!r}: in quarantine until {it.lease_available} "
             "(a daemon's cache may still serve it to the key that released it); wait, or "
             "pass --force (the name stays held until then: a re-add is claimable no earlier)"
         )
-    quarantine_us, grace_us = bounds(args)
-    # A held item's mapping is ended first: daemons must not serve a lease on it (docs/design.md).
-    if not leases.delete(ddb, args.table, it.ident, now, args.force, quarantine_us, grace_us):
+    if got.status == "changed":
         raise common.JobError(f"{args.resource!r} changed after it was read; look again")
-    tomb = leases.get(ddb, args.table, it.ident) or {}
     common.emit(
         {
             "command": "delete-resource",
             "client_id": it.client_id,
             "resource": it.resource,
             "deleted": True,
-            "name_held_until": tomb.get("hold_until"),
+            "name_held_until": got.detail,
         }
     )
     return 0

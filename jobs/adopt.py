@@ -40,19 +40,8 @@ import structlog
 from rasd import decide as D
 from rasd import schema
 from rasd.config import Config
-from rasd.lease import (
-    PENDING,
-    Mapping,
-    ResourceItem,
-    adopt,
-    is_resource_item,
-    item_from_ddb,
-    map_acquire,
-    map_confirm,
-    map_drop_dead,
-    map_pk,
-    pool_meta_key,
-)
+from rasd.lease import ResourceItem, is_resource_item, item_from_ddb, pool_meta_key, resource_from
+from rasd.steps import admin as steps
 
 from . import common, leases
 
@@ -119,21 +108,7 @@ def ensure_schema(ddb: Any, table: str, dry_run: bool) -> list[str]:
 
 def ensure_pool(ddb: Any, table: str, client_id: str, pool_id: str, max_lease_s: float) -> bool:
     """Define the pool unless it is defined: True when this call added it."""
-    try:
-        ddb.put_item(
-            TableName=table,
-            Item={
-                **pool_meta_key(client_id, pool_id),
-                "kind": {"S": "pool"},
-                "max_lease": {"N": str(max_lease_s)},
-            },
-            ConditionExpression="attribute_not_exists(client_id)",
-        )
-    except Exception as exc:
-        if common.is_lost_race(exc):
-            return False
-        raise
-    return True
+    return leases.run(ddb, table, steps.define_pool(client_id, pool_id, max_lease_s, only_new=True))
 
 
 def pool_defined(ddb: Any, table: str, client_id: str, pool_id: str) -> bool:
@@ -144,55 +119,10 @@ def pool_defined(ddb: Any, table: str, client_id: str, pool_id: str) -> bool:
 def adopt_lease(
     ddb: Any, table: str, r: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
 ) -> str:
-    """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does.
-    Returns ``rasd`` (its mapping names it already), ``adopted`` (or ``would_adopt``),
-    ``kept_split`` (the key's mapping names another lease here), ``ended`` (not running any
-    more) or ``lost_race`` (it changed under us: the next run sees it again)."""
-    assert r.key is not None
-    m = leases.get_mapping(ddb, table, r)
-    if (
-        m is not None
-        and m.state != "free"
-        and r.holder is not None
-        and (m.token, m.resource) == (r.holder, r.resource)
-    ):
-        return "rasd"
-    if not D.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
-        return "ended"
-    d = D.on_read(m, [], now_us, rules)
-    if not isinstance(d, D.Acquire):
-        return "kept_split"
-    if dry:
-        return "would_adopt"
-    assert r.lease_expires_us is not None
-    token = secrets.token_hex(8)
-    ident = (map_pk(r.client_id, r.pool_id, r.key), r.region)
-    mw = map_acquire(
-        ident, d.expect_ver, token, r.resource, r.version, r.lease_expires_us, now_us, owner
-    )
-    if not leases.write(ddb, table, mw):
-        return "lost_race"
-    pending = Mapping(
-        r.client_id,
-        r.pool_id,
-        r.key,
-        r.region,
-        d.expect_ver + 1,
-        PENDING,
-        token,
-        r.resource,
-        r.version,
-        r.lease_expires_us,
-        now_us,
-        owner,
-    )
-    if not leases.write(ddb, table, adopt(r, token, d.expect_ver + 1, now_us)):
-        # the item moved past the version read: the mapping names a claim that can never
-        # land; drop it (a reader would, after pending_hold)
-        leases.write(ddb, table, map_drop_dead(pending, now_us))
-        return "lost_race"
-    leases.write(ddb, table, map_confirm(pending))
-    return "adopted"
+    """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does
+    (``rasd.steps.admin.adopt_lease``, with a fresh acquisition token)."""
+    prog = steps.adopt_lease(r, now_us, rules, owner, secrets.token_hex(8), dry)
+    return leases.run(ddb, table, prog)
 
 
 def run(
@@ -204,9 +134,11 @@ def run(
     dry_run: bool = False,
     resume_from: dict[str, Any] | None = None,
     page_size: int | None = None,
+    rules: D.Rules | None = None,
 ) -> dict[str, Any]:
+    """``rules``: the daemons' bounds (``--config``; default: the daemons' defaults)."""
     started = time.monotonic()
-    rules = Config().rules()
+    rules = rules or Config().rules()
     owner = f"rasadmin-adopt:{socket.gethostname()}"
     c: Counter[str] = Counter()
     changes = ensure_schema(ddb, table, dry_run)
@@ -245,7 +177,8 @@ def run(
                 continue  # not running: the liberators free it
             c["leases"] += 1
             try:
-                fresh = leases.get_resource(ddb, table, it.ident)
+                raw = leases.get(ddb, table, it.ident)
+                fresh = resource_from(raw) if raw else None
                 got = (
                     "ended"
                     if fresh is None or fresh.key != it.key
@@ -323,6 +256,7 @@ def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         resume_from=resume,
         page_size=args.page_size,
+        rules=common.daemon_config(args).rules(),
     )
     common.emit(summary)
     return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK

@@ -58,15 +58,14 @@ from rasd.lease import (
     fmt_time,
     item_from_ddb,
     miss_count_from_ddb,
-    move,
     partition_name,
     pool_from_ddb,
 )
 from rasd.schema import list_pool_items
-from rasd.writes import render
+from rasd.steps.admin import move_free
 
 from . import balance_model as bm
-from . import common, s3state
+from . import common, leases, s3state
 from . import stream as st
 
 log = structlog.get_logger("rasd_jobs.balancer")
@@ -249,15 +248,13 @@ def execute(ddb: Any, table: str, m: bm.Move, out_of_time: Callable[[], bool]) -
     """Move ``m.count`` free items from ``m.src`` to ``m.dst`` (``ddb``: the src replica)."""
     res = MoveResult()
     extra = max(2, m.count // 4)  # spare candidates for the races we will lose
+    driver = leases.Driver(ddb, table, peers={m.src: ddb})
     for item in candidates(ddb, table, m.client_id, m.pool_id, m.src, m.count + extra):
         if res.moved >= m.count or out_of_time():
             break
-        try:
-            ddb.update_item(TableName=table, **render(move(item, m.dst)))
+        if driver.run(move_free(item, m.dst)):  # rasd.steps.admin: conditional on free
             res.moved += 1
-        except ClientError as exc:
-            if not common.is_lost_race(exc):
-                raise
+        else:
             res.lost_races += 1  # claimed (or moved) since we read it: normal
     res.short = m.count - res.moved
     return res

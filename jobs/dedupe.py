@@ -5,8 +5,9 @@ each take a resource for it (the paper's 0.1%). This job scans ``leased_resource
 the items by (client_id, pool_id, key), and for every group of two or more keeps the one
 ``rasd.lease.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
 rule the daemons follow, so they already serve the survivor) and releases the others the way
-a daemon releases (``jobs/leases.py``): the key's mapping first, then the resource, which stays
-unclaimable for the quarantine so that caches still serving it run out first (I1).
+a daemon releases (``rasd.steps.repair.release_held``): the key's mapping first, then the
+resource, which stays unclaimable for the quarantine so that caches still serving it run out
+first (I1).
 
 Only live leases are grouped (expired ones are the liberator's): the daemons choose among
 live leases, and so must this job, or it could release the lease they serve.
@@ -21,7 +22,7 @@ so apps may use it until then (docs/design.md, I1 and I2). Such extras are count
 The index is eventually consistent, so nothing is decided from it: every item of a group is
 read again, strongly consistently, with its region's mapping item. Within a region only the
 item the mapping names is a lease; any other is an orphan (a crash left it), freed like one
-(orphan repair, ``jobs/leases.py``), and only while it still is one: a claim whose mapping
+(orphan repair, ``rasd.steps.repair``), and only while it still is one: a claim whose mapping
 write was in flight when it was examined may have landed since and been served, and is then
 left to the next run, which judges it as a lease (counted in ``lost_races``).
 
@@ -29,6 +30,11 @@ Only items of the job's own region are released. Extras of other regions are rep
 log (``foreign_duplicate``) and counted as ``foreign_reported``, unless ``--peer-endpoint
 REGION=URL`` names that region's DynamoDB endpoint: then the release goes to that region's
 replica, where its own daemons' writes are ordered with ours.
+
+The decisions and writes for a group are the program ``rasd.steps.dedupe.dedupe_key`` (which
+the protocol checker runs too); this module scans, groups, and drives it (``jobs.leases``).
+Its bounds (the quarantine, the daemons' ``skew_margin``, the clock-skew bound) come from
+the daemons' config (``--config``).
 
 Memory: one small record per leased key (the grouping needs them all); about 60 MB at 155K
 leases. The writes themselves are rare (duplicates are rare).
@@ -46,8 +52,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import LIVE, US, Mapping, ResourceItem, fmt_time, item_from_ddb, pick
+from rasd.decide import outlasts, served_end
+from rasd.lease import US, ResourceItem, item_from_ddb
+from rasd.steps.dedupe import DedupeRun, dedupe_key
 
 from . import common, leases
 
@@ -127,171 +134,31 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     return groups
 
 
-def outlasts(keep: ResourceItem, extra: ResourceItem, margin_us: int) -> bool:
-    """Does the survivor's lease run at least ``margin_us`` past the extra's? Only then do
-    the extra's region's daemons, once its mapping is released, serve the survivor for as
-    long as apps may still use the extra, instead of acquiring yet another resource there."""
-    if keep.lease_expires_us is None or extra.lease_expires_us is None:
-        return False
-    return keep.lease_expires_us >= extra.lease_expires_us + margin_us
-
-
-def replica(ddb: Any, opts: Options, region: str) -> Any | None:
-    """The client that may write ``region``'s items: ours, or a --peer-endpoint's."""
-    return ddb if region == opts.region else opts.peers.get(region)
-
-
-def examine(
-    ddb: Any, opts: Options, items: list[ResourceItem]
-) -> tuple[list[ResourceItem], list[ResourceItem]]:
-    """(leases, orphans) among one key's items, decided on strongly consistent reads of each
-    item and of its region's mapping (in that region's replica when we can write there): a
-    held item its region's mapping does not name is an orphan, never a lease."""
-    real: list[ResourceItem] = []
-    orphans: list[ResourceItem] = []
-    for it in items:
-        client = replica(ddb, opts, it.region) or ddb
-        fresh = leases.get_resource(client, opts.table, it.ident)
-        if fresh is None or fresh.key != it.key or fresh.holder is None:
-            continue  # changed since the scan (released, liberated): nothing to do
-        m = leases.get_mapping(client, opts.table, fresh)
-        (real if orphan_verdict(fresh, m) is Orphan.LEASE else orphans).append(fresh)
-    return real, orphans
-
-
-def served_end(keep: ResourceItem, m: Mapping | None) -> int | None:
-    """Until when the daemons that read mapping ``m`` (the survivor's, as one region's replica
-    shows it) serve the survivor ``keep``: the earlier of its item's and its mapping's end, if
-    that replica shows it live (daemons serve only live mappings of other regions; a confirm
-    or an extension may not have replicated yet). None: that region does not serve it."""
-    if m is None or m.state != LIVE or (m.token, m.resource) != (keep.holder, keep.resource):
-        return None
-    ends = [e for e in (keep.lease_expires_us, m.expires_us) if e is not None]
-    return min(ends) if ends else None
-
-
-def release_one(
-    ddb: Any,
-    opts: Options,
-    it: ResourceItem,
-    what: str,
-    counts: Counter[str],
-    ctx: dict[str, Any],
-    end_by_us: int | None = None,
-) -> None:
-    ictx = {**ctx, "resource": it.resource, "region": it.region, "version": it.version}
-    client = replica(ddb, opts, it.region)
-    if client is None:
-        counts["foreign_reported"] += 1
-        log.warning(
-            "foreign_duplicate",
-            kind=what,
-            lease_acquired=fmt_time(it.lease_acquired_us or 0),
-            hint=f"run ras-dedupe --region {it.region} against that region's table",
-            **ictx,
-        )
-        return
-    if opts.dry_run:
-        counts["would_release"] += 1
-        log.info("would_release", kind=what, **ictx)
-        return
-    try:
-        if what == "orphan":
-            # Freed only while it is one: a claim whose mapping write was still in flight
-            # when it was examined may have landed since, and been served. Then it is a
-            # lease (``repair`` says "lease"), left to the next run, which judges it as one.
-            m = leases.get_mapping(client, opts.table, it)
-            got = leases.repair(
-                client, opts.table, it, m, opts.now_us, opts.quarantine_us, opts.grace_us
-            )
-        else:
-            # No app released an extra: apps may use it until its end, so it is not
-            # claimable before then (plus the skew), however short the quarantine
-            # (docs/design.md, I1).
-            got = leases.release_held(
-                client,
-                opts.table,
-                it,
-                opts.now_us,
-                opts.quarantine_us,
-                hold_to_end_grace_us=opts.grace_us,
-                end_by_us=end_by_us,
-            )
-    except Exception as exc:  # noqa: BLE001 - counted; the next run retries
-        counts["errors"] += 1
-        log.error("release_failed", error=repr(exc), **ictx)
-        return
-    if got == "kept":
-        counts["kept_until_survivor_outlasts"] += 1
-        log.info("extra_kept", **ictx)
-        return
-    if got in ("lost_race", "lease"):
-        counts["lost_races"] += 1
-        log.info("lost_race", kind=what, **ictx)
-        return
-    counts["orphans_freed" if got == "freed_orphan" else "released"] += 1
-    log.info("released", kind=what, **ictx)
-
-
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
+    """Scan, group, and hand every duplicate group to ``rasd.steps.dedupe.dedupe_key``
+    (driven by ``jobs.leases.Driver``: each region's items read and written in that region's
+    replica, ``opts.peers``)."""
     started = time.monotonic()
     counts: Counter[str] = Counter()
     groups = collect(ddb, opts, counts)
     dups = duplicates(groups)
     del groups
+    driver = leases.Driver(ddb, opts.table, peers=opts.peers, log=log, counts=counts)
+    bounds = DedupeRun(
+        region=opts.region,
+        now_us=opts.now_us,
+        quarantine_us=opts.quarantine_us,
+        margin_us=opts.margin_us,
+        grace_us=opts.grace_us,
+        peers=frozenset(opts.peers),
+        dry_run=opts.dry_run,
+    )
     for (client_id, pool_id, key), items in dups:
-        counts["duplicate_keys"] += 1
-        ctx = {"client_id": client_id, "pool_id": pool_id, "key": key}
         try:
-            real, orphans = examine(ddb, opts, items)
+            driver.run(dedupe_key(tuple(items), bounds))
         except Exception as exc:  # noqa: BLE001 - counted; the next run retries
             counts["errors"] += 1
-            log.error("read_failed", error=repr(exc), **ctx)
-            continue
-        keep = pick(real)
-        extras = sorted(
-            (it for it in real if it is not keep), key=lambda it: (it.region, it.resource)
-        )
-        log.info(
-            "duplicate_key",
-            keep=f"{keep.region}:{keep.resource}" if keep else None,
-            extras=[f"{it.region}:{it.resource}" for it in extras],
-            orphans=[f"{it.region}:{it.resource}" for it in orphans],
-            **ctx,
-        )
-        for o in orphans:
-            release_one(ddb, opts, o, "orphan", counts, ctx)
-        for e in extras:
-            assert keep is not None
-            # The extra's region serves the survivor until its end minus the margin on its own
-            # clock, which may run ahead by the skew: the survivor must outlast it by both.
-            slack = opts.margin_us + opts.grace_us
-            if not outlasts(keep, e, slack):
-                # Releasing it now would leave its region with no servable lease before its
-                # end: the region would acquire another while apps still use this one.
-                counts["kept_until_survivor_outlasts"] += 1
-                log.info("extra_kept", resource=e.resource, region=e.region, **ctx)
-                continue
-            end_by: int | None = None
-            client = replica(ddb, opts, e.region)
-            if client is not None:
-                # The survivor as the extra's region sees it (its replica may not show the
-                # confirm or the extension yet), read there, consistently.
-                try:
-                    end = served_end(keep, leases.get_mapping(client, opts.table, keep))
-                except Exception as exc:  # noqa: BLE001 - counted; the next run retries
-                    counts["errors"] += 1
-                    log.error("read_failed", error=repr(exc), **ctx)
-                    continue
-                if end is None:
-                    counts["kept_until_survivor_outlasts"] += 1
-                    log.info("extra_kept", why="survivor not live there", resource=e.resource,
-                             region=e.region, **ctx)  # fmt: skip
-                    continue
-                end_by = end - slack
-            # Checked again on the extra's mapping, and the release made conditional on its
-            # version: a daemon may extend the extra (and answer apps with the later end).
-            release_one(ddb, opts, e, "extra", counts, ctx, end_by_us=end_by)
+            log.error("key_failed", client_id=client_id, pool_id=pool_id, key=key, error=repr(exc))
     summary: dict[str, Any] = {
         "job": "dedupe",
         "table": opts.table,
@@ -369,3 +236,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = [
+    "Options",
+    "build_parser",
+    "collect",
+    "duplicates",
+    "main",
+    "outlasts",
+    "run",
+    "served_end",
+]

@@ -1,193 +1,225 @@
-"""The lease writes the jobs make, with boto3: the same rules as the daemon (rasd.lease,
-rasd.decide) in the same order (docs/design.md, "Invariants").
+"""The jobs' driver: the protocol's programs (``rasd.steps.repair``, ``.dedupe``, ``.admin``,
+``.paper``) run against DynamoDB with boto3, blocking.
 
-* ``release_held``: give back a held resource the way a daemon does: the key's mapping first,
-  then the resource, claimable again only after the quarantine. Used by ``ras-dedupe`` and
-  ``rasadmin release-resource``.
-* ``repair``: a held resource that no mapping names (a crash between two writes left it) is
-  freed, with quarantine, and not before its lease's end when a mapping may have named it
-  (``rasd.decide.orphan_free_at``); if its acquisition's mapping write could still land, the
-  mapping is fenced first. Used by ``ras-liberator`` and ``ras-dedupe``.
+Theory of operation
+-------------------
+The jobs' protocol is written once, as sans-I/O programs that the protocol checker runs too;
+a job scans (its pages are the programs' inputs), hands each item or group to a program, and
+:class:`Driver` performs what the program asks, one call at a time:
 
-* ``delete``: delete a resource item (``rasadmin delete-resource``/``delete-pool``); a held
-  one only after its key's mapping stops naming it, so no daemon reads a lease on a resource
-  that is gone. It leaves a tombstone that holds the name until every lease and quarantine on
-  it has run out (``rasd.decide.name_held_until``), so a re-add under the same name is not
-  claimable before then (``rasd.lease.readd``).
+* a read (``GetItem``, the index queries) returns plain items; a failed read is thrown into
+  the program as a :class:`rasd.errors.RasdError` whose ``__cause__`` is boto3's exception;
+* a write (``Send``: a conditional UpdateItem rendered by ``rasd.writes.render``; ``Put``;
+  ``Delete``) returns a ``rasd.store.WriteResult``: APPLIED with the item as written,
+  REJECTED when its condition failed (a lost race, a value), UNKNOWN with ``error`` when the
+  call failed otherwise (botocore has retried it already; a ``readback`` given with the
+  write resolves it by a consistent read, as the daemon does);
+* ``At(region, call)`` makes ``call`` in ``region``'s replica (``peers``); a write to a
+  region with no endpoint is refused (the programs never ask for one: they check first);
+* a ``Note`` with no level is counted under its event name (the job's summary), one with a
+  level is logged.
 
-Every write is a ``rasd.writes.Write`` rendered for UpdateItem; a failed condition is a lost
-race (someone changed the item since it was read), reported as such, never retried blindly.
+A program that ends with a RasdError it did not catch re-raises boto3's own exception from
+:meth:`Driver.run`, so the commands report DynamoDB's failures as before
+(``common.run_main``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import time
+from collections import Counter
+from collections.abc import Mapping as MappingT
+from typing import Any
 
-from rasd.config import Config
-from rasd.decide import Orphan, name_held_until, orphan_free_at, orphan_verdict
-from rasd.lease import (
-    US,
-    Mapping,
-    ResourceItem,
-    free_claim,
-    free_orphan,
-    is_tombstone,
-    map_fence,
-    map_pk,
-    map_release,
-    mapping_from,
-    resource_from,
-    tombstone,
+import structlog
+from botocore.exceptions import BotoCoreError, ClientError
+
+from rasd.decide import Outcome
+from rasd.errors import RasdError, Unavailable
+from rasd.lease import item_from_ddb, partition_name
+from rasd.steps import (
+    At,
+    Delete,
+    GetItem,
+    Mono,
+    Note,
+    Now,
+    Program,
+    Put,
+    QueryAvailable,
+    QueryLeased,
+    R,
+    Send,
+    Sleep,
+    Together,
+    drive_sync,
 )
-from rasd.writes import ItemKey, Write, item_from_av, key_av, render
+from rasd.store import WriteResult
+from rasd.writes import ItemKey, item_from_av, key_av, render
 
 from . import common
 
-Result = Literal["released", "freed_orphan", "lease", "lost_race", "kept"]
+_log = structlog.get_logger("rasd_jobs")
 
-#: the clock-skew bound: what an orphan's hold adds to its lease's end when the caller names
-#: no grace of its own
-SKEW_US = int(Config().max_clock_skew * US)
-
-
-def write(ddb: Any, table: str, w: Write) -> bool:
-    """Apply ``w``; False when its condition failed (a lost race)."""
-    try:
-        ddb.update_item(TableName=table, **render(w))
-    except Exception as exc:
-        if common.is_lost_race(exc):
-            return False
-        raise
-    return True
+#: the effects that write (refused in a region with no endpoint)
+WRITES = (Send, Put, Delete)
 
 
-def mapping_ident(r: ResourceItem) -> ItemKey:
-    assert r.key is not None
-    return (map_pk(r.client_id, r.pool_id, r.key), r.region)
+class Driver:
+    """Performs programs' effects against ``table`` through ``ddb`` (and ``peers``: region ->
+    client of that region's replica). ``counts`` collects the notes' counts."""
+
+    def __init__(
+        self,
+        ddb: Any,
+        table: str,
+        peers: MappingT[str, Any] | None = None,
+        log: Any = None,
+        counts: Counter[str] | None = None,
+    ) -> None:
+        self.ddb = ddb
+        self.table = table
+        self.peers = dict(peers or {})
+        self.log = log or _log
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        #: DynamoDB calls made, by operation
+        self.calls: Counter[str] = Counter()
+
+    def run(self, prog: Program[R]) -> R:
+        """Run ``prog`` to its end. An uncaught failure of a DynamoDB call is re-raised as
+        boto3 raised it."""
+        try:
+            return drive_sync(prog, self.perform)
+        except RasdError as exc:
+            if isinstance(exc.__cause__, (ClientError, BotoCoreError)):
+                raise exc.__cause__ from None
+            raise
+
+    # ------------------------------------------------------------------------- effects
+    def perform(self, eff: Any, ddb: Any = None) -> Any:
+        ddb = ddb or self.ddb
+        if isinstance(eff, At):
+            peer = self.peers.get(eff.region)
+            if peer is None and isinstance(eff.call, WRITES):
+                raise Unavailable(f"no endpoint for region {eff.region}: its items are not written")
+            return self.perform(eff.call, peer or ddb)
+        if isinstance(eff, Note):
+            if eff.level:
+                getattr(self.log, eff.level)(eff.event, **dict(eff.fields))
+            else:
+                self.counts[eff.event] += 1
+            return None
+        if isinstance(eff, GetItem):
+            return self.get(ddb, eff.key)
+        if isinstance(eff, Send):
+            return self.send(ddb, eff)
+        if isinstance(eff, Put):
+            return self._write(
+                "PutItem",
+                lambda: ddb.put_item(
+                    TableName=self.table,
+                    Item=eff.item,
+                    **(
+                        {"ConditionExpression": "attribute_not_exists(client_id)"}
+                        if eff.only_new
+                        else {}
+                    ),
+                ),
+            )
+        if isinstance(eff, Delete):
+            return self._write(
+                "DeleteItem", lambda: ddb.delete_item(TableName=self.table, Key=key_av(eff.key))
+            )
+        if isinstance(eff, QueryLeased):
+            resp = self._read(
+                "Query",
+                lambda: ddb.query(
+                    TableName=self.table,
+                    IndexName="leased_resources",
+                    KeyConditionExpression="#k = :k AND pool_id = :p",
+                    ExpressionAttributeNames={"#k": "key"},
+                    ExpressionAttributeValues={":k": {"S": eff.key}, ":p": {"S": eff.pool_id}},
+                ),
+            )
+            return [item_from_ddb(it) for it in resp.get("Items", [])]
+        if isinstance(eff, QueryAvailable):
+            part = partition_name(eff.client_id, eff.pool_id, eff.region, eff.partition)
+            resp = self._read(
+                "Query",
+                lambda: ddb.query(
+                    TableName=self.table,
+                    IndexName="available_resources",
+                    KeyConditionExpression="#p = :p",
+                    ExpressionAttributeNames={"#p": "partition"},
+                    ExpressionAttributeValues={":p": {"S": part}},
+                    Limit=eff.limit,
+                ),
+            )
+            return [item_from_ddb(it) for it in resp.get("Items", [])]
+        if isinstance(eff, Together):
+            return tuple(self.perform(c, ddb) for c in eff.calls)
+        if isinstance(eff, Now):
+            return time.time_ns() // 1000
+        if isinstance(eff, Mono):
+            return time.monotonic()
+        if isinstance(eff, Sleep):
+            time.sleep(eff.seconds)
+            return None
+        raise TypeError(f"the jobs' driver cannot perform {eff!r}")
+
+    def get(self, ddb: Any, ident: ItemKey) -> dict[str, Any] | None:
+        """One strongly consistent GetItem, as a plain dict (None: no item)."""
+        resp = self._read(
+            "GetItem",
+            lambda: ddb.get_item(TableName=self.table, Key=key_av(ident), ConsistentRead=True),
+        )
+        raw = resp.get("Item")
+        return item_from_av(raw) if raw else None
+
+    def send(self, ddb: Any, eff: Send) -> WriteResult:
+        res = self._write(
+            "UpdateItem",
+            lambda: ddb.update_item(
+                TableName=self.table, ReturnValues="ALL_NEW", **render(eff.write)
+            ),
+        )
+        if res.outcome is Outcome.UNKNOWN and eff.readback is not None:
+            try:
+                cur = self.get(ddb, eff.write.key)
+            except RasdError:
+                return res
+            if cur is not None and eff.readback(cur):
+                return WriteResult(Outcome.APPLIED, cur)
+        return res
+
+    def _read(self, op: str, call: Any) -> Any:
+        self.calls[op] += 1
+        try:
+            return call()
+        except Exception as exc:
+            raise Unavailable(f"DynamoDB {op}: {exc!r}") from exc
+
+    def _write(self, op: str, call: Any) -> WriteResult:
+        self.calls[op] += 1
+        try:
+            resp = call()
+        except Exception as exc:  # noqa: BLE001 - an outcome: the program decides
+            if common.is_lost_race(exc):
+                return WriteResult(Outcome.REJECTED)
+            err = Unavailable(f"DynamoDB {op}: {exc!r}")
+            err.__cause__ = exc
+            return WriteResult(Outcome.UNKNOWN, error=err)
+        attrs = resp.get("Attributes") if isinstance(resp, dict) else None
+        return WriteResult(Outcome.APPLIED, item_from_av(attrs) if attrs else None)
+
+
+def run(ddb: Any, table: str, prog: Program[R], peers: MappingT[str, Any] | None = None) -> R:
+    """Run one program against ``table`` (no counts kept)."""
+    return Driver(ddb, table, peers).run(prog)
 
 
 def get(ddb: Any, table: str, ident: ItemKey) -> dict[str, Any] | None:
+    """One strongly consistent read, outside any program (a command's report)."""
     resp = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True)
     raw = resp.get("Item")
     return item_from_av(raw) if raw else None
-
-
-def get_mapping(ddb: Any, table: str, r: ResourceItem) -> Mapping | None:
-    got = get(ddb, table, mapping_ident(r))
-    return mapping_from(got) if got else None
-
-
-def get_resource(ddb: Any, table: str, ident: ItemKey) -> ResourceItem | None:
-    got = get(ddb, table, ident)
-    return resource_from(got) if got else None
-
-
-def release_held(
-    ddb: Any,
-    table: str,
-    r: ResourceItem,
-    now_us: int,
-    quarantine_us: int,
-    hold_to_end_grace_us: int | None = None,
-    end_by_us: int | None = None,
-) -> Result:
-    """Release what ``r`` (read consistently, held) holds: mapping, then resource, claimable
-    again after the quarantine. With ``hold_to_end_grace_us`` (``ras-dedupe``: no app
-    released the lease, so apps may use it to its end) not before the lease's end plus that
-    grace either (docs/design.md, I1).
-
-    With ``end_by_us`` (``ras-dedupe``: when the survivor stops being served) the lease is
-    released only if it ends by then, as read on the mapping, and the mapping's release is
-    conditional on the version that end was read at: a daemon that extends the lease
-    meanwhile (and answers apps with the later end) makes the release a lost race, so the
-    key's region never goes without a servable lease while apps still use this one (I2).
-    ``"kept"``: it ends later than that."""
-    assert r.key is not None and r.holder is not None
-    m = get_mapping(ddb, table, r)
-    verdict = orphan_verdict(r, m)
-    if verdict is not Orphan.LEASE:
-        grace = SKEW_US if hold_to_end_grace_us is None else hold_to_end_grace_us
-        return repair(ddb, table, r, m, now_us, quarantine_us, grace)
-    assert m is not None
-    ver: int | None = None
-    if end_by_us is not None:
-        ends = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
-        if not ends or max(ends) > end_by_us:
-            return "kept"
-        ver = m.ver
-    if not write(ddb, table, map_release(mapping_ident(r), r.holder, now_us, ver)):
-        return "lost_race"
-    available = now_us + quarantine_us
-    if hold_to_end_grace_us is not None:
-        # A daemon may have extended the lease (resource, then mapping) since ``r`` was
-        # read, and answered apps with the later end. With the mapping released no extension
-        # of it can apply any more, so the resource's end as read *now* bounds every answer.
-        cur = get_resource(ddb, table, r.ident) or r
-        ends = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
-        available = max([available, *(e + hold_to_end_grace_us for e in ends)])
-    write(ddb, table, free_claim(r.ident, r.key, r.holder, now_us, available))
-    return "released"
-
-
-def repair(
-    ddb: Any,
-    table: str,
-    r: ResourceItem,
-    m: Mapping | None,
-    now_us: int,
-    quarantine_us: int,
-    grace_us: int,
-    hold_to_end: bool = False,
-) -> Result:
-    """Free ``r`` if no mapping names it (fencing the mapping first when needed). It stays
-    unclaimable for the quarantine, and, if a mapping may have named it (apps may use it to
-    its end, and no app need have released it: a ``ras-dedupe`` stopped between its two
-    writes), until its lease's end plus ``grace_us`` (``rasd.decide.orphan_free_at``). With
-    ``hold_to_end`` (the paper's agent may run: it may have answered the claim from the leased
-    index, to its end, whether or not a mapping named it) until its end plus ``grace_us``
-    in any case."""
-    verdict = orphan_verdict(r, m)
-    if verdict in (Orphan.LEASE, Orphan.FOREIGN):
-        return "lease"
-    fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
-    if verdict is Orphan.FENCE_MAPPING and not write(ddb, table, fence):
-        return "lost_race"
-    available = orphan_free_at(r, m, now_us, quarantine_us, grace_us)
-    if hold_to_end and r.lease_expires_us is not None:
-        available = max(available, r.lease_expires_us + grace_us)
-    if not write(ddb, table, free_orphan(r, now_us, available)):
-        return "lost_race"
-    return "freed_orphan"
-
-
-def delete(
-    ddb: Any,
-    table: str,
-    ident: ItemKey,
-    now_us: int,
-    force: bool,
-    quarantine_us: int,
-    grace_us: int,
-) -> bool:
-    """Delete a resource item; one with a running lease, or in quarantine, only with
-    ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
-    becomes a tombstone that holds its name until ``rasd.decide.name_held_until`` (what a
-    re-add waits for). Conditional on the version read (re-read and retried a few times
-    when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
-    not given, or it kept changing."""
-    for _ in range(5):
-        raw = get(ddb, table, ident)
-        if raw is None or is_tombstone(raw):
-            return True
-        r = resource_from(raw)
-        if r.key is not None:
-            if not force and not r.expired(now_us):
-                return False
-            if r.holder is not None:
-                write(ddb, table, map_release(mapping_ident(r), r.holder, now_us))
-        elif not force and not r.claimable(now_us):
-            return False
-        hold = name_held_until(r, now_us, quarantine_us, grace_us)
-        if write(ddb, table, tombstone(r, now_us, hold)):
-            return True
-    return False

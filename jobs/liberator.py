@@ -10,7 +10,7 @@ lease that a daemon extended or re-let after our read fails that condition and i
 It also repairs what a crash left half-done (docs/design.md): a held resource older than
 ``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
 names it, and none ever will (``rasd.decide.orphan_verdict``), it is freed with quarantine
-(``jobs/leases.py``), because it may have been served before the crash; and, if a mapping may
+(``rasd.steps.repair``), because it may have been served before the crash; and, if a mapping may
 have named it, not before its lease's end plus ``--grace`` (``rasd.decide.orphan_free_at``:
 a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
 
@@ -39,9 +39,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb, liberate, relist
-from rasd.writes import render
+from rasd.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb
+from rasd.steps import Program
+from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
 
 from . import common, leases
 
@@ -112,51 +112,22 @@ def _scan(
 
 
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
-    """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...)."""
+    """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...).
+    Each item of a page goes through ``rasd.steps.repair.liberate_item`` (or, for the
+    quarantine Scan, ``relist_item``), driven by ``jobs.leases.Driver``."""
     started = time.monotonic()
     cutoff = opts.now_us - opts.grace_us
-    # One counter per segment thread, summed at the end: no shared mutable state.
+    # One counter (and driver) per segment thread, summed at the end: no shared mutable state.
     counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
-
-    def check_orphan(item: ResourceItem, c: Counter[str]) -> None:
-        old = opts.now_us - (opts.orphan_age_us or 0)
-        if opts.orphan_age_us is None or item.holder is None:
-            return
-        if item.lease_acquired_us is None or item.lease_acquired_us >= old:
-            return
-        c["checked"] += 1
-        ctx = {"client_id": item.client_id, "resource": item.resource, "key": item.key}
-        try:
-            # The index is eventually consistent: decide only on consistent reads.
-            fresh = leases.get_resource(ddb, opts.table, item.ident)
-            if fresh is None or fresh.holder != item.holder or fresh.key is None:
-                return
-            if not fresh.holder_current:
-                c["foreign"] += 1  # the paper's agent holds it: runs to its end
-                return
-            m = leases.get_mapping(ddb, opts.table, fresh)
-            if orphan_verdict(fresh, m) in (Orphan.LEASE, Orphan.FOREIGN):
-                return
-            c["orphans"] += 1
-            if opts.dry_run:
-                log.info("would_free_orphan", **ctx)
-                return
-            got = leases.repair(
-                ddb,
-                opts.table,
-                fresh,
-                m,
-                opts.now_us,
-                opts.quarantine_us,
-                opts.grace_us,
-                hold_to_end=opts.legacy_agents,
-            )
-        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
-            c["errors"] += 1
-            log.error("repair_failed", error=repr(exc), **ctx)
-            return
-        c["orphans_freed" if got == "freed_orphan" else "lost_races"] += 1
-        log.warning("orphan_freed" if got == "freed_orphan" else "lost_race", **ctx)
+    drivers = [leases.Driver(ddb, opts.table, log=log, counts=c) for c in counts]
+    bounds = LiberatorRun(
+        now_us=opts.now_us,
+        grace_us=opts.grace_us,
+        orphan_age_us=opts.orphan_age_us,
+        quarantine_us=opts.quarantine_us,
+        legacy_agents=opts.legacy_agents,
+        dry_run=opts.dry_run,
+    )
 
     def ours(page: dict[str, Any], c: Counter[str]) -> Iterator[ResourceItem]:
         """The page's resource items of the job's region (an item that does not parse is
@@ -177,52 +148,22 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         c = counts[seg]
         c["scanned"] += int(page.get("ScannedCount", 0))
         for item in ours(page, c):
-            # The filter ran server-side; check again, it is cheap and the rule is ours.
-            if item.lease_expires_us is None or item.lease_expires_us >= cutoff:
-                check_orphan(item, c)
-                continue
-            c["expired"] += 1
-            ctx = {
-                "client_id": item.client_id,
-                "pool_id": item.pool_id,
-                "resource": item.resource,
-                "region": item.region,
-                "lease_expires": fmt_time(item.lease_expires_us),
-                "version": item.version,
-            }
-            if opts.dry_run:
-                c["would_free"] += 1
-                log.debug("would_free", **ctx)
-                continue
-            try:
-                ddb.update_item(TableName=opts.table, **render(liberate(item, opts.now_us)))
-            except Exception as exc:  # noqa: BLE001 - a lost race is a value, others count
-                if common.is_lost_race(exc):
-                    c["lost_races"] += 1
-                    log.info("lost_race", **ctx)
-                else:
-                    c["errors"] += 1
-                    log.error("free_failed", error=repr(exc), **ctx)
-                continue
-            c["freed"] += 1
-            log.debug("freed", **ctx)
+            run_item(seg, liberate_item(item, bounds), item)
 
     def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
         c = counts[seg]
         c["relist_scanned"] += int(page.get("ScannedCount", 0))
         for item in ours(page, c):
-            if item.quarantine_until is None or item.quarantine_until > fmt_time(opts.now_us):
-                continue
-            c["quarantine_over"] += 1
-            if opts.dry_run:
-                continue
-            try:
-                ok = leases.write(ddb, opts.table, relist(item, opts.now_us))
-            except Exception as exc:  # noqa: BLE001 - counted; the next run retries
-                c["errors"] += 1
-                log.error("relist_failed", resource=item.resource, error=repr(exc))
-                continue
-            c["relisted" if ok else "lost_races"] += 1
+            run_item(seg, relist_item(item, opts.now_us, opts.dry_run), item)
+
+    def run_item(seg: int, prog: Program[str], item: ResourceItem) -> None:
+        """One item's program; a failure it did not count (an item that does not parse
+        when read again) is counted here: the next run retries."""
+        try:
+            drivers[seg].run(prog)
+        except Exception as exc:  # noqa: BLE001 - counted; the next run retries
+            counts[seg]["errors"] += 1
+            log.error("item_failed", resource=item.resource, error=repr(exc))
 
     failures = common.parallel_scan(ddb, scan_kwargs(opts), opts.segments, handle)
     if opts.relist:

@@ -401,6 +401,60 @@ def orphan_free_at(
     return max(available, r.lease_expires_us + grace_us)
 
 
+def held_free_at(
+    r: ResourceItem, cur: ResourceItem, now_us: int, quarantine_us: int, grace_us: int
+) -> int:
+    """When a lease no app released (``ras-dedupe``'s extra, ``rasadmin release-resource``),
+    its mapping released, may be claimed again: after the quarantine, and not before its end
+    plus ``grace_us`` (the clock-skew bound), as read when it was judged (``r``) and as read
+    once its mapping no longer names it (``cur``: a daemon may have extended it meanwhile,
+    resource first, and answered apps with the later end; no extension can apply any more)."""
+    ends = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
+    return max([now_us + quarantine_us, *(e + grace_us for e in ends)])
+
+
+def ends_by(r: ResourceItem, m: Mapping, end_by_us: int) -> bool:
+    """Does the lease ``r`` (and its mapping ``m``, as read) end by ``end_by_us``? An extra
+    that ends later is kept (``ras-dedupe``: its survivor is not served that long)."""
+    ends = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
+    return bool(ends) and max(ends) <= end_by_us
+
+
+# ------------------------------------------------------------------------ ras-dedupe
+def outlasts(keep: ResourceItem, extra: ResourceItem, margin_us: int) -> bool:
+    """Does the survivor's lease run at least ``margin_us`` past the extra's? Only then do
+    the extra's region's daemons, once its mapping is released, serve the survivor for as
+    long as apps may still use the extra, instead of acquiring yet another resource there."""
+    if keep.lease_expires_us is None or extra.lease_expires_us is None:
+        return False
+    return keep.lease_expires_us >= extra.lease_expires_us + margin_us
+
+
+def dedupe_slack(margin_us: int, grace_us: int) -> int:
+    """How much longer than an extra its survivor must run: the extra's region serves the
+    survivor until its end minus the margin (``skew_margin``) on its own clock, which may run
+    ahead by the clock-skew bound (``grace_us``)."""
+    return margin_us + grace_us
+
+
+def survivor_seen_in(keep: ResourceItem, extra: ResourceItem) -> str:
+    """The region whose replica the survivor is judged in before ``extra`` is released: the
+    extra's (its daemons serve the survivor once the extra's mapping is released, from what
+    their replica shows, where a confirm or an extension may not have arrived yet)."""
+    return extra.region
+
+
+def served_end(keep: ResourceItem, m: Mapping | None) -> int | None:
+    """Until when the daemons that read mapping ``m`` (the survivor's, as one region's replica
+    shows it) serve the survivor ``keep``: the earlier of its item's and its mapping's end, if
+    that replica shows it live (daemons serve only live mappings of other regions; a confirm
+    or an extension may not have replicated yet). None: that region does not serve it."""
+    if m is None or m.state != LIVE or (m.token, m.resource) != (keep.holder, keep.resource):
+        return None
+    ends = [e for e in (keep.lease_expires_us, m.expires_us) if e is not None]
+    return min(ends) if ends else None
+
+
 # ------------------------------------------------------------ leases of the paper's agent
 def adoptable(
     r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int

@@ -645,6 +645,37 @@ def is_tombstone(item: dict[str, Any]) -> bool:
     return "hold_until" in item and "pool_id" not in item
 
 
+# ------------------------------------------------------------- writes: the paper's agent
+def paper_claim(item: ResourceItem, key: str, expires_us: int) -> Write:
+    """The paper's agent's claim (what a table keeps running beside rasd: ``bench.baseline``,
+    ``rasd.steps.paper``): conditional on the version read (from the available index)
+    alone; sets the key and the end, increments the version, removes ``lease_available``."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(
+            ("key", key),
+            ("lease_expires", fmt_time(expires_us)),
+            ("version", item.version + 1),
+        ),
+        remove=("lease_available",),
+        kind="paper_claim",
+    )
+
+
+def paper_free(item: ResourceItem, now_us: int) -> Write:
+    """The paper's liberator's write: conditional on the version read (from the leased
+    index), clears ``key`` and ``lease_expires``, sets ``lease_available``, increments the
+    version. Nothing else: attributes rasd added stay as they are."""
+    return Write(
+        key=item.ident,
+        conds=(Cond("version", "=", item.version),),
+        set=(("lease_available", fmt_time(now_us)), ("version", item.version + 1)),
+        remove=("key", "lease_expires"),
+        kind="paper_free",
+    )
+
+
 # ------------------------------------------------------------------- writes: mapping item
 def _ver_is(ver: int) -> Cond:
     return Cond("ver", "not_exists") if ver == 0 else Cond("ver", "=", ver)

@@ -105,6 +105,72 @@ class Together:
     calls: tuple[Effect, ...]
 
 
+# ------------------------------------------------------------------- the jobs' calls
+@dataclass(frozen=True, slots=True)
+class At:
+    """``call`` (a DynamoDB call above) made in ``region``'s replica rather than the
+    program's own: ``ras-dedupe`` and ``rasadmin delete-pool`` write each region's items
+    where that region's daemons write them. The driver refuses (throws) a write to a region
+    it has no endpoint for; a read there falls back to the driver's own replica. The checker
+    reads another region's replica as lagging. Result: ``call``'s."""
+
+    region: str
+    call: Effect
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A whole item written with PutItem (a new resource, a pool definition), as DynamoDB
+    attribute values. ``only_new``: conditional on no item under its key. Result: a
+    ``rasd.store.WriteResult`` (REJECTED: the key was taken), as for :class:`Send`."""
+
+    key: ItemKey
+    item: dict[str, Any] = field(compare=False)
+    only_new: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """DeleteItem, unconditional (a pool definition: nothing is claimed through it).
+    Result: a ``rasd.store.WriteResult``."""
+
+    key: ItemKey
+
+
+@dataclass(frozen=True, slots=True)
+class QueryAvailable:
+    """One page of one sub-partition of the ``available_resources`` index (eventually
+    consistent: a claim decides, on its conditions). Result: ``list[rasd.lease.ResourceItem]``."""
+
+    client_id: str
+    pool_id: str
+    region: str
+    partition: int
+    limit: int
+
+
+#: the effects that are DynamoDB calls (what :func:`in_region` sends to another replica)
+CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, Put, Delete, QueryAvailable)
+
+
+def in_region(region: str | None, prog: Program[R]) -> Program[R]:
+    """``prog`` with every DynamoDB call it makes sent to ``region``'s replica (:class:`At`);
+    ``None``: the driver's own. Results and errors pass through unchanged."""
+    if region is None:
+        return (yield from prog)
+    result: Any = None
+    error: RasdError | None = None
+    while True:
+        try:
+            eff = prog.send(result) if error is None else prog.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            result, error = (yield At(region, eff) if isinstance(eff, CALLS) else eff), None
+        except RasdError as exc:
+            result, error = None, exc
+
+
 # ------------------------------------------------------------------------------ local
 @dataclass(frozen=True, slots=True)
 class Now:

@@ -190,7 +190,7 @@ def test_bad_d1_dedupe_unversioned_is_caught() -> None:
     assert res.violation is not None and res.violation.name == "I2", format_trace(res)
     labels = [lab for lab, _ in res.trace]
     assert any("extend_resource APPLIED" in lab for lab in labels), format_trace(res)
-    assert any("dedupe release_held(rb, extra): map_release APPLIED" in lab for lab in labels)
+    assert any("dedupe map_release APPLIED" in lab for lab in labels), format_trace(res)
 
 
 def test_bad_d2_dedupe_pending_survivor_is_caught() -> None:
@@ -222,8 +222,8 @@ def test_real_dedupe_loses_the_race_to_an_extension() -> None:
     steps = [
         *prefix,
         *_EXAMINE,
-        "dedupe survivor ra in r2: read mapping",
-        "dedupe release_held(rb, extra): read mapping",
+        "dedupe read r1 mapping in r2",  # the survivor, as r2 shows it
+        "dedupe read mapping in r2",  # release_held(rb): its own mapping
         "time +5",
         "d1 get_lease(k1) called",
         "d1 get_lease(k1) read mapping",
@@ -231,11 +231,12 @@ def test_real_dedupe_loses_the_race_to_an_extension() -> None:
         "d1 get_lease(k1) map_extend APPLIED",
     ]
     with pytest.raises(ValueError, match="not enabled"):
-        script(cfg, REAL, [*steps, "dedupe release_held(rb, extra): map_release APPLIED"])
-    res = script(cfg, REAL, [*steps, "dedupe release_held(rb, extra): map_release REJECTED"])
-    assert res.violation is None and "dedupe: lost_race" in res.trace[-1][1], format_trace(res)
-    d1 = [x for x in steps if not x.startswith("dedupe survivor")]  # D1 did not read it
-    res = script(cfg, BAD_D1, [*d1, "dedupe release_held(rb, extra): map_release APPLIED"])
+        script(cfg, REAL, [*steps, "dedupe map_release APPLIED"])
+    res = script(cfg, REAL, [*steps, "dedupe map_release REJECTED"])
+    assert res.violation is None, format_trace(res)
+    assert "dedupe: lost_race resource=rb kind=extra" in res.trace[-1][1], format_trace(res)
+    # D1 checks no end: its unconditional release applies
+    res = script(cfg, BAD_D1, [*steps, "dedupe map_release APPLIED"])
     assert res.violation is None  # not yet: the split comes when r2 acquires again
 
 
@@ -255,7 +256,7 @@ def test_foreign_lease_is_served_across_regions() -> None:
 
 
 def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
-    """The liberator's orphan repair (jobs/leases.py repair): a claim landed, its mapping write
+    """The liberator's orphan repair (rasd.steps.repair.repair): a claim landed, its mapping write
     is still in flight (the request gave up): FENCE_MAPPING first, so the late map_acquire is
     rejected, then free_orphan with quarantine."""
     cfg = dataclasses.replace(
@@ -268,12 +269,12 @@ def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
         "d0 get_lease(k1) map_acquire DELAYED/LOST",
         "d0 get_lease(k1) claim APPLIED",
         "time +3",
-        "liberator orphan check ra",
-        "liberator orphan check ra: read resource",
-        "liberator orphan check ra: read mapping",
-        "liberator repair(ra): map_fence APPLIED",
+        "liberator orphan check ra@v1",
+        "liberator orphan check ra read resource ra",
+        "liberator orphan check ra read mapping",
+        "liberator orphan check ra map_fence APPLIED",
         "in-flight map_acquire on",
-        "liberator repair(ra): free_orphan APPLIED",
+        "liberator orphan check ra free_orphan APPLIED",
     ]
     res = script(cfg, REAL, steps)
     assert res.violation is None, format_trace(res)
@@ -282,14 +283,16 @@ def test_orphan_repair_fences_a_mapping_write_still_in_flight() -> None:
 
 _EXAMINE = [
     "dedupe scan",
-    "dedupe examine ra: read resource",
-    "dedupe examine ra: read mapping",
-    "dedupe examine rb: read resource",
-    "dedupe examine rb: read mapping",
+    "dedupe read resource ra",
+    "dedupe read mapping",
+    "dedupe read resource rb in r2",
+    "dedupe read mapping in r2",
 ]
+#: the survivor ra, as the extra rb's region r2 shows it
+_SURVIVOR = "dedupe read r1 mapping in r2"
 _RB_RELEASED = [
-    "dedupe release_held(rb, extra): read mapping",
-    "dedupe release_held(rb, extra): map_release APPLIED",
+    "dedupe read mapping in r2",
+    "dedupe map_release APPLIED",
 ]
 _D1_TAKES_RC = [
     "d1 get_lease(k1) called",
@@ -310,14 +313,15 @@ def test_found_dedupe_margin_does_not_cover_clock_skew() -> None:
     cfg, prefix = DEDUPE_LIVE
     cfg = dataclasses.replace(cfg, offsets=(0, 1), max_ops=10, ticks=(1, 5))
     res = script(cfg, REAL, [*prefix, *_EXAMINE])
-    assert res.violation is None and "(kept ['rb'])" in " ".join(res.trace[-1][1])
+    assert res.violation is None
+    assert "dedupe: extra_kept resource=rb" in " ".join(res.trace[-1][1]), format_trace(res)
     bad = [
         *prefix,
         *_EXAMINE,
-        "dedupe survivor ra in r2: read mapping",
+        _SURVIVOR,
         *_RB_RELEASED,
-        "dedupe release_held(rb, extra): read resource",
-        "dedupe release_held(rb, extra): free_claim APPLIED",
+        "dedupe read resource rb in r2",
+        "dedupe free_claim APPLIED",
         "time +1",
         "time +5",
         *_D1_TAKES_RC,
@@ -336,13 +340,14 @@ def test_found_dedupe_survivor_not_yet_live_in_the_extras_replica() -> None:
     cfg, prefix = DEDUPE_PENDING
     cfg = dataclasses.replace(cfg, replica_history=1, max_crashes=1, max_ops=10)
     start = [*prefix, "d0 bg confirm(k1) map_confirm APPLIED", "d1 CRASHES", *_EXAMINE]
-    lagging = "dedupe survivor ra in r2: read mapping (replica of r1 1 behind)"
+    lagging = f"{_SURVIVOR} (replica of r1 1 behind)"
     res = script(cfg, REAL, [*start, lagging])
     assert res.violation is None
-    assert "dedupe: extra rb kept (survivor not live in r2)" in res.trace[-1][1], format_trace(res)
+    kept = "dedupe: extra_kept resource=rb why=survivor not live there"
+    assert kept in res.trace[-1][1], format_trace(res)
     bad = [
         *start,
-        "dedupe survivor ra in r2: read mapping",
+        "dedupe read mapping",  # D4: the survivor in its own region r1 (the job's replica)
         *_RB_RELEASED,
         "d1 get_lease(k1) called",
         "d1 get_lease(k1) read mapping (replica of r1 1 behind)",
@@ -377,15 +382,15 @@ def test_orphan_left_by_dedupe_is_held_to_its_lease_end() -> None:
         "d0 bg confirm(k1) map_confirm APPLIED",
         "d1 bg confirm(k1) map_confirm APPLIED",
         *_EXAMINE,
-        "dedupe survivor ra in r2: read mapping",
+        _SURVIVOR,
         *_RB_RELEASED,
-        "dedupe release_held(rb, extra): read resource",
-        "dedupe release_held(rb, extra): free_claim NOT SENT",
+        "dedupe read resource rb in r2",
+        "dedupe free_claim NOT SENT",
         "time +3",
         "liberator orphan check rb",
-        "liberator orphan check rb: read resource",
-        "liberator orphan check rb: read mapping",
-        "liberator repair(rb): free_orphan APPLIED",
+        "liberator orphan check rb read resource rb",
+        "liberator orphan check rb read mapping",
+        "liberator orphan check rb free_orphan APPLIED",
         "time +5",
         "time +1",
         "d1 get_lease(k2) called",
@@ -428,15 +433,15 @@ def test_found_dedupe_released_an_orphan_that_had_become_a_lease() -> None:
         "d1 get_lease(k1) called",
         "d1 get_lease(k1) read mapping",
         "d1 get_lease(k1) read resource rb",
-        "dedupe release_held(rb, orphan): read mapping",
+        "dedupe read mapping in r2",  # the orphan's, again, before it is repaired
     ]
     res = script(cfg, REAL, start)
     assert res.violation is None, format_trace(res)
-    assert "dedupe: lost_race (rb is a lease now)" in res.trace[-1][1], format_trace(res)
+    assert "dedupe: lost_race resource=rb kind=orphan" in res.trace[-1][1], format_trace(res)
     bad = [
         *start,
-        "dedupe release_held(rb, orphan): map_release APPLIED",
-        "dedupe release_held(rb, orphan): free_claim APPLIED",
+        "dedupe map_release APPLIED",
+        "dedupe free_claim APPLIED",
         "time +5",
         "time +1",
         "d1 get_lease(k2) called",
@@ -475,7 +480,9 @@ def test_bad_q_quarantine_in_the_index_is_caught() -> None:
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
     labels = [lab for lab, _ in res.trace]
     assert any("free_claim APPLIED" in lab for lab in labels), format_trace(res)
-    assert any("paper get_lease(kp) claim(ra" in lab for lab in labels), format_trace(res)
+    assert any("paper get_lease(kp) paper_claim APPLIED" in lab for lab in labels), format_trace(
+        res
+    )
 
 
 def test_real_rules_keep_the_paper_agent_out_of_the_quarantine() -> None:
@@ -526,11 +533,12 @@ _STALE_HOLDER = [
     "d0 bg confirm(k1) map_confirm APPLIED",
     *["time +1"] * 4,
     "paper liberator frees ra",  # k1's lease ended: its holder stays on the item
-    "paper get_lease(kp) candidate ra",
-    "paper get_lease(kp) claim(ra",  # kp holds ra, with k1's stale holder
+    "paper get_lease(kp) called",
+    "paper get_lease(kp) read leased index (none)",
+    "paper get_lease(kp) read available index candidate ra",
+    "paper get_lease(kp) paper_claim APPLIED",  # kp holds ra, with k1's stale holder
     "liberator orphan check ra",
-    "liberator orphan check ra: read resource",
-    "liberator orphan check ra: read mapping",
+    "liberator orphan check ra read resource ra",
 ]
 
 
@@ -546,8 +554,9 @@ def test_bad_h_stale_holder_repair_is_caught() -> None:
         dataclasses.replace(BAD_H, name="H+D5", orphan_quarantine_only=True),
         [
             *_STALE_HOLDER,
-            "liberator repair(ra): map_fence APPLIED",
-            "liberator repair(ra): free_orphan APPLIED",
+            "liberator orphan check ra read mapping",
+            "liberator orphan check ra map_fence APPLIED",
+            "liberator orphan check ra free_orphan APPLIED",
             *["time +1"] * 5,
             "relist(ra)",
             "time +1",
@@ -561,8 +570,8 @@ def test_real_rules_leave_the_paper_agents_lease_alone() -> None:
     """The same history with the real rules: the holder is stale (``hver`` != ``version``),
     orphan repair stops at its verdict (FOREIGN), and from there no interleaving of the
     daemon, both liberators and time breaks I1 or I2."""
-    with pytest.raises(ValueError, match="not enabled"):
-        script(STALE, REAL, [*_STALE_HOLDER, "liberator repair(ra)"])
+    with pytest.raises(ValueError, match="not enabled"):  # FOREIGN: no mapping read, no write
+        script(STALE, REAL, [*_STALE_HOLDER, "liberator orphan check ra read mapping"])
     res = bfs(STALE, REAL, max_states=200_000, prefix=_STALE_HOLDER, ops_after_prefix=1)
     assert res.complete, res.states
     assert res.violation is None, format_trace(res)

@@ -1,0 +1,311 @@
+"""``rasadmin``'s writes, ``rasadmin adopt``'s adoption and the balancer's move, as programs.
+
+Theory of operation
+-------------------
+Every command that frees, deletes, adds or redefines something keeps I1 (docs/design.md):
+nothing it frees, deletes or adds is claimable while a lease or quarantine on that resource
+may still run.
+
+* :func:`release_resource`: a held item given back the way a daemon gives it back
+  (:func:`rasd.steps.repair.release_held`), held to its lease's end (no app released it).
+* :func:`delete_resource` / :func:`delete_item`: a resource becomes a tombstone that holds its
+  name until every lease and quarantine on it has run out (``rasd.decide.name_held_until``);
+  a held one's mapping is released first, so no daemon serves a lease on a resource that is
+  gone. :func:`delete_pool`: the definition, then every item, each in its region's replica.
+* :func:`add_resource`: a new name, or a tombstone's name again, claimable no earlier than
+  the tombstone's hold (``rasd.lease.readd``); :func:`define_pool`: a pool's definition.
+* :func:`adopt_lease`: a running lease the paper's agent made becomes a rasd lease where it
+  is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``).
+* :func:`move_free`: the balancer's move of a free item to another region
+  (``rasd.lease.move``, conditional on the version, free and region read).
+
+A command's refusals (leased, in quarantine, another region's item) are decisions too: the
+programs return them as :class:`AdminResult` values and the command prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import decide as D
+from ..lease import (
+    META_CLIENT,
+    PENDING,
+    Mapping,
+    ResourceItem,
+    adopt,
+    fmt_time,
+    is_tombstone,
+    map_acquire,
+    map_confirm,
+    map_drop_dead,
+    map_pk,
+    map_release,
+    move,
+    new_resource_item,
+    readd,
+    resource_from,
+    tombstone,
+)
+from ..writes import ItemKey
+from . import At, Delete, GetItem, Note, Program, Put, Send, in_region
+from .repair import OPS, Ops, applied, mapping_ident, read_mapping, release_held
+
+#: how often a delete or an add re-reads an item a daemon keeps writing, before it gives up
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class AdminResult:
+    """What a command's program did, or why it refused: ``status``, the item as read (when
+    there was one) and a detail (a region, a time, a key)."""
+
+    status: str
+    item: ResourceItem | None = None
+    detail: str | None = None
+
+
+def _read_resource(ident: ItemKey) -> Program[ResourceItem | None]:
+    raw = yield GetItem(ident)
+    if raw is None or "pool_id" not in raw or str(raw["client_id"]).startswith("#"):
+        return None
+    return resource_from(raw)
+
+
+def release_resource(
+    ident: ItemKey, region: str, now_us: int, quarantine_us: int, grace_us: int, ops: Ops = OPS
+) -> Program[AdminResult]:
+    """``rasadmin release-resource``: ``missing``, ``other_region`` (detail: its region),
+    ``not_leased``, ``no_holder`` (an older rasd's lease: the liberator frees it at its end),
+    ``lost_race`` (a daemon wrote it after it was read), or ``released`` (detail: when it is
+    claimable again). No app released it: apps may use it until its end, so it is claimable
+    only after that end plus the skew, however short the quarantine (I1)."""
+    it = yield from _read_resource(ident)
+    if it is None:
+        return AdminResult("missing")
+    if it.region != region:
+        return AdminResult("other_region", it, it.region)
+    if not it.leased:
+        return AdminResult("not_leased", it)
+    if it.holder is None:
+        return AdminResult("no_holder", it)
+    got = yield from release_held(it, now_us, quarantine_us, grace_us, hold_to_end=True, ops=ops)
+    if got == "lost_race":
+        return AdminResult("lost_race", it)
+    after = (yield GetItem(ident)) or {}
+    until = after.get("quarantine_until") or after.get("lease_available")
+    return AdminResult("released", it, None if until is None else str(until))
+
+
+def delete_item(
+    ident: ItemKey, now_us: int, force: bool, quarantine_us: int, grace_us: int
+) -> Program[bool]:
+    """Delete a resource item; one with a running lease, or in quarantine, only with
+    ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
+    becomes a tombstone that holds its name until ``rasd.decide.name_held_until`` (what a
+    re-add waits for). Conditional on the version read (re-read and retried a few times
+    when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
+    not given, or it kept changing."""
+    for _ in range(ATTEMPTS):
+        raw = yield GetItem(ident)
+        if raw is None or is_tombstone(raw):
+            return True
+        r = resource_from(raw)
+        if r.key is not None:
+            if not force and not r.expired(now_us):
+                return False
+            if r.holder is not None:
+                applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
+        elif not force and not r.claimable(now_us):
+            return False
+        hold = D.name_held_until(r, now_us, quarantine_us, grace_us)
+        if applied((yield Send(tombstone(r, now_us, hold)))):
+            return True
+    return False
+
+
+def delete_resource(
+    ident: ItemKey, region: str, now_us: int, force: bool, quarantine_us: int, grace_us: int
+) -> Program[AdminResult]:
+    """``rasadmin delete-resource``: ``missing``, ``other_region``, ``leased`` (detail: its
+    end) or ``quarantined`` (detail: until when) without ``force``, ``changed`` (it kept
+    changing), or ``deleted`` (detail: until when its name stays held)."""
+    it = yield from _read_resource(ident)
+    if it is None:
+        return AdminResult("missing")
+    if it.region != region:
+        return AdminResult("other_region", it, it.region)
+    if it.leased and not it.expired(now_us) and not force:
+        return AdminResult("leased", it)
+    if not it.leased and not it.claimable(now_us) and not force:
+        return AdminResult("quarantined", it, it.lease_available)
+    if not (yield from delete_item(ident, now_us, force, quarantine_us, grace_us)):
+        return AdminResult("changed", it)
+    tomb = (yield GetItem(ident)) or {}
+    hold = tomb.get("hold_until")
+    return AdminResult("deleted", it, None if hold is None else str(hold))
+
+
+def pool_key(client_id: str, pool_id: str) -> ItemKey:
+    return (META_CLIENT, f"pool#{client_id}#{pool_id}")
+
+
+@dataclass(frozen=True)
+class PoolDelete:
+    """What ``rasadmin delete-pool`` found (its Query of the client's items) and may do."""
+
+    client_id: str
+    pool_id: str
+    defined: bool
+    items: tuple[ResourceItem, ...]
+    now_us: int
+    force: bool
+    quarantine_us: int
+    grace_us: int
+    dry_run: bool = False
+
+
+def delete_pool(p: PoolDelete) -> Program[AdminResult]:
+    """``rasadmin delete-pool``: ``missing``; ``leased`` or ``quarantined`` (without
+    ``force``; the item is an example); ``dry_run``; or ``deleted``: the definition first
+    (daemons stop handing out the pool at their next pool refresh), then every item, each in
+    its region's replica (:class:`rasd.steps.At`), only as read unless ``force``. Counts
+    ``deleted`` and ``changed_meanwhile`` notes."""
+    if not p.defined and not p.items:
+        return AdminResult("missing")
+    held = [it for it in p.items if it.leased and not it.expired(p.now_us)]
+    if held and not p.force:
+        return AdminResult("leased", held[0], str(len(held)))
+    quarantined = [it for it in p.items if not it.leased and not it.claimable(p.now_us)]
+    if quarantined and not p.force:
+        return AdminResult("quarantined", quarantined[0], str(len(quarantined)))
+    if p.dry_run:
+        return AdminResult("dry_run")
+    if p.defined:
+        applied((yield Delete(pool_key(p.client_id, p.pool_id))))
+    for it in p.items:
+        prog = delete_item(it.ident, p.now_us, p.force, p.quarantine_us, p.grace_us)
+        done = yield from in_region(it.region, prog)
+        yield Note("deleted" if done else "changed_meanwhile")
+        if not done:
+            yield Note("changed_meanwhile", (("resource", it.resource),), "warning")
+    return AdminResult("deleted")
+
+
+def define_pool(
+    client_id: str, pool_id: str, max_lease_s: float, only_new: bool = False
+) -> Program[bool]:
+    """``rasadmin add-pool``: define the pool, or redefine its longest lease (daemons read it
+    at their next pool refresh; a lease already given keeps its end). ``only_new``
+    (``rasadmin adopt``): only if it is not defined. True: written."""
+    item: dict[str, Any] = {
+        "client_id": {"S": META_CLIENT},
+        "resource": {"S": f"pool#{client_id}#{pool_id}"},
+        "kind": {"S": "pool"},
+        "max_lease": {"N": str(max_lease_s)},
+    }
+    return applied((yield Put(pool_key(client_id, pool_id), item, only_new=only_new)))
+
+
+def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: int) -> Program[str]:
+    """Add one name, free: ``"added"`` (claimable now), ``"held"`` (a tombstone's name:
+    claimable from its ``hold_until``), ``"exists"`` (a resource took the name meanwhile:
+    left alone) or ``"changing"`` (it kept changing). A new name is a PutItem conditional on
+    no item under it, so a name deleted since the listing is never overwritten without its
+    hold."""
+    ident = (client_id, name)
+    item = new_resource_item(client_id, pool_id, region, name, now_us)
+    for _ in range(ATTEMPTS):
+        if applied((yield Put(ident, item, only_new=True))):
+            return "added"
+        raw = yield GetItem(ident)
+        if raw is None:
+            continue  # reaped meanwhile: put again
+        if not is_tombstone(raw):
+            return "exists"
+        hold = str(raw["hold_until"])
+        w = readd(ident, int(raw["version"]), hold, pool_id, region, now_us)
+        if applied((yield Send(w))):
+            return "held" if hold > fmt_time(now_us) else "added"
+    return "changing"
+
+
+# ------------------------------------------------------------------------------ adopt
+def adopt_lease(
+    r: ResourceItem, now_us: int, rules: D.Rules, owner: str, token: str, dry: bool
+) -> Program[str]:
+    """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does, with
+    the acquisition token ``token``. Returns ``rasd`` (its mapping names it already),
+    ``adopted`` (or ``would_adopt``), ``kept_split`` (the key's mapping names another lease
+    here), ``ended`` (not running any more) or ``lost_race`` (it changed under us: the next
+    run sees it again)."""
+    assert r.key is not None
+    m = yield from read_mapping(r)
+    if (
+        m is not None
+        and m.state != "free"
+        and r.holder is not None
+        and (m.token, m.resource) == (r.holder, r.resource)
+    ):
+        return "rasd"
+    if not D.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
+        return "ended"
+    d = D.on_read(m, [], now_us, rules)
+    if not isinstance(d, D.Acquire):
+        return "kept_split"
+    if dry:
+        return "would_adopt"
+    assert r.lease_expires_us is not None
+    ident = (map_pk(r.client_id, r.pool_id, r.key), r.region)
+    mw = map_acquire(
+        ident, d.expect_ver, token, r.resource, r.version, r.lease_expires_us, now_us, owner
+    )
+    if not applied((yield Send(mw))):
+        return "lost_race"
+    pending = Mapping(
+        r.client_id,
+        r.pool_id,
+        r.key,
+        r.region,
+        d.expect_ver + 1,
+        PENDING,
+        token,
+        r.resource,
+        r.version,
+        r.lease_expires_us,
+        now_us,
+        owner,
+    )
+    if not applied((yield Send(adopt(r, token, d.expect_ver + 1, now_us)))):
+        # the item moved past the version read: the mapping names a claim that can never
+        # land; drop it (a reader would, after pending_hold)
+        applied((yield Send(map_drop_dead(pending, now_us))))
+        return "lost_race"
+    applied((yield Send(map_confirm(pending))))
+    return "adopted"
+
+
+# ---------------------------------------------------------------------------- balancer
+def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
+    """The balancer moves a free item (read from its region's available index) to another
+    region: conditional on the version, the region and its being free, so a claim since the
+    read wins (False: a lost race, normal). Made in the item's region's replica."""
+    res = yield At(item.region, Send(move(item, to_region)))
+    return applied(res)
+
+
+__all__ = [
+    "ATTEMPTS",
+    "AdminResult",
+    "PoolDelete",
+    "add_resource",
+    "adopt_lease",
+    "define_pool",
+    "delete_item",
+    "delete_pool",
+    "delete_resource",
+    "move_free",
+    "pool_key",
+    "release_resource",
+]

@@ -1,0 +1,84 @@
+"""The paper's agent and its liberator, as programs: what a table keeps running while rasd
+rolls out beside it (docs/operations.md), and what the protocol checker runs beside the
+daemons.
+
+Theory of operation
+-------------------
+The paper's agent (``bench.baseline.BaselineAgent(paper=True)``) answers ``get_lease`` from
+the ``leased_resources`` index (eventually consistent) when it shows a running lease of the
+key, to that lease's end; else it reads one page of a sub-partition of the
+``available_resources`` index and claims a candidate on the version read alone
+(``rasd.lease.paper_claim``). It is never told of a release: an answer is good until the end
+it carries. Its liberator frees a lease past its end (plus a grace, if any) on the version
+read from the leased index alone (``rasd.lease.paper_free``).
+
+Neither writes a mapping item nor ``holder``/``hver``: rasd's side tells their writes apart
+by ``hver`` (``ResourceItem.holder_current``) and keeps its early frees out of the available
+index until their quarantine is over (``quarantine_until``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..lease import ResourceItem, paper_claim, paper_free, pick, resource_from
+from . import Note, Program, QueryAvailable, QueryLeased, Send
+from .repair import applied
+
+
+@dataclass(frozen=True)
+class PaperAnswer:
+    """A lease the paper's agent answered: the item (as written by its claim, or as the index
+    showed it) and whether it claimed it now."""
+
+    item: ResourceItem
+    new: bool
+
+
+def paper_get_lease(
+    client_id: str,
+    pool_id: str,
+    key: str,
+    region: str,
+    expires_us: int,
+    now_us: int,
+    partitions: tuple[int, ...],
+    page: int,
+    seed: int | None = None,
+) -> Program[PaperAnswer | None]:
+    """One ``get_lease`` of the paper's agent: the key's running lease from the leased index,
+    else a claim of a candidate of ``partitions`` (tried in that order; the candidates of a
+    page in an order drawn from ``seed``, as read when None). None: no candidate was left."""
+    found: list[ResourceItem] = yield QueryLeased(client_id, pool_id, key)
+    live = [it for it in found if it.client_id == client_id and not it.expired(now_us)]
+    it = pick(live)
+    if it is not None:
+        return PaperAnswer(it, False)
+    rng = random.Random(seed) if seed is not None else None
+    for n in partitions:
+        cands = list((yield QueryAvailable(client_id, pool_id, region, n, page)))
+        if rng is not None:
+            rng.shuffle(cands)
+        for cand in cands:
+            res = yield Send(paper_claim(cand, key, expires_us))
+            if applied(res):
+                assert res.item is not None
+                return PaperAnswer(resource_from(res.item), True)
+            yield Note("conflicts")
+    return None
+
+
+def paper_free_expired(item: ResourceItem, now_us: int, grace_us: int = 0) -> Program[str]:
+    """One item of the paper's liberator's scan of the leased index: a lease past its end
+    plus ``grace_us`` on this clock is freed on the version read. ``running``, ``freed`` or
+    ``lost_race``."""
+    if item.key is None or item.lease_expires_us is None:
+        return "running"
+    if item.lease_expires_us > now_us - grace_us:
+        return "running"
+    ok = applied((yield Send(paper_free(item, now_us))))
+    return "freed" if ok else "lost_race"
+
+
+__all__ = ["PaperAnswer", "paper_free_expired", "paper_get_lease"]
