@@ -1,4 +1,5 @@
-"""jobs/leases.py and the jobs' decisions in jobs/dedupe.py, on an in-memory table.
+"""The jobs' release, repair and delete programs (``rasd.steps.repair``, ``rasd.steps.admin``)
+run by the jobs' driver (``jobs/leases.py``), and dedupe's decisions, on an in-memory table.
 
 The writes are the real ``rasd.writes.Write`` values the jobs build, applied with
 ``rasd.writes.apply`` (the checker's semantics, compared with moto's in
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from rasd.config import Config
+from rasd.decide import outlasts, served_end
 from rasd.lease import (
     FREE,
     LIVE,
@@ -28,9 +31,12 @@ from rasd.lease import (
     mapping_from,
     resource_from,
 )
-from rasd.writes import ItemKey, Value, Write, apply, from_av, to_av
+from rasd.steps import Program, Send
+from rasd.steps import admin as A
+from rasd.steps import repair as R
+from rasd.store import WriteResult
+from rasd.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
 from rasd_jobs import leases
-from rasd_jobs.dedupe import outlasts, served_end
 
 C, P, K, REGION = "c", "p", "k1", "r1"
 NOW = 1_000 * US
@@ -38,6 +44,7 @@ Q = 5 * US  # quarantine
 GRACE = 2 * US
 MAP_ID = (map_pk(C, P, K), REGION)
 RES_ID = (C, "ra")
+SKEW_US = int(Config().max_clock_skew * US)  # the grace of an orphan's hold by default
 
 
 class Table:
@@ -55,7 +62,7 @@ class Table:
         item = self.items.get(ident)
         return {"Item": {k: to_av(v) for k, v in item.items()}} if item else {}
 
-    def update_item(self, *, TableName: str, Write: Write) -> Any:
+    def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
         assert TableName == "t"
         w = Write
         if w.kind in self.before_write:  # someone else writes the item first
@@ -119,8 +126,16 @@ def mapping(ver: int = 2, exp_s: int = 1_010, **kw: Value) -> dict[str, Value]:
     return item
 
 
+def release_held(t: Table, r: ResourceItem, **kw: Any) -> str:
+    """``release_held`` run by the jobs' driver; ``hold_to_end_grace_us``: held to the
+    lease's end plus that grace (else an orphan's hold uses the clock-skew bound)."""
+    g = kw.pop("hold_to_end_grace_us", None)
+    prog = R.release_held(r, NOW, Q, SKEW_US if g is None else g, hold_to_end=g is not None, **kw)
+    return str(leases.run(t, "t", prog))
+
+
 def release(t: Table, **kw: Any) -> str:
-    return leases.release_held(t, "t", t.resource(), NOW, Q, **kw)
+    return release_held(t, t.resource(), **kw)
 
 
 # ------------------------------------------------------------------------- release_held
@@ -149,19 +164,19 @@ def test_release_holds_to_the_end_the_resource_shows_now() -> None:
     r = t.resource()
     t.before_write["map_release"] = {}
     t.items[RES_ID]["lease_expires"] = fmt_time(1_020 * US)  # extended after r was read
-    assert leases.release_held(t, "t", r, NOW, Q, hold_to_end_grace_us=GRACE) == "released"
+    assert release_held(t, r, hold_to_end_grace_us=GRACE) == "released"
     assert t.resource().quarantine_until == fmt_time(1_020 * US + GRACE)
 
 
 def test_release_holds_to_the_end_read_before_when_the_item_is_gone() -> None:
     t = Table(held(exp_s=1_010), mapping(exp_s=1_010))
     r = t.resource()
-    assert leases.release_held(t, "t", r, NOW, Q, hold_to_end_grace_us=GRACE) == "released"
+    assert release_held(t, r, hold_to_end_grace_us=GRACE) == "released"
     assert t.resource().quarantine_until == fmt_time(1_010 * US + GRACE)
     # deleted between the two writes: the end read before still bounds the free
     t = Table(held(exp_s=1_010), mapping(exp_s=1_010))
     t.after_write["map_release"] = lambda items: items.pop(RES_ID)
-    assert leases.release_held(t, "t", r, NOW, Q, hold_to_end_grace_us=GRACE) == "released"
+    assert release_held(t, r, hold_to_end_grace_us=GRACE) == "released"
     assert t.writes == ["map_release", "free_claim"]
     # the quarantine when it is later than the lease's end plus grace
     t = Table(held(exp_s=1_001), mapping(exp_s=1_001))
@@ -182,7 +197,7 @@ def test_release_by_an_end_keeps_a_lease_that_runs_later() -> None:
     r = t.resource()
     t.items[MAP_ID].pop("exp")
     no_end = dataclasses.replace(r, lease_expires_us=None)
-    assert leases.release_held(t, "t", no_end, NOW, Q, end_by_us=2_000 * US) == "kept"
+    assert release_held(t, no_end, end_by_us=2_000 * US) == "kept"
 
 
 def test_release_by_an_end_is_conditional_on_the_version_it_read() -> None:
@@ -203,8 +218,8 @@ def test_release_of_an_orphan_repairs_it() -> None:
     assert t.resource().quarantine_until == fmt_time(NOW + Q)
     # named once (the mapping moved past the claim's version): held to its end + grace,
     # the clock-skew bound when no grace is given
-    assert leases.SKEW_US != 7 * US
-    for kw, grace in [({}, leases.SKEW_US), ({"hold_to_end_grace_us": 7 * US}, 7 * US)]:
+    assert SKEW_US != 7 * US
+    for kw, grace in [({}, SKEW_US), ({"hold_to_end_grace_us": 7 * US}, 7 * US)]:
         t = Table(held(mver=1, exp_s=1_010), mapping(ver=3, state=FREE))
         assert release(t, **kw) == "freed_orphan"
         assert t.resource().quarantine_until == fmt_time(1_010 * US + grace)
@@ -222,13 +237,13 @@ def test_release_wants_a_held_item() -> None:
     r = t.resource()
     for bad in (dataclasses.replace(r, key=None), dataclasses.replace(r, holder=None)):
         with pytest.raises(AssertionError):
-            leases.release_held(t, "t", bad, NOW, Q)
+            release_held(t, bad)
     assert t.writes == []
 
 
 # ------------------------------------------------------------------------------- repair
 def repair(t: Table, m: Mapping | None, **kw: Any) -> str:
-    return leases.repair(t, "t", t.resource(), m, NOW, Q, GRACE, **kw)
+    return str(leases.run(t, "t", R.repair(t.resource(), m, NOW, Q, GRACE, **kw)))
 
 
 def test_repair_leaves_a_lease_and_a_foreign_item_alone() -> None:
@@ -281,7 +296,7 @@ def test_repair_hold_to_end_holds_even_a_never_named_claim() -> None:
 
 # ------------------------------------------------------------------------------- delete
 def delete(t: Table, force: bool = False) -> bool:
-    return leases.delete(t, "t", RES_ID, NOW, force, Q, GRACE)
+    return leases.run(t, "t", A.delete_item(RES_ID, NOW, force, Q, GRACE))
 
 
 def free(**kw: Value) -> dict[str, Value]:
@@ -305,7 +320,7 @@ def test_delete_of_a_free_resource_leaves_a_tombstone() -> None:
     stone = t.items[RES_ID]
     assert "pool_id" not in stone and stone["hold_until"] == fmt_time(NOW)
     assert delete(t) and t.writes == ["tombstone"]  # a tombstone: done, no write
-    assert leases.delete(Table(), "t", RES_ID, NOW, False, Q, GRACE)  # no item: done
+    assert delete(Table())  # no item: done
 
 
 def test_delete_refuses_a_running_lease_or_a_quarantine_without_force() -> None:
@@ -339,7 +354,7 @@ def test_delete_with_force_holds_the_name_to_the_leases_end() -> None:
 
 def test_delete_rereads_when_the_item_changes_and_gives_up_after_five() -> None:
     class Busy(Table):
-        def update_item(self, *, TableName: str, Write: Write) -> Any:
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
             self.items[RES_ID]["version"] = int(self.items[RES_ID]["version"]) + 1
             return super().update_item(TableName=TableName, Write=Write)
 
@@ -352,18 +367,24 @@ def test_delete_rereads_when_the_item_changes_and_gives_up_after_five() -> None:
     assert t.writes == ["tombstone", "tombstone"]
 
 
-def test_write_reports_a_lost_race_and_raises_anything_else() -> None:
-    t = Table(free())
+def test_the_driver_tells_applied_from_a_lost_race_from_unknown() -> None:
     w = Write(RES_ID, (), set=(("x", 1),))
-    assert leases.write(t, "t", w)
+
+    def send(write: Write) -> Program[WriteResult]:
+        return (yield Send(write))  # type: ignore[no-any-return]
+
+    t = Table(free())
+    assert leases.run(t, "t", send(w)).outcome.value == "applied"
     assert t.items[RES_ID]["x"] == 1
+    lost = Write(RES_ID, (Cond("version", "=", 99),), set=(("x", 2),))
+    assert leases.run(t, "t", send(lost)).outcome.value == "rejected"
 
     class Down(Table):
-        def update_item(self, *, TableName: str, Write: Write) -> Any:
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
             raise ClientError({"Error": {"Code": "InternalServerError"}}, "UpdateItem")
 
-    with pytest.raises(ClientError):
-        leases.write(Down(free()), "t", w)
+    res = leases.run(Down(free()), "t", send(w))
+    assert res.outcome.value == "unknown" and res.error is not None
 
 
 # ---------------------------------------------------------------- dedupe's decisions
