@@ -335,8 +335,8 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
         raise common.JobError(
             f"refusing to delete pool {args.client}/{args.pool}: {got.detail} "
             f"resource(s) in quarantine (e.g. {ex.resource!r} until "
-            f"{ex.lease_available}: a cache may still serve it); wait or pass "
-            "--force (their names stay held until then)"
+            f"{ex.quarantine_until or ex.lease_available}: a cache may still serve it); wait or "
+            "pass --force (their names stay held until then)"
         )
     summary["deleted"] = counts["deleted"]
     summary["changed_meanwhile"] = counts["changed_meanwhile"]
@@ -582,7 +582,7 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
         )
     if got.status == "quarantined":
         raise common.JobError(
-            f"refusing to delete {args.resource!r}: in quarantine until {it.lease_available} "
+            f"refusing to delete {args.resource!r}: in quarantine until {got.detail} "
             "(a daemon's cache may still serve it to the key that released it); wait, or "
             "pass --force (the name stays held until then: a re-add is claimable no earlier)"
         )

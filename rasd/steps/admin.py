@@ -139,7 +139,7 @@ def delete_resource(
     if it.leased and not it.expired(now_us) and not force:
         return AdminResult("leased", it)
     if not it.leased and not it.claimable(now_us) and not force:
-        return AdminResult("quarantined", it, it.lease_available)
+        return AdminResult("quarantined", it, it.quarantine_until or it.lease_available)
     if not (yield from delete_item(ident, now_us, force, quarantine_us, grace_us)):
         return AdminResult("changed", it)
     tomb = (yield GetItem(ident)) or {}

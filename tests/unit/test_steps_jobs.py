@@ -394,6 +394,18 @@ def test_delete_resource_refuses_a_lease_and_leaves_a_tombstone_holding_the_name
     assert t.run(A.add_resource("c", "p", EAST, "rb", NOW)) == "added"
 
 
+def test_delete_resource_refuses_a_quarantine_naming_its_end() -> None:
+    """A released item is out of the available index until its quarantine ends: the refusal
+    says until when (``quarantine_until``; its ``lease_available`` is gone)."""
+    t = Table()
+    t.lease("ra", "k1", NOW + HOUR)
+    assert t.run(A.release_resource(("c", "ra"), EAST, NOW, Q, G)).status == "released"
+    q = t.res("ra").quarantine_until
+    assert q is not None and t.res("ra").lease_available is None
+    got = t.run(A.delete_resource(("c", "ra"), EAST, NOW + US, False, Q, G))
+    assert (got.status, got.detail) == ("quarantined", q)
+
+
 def test_release_resource_holds_to_the_end_and_reports_when_claimable() -> None:
     t = Table()
     t.lease("ra", "k1", NOW + HOUR)
