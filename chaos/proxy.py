@@ -106,9 +106,15 @@ class FaultProxy:
     """Listen on 127.0.0.1 (any free port), forward to ``upstream`` under ``plan``."""
 
     def __init__(
-        self, upstream: tuple[str, int], plan: FaultPlan, seed: str, name: str = ""
+        self,
+        upstream: tuple[str, int],
+        plan: FaultPlan,
+        seed: str,
+        name: str = "",
+        trace: Trace | None = None,
     ) -> None:
         self.upstream = upstream
+        self.trace = trace
         self.plan = plan
         self.name = name
         self._rng = random.Random(seed)
@@ -214,7 +220,10 @@ class FaultProxy:
                     continue
                 if kind == "latency" and u < 0.5:
                     self._stop.wait(self._latency(u * 2))
+                sent = time.time()
                 reply = self._forward(head + body)
+                if self.trace is not None:
+                    self.trace.record(self.name, op, kind, sent, body, reply)
                 if reply is None:
                     self._count("upstream_failed")
                     return
@@ -247,12 +256,63 @@ class FaultProxy:
         return keep_alive(*resp)
 
 
-def start_proxies(upstream_url: str, n: int, plan: FaultPlan, seed: int) -> list[FaultProxy]:
+class Trace:
+    """The writes (and their replies) that reached DynamoDB, one JSON line each, for digging
+    into a finding (``python -m chaos --trace``): proxy, operation, fault, ``sent`` (forwarded)
+    and ``got`` (the upstream's reply read; the write applied in between), the HTTP status,
+    the request's item key, condition and values, and for a failed condition its reason. Reads
+    are left out (a run makes many), except Queries of the leased index (what an agent saw
+    of a key)."""
+
+    OPS = frozenset({"UpdateItem", "PutItem", "DeleteItem"})
+
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def record(
+        self, proxy: str, op: str, fault: str, sent: float, body: bytes, reply: bytes | None
+    ) -> None:
+        got = time.time()
+        try:
+            req = json.loads(body)
+        except ValueError:
+            return
+        leased = op == "Query" and req.get("IndexName") == "leased_resources"
+        if op not in self.OPS and not leased:
+            return
+        status, answer = 0, ""
+        if reply is not None:
+            head, _, rbody = reply.partition(b"\r\n\r\n")
+            with contextlib.suppress(ValueError, IndexError):
+                status = int(head.split(b" ", 2)[1])
+            answer = rbody.decode(errors="replace")[: 4000 if op == "Query" else 600]
+        rec = {
+            "p": proxy, "op": op, "fault": fault, "sent": round(sent, 6), "got": round(got, 6),
+            "status": status,
+            "key": req.get("Key"), "cond": req.get("ConditionExpression"),
+            "update": req.get("UpdateExpression"), "values": req.get("ExpressionAttributeValues"),
+            "answer": answer,
+        }  # fmt: skip
+        line = json.dumps(rec, separators=(",", ":"))
+        with self._lock:
+            self._f.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def start_proxies(
+    upstream_url: str, n: int, plan: FaultPlan, seed: int, trace: Trace | None = None
+) -> list[FaultProxy]:
     """``n`` proxies to ``http://host:port``, each with its own RNG seeded from ``seed``."""
     hostport = upstream_url.split("://", 1)[-1].rstrip("/")
     host, port = hostport.rsplit(":", 1)
     return [
-        FaultProxy((host, int(port)), plan, seed=f"{seed}/proxy/{i}", name=f"p{i}").start()
+        FaultProxy(
+            (host, int(port)), plan, seed=f"{seed}/proxy/{i}", name=f"p{i}", trace=trace
+        ).start()
         for i in range(n)
     ]
 

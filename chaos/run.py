@@ -52,7 +52,7 @@ import rasd_client
 from rasd import schema
 
 from . import audit as A
-from .proxy import FaultPlan, FaultProxy, start_proxies, totals
+from .proxy import FaultPlan, FaultProxy, Trace, start_proxies, totals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,6 +82,8 @@ class Params:
     table: str = "rasd-chaos"
     results_dir: str = str(RESULTS)
     keep_workdir: bool = False
+    #: record the writes reaching DynamoDB through the proxies (work dir's trace.jsonl; kept)
+    trace: bool = False
     regions: tuple[str, ...] = REGIONS
     log: bool = True
     #: the mixed fleet: workers of the paper's agent and its liberator beside rasd
@@ -374,7 +376,8 @@ def run(p: Params) -> dict[str, Any]:
         seed_table(ddb, p)
         say(p, f"moto {url}; table {p.table}; {p.resources_per_region} resources per region")
         paper_proxies = p.paper_workers if p.mixed and p.paper_faults else 0
-        proxies = start_proxies(url, p.daemons + paper_proxies, plan, p.seed)
+        trace = Trace(str(work / "trace.jsonl")) if p.trace else None
+        proxies = start_proxies(url, p.daemons + paper_proxies, plan, p.seed, trace)
         for i in range(p.daemons):
             daemons.append(
                 Daemon(
@@ -497,12 +500,14 @@ def run(p: Params) -> dict[str, Any]:
             kill_group(d.proc)
         for px in proxies:
             px.stop()
+        if proxies and proxies[0].trace is not None:
+            proxies[0].trace.close()
         if moto is not None:
             with contextlib.suppress(OSError):
                 if moto.stdin is not None:
                     moto.stdin.close()
             kill_group(moto)
-        if p.keep_workdir:
+        if p.keep_workdir or p.trace:
             say(p, f"work directory kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
@@ -627,6 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", default=d.results_dir)
     ap.add_argument("--keep-workdir", action="store_true", help="keep histories and logs")
     ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="record every write through the proxies in the work directory's trace.jsonl "
+        "(kept, as with --keep-workdir)",
+    )
+    ap.add_argument(
         "--mixed",
         action="store_true",
         help="a mixed fleet: workers of the paper's agent and its liberator beside rasd",
@@ -668,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         or ("mixed-" if args.mixed else "") + ("full" if args.duration >= 300 else "short"),
         results_dir=args.results_dir,
         keep_workdir=args.keep_workdir,
+        trace=args.trace,
         mixed=args.mixed,
         paper_workers=args.paper_workers,
         paper_faults=not args.no_paper_faults,

@@ -51,6 +51,7 @@ from .lease import (
     adopt,
     check_expiry,
     claim,
+    confirmed,
     extend_resource,
     extended_to,
     fence_resource,
@@ -330,6 +331,11 @@ class Acquirer:
                 if adopted is None:
                     continue
                 d = adopted
+            if self.cfg.legacy_agents:
+                settled = await self._beside_legacy(pool, key, d, deadline)
+                if settled is None:
+                    continue
+                d = settled
             if isinstance(d, D.Serve):
                 self.cache.put(d.lease, sent)
                 if d.confirm is not None:
@@ -338,15 +344,35 @@ class Acquirer:
                 k = (pool.client_id, pool.pool_id, key)
                 self._maybe_refresh(k, d.lease, requested_us, self.clock.now_us())
                 return d.lease, False
+            if (
+                isinstance(d, D.Extend)
+                and self.cfg.legacy_agents
+                and d.mapping.expires_us is not None
+                and d.mapping.expires_us <= self.clock.now_us()
+            ):
+                r = await self._resource(pool.client_id, d.mapping.resource or "", deadline)
+                lapsed = D.on_lapsed(d.mapping, r, self.clock.now_us())
+                if isinstance(lapsed, D.EndLapsed):
+                    await self._end_lapsed(lapsed.mapping, deadline)
+                    continue
             if isinstance(d, D.Extend):
                 lease = await self._extend_now(d.mapping, requested_us, deadline)
                 if lease is not None:
                     return lease, False
                 continue
             if isinstance(d, D.Acquire):
-                lease = await self._acquire(pool, key, requested_us, d.expect_ver, deadline)
-                if lease is not None:
-                    return lease, True
+                got = await self._acquire(pool, key, requested_us, d.expect_ver, deadline)
+                if isinstance(got, Mapping):
+                    # legacy_agents: our claim won; served only once settled
+                    settled = await self._beside_legacy(pool, key, D.Settle(got), deadline)
+                    if isinstance(settled, D.Serve):
+                        self.cache.put(settled.lease, sent)
+                        ours = settled.lease.resource == got.resource
+                        self.counters.inc("lease.new" if ours else "lease.existing")
+                        return settled.lease, ours
+                    continue  # yielded, then not servable at once: read again
+                if got is not None:
+                    return got, True
                 continue
             if isinstance(d, D.FenceResource):
                 await self._fence(d.resource, deadline)
@@ -368,6 +394,69 @@ class Acquirer:
         self.counters.inc("acq.fenced" if res.outcome is D.Outcome.APPLIED else "acq.fence_lost")
         if res.error is not None and res.outcome is not D.Outcome.REJECTED:
             raise res.error
+
+    async def _end_lapsed(self, m: Mapping, deadline: float) -> None:
+        """``decide.EndLapsed``: release the mapping at the version read (an extension that
+        landed since makes this a lost race: read again), then free the resource in the
+        background (held to its end, as every free beside the paper's agent)."""
+        assert m.token is not None
+        res = await self.store.write(
+            map_release(m.ident, m.token, self.clock.now_us(), m.ver), deadline, no_token(m.token)
+        )
+        if res.outcome is D.Outcome.APPLIED:
+            self.counters.inc("lease.ended_lapsed")
+            self.spawn(self._free_claim((m.client_id, m.resource or ""), m.key, m.token))
+            return
+        if res.outcome is D.Outcome.REJECTED and res.error is None:
+            return
+        raise res.error or Timeout("release outcome unknown")
+
+    async def _beside_legacy(
+        self, pool: Pool, key: str, d: D.Decision | D.Settle, deadline: float
+    ) -> D.Decision | None:
+        """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
+        (``decide.beside_legacy``): the leased index read once more, then the mapping
+        confirmed and served, or the paper's agent's lease adopted instead. None: read again."""
+        while True:
+            b = D.beside_legacy(d, self.owner, self.clock.now_us(), self.rules)
+            if not isinstance(b, D.Settle):
+                return b
+            d2 = await self._settle(pool, key, b.mapping, deadline)
+            if d2 is None:
+                return None
+            d = d2
+
+    async def _settle(self, pool: Pool, key: str, m: Mapping, deadline: float) -> D.Decision | None:
+        """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
+        claim landed) and ask ``decide.on_settle``. Confirm: ``map_confirm``, and serve once
+        it applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
+        version; once the mapping no longer names our claim, give the claim back."""
+        assert m.token is not None and m.resource is not None
+        held = await self.store.query_leased(pool.client_id, pool.pool_id, key, deadline)
+        s = D.on_settle(m, held, self.clock.now_us())
+        if isinstance(s, D.YieldTo):
+            self.counters.inc("lease.yielded")
+            d = await self._adopt(pool, key, [s.item], m.ver, deadline)
+            if d is None:
+                return None  # another daemon settled the mapping first
+            if not (isinstance(d, D.Acquire) and d.expect_ver == m.ver):
+                # the mapping moved past our claim (adopted, or the adoption lost)
+                self.spawn(self._free_claim((m.client_id, m.resource), key, m.token))
+                return d
+            # the rival was gone by its consistent read and nothing was written: ours stands
+        return await self._confirm_now(m, deadline)
+
+    async def _confirm_now(self, m: Mapping, deadline: float) -> D.Serve | None:
+        """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
+        another daemon's settling, read again; unknown: an error, the state left as it is)."""
+        assert m.token is not None
+        res = await self.store.write(map_confirm(m), deadline, confirmed(m.token))
+        self.counters.inc(f"acq.confirm_{res.outcome.value}")
+        if res.outcome is D.Outcome.APPLIED:
+            return D.Serve(lease_from_mapping(m))
+        if res.outcome is D.Outcome.REJECTED and res.error is None:
+            return None
+        raise res.error or Timeout("confirmation outcome unknown")
 
     async def _adopt(
         self, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int, deadline: float
@@ -426,7 +515,12 @@ class Acquirer:
         if isinstance(step, D.Won):
             assert ares is not None and ares.item is not None
             self.counters.inc("lease.adopted")
-            return D.on_resource(m, resource_from(ares.item), self.clock.now_us(), self.rules)
+            d = D.on_resource(m, resource_from(ares.item), self.clock.now_us(), self.rules)
+            if isinstance(d, D.Serve) and d.confirm is not None:
+                # Settled already: the lease is the paper agent's own. Confirmed before it is
+                # served, as a settled claim is (readers wait for it meanwhile).
+                return await self._confirm_now(d.confirm, deadline)
+            return d
         if isinstance(step, D.NextCandidate):
             self.counters.inc("lease.adopt_lost")
             return D.Acquire(step.expect_ver)
@@ -442,9 +536,10 @@ class Acquirer:
 
     async def _acquire(
         self, pool: Pool, key: str, requested_us: int, expect_ver: int, deadline: float
-    ) -> Lease | None:
+    ) -> Lease | Mapping | None:
         """Claim a candidate and name it in the key's mapping, both in one round trip.
-        None: re-read (someone else wrote the mapping first)."""
+        None: re-read (someone else wrote the mapping first). With ``legacy_agents`` a won
+        claim is returned as its pending mapping, for the caller to settle."""
         wait = self.buckets.try_take((pool.client_id, pool.pool_id), self.clock.mono())
         if wait > 0:
             self.counters.inc("shed.rate_limited")
@@ -477,6 +572,22 @@ class Acquirer:
                 self.prefetch.untake(pool, cand)
             step = D.after_acquire(mres.outcome, cres.outcome, expect_ver)
             if isinstance(step, D.Won):
+                pending = Mapping(
+                    pool.client_id,
+                    pool.pool_id,
+                    key,
+                    self.region,
+                    expect_ver + 1,
+                    PENDING,
+                    token,
+                    item.resource,
+                    item.version,
+                    requested_us,
+                    now,
+                    self.owner,
+                )
+                if self.cfg.legacy_agents:
+                    return pending
                 lease = Lease(
                     pool.client_id,
                     pool.pool_id,
@@ -489,19 +600,6 @@ class Acquirer:
                     token,
                 )
                 self.cache.put(lease, sent)
-                pending = Mapping(
-                    pool.client_id,
-                    pool.pool_id,
-                    key,
-                    self.region,
-                    expect_ver + 1,
-                    "pending",
-                    token,
-                    item.resource,
-                    item.version,
-                    requested_us,
-                    now,
-                )
                 self.spawn(self._confirm(pending))
                 self.counters.inc("lease.new")
                 return lease
