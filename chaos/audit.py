@@ -50,7 +50,18 @@ A record with ``agent: "paper"`` is an answer of the paper's in-process agent
 * a split or lost lease that involves a rasd answer is a failure; one between two paper
   answers alone is the paper's own race (two of its agents claiming for a key that its
   index does not show yet, or a claim whose reply was lost and retried): counted apart as
-  ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures.
+  ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures;
+* with ``creations`` (the claims the run's proxies saw apply, chaos.proxy.claim_of), each
+  split and lost lease also says who made **the second lease** (``second``): of the two
+  leases, the one whose making write applied after the other's had. A lease is made by its
+  claim, or made again by an extension past its end (its answers' validity has a gap since
+  its claim: the first call answering it after the gap extended it, and only rasd extends).
+  A second lease made by the paper's agent, beside a running lease of rasd's or its own, is
+  the paper's race: its lookup read the index before the first lease was there and its
+  claim is conditioned on nothing about the key, so no agent beside it can stop that write
+  (docs/design.md, "Two agents acquiring one key at once"). Those are counted apart
+  (``paper_made_splits``, ``paper_made_lost_leases``); a second lease made by rasd, or one
+  whose order the write times cannot tell, stays a failure.
 """
 
 from __future__ import annotations
@@ -236,7 +247,61 @@ def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
     return out
 
 
-def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+class Makers:
+    """Who made each lease of a key, and when (see the module docstring): from the claims the
+    proxies saw apply (``creations``: dicts with key, resource, sent, got, agent) and the
+    answers' validity."""
+
+    def __init__(self, ans: Iterable[Answer], creations: Iterable[Mapping[str, Any]]) -> None:
+        self.claims: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
+        for c in creations:
+            self.claims[(str(c["key"]), str(c["resource"]))].append(
+                (float(c["sent"]), float(c["got"]), str(c["agent"]))
+            )
+        for v in self.claims.values():
+            v.sort()
+        per: dict[tuple[str, str], list[Answer]] = defaultdict(list)
+        for a in ans:
+            per[(a.key, a.resource)].append(a)
+        #: (key, resource) -> runs of validity: [from, to, first call's start, its answer]
+        self.runs: dict[tuple[str, str], list[list[float]]] = {}
+        for kr, xs in per.items():
+            runs: list[list[float]] = []
+            for a in sorted(xs, key=lambda x: x.received):
+                if a.end <= a.received:
+                    continue
+                if runs and a.received <= runs[-1][1]:
+                    runs[-1][1] = max(runs[-1][1], a.end)
+                else:
+                    runs.append([a.received, a.end, a.start, a.received])
+            self.runs[kr] = runs
+
+    def made(self, key: str, resource: str, at: float) -> tuple[float, float, str] | None:
+        """(from, to, agent): the write that made the lease of ``key`` on ``resource`` that
+        runs at ``at`` applied between ``from`` and ``to``; None when no claim was seen."""
+        claims = [c for c in self.claims.get((key, resource), []) if c[0] <= at]
+        if not claims:
+            return None
+        sent, got, agent = claims[-1]
+        since = [r for r in self.runs.get((key, resource), []) if sent <= r[0] <= at]
+        if len(since) > 1:  # answered again after a gap: extended past its end
+            return (since[-1][2], since[-1][3], RASD)
+        return (sent, got, agent)
+
+    def second(self, key: str, a: str, b: str, at: float) -> dict[str, Any]:
+        """Of the leases of ``key`` on resources ``a`` and ``b`` running at ``at``: which was
+        made second, and by whom ("unknown" when the write times overlap or are missing)."""
+        ma, mb = self.made(key, a, at), self.made(key, b, at)
+        if ma is None or mb is None:
+            return {"by": "unknown"}
+        if ma[1] < mb[0]:
+            return {"resource": b, "by": mb[2], "made": [mb[0], mb[1]], "after": ma[1]}
+        if mb[1] < ma[0]:
+            return {"resource": a, "by": ma[2], "made": [ma[0], ma[1]], "after": mb[1]}
+        return {"by": PAPER if ma[2] == mb[2] == PAPER else "unknown"}
+
+
+def in_region_splits(ans: Iterable[Answer], makers: Makers | None = None) -> list[dict[str, Any]]:
     """Every split, once per (key, region, resource pair). A finding is ``paper_only`` when
     only pairs of two paper answers overlap; ``agents`` lists the agent pairs that do;
     ``concurrent`` says the two leases' acquisitions ran at once (each call started before
@@ -273,6 +338,7 @@ def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
             agents = sorted({"/".join(sorted((ga, gb))) for ga, gb, _s, _e in found})
             paper_only = agents == [f"{PAPER}/{PAPER}"]
             qa, qb = acquired(key, region, ra, s), acquired(key, region, rb, s)
+            extra = {} if makers is None else {"second": makers.second(key, ra, rb, s)}
             out.append(
                 _finding(
                     key=key,
@@ -283,6 +349,7 @@ def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                     concurrent=qa.start < qb.received and qb.start < qa.received,
                     start=s,
                     end=e,
+                    **extra,
                 )
             )
     return out
@@ -301,7 +368,7 @@ def cross_region_duplicates(ans: Iterable[Answer]) -> list[dict[str, Any]]:
     return out
 
 
-def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+def lost_leases(ans: Iterable[Answer], makers: Makers | None = None) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[Answer]] = defaultdict(list)
     for a in ans:
         groups[(a.key, a.region)].append(a)
@@ -328,6 +395,11 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                 pair = f"{agent}/{cur.agent}"
                 f = found.get((res, cur.resource))
                 if f is None:
+                    extra = (
+                        {}
+                        if makers is None
+                        else {"second": makers.second(key, res, cur.resource, cur.received)}
+                    )
                     found[(res, cur.resource)] = _finding(
                         key=key,
                         region=region,
@@ -337,6 +409,7 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                         paper_only=pair == f"{PAPER}/{PAPER}",
                         start=cur.received,
                         end=end,
+                        **extra,
                     )
                 elif pair not in f["agents"]:
                     f["agents"] = sorted([*f["agents"], pair])
@@ -506,25 +579,42 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
 
 
 # ---------------------------------------------------------------------------- all of it
+def paper_made(f: Mapping[str, Any]) -> bool:
+    """A split or lost lease whose second lease the paper's agent made (``Makers.second``)."""
+    return bool(f.get("second", {}).get("by") == PAPER)
+
+
+def rasd_made(f: Mapping[str, Any]) -> bool:
+    """... whose second lease rasd made: a failure even between two paper answers."""
+    return bool(f.get("second", {}).get("by") == RASD)
+
+
 def audit(
     records: Sequence[Mapping[str, Any]],
     outage: tuple[float, float] | None = None,
     release_scope: str = "key",
     quarantine_window: float | None = None,
+    creations: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every history finding and the availability figures (the table checks are separate).
-    ``quarantine_window`` defaults to the daemons' quarantine minus the clock-skew bound."""
+    ``quarantine_window`` defaults to the daemons' quarantine minus the clock-skew bound.
+    ``creations``: the claims the run saw apply (module docstring), for who made the second
+    lease of each split; without them every split involving rasd counts."""
     if quarantine_window is None:
         cfg = Config()
         quarantine_window = cfg.quarantine - cfg.max_clock_skew
     ans = answers(records, release_scope, quarantine_window)
+    makers = None if creations is None else Makers(ans, creations)
     dbl = double_allocations(ans)
-    splits = in_region_splits(ans)
-    spl = [f for f in splits if not f["paper_only"]]
-    spl_paper = [f for f in splits if f["paper_only"]]
-    losts = lost_leases(ans)
-    lost = [f for f in losts if not f["paper_only"]]
-    lost_paper = [f for f in losts if f["paper_only"]]
+    splits = in_region_splits(ans, makers)
+    # failures: rasd made the second lease, or (order unknown) a rasd answer is in it
+    spl = [f for f in splits if rasd_made(f) or not (f["paper_only"] or paper_made(f))]
+    spl_paper = [f for f in splits if f["paper_only"] and not rasd_made(f)]
+    spl_made = [f for f in splits if paper_made(f) and not f["paper_only"]]
+    losts = lost_leases(ans, makers)
+    lost = [f for f in losts if rasd_made(f) or not (f["paper_only"] or paper_made(f))]
+    lost_paper = [f for f in losts if f["paper_only"] and not rasd_made(f)]
+    lost_made = [f for f in losts if paper_made(f) and not f["paper_only"]]
     xreg = cross_region_duplicates(ans)
     rasd = [r for r in records if agent_of(r) == RASD]
     out = {
@@ -537,6 +627,10 @@ def audit(
         # fleet, docs/design.md "Beside the paper's agent": what the index cannot give)
         "in_region_splits_concurrent": sum(1 for f in spl if f["concurrent"]),
         "paper_only_lost_leases": len(lost_paper),
+        # beside a rasd answer, the second lease made by the paper's agent (its race; with
+        # ``creations`` only)
+        "paper_made_splits": len(spl_made),
+        "paper_made_lost_leases": len(lost_made),
         "cross_region_duplicates": len(xreg),
         "examples": {
             "double_allocations": dbl[:EXAMPLES],
@@ -544,6 +638,8 @@ def audit(
             "lost_leases": lost[:EXAMPLES],
             "paper_only_splits": spl_paper[:EXAMPLES],
             "paper_only_lost_leases": lost_paper[:EXAMPLES],
+            "paper_made_splits": spl_made[:EXAMPLES],
+            "paper_made_lost_leases": lost_made[:EXAMPLES],
             "cross_region_duplicates": xreg[:EXAMPLES],
         },
         # rasd's calls: what the daemons did under the faults (the figures of rasd-only runs)

@@ -115,6 +115,8 @@ class FaultProxy:
     ) -> None:
         self.upstream = upstream
         self.trace = trace
+        #: the claims this proxy forwarded that applied (``claim_of``), in order
+        self.claims: list[dict[str, Any]] = []
         self.plan = plan
         self.name = name
         self._rng = random.Random(seed)
@@ -224,6 +226,12 @@ class FaultProxy:
                 reply = self._forward(head + body)
                 if self.trace is not None:
                     self.trace.record(self.name, op, kind, sent, body, reply)
+                if op == "UpdateItem" and reply is not None:
+                    c = claim_of(body, reply)
+                    if c is not None:
+                        c.update(sent=sent, got=time.time(), proxy=self.name)
+                        with self._lock:
+                            self.claims.append(c)
                 if reply is None:
                     self._count("upstream_failed")
                     return
@@ -254,6 +262,31 @@ class FaultProxy:
         if resp is None:
             return None
         return keep_alive(*resp)
+
+
+def claim_of(body: bytes, reply: bytes) -> dict[str, Any] | None:
+    """A forwarded UpdateItem that applied and made a free item held for a key (rasd's
+    ``claim`` or the paper's ``paper_claim``: both REMOVE ``lease_available`` and the item
+    comes back, ``ALL_NEW``, with a ``key``), as {resource, key, version}; else None.
+    Where the write applied lies between the proxy's forwarding and the reply it read:
+    the audit orders leases of one key by it (``chaos.audit``, who made the second)."""
+    if not reply.startswith(b"HTTP/1.1 200") and not reply.startswith(b"HTTP/1.0 200"):
+        return None
+    try:
+        req = json.loads(body)
+        names = req.get("ExpressionAttributeNames") or {}
+        expr = str(req.get("UpdateExpression") or "")
+        removed = re.split(r"\b(?:SET|ADD|DELETE)\b", expr.partition("REMOVE")[2])[0]
+        if "lease_available" not in {names.get(n.strip(), n.strip()) for n in removed.split(",")}:
+            return None
+        item = json.loads(reply.partition(b"\r\n\r\n")[2]).get("Attributes") or {}
+        return {
+            "resource": item["resource"]["S"],
+            "key": item["key"]["S"],
+            "version": int(item["version"]["N"]),
+        }
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 class Trace:

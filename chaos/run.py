@@ -478,7 +478,7 @@ def run(p: Params) -> dict[str, Any]:
             "started": t_start,
             "outage": list(outage) if p.outage_s > 0 else None,
             "seconds": round(time.monotonic() - started, 1),
-            "audit": A.audit(records, plan.outage),
+            "audit": A.audit(records, plan.outage, creations=creations(p, proxies)),
             "table": table,
             "kills": len(events.kills),
             "kill_events": events.kills,
@@ -511,6 +511,20 @@ def run(p: Params) -> dict[str, Any]:
             say(p, f"work directory kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | None:
+    """The claims the proxies saw apply, each with the agent that sent it (the daemons' proxies
+    come first, then the paper workers'), for the audit's "who made the second lease"; None
+    unless the run is mixed with the paper's workers behind proxies (chaos.audit counts every
+    split involving rasd then)."""
+    if not (p.mixed and p.paper_faults):
+        return None
+    out: list[dict[str, Any]] = []
+    for i, px in enumerate(proxies):
+        agent = A.RASD if i < p.daemons else A.PAPER
+        out.extend({**c, "agent": agent} for c in px.claims)
+    return out
 
 
 def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:
@@ -566,6 +580,8 @@ def table(result: dict[str, Any]) -> str:
         rows += [
             ("paper-only splits (the paper's race)", a["paper_only_splits"]),
             ("paper-only lost leases", a["paper_only_lost_leases"]),
+            ("splits: second lease the paper's (its race)", a.get("paper_made_splits", "-")),
+            ("lost leases: second lease the paper's", a.get("paper_made_lost_leases", "-")),
             ("  in-region splits whose acquisitions ran at once", a["in_region_splits_concurrent"]),
         ]
         for name, g in agents.items():

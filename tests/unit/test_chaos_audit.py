@@ -412,3 +412,91 @@ def test_a_release_that_ended_during_a_paper_call_ends_its_answer() -> None:
     assert A.audit(h, quarantine_window=0)["in_region_splits"] == 0
     later = [*h[:2], {**h[2], "t0": 6.2, "m0": 6.2}, h[3]]
     assert A.audit(later, quarantine_window=0)["in_region_splits"] == 1
+
+
+def made(key: str, res: str, sent: float, got: float, agent: str) -> dict[str, Any]:
+    """A claim the run's proxies saw apply (chaos.proxy.claim_of), with its agent."""
+    return {"key": key, "resource": res, "version": 1, "sent": sent, "got": got, "agent": agent}
+
+
+def test_who_made_the_second_lease_of_a_split() -> None:
+    """With the claims' write times, a split counts as rasd's failure when rasd made the
+    second lease (its claim applied after the paper's had), and apart, as the paper's race,
+    when the paper's agent did; the same for the lost lease it makes."""
+    h = [get(0, "k1", "r1", 0, 2, 100), paper("k1", "r2", 1, 3, 50), paper("k1", "r2", 4, 5, 50)]
+    rasd_second = [made("k1", "r2", 1.1, 1.2, "paper"), made("k1", "r1", 1.5, 1.6, "rasd")]
+    out = A.audit(h, quarantine_window=0, creations=rasd_second)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    second = out["examples"]["in_region_splits"][0]["second"]
+    assert (second["resource"], second["by"]) == ("r1", "rasd")
+    paper_second = [made("k1", "r1", 1.1, 1.2, "rasd"), made("k1", "r2", 1.5, 1.6, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=paper_second)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (0, 1)
+    assert (out["lost_leases"], out["paper_made_lost_leases"]) == (0, 1)
+    assert out["examples"]["paper_made_splits"][0]["second"]["by"] == "paper"
+    # writes whose times overlap cannot be ordered: a failure, as without the claims
+    unordered = [made("k1", "r1", 1.1, 1.6, "rasd"), made("k1", "r2", 1.5, 1.7, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=unordered)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    assert out["examples"]["in_region_splits"][0]["second"] == {"by": "unknown"}
+    # and without them at all
+    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 1
+
+
+def test_a_lease_answered_again_after_its_end_was_made_again_by_rasd() -> None:
+    """rasd's lease r1 ran out at 10; the paper's agent claimed r2 at 12; rasd answered r1
+    again at 13 (extended past its end). Its claim came first, but the lease running beside
+    r2 was made again, by rasd, after the paper's: rasd's failure."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 10),
+        paper("k1", "r2", 11, 12.5, 50),
+        get(0, "k1", "r1", 13, 14, 60),
+    ]
+    c = [made("k1", "r1", 0.2, 0.3, "rasd"), made("k1", "r2", 12, 12.2, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=c)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    second = out["examples"]["in_region_splits"][0]["second"]
+    assert (second["resource"], second["by"], second["made"]) == ("r1", "rasd", [13, 14])
+
+
+def test_a_second_lease_rasd_made_counts_even_between_two_paper_answers() -> None:
+    """rasd claimed r2 after the paper's r1 and never answered it, but the paper's lookup
+    did: the split is between two paper answers, yet rasd made its second lease."""
+    h = [paper("k1", "r1", 0, 2, 100), paper("k1", "r2", 5, 6, 50)]
+    c = [made("k1", "r1", 1, 1.1, "paper"), made("k1", "r2", 3, 3.1, "rasd")]
+    out = A.audit(h, quarantine_window=0, creations=c)
+    assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
+    assert out["lost_leases"] == 1
+
+
+def test_the_proxies_know_a_claim_from_other_writes() -> None:
+    """chaos.proxy.claim_of: rasd's claim and the paper's claim that applied are claims;
+    a refused one, a free, an extension and an adoption are not."""
+    import json
+
+    from bench.baseline import paper_claim
+    from chaos.proxy import claim_of
+    from rasd import lease as L
+    from rasd.writes import render
+
+    free = L.ResourceItem("c", "r1", "p", E, "x", 4, lease_available=fmt_time(0))
+    held = L.ResourceItem("c", "r1", "p", E, "x", 5, "k", 10 * US, None, 0, "t", 1, 5)
+    attrs = {"resource": {"S": "r1"}, "key": {"S": "k"}, "version": {"N": "5"}}
+
+    def reply(status: str, body: dict[str, Any]) -> bytes:
+        return f"HTTP/1.1 {status}\r\nContent-Type: x\r\n\r\n".encode() + json.dumps(body).encode()
+
+    ok = reply("200 OK", {"Attributes": attrs})
+    want = {"resource": "r1", "key": "k", "version": 5}
+    for w in (L.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
+        assert claim_of(json.dumps(render(w)).encode(), ok) == want, w.kind
+        refused = reply("400 Bad Request", {"__type": "x#ConditionalCheckFailedException"})
+        assert claim_of(json.dumps(render(w)).encode(), refused) is None
+    lease = L.lease_from_item(held)
+    for w in (
+        L.free_claim(held.ident, "k", "t", 1, 2),
+        L.extend_resource(lease, 20 * US),
+        L.adopt(held, "t2", 2, 1),
+        L.liberate(held, 11 * US),
+    ):
+        assert claim_of(json.dumps(render(w)).encode(), ok) is None, w.kind
