@@ -436,14 +436,13 @@ class Acquirer:
         s = D.on_settle(m, held, self.clock.now_us())
         if isinstance(s, D.YieldTo):
             self.counters.inc("lease.yielded")
-            d = await self._adopt(pool, key, [s.item], m.ver, deadline)
-            if d is None:
-                return None  # another daemon settled the mapping first
-            if not (isinstance(d, D.Acquire) and d.expect_ver == m.ver):
-                # the mapping moved past our claim (adopted, or the adoption lost)
-                self.spawn(self._free_claim((m.client_id, m.resource), key, m.token))
-                return d
-            # the rival was gone by its consistent read and nothing was written: ours stands
+            # Our claim first leaves the leased index (no daemon served it: readers wait for a
+            # young pending mapping; the paper's lookups may have, so it is held to its end),
+            # so that they find only the lease adopted next; then the adoption, at the pending
+            # mapping's version. Should we stop in between, the pending mapping names a claim
+            # that no longer holds: readers take it over (rule 2), and find the paper's lease.
+            await self._free_claim((m.client_id, m.resource), key, m.token, within=deadline)
+            return await self._adopt(pool, key, [s.item], m.ver, deadline)
         return await self._confirm_now(m, deadline)
 
     async def _confirm_now(self, m: Mapping, deadline: float) -> D.Serve | None:
@@ -629,14 +628,17 @@ class Acquirer:
         res = await self.store.write(map_confirm(m), time.monotonic() + BACKGROUND_DEADLINE)
         self.counters.inc(f"acq.confirm_{res.outcome.value}")
 
-    async def _free_claim(self, ident: tuple[str, str], key: str, token: str) -> None:
+    async def _free_claim(
+        self, ident: tuple[str, str], key: str, token: str, within: float | None = None
+    ) -> None:
         """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
         about a minute; if the daemon dies first, the liberator's orphan repair frees it.
         With ``legacy_agents`` not before the lease's end plus the skew either: the paper's
         agent answers any lease it finds in the leased index, to its end, and is never told
-        of a release (the end is read first, and the free is conditional on it)."""
+        of a release (the end is read first, and the free is conditional on it).
+        ``within``: a request's deadline: no retry after an error, which is raised."""
         for attempt in range(6):
-            deadline = time.monotonic() + BACKGROUND_DEADLINE
+            deadline = within if within is not None else time.monotonic() + BACKGROUND_DEADLINE
             now = self.clock.now_us()
             available = now + self.rules.quarantine_us
             ends: int | None = None
@@ -663,6 +665,8 @@ class Acquirer:
                     self._relist_later(ident, available)
                 return
             self.counters.inc("acq.free_claim_errors")
+            if within is not None:
+                raise res.error or Timeout("give-back outcome unknown")
             log.warning(
                 "claim_not_given_back",
                 resource=ident[1],
