@@ -513,8 +513,9 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
       region's mapping names it).
 
     A held item that no mapping names is an orphan, counted apart (never served; the
-    liberator's orphan repair frees it). ``items`` are raw DynamoDB attribute maps; meta
-    items and other clients are ignored."""
+    liberator's orphan repair frees it); so is one whose ``holder`` is stale (the paper's
+    agent claimed it since: its lease, named by no mapping, whatever an old one says).
+    ``items`` are raw DynamoDB attribute maps; meta items and other clients are ignored."""
     now_us = int(now * US)
     both: list[str] = []
     neither: list[str] = []
@@ -536,7 +537,12 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
         key = it.get("key", {}).get("S")
         # free: in the available index, or quarantined out of it until re-listed
         avail = it.get("lease_available", it.get("quarantine_until", {})).get("S")
-        holders[res] = it.get("holder", {}).get("S") if key is not None else None
+        # a holder is rasd's acquisition only while current (hver moves with version on every
+        # rasd write; the paper's claim and liberator move version alone: a holder they leave
+        # behind is stale, ResourceItem.holder_current), and a lapsed mapping may still name it
+        hver = it.get("hver", {}).get("N")
+        current = hver is None or hver == it.get("version", {}).get("N")
+        holders[res] = it.get("holder", {}).get("S") if key is not None and current else None
         counts["resources"] += 1
         if key is not None and avail is not None:
             both.append(res)
@@ -546,8 +552,8 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
             counts["free"] += 1
             continue
         counts["leased"] += 1
-        if (it.get("holder", {}).get("S"), res) not in named:
-            counts["orphans"] += 1
+        if (holders[res], res) not in named:
+            counts["orphans"] += 1  # no mapping names it, or held by the paper's agent
             continue
         exp = it.get("lease_expires", {}).get("S")
         if exp is not None and parse_time(exp) > now_us:

@@ -500,3 +500,20 @@ def test_the_proxies_know_a_claim_from_other_writes() -> None:
         L.liberate(held, 11 * US),
     ):
         assert claim_of(json.dumps(render(w)).encode(), ok) is None, w.kind
+
+
+def test_a_paper_lease_with_a_stale_holder_is_no_rasd_lease_in_the_table() -> None:
+    """The paper's agent claimed r2 for k1 after its liberator freed an old rasd lease of k0
+    on it: r2 keeps that lease's holder (stale: hver behind version), which k0's lapsed
+    mapping still names. r2 is the paper's lease, not a second rasd lease of k1 beside r1."""
+    rasd = item("r1", "k1", 100.0)
+    rasd.update(version={"N": "3"}, hver={"N": "3"})
+    theirs = item("r2", "k1", 100.0, holder="t-old")
+    theirs.update(version={"N": "7"}, hver={"N": "5"})
+    maps = [mapping("k1", "r1", 90.0), mapping("k0", "r2", 5.0, token="t-old")]
+    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    assert t["keys_with_two_unexpired_in_region"] == 0 and t["orphans"] == 1
+    # the same item with its holder current would be a second lease of k1 in the region
+    theirs["hver"] = {"N": "7"}
+    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    assert t["keys_with_two_unexpired_in_region"] == 1
