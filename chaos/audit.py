@@ -248,18 +248,41 @@ def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
 
 
 class Makers:
-    """Who made each lease of a key, and when (see the module docstring): from the claims the
-    proxies saw apply (``creations``: dicts with key, resource, sent, got, agent) and the
-    answers' validity."""
+    """Who made each lease of a key, and when (see the module docstring), from what the run's
+    proxies saw take effect (``events``: dicts with ``kind``, key, resource, sent, got, agent;
+    ``chaos.proxy.lease_event``) and, for events without extensions, the answers' validity.
 
-    def __init__(self, ans: Iterable[Answer], creations: Iterable[Mapping[str, Any]]) -> None:
-        self.claims: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
-        for c in creations:
-            self.claims[(str(c["key"]), str(c["resource"]))].append(
-                (float(c["sent"]), float(c["got"]), str(c["agent"]))
-            )
+    A lease is made by its claim. It is made again by an extension that took effect after its
+    end (rasd's; the paper's agent never extends): one sent after the end surely did, one
+    whose reply came after it may have, so the lease counts as made again somewhere between
+    the end and that reply. Without extension events, a gap in the validity of its answers
+    since the claim stands for such an extension (the call that answered it first after the
+    gap made it again)."""
+
+    def __init__(self, ans: Iterable[Answer], events: Iterable[Mapping[str, Any]]) -> None:
+        Made = tuple[float, float, str, float]  # sent, got, agent, end
+        self.claims: dict[tuple[str, str], list[Made]] = defaultdict(list)
+        self.extends: dict[tuple[str, str], list[tuple[float, float, float]]] = defaultdict(list)
+        #: key -> leased-index reads: (sent, got, resources shown)
+        self.lookups: dict[str, list[tuple[float, float, frozenset[str]]]] = defaultdict(list)
+        self.exact = False
+        for e in events:
+            kind = str(e.get("kind", "claim"))
+            sent, got = float(e["sent"]), float(e["got"])
+            if kind == "lookup":
+                self.lookups[str(e["key"])].append((sent, got, frozenset(e["resources"])))
+                continue
+            kr = (str(e["key"]), str(e["resource"]))
+            end = float(e.get("end", math.inf))
+            if kind == "extend":
+                self.exact = True
+                self.extends[kr].append((sent, got, end))
+            else:
+                self.claims[kr].append((sent, got, str(e["agent"]), end))
         for v in self.claims.values():
             v.sort()
+        for w in self.extends.values():
+            w.sort()
         per: dict[tuple[str, str], list[Answer]] = defaultdict(list)
         for a in ans:
             per[(a.key, a.resource)].append(a)
@@ -276,28 +299,59 @@ class Makers:
                     runs.append([a.received, a.end, a.start, a.received])
             self.runs[kr] = runs
 
-    def made(self, key: str, resource: str, at: float) -> tuple[float, float, str] | None:
-        """(from, to, agent): the write that made the lease of ``key`` on ``resource`` that
-        runs at ``at`` applied between ``from`` and ``to``; None when no claim was seen."""
+    def made(self, key: str, resource: str, at: float) -> tuple[float, float, str, bool] | None:
+        """(from, to, agent, claimed): the write that made the lease of ``key`` on
+        ``resource`` that runs at ``at`` took effect between ``from`` and ``to``; ``claimed``
+        when it is the claim (which puts the item in the leased index), not an extension.
+        None when no claim was seen."""
         claims = [c for c in self.claims.get((key, resource), []) if c[0] <= at]
         if not claims:
             return None
-        sent, got, agent = claims[-1]
+        sent, got, agent, end = claims[-1]
+        made = (sent, got, agent, True)
+        if self.exact:
+            for s2, g2, e2 in self.extends.get((key, resource), []):
+                if s2 < sent or s2 > at:
+                    continue
+                if g2 > end:  # took effect after the lease's end, or may have
+                    made = (max(s2, end), g2, RASD, False)
+                end = max(end, e2)
+            return made
         since = [r for r in self.runs.get((key, resource), []) if sent <= r[0] <= at]
         if len(since) > 1:  # answered again after a gap: extended past its end
-            return (since[-1][2], since[-1][3], RASD)
-        return (sent, got, agent)
+            return (since[-1][2], since[-1][3], RASD, False)
+        return made
+
+    def _unseen_after(
+        self, key: str, first: tuple[float, float, str, bool], res: str, at: float
+    ) -> bool:
+        """Did a read of the leased index that began after ``first`` took effect, and ended by
+        ``at``, not show the item ``res``? Its claim, held from where it took effect to
+        ``at``, then took effect after that read: after ``first``."""
+        return any(
+            first[1] <= q_sent and q_got <= at and res not in shown
+            for q_sent, q_got, shown in self.lookups.get(key, [])
+        )
 
     def second(self, key: str, a: str, b: str, at: float) -> dict[str, Any]:
         """Of the leases of ``key`` on resources ``a`` and ``b`` running at ``at``: which was
-        made second, and by whom ("unknown" when the write times overlap or are missing)."""
+        made second, and by whom ("unknown" when the order cannot be told)."""
         ma, mb = self.made(key, a, at), self.made(key, b, at)
         if ma is None or mb is None:
             return {"by": "unknown"}
+
+        def found(res: str, m: tuple[float, float, str, bool], other: float) -> dict[str, Any]:
+            return {"resource": res, "by": m[2], "made": [m[0], m[1]], "after": other}
+
         if ma[1] < mb[0]:
-            return {"resource": b, "by": mb[2], "made": [mb[0], mb[1]], "after": ma[1]}
+            return found(b, mb, ma[1])
         if mb[1] < ma[0]:
-            return {"resource": a, "by": ma[2], "made": [ma[0], ma[1]], "after": mb[1]}
+            return found(a, ma, mb[1])
+        # the writes' intervals overlap: a read of the index between them may order them
+        if mb[3] and self._unseen_after(key, ma, b, at):
+            return found(b, mb, ma[1])
+        if ma[3] and self._unseen_after(key, mb, a, at):
+            return found(a, ma, mb[1])
         return {"by": PAPER if ma[2] == mb[2] == PAPER else "unknown"}
 
 

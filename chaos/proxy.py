@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.proxy import HttpReader
+from rasd.lease import US, parse_time
 
 KINDS = ("drop_request", "drop_reply", "http500", "throttle", "latency")
 _CONN_RE = re.compile(rb"(?im)^connection:[^\r\n]*\r\n")
@@ -115,8 +116,8 @@ class FaultProxy:
     ) -> None:
         self.upstream = upstream
         self.trace = trace
-        #: the claims this proxy forwarded that applied (``claim_of``), in order
-        self.claims: list[dict[str, Any]] = []
+        #: what the calls this proxy forwarded did to leases (``lease_event``), in order
+        self.events: list[dict[str, Any]] = []
         self.plan = plan
         self.name = name
         self._rng = random.Random(seed)
@@ -226,12 +227,12 @@ class FaultProxy:
                 reply = self._forward(head + body)
                 if self.trace is not None:
                     self.trace.record(self.name, op, kind, sent, body, reply)
-                if op == "UpdateItem" and reply is not None:
-                    c = claim_of(body, reply)
-                    if c is not None:
-                        c.update(sent=sent, got=time.time(), proxy=self.name)
+                if op in ("UpdateItem", "Query") and reply is not None:
+                    ev = lease_event(op, body, reply)
+                    if ev is not None:
+                        ev.update(sent=sent, got=time.time(), proxy=self.name)
                         with self._lock:
-                            self.claims.append(c)
+                            self.events.append(ev)
                 if reply is None:
                     self._count("upstream_failed")
                     return
@@ -264,27 +265,57 @@ class FaultProxy:
         return keep_alive(*resp)
 
 
-def claim_of(body: bytes, reply: bytes) -> dict[str, Any] | None:
-    """A forwarded UpdateItem that applied and made a free item held for a key (rasd's
-    ``claim`` or the paper's ``paper_claim``: both REMOVE ``lease_available`` and the item
-    comes back, ``ALL_NEW``, with a ``key``), as {resource, key, version}; else None.
-    Where the write applied lies between the proxy's forwarding and the reply it read:
-    the audit orders leases of one key by it (``chaos.audit``, who made the second)."""
+def lease_event(op: str, body: bytes, reply: bytes) -> dict[str, Any] | None:
+    """What a forwarded call that succeeded did to a key's leases, for the audit's "who made
+    the second lease" (``chaos.audit.Makers``); None for anything else. The call took effect
+    between the proxy's forwarding (``sent``) and the reply it read (``got``).
+
+    * ``claim``: an UpdateItem that made a free item held for a key (rasd's ``claim`` or the
+      paper's ``paper_claim``: both REMOVE ``lease_available``; the item comes back,
+      ``ALL_NEW``, with its ``key``): resource, key, version, ``end`` (epoch seconds);
+    * ``extend``: an UpdateItem that SET ``lease_expires`` of a held item without claiming
+      it (rasd's ``extend_resource``; the paper's agent never extends): resource, key, end;
+    * ``lookup``: a Query of ``leased_resources`` for a key: key and the ``resources`` it
+      returned (what the index showed of the key at some point between sent and got).
+    """
     if not reply.startswith(b"HTTP/1.1 200") and not reply.startswith(b"HTTP/1.0 200"):
         return None
     try:
         req = json.loads(body)
+        answer = json.loads(reply.partition(b"\r\n\r\n")[2])
+        if op == "Query":
+            if req.get("IndexName") != "leased_resources":
+                return None
+            return {
+                "kind": "lookup",
+                "key": req["ExpressionAttributeValues"][":k"]["S"],
+                "resources": sorted(it["resource"]["S"] for it in answer.get("Items", [])),
+            }
+        if op != "UpdateItem":
+            return None
         names = req.get("ExpressionAttributeNames") or {}
         expr = str(req.get("UpdateExpression") or "")
-        removed = re.split(r"\b(?:SET|ADD|DELETE)\b", expr.partition("REMOVE")[2])[0]
-        if "lease_available" not in {names.get(n.strip(), n.strip()) for n in removed.split(",")}:
+
+        def named(clause: str) -> set[str]:
+            part = re.split(r"\b(?:SET|ADD|DELETE|REMOVE)\b", expr.partition(clause)[2])[0]
+            if clause not in expr:
+                return set()
+            return {names.get(x, x) for x in re.findall(r"#\w+", part)}
+
+        item = answer.get("Attributes") or {}
+        if "key" not in item or "lease_expires" not in item:
             return None
-        item = json.loads(reply.partition(b"\r\n\r\n")[2]).get("Attributes") or {}
-        return {
+        out = {
             "resource": item["resource"]["S"],
             "key": item["key"]["S"],
             "version": int(item["version"]["N"]),
+            "end": parse_time(item["lease_expires"]["S"]) / US,
         }
+        if "lease_available" in named("REMOVE"):
+            return {"kind": "claim", **out}
+        if "lease_expires" in named("SET"):
+            return {"kind": "extend", **out}
+        return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 

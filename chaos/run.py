@@ -472,13 +472,18 @@ def run(p: Params) -> dict[str, Any]:
                             records.append(json.loads(line))
         scanned_at = time.time()
         table = A.table_checks(scan(ddb, p.table), CLIENT, scanned_at)
+        made = creations(p, proxies)
+        if made is not None:  # kept beside the result, for digging into a finding
+            Path(p.results_dir).mkdir(parents=True, exist_ok=True)
+            with open(Path(p.results_dir) / f"{p.label}-lease-events.jsonl", "w") as f:
+                f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in made)
         result = {
             "label": p.label,
             "params": asdict(p),
             "started": t_start,
             "outage": list(outage) if p.outage_s > 0 else None,
             "seconds": round(time.monotonic() - started, 1),
-            "audit": A.audit(records, plan.outage, creations=creations(p, proxies)),
+            "audit": A.audit(records, plan.outage, creations=made),
             "table": table,
             "kills": len(events.kills),
             "kill_events": events.kills,
@@ -523,7 +528,7 @@ def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | No
     out: list[dict[str, Any]] = []
     for i, px in enumerate(proxies):
         agent = A.RASD if i < p.daemons else A.PAPER
-        out.extend({**c, "agent": agent} for c in px.claims)
+        out.extend({**c, "agent": agent} for c in px.events)
     return out
 
 
