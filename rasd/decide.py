@@ -461,14 +461,17 @@ def beside_legacy(d: Decision | Settle, owner: str, now_us: int, rules: Rules) -
 
 
 def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:
-    """A running lease of the paper's agent on another resource of ``m``'s key and region in
-    ``held`` (the leased index, read after ``m``'s claim landed), or None. Items rasd holds
-    (``holder_current``) are not rivals: a mapping names at most one of them."""
+    """Another running lease of ``m``'s key and region in ``held`` (the leased index, read
+    after ``m``'s claim landed), or None: the paper's agent's, or a claim of rasd's that no
+    mapping names (its acquisition lost the mapping, or its outcome was unknown: never served
+    by rasd, but the paper's agent answers whatever the index shows for the key). ``m`` is
+    the key's mapping in the region, so no other item held for the key there is a rasd
+    lease. The earliest, as ``pick`` orders them (the paper's agent's lookup makes the same
+    choice)."""
     found = [
         it
         for it in held
         if it.resource != m.resource
-        and not it.holder_current
         and adoptable(it, m.client_id, m.pool_id, m.key, m.region, now_us)
     ]
     return pick(found)

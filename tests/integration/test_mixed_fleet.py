@@ -480,3 +480,34 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
     assert held_by(ddb, table) == {"k": [theirs.resource]}
     ended = resource(ddb, table, mine.resource)
     assert ended.key is None and ended.holder is None
+
+
+async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answer(
+    ddb: Any, table: str, paper: Any, make_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two daemons acquire one key at once; one's claim lands but its mapping write is lost
+    (here: made by hand, token and all, with no mapping), and the other wins the mapping.
+    The lost claim stays in the leased index until it is given back, and the paper's agent
+    answers it from there. The winner yields to it (adopts it) instead of serving a second
+    resource beside it. (Before: it served its own claim; the 600 s mixed run split a key so,
+    the paper's lookup answering the other daemon's lost claim.)"""
+    names = seed_pool(ddb, table, count=4)
+    lost: list[str] = []
+    async with make_daemon() as d:
+        acquire = d.acquirer._acquire
+
+        async def lost_claim_first(*args: Any, **kw: Any) -> Any:
+            it = resource(ddb, table, names[0])
+            w = L.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
+            ddb.update_item(TableName=table, **render(w))
+            lost.append(it.resource)
+            return await acquire(*args, **kw)
+
+        monkeypatch.setattr(d.acquirer, "_acquire", lost_claim_first)
+        got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
+        assert got.resource == lost[0] and not got.new
+        assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
+        await d.acquirer.drain(2.0)
+    assert held_by(ddb, table) == {"k": lost}
+    theirs = paper().get_lease(C, P, "k", now_us() + 3600 * L.US)
+    assert theirs.resource == lost[0] and not theirs.new

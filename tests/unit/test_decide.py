@@ -296,9 +296,20 @@ def test_on_settle_ignores_what_is_no_rival() -> None:
         held("r2", exp=NOW),  # ended
         held("r3", key="k2"),  # another key
         held("r4", region="eu-west-1"),  # another region: a cross-region duplicate at most
-        held("r5", holder="t5", hver=5),  # rasd's (an orphan at most: never served)
     ]
     assert D.on_settle(p, others, NOW) == D.Confirm(p)
+
+
+def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
+    """Another daemon's claim for the key that lost the mapping (or whose outcome was
+    unknown) is held until it is given back; rasd never serves it, but the paper's agent
+    answers it from the index: it is a rival like the paper's own leases, the earliest
+    first."""
+    p = m(state=L.PENDING, res="r1")
+    orphan = replace(held("r5", holder="t5", hver=5), lease_acquired_us=NOW - 2 * S)
+    assert D.on_settle(p, [orphan], NOW) == D.YieldTo(p, orphan)
+    theirs = held("r6")  # the paper's: no lease_acquired, so the earliest
+    assert D.on_settle(p, [orphan, theirs], NOW) == D.YieldTo(p, theirs)
 
 
 def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
