@@ -124,6 +124,9 @@ class Config:
     #: ``paper_key``, one at a time: the leased index (lagging) by key, else a candidate from
     #: the available index (lagging, any ``lease_available``) and a claim on its version alone
     paper_calls: int = 0
+    #: the daemons run with ``legacy_agents`` (read the leased index with the mapping, adopt
+    #: the paper's leases, settle a won claim before serving it, end a lapsed lease)
+    legacy_agents: bool = False
     paper_key: str = "kp"
     paper_offset: int = 1
     #: the paper's liberator (bench/baseline.py paper_liberate): frees every lease past its
@@ -251,6 +254,8 @@ class World:
         "inflight",
         "inv_q",
         "jobs",
+        "made",
+        "made_of",
         "notes",
         "ops",
         "paper",
@@ -292,8 +297,9 @@ class World:
         self.setups = tuple(
             S.Daemon(
                 cfg.region(i),
-                "owner",
+                f"d{i}" if cfg.legacy_agents else "owner",
                 self.rules,
+                legacy_agents=cfg.legacy_agents,
                 free_claim_attempts=cfg.free_claim_attempts,
                 ops=ops_of(proto),
             )
@@ -314,6 +320,11 @@ class World:
         self.repair_done = 0
         #: the paper agent: calls made, and the candidate it read (between read and claim)
         self.paper: tuple[int, ResourceItem | None] = (0, None)
+        #: with ``legacy_agents``: each resource's latest claim, (resource, order, maker:
+        #: "rasd" or "paper"; order: 1 for the run's first claim, then 2...), and each
+        #: answered token's lease as made, (token, order, maker)
+        self.made: tuple[tuple[str, int, str], ...] = ()
+        self.made_of: tuple[tuple[str, int, str], ...] = ()
 
     def clone(self) -> World:
         w = World.__new__(World)
@@ -342,6 +353,8 @@ class World:
             self.dedupe_done,
             self.repair_done,
             self.paper,
+            self.made,
+            self.made_of,
         )
 
     # --------------------------------------------------------------------- clocks
@@ -366,6 +379,19 @@ class World:
             h = (old or (), *self.hist.get(k, ()))  # (): the item did not exist yet
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.replica_history]
         self.table[k] = freeze(it)  # type: ignore[assignment]
+        if (
+            self.cfg.legacy_agents
+            and k[0] == CLIENT
+            and it.get("key") is not None
+            and (old is None or dict(old).get("key") is None)
+        ):  # a claim: a new lease (the paper agent's claim renames its maker)
+            self.made_by(str(it["resource"]), "rasd")
+
+    def made_by(self, res: str, maker: str) -> None:
+        """``res`` was just claimed (a new lease), by ``maker``."""
+        seq = 1 + max((m[1] for m in (*self.made, *self.made_of)), default=0)
+        mine = ((res, seq, maker),)
+        self.made = tuple(sorted((*(m for m in self.made if m[0] != res), *mine)))
 
     def replicas(self, key: str, region: str) -> list[tuple[str, list[Mapping]]]:
         """The other regions' mappings of ``key`` as a daemon of ``region`` reads them from
@@ -442,6 +468,10 @@ class World:
             f"ANSWER d{d.idx} {key} -> {lease.resource} tok={lease.token} "
             f"exp={_tick(lease.expires_us)}"
         )
+        if self.cfg.legacy_agents and all(m[0] != new.token for m in self.made_of):
+            made = next((m for m in self.made if m[0] == new.resource), None)
+            if made is not None:
+                self.made_of = tuple(sorted((*self.made_of, (new.token, made[1], made[2]))))
         for a in self.answers:
             if a.resource == new.resource and a.key != key and self._end(a, True) > now:
                 self.violation = Violation(
@@ -455,6 +485,7 @@ class World:
                 and a.resource != new.resource
                 and self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
                 and self._end(a, False) > now
+                and not self._paper_made_second(a, new)
             ):
                 self.violation = Violation(
                     "I2",
@@ -463,6 +494,19 @@ class World:
                     f"at t={self.t}",
                 )
         self.answers = self.answers | {new}
+
+    def _paper_made_second(self, a: Answer, b: Answer) -> bool:
+        """With ``legacy_agents``: of the two leases of one key ``a`` and ``b`` answer, the
+        later made is the paper's agent's (its race: it decides from the index alone, and
+        no agent beside it can stop that; docs/design.md, "Two agents acquiring one key at
+        once"). A tie or an unknown order counts as rasd's."""
+        if not self.cfg.legacy_agents:
+            return False
+        ma = next((m for m in self.made_of if m[0] == a.token), None)
+        mb = next((m for m in self.made_of if m[0] == b.token), None)
+        if ma is None or mb is None or ma[1] == mb[1]:
+            return False
+        return (ma if ma[1] > mb[1] else mb)[2] == "paper"
 
     def release_called(self, key: str) -> None:
         self.release_calls = (*self.release_calls, (key, self.true_us()))
@@ -565,8 +609,8 @@ class DaemonHost(Host):
             for k in sorted(w.table)
             if k[0] == CLIENT
             for r in (_res_of(w.table[k]),)
-            if r.key == eff.key and r.holder is not None
-        )
+            if r.key == eff.key
+        )  # consistent, as moto's index (docs/design.md: the guarantee with index lag)
         return [("", held)]
 
     def describe(self, eff: object) -> str:
@@ -800,6 +844,8 @@ def paper_agent(w0: World) -> Out:
         w = w0.clone()
         w.paper = (done, None)
         if w.land(paper_claim(cand, key, end)):
+            if cfg.legacy_agents:
+                w.made_by(cand.resource, "paper")
             tok = f"paper{done}"
             w.answer(Daemon(9, cfg.paper_offset), key, _paper_lease(cand, key, end, tok))
             out.append(

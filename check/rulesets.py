@@ -62,6 +62,10 @@ class Protocol:
     #: H (before hver): a holder is taken as current whatever wrote the item since, so orphan
     #: repair frees a lease the paper's agent made after its liberator left a stale holder
     holder_always_current: bool = False
+    #: S (before settling, with ``legacy_agents``): a won claim is confirmed and served
+    #: whatever the leased index shows after it landed, so rasd may make a key's second
+    #: lease beside the paper's agent's
+    settle_never_yields: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> D.Orphan:
         """The liberator's verdict on a held item (``rasd.decide.orphan_verdict``)."""
@@ -107,6 +111,11 @@ class Protocol:
     def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
         return D.on_extend_check(m, lease)
 
+    def on_settle(self, m: Mapping, held: list[ResourceItem], now_us: int) -> D.Confirm | D.YieldTo:
+        if self.settle_never_yields:
+            return D.Confirm(m)
+        return D.on_settle(m, held, now_us)
+
     def quarantine_us(self, rules: Rules, give_back: bool) -> int:
         """How long an early free (release, give-back, orphaned extension) stays
         unclaimable: A gives a lost acquisition's claim back at once, C frees all at once."""
@@ -144,6 +153,7 @@ BAD_D5 = Protocol("D5-orphan-quarantine-only", orphan_quarantine_only=True)
 BAD_D6 = Protocol("D6-dedupe-orphan-as-lease", dedupe_orphan_as_lease=True)
 BAD_Q = Protocol("Q-quarantine-in-index", quarantine_in_index=True)
 BAD_H = Protocol("H-holder-always-current", holder_always_current=True)
+BAD_S = Protocol("S-settle-never-yields", settle_never_yields=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -161,6 +171,7 @@ PROTOCOLS = {
         BAD_D6,
         BAD_Q,
         BAD_H,
+        BAD_S,
     )
 }
 
@@ -179,6 +190,7 @@ def ops_of(proto: Protocol) -> Ops:
         after_acquire=proto.after_acquire,
         after_extend=proto.after_extend,
         on_extend_check=proto.on_extend_check,
+        on_settle=proto.on_settle,
         free_claim=proto.free_claim,
         quarantine_us=proto.quarantine_us,
     )

@@ -27,6 +27,7 @@ from check.rulesets import (
     BAD_D6,
     BAD_H,
     BAD_Q,
+    BAD_S,
     REAL,
 )
 
@@ -563,5 +564,43 @@ def test_real_rules_leave_the_paper_agents_lease_alone() -> None:
     with pytest.raises(ValueError, match="not enabled"):
         script(STALE, REAL, [*_STALE_HOLDER, "liberator repair(ra)"])
     res = bfs(STALE, REAL, max_states=200_000, prefix=_STALE_HOLDER, ops_after_prefix=1)
+    assert res.complete, res.states
+    assert res.violation is None, format_trace(res)
+
+
+# --------------------------------------------- legacy_agents: both agents on one key
+MIXED = Config(
+    daemons=1,
+    keys=("k1",),
+    resources=("ra", "rb"),
+    max_ops=1,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    release=False,
+    ticks=(1,),
+    horizon=2,
+    paper_calls=1,
+    paper_key="k1",
+    legacy_agents=True,
+)
+
+
+def test_bad_s_serving_an_unsettled_claim_is_caught() -> None:
+    """S (before settling): with ``legacy_agents`` rasd's read finds no lease of k1, the
+    paper's agent leases k1 rb, then rasd's claim of ra lands and is served as it is: rasd
+    made k1's second lease in the region (I2; the model orders the two leases by their
+    claims, and a second lease the paper's agent made is its race, not a violation)."""
+    res = bfs(MIXED, BAD_S, max_states=200_000)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("paper get_lease(k1) claim(rb" in lab for lab in labels), format_trace(res)
+
+
+def test_real_rules_settle_beside_the_paper_agent() -> None:
+    """Every interleaving of one rasd acquisition of k1 (settled: leased index read after
+    its claim landed, then confirmed or yielded) with the paper's agent acquiring k1: rasd
+    never makes the second lease, and no resource goes to two keys."""
+    res = bfs(MIXED, REAL, max_states=200_000)
     assert res.complete, res.states
     assert res.violation is None, format_trace(res)
