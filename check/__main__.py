@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .explore import Result, bfs, format_trace, walks
 from .model import Config
-from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, REAL, Protocol
+from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, BAD_S, REAL, Protocol
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -128,6 +128,24 @@ DEDUPE_LIVE = (
 )
 #: which dedupe search must catch each known-bad dedupe rule set
 DEDUPE_BAD = ((BAD_D2, DEDUPE_PENDING), (BAD_D1, DEDUPE_LIVE))
+#: ``legacy_agents``: one daemon and the paper's agent acquire k1 at once (one call each, two
+#: ticks); the real rules settle, S serves its claim unsettled (docs/checker.md, "Both agents
+#: on one key")
+MIXED = Config(
+    daemons=1,
+    keys=("k1",),
+    resources=("ra", "rb"),
+    max_ops=1,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    release=False,
+    ticks=(1,),
+    horizon=2,
+    paper_calls=1,
+    paper_key="k1",
+    legacy_agents=True,
+)
 #: deep mode: two regions with everything on (faults, a crash, the liberator and its orphan
 #: repair, dedupe, releases, replication lag of one version), by random walks
 WALK_REGIONS = Config(
@@ -211,6 +229,15 @@ def run(quick: bool, seed: int, n_walks: int, budget_s: float) -> int:
             ok = False
         if proto is not REAL and res.violation is None:
             print(f"  !! known-bad rule set {proto.name} was NOT caught")
+            ok = False
+    for proto in (REAL, BAD_S):
+        res = bfs(MIXED, proto, max_seconds=budget_s)
+        res.mode = "bfs-mixed"
+        _print(res)
+        runs.append({**res.summary(), "config": asdict(MIXED)})
+        if (res.violation is None) != (proto is REAL):
+            if proto is not REAL:
+                print(f"  !! known-bad rule set {proto.name} was NOT caught")
             ok = False
     if not quick:
         res = walks(WALK_REGIONS, REAL, range(seed, seed + n_walks), steps, max_seconds=budget_s)

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, QUICK_BFS, WALK, _acquired
+from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, MIXED, QUICK_BFS, WALK, _acquired
 from check.explore import bfs, format_trace, script, walk, walks
 from check.model import Config
 from check.rulesets import (
@@ -569,21 +569,6 @@ def test_real_rules_leave_the_paper_agents_lease_alone() -> None:
 
 
 # --------------------------------------------- legacy_agents: both agents on one key
-MIXED = Config(
-    daemons=1,
-    keys=("k1",),
-    resources=("ra", "rb"),
-    max_ops=1,
-    max_faults=0,
-    max_crashes=0,
-    liberator=False,
-    release=False,
-    ticks=(1,),
-    horizon=2,
-    paper_calls=1,
-    paper_key="k1",
-    legacy_agents=True,
-)
 
 
 def test_bad_s_serving_an_unsettled_claim_is_caught() -> None:
