@@ -14,8 +14,13 @@ Two interpreters run them, and nothing else states the protocol:
 
 :func:`resolve` is a cache miss (``Acquirer.get_lease`` after single-flight): read the key's
 mappings, serve a live lease, verify a pending one against its resource, adopt a lease of the
-paper's agent, extend a lease too close to its end, acquire, fence, or wait. :func:`release`
-gives a lease back. The background programs (:func:`confirm`, :func:`free_claim`,
+paper's agent, extend a lease too close to its end, acquire, fence, or wait. With
+``legacy_agents`` (the paper's agents share the table) a pending mapping whose claim landed
+is never served as it is: :func:`beside_legacy` settles it (:func:`settle`: the leased index
+read after the claim landed, then :func:`confirm_now`, or the claim given back and the
+paper's lease adopted instead), and a lease past its end as its item records it is ended
+(:func:`end_lapsed`), not extended (docs/design.md, "Two agents acquiring one key at once").
+:func:`release` gives a lease back. The background programs (:func:`confirm`, :func:`free_claim`,
 :func:`fence_own_claim`, :func:`extend_bg`, :func:`reconfirm`, :func:`relist`) are started
 with :class:`~rasd.steps.Spawn` (or by the driver after a cache hit).
 
