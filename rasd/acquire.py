@@ -29,7 +29,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -418,7 +418,7 @@ class Acquirer:
         (``decide.beside_legacy``): the leased index read once more, then the mapping
         confirmed and served, or the paper's agent's lease adopted instead. None: read again."""
         while True:
-            b = D.beside_legacy(d, self.owner, self.clock.now_us(), self.rules)
+            b = D.beside_legacy(d)
             if not isinstance(b, D.Settle):
                 return b
             d2 = await self._settle(pool, key, b.mapping, deadline)
@@ -436,13 +436,18 @@ class Acquirer:
         s = D.on_settle(m, held, self.clock.now_us())
         if isinstance(s, D.YieldTo):
             self.counters.inc("lease.yielded")
-            # Our claim first leaves the leased index (no daemon served it: readers wait for a
-            # young pending mapping; the paper's lookups may have, so it is held to its end),
-            # so that they find only the lease adopted next; then the adoption, at the pending
-            # mapping's version. Should we stop in between, the pending mapping names a claim
-            # that no longer holds: readers take it over (rule 2), and find the paper's lease.
-            await self._free_claim((m.client_id, m.resource), key, m.token, within=deadline)
-            return await self._adopt(pool, key, [s.item], m.ver, deadline)
+            res, token = m.resource, m.token
+
+            async def give_back() -> None:
+                # The mapping, at the pending version, now names the other lease: our claim can
+                # no longer be confirmed, and no daemon served it. It leaves the leased index
+                # before the adoption writes the other item (which refreshes its
+                # ``lease_acquired``), so the paper's lookups never pick it beside that one
+                # (they may have answered it already: held to its end). Should we stop
+                # before the adoption, readers resolve the pending mapping (rule 2).
+                await self._free_claim((m.client_id, res), key, token, within=deadline)
+
+            return await self._adopt(pool, key, [s.item], m.ver, deadline, named=give_back)
         return await self._confirm_now(m, deadline)
 
     async def _confirm_now(self, m: Mapping, deadline: float) -> D.Serve | None:
@@ -458,7 +463,13 @@ class Acquirer:
         raise res.error or Timeout("confirmation outcome unknown")
 
     async def _adopt(
-        self, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int, deadline: float
+        self,
+        pool: Pool,
+        key: str,
+        held: list[ResourceItem],
+        expect_ver: int,
+        deadline: float,
+        named: Callable[[], Awaitable[None]] | None = None,
     ) -> D.Decision | None:
         """The key has no lease in our mapping, but the leased index shows a resource of our
         region held for it: a lease of the paper's agent. Read the item (strongly
@@ -503,6 +514,8 @@ class Acquirer:
         mres = await self.store.write(mw, deadline, names_claim(token, r.resource))
         ares = None
         if mres.outcome is D.Outcome.APPLIED:
+            if named is not None:
+                await named()  # the mapping names the lease now, not yet adopted
             ares = await self.store.write(
                 adopt(r, token, expect_ver + 1, now), deadline, holds(token, key)
             )
