@@ -447,17 +447,15 @@ class YieldTo:
     item: ResourceItem
 
 
-def beside_legacy(d: Decision | Settle, owner: str, now_us: int, rules: Rules) -> Decision | Settle:
+def beside_legacy(d: Decision | Settle) -> Decision | Settle:
     """With ``legacy_agents``: what to do instead of serving a pending mapping whose claim
-    landed (``Serve`` with ``confirm``). Its acquirer (``owner``: this daemon) settles it at
-    once; another daemon waits ``pending_hold`` for the acquirer, then settles it itself
-    (the acquirer died or stalled). Every other decision is unchanged (a Settle too)."""
-    if not (isinstance(d, Serve) and d.confirm is not None):
-        return d
-    m = d.confirm
-    if m.owner != owner and now_us - m.since_us < rules.pending_hold_us:
-        return Wait("another daemon is settling its claim beside the paper's agent")
-    return Settle(m)
+    landed (``Serve`` with ``confirm``): settle it, whoever reads it, its acquirer or another
+    daemon (``on_settle``; a settle's writes are conditional on the pending mapping's
+    version, so of two that race one wins, and nothing is answered before it won). Every
+    other decision is unchanged (a Settle too)."""
+    if isinstance(d, Serve) and d.confirm is not None:
+        return Settle(d.confirm)
+    return d
 
 
 def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:

@@ -367,7 +367,12 @@ def fence(r: ResourceItem) -> Program[None]:
 
 
 def adopt_paper_lease(
-    d: Daemon, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    held: list[ResourceItem],
+    expect_ver: int,
+    give_back: tuple[ItemKey, str] | None = None,
 ) -> Program[D.Decision | None]:
     """The key has no lease in our mapping, but the leased index shows a resource of our
     region held for it: a lease of the paper's agent. Read the item (strongly consistent);
@@ -375,7 +380,8 @@ def adopt_paper_lease(
     any acquisition), then record our token on the item (conditional on the version read).
     Returns what to do next: serve or extend the adopted lease, acquire (nothing to adopt,
     or it changed before our write: the mapping is then ours at the next version), or None
-    to read again (another daemon wrote the mapping)."""
+    to read again (another daemon wrote the mapping). ``give_back``: a claim of ours (item,
+    token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield Now()
     cid, pid = pool.client_id, pool.pool_id
     hint = pick([it for it in held if D.adoptable(it, cid, pid, key, d.region, now)])
@@ -407,6 +413,8 @@ def adopt_paper_lease(
     mres = yield Send(mw, names_claim(token, r.resource))
     ares = None
     if mres.outcome is Outcome.APPLIED:
+        if give_back is not None:  # the mapping names the lease now, not yet adopted
+            yield from give_back_now(d, give_back[0], key, give_back[1])
         ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.
@@ -436,7 +444,7 @@ def beside_legacy(
     (``decide.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again."""
     while True:
-        b = d.ops.beside_legacy(dec, d.owner, (yield Now()), d.rules)
+        b = d.ops.beside_legacy(dec)
         if not isinstance(b, D.Settle):
             return b
         settled = yield from settle(d, pool, key, b.mapping)
@@ -455,13 +463,14 @@ def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | 
     s = d.ops.on_settle(m, list(held), (yield Now()))
     if isinstance(s, D.YieldTo):
         yield Note("lease.yielded")
-        # Our claim first leaves the leased index (no daemon served it: readers wait for a
-        # young pending mapping; the paper's lookups may have, so it is held to its end),
-        # so that they find only the lease adopted next; then the adoption, at the pending
-        # mapping's version. Should we stop in between, the pending mapping names a claim
-        # that no longer holds: readers take it over (rule 2), and find the paper's lease.
-        yield from give_back_now(d, (m.client_id, m.resource), key, m.token)
-        return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver))
+        # The adoption's mapping write, at the pending version, names the other lease: our
+        # claim can then no longer be confirmed, and no daemon served it. It is given back
+        # before the adoption writes the other item (which refreshes its ``lease_acquired``),
+        # so the paper's lookups never pick it beside that one (they may have answered it
+        # already: held to its end). Should we stop before the adoption, readers resolve the
+        # pending mapping (rule 2).
+        ours = ((m.client_id, m.resource), m.token)
+        return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
     return (yield from confirm_now(s.mapping))
 
 

@@ -432,20 +432,21 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
             theirs.append(agent.get_lease(C, P, "k", now_us() + 3600 * L.US).resource)
             return (yield from acquire(*args))
 
-        adopt = S.adopt_paper_lease
+        write = d.store.write
         at_adoption: list[dict[str, list[str]]] = []
 
-        def adopt_seen(*args: Any) -> Any:
-            at_adoption.append(held_by(ddb, table))
-            return (yield from adopt(*args))
+        async def adopt_seen(w: Any, *args: Any, **kw: Any) -> Any:
+            if w.kind == "adopt":
+                at_adoption.append(held_by(ddb, table))
+            return await write(w, *args, **kw)
 
         monkeypatch.setattr(S, "acquire", paper_first)
-        monkeypatch.setattr(S, "adopt_paper_lease", adopt_seen)
+        monkeypatch.setattr(d.store, "write", adopt_seen)
         got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
         assert theirs and got.resource == theirs[0] and not got.new
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
-        # our claim had left the leased index before the adoption: the paper's lookups in
-        # between found the paper's lease alone
+        # our claim had left the leased index before the adoption's write: the paper's
+        # lookups never find it beside the adopted lease with its refreshed lease_acquired
         assert at_adoption == [{"k": theirs}]
         await d.acquirer.drain(2.0)  # the give-back of our claim
     assert held_by(ddb, table) == {"k": theirs}

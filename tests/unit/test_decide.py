@@ -263,18 +263,15 @@ def held(
 
 
 def test_beside_legacy_settles_a_landed_claim_instead_of_serving_it() -> None:
-    """The acquirer settles its own landed claim at once; another daemon waits for it while
-    the mapping is young, and settles it itself once it is older than pending_hold."""
+    """A pending mapping whose claim landed is settled before it is served, by whoever
+    reads it; anything else is left as it is."""
     mine = replace(m(state=L.PENDING, since=NOW), owner="me")
     landed = D.Serve(L.lease_from_mapping(mine), confirm=mine)
-    assert D.beside_legacy(landed, "me", NOW, RULES) == D.Settle(mine)
-    assert isinstance(D.beside_legacy(landed, "other", NOW + 1 * S, RULES), D.Wait)
-    assert D.beside_legacy(landed, "other", NOW + 2 * S, RULES) == D.Settle(mine)
-    # anything else is left as it is: a live lease, a foreign one, an extension
+    assert D.beside_legacy(landed) == D.Settle(mine)
     live = D.Serve(L.lease_from_mapping(m()))
-    assert D.beside_legacy(live, "me", NOW, RULES) is live
-    assert D.beside_legacy(D.Extend(m()), "me", NOW, RULES) == D.Extend(m())
-    assert D.beside_legacy(D.Settle(mine), "other", NOW, RULES) == D.Settle(mine)
+    assert D.beside_legacy(live) is live
+    assert D.beside_legacy(D.Extend(m())) == D.Extend(m())
+    assert D.beside_legacy(D.Settle(mine)) == D.Settle(mine)
 
 
 def test_on_settle_yields_to_a_lease_of_the_paper_agent_made_meanwhile() -> None:
