@@ -50,7 +50,18 @@ A record with ``agent: "paper"`` is an answer of the paper's in-process agent
 * a split or lost lease that involves a rasd answer is a failure; one between two paper
   answers alone is the paper's own race (two of its agents claiming for a key that its
   index does not show yet, or a claim whose reply was lost and retried): counted apart as
-  ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures.
+  ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures;
+* with ``creations`` (the claims the run's proxies saw apply, chaos.proxy.claim_of), each
+  split and lost lease also says who made **the second lease** (``second``): of the two
+  leases, the one whose making write applied after the other's had. A lease is made by its
+  claim, or made again by an extension past its end (its answers' validity has a gap since
+  its claim: the first call answering it after the gap extended it, and only rasd extends).
+  A second lease made by the paper's agent, beside a running lease of rasd's or its own, is
+  the paper's race: its lookup read the index before the first lease was there and its
+  claim is conditioned on nothing about the key, so no agent beside it can stop that write
+  (docs/design.md, "Two agents acquiring one key at once"). Those are counted apart
+  (``paper_made_splits``, ``paper_made_lost_leases``); a second lease made by rasd, or one
+  whose order the write times cannot tell, stays a failure.
 """
 
 from __future__ import annotations
@@ -244,7 +255,115 @@ def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
     return out
 
 
-def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+class Makers:
+    """Who made each lease of a key, and when (see the module docstring), from what the run's
+    proxies saw take effect (``events``: dicts with ``kind``, key, resource, sent, got, agent;
+    ``chaos.proxy.lease_event``) and, for events without extensions, the answers' validity.
+
+    A lease is made by its claim. It is made again by an extension that took effect after its
+    end (rasd's; the paper's agent never extends): one sent after the end surely did, one
+    whose reply came after it may have, so the lease counts as made again somewhere between
+    the end and that reply. Without extension events, a gap in the validity of its answers
+    since the claim stands for such an extension (the call that answered it first after the
+    gap made it again)."""
+
+    def __init__(self, ans: Iterable[Answer], events: Iterable[Mapping[str, Any]]) -> None:
+        Made = tuple[float, float, str, float]  # sent, got, agent, end
+        self.claims: dict[tuple[str, str], list[Made]] = defaultdict(list)
+        self.extends: dict[tuple[str, str], list[tuple[float, float, float]]] = defaultdict(list)
+        #: key -> leased-index reads: (sent, got, resources shown)
+        self.lookups: dict[str, list[tuple[float, float, frozenset[str]]]] = defaultdict(list)
+        self.exact = False
+        for e in events:
+            kind = str(e.get("kind", "claim"))
+            sent, got = float(e["sent"]), float(e["got"])
+            if kind == "lookup":
+                self.lookups[str(e["key"])].append((sent, got, frozenset(e["resources"])))
+                continue
+            kr = (str(e["key"]), str(e["resource"]))
+            end = float(e.get("end", math.inf))
+            if kind == "extend":
+                self.exact = True
+                self.extends[kr].append((sent, got, end))
+            else:
+                self.claims[kr].append((sent, got, str(e["agent"]), end))
+        for v in self.claims.values():
+            v.sort()
+        for w in self.extends.values():
+            w.sort()
+        per: dict[tuple[str, str], list[Answer]] = defaultdict(list)
+        for a in ans:
+            per[(a.key, a.resource)].append(a)
+        #: (key, resource) -> runs of validity: [from, to, first call's start, its answer]
+        self.runs: dict[tuple[str, str], list[list[float]]] = {}
+        for kr, xs in per.items():
+            runs: list[list[float]] = []
+            for a in sorted(xs, key=lambda x: x.received):
+                if a.end <= a.received:
+                    continue
+                if runs and a.received <= runs[-1][1]:
+                    runs[-1][1] = max(runs[-1][1], a.end)
+                else:
+                    runs.append([a.received, a.end, a.start, a.received])
+            self.runs[kr] = runs
+
+    def made(self, key: str, resource: str, at: float) -> tuple[float, float, str, bool] | None:
+        """(from, to, agent, claimed): the write that made the lease of ``key`` on
+        ``resource`` that runs at ``at`` took effect between ``from`` and ``to``; ``claimed``
+        when it is the claim (which puts the item in the leased index), not an extension.
+        None when no claim was seen."""
+        claims = [c for c in self.claims.get((key, resource), []) if c[0] <= at]
+        if not claims:
+            return None
+        sent, got, agent, end = claims[-1]
+        made = (sent, got, agent, True)
+        if self.exact:
+            for s2, g2, e2 in self.extends.get((key, resource), []):
+                if s2 < sent or s2 > at:
+                    continue
+                if g2 > end:  # took effect after the lease's end, or may have
+                    made = (max(s2, end), g2, RASD, False)
+                end = max(end, e2)
+            return made
+        since = [r for r in self.runs.get((key, resource), []) if sent <= r[0] <= at]
+        if len(since) > 1:  # answered again after a gap: extended past its end
+            return (since[-1][2], since[-1][3], RASD, False)
+        return made
+
+    def _unseen_after(
+        self, key: str, first: tuple[float, float, str, bool], res: str, at: float
+    ) -> bool:
+        """Did a read of the leased index that began after ``first`` took effect, and ended by
+        ``at``, not show the item ``res``? Its claim, held from where it took effect to
+        ``at``, then took effect after that read: after ``first``."""
+        return any(
+            first[1] <= q_sent and q_got <= at and res not in shown
+            for q_sent, q_got, shown in self.lookups.get(key, [])
+        )
+
+    def second(self, key: str, a: str, b: str, at: float) -> dict[str, Any]:
+        """Of the leases of ``key`` on resources ``a`` and ``b`` running at ``at``: which was
+        made second, and by whom ("unknown" when the order cannot be told)."""
+        ma, mb = self.made(key, a, at), self.made(key, b, at)
+        if ma is None or mb is None:
+            return {"by": "unknown"}
+
+        def found(res: str, m: tuple[float, float, str, bool], other: float) -> dict[str, Any]:
+            return {"resource": res, "by": m[2], "made": [m[0], m[1]], "after": other}
+
+        if ma[1] < mb[0]:
+            return found(b, mb, ma[1])
+        if mb[1] < ma[0]:
+            return found(a, ma, mb[1])
+        # the writes' intervals overlap: a read of the index between them may order them
+        if mb[3] and self._unseen_after(key, ma, b, at):
+            return found(b, mb, ma[1])
+        if ma[3] and self._unseen_after(key, mb, a, at):
+            return found(a, ma, mb[1])
+        return {"by": PAPER if ma[2] == mb[2] == PAPER else "unknown"}
+
+
+def in_region_splits(ans: Iterable[Answer], makers: Makers | None = None) -> list[dict[str, Any]]:
     """Every split, once per (key, region, resource pair). A finding is ``paper_only`` when
     only pairs of two paper answers overlap; ``agents`` lists the agent pairs that do;
     ``concurrent`` says the two leases' acquisitions ran at once (each call started before
@@ -281,6 +400,7 @@ def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
             agents = sorted({"/".join(sorted((ga, gb))) for ga, gb, _s, _e in found})
             paper_only = agents == [f"{PAPER}/{PAPER}"]
             qa, qb = acquired(key, region, ra, s), acquired(key, region, rb, s)
+            extra = {} if makers is None else {"second": makers.second(key, ra, rb, s)}
             out.append(
                 _finding(
                     key=key,
@@ -291,6 +411,7 @@ def in_region_splits(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                     concurrent=qa.start < qb.received and qb.start < qa.received,
                     start=s,
                     end=e,
+                    **extra,
                 )
             )
     return out
@@ -309,7 +430,7 @@ def cross_region_duplicates(ans: Iterable[Answer]) -> list[dict[str, Any]]:
     return out
 
 
-def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
+def lost_leases(ans: Iterable[Answer], makers: Makers | None = None) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[Answer]] = defaultdict(list)
     for a in ans:
         groups[(a.key, a.region)].append(a)
@@ -336,6 +457,11 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                 pair = f"{agent}/{cur.agent}"
                 f = found.get((res, cur.resource))
                 if f is None:
+                    extra = (
+                        {}
+                        if makers is None
+                        else {"second": makers.second(key, res, cur.resource, cur.received)}
+                    )
                     found[(res, cur.resource)] = _finding(
                         key=key,
                         region=region,
@@ -345,6 +471,7 @@ def lost_leases(ans: Iterable[Answer]) -> list[dict[str, Any]]:
                         paper_only=pair == f"{PAPER}/{PAPER}",
                         start=cur.received,
                         end=end,
+                        **extra,
                     )
                 elif pair not in f["agents"]:
                     f["agents"] = sorted([*f["agents"], pair])
@@ -452,8 +579,9 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
       region's mapping names it).
 
     A held item that no mapping names is an orphan, counted apart (never served; the
-    liberator's orphan repair frees it). ``items`` are raw DynamoDB attribute maps; meta
-    items and other clients are ignored."""
+    liberator's orphan repair frees it); so is one whose ``holder`` is stale (the paper's
+    agent claimed it since: its lease, named by no mapping, whatever an old one says).
+    ``items`` are raw DynamoDB attribute maps; meta items and other clients are ignored."""
     now_us = int(now * US)
     both: list[str] = []
     neither: list[str] = []
@@ -481,7 +609,7 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
         key = it.get("key", {}).get("S")
         # free: in the available index, or quarantined out of it until re-listed
         avail = it.get("lease_available", it.get("quarantine_until", {})).get("S")
-        holders[res] = it.get("holder", {}).get("S") if key is not None else None
+        holders[res] = current_holder(it) if key is not None else None
         counts["resources"] += 1
         if key is not None and avail is not None:
             both.append(res)
@@ -491,8 +619,8 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
             counts["free"] += 1
             continue
         counts["leased"] += 1
-        if (it.get("holder", {}).get("S"), res) not in named:
-            counts["orphans"] += 1
+        if (holders[res], res) not in named:
+            counts["orphans"] += 1  # no mapping names it, or held by the paper's agent
     unheld = sorted(
         f"{m.key}@{m.region}->{m.resource}"
         for m in maps
@@ -521,6 +649,18 @@ def table_checks(items: Iterable[Mapping[str, Any]], client_id: str, now: float)
     }
 
 
+def current_holder(it: Mapping[str, Any]) -> str | None:
+    """A resource item's ``holder`` while it is rasd's acquisition: ``hver`` moves with
+    ``version`` on every rasd write; the paper's claim and the liberator move ``version``
+    alone, so a holder they leave behind is stale (``ResourceItem.holder_current``), whatever
+    a lapsed mapping still names."""
+    hver = it.get("hver", {}).get("N")
+    if hver is not None and hver != it.get("version", {}).get("N"):
+        return None
+    holder = it.get("holder", {}).get("S")
+    return holder if isinstance(holder, str) else None
+
+
 def running_leases(
     items: Iterable[Mapping[str, Any]], client_id: str, now: float
 ) -> dict[str, tuple[str, str]]:
@@ -544,7 +684,7 @@ def running_leases(
             continue
         key = it.get("key", {}).get("S")
         res = it["resource"]["S"]
-        if key is None or (it.get("holder", {}).get("S"), res) not in named:
+        if key is None or (current_holder(it), res) not in named:
             continue
         exp = it.get("lease_expires", {}).get("S")
         if exp is not None and parse_time(exp) > now_us:
@@ -643,25 +783,42 @@ def evidence(
 
 
 # ---------------------------------------------------------------------------- all of it
+def paper_made(f: Mapping[str, Any]) -> bool:
+    """A split or lost lease whose second lease the paper's agent made (``Makers.second``)."""
+    return bool(f.get("second", {}).get("by") == PAPER)
+
+
+def rasd_made(f: Mapping[str, Any]) -> bool:
+    """... whose second lease rasd made: a failure even between two paper answers."""
+    return bool(f.get("second", {}).get("by") == RASD)
+
+
 def audit(
     records: Sequence[Mapping[str, Any]],
     outage: tuple[float, float] | None = None,
     release_scope: str = "key",
     quarantine_window: float | None = None,
+    creations: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every history finding and the availability figures (the table checks are separate).
-    ``quarantine_window`` defaults to the daemons' quarantine minus the clock-skew bound."""
+    ``quarantine_window`` defaults to the daemons' quarantine minus the clock-skew bound.
+    ``creations``: the claims the run saw apply (module docstring), for who made the second
+    lease of each split; without them every split involving rasd counts."""
     if quarantine_window is None:
         cfg = Config()
         quarantine_window = cfg.quarantine - cfg.max_clock_skew
     ans = answers(records, release_scope, quarantine_window)
+    makers = None if creations is None else Makers(ans, creations)
     dbl = double_allocations(ans)
-    splits = in_region_splits(ans)
-    spl = [f for f in splits if not f["paper_only"]]
-    spl_paper = [f for f in splits if f["paper_only"]]
-    losts = lost_leases(ans)
-    lost = [f for f in losts if not f["paper_only"]]
-    lost_paper = [f for f in losts if f["paper_only"]]
+    splits = in_region_splits(ans, makers)
+    # failures: rasd made the second lease, or (order unknown) a rasd answer is in it
+    spl = [f for f in splits if rasd_made(f) or not (f["paper_only"] or paper_made(f))]
+    spl_paper = [f for f in splits if f["paper_only"] and not rasd_made(f)]
+    spl_made = [f for f in splits if paper_made(f) and not f["paper_only"]]
+    losts = lost_leases(ans, makers)
+    lost = [f for f in losts if rasd_made(f) or not (f["paper_only"] or paper_made(f))]
+    lost_paper = [f for f in losts if f["paper_only"] and not rasd_made(f)]
+    lost_made = [f for f in losts if paper_made(f) and not f["paper_only"]]
     xreg = cross_region_duplicates(ans)
     rasd = [r for r in records if agent_of(r) == RASD]
     out = {
@@ -674,6 +831,10 @@ def audit(
         # fleet, docs/design.md "Beside the paper's agent": what the index cannot give)
         "in_region_splits_concurrent": sum(1 for f in spl if f["concurrent"]),
         "paper_only_lost_leases": len(lost_paper),
+        # beside a rasd answer, the second lease made by the paper's agent (its race; with
+        # ``creations`` only)
+        "paper_made_splits": len(spl_made),
+        "paper_made_lost_leases": len(lost_made),
         "cross_region_duplicates": len(xreg),
         "examples": {
             "double_allocations": dbl[:EXAMPLES],
@@ -681,6 +842,8 @@ def audit(
             "lost_leases": lost[:EXAMPLES],
             "paper_only_splits": spl_paper[:EXAMPLES],
             "paper_only_lost_leases": lost_paper[:EXAMPLES],
+            "paper_made_splits": spl_made[:EXAMPLES],
+            "paper_made_lost_leases": lost_made[:EXAMPLES],
             "cross_region_duplicates": xreg[:EXAMPLES],
         },
         # rasd's calls: what the daemons did under the faults (the figures of rasd-only runs)

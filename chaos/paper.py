@@ -27,7 +27,7 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
+from bench.baseline import BaselineAgent, BaselineLease, NoCapacity, paper_liberate
 from rasd.lease import US
 
 from .app import DURATIONS
@@ -50,13 +50,27 @@ def ddb_client(url: str, read_timeout: float, max_attempts: int) -> Any:
     )
 
 
+class StampedAgent(BaselineAgent):
+    """The paper's agent, unchanged, that notes when its last lookup's answer arrived (the
+    index as it read it: a lease made after this is one it could not see)."""
+
+    looked: float = 0.0
+
+    def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
+        try:
+            return super().lookup(client_id, pool_id, key, now_us)
+        finally:
+            self.looked = time.time()
+
+
 def call(
-    agent: BaselineAgent, app: int, key: str, asked: float, client: str, pool: str
+    agent: StampedAgent, app: int, key: str, asked: float, client: str, pool: str
 ) -> dict[str, Any]:
     """One get_lease of the paper's agent as a history record (``chaos.app.call``'s format)."""
     rec: dict[str, Any] = {"op": "get_lease", "agent": "paper", "app": app, "key": key}
     rec.update(sock="", daemon=-1, region=agent.region, asked=asked)
     m0, t0 = time.monotonic(), time.time()
+    agent.looked = 0.0
     try:
         lease = agent.get_lease(client, pool, key, int((t0 + asked) * US))
         rec.update(
@@ -72,13 +86,15 @@ def call(
     except Exception as exc:  # noqa: BLE001 - recorded as an indeterminate call
         rec.update(ok=False, error="CLIENT_" + type(exc).__name__, message=str(exc)[:200])
     rec.update(m0=m0, m1=time.monotonic(), t0=t0, t1=time.time())
+    if agent.looked:
+        rec["looked"] = agent.looked  # its lookup's answer arrived (wall clock)
     return rec
 
 
 def run_agent(args: argparse.Namespace) -> int:
     rng = random.Random(f"{args.seed}/paper/{args.app}")
     ddb = ddb_client(args.endpoint_url, args.read_timeout, args.max_attempts)
-    agent = BaselineAgent(args.table, args.region, None, ddb=ddb, paper=True)
+    agent = StampedAgent(args.table, args.region, None, ddb=ddb, paper=True)
     n = 0
     with open(args.out, "a", buffering=1) as out:
         while n < args.max_ops and time.time() < args.until:

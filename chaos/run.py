@@ -61,7 +61,7 @@ from rasd.lease import is_tombstone, item_from_ddb
 from sim import replicator
 
 from . import audit as A
-from .proxy import FaultPlan, FaultProxy, start_proxies, totals
+from .proxy import FaultPlan, FaultProxy, Trace, start_proxies, totals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -94,6 +94,8 @@ class Params:
     table: str = "rasd-chaos"
     results_dir: str = str(RESULTS)
     keep_workdir: bool = False
+    #: record the writes reaching DynamoDB through the proxies (work dir's trace.jsonl; kept)
+    trace: bool = False
     regions: tuple[str, ...] = REGIONS
     log: bool = True
     #: the mixed fleet: workers of the paper's agent and its liberator beside rasd
@@ -754,7 +756,8 @@ def run(p: Params) -> dict[str, Any]:
         paper_proxies = p.paper_workers if p.mixed and p.paper_faults else 0
         upstreams = [endpoints[p.regions[i % len(p.regions)]] for i in range(p.daemons)]
         upstreams += [endpoints[home]] * paper_proxies
-        proxies = start_proxies(upstreams, plan, p.seed)
+        trace = Trace(str(work / "trace.jsonl")) if p.trace else None
+        proxies = start_proxies(upstreams, plan, p.seed, trace)
         for i in range(p.daemons):
             daemons.append(
                 Daemon(
@@ -867,7 +870,12 @@ def run(p: Params) -> dict[str, Any]:
         else:
             table = A.table_checks(scan(ddbs[home], p.table), CLIENT, scanned_at)
             replication = None
-        audit = A.audit(records, plan.outage)
+        made = creations(p, proxies)
+        if made is not None:  # kept beside the result, for digging into a finding
+            Path(p.results_dir).mkdir(parents=True, exist_ok=True)
+            with open(Path(p.results_dir) / f"{p.label}-lease-events.jsonl", "w") as f:
+                f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in made)
+        audit = A.audit(records, plan.outage, creations=made)
         writes = replication_writes(work / "replication.jsonl") + admin_writes(events.admin)
         for name in ("double_allocations", "in_region_splits", "lost_leases"):
             A.evidence(audit["examples"][name], writes)
@@ -905,6 +913,8 @@ def run(p: Params) -> dict[str, Any]:
             kill_group(d.proc)
         for px in proxies:
             px.stop()
+        if proxies and proxies[0].trace is not None:
+            proxies[0].trace.close()
         if rep is not None:
             kill_group(rep)
         for moto in motos:
@@ -912,10 +922,24 @@ def run(p: Params) -> dict[str, Any]:
                 if moto.stdin is not None:
                     moto.stdin.close()
             kill_group(moto)
-        if p.keep_workdir:
+        if p.keep_workdir or p.trace:
             say(p, f"work directory kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | None:
+    """The claims the proxies saw apply, each with the agent that sent it (the daemons' proxies
+    come first, then the paper workers'), for the audit's "who made the second lease"; None
+    unless the run is mixed with the paper's workers behind proxies (chaos.audit counts every
+    split involving rasd then)."""
+    if not (p.mixed and p.paper_faults):
+        return None
+    out: list[dict[str, Any]] = []
+    for i, px in enumerate(proxies):
+        agent = A.RASD if i < p.daemons else A.PAPER
+        out.extend({**c, "agent": agent} for c in px.events)
+    return out
 
 
 def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:
@@ -1014,6 +1038,8 @@ def table(result: dict[str, Any]) -> str:
         rows += [
             ("paper-only splits (the paper's race)", a["paper_only_splits"]),
             ("paper-only lost leases", a["paper_only_lost_leases"]),
+            ("splits: second lease the paper's (its race)", a.get("paper_made_splits", "-")),
+            ("lost leases: second lease the paper's", a.get("paper_made_lost_leases", "-")),
             ("  in-region splits whose acquisitions ran at once", a["in_region_splits_concurrent"]),
         ]
         for name, g in agents.items():
@@ -1080,6 +1106,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", default=d.results_dir)
     ap.add_argument("--keep-workdir", action="store_true", help="keep histories and logs")
     ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="record every write through the proxies in the work directory's trace.jsonl "
+        "(kept, as with --keep-workdir)",
+    )
+    ap.add_argument(
         "--mixed",
         action="store_true",
         help="a mixed fleet: workers of the paper's agent and its liberator beside rasd",
@@ -1141,6 +1173,7 @@ def main(argv: list[str] | None = None) -> int:
         or ("mixed-" if args.mixed else "") + ("full" if args.duration >= 300 else "short"),
         results_dir=args.results_dir,
         keep_workdir=args.keep_workdir,
+        trace=args.trace,
         mixed=args.mixed,
         paper_workers=args.paper_workers,
         paper_faults=not args.no_paper_faults,

@@ -39,6 +39,7 @@ from .lease import (
     ResourceItem,
     lease_from_mapping,
     parse_time,
+    pick,
 )
 
 
@@ -472,3 +473,96 @@ def adoptable(
         and r.lease_expires_us is not None
         and r.lease_expires_us > now_us
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Beside the paper's agent: a pending mapping whose claim landed (``mapping``) is not
+    served, by its acquirer or a reader, before one more look at the leased index made after
+    the claim landed (:func:`on_settle`) and, if that shows no rival, the mapping confirmed."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """No rival: write ``mapping`` live (``map_confirm``) and serve it once that applied."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class YieldTo:
+    """A lease of the paper's agent for the key in our region, ``item``, was made while our
+    claim was in flight: adopt it at the pending mapping's version (our claim, which no one
+    was answered with, is then given back)."""
+
+    mapping: Mapping
+    item: ResourceItem
+
+
+def beside_legacy(d: Decision | Settle) -> Decision | Settle:
+    """With ``legacy_agents``: what to do instead of serving a pending mapping whose claim
+    landed (``Serve`` with ``confirm``): settle it, whoever reads it, its acquirer or another
+    daemon (``on_settle``; a settle's writes are conditional on the pending mapping's
+    version, so of two that race one wins, and nothing is answered before it won). Every
+    other decision is unchanged (a Settle too)."""
+    if isinstance(d, Serve) and d.confirm is not None:
+        return Settle(d.confirm)
+    return d
+
+
+def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:
+    """Another running lease of ``m``'s key and region in ``held`` (the leased index, read
+    after ``m``'s claim landed), or None: the paper's agent's, or a claim of rasd's that no
+    mapping names (its acquisition lost the mapping, or its outcome was unknown: never served
+    by rasd, but the paper's agent answers whatever the index shows for the key). ``m`` is
+    the key's mapping in the region, so no other item held for the key there is a rasd
+    lease. The earliest, as ``pick`` orders them (the paper's agent's lookup makes the same
+    choice)."""
+    found = [
+        it
+        for it in held
+        if it.resource != m.resource
+        and adoptable(it, m.client_id, m.pool_id, m.key, m.region, now_us)
+    ]
+    return pick(found)
+
+
+def on_settle(m: Mapping, held: list[ResourceItem], now_us: int) -> Confirm | YieldTo:
+    """A pending mapping ``m`` whose claim landed, and the leased index read after that.
+
+    The paper's agent decides from the index alone and its claim is conditioned on nothing
+    about the key, so while both agents acquire a key at once either can make the second
+    lease. This rule makes it never rasd's answer: rasd serves its claim only if an index
+    read made after the claim landed shows no rival; a rival that shows up later was made by
+    the paper's agent after our lease was in the index (docs/design.md, "Two agents acquiring
+    one key at once")."""
+    r = rival(m, held, now_us)
+    return Confirm(m) if r is None else YieldTo(m, r)
+
+
+@dataclass(frozen=True, slots=True)
+class EndLapsed:
+    """Beside the paper's agent: our lease is past its end as its resource item records it
+    (no answer of it, rasd's or the paper's agent's, runs any more). End it (the mapping
+    released at the version read, then the resource freed) and read again: the key acquires
+    anew, adopting what the paper's agent may have leased it since its end."""
+
+    mapping: Mapping
+
+
+def on_lapsed(m: Mapping, r: ResourceItem | None, now_us: int) -> Extend | EndLapsed:
+    """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m`` already past its
+    end (on the mapping), and ``r`` is its resource item, read consistently after.
+
+    The paper's agent takes a lease's end as final: past it, its lookup sees no lease and it
+    claims another resource for the key. Extending ours then would make it run again beside
+    that one. The item, not the mapping, says whether it is over: an extension writes the
+    item first (the mapping can lag it), and both agents answer at most the item's end. An
+    item that still runs is extended as before; one whose end has passed, or that no longer
+    carries our claim, is ended."""
+    held = r is not None and r.holder == m.token and r.key == m.key
+    if held and r is not None and r.lease_expires_us is not None and r.lease_expires_us > now_us:
+        return Extend(m)
+    return EndLapsed(m)

@@ -794,6 +794,11 @@ def names_claim(token: str, resource: str) -> ReadBack:
     return lambda it: it.get("token") == token and it.get("res") == resource
 
 
+def confirmed(token: str) -> ReadBack:
+    """The mapping names ``token`` and is live (``map_confirm``)."""
+    return lambda it: it.get("token") == token and it.get("state") == LIVE
+
+
 def holds(token: str, key: str) -> ReadBack:
     """The resource is held by our acquisition (``claim``)."""
     return lambda it: it.get("holder") == token and it.get("key") == key

@@ -14,8 +14,13 @@ Two interpreters run them, and nothing else states the protocol:
 
 :func:`resolve` is a cache miss (``Acquirer.get_lease`` after single-flight): read the key's
 mappings, serve a live lease, verify a pending one against its resource, adopt a lease of the
-paper's agent, extend a lease too close to its end, acquire, fence, or wait. :func:`release`
-gives a lease back. The background programs (:func:`confirm`, :func:`free_claim`,
+paper's agent, extend a lease too close to its end, acquire, fence, or wait. With
+``legacy_agents`` (the paper's agents share the table) a pending mapping whose claim landed
+is never served as it is: :func:`beside_legacy` settles it (:func:`settle`: the leased index
+read after the claim landed, then :func:`confirm_now`, or the claim given back and the
+paper's lease adopted instead), and a lease past its end as its item records it is ended
+(:func:`end_lapsed`), not extended (docs/design.md, "Two agents acquiring one key at once").
+:func:`release` gives a lease back. The background programs (:func:`confirm`, :func:`free_claim`,
 :func:`fence_own_claim`, :func:`extend_bg`, :func:`reconfirm`, :func:`relist`) are started
 with :class:`~rasd.steps.Spawn` (or by the driver after a cache hit).
 
@@ -47,6 +52,7 @@ from ..lease import (
     ResourceItem,
     adopt,
     claim,
+    confirmed,
     extend_resource,
     extended_to,
     fence_resource,
@@ -215,6 +221,12 @@ class Ops:
     on_release_resource: Callable[..., D.Decision] = field(
         default=D.on_release_resource, repr=False
     )
+    #: with ``legacy_agents``: a pending mapping whose claim landed is settled, not served
+    beside_legacy: Callable[..., D.Decision | D.Settle] = field(default=D.beside_legacy, repr=False)
+    #: settling: confirm our claim, or yield to the paper's lease the leased index shows
+    on_settle: Callable[..., D.Confirm | D.YieldTo] = field(default=D.on_settle, repr=False)
+    #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
+    on_lapsed: Callable[..., D.Extend | D.EndLapsed] = field(default=D.on_lapsed, repr=False)
     #: the early free's write (``rasd.lease.free_claim``)
     free_claim: Callable[..., Write] = field(default=L.free_claim, repr=False)
     #: how long an early free stays unclaimable: (rules, give_back) -> microseconds
@@ -287,6 +299,11 @@ def resolve(
         if adopted is None:
             return (yield from goto(resolve, d, pool, key, requested_us, wait))
         dec = adopted
+    if d.legacy_agents:
+        settled = yield from beside_legacy(d, pool, key, dec)
+        if settled is None:
+            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+        dec = settled
     if isinstance(dec, D.Serve):
         yield CachePut(dec.lease, sent)
         if dec.confirm is not None:
@@ -294,15 +311,36 @@ def resolve(
         yield Note("lease.existing")
         yield Refresh(dec.lease, requested_us)
         return dec.lease, False
+    if (
+        isinstance(dec, D.Extend)
+        and d.legacy_agents
+        and dec.mapping.expires_us is not None
+        and dec.mapping.expires_us <= (yield Now())
+    ):
+        r = yield from resource(pool.client_id, dec.mapping.resource or "")
+        lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
+        if isinstance(lapsed, D.EndLapsed):
+            yield from end_lapsed(d, lapsed.mapping)
+            return (yield from goto(resolve, d, pool, key, requested_us, wait))
     if isinstance(dec, D.Extend):
         lease = yield from extend_now(d, dec.mapping, requested_us)
         if lease is not None:
             return lease, False
         return (yield from goto(resolve, d, pool, key, requested_us, wait))
     if isinstance(dec, D.Acquire):
-        lease = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
-        if lease is not None:
-            return lease, True
+        got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
+        if isinstance(got, Mapping):
+            # legacy_agents: our claim won; served only once settled
+            done = yield from beside_legacy(d, pool, key, D.Settle(got))
+            if isinstance(done, D.Serve):
+                yield CachePut(done.lease, sent)
+                ours = done.lease.resource == got.resource
+                yield Note("lease.new" if ours else "lease.existing")
+                return done.lease, ours
+            # yielded, then not servable at once: read again
+            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+        if got is not None:
+            return got, True
         return (yield from goto(resolve, d, pool, key, requested_us, wait))
     if isinstance(dec, D.FenceResource):
         yield from fence(dec.resource)
@@ -329,7 +367,12 @@ def fence(r: ResourceItem) -> Program[None]:
 
 
 def adopt_paper_lease(
-    d: Daemon, pool: Pool, key: str, held: list[ResourceItem], expect_ver: int
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    held: list[ResourceItem],
+    expect_ver: int,
+    give_back: tuple[ItemKey, str] | None = None,
 ) -> Program[D.Decision | None]:
     """The key has no lease in our mapping, but the leased index shows a resource of our
     region held for it: a lease of the paper's agent. Read the item (strongly consistent);
@@ -337,7 +380,8 @@ def adopt_paper_lease(
     any acquisition), then record our token on the item (conditional on the version read).
     Returns what to do next: serve or extend the adopted lease, acquire (nothing to adopt,
     or it changed before our write: the mapping is then ours at the next version), or None
-    to read again (another daemon wrote the mapping)."""
+    to read again (another daemon wrote the mapping). ``give_back``: a claim of ours (item,
+    token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield Now()
     cid, pid = pool.client_id, pool.pool_id
     hint = pick([it for it in held if D.adoptable(it, cid, pid, key, d.region, now)])
@@ -369,6 +413,8 @@ def adopt_paper_lease(
     mres = yield Send(mw, names_claim(token, r.resource))
     ares = None
     if mres.outcome is Outcome.APPLIED:
+        if give_back is not None:  # the mapping names the lease now, not yet adopted
+            yield from give_back_now(d, give_back[0], key, give_back[1])
         ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.
@@ -376,7 +422,12 @@ def adopt_paper_lease(
     if isinstance(step, D.Won):
         assert ares is not None and ares.item is not None
         yield Note("lease.adopted")
-        return d.ops.on_resource(m, resource_from(ares.item), (yield Now()), d.rules)
+        dec = d.ops.on_resource(m, resource_from(ares.item), (yield Now()), d.rules)
+        if isinstance(dec, D.Serve) and dec.confirm is not None:
+            # Settled already: the lease is the paper agent's own. Confirmed before it is
+            # served, as a settled claim is (readers wait for it meanwhile).
+            return (yield from confirm_now(dec.confirm))
+        return dec
     if isinstance(step, D.NextCandidate):
         yield Note("lease.adopt_lost")
         return D.Acquire(step.expect_ver)
@@ -386,11 +437,78 @@ def adopt_paper_lease(
     raise _error_of(mres, *(() if ares is None else (ares,))) or Timeout("adoption outcome unknown")
 
 
+def beside_legacy(
+    d: Daemon, pool: Pool, key: str, dec: D.Decision | D.Settle
+) -> Program[D.Decision | None]:
+    """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
+    (``decide.beside_legacy``): the leased index read once more, then the mapping confirmed
+    and served, or the paper's agent's lease adopted instead. None: read again."""
+    while True:
+        b = d.ops.beside_legacy(dec)
+        if not isinstance(b, D.Settle):
+            return b
+        settled = yield from settle(d, pool, key, b.mapping)
+        if settled is None:
+            return None
+        dec = settled
+
+
+def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | None]:
+    """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
+    claim landed) and ask ``decide.on_settle``. Confirm: ``map_confirm``, and serve once it
+    applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
+    version, once our claim is given back."""
+    assert m.token is not None and m.resource is not None
+    held = yield QueryLeased(pool.client_id, pool.pool_id, key)
+    s = d.ops.on_settle(m, list(held), (yield Now()))
+    if isinstance(s, D.YieldTo):
+        yield Note("lease.yielded")
+        # The adoption's mapping write, at the pending version, names the other lease: our
+        # claim can then no longer be confirmed, and no daemon served it. It is given back
+        # before the adoption writes the other item (which refreshes its ``lease_acquired``),
+        # so the paper's lookups never pick it beside that one (they may have answered it
+        # already: held to its end). Should we stop before the adoption, readers resolve the
+        # pending mapping (rule 2).
+        ours = ((m.client_id, m.resource), m.token)
+        return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
+    return (yield from confirm_now(s.mapping))
+
+
+def confirm_now(m: Mapping) -> Program[D.Serve | None]:
+    """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
+    another daemon's settling, read again; unknown: an error, the state left as it is)."""
+    assert m.token is not None
+    res = yield Send(map_confirm(m), confirmed(m.token))
+    yield Note(f"acq.confirm_{res.outcome.value}")
+    if res.outcome is Outcome.APPLIED:
+        return D.Serve(lease_from_mapping(m))
+    if res.outcome is Outcome.REJECTED and res.error is None:
+        return None
+    raise res.error or Timeout("confirmation outcome unknown")
+
+
+def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
+    """``decide.EndLapsed``: release the mapping at the version read (an extension that
+    landed since makes this a lost race: read again), then free the resource in the
+    background (held to its end, as every free beside the paper's agent)."""
+    assert m.token is not None
+    now = yield Now()
+    res = yield Send(map_release(m.ident, m.token, now, m.ver), no_token(m.token))
+    if res.outcome is Outcome.APPLIED:
+        yield Note("lease.ended_lapsed")
+        yield Spawn(free_claim, (d, (m.client_id, m.resource or ""), m.key, m.token))
+        return
+    if res.outcome is Outcome.REJECTED and res.error is None:
+        return
+    raise res.error or Timeout("release outcome unknown")
+
+
 def acquire(
     d: Daemon, pool: Pool, key: str, requested_us: int, expect_ver: int
-) -> Program[Lease | None]:
+) -> Program[Lease | Mapping | None]:
     """Claim a candidate and name it in the key's mapping, both in one round trip.
-    None: re-read (someone else wrote the mapping first)."""
+    None: re-read (someone else wrote the mapping first). With ``legacy_agents`` a won
+    claim is returned as its pending mapping, for the caller to settle."""
     wait = yield RateLimit(pool)
     if wait > 0:
         yield Note("shed.rate_limited")
@@ -422,18 +540,6 @@ def acquire(
             yield Untake(pool, cand)
         step = d.ops.after_acquire(mres.outcome, cres.outcome, expect_ver)
         if isinstance(step, D.Won):
-            lease = Lease(
-                pool.client_id,
-                pool.pool_id,
-                key,
-                item.resource,
-                d.region,
-                requested_us,
-                item.version + 1,
-                now,
-                token,
-            )
-            yield CachePut(lease, sent)
             pending = Mapping(
                 pool.client_id,
                 pool.pool_id,
@@ -446,7 +552,22 @@ def acquire(
                 item.version,
                 requested_us,
                 now,
+                d.owner,
             )
+            if d.legacy_agents:
+                return pending
+            lease = Lease(
+                pool.client_id,
+                pool.pool_id,
+                key,
+                item.resource,
+                d.region,
+                requested_us,
+                item.version + 1,
+                now,
+                token,
+            )
+            yield CachePut(lease, sent)
             yield Spawn(confirm, (pending,))
             yield Note("lease.new")
             return lease
@@ -494,6 +615,44 @@ def free_claim(
     if attempt >= d.free_claim_attempts:
         return
     yield Deadline(BACKGROUND_DEADLINE)
+    error = yield from free_once(d, ident, key, token, give_back)
+    if error is _AGAIN:
+        return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+    if error is None:
+        return
+    yield Note(
+        "claim_not_given_back",
+        (("resource", ident[1]), ("key", key), ("attempt", attempt + 1), ("error", str(error))),
+        "warning",
+    )
+    yield Sleep(min(2.0**attempt, 16.0), bounded=False)
+    return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+
+
+def give_back_now(d: Daemon, ident: ItemKey, key: str, token: str) -> Program[None]:
+    """:func:`free_claim` within a request (its deadline, no backoff): an error is raised,
+    not retried; a free refused because the lease was extended since its end was read is
+    tried again (at most ``free_claim_attempts`` times in all)."""
+    for _ in range(d.free_claim_attempts):
+        error = yield from free_once(d, ident, key, token, False)
+        if error is None:
+            return
+        if error is not _AGAIN:
+            raise error
+
+
+class _Again(RasdError):
+    """:func:`free_once`: extended since its end was read; read the end again."""
+
+
+_AGAIN = _Again("extended since read")
+
+
+def free_once(
+    d: Daemon, ident: ItemKey, key: str, token: str, give_back: bool
+) -> Program[RasdError | None]:
+    """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
+    more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
     now = yield Now()
     available = now + d.ops.quarantine_us(d.rules, give_back)
     ends: int | None = None
@@ -505,7 +664,7 @@ def free_claim(
             error = exc
         else:
             if r is None or r.holder != token or r.key != key:
-                return  # not ours any more
+                return None  # not ours any more
             ends = r.lease_expires_us
         if ends is not None:
             available = max(available, ends + d.rules.grace_us)
@@ -514,21 +673,14 @@ def free_claim(
         res = yield Send(w, not_held_by(token))
         outcome, error = res.outcome, res.error
         if outcome is Outcome.REJECTED and error is None and ends is not None:
-            # extended since the read: read the end again
-            return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+            return _AGAIN
     if outcome is not Outcome.UNKNOWN and error is None:
         yield Note(f"acq.free_claim_{outcome.value}")
         if outcome is Outcome.APPLIED and available - now <= RELIST_MAX_WAIT_US:
             yield RelistLater(ident, available)
-        return
+        return None
     yield Note("acq.free_claim_errors")
-    yield Note(
-        "claim_not_given_back",
-        (("resource", ident[1]), ("key", key), ("attempt", attempt + 1), ("error", str(error))),
-        "warning",
-    )
-    yield Sleep(min(2.0**attempt, 16.0), bounded=False)
-    return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+    return error or Timeout("give-back outcome unknown")
 
 
 def relist(ident: ItemKey, until_us: int) -> Program[None]:

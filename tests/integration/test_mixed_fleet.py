@@ -20,6 +20,7 @@ from rasd import schema
 from rasd.clock import FakeClock
 from rasd.config import Config
 from rasd.server import Daemon
+from rasd.steps import daemon as S
 from rasd.writes import render
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
@@ -340,9 +341,11 @@ def _what(name: str, kw: dict[str, Any]) -> str:
 async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_daemon: Any) -> None:
     """Round trips on a request's path (bench.storetrace.round_trips: overlapping calls are
     one), with the leased index read beside the mapping Query: an existing lease uncached on
-    a host costs 1, a new lease 2, as without it; adopting a lease of the paper's agent costs
-    4, once per key and region (the read, the item read strongly consistent, the mapping
-    write, then the adoption)."""
+    a host costs 1, as without it; a new lease 4 (the read, the two writes, the leased index
+    read again once the claim landed, the confirmation before the answer: "Two agents
+    acquiring one key at once" in docs/design.md); adopting a lease of the paper's agent
+    costs 5, once per key and region (the read, the item read strongly consistent, the
+    mapping write, the adoption, the confirmation)."""
     from bench.storetrace import round_trips
 
     seed_pool(ddb, table, count=20)
@@ -365,22 +368,26 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
             return [
                 c
                 for c in rec.calls
-                if t0 <= c["t0"]
-                and c["t1"] <= t1
-                and c["what"] not in ("available_resources", "map_confirm")
+                if t0 <= c["t0"] and c["t1"] <= t1 and c["what"] != "available_resources"
             ]
 
         new = await path(d1, recs[0], "fresh")
-        assert round_trips(new) == 2, new
-        assert sorted(c["what"] for c in new) == sorted(
-            ["mappings", "leased_resources", "update_item:M", "update_item:R"]
-        ), new
-        await d1.acquirer.drain(2.0)  # its confirmation landed: d2 finds a live mapping
+        assert round_trips(new) == 4, new
+        first = ["mappings", "leased_resources", "update_item:M", "update_item:R"]
+        settle = ["leased_resources", "map_confirm"]
+        assert sorted(c["what"] for c in new) == sorted([*first, *settle]), new
+        assert [c["what"] for c in new][-2:] == ["leased_resources", "map_confirm"], new
+        await d1.acquirer.drain(2.0)
         existing = await path(d2, recs[1], "fresh")
         assert round_trips(existing) == 1, existing
         adopted = await path(d1, recs[0], "old")
-        assert round_trips(adopted) == 4, adopted
-        assert [c["what"] for c in adopted][-3:] == ["get_item:R", "update_item:M", "update_item:R"]
+        assert round_trips(adopted) == 5, adopted
+        assert [c["what"] for c in adopted][-4:] == [
+            "get_item:R",
+            "update_item:M",
+            "update_item:R",
+            "map_confirm",
+        ]
         await d1.acquirer.drain(2.0)
         again = await path(d2, recs[1], "old")
         assert round_trips(again) == 1, again
@@ -404,3 +411,105 @@ async def test_a_release_beside_the_paper_agent_answers_once_the_resource_is_fre
         assert released.key is None and released.holder is None, released
         after = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
         assert after.new and after.resource != mine.resource
+
+
+async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
+    ddb: Any, table: str, paper: Any, make_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both agents acquire one key at once: rasd's read (mapping and leased index) finds
+    nothing, then the paper's agent leases the key, then rasd's claim lands. Before its
+    answer rasd reads the leased index again (after its claim landed), finds the paper's
+    lease and adopts it; its own claim, answered to no one, is given back. (Before: rasd
+    answered its claim, and the key ran on two resources of one region, one per agent.)"""
+    seed_pool(ddb, table, count=6)
+    agent = paper()
+    theirs: list[str] = []
+    async with make_daemon() as d:
+        acquire = S.acquire
+
+        def paper_first(*args: Any) -> Any:
+            # between rasd's read and its claim: the paper's lookup sees no lease either
+            theirs.append(agent.get_lease(C, P, "k", now_us() + 3600 * L.US).resource)
+            return (yield from acquire(*args))
+
+        write = d.store.write
+        at_adoption: list[dict[str, list[str]]] = []
+
+        async def adopt_seen(w: Any, *args: Any, **kw: Any) -> Any:
+            if w.kind == "adopt":
+                at_adoption.append(held_by(ddb, table))
+            return await write(w, *args, **kw)
+
+        monkeypatch.setattr(S, "acquire", paper_first)
+        monkeypatch.setattr(d.store, "write", adopt_seen)
+        got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
+        assert theirs and got.resource == theirs[0] and not got.new
+        assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
+        # our claim had left the leased index before the adoption's write: the paper's
+        # lookups never find it beside the adopted lease with its refreshed lease_acquired
+        assert at_adoption == [{"k": theirs}]
+        await d.acquirer.drain(2.0)  # the give-back of our claim
+    assert held_by(ddb, table) == {"k": theirs}
+    again = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+    assert again.resource == theirs[0] and not again.new
+
+
+async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
+    ddb: Any, table: str, paper: Any, make_daemon: Any
+) -> None:
+    """rasd's lease ends; within the liberator's grace the paper's agent, which takes the end
+    as final, leases the key another resource. rasd, asked again, must not extend its ended
+    lease beside that one: the item shows it over, so rasd ends it and adopts the paper's.
+    (Before: rasd extended it, and both leases ran on in one region.)"""
+    seed_pool(ddb, table, count=6)
+    clock = FakeClock(now_us=now_us())
+    agent = paper()
+    async with make_daemon(clock=clock) as d:
+        s = d.cfg.socket
+        mine = await rasd_aio.get_lease(
+            C, P, "k", (clock.now_us() + 3 * L.US) / L.US, socket_path=s
+        )
+        await d.acquirer.drain(2.0)
+        clock.advance(4)  # 1 s past its end, within the 2 s grace
+        theirs = agent.get_lease(C, P, "k", clock.now_us() + 3600 * L.US, now_us=clock.now_us())
+        assert theirs.new and theirs.resource != mine.resource
+        got = await rasd_aio.get_lease(
+            C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s
+        )
+        assert got.resource == theirs.resource, (mine.resource, theirs.resource, got.resource)
+        assert d.counters["lease.ended_lapsed"] == 1 and d.counters["lease.adopted"] == 1
+        await d.acquirer.drain(2.0)
+    assert held_by(ddb, table) == {"k": [theirs.resource]}
+    ended = resource(ddb, table, mine.resource)
+    assert ended.key is None and ended.holder is None
+
+
+async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answer(
+    ddb: Any, table: str, paper: Any, make_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two daemons acquire one key at once; one's claim lands but its mapping write is lost
+    (here: made by hand, token and all, with no mapping), and the other wins the mapping.
+    The lost claim stays in the leased index until it is given back, and the paper's agent
+    answers it from there. The winner yields to it (adopts it) instead of serving a second
+    resource beside it. (Before: it served its own claim; the 600 s mixed run split a key so,
+    the paper's lookup answering the other daemon's lost claim.)"""
+    names = seed_pool(ddb, table, count=4)
+    lost: list[str] = []
+    async with make_daemon() as d:
+        acquire = S.acquire
+
+        def lost_claim_first(*args: Any) -> Any:
+            it = resource(ddb, table, names[0])
+            w = L.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
+            ddb.update_item(TableName=table, **render(w))
+            lost.append(it.resource)
+            return (yield from acquire(*args))
+
+        monkeypatch.setattr(S, "acquire", lost_claim_first)
+        got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
+        assert got.resource == lost[0] and not got.new
+        assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
+        await d.acquirer.drain(2.0)
+    assert held_by(ddb, table) == {"k": lost}
+    theirs = paper().get_lease(C, P, "k", now_us() + 3600 * L.US)
+    assert theirs.resource == lost[0] and not theirs.new

@@ -534,3 +534,152 @@ def test_rasadmin_refusals_are_told_apart() -> None:
         "re_adds_skipped_existing": 0,
         "redefinitions": 1,
     }
+
+
+def made(key: str, res: str, sent: float, got: float, agent: str) -> dict[str, Any]:
+    """A claim the run's proxies saw apply (chaos.proxy.claim_of), with its agent."""
+    return {"key": key, "resource": res, "version": 1, "sent": sent, "got": got, "agent": agent}
+
+
+def test_who_made_the_second_lease_of_a_split() -> None:
+    """With the claims' write times, a split counts as rasd's failure when rasd made the
+    second lease (its claim applied after the paper's had), and apart, as the paper's race,
+    when the paper's agent did; the same for the lost lease it makes."""
+    h = [get(0, "k1", "r1", 0, 2, 100), paper("k1", "r2", 1, 3, 50), paper("k1", "r2", 4, 5, 50)]
+    rasd_second = [made("k1", "r2", 1.1, 1.2, "paper"), made("k1", "r1", 1.5, 1.6, "rasd")]
+    out = A.audit(h, quarantine_window=0, creations=rasd_second)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    second = out["examples"]["in_region_splits"][0]["second"]
+    assert (second["resource"], second["by"]) == ("r1", "rasd")
+    paper_second = [made("k1", "r1", 1.1, 1.2, "rasd"), made("k1", "r2", 1.5, 1.6, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=paper_second)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (0, 1)
+    assert (out["lost_leases"], out["paper_made_lost_leases"]) == (0, 1)
+    assert out["examples"]["paper_made_splits"][0]["second"]["by"] == "paper"
+    # writes whose times overlap cannot be ordered: a failure, as without the claims
+    unordered = [made("k1", "r1", 1.1, 1.6, "rasd"), made("k1", "r2", 1.5, 1.7, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=unordered)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    assert out["examples"]["in_region_splits"][0]["second"] == {"by": "unknown"}
+    # and without them at all
+    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 1
+
+
+def test_a_lease_answered_again_after_its_end_was_made_again_by_rasd() -> None:
+    """rasd's lease r1 ran out at 10; the paper's agent claimed r2 at 12; rasd answered r1
+    again at 13 (extended past its end). Its claim came first, but the lease running beside
+    r2 was made again, by rasd, after the paper's: rasd's failure."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 10),
+        paper("k1", "r2", 11, 12.5, 50),
+        get(0, "k1", "r1", 13, 14, 60),
+    ]
+    c = [made("k1", "r1", 0.2, 0.3, "rasd"), made("k1", "r2", 12, 12.2, "paper")]
+    out = A.audit(h, quarantine_window=0, creations=c)
+    assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
+    second = out["examples"]["in_region_splits"][0]["second"]
+    assert (second["resource"], second["by"], second["made"]) == ("r1", "rasd", [13, 14])
+
+
+def test_a_second_lease_rasd_made_counts_even_between_two_paper_answers() -> None:
+    """rasd claimed r2 after the paper's r1 and never answered it, but the paper's lookup
+    did: the split is between two paper answers, yet rasd made its second lease."""
+    h = [paper("k1", "r1", 0, 2, 100), paper("k1", "r2", 5, 6, 50)]
+    c = [made("k1", "r1", 1, 1.1, "paper"), made("k1", "r2", 3, 3.1, "rasd")]
+    out = A.audit(h, quarantine_window=0, creations=c)
+    assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
+    assert out["lost_leases"] == 1
+
+
+def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
+    """chaos.proxy.lease_event: rasd's claim and the paper's claim that applied are claims,
+    rasd's extension an extension, a leased-index Query a lookup; a refused write, a free,
+    an adoption and the liberator's write are nothing."""
+    import json
+
+    from bench.baseline import paper_claim
+    from chaos.proxy import lease_event
+    from rasd import lease as L
+    from rasd.writes import render
+
+    free = L.ResourceItem("c", "r1", "p", E, "x", 4, lease_available=fmt_time(0))
+    held = L.ResourceItem("c", "r1", "p", E, "x", 5, "k", 10 * US, None, 0, "t", 1, 5)
+    attrs = {"resource": {"S": "r1"}, "key": {"S": "k"}, "version": {"N": "5"}}
+    attrs["lease_expires"] = {"S": fmt_time(10 * US)}
+
+    def reply(status: str, body: dict[str, Any]) -> bytes:
+        return f"HTTP/1.1 {status}\r\nContent-Type: x\r\n\r\n".encode() + json.dumps(body).encode()
+
+    def ev(w: Any, r: bytes) -> dict[str, Any] | None:
+        return lease_event("UpdateItem", json.dumps(render(w)).encode(), r)
+
+    ok = reply("200 OK", {"Attributes": attrs})
+    want = {"resource": "r1", "key": "k", "version": 5, "end": 10.0}
+    refused = reply("400 Bad Request", {"__type": "x#ConditionalCheckFailedException"})
+    for w in (L.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
+        assert ev(w, ok) == {"kind": "claim", **want}, w.kind
+        assert ev(w, refused) is None
+    lease = L.lease_from_item(held)
+    assert ev(L.extend_resource(lease, 20 * US), ok) == {"kind": "extend", **want}
+    unheld = reply("200 OK", {"Attributes": {"resource": {"S": "r1"}, "version": {"N": "6"}}})
+    for w, r in (
+        (L.free_claim(held.ident, "k", "t", 1, 2), unheld),
+        (L.adopt(held, "t2", 2, 1), ok),
+        (L.liberate(held, 11 * US), unheld),
+    ):
+        assert ev(w, r) is None, w.kind
+    q = {"IndexName": "leased_resources", "ExpressionAttributeValues": {":k": {"S": "k"}}}
+    items = {"Items": [{"resource": {"S": "r2"}}, {"resource": {"S": "r1"}}]}
+    got = lease_event("Query", json.dumps(q).encode(), reply("200 OK", items))
+    assert got == {"kind": "lookup", "key": "k", "resources": ["r1", "r2"]}
+
+
+def test_a_paper_lease_with_a_stale_holder_is_no_rasd_lease_in_the_table() -> None:
+    """The paper's agent claimed r2 for k1 after its liberator freed an old rasd lease of k0
+    on it: r2 keeps that lease's holder (stale: hver behind version), which k0's lapsed
+    mapping still names. r2 is the paper's lease, not a second rasd lease of k1 beside r1."""
+    rasd = item("r1", "k1", 100.0)
+    rasd.update(version={"N": "3"}, hver={"N": "3"})
+    theirs = item("r2", "k1", 100.0, holder="t-old")
+    theirs.update(version={"N": "7"}, hver={"N": "5"})
+    maps = [mapping("k1", "r1", 90.0), mapping("k0", "r2", 5.0, token="t-old")]
+    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    assert t["keys_with_two_unexpired_in_region"] == 0 and t["orphans"] == 1
+    # the same item with its holder current would be a second lease of k1 in the region
+    theirs["hver"] = {"N": "7"}
+    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    assert t["keys_with_two_unexpired_in_region"] == 1
+
+
+def test_extensions_and_index_reads_order_the_leases_of_a_split() -> None:
+    """With the proxies' extension and lookup events: an extension that took effect before
+    the lease's end does not make it again (it was never over); one sent after its end
+    does; and when two claims' write times overlap, a read of the leased index that began
+    after one took effect and did not show the other orders them."""
+    h = [
+        get(0, "k1", "r1", 0, 1, 10),
+        paper("k1", "r2", 11, 12.5, 50),
+        get(0, "k1", "r1", 13, 14, 60),
+    ]
+    base = [made("k1", "r1", 0.2, 0.3, "rasd"), made("k1", "r2", 12, 12.2, "paper")]
+    for e in base:
+        e.update(kind="claim", end=10.0 if e["resource"] == "r1" else 50.0)
+
+    def ext(sent: float, got: float) -> dict[str, Any]:
+        return {**made("k1", "r1", sent, got, "rasd"), "kind": "extend", "end": 60.0}
+
+    early = A.audit(h, quarantine_window=0, creations=[*base, ext(9.0, 9.1)])
+    assert (early["in_region_splits"], early["paper_made_splits"]) == (0, 1)
+    late = A.audit(h, quarantine_window=0, creations=[*base, ext(13.1, 13.2)])
+    assert (late["in_region_splits"], late["paper_made_splits"]) == (1, 0)
+    # two claims whose writes overlap, a lookup between them
+    h2 = [get(0, "k2", "r3", 0, 2, 100), paper("k2", "r4", 0.5, 2.5, 50)]
+    claims = [made("k2", "r3", 1.0, 1.5, "rasd"), made("k2", "r4", 1.2, 1.8, "paper")]
+    unknown = A.audit(h2, quarantine_window=0, creations=claims)
+    assert unknown["in_region_splits"] == 1
+    look = {"kind": "lookup", "key": "k2", "resources": ["r3"], "sent": 1.55, "got": 1.6}
+    ordered = A.audit(h2, quarantine_window=0, creations=[*claims, look])
+    assert (ordered["in_region_splits"], ordered["paper_made_splits"]) == (0, 1)
+    # the same read showing both proves nothing
+    both = {**look, "resources": ["r3", "r4"]}
+    assert A.audit(h2, quarantine_window=0, creations=[*claims, both])["in_region_splits"] == 1

@@ -243,3 +243,81 @@ def test_name_held_until_covers_every_lease_and_quarantine_on_it() -> None:
     assert D.name_held_until(quarantined, NOW, 57 * S, 2 * S) == NOW + 40 * S
     free = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW - 40 * S))
     assert D.name_held_until(free, NOW, 57 * S, 2 * S) == NOW
+
+
+# ------------------------------------------------------------ beside the paper's agent
+def held(
+    res: str,
+    key: str = "k",
+    exp: int = NOW + 60 * S,
+    holder: str | None = None,
+    hver: int | None = None,
+    version: int = 5,
+    region: str = "us-east-1",
+) -> L.ResourceItem:
+    """An item the leased index shows held; by default a lease of the paper's agent (no
+    holder)."""
+    return L.ResourceItem(
+        "c", res, "p", region, "x", version, key, exp, None, None, holder, 0, hver
+    )
+
+
+def test_beside_legacy_settles_a_landed_claim_instead_of_serving_it() -> None:
+    """A pending mapping whose claim landed is settled before it is served, by whoever
+    reads it; anything else is left as it is."""
+    mine = replace(m(state=L.PENDING, since=NOW), owner="me")
+    landed = D.Serve(L.lease_from_mapping(mine), confirm=mine)
+    assert D.beside_legacy(landed) == D.Settle(mine)
+    live = D.Serve(L.lease_from_mapping(m()))
+    assert D.beside_legacy(live) is live
+    assert D.beside_legacy(D.Extend(m())) == D.Extend(m())
+    assert D.beside_legacy(D.Settle(mine)) == D.Settle(mine)
+
+
+def test_on_settle_yields_to_a_lease_of_the_paper_agent_made_meanwhile() -> None:
+    """The leased index, read after our claim landed, shows another running lease of the key
+    in our region that rasd does not hold: adopt it, do not serve our claim."""
+    p = m(state=L.PENDING, res="r1")
+    ours = held("r1", holder="tok", hver=5)
+    theirs = held("r2")
+    assert D.on_settle(p, [ours], NOW) == D.Confirm(p)
+    assert D.on_settle(p, [ours, theirs], NOW) == D.YieldTo(p, theirs)
+    # a holder the paper's agent left behind (hver behind version) is no rasd lease
+    stale = held("r3", holder="old", hver=3, version=6)
+    assert D.on_settle(p, [ours, stale], NOW) == D.YieldTo(p, stale)
+
+
+def test_on_settle_ignores_what_is_no_rival() -> None:
+    p = m(state=L.PENDING, res="r1")
+    others = [
+        held("r2", exp=NOW),  # ended
+        held("r3", key="k2"),  # another key
+        held("r4", region="eu-west-1"),  # another region: a cross-region duplicate at most
+    ]
+    assert D.on_settle(p, others, NOW) == D.Confirm(p)
+
+
+def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
+    """Another daemon's claim for the key that lost the mapping (or whose outcome was
+    unknown) is held until it is given back; rasd never serves it, but the paper's agent
+    answers it from the index: it is a rival like the paper's own leases, the earliest
+    first."""
+    p = m(state=L.PENDING, res="r1")
+    orphan = replace(held("r5", holder="t5", hver=5), lease_acquired_us=NOW - 2 * S)
+    assert D.on_settle(p, [orphan], NOW) == D.YieldTo(p, orphan)
+    theirs = held("r6")  # the paper's: no lease_acquired, so the earliest
+    assert D.on_settle(p, [orphan, theirs], NOW) == D.YieldTo(p, theirs)
+
+
+def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
+    """Past its end on the mapping: extended only if the item shows it still running (an
+    extension the mapping lags), else ended, so that the key acquires anew."""
+    lapsed = m(exp=NOW - 1 * S)
+    item = replace(r(), lease_expires_us=NOW - 1 * S)
+    assert D.on_lapsed(lapsed, item, NOW) == D.EndLapsed(lapsed)
+    assert D.on_lapsed(lapsed, replace(item, lease_expires_us=NOW), NOW) == D.EndLapsed(lapsed)
+    extended = replace(item, lease_expires_us=NOW + 30 * S)
+    assert D.on_lapsed(lapsed, extended, NOW) == D.Extend(lapsed)
+    # no longer our claim (liberated, freed, taken): ended as well
+    assert D.on_lapsed(lapsed, None, NOW) == D.EndLapsed(lapsed)
+    assert D.on_lapsed(lapsed, replace(extended, holder="other"), NOW) == D.EndLapsed(lapsed)
