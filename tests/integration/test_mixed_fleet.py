@@ -487,8 +487,9 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
 async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answer(
     ddb: Any, table: str, paper: Any, make_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two daemons acquire one key at once; one's claim lands but its mapping write is lost
-    (here: made by hand, token and all, with no mapping), and the other wins the mapping.
+    """Two daemons acquired one key; one's claim landed but its mapping write was lost and
+    its daemon died before giving it back (here: made by hand, token and all, with no
+    mapping, a few seconds old), and the other wins the mapping.
     The lost claim stays in the leased index until it is given back, and the paper's agent
     answers it from there. The winner yields to it (adopts it) instead of serving a second
     resource beside it. (Before: it served its own claim; the 600 s mixed run split a key so,
@@ -500,8 +501,16 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
 
         def lost_claim_first(*args: Any) -> Any:
             it = resource(ddb, table, names[0])
+            # a claim that lost its mapping and was not given back (its daemon died): older
+            # than decide.ORPHAN_RIVAL_AGE_US, the age of a losing claim being given back
             w = L.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
             ddb.update_item(TableName=table, **render(w))
+            ddb.update_item(
+                TableName=table,
+                Key={"client_id": {"S": C}, "resource": {"S": it.resource}},
+                UpdateExpression="SET lease_acquired = :t",
+                ExpressionAttributeValues={":t": {"S": L.fmt_time(now_us() - 5 * L.US)}},
+            )
             lost.append(it.resource)
             return (yield from acquire(*args))
 

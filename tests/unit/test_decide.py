@@ -309,6 +309,18 @@ def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
     assert D.on_settle(p, [orphan, theirs], NOW) == D.YieldTo(p, theirs)
 
 
+def test_on_settle_ignores_a_young_claim_of_rasd_being_given_back() -> None:
+    """A claim of rasd's younger than ORPHAN_RIVAL_AGE_US is the losing side of a race for
+    the key, given back by its acquirer at that moment: no rival (two daemons racing one key
+    would otherwise yield to each other's losing claims until the deadline)."""
+    p = m(state=L.PENDING, res="r1")
+    young = NOW - D.ORPHAN_RIVAL_AGE_US + 1
+    loser = replace(held("r5", holder="t5", hver=5), lease_acquired_us=young)
+    assert D.on_settle(p, [loser], NOW) == D.Confirm(p)
+    old = replace(loser, lease_acquired_us=NOW - D.ORPHAN_RIVAL_AGE_US)
+    assert D.on_settle(p, [old], NOW) == D.YieldTo(p, old)
+
+
 def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
     """Past its end on the mapping: extended only if the item shows it still running (an
     extension the mapping lags), else ended, so that the key acquires anew."""
