@@ -249,39 +249,42 @@ def _advance(prog: Program[Any], result: Any, error: BaseException | None) -> Do
         return Done(stop.value)
 
 
+def _next(
+    prog: Program[Any], result: Any, error: BaseException | None
+) -> tuple[Program[Any], Effect | Done]:
+    """:func:`_advance`, following a :class:`Tail` to the program that goes on: the program
+    now running and its next effect (or :class:`Done`)."""
+    eff = _advance(prog, result, error)
+    while type(eff) is Tail:
+        prog.close()
+        prog = eff.fn(*eff.args)
+        eff = _advance(prog, None, None)
+    return prog, eff
+
+
 def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
     """Run ``prog`` to its end, performing each effect with ``perform`` (blocking)."""
-    eff = _advance(prog, None, None)
+    cur, eff = _next(prog, None, None)
     while not isinstance(eff, Done):
-        if type(eff) is Tail:  # the program goes on as the next one
-            prog.close()
-            prog = eff.fn(*eff.args)
-            eff = _advance(prog, None, None)
-            continue
         try:
             result = perform(eff)
         except RasdError as exc:
-            eff = _advance(prog, None, exc)
+            cur, eff = _next(cur, None, exc)
         else:
-            eff = _advance(prog, result, None)
+            cur, eff = _next(cur, result, None)
     return eff.value  # type: ignore[no-any-return]
 
 
 async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
     """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver)."""
-    eff = _advance(prog, None, None)
+    cur, eff = _next(prog, None, None)
     while not isinstance(eff, Done):
-        if type(eff) is Tail:  # the program goes on as the next one
-            prog.close()
-            prog = eff.fn(*eff.args)
-            eff = _advance(prog, None, None)
-            continue
         try:
             result = await perform(eff)
         except RasdError as exc:
-            eff = _advance(prog, None, exc)
+            cur, eff = _next(cur, None, exc)
         else:
-            eff = _advance(prog, result, None)
+            cur, eff = _next(cur, result, None)
     return eff.value  # type: ignore[no-any-return]
 
 
