@@ -178,15 +178,10 @@ def _settle(w: World, host: Host, old: Proc | None, p: Proc, gen: Program[Any], 
             except RasdError as exc:
                 result = Raised(exc)
             p = replace(p, trace=p.trace.then(result))
-        try:
-            eff = gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
-        except StopIteration as stop:
+        eff = _advance(gen, result)
+        if isinstance(eff, Done):
             host.place(w, old, None)
-            host.finished(w, p, Done(stop.value))
-            return
-        except RasdError as exc:
-            host.place(w, old, None)
-            host.finished(w, p, Done(error=exc))
+            host.finished(w, p, eff)
             return
     host.place(w, old, replace(p, order=(), partial=(), eff=eff))
 
@@ -212,17 +207,23 @@ def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
     gen, _ = p.trace.resume()
     assert gen is not None
     p = replace(p, trace=p.trace.then(result))
-    try:
-        eff = gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
-    except StopIteration as stop:
+    eff = _advance(gen, result)
+    if isinstance(eff, Done):
         host.place(w, old, None)
-        host.finished(w, p, Done(stop.value))
-        return
-    except RasdError as exc:
-        host.place(w, old, None)
-        host.finished(w, p, Done(error=exc))
+        host.finished(w, p, eff)
         return
     _settle(w, host, old, p, gen, eff)
+
+
+def _advance(gen: Program[Any], result: Any) -> Any:
+    """Send ``result`` into ``gen`` (throw it, for a :class:`Raised`): its next effect, or
+    :class:`Done` with what it returned or the error it raised."""
+    try:
+        return gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
+    except StopIteration as stop:
+        return Done(stop.value)
+    except RasdError as exc:
+        return Done(error=exc)
 
 
 # ---------------------------------------------------------------------------- one step
