@@ -107,7 +107,7 @@ check-protocol: $(STAMP)
 	$(BIN)/python -m check
 
 # Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
-# on rasd/decide.py, rasd/writes.py, rasd/steps/, lease.py's rules and write builders and the
+# on rasd/core/decide.py, rasd/core/writes.py, rasd/steps/, lease.py's rules and write builders and the
 # jobs' decisions, each mutant against the unit tests and the checker's CI run that call it.
 # Summary: printed and check/results/mutate.json. Not part of `make test`: about 1.5-2.5 h on
 # this shared 2-core machine (docs/checker.md has the measured runs).

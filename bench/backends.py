@@ -1,6 +1,6 @@
 """DynamoDB stand-ins for the benchmark, each in its own process, plus the delay proxy.
 
-* ``moto``: moto's ``ThreadedMotoServer`` via ``rasd.motoserver`` (conditional writes made
+* ``moto``: moto's ``ThreadedMotoServer`` via ``rasd.devtools.motoserver`` (conditional writes made
   atomic, as in DynamoDB; werkzeug closes the connection after every response, which the
   proxy hides from the client). The default: it is in the dev dependencies. Its index Query
   walks every item of the table in Python, so its service time grows with the table: fine
@@ -115,10 +115,10 @@ class Moto(_Child):
     name = "moto"
 
     def __init__(self) -> None:
-        # rasd.motoserver: moto's server with atomic conditional writes (plain moto lets two
-        # conditional UpdateItems on one item both succeed, which real DynamoDB never does)
+        # rasd.devtools.motoserver: moto's server with atomic conditional writes (plain moto
+        # lets two conditional UpdateItems on one item both succeed, which real DynamoDB never does)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rasd.motoserver"],
+            [sys.executable, "-m", "rasd.devtools.motoserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

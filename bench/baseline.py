@@ -5,9 +5,9 @@
 1. Query the ``leased_resources`` index by ``key`` (the paper's "GetItem(key)"): if the key
    holds an unexpired lease in the pool, return it. One round trip.
 2. On a miss, Query one random sub-partition of ``available_resources``.
-3. Make the conditional claim (``rasd.lease.claim``, rendered by ``rasd.writes.render``: the
-   same UpdateItem the daemon sends for its claim, on the same table, so the comparison is
-   fair). Three round trips for a new lease.
+3. Make the conditional claim (``rasd.core.lease.claim``, rendered by
+   ``rasd.core.writes.render``: the same UpdateItem the daemon sends for its claim, on the
+   same table, so the comparison is fair). Three round trips for a new lease.
 
 This is a baseline of the paper's design, not of rasd's protocol: it writes **no mapping
 items** (the paper has none) and finds leases through the ``leased_resources`` index, which
@@ -18,7 +18,7 @@ them), and ``ras-liberator`` may treat them as orphans once they are older than 
 
 With ``paper=True`` it writes what the paper's agent writes, nothing more: the claim is
 conditioned on the ``version`` read from the index alone and sets ``key``, ``lease_expires``
-and ``version`` (``rasd.lease.paper_claim``), and :func:`paper_liberate` is the paper's hourly
+and ``version`` (``rasd.core.lease.paper_claim``), and :func:`paper_liberate` is the paper's hourly
 liberator. That is the old agent a table keeps running while rasd rolls out beside it
 (docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
 
@@ -41,10 +41,10 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 from jobs.leases import Driver
-from rasd import lease as L
-from rasd.lease import paper_claim, paper_free
+from rasd.core import lease as L
+from rasd.core.lease import paper_claim, paper_free
+from rasd.core.writes import render
 from rasd.steps.paper import paper_free_expired, paper_get_lease
-from rasd.writes import render
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:

@@ -19,7 +19,7 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 import rasd_client
-from rasd import schema
+from rasd.core import schema
 
 from .backends import BENCH_DIR, Proxy, aws_env, start_backend
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from rasd.config import Config
-from rasd.lease import Lease, Pool
+from rasd.core.lease import Lease, Pool
 from rasd.server import Connection, Daemon
 from rasd_client import wire
 

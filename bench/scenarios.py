@@ -23,8 +23,8 @@ from collections import Counter
 from typing import Any
 
 import rasd_client
-from rasd import lease as L
-from rasd import writes as W
+from rasd.core import lease as L
+from rasd.core import writes as W
 
 from . import storetrace
 from .baseline import BaselineAgent
@@ -712,8 +712,8 @@ G_CONFIRM_INTERVAL = 3600.0
 def _leased_items(n: int, exp_us: int) -> Any:
     """Keys g0..g{n-1}, each holding resource g-{i} the way the protocol leaves a lease: the
     claim and the mapping write of one acquisition (same token), then the mapping confirmed
-    ``live``. Built with the daemon's own write builders (``rasd.lease``) applied by
-    ``rasd.writes.apply``, so the items are exactly what a daemon would have written.
+    ``live``. Built with the daemon's own write builders (``rasd.core.lease``) applied by
+    ``rasd.core.writes.apply``, so the items are exactly what a daemon would have written.
     Yields resource and mapping items (DynamoDB attribute maps)."""
     now = time.time_ns() // 1000
     for i in range(n):
@@ -742,7 +742,7 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     same Lease either way. ``fill_new_leases`` counts keys the daemon acquired instead of
     finding (must be 0: a seeding mistake would otherwise drain the 20 free resources).
     """
-    from rasd import schema
+    from rasd.core import schema
 
     n = opts["g_leases"]
     exp = lease_until()
@@ -858,8 +858,8 @@ def import_time(runs: int) -> dict[str, Any]:
 _CACHE_SNIPPET = """
 import gc, json, sys, time, tracemalloc
 from rasd.cache import LeaseCache
-from rasd.clock import Clock
-from rasd.lease import Lease
+from rasd.core.clock import Clock
+from rasd.core.lease import Lease
 n = int(sys.argv[1])
 def rss():
     for line in open("/proc/self/status"):

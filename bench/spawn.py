@@ -32,7 +32,7 @@ from typing import Any
 import boto3
 
 import rasd_client
-from rasd import schema
+from rasd.core import schema
 
 from .backends import start_backend
 

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rasd.config import Config
-from rasd.lease import (
+from rasd.core.lease import (
     FREE,
     LIVE,
     US,

@@ -28,7 +28,7 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 from bench.baseline import BaselineAgent, BaselineLease, NoCapacity, paper_liberate
-from rasd.lease import US
+from rasd.core.lease import US
 
 from .app import DURATIONS
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.proxy import HttpReader
-from rasd.lease import US, parse_time
+from rasd.core.lease import US, parse_time
 
 KINDS = ("drop_request", "drop_reply", "http500", "throttle", "latency")
 _CONN_RE = re.compile(rb"(?im)^connection:[^\r\n]*\r\n")

@@ -56,8 +56,8 @@ import boto3
 from botocore.config import Config as BotoConfig
 
 import rasd_client
-from rasd import schema
-from rasd.lease import is_tombstone, item_from_ddb
+from rasd.core import schema
+from rasd.core.lease import is_tombstone, item_from_ddb
 from sim import replicator
 
 from . import audit as A
@@ -199,7 +199,7 @@ def kill_group(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGKILL) ->
 
 def start_moto(env: dict[str, str], timeout: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
     proc = popen(
-        [sys.executable, "-m", "rasd.motoserver"],
+        [sys.executable, "-m", "rasd.devtools.motoserver"],
         env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

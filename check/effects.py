@@ -35,8 +35,9 @@ from functools import partial
 from itertools import permutations
 from typing import TYPE_CHECKING, Any
 
-from rasd.decide import Outcome
-from rasd.errors import RasdError, Timeout, Unavailable
+from rasd.core.decide import Outcome
+from rasd.core.errors import RasdError, Timeout, Unavailable
+from rasd.core.writes import Write, apply
 from rasd.steps import (
     At,
     Done,
@@ -58,7 +59,6 @@ from rasd.steps import (
     Trace,
 )
 from rasd.store import WriteResult
-from rasd.writes import Write, apply
 
 if TYPE_CHECKING:
     from .model import World

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rasd.lease import (
+from rasd.core.lease import (
     US,
     Lease,
     ResourceItem,
@@ -39,11 +39,11 @@ from rasd.lease import (
     relist,
     resource_from,
 )
+from rasd.core.writes import apply
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups
 from rasd.steps.paper import PaperAnswer, paper_free_expired, paper_get_lease
 from rasd.steps.repair import LiberatorRun, check_orphan, liberate_item, relist_item
-from rasd.writes import apply
 
 from .effects import Host, Proc, frozen, start, step
 from .rulesets import job_ops

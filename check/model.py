@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A :class:`World` is one global state: the table (plain dicts, every write through
-``rasd.writes.apply`` with the very ``Write`` production sends), a short history of each
+``rasd.core.writes.apply`` with the very ``Write`` production sends), a short history of each
 resource item (the lagging ``available_resources`` index and the liberator's scan read from
 it), the daemons (clock offset, request process, background processes, lease cache), writes
 still in flight, the answers given to apps that may still be valid, and the fault budget.
@@ -13,7 +13,7 @@ still in flight, the answers given to apps that may still be valid, and the faul
 the programs of ``rasd.steps.daemon`` (the ones ``rasd.acquire`` drives), run by the
 interpreter of ``check/effects.py``: each step is one DynamoDB call, and :class:`DaemonHost`
 gives their local effects (cache, tokens, candidates from the lagging index, spawning) their
-meaning in the model. Decisions are the real ``rasd.decide`` functions, reached through the
+meaning in the model. Decisions are the real ``rasd.core.decide`` functions, reached through the
 programs' ``Ops``; a known-bad rule set (:mod:`check.rulesets`) hands them others.
 
 Regions: each daemon has one and writes only its region's items; other regions' mappings are
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from rasd.decide import Rules
-from rasd.lease import (
+from rasd.core.decide import Rules
+from rasd.core.lease import (
     FREE,
     LIVE,
     US,
@@ -51,9 +51,9 @@ from rasd.lease import (
     resource_from,
     should_extend,
 )
+from rasd.core.writes import ItemKey, Value, Write, apply
 from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S
-from rasd.writes import ItemKey, Value, Write, apply
 
 from . import jobs
 from .effects import Host, Proc, start, step

@@ -50,10 +50,10 @@ EQUIVALENT = ROOT / "check" / "mutate_equivalent.json"
 #: What is mutated: a file (or a directory: every module in it, now and later) and the
 #: functions of it that count (None: all of them; ``Class.method`` for a method).
 TARGETS: dict[str, tuple[str, ...] | None] = {
-    "rasd/decide.py": None,
-    "rasd/writes.py": None,
+    "rasd/core/decide.py": None,
+    "rasd/core/writes.py": None,
     "rasd/steps/": None,
-    "rasd/lease.py": (
+    "rasd/core/lease.py": (
         # the rules a lease is judged by
         "ResourceItem.leased",
         "ResourceItem.expired",
@@ -168,7 +168,7 @@ def _function_of(mutant: str) -> str:
 
 @dataclass(frozen=True)
 class Mutant:
-    name: str  # mutmut's (rasd.decide.x_on_read__mutmut_12)
+    name: str  # mutmut's (rasd.core.decide.x_on_read__mutmut_12)
     file: str
     function: str
     status: str

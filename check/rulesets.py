@@ -1,4 +1,4 @@
-"""The rules the model's daemons follow: the real ones (``rasd.decide``), or a known-bad set.
+"""The rules the model's daemons follow: the real ones (``rasd.core.decide``), or a known-bad set.
 
 A known-bad rule set reproduces one bug of the OLD protocol (../shared/evidence,
 scenarios A, B and C) by replacing one decision; D1 and D2 reproduce the two ras-dedupe bugs
@@ -12,16 +12,24 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from rasd import decide as D
-from rasd import lease as L
-from rasd.decide import Outcome, Rules
-from rasd.lease import LIVE, PENDING, Lease, Mapping, ResourceItem, lease_from_mapping, map_release
+from rasd.core import decide as D
+from rasd.core import lease as L
+from rasd.core.decide import Outcome, Rules
+from rasd.core.lease import (
+    LIVE,
+    PENDING,
+    Lease,
+    Mapping,
+    ResourceItem,
+    lease_from_mapping,
+    map_release,
+)
+from rasd.core.writes import ItemKey, Write
 from rasd.steps import Program
 from rasd.steps.daemon import REAL as REAL_OPS
 from rasd.steps.daemon import Ops
 from rasd.steps.repair import Ops as JobOps
 from rasd.steps.repair import Result, release_held
-from rasd.writes import ItemKey, Write
 
 INFINITY_US = 10**15
 
@@ -67,7 +75,7 @@ class Protocol:
     holder_always_current: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> D.Orphan:
-        """The liberator's verdict on a held item (``rasd.decide.orphan_verdict``)."""
+        """The liberator's verdict on a held item (``rasd.core.decide.orphan_verdict``)."""
         if self.holder_always_current and r.holder is not None:
             r = replace(r, hver=None)
         return D.orphan_verdict(r, m)
@@ -126,7 +134,7 @@ class Protocol:
         available_us: int,
         expires_us: int | None = None,
     ) -> Write:
-        """``rasd.lease.free_claim`` as this rule set writes it."""
+        """``rasd.core.lease.free_claim`` as this rule set writes it."""
         return self.early_free(L.free_claim(ident, key, token, now_us, available_us, expires_us))
 
     def rules(self, real: Rules) -> Rules:

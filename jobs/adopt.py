@@ -37,10 +37,16 @@ from typing import Any
 
 import structlog
 
-from rasd import decide as D
-from rasd import schema
 from rasd.config import Config
-from rasd.lease import ResourceItem, is_resource_item, item_from_ddb, pool_meta_key, resource_from
+from rasd.core import decide as D
+from rasd.core import schema
+from rasd.core.lease import (
+    ResourceItem,
+    is_resource_item,
+    item_from_ddb,
+    pool_meta_key,
+    resource_from,
+)
 from rasd.steps import admin as steps
 
 from . import common, leases

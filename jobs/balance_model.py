@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from rasd.lease import (  # noqa: F401 - the daemon side lives in rasd.lease
+from rasd.core.lease import (  # noqa: F401 - the daemon side lives in rasd.core.lease
     HEADROOM_PREFIX,
     META_CLIENT,
     MISS_PREFIX,
@@ -61,7 +61,7 @@ from rasd.lease import (  # noqa: F401 - the daemon side lives in rasd.lease
     miss_resource,
     valid_name,
 )
-from rasd.lease import headroom_item as lease_headroom_item
+from rasd.core.lease import headroom_item as lease_headroom_item
 
 #: (client_id, pool_id, region)
 Key = tuple[str, str, str]
@@ -161,7 +161,7 @@ class Counts:
 
 
 def key_str(k: Key) -> str:
-    """``client.pool.region``: none of the three can contain a dot (``rasd.lease`` rules)."""
+    """``client.pool.region``: none of the three can contain a dot (``rasd.core.lease`` rules)."""
     return ".".join(k)
 
 
@@ -354,7 +354,7 @@ def headroom_item(
     k: Key, free: int, projected: float, now_us: int, horizon_s: float
 ) -> dict[str, Any]:
     """The headroom meta item for one (client, pool, region), as a PutItem ``Item`` (its
-    shape is ``rasd.lease.headroom_item``'s: the daemon reads it)."""
+    shape is ``rasd.core.lease.headroom_item``'s: the daemon reads it)."""
     c, p, r = k
     demand = math.ceil(projected - 1e-9)
     return lease_headroom_item(c, p, r, free, demand, now_us, int(horizon_s))

@@ -13,7 +13,7 @@ One run, top to bottom (:func:`run`):
    the 10 sub-partitions);
 6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
 7. move: candidates from the donor region's ``available_resources`` index, each moved with
-   ``rasd.lease.move`` (conditional on version, free and region; a lost race is counted and
+   ``rasd.core.lease.move`` (conditional on version, free and region; a lost race is counted and
    the next candidate tried);
 8. write the headroom meta items; save state + snapshot to S3; release the lock.
 
@@ -49,7 +49,7 @@ import boto3
 import structlog
 from botocore.exceptions import ClientError
 
-from rasd.lease import (
+from rasd.core.lease import (
     META_CLIENT,
     MISS_PREFIX,
     PARTITIONS,
@@ -61,7 +61,7 @@ from rasd.lease import (
     partition_name,
     pool_from_ddb,
 )
-from rasd.schema import list_pool_items
+from rasd.core.schema import list_pool_items
 from rasd.steps.admin import move_free
 
 from . import balance_model as bm

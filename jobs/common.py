@@ -33,10 +33,10 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from rasd import log as rasd_log
 from rasd.config import Config, ConfigError
 from rasd.config import load as load_config
-from rasd.lease import REGION_RE, US, fmt_time, parse_time, valid_name
+from rasd.core.lease import REGION_RE, US, fmt_time, parse_time, valid_name
+from rasd.observe import log as rasd_log
 
 EXIT_OK = 0
 EXIT_ERRORS = 1

@@ -8,8 +8,8 @@ a job scans (its pages are the programs' inputs), hands each item or group to a 
 :class:`Driver` performs what the program asks, one call at a time:
 
 * a read (``GetItem``, the index queries) returns plain items; a failed read is thrown into
-  the program as a :class:`rasd.errors.RasdError` whose ``__cause__`` is boto3's exception;
-* a write (``Send``: a conditional UpdateItem rendered by ``rasd.writes.render``; ``Put``;
+  the program as a :class:`rasd.core.errors.RasdError` whose ``__cause__`` is boto3's exception;
+* a write (``Send``: a conditional UpdateItem rendered by ``rasd.core.writes.render``; ``Put``;
   ``Delete``) returns a ``rasd.store.WriteResult``: APPLIED with the item as written,
   REJECTED when its condition failed (a lost race, a value), UNKNOWN with ``error`` when the
   call failed otherwise (botocore has retried it already; a ``readback`` given with the
@@ -34,9 +34,10 @@ from typing import Any
 import structlog
 from botocore.exceptions import BotoCoreError, ClientError
 
-from rasd.decide import Outcome
-from rasd.errors import RasdError, Unavailable
-from rasd.lease import item_from_ddb, partition_name
+from rasd.core.decide import Outcome
+from rasd.core.errors import RasdError, Unavailable
+from rasd.core.lease import item_from_ddb, partition_name
+from rasd.core.writes import ItemKey, item_from_av, key_av, render
 from rasd.steps import (
     At,
     Delete,
@@ -55,7 +56,6 @@ from rasd.steps import (
     drive_sync,
 )
 from rasd.store import WriteResult
-from rasd.writes import ItemKey, item_from_av, key_av, render
 
 from . import common
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from rasd.lease import US
+from rasd.core.lease import US
 
 ACQUIRE = "acquire"
 RELEASE = "release"

@@ -9,14 +9,14 @@ starts a background re-confirmation (one consistent read), and a hit whose slidi
 
 A miss goes through ``get_lease``, which makes concurrent requests for one
 (client, pool, key) share one resolution (single-flight). The resolution reads the key's
-mapping items (one strongly consistent Query) and does what ``rasd.decide`` says:
+mapping items (one strongly consistent Query) and does what ``rasd.core.decide`` says:
 
 * serve a live lease (one round trip for an uncached existing lease);
 * verify a pending one against its resource item, wait for its acquirer, or fence it;
 * acquire: the mapping write and the claim of a prefetched candidate go out together (one
   round trip after the read), and ``decide.after_acquire`` says what their outcomes mean.
 
-This module decides nothing itself: every branch is a decision of ``rasd.decide``, which the
+This module decides nothing itself: every branch is a decision of ``rasd.core.decide``, which the
 protocol checker (``check/``) explores. docs/design.md argues the invariants.
 Only our region's items are ever written; another region's lease is served as it is.
 """
@@ -36,10 +36,10 @@ import structlog
 from cachetools import TTLCache
 
 from .cache import HEAD, CacheKey, LeaseCache, lease_of
-from .clock import Clock
 from .config import Config
-from .errors import BadRequest, RasdError, Timeout, UnknownPool
-from .lease import (
+from .core.clock import Clock
+from .core.errors import BadRequest, RasdError, Timeout, UnknownPool
+from .core.lease import (
     US,
     Lease,
     Pool,
@@ -51,7 +51,7 @@ from .lease import (
     should_extend,
 )
 from .limits import BucketTable
-from .metrics import Counters
+from .observe.metrics import Counters
 from .prefetch import Prefetcher
 from .protocol import ID_PACK
 from .steps import (

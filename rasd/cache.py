@@ -45,8 +45,8 @@ import msgpack
 
 from rasd_client.wire import HEADER_SIZE
 
-from .clock import Clock
-from .lease import MAX_KEY_LEN, US, Lease
+from .core.clock import Clock
+from .core.lease import MAX_KEY_LEN, US, Lease
 from .protocol import ID_PACK, MAX_ID_LEN, answer_head
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)

@@ -75,7 +75,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import Config
-from .lease import PARTITIONS, ResourceItem, partition_of
+from .core.lease import PARTITIONS, ResourceItem, partition_of
 
 REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
 DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull

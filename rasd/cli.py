@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "dev":
-        from .dev import DevUnavailable, run_dev
+        from .devtools.dev import DevUnavailable, run_dev
 
         try:
             return run_dev(args)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
     if args.cmd == "check-config":
-        from .peercred import Acl, AclError
+        from .server.peercred import Acl, AclError
 
         try:
             Acl.from_config(cfg.acl)
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _aws_settings(cfg: Config, env: dict[str, str] | None) -> Any:
-    """The AWS settings the daemon would run with (``rasd.aws``), botocore reading ``env``
+    """The AWS settings the daemon would run with (``rasd.dynamo.aws``), botocore reading ``env``
     (the service's environment) as the process environment."""
-    from . import aws
+    from .dynamo import aws
 
     saved = dict(os.environ)
     try:
@@ -232,7 +232,7 @@ def _account_id() -> tuple[str | None, str]:
     """The credentials' account id, as the daemon will see it (the endpoint may depend on
     it), and a note on what was found. Missing credentials are no config error here: the
     operator's shell is often not the service's user."""
-    from .sigv4 import resolve_credentials
+    from .dynamo.sigv4 import resolve_credentials
 
     try:
         creds = resolve_credentials()
@@ -246,15 +246,15 @@ def serve(cfg: Config, reloader: Any = None) -> int:
     """Run the daemon until SIGTERM/SIGINT. Takes systemd's socket when socket-activated."""
     import uvloop
 
-    from . import log, malloc
-    from .peercred import AclError
-    from .sdnotify import listen_fds_with_names
-    from .server import run_daemon
+    from .observe import log
+    from .server import malloc, run_daemon
+    from .server.peercred import AclError
+    from .server.sdnotify import listen_fds_with_names
 
     malloc.one_arena()  # before any other thread starts
     log.configure(cfg.log_level)
     if cfg.metrics_port:
-        from .prom import MetricsUnavailable, require
+        from .observe.prom import MetricsUnavailable, require
 
         try:
             require()

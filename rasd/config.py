@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .decide import Rules
-from .lease import REGION_RE, US
+from .core.decide import Rules
+from .core.lease import REGION_RE, US
 
 
 class ConfigError(ValueError):
@@ -200,7 +200,7 @@ class Config:
         return self.confirm_interval + self.max_clock_skew + self.replication_lag
 
     def rules(self) -> Rules:
-        """The protocol's time bounds (rasd.decide), derived here and nowhere else."""
+        """The protocol's time bounds (rasd.core.decide), derived here and nowhere else."""
         return Rules(
             margin_us=int(self.skew_margin * US),
             grace_us=int(self.max_clock_skew * US),

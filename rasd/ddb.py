@@ -5,7 +5,7 @@ client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_ite
 ``delete_item``), returns the same response dicts (wire-format AttributeValues, ``Item``,
 ``Items``, ``LastEvaluatedKey``, ``Attributes``, ``Count``...) and raises the same botocore
 exception classes for the same conditions, so ``Store._call``'s retry and ambiguous-write logic
-and ``rasd.testing``'s fault wrapper work unchanged:
+and ``rasd.devtools.testing``'s fault wrapper work unchanged:
 
 ================================  ================================================================
 DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
@@ -27,7 +27,7 @@ in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.l
 leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS, credential_process;
 refreshable credentials are refreshed in a thread, never on the event loop), exception classes,
 and every AWS setting: the endpoint (FIPS, dual-stack, partitions, endpoint URLs), the proxy
-and the CA bundle are botocore's own decisions, made once at start-up (``rasd.aws``). Not
+and the CA bundle are botocore's own decisions, made once at start-up (``rasd.dynamo.aws``). Not
 done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
 binary (``B``/``BS``) attribute encoding, which the daemon does not use.
 
@@ -69,9 +69,9 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from .aws import AwsSettings
-from .http1 import Conn, ConnectFailed, ProxyRefused, ReadTimedOut, Tunnel, expire
-from .sigv4 import (
+from .dynamo.aws import AwsSettings
+from .dynamo.http1 import Conn, ConnectFailed, ProxyRefused, ReadTimedOut, Tunnel, expire
+from .dynamo.sigv4 import (
     CONTENT_TYPE,
     AmzDate,
     Credentials,
@@ -173,7 +173,7 @@ class LeanDynamoDB:
     ) -> LeanDynamoDB:
         """Resolve the AWS settings (unless given) and the credentials, in a thread: they read
         files, run credential processes or ask IMDS."""
-        from . import aws
+        from .dynamo import aws
 
         def resolve() -> tuple[AwsSettings, Credentials]:
             creds = resolve_credentials()

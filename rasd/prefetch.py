@@ -21,11 +21,11 @@ import structlog
 
 from .candidates import END_KEEP, CandidateBuffer, Read, host_seed
 from .candidates import Candidate as Candidate
-from .clock import Clock
 from .config import Config
-from .errors import RasdError
-from .lease import Pool, partition_name
-from .metrics import Counters
+from .core.clock import Clock
+from .core.errors import RasdError
+from .core.lease import Pool, partition_name
+from .observe.metrics import Counters
 from .store import Store
 
 log = structlog.get_logger("rasd.prefetch")

@@ -24,8 +24,8 @@ from typing import Any
 
 from rasd_client.wire import _HEADER, HEADER_SIZE, VERSION, encode
 
-from .errors import BadRequest
-from .lease import MAX_KEY_LEN, Lease
+from .core.errors import BadRequest
+from .core.lease import MAX_KEY_LEN, Lease
 
 OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats"})
 _NEEDS_POOL = frozenset({"get_lease", "release", "headroom"})

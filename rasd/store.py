@@ -3,7 +3,7 @@ one (``rasd.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
 
 Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
 engine serves them). Failed attempts are retried as botocore's standard mode retries them
-(``rasd.retry``: at most ``max_attempts`` attempts, exponential backoff with full jitter, a
+(``rasd.dynamo.retry``: at most ``max_attempts`` attempts, exponential backoff with full jitter, a
 retry quota shared by all calls) inside the request's deadline. Throttles, 5xx, timeouts and
 network errors count as failures for the circuit breaker, so that a fleet of daemons backs off
 together; conflicts with other writers (a transaction, another region's write) are retried
@@ -37,11 +37,10 @@ from botocore.exceptions import (
     ClientError,
 )
 
-from .aws import AwsSettings
 from .config import Config
-from .decide import Outcome
-from .errors import RasdError, Timeout, Unavailable
-from .lease import (
+from .core.decide import Outcome
+from .core.errors import RasdError, Timeout, Unavailable
+from .core.lease import (
     META_CLIENT,
     Item,
     Mapping,
@@ -54,18 +53,12 @@ from .lease import (
     pool_from_ddb,
     pool_meta_key,
 )
+from .core.writes import ItemKey, Value, Write, item_from_av, key_av, render
+from .dynamo.aws import AwsSettings
+from .dynamo.retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
+from .dynamo.retry import request_id as _rid
 from .limits import CircuitBreaker
-from .metrics import Counters
-from .retry import (
-    MIN_ATTEMPT,
-    Failure,
-    RetryPolicy,
-    attempt_failed,
-)
-from .retry import (
-    request_id as _rid,
-)
-from .writes import ItemKey, Value, Write, item_from_av, key_av, render
+from .observe.metrics import Counters
 
 log = structlog.get_logger("rasd.store")
 
@@ -77,7 +70,7 @@ ATTEMPT_SHARE = 0.6
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     outcome: Outcome
-    #: the item as written (APPLIED), as a plain dict (``rasd.writes.item_from_av``)
+    #: the item as written (APPLIED), as a plain dict (``rasd.core.writes.item_from_av``)
     item: dict[str, Value] | None = None
     #: why the outcome is not APPLIED, when an error (not a condition) decided it
     error: RasdError | None = None
@@ -113,13 +106,13 @@ class Store:
         self._sleep = sleep
         #: botocore's standard mode; ``max_attempts`` is the AWS settings' (set by start())
         self.retry = RetryPolicy(rng=rng)
-        #: the AWS settings in effect (``rasd.aws``), once start() resolved them
+        #: the AWS settings in effect (``rasd.dynamo.aws``), once start() resolved them
         self.aws: AwsSettings | None = None
 
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Raises ``rasd.aws.AwsSettingsError`` for an AWS setting rasd cannot honour."""
-        from . import aws
+        """Raises ``rasd.dynamo.aws.AwsSettingsError`` for an AWS setting rasd cannot honour."""
+        from .dynamo import aws
 
         cfg = self.config
         region = os.environ.get("AWS_REGION") or cfg.region
@@ -179,7 +172,7 @@ class Store:
 
     def wrap_client(self, wrap: Callable[[Any], Any]) -> None:
         """Put a wrapper around the started client (fault injection in tests:
-        ``rasd.testing``). Every later call goes through ``wrap(client)``."""
+        ``rasd.devtools.testing``). Every later call goes through ``wrap(client)``."""
         if self._client is None:
             raise RuntimeError("wrap_client() needs a started Store (await store.start())")
         self._client = wrap(self._client)
@@ -194,7 +187,7 @@ class Store:
     async def _call(
         self, op: str, deadline: float, ambiguous: list[bool] | None = None, **kw: Any
     ) -> dict[str, Any] | None:
-        """One DynamoDB call with retries (``rasd.retry``) until ``deadline`` (monotonic s).
+        """One DynamoDB call with retries (``rasd.dynamo.retry``) until ``deadline`` (monotonic s).
 
         Returns None when a condition failed (a lost race). Raises ``Timeout`` when DynamoDB
         gave no answer before the deadline, ``Unavailable`` when it kept failing, refused the

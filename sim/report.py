@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from rasd.lease import parse_time
+from rasd.core.lease import parse_time
 
 from . import traffic
 from .world import RunResult

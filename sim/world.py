@@ -29,9 +29,9 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from rasd import schema
 from rasd.config import Config
-from rasd.lease import LIVE, PENDING, fmt_time, map_pk, mapping_from_ddb, new_resource_item
+from rasd.core import schema
+from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk, mapping_from_ddb, new_resource_item
 from rasd_jobs import balance_model as bm
 
 from . import capacity, replicator, traffic
@@ -98,9 +98,9 @@ class RunResult:
 
 
 # ------------------------------------------------------------------------------- children
-# moto with atomic conditional writes (rasd.motoserver), in its own process: plain moto lets
-# two concurrent conditional writes on one item both succeed, which DynamoDB never does.
-_MOTO_CMD = ["-m", "rasd.motoserver"]
+# moto with atomic conditional writes (rasd.devtools.motoserver), in its own process: plain moto
+# lets two concurrent conditional writes on one item both succeed, which DynamoDB never does.
+_MOTO_CMD = ["-m", "rasd.devtools.motoserver"]
 
 
 def aws_env() -> dict[str, str]:

@@ -16,7 +16,7 @@ import hypothesis  # noqa: F401 - see below
 import pytest
 import uvloop
 
-from rasd import schema
+from rasd.core import schema
 
 # hypothesis is imported here, at start-up: its pytest plugin otherwise imports it in the
 # terminal summary, where CPython 3.11.7's compiler has failed with "AST constructor recursion
@@ -43,8 +43,8 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """moto's server in a thread on 127.0.0.1, port picked by the OS (rasd.motoserver)."""
-    from rasd import motoserver
+    """moto's server in a thread on 127.0.0.1, port picked by the OS (rasd.devtools.motoserver)."""
+    from rasd.devtools import motoserver
 
     server, url = motoserver.start()  # conditional writes made atomic, as in DynamoDB
     yield url
@@ -109,8 +109,8 @@ def hold(
     item at the version read, the claim with the same token, then the confirmation. Returns
     the token. Leasing a key again in the same region leaves the earlier resource an orphan,
     as a crash can."""
-    from rasd import lease as L
-    from rasd.writes import item_from_av, key_av, render
+    from rasd.core import lease as L
+    from rasd.core.writes import item_from_av, key_av, render
 
     raw = ddb.get_item(
         TableName=table,

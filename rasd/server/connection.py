@@ -38,7 +38,7 @@ from rasd_client.wire import (
 )
 from rasd_client.wire import _decode_body as decode_body
 
-from ..peercred import Acl, Grant, peer_credentials, peer_gids
+from .peercred import Acl, Grant, peer_credentials, peer_gids
 
 if TYPE_CHECKING:
     from .lifecycle import Daemon

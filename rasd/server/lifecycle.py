@@ -44,20 +44,20 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from .. import log as logsetup
-from ..aws import AwsSettingsError
-from ..clock import Clock
 from ..config import Config
-from ..errors import RasdError
+from ..core.clock import Clock
+from ..core.errors import RasdError
+from ..dynamo.aws import AwsSettingsError
 from ..limits import InflightGate
-from ..metrics import Counters
-from ..peercred import Acl
-from ..prom import LatencyHistograms
-from ..sdnotify import Notifier, run_watchdog, watchdog_interval
+from ..observe import log as logsetup
+from ..observe.metrics import Counters
+from ..observe.prom import LatencyHistograms
 from . import handover
 from .connection import Connection, grant_for
 from .diagnostics import close_quietly, describe_cause, is_boto, loop_exception, probe_endpoint
+from .peercred import Acl
 from .routing import Routing
+from .sdnotify import Notifier, run_watchdog, watchdog_interval
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
     from ..acquire import Acquirer
@@ -398,7 +398,7 @@ class Daemon(Routing):
 
     def _start_metrics(self, port: int) -> Any:
         from .. import __version__
-        from ..prom import Gauge, build_registry, start_http
+        from ..observe.prom import Gauge, build_registry, start_http
 
         def cache_leases() -> int:
             return self.acquirer.cache.size() if self.up.is_set() else 0

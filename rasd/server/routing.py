@@ -37,10 +37,10 @@ from rasd_client.wire import BadFrame, error_payload
 
 from .. import protocol
 from ..config import Config
-from ..errors import Busy, Forbidden, Internal, RasdError, Timeout, Unavailable
+from ..core.errors import Busy, Forbidden, Internal, RasdError, Timeout, Unavailable
 from ..limits import InflightGate
-from ..metrics import Counters
-from ..prom import LatencyHistograms
+from ..observe.metrics import Counters
+from ..observe.prom import LatencyHistograms
 from ..protocol import ID_MAX, lease_fields
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves

@@ -7,8 +7,8 @@ the balancer's move; rasadmin's commands; the paper's agent the checker runs bes
 *program*: a generator that yields :data:`Effect` values and is sent back what each one
 returned. A program never reads a clock, a socket or a table itself; it says what it needs
 (``GetItem``, ``Send`` a ``Write``, ``Now``, ``Sleep``...) and decides from what comes back,
-through the pure functions of :mod:`rasd.decide` and the write builders of :mod:`rasd.lease`.
-This is h11's split, with the state machine written as straight-line code:
+through the pure functions of :mod:`rasd.core.decide` and the write builders of
+:mod:`rasd.core.lease`. This is h11's split, with the state machine written as straight-line code:
 
     def free_it(ident, now_us):               # a program
         item = yield GetItem(ident)           # one strongly consistent read
@@ -21,7 +21,7 @@ Two kinds of interpreter run the same programs:
 
 * **drivers** (:func:`drive` for the daemon's asyncio tasks, :func:`run` for the jobs'
   blocking code) perform each effect for real and send back its result; a failed call is
-  thrown into the program as the :class:`rasd.errors.RasdError` the store raised;
+  thrown into the program as the :class:`rasd.core.errors.RasdError` the store raised;
 * the **protocol checker** (``check/``) performs each effect against its model of DynamoDB,
   one effect per step, branching on every outcome the real call could have (applied, refused,
   lost reply, error). Generators cannot be copied, so the checker keeps a program as the
@@ -45,8 +45,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import RasdError
-from ..writes import ItemKey, Write
+from ..core.errors import RasdError
+from ..core.writes import ItemKey, Write
 
 R = TypeVar("R")
 
@@ -54,7 +54,7 @@ R = TypeVar("R")
 Effect = Any
 #: A program: yields effects, is sent their results, returns its answer.
 Program = Generator[Effect, Any, R]
-#: A read-back check for a write whose outcome is unknown (``rasd.lease.ReadBack``).
+#: A read-back check for a write whose outcome is unknown (``rasd.core.lease.ReadBack``).
 ReadBack = Callable[[dict[str, Any]], bool]
 
 
@@ -69,7 +69,7 @@ class GetItem:
 @dataclass(frozen=True, slots=True)
 class QueryMappings:
     """The key's mapping items, every region's (one strongly consistent Query).
-    Result: ``list[rasd.lease.Mapping]``."""
+    Result: ``list[rasd.core.lease.Mapping]``."""
 
     client_id: str
     pool_id: str
@@ -79,7 +79,7 @@ class QueryMappings:
 @dataclass(frozen=True, slots=True)
 class QueryLeased:
     """The leased-resources index's items for the key (eventually consistent: a hint, never
-    a decision). Result: ``list[rasd.lease.ResourceItem]``."""
+    a decision). Result: ``list[rasd.core.lease.ResourceItem]``."""
 
     client_id: str
     pool_id: str
@@ -140,7 +140,8 @@ class Delete:
 @dataclass(frozen=True, slots=True)
 class QueryAvailable:
     """One page of one sub-partition of the ``available_resources`` index (eventually
-    consistent: a claim decides, on its conditions). Result: ``list[rasd.lease.ResourceItem]``."""
+    consistent: a claim decides, on its conditions).
+    Result: ``list[rasd.core.lease.ResourceItem]``."""
 
     client_id: str
     pool_id: str
@@ -185,7 +186,7 @@ class Mono:
 @dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait. ``bounded``: within the request's deadline (the driver throws
-    ``rasd.errors.Timeout`` if the deadline would pass first). Result: None."""
+    ``rasd.core.errors.Timeout`` if the deadline would pass first). Result: None."""
 
     seconds: float
     bounded: bool = True

@@ -9,15 +9,15 @@ may still run.
 * :func:`release_resource`: a held item given back the way a daemon gives it back
   (:func:`rasd.steps.repair.release_held`), held to its lease's end (no app released it).
 * :func:`delete_resource` / :func:`delete_item`: a resource becomes a tombstone that holds its
-  name until every lease and quarantine on it has run out (``rasd.decide.name_held_until``);
+  name until every lease and quarantine on it has run out (``rasd.core.decide.name_held_until``);
   a held one's mapping is released first, so no daemon serves a lease on a resource that is
   gone. :func:`delete_pool`: the definition, then every item, each in its region's replica.
 * :func:`add_resource`: a new name, or a tombstone's name again, claimable no earlier than
-  the tombstone's hold (``rasd.lease.readd``); :func:`define_pool`: a pool's definition.
+  the tombstone's hold (``rasd.core.lease.readd``); :func:`define_pool`: a pool's definition.
 * :func:`adopt_lease`: a running lease the paper's agent made becomes a rasd lease where it
   is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``).
 * :func:`move_free`: the balancer's move of a free item to another region
-  (``rasd.lease.move``, conditional on the version, free and region read).
+  (``rasd.core.lease.move``, conditional on the version, free and region read).
 
 A command's refusals (leased, in quarantine, another region's item) are decisions too: the
 programs return them as :class:`AdminResult` values and the command prints them.
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import decide as D
-from ..lease import (
+from ..core import decide as D
+from ..core.lease import (
     META_CLIENT,
     PENDING,
     Mapping,
@@ -48,7 +48,7 @@ from ..lease import (
     resource_from,
     tombstone,
 )
-from ..writes import ItemKey
+from ..core.writes import ItemKey
 from . import At, Delete, GetItem, Note, Program, Put, Send, in_region
 from .repair import OPS, Ops, applied, mapping_ident, read_mapping, release_held
 
@@ -103,7 +103,7 @@ def delete_item(
 ) -> Program[bool]:
     """Delete a resource item; one with a running lease, or in quarantine, only with
     ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
-    becomes a tombstone that holds its name until ``rasd.decide.name_held_until`` (what a
+    becomes a tombstone that holds its name until ``rasd.core.decide.name_held_until`` (what a
     re-add waits for). Conditional on the version read (re-read and retried a few times
     when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
     not given, or it kept changing."""

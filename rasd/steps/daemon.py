@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every verb of the daemon that touches the table is a program here (:mod:`rasd.steps`): a
-generator that yields effects and decides, through :mod:`rasd.decide`, from what they return.
+generator that yields effects and decides, through :mod:`rasd.core.decide`, from what they return.
 Two interpreters run them, and nothing else states the protocol:
 
 * ``rasd.acquire.Acquirer`` performs each effect for real (the store's calls with the
@@ -39,11 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import decide as D
-from .. import lease as L
-from ..decide import Outcome, Rules
-from ..errors import Busy, NoCapacity, NotHeld, RasdError, Timeout
-from ..lease import (
+from ..core import decide as D
+from ..core import lease as L
+from ..core.decide import Outcome, Rules
+from ..core.errors import Busy, NoCapacity, NotHeld, RasdError, Timeout
+from ..core.lease import (
     PENDING,
     US,
     Lease,
@@ -73,7 +73,7 @@ from ..lease import (
     pick,
     resource_from,
 )
-from ..writes import ItemKey, Write
+from ..core.writes import ItemKey, Write
 from . import (
     GetItem,
     Join,
@@ -207,8 +207,8 @@ def _quarantine(rules: Rules, give_back: bool) -> int:
 
 @dataclass(frozen=True, eq=False)
 class Ops:
-    """The pure functions the programs decide and write with (:mod:`rasd.decide`,
-    :mod:`rasd.lease`). Only the checker's known-bad rule sets replace one. Compared by
+    """The pure functions the programs decide and write with (:mod:`rasd.core.decide`,
+    :mod:`rasd.core.lease`). Only the checker's known-bad rule sets replace one. Compared by
     identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
@@ -227,7 +227,7 @@ class Ops:
     on_settle: Callable[..., D.Confirm | D.YieldTo] = field(default=D.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
     on_lapsed: Callable[..., D.Extend | D.EndLapsed] = field(default=D.on_lapsed, repr=False)
-    #: the early free's write (``rasd.lease.free_claim``)
+    #: the early free's write (``rasd.core.lease.free_claim``)
     free_claim: Callable[..., Write] = field(default=L.free_claim, repr=False)
     #: how long an early free stays unclaimable: (rules, give_back) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
@@ -285,7 +285,7 @@ def resolve(
     d: Daemon, pool: Pool, key: str, requested_us: int, wait: float = WAIT_FIRST
 ) -> Program[tuple[Lease, bool]]:
     """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
-    reads the key's mappings and does what ``rasd.decide`` says; a round that must read
+    reads the key's mappings and does what ``rasd.core.decide`` says; a round that must read
     again goes on as the next round (``Tail``)."""
     ops = d.ops
     sent = yield Mono()  # the answer is confirmed as of the read's departure

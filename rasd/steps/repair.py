@@ -5,19 +5,19 @@ quarantined one).
 Theory of operation
 -------------------
 The jobs (``ras-liberator``, ``ras-dedupe``, ``rasadmin``) write the table with the daemon's
-rules (:mod:`rasd.decide`, :mod:`rasd.lease`) in the daemon's order (docs/design.md,
+rules (:mod:`rasd.core.decide`, :mod:`rasd.core.lease`) in the daemon's order (docs/design.md,
 "Invariants"). Each per-item step is a program here (:mod:`rasd.steps`): the job's driver
 (``jobs/leases.py``) performs its reads and writes against DynamoDB, the protocol checker
 (``check/``) against its model, so both run one text.
 
 * :func:`release_held`: give back a held resource the way a daemon does, mapping first, then
   the resource, claimable again only after the quarantine (and, when no app released it, not
-  before its end plus the clock-skew bound: :func:`rasd.decide.held_free_at`).
+  before its end plus the clock-skew bound: :func:`rasd.core.decide.held_free_at`).
 * :func:`repair`: free a held resource no mapping names (a crash between two writes left it),
   fencing the mapping first when its acquisition's write could still land; it stays
-  unclaimable until :func:`rasd.decide.orphan_free_at`.
+  unclaimable until :func:`rasd.core.decide.orphan_free_at`.
 * :func:`liberate_item`: one item of the liberator's scan of the leased index: an expired
-  lease is freed (``rasd.lease.liberate``), an old held one is checked for an orphan on
+  lease is freed (``rasd.core.lease.liberate``), an old held one is checked for an orphan on
   consistent reads and repaired; :func:`relist_item`: one item of its scan for quarantines
   that are over.
 
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .. import decide as D
-from ..decide import Orphan
-from ..errors import RasdError, Unavailable
-from ..lease import (
+from ..core import decide as D
+from ..core.decide import Orphan
+from ..core.errors import RasdError, Unavailable
+from ..core.lease import (
     Mapping,
     ResourceItem,
     fmt_time,
@@ -54,7 +54,7 @@ from ..lease import (
     relist,
     resource_from,
 )
-from ..writes import ItemKey, Write
+from ..core.writes import ItemKey, Write
 from . import GetItem, Note, Program, Send
 
 Result = Literal["released", "freed_orphan", "lease", "lost_race", "kept"]
@@ -184,7 +184,7 @@ def repair(
     """Free ``r`` if no mapping names it (``m``: its key's mapping, read for it), fencing
     the mapping first when needed. It stays unclaimable for the quarantine, and, if a
     mapping may have named it, until its lease's end plus ``grace_us``
-    (``rasd.decide.orphan_free_at``). With ``hold_to_end`` (the paper's agent may run: it
+    (``rasd.core.decide.orphan_free_at``). With ``hold_to_end`` (the paper's agent may run: it
     may have answered the claim from the leased index, to its end, whether or not a mapping
     named it) until its end plus ``grace_us`` in any case. ``"lease"``: it is no orphan."""
     verdict = ops.orphan_verdict(r, m)
@@ -232,7 +232,7 @@ def liberate_item(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Prog
     """One item of the liberator's scan of the leased index (eventually consistent: read
     again before anything but a conditional write is decided). An item whose lease ended
     more than the grace ago is freed, conditional on the version and end read
-    (``rasd.lease.liberate``): a lease a daemon extended or re-let since is left alone (a
+    (``rasd.core.lease.liberate``): a lease a daemon extended or re-let since is left alone (a
     lost race). An older held item is checked for an orphan (:func:`check_orphan`).
     Returns what was done (the notes say it for the summary)."""
     cutoff = run.now_us - run.grace_us
@@ -307,7 +307,7 @@ def check_orphan(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Progr
 
 def relist_item(item: ResourceItem, now_us: int, dry_run: bool = False) -> Program[str]:
     """One item of the liberator's scan for quarantined items: one whose quarantine is over
-    goes back to the available index (``rasd.lease.relist``, conditional on what was read)."""
+    goes back to the available index (``rasd.core.lease.relist``, conditional on what was read)."""
     if item.quarantine_until is None or item.quarantine_until > fmt_time(now_us):
         return "quarantined"
     yield Note("quarantine_over")

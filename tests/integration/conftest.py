@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from rasd.clock import Clock
 from rasd.config import Config
+from rasd.core.clock import Clock
 from rasd.server import Daemon
 
 _ids = itertools.count()

@@ -278,7 +278,7 @@ def iam_moto() -> Iterator[IamMoto]:
     """moto in its own process; users with access keys, the table and a pool, then IAM
     authentication switched on (signatures verified from then on)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rasd.motoserver"],
+        [sys.executable, "-m", "rasd.devtools.motoserver"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -309,7 +309,7 @@ def iam_moto() -> Iterator[IamMoto]:
             for name in names:
                 k = iam.create_access_key(UserName=user)["AccessKey"]
                 keys[name] = (k["AccessKeyId"], k["SecretAccessKey"])
-        from rasd import schema
+        from rasd.core import schema
 
         moto = IamMoto(url, port, keys)
         requests.post(f"{url}/moto-api/reset-auth", data=b"0", timeout=10).raise_for_status()

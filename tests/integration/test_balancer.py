@@ -14,9 +14,9 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
-from rasd import lease
-from rasd.lease import US, item_from_ddb, partition_name
-from rasd.writes import render
+from rasd.core import lease
+from rasd.core.lease import US, item_from_ddb, partition_name
+from rasd.core.writes import render
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, s3state
 from tests.conftest import scan_all, seed_pool
@@ -123,7 +123,7 @@ class Hooked:
 
 
 def is_move(kw: dict[str, Any]) -> bool:
-    """The balancer's move: the only write that sets ``partition`` (rasd.lease.move)."""
+    """The balancer's move: the only write that sets ``partition`` (rasd.core.lease.move)."""
     return "partition" in kw.get("ExpressionAttributeNames", {}).values()
 
 
@@ -131,7 +131,7 @@ def is_move(kw: dict[str, Any]) -> bool:
 def test_moto_stream_carries_the_tables_writes(
     ddb: Any, table: str, clients: balancer.Clients, state_uri: str
 ) -> None:
-    """moto's DynamoDB stream works with the table ``rasd.schema.create_table`` makes: the
+    """moto's DynamoDB stream works with the table ``rasd.core.schema.create_table`` makes: the
     balancer sees every write since the table was created, and the claims as acquisitions."""
     seed_pool(ddb, table, region=E, count=20)
     claim_n(ddb, table, E, 6, T0)

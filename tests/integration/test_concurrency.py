@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import rasd_client
-from rasd import lease as L
-from rasd import writes as W
+from rasd.core import lease as L
+from rasd.core import writes as W
 from rasd_jobs import liberator
 from tests.conftest import scan_all, seed_pool
 

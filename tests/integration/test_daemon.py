@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 import rasd_client
-from rasd import lease as L
-from rasd.clock import FakeClock
+from rasd.core import lease as L
+from rasd.core.clock import FakeClock
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
 from tests.conftest import hold, scan_all, seed_pool

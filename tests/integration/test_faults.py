@@ -1,9 +1,9 @@
 """DynamoDB misbehaving under a live daemon: throttling, 5xx, an outage, slowness, overload.
 
-Faults are injected with ``rasd.testing.FaultyStore`` *below* ``Store._call``: the daemon's own
-retry, deadline, circuit-breaker and shedding logic runs exactly as in production, against
-moto's server over HTTP. Lease time comes from a ``FakeClock`` where it matters; the only real
-waits are for real timers (the breaker's cooldown, a slow fault) and bounded polls for
+Faults are injected with ``rasd.devtools.testing.FaultyStore`` *below* ``Store._call``: the
+daemon's own retry, deadline, circuit-breaker and shedding logic runs exactly as in production,
+against moto's server over HTTP. Lease time comes from a ``FakeClock`` where it matters; the only
+real waits are for real timers (the breaker's cooldown, a slow fault) and bounded polls for
 background work.
 """
 
@@ -24,14 +24,14 @@ from structlog.testing import capture_logs
 
 import rasd_client
 from rasd import acquire
-from rasd import lease as L
-from rasd import writes as W
 from rasd.candidates import Candidate
-from rasd.clock import Clock, FakeClock
 from rasd.config import Config
+from rasd.core import lease as L
+from rasd.core import writes as W
+from rasd.core.clock import Clock, FakeClock
+from rasd.core.writes import item_from_av, key_av, render
+from rasd.devtools.testing import Faults, FaultyStore, Rule
 from rasd.server import Daemon
-from rasd.testing import Faults, FaultyStore, Rule
-from rasd.writes import item_from_av, key_av, render
 from rasd_client import aio as rasd_aio
 from tests.conftest import scan_all, seed_pool
 

@@ -22,14 +22,14 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
-from rasd import lease as L
-from rasd import schema
 from rasd.acquire import Acquirer
-from rasd.clock import FakeClock
 from rasd.config import Config
-from rasd.errors import NoCapacity
+from rasd.core import lease as L
+from rasd.core import schema
+from rasd.core.clock import FakeClock
+from rasd.core.errors import NoCapacity
+from rasd.core.writes import item_from_av, key_av, render
 from rasd.store import Store
-from rasd.writes import item_from_av, key_av, render
 from rasd_jobs import balancer, dedupe, liberator
 from tests.conftest import hold
 

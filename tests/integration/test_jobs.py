@@ -22,8 +22,8 @@ import pytest
 import structlog
 
 from rasd.config import Config
-from rasd.decide import Orphan, orphan_verdict
-from rasd.lease import (
+from rasd.core.decide import Orphan, orphan_verdict
+from rasd.core.lease import (
     FREE,
     LIVE,
     US,
@@ -46,7 +46,7 @@ from rasd.lease import (
     pick,
     pick_mapping,
 )
-from rasd.writes import ItemKey, Write, key_av, render
+from rasd.core.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
 from tests.conftest import scan_all, seed_pool
 
@@ -85,7 +85,7 @@ def get(ddb: Any, table: str, resource: str, client: str = "demo") -> ResourceIt
 
 
 def put(ddb: Any, table: str, w: Write, **kw: Any) -> dict[str, Any]:
-    """Send one ``rasd.writes.Write`` as the daemon does (rendered for UpdateItem)."""
+    """Send one ``rasd.core.writes.Write`` as the daemon does (rendered for UpdateItem)."""
     resp: dict[str, Any] = ddb.update_item(TableName=table, **render(w), **kw)
     return resp
 

@@ -26,7 +26,7 @@ import pytest
 
 import rasd_client
 from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
-from rasd import lease as L
+from rasd.core import lease as L
 from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
 from tests.conftest import seed_pool

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
-from rasd import lease as L
-from rasd import schema
-from rasd.clock import FakeClock
 from rasd.config import Config
+from rasd.core import lease as L
+from rasd.core import schema
+from rasd.core.clock import FakeClock
+from rasd.core.writes import render
 from rasd.server import Daemon
 from rasd.steps import daemon as S
-from rasd.writes import render
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
 from tests.conftest import scan_all, seed_pool

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from rasd import lease as L
 from rasd.acquire import Acquirer
 from rasd.config import Config
-from rasd.errors import RasdError
-from rasd.testing import Faults, FaultyStore
+from rasd.core import lease as L
+from rasd.core.errors import RasdError
+from rasd.devtools.testing import Faults, FaultyStore
 from tests.conftest import seed_pool
 from tests.integration.test_concurrency import audit
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from rasd.config import Config
-from rasd.lease import partition_of
+from rasd.core.lease import partition_of
 from rasd.store import Store
 from tests.conftest import seed_pool
 

@@ -4,7 +4,7 @@ while a lease on it runs) and I2 (one resource per key per region). A protocol w
 item and index adoption double-allocates in each of them.
 
 Faults are injected under the store, at the aiobotocore client (a wrapper around the real
-store, as ``rasd.testing`` does): "applied, reply lost" makes the real write, then never
+store, as ``rasd.devtools.testing`` does): "applied, reply lost" makes the real write, then never
 answers, so the store's attempt timeout fires and the outcome is ambiguous (I4).
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from rasd import lease as L
 from rasd.acquire import Acquirer
-from rasd.clock import Clock, FakeClock
 from rasd.config import Config
-from rasd.errors import NoCapacity, RasdError
+from rasd.core import lease as L
+from rasd.core.clock import Clock, FakeClock
+from rasd.core.errors import NoCapacity, RasdError
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.conftest import scan_all, seed_pool
@@ -275,7 +275,7 @@ def test_liberator_waits_for_the_grace(ddb: Any, table: str) -> None:
     now = int(time.time() * L.US)
     raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": "res-00000"}})
     item = L.item_from_ddb(raw["Item"])
-    from rasd.writes import render
+    from rasd.core.writes import render
 
     exp = now + 10 * L.US
     ddb.update_item(TableName=table, **render(L.claim(item, "k", exp, now, "tok", 1)))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import rasd_client
-from rasd.lease import fmt_time
+from rasd.core.lease import fmt_time
 from rasd_client import aio
 from rasd_jobs import liberator
 from tests.conftest import scan_all, seed_pool

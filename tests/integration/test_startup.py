@@ -20,7 +20,8 @@ import boto3
 import pytest
 
 import rasd_client
-from rasd import motoserver, schema
+from rasd.core import schema
+from rasd.devtools import motoserver
 from tests.conftest import seed_pool
 
 pytestmark = [pytest.mark.integration]

@@ -1,5 +1,5 @@
-"""The protocol checker's model of a conditional write (``rasd.writes.apply``) agrees with a real
-DynamoDB-compatible server (moto over HTTP) on every write the protocol makes, in every state
+"""The protocol checker's model of a conditional write (``rasd.core.writes.apply``) agrees with a
+real DynamoDB-compatible server (moto over HTTP) on every write the protocol makes, in every state
 the protocol can meet, including missing attributes and string-ordered times. If this fails,
 the checker is checking a different database than the one we run on."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rasd import lease as L
-from rasd import writes as W
+from rasd.core import lease as L
+from rasd.core import writes as W
 
 pytestmark = pytest.mark.integration
 

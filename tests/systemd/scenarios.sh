@@ -98,7 +98,7 @@ start_moto() {
     # Nice=-10: the fake DynamoDB must not be the bottleneck of a shared, overloaded machine
     # (the daemon runs at Nice=-5); DynamoDB failures are still counted apart by load.py.
     systemd-run -q --unit=moto-$MOTO_RUNS -p Environment=PYTHONPATH=$SRC -p Nice=-10 \
-        $TOOLPY -c "import time; from rasd import motoserver; motoserver.start(port=$PORT); time.sleep(86400)"
+        $TOOLPY -c "import time; from rasd.devtools import motoserver; motoserver.start(port=$PORT); time.sleep(86400)"
     for _ in $(seq 100); do
         $TOOLPY -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 0.2)" 2>/dev/null && return 0
         sleep 0.1
@@ -109,7 +109,7 @@ check "moto on $ENDPOINT" start_moto
 seed() {
 PYTHONPATH=$SRC $TOOLPY - <<PY
 import boto3
-from rasd import schema
+from rasd.core import schema
 ddb = boto3.client("dynamodb", endpoint_url="$ENDPOINT", region_name="us-east-1")
 schema.create_table(ddb, "rasd")
 for c in ("demo", "other"):

@@ -1,4 +1,4 @@
-"""rasd.aws: the endpoint, proxy, CA bundle and retry settings are botocore's own decisions
+"""rasd.dynamo.aws: the endpoint, proxy, CA bundle and retry settings are botocore's own decisions
 (compared with ``boto3.client('dynamodb', ...)`` under the same environment), and a setting
 rasd cannot honour stops it with a clear error instead of being ignored."""
 
@@ -12,7 +12,8 @@ from typing import Any
 import boto3
 import pytest
 
-from rasd import aws, cli
+from rasd import cli
+from rasd.dynamo import aws
 
 #: Every variable that changes what botocore resolves; each test starts without them.
 AWS_VARS = (
@@ -147,7 +148,8 @@ def test_account_based_endpoint_as_botocore_sends(
 async def test_the_daemons_credentials_choose_the_account_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rasd import ddb, sigv4
+    from rasd import ddb
+    from rasd.dynamo import sigv4
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SK")

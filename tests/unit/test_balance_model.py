@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rasd.lease import META_CLIENT, US
+from rasd.core.lease import META_CLIENT, US
 from rasd_jobs import balance_model as bm
 from rasd_jobs import stream as st
 

@@ -4,8 +4,8 @@ last confirmation and its lease end minus the skew margin (docs/design.md, I3)."
 from __future__ import annotations
 
 from rasd.cache import NEVER, LeaseCache, answer
-from rasd.clock import FakeClock
-from rasd.lease import US, Lease
+from rasd.core.clock import FakeClock
+from rasd.core.lease import US, Lease
 from rasd.protocol import ID_MAX, lease_response
 from rasd_client.wire import FrameDecoder
 

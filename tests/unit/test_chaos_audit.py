@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chaos import audit as A
-from rasd.lease import US, fmt_time
+from rasd.core.lease import US, fmt_time
 
 E, W = "us-east-1", "eu-west-1"
 
@@ -599,8 +599,8 @@ def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
 
     from bench.baseline import paper_claim
     from chaos.proxy import lease_event
-    from rasd import lease as L
-    from rasd.writes import render
+    from rasd.core import lease as L
+    from rasd.core.writes import render
 
     free = L.ResourceItem("c", "r1", "p", E, "x", 4, lease_available=fmt_time(0))
     held = L.ResourceItem("c", "r1", "p", E, "x", 5, "k", 10 * US, None, 0, "t", 1, 5)

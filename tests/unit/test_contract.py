@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import rasd_client
-from rasd import errors as rasd_errors
+from rasd.core import errors as rasd_errors
 from rasd_client import errors, wire
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -123,7 +123,7 @@ CONTRACT_CONSTANTS = {
     "rasd.config.Config.max_pending_per_conn",
     "rasd.protocol.MAX_DEADLINE_MS",
     "rasd.protocol.MAX_ID_LEN",
-    "rasd.lease.MAX_KEY_LEN",
+    "rasd.core.lease.MAX_KEY_LEN",
 }
 
 
@@ -157,7 +157,7 @@ def test_documented_limits_are_enforced() -> None:
     import pytest
 
     from rasd import protocol
-    from rasd.errors import BadRequest
+    from rasd.core.errors import BadRequest
 
     good = {
         "v": 1,

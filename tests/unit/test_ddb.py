@@ -27,9 +27,10 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from rasd import ddb, http1, sigv4
+from rasd import ddb
 from rasd.config import Config
-from rasd.retry import never_sent as _never_sent
+from rasd.dynamo import http1, sigv4
+from rasd.dynamo.retry import never_sent as _never_sent
 
 WHEN = datetime.datetime(2024, 3, 9, 23, 59, 58, tzinfo=datetime.timezone.utc)
 AMZ_DATE = "20240309T235958Z"

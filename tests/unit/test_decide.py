@@ -1,4 +1,4 @@
-"""Every branch of the acquisition protocol's pure decisions (rasd.decide), time passed in.
+"""Every branch of the acquisition protocol's pure decisions (rasd.core.decide), time passed in.
 The protocol checker (check/) explores how they compose; these pin each one down."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from rasd import decide as D
-from rasd import lease as L
+from rasd.core import decide as D
+from rasd.core import lease as L
 
 NOW = 1_800_000_000 * L.US
 S = L.US

@@ -1,11 +1,11 @@
-"""Edges of rasd.decide's release decisions and of rasd.lease's read-backs that neither
+"""Edges of rasd.core.decide's release decisions and of rasd.core.lease's read-backs that neither
 tests/unit/test_decide.py nor the protocol checker's CI run pins down (found by mutation
 testing, docs/checker.md "Mutation testing"). Time is passed in."""
 
 from __future__ import annotations
 
-from rasd import decide as D
-from rasd import lease as L
+from rasd.core import decide as D
+from rasd.core import lease as L
 from tests.unit.test_decide import NOW, RULES, S, m, r
 
 

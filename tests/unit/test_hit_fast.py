@@ -13,12 +13,12 @@ import msgpack
 import pytest
 
 from rasd.acquire import Acquirer
-from rasd.clock import FakeClock
 from rasd.config import Config
-from rasd.lease import US, Lease, Pool
-from rasd.peercred import Grant
+from rasd.core.clock import FakeClock
+from rasd.core.lease import US, Lease, Pool
 from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN
 from rasd.server import Connection, Daemon
+from rasd.server.peercred import Grant
 from rasd.store import Store
 from rasd_client.wire import FrameDecoder
 

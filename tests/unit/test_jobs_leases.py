@@ -1,8 +1,8 @@
 """The jobs' release, repair and delete programs (``rasd.steps.repair``, ``rasd.steps.admin``)
 run by the jobs' driver (``jobs/leases.py``), and dedupe's decisions, on an in-memory table.
 
-The writes are the real ``rasd.writes.Write`` values the jobs build, applied with
-``rasd.writes.apply`` (the checker's semantics, compared with moto's in
+The writes are the real ``rasd.core.writes.Write`` values the jobs build, applied with
+``rasd.core.writes.apply`` (the checker's semantics, compared with moto's in
 tests/integration/test_writes_model.py); only their rendering for boto3 is replaced, so each
 test sees which writes were made, in which order, and what the table holds after them. Time
 is passed in. The integration tests run the same functions against moto over HTTP.
@@ -18,8 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from rasd.config import Config
-from rasd.decide import outlasts, served_end
-from rasd.lease import (
+from rasd.core.decide import outlasts, served_end
+from rasd.core.lease import (
     FREE,
     LIVE,
     PENDING,
@@ -31,11 +31,11 @@ from rasd.lease import (
     mapping_from,
     resource_from,
 )
+from rasd.core.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
 from rasd.steps import Program, Send
 from rasd.steps import admin as A
 from rasd.steps import repair as R
 from rasd.store import WriteResult
-from rasd.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
 from rasd_jobs import leases
 
 C, P, K, REGION = "c", "p", "k1", "r1"

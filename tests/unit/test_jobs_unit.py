@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from rasd.lease import US, ResourceItem, fmt_time, pick
+from rasd.core.lease import US, ResourceItem, fmt_time, pick
 from rasd_jobs import admin, common, dedupe, liberator
 
 NOW = 1_800_000_000 * US
@@ -142,7 +142,7 @@ def test_parse_now_rejects_garbage_as_usage_error() -> None:
 
 @pytest.mark.parametrize("bad", ["", "a.b", "#meta", "x" * 65, "sp ace", "ünï"])
 def test_check_name_rejects_what_the_daemon_rejects(bad: str) -> None:
-    """Names the jobs accept are exactly rasd.lease.valid_name's: no '.', no '#'."""
+    """Names the jobs accept are exactly rasd.core.lease.valid_name's: no '.', no '#'."""
     with pytest.raises(common.UsageError, match="bad pool"):
         common.check_name("pool", bad)
 

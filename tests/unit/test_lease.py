@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from rasd import decide as D
-from rasd import lease as L
-from rasd import writes as W
+from rasd.core import decide as D
+from rasd.core import lease as L
+from rasd.core import writes as W
 
 NOW = 1_800_000_000 * L.US
 

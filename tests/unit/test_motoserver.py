@@ -1,4 +1,4 @@
-"""rasd.motoserver: moto's writes, Queries and Scans run one at a time."""
+"""rasd.devtools.motoserver: moto's writes, Queries and Scans run one at a time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rasd import motoserver
+from rasd.devtools import motoserver
 
 
 @pytest.mark.parametrize("op", motoserver.WRITE_OPS + motoserver.READ_OPS)

@@ -19,7 +19,7 @@ from rasd.steps import daemon as S
 
 CHECK = Path(__file__).resolve().parents[2] / "check"
 
-#: rasd.lease's builders of the daemon's writes and read-backs: the programs' alone
+#: rasd.core.lease's builders of the daemon's writes and read-backs: the programs' alone
 DAEMON_WRITES = {
     "adopt",
     "claim",

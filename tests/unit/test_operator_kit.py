@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rasd.prom import counter_family
+from rasd.observe.prom import counter_family
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rasd.peercred import (
+from rasd.server.peercred import (
     Acl,
     AclError,
     PeerCred,

@@ -26,7 +26,7 @@ from rasd.candidates import (
     host_seed,
 )
 from rasd.config import Config
-from rasd.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
+from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
 
 
 def items(n: int, start: int = 0) -> list[ResourceItem]:
@@ -659,7 +659,7 @@ async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
     round trip), then the first lane read; nothing from the ends is kept in the background."""
     import asyncio
 
-    from rasd.metrics import Counters
+    from rasd.observe.metrics import Counters
     from rasd.prefetch import Prefetcher
 
     idx = sorted_index(200)
@@ -720,7 +720,7 @@ class _TableStore:
 
 
 def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:
-    from rasd.metrics import Counters
+    from rasd.observe.metrics import Counters
     from rasd.prefetch import Prefetcher
 
     class Clock:

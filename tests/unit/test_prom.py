@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rasd.metrics import Counters
-from rasd.prom import (
+from rasd.observe.metrics import Counters
+from rasd.observe.prom import (
     Gauge,
     LatencyHistograms,
     MetricsUnavailable,

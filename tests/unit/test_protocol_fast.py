@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from rasd.errors import BadRequest
-from rasd.lease import MAX_KEY_LEN, US, Lease
+from rasd.core.errors import BadRequest
+from rasd.core.lease import MAX_KEY_LEN, US, Lease
 from rasd.protocol import (
     ID_MAX,
     ID_PACK,

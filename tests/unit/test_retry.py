@@ -1,5 +1,5 @@
-"""rasd.retry, the pure retry policy, against botocore's standard mode itself: the same errors
-are retryable, the same delays come from the same random numbers, the same quota is spent and
+"""rasd.dynamo.retry, the pure retry policy, against botocore's standard mode itself: the same
+errors are retryable, the same delays come from the same random numbers, the same quota is spent and
 refunded. No clock, no sleep, no I/O."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from botocore.exceptions import (
 from botocore.retries import quota as bquota
 from botocore.retries import standard
 
-from rasd.retry import (
+from rasd.dynamo.retry import (
     CONFLICT_CODES,
     EXPIRED_TOKEN_CODES,
     THROTTLE_CODES,

@@ -14,12 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rasd.sdnotify import (
-    Notifier,
-    listen_fds_with_names,
-    run_watchdog,
-    watchdog_interval,
-)
+from rasd.server.sdnotify import Notifier, listen_fds_with_names, run_watchdog, watchdog_interval
 
 
 # ----------------------------------------------------------------------- socket activation
@@ -111,7 +106,7 @@ _CHILD = textwrap.dedent(
         os.dup2(fd, 3 + i, inheritable=True)
     os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(passed)),
                       LISTEN_FDNAMES="main:extra")
-    from rasd.sdnotify import listen_fds_with_names
+    from rasd.server.sdnotify import listen_fds_with_names
     got = listen_fds_with_names()
     out = {"names": [n for n, _ in got], "fds": [s.fileno() for _, s in got],
            "addrs": [s.getsockname() for _, s in got],

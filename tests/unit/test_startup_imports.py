@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from rasd import cli, malloc
+from rasd import cli
+from rasd.server import malloc
 
 
 @pytest.mark.parametrize("columns", ["100", "37", "0", "junk", None])
@@ -42,7 +43,7 @@ def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_one_arena_in_a_fresh_process() -> None:
     """Set on glibc (this test machine); trim() then works too."""
-    code = "from rasd import malloc; print(malloc.one_arena()); malloc.trim()"
+    code = "from rasd.server import malloc; print(malloc.one_arena()); malloc.trim()"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env

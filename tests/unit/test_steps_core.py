@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from rasd.errors import Timeout
+from rasd.core.errors import Timeout
+from rasd.core.writes import Write
 from rasd.steps import (
     Done,
     GetItem,
@@ -21,7 +22,6 @@ from rasd.steps import (
     drive_sync,
     goto,
 )
-from rasd.writes import Write
 
 
 def prog(ident: tuple[str, str]) -> Program[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rasd.errors import RasdError, Timeout
+from rasd.core.errors import RasdError, Timeout
 from rasd.steps import Done, GetItem, Now, Program, Raised, Spawn, Trace, drive, drive_sync
 
 

@@ -1,5 +1,5 @@
 """The jobs' programs (rasd.steps.repair, .dedupe, .admin, .paper), driven by a scripted
-``perform`` over plain items (``rasd.writes.apply``, as the checker evaluates writes), with
+``perform`` over plain items (``rasd.core.writes.apply``, as the checker evaluates writes), with
 time passed in; and the jobs' boto3 driver's outcomes (jobs.leases.Driver) on a stub."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from jobs.leases import Driver
-from rasd.decide import Outcome, Rules
-from rasd.errors import RasdError, Unavailable
-from rasd.lease import (
+from rasd.core.decide import Outcome, Rules
+from rasd.core.errors import RasdError, Unavailable
+from rasd.core.lease import (
     FREE,
     LIVE,
     US,
@@ -31,6 +31,7 @@ from rasd.lease import (
     new_resource_item,
     resource_from,
 )
+from rasd.core.writes import ItemKey, Value, Write, apply, item_from_av
 from rasd.steps import (
     At,
     Delete,
@@ -48,7 +49,6 @@ from rasd.steps import dedupe as DD
 from rasd.steps import paper as P
 from rasd.steps import repair as RP
 from rasd.store import WriteResult
-from rasd.writes import ItemKey, Value, Write, apply, item_from_av
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US
@@ -188,7 +188,7 @@ def test_release_held_loses_to_an_extension_after_the_end_was_read() -> None:
     lease = replace(t.mapping("k1"))
 
     def extend() -> None:
-        from rasd.lease import lease_from_mapping
+        from rasd.core.lease import lease_from_mapping
 
         t.land(map_extend(lease_from_mapping(lease), NOW + 2 * HOUR))
 

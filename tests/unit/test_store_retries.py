@@ -29,10 +29,10 @@ from botocore.exceptions import ClientError, NoCredentialsError
 import rasd.ddb
 import rasd.store
 from rasd.config import Config
-from rasd.decide import Outcome
-from rasd.errors import Unavailable
+from rasd.core.decide import Outcome
+from rasd.core.errors import Unavailable
+from rasd.core.writes import Cond, Write
 from rasd.store import Store
-from rasd.writes import Cond, Write
 
 SEED = 7
 

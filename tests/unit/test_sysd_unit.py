@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from rasd import cli, dev
-from rasd import log as logsetup
-from rasd.errors import Unavailable
+from rasd import cli
+from rasd.core.errors import Unavailable
+from rasd.devtools import dev
+from rasd.observe import log as logsetup
 from rasd.server import describe_cause
 
 

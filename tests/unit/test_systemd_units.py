@@ -17,8 +17,8 @@ import pytest
 import uvloop
 
 from rasd.config import Config, load
-from rasd.peercred import Acl
 from rasd.server import LISTEN_BACKLOG, Daemon
+from rasd.server.peercred import Acl
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 

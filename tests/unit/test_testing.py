@@ -15,8 +15,8 @@ from botocore.exceptions import (
 
 import rasd.store
 from rasd.config import Config
-from rasd.errors import Timeout, Unavailable
-from rasd.testing import Faults, FaultyClient, FaultyStore, fault_exception, install
+from rasd.core.errors import Timeout, Unavailable
+from rasd.devtools.testing import Faults, FaultyClient, FaultyStore, fault_exception, install
 
 
 # ----------------------------------------------------------------------------- plan logic
@@ -283,7 +283,7 @@ def test_only_connection_set_up_failures_count_as_never_sent() -> None:
     import aiohttp
     from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 
-    from rasd.retry import never_sent as _never_sent
+    from rasd.dynamo.retry import never_sent as _never_sent
 
     url = "http://x"
     refused = EndpointConnectionError(endpoint_url=url, error=ConnectionRefusedError(111, "x"))

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from rasd.acquire import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, Acquirer
-from rasd.clock import FakeClock
 from rasd.config import Config
-from rasd.errors import UnknownPool
-from rasd.metrics import Counters
+from rasd.core.clock import FakeClock
+from rasd.core.errors import UnknownPool
+from rasd.observe.metrics import Counters
 
 
 class _PoolStore:

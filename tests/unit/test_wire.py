@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from rasd import protocol
-from rasd.errors import BadRequest
+from rasd.core.errors import BadRequest
 from rasd_client import wire
 
 

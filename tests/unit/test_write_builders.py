@@ -1,11 +1,11 @@
-"""Every write builder of rasd.lease, written out in full, the rules next to them, and
-rasd.writes' rendering for DynamoDB.
+"""Every write builder of rasd.core.lease, written out in full, the rules next to them, and
+rasd.core.writes' rendering for DynamoDB.
 
 The protocol checker runs the builders the daemon and ras-dedupe use; the ones only the
 operator's tools and the balancer send (``adopt``, ``move``, ``tombstone``, ``readd``,
 ``map_drop_dead``) run in integration tests only. Here each write is compared with its
 literal form (conditions, attributes set, removed, incremented, its ``kind`` for logs and
-traces) and applied to items with ``rasd.writes.apply``, so a change to any part of it is
+traces) and applied to items with ``rasd.core.writes.apply``, so a change to any part of it is
 seen in milliseconds. Time is passed in.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from rasd import decide
-from rasd import writes as W
-from rasd.lease import (
+from rasd.core import decide
+from rasd.core import writes as W
+from rasd.core.lease import (
     FREE,
     LIVE,
     PENDING,
@@ -46,7 +46,7 @@ from rasd.lease import (
     relist,
     tombstone,
 )
-from rasd.writes import Cond, Write, apply, from_av, render_plain, to_av
+from rasd.core.writes import Cond, Write, apply, from_av, render_plain, to_av
 
 NOW = 1_000 * US
 

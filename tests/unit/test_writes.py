@@ -1,4 +1,4 @@
-"""rasd.writes.render: its per-shape template cache gives exactly what rendering from scratch
+"""rasd.core.writes.render: its per-shape template cache gives exactly what rendering from scratch
 (``render_plain``) gives, whatever the values and however shapes repeat."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd import lease as L
-from rasd import writes as W
+from rasd.core import lease as L
+from rasd.core import writes as W
 
 ATTRS = ["holder", "version", "lease_expires", "state", "token", "#odd name"]
 OPS: list[W.Op] = ["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists"]

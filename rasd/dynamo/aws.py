@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .config import ConfigError
+from ..config import ConfigError
 from .retry import DEFAULT_MAX_ATTEMPTS
 
 

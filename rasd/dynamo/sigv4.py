@@ -169,7 +169,7 @@ class AmzDate:
 
 
 def user_agent() -> str:
-    from . import __version__
+    from .. import __version__
 
     py = ".".join(map(str, sys.version_info[:3]))
     return f"rasd/{__version__} md/lean-ddb lang/python#{py} os/{os.uname().sysname.lower()}"

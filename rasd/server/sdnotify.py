@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 import structlog
 
-log = structlog.get_logger("rasd.sdnotify")
+log = structlog.get_logger("rasd.server.sdnotify")
 
 #: The first inherited file descriptor (``SD_LISTEN_FDS_START``).
 SD_LISTEN_FDS_START = 3

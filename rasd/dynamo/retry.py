@@ -196,7 +196,7 @@ def never_sent(exc: BaseException) -> bool:
     not apply)? Only connection set-up failures qualify. aiobotocore also maps aiohttp's
     generic connection errors, a reset after the request went out among them, to
     EndpointConnectionError, so that class alone proves nothing: its cause must be a connect
-    error (the lean client's causes are all of that kind: ``rasd.http1.ConnectFailed``)."""
+    error (the lean client's causes are all of that kind: ``rasd.dynamo.http1.ConnectFailed``)."""
     from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, SSLError
 
     from .http1 import ConnectFailed

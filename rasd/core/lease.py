@@ -17,7 +17,7 @@ consistent read; never an index. A lease exists exactly when M names ``(token, r
 R is held by that same token. Writes keep M's expiry at or below R's (R is extended first),
 and every free that happens before a lease's end keeps R unclaimable for a quarantine.
 
-Every write is a :class:`rasd.writes.Write` (conditions as data): the daemon renders it for
+Every write is a :class:`rasd.core.writes.Write` (conditions as data): the daemon renders it for
 DynamoDB, the protocol checker (``check/``) applies it to its model of the table.
 
 All times are integers: microseconds since the epoch, UTC. On the table they are fixed-width
@@ -236,7 +236,7 @@ def _n(d: dict[str, Value], name: str) -> int:
 
 
 def resource_from(d: dict[str, Value]) -> ResourceItem:
-    """A resource item from its plain-dict form (``rasd.writes.item_from_av``)."""
+    """A resource item from its plain-dict form (``rasd.core.writes.item_from_av``)."""
     exp = _s(d, "lease_expires")
     acq = _s(d, "lease_acquired")
     return ResourceItem(
@@ -501,7 +501,7 @@ def liberate(item: ResourceItem, now_us: int) -> Write:
 
 def free_orphan(item: ResourceItem, now_us: int, available_us: int) -> Write:
     """Free a held resource no mapping names (a crash left it), claimable again from
-    ``available_us`` on: ``rasd.decide.orphan_free_at`` (it may have been served before the
+    ``available_us`` on: ``rasd.core.decide.orphan_free_at`` (it may have been served before the
     crash: at least the quarantine, and the lease's end when it may have been named). Until
     then it stays out of the available index (``_free_until``)."""
     assert item.holder is not None and available_us >= now_us

@@ -67,7 +67,7 @@ def start(host: str = "127.0.0.1", port: int = 0, log_file: str | None = None) -
 
 
 def serve_forever(host: str = "127.0.0.1", port: int = 0) -> None:
-    """``python -m rasd.motoserver``: print ``PORT n`` and serve until stdin closes (for
+    """``python -m rasd.devtools.motoserver``: print ``PORT n`` and serve until stdin closes (for
     harnesses that want moto in its own process, away from their GIL)."""
     import sys
 

@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from .config import Config
+from ..config import Config
 
 DEMO_CLIENT = "demo"
 DEMO_POOL = "default"
@@ -43,8 +43,10 @@ def run_dev(args: argparse.Namespace) -> int:
     import boto3
     import uvloop
 
-    from . import log, motoserver, schema
-    from .server import run_daemon
+    from ..core import schema
+    from ..observe import log
+    from ..server import run_daemon
+    from . import motoserver
 
     os.makedirs(args.dir, exist_ok=True)
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

@@ -53,9 +53,9 @@ from typing import Any, Literal, get_args
 
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from .config import Config
-from .metrics import Counters
-from .store import OPERATIONS, Store
+from ..config import Config
+from ..observe.metrics import Counters
+from ..store import OPERATIONS, Store
 
 FaultKind = Literal[
     "throttle", "server_error", "timeout", "down", "slow", "condition", "validation", "lost_reply"
