@@ -11,10 +11,11 @@ DynamoDB call (one ``_call``, retries included) appends one JSON line to ``TRACE
 * ``t0``/``t1``: ``time.perf_counter()`` when the call started and returned. On Linux that is
   CLOCK_MONOTONIC, shared by every process, so the client's stamps of a request and the
   daemon's stamps of its calls are on one clock;
-* ``req``: set for calls made on behalf of a request (inside ``Acquirer.get_lease``, and the
-  tasks it starts); ``bg``: set for calls of background work (``Acquirer.spawn``:
-  confirmations, extensions, give-backs; ``Prefetcher._refill``: prefetch refills), even when
-  a request started it. Calls with neither are the daemon's own (pool refresh, miss reports).
+* ``req``: set for calls made on behalf of a request (inside ``Acquirer.get_lease`` and
+  ``Releaser.release``, and the tasks they start); ``bg``: set for calls of background work
+  (``Tasks.spawn``: confirmations, extensions, give-backs; ``Prefetcher._refill``: prefetch
+  refills), even when a request started it. Calls with neither are the daemon's own (pool
+  refresh, miss reports).
 
 Nothing in the daemon changes but the wrapping; the cost is one ``write`` per DynamoDB call.
 
@@ -65,14 +66,14 @@ def _label(op: str, kw: dict[str, Any]) -> str:
 
 def install(path: str) -> None:
     """Wrap the daemon's store (and tag its background work) before it starts."""
-    from rasd import acquire, prefetch, store
+    from rasd import acquire, prefetch, releaser, store, tasks
 
     fh = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     orig_call = store.Store._call
     orig_write = store.Store.write
-    orig_spawn = acquire.Acquirer.spawn
+    orig_spawn = tasks.Tasks.spawn
     orig_get_lease = acquire.Acquirer.get_lease
-    orig_release = acquire.Acquirer.release
+    orig_release = releaser.Releaser.release
     orig_refill = prefetch.Prefetcher._refill
 
     async def _call(
@@ -134,9 +135,9 @@ def install(path: str) -> None:
 
     store.Store._call = _call  # type: ignore[method-assign]
     store.Store.write = write  # type: ignore[method-assign]
-    acquire.Acquirer.spawn = spawn  # type: ignore[method-assign]
+    tasks.Tasks.spawn = spawn  # type: ignore[method-assign]
     acquire.Acquirer.get_lease = get_lease  # type: ignore[method-assign]
-    acquire.Acquirer.release = release  # type: ignore[method-assign]
+    releaser.Releaser.release = release  # type: ignore[method-assign]
     prefetch.Prefetcher._refill = _refill  # type: ignore[method-assign]
 
 

@@ -10,11 +10,12 @@ still in flight, the answers given to apps that may still be valid, and the faul
 
 :func:`successors` lists every step any process may take from a world, each as
 ``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
-the programs of ``rasd.steps.daemon`` (the ones ``rasd.acquire`` drives), run by the
-interpreter of ``check/effects.py``: each step is one DynamoDB call, and :class:`DaemonHost`
-gives their local effects (cache, tokens, candidates from the lagging index, spawning) their
-meaning in the model. Decisions are the real ``rasd.core.decide`` functions, reached through the
-programs' ``Ops``; a known-bad rule set (:mod:`check.rulesets`) hands them others.
+the daemon's programs (``rasd.steps.daemon`` and the modules beside it, the ones the roles of
+``rasd.acquire`` drive), run by the interpreter of ``check/effects.py``: each step is one
+DynamoDB call, and :class:`DaemonHost` gives their local effects (cache, tokens, candidates
+from the lagging index, spawning) their meaning in the model. Decisions are the real
+``rasd.core.decide`` functions, reached through the programs' ``Ops``; a known-bad rule set
+(:mod:`check.rulesets`) hands them others.
 
 Regions: each daemon has one and writes only its region's items; other regions' mappings are
 read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
@@ -54,6 +55,9 @@ from rasd.core.lease import (
 from rasd.core.writes import ItemKey, Value, Write, apply
 from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S
+from rasd.steps.give_back import fence_own_claim, free_claim, release
+from rasd.steps.renew import confirm, extend_bg, reconfirm
+from rasd.steps.take import resolve
 
 from . import jobs
 from .effects import Host, Proc, start, step
@@ -611,15 +615,15 @@ def _bg_label(eff: Spawn) -> str:
     """How a background program's steps are named (from its arguments)."""
     a = eff.args
     fn = eff.fn
-    if fn is S.confirm:
+    if fn is confirm:
         return f"confirm({a[0].key})"
-    if fn is S.free_claim:
+    if fn is free_claim:
         return f"free_claim({a[1][1]}, {a[3]})"
-    if fn is S.fence_own_claim:
+    if fn is fence_own_claim:
         return f"fence_own({a[1].resource})"
-    if fn is S.extend_bg:
+    if fn is extend_bg:
         return f"extend({a[1].key})"
-    if fn is S.reconfirm:
+    if fn is reconfirm:
         return f"reconfirm({a[2].key})"
     return fn.__name__
 
@@ -653,12 +657,12 @@ def _maybe_refresh(w: World, di: int, key: str, lease: Lease, requested: int) ->
         and should_extend(lease, requested, now, w.cfg.extend_fraction)
     ):
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
-        _start_bg(w, di, Spawn(S.extend_bg, (setup, lease, requested)))
+        _start_bg(w, di, Spawn(extend_bg, (setup, lease, requested)))
         return
     e = d.entry(key)
     if e is not None and (w.t - e.confirmed) * US > w.rules.confirm_us / 2:  # cache.stale
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
-        _start_bg(w, di, Spawn(S.reconfirm, (setup, POOL_, lease)))
+        _start_bg(w, di, Spawn(reconfirm, (setup, POOL_, lease)))
 
 
 def _start_bg(w: World, di: int, sp: Spawn) -> None:
@@ -707,14 +711,14 @@ def app_calls(w0: World, di: int) -> Out:
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
             w.set_daemon(d.with_entry(key, None))
-            prog = Spawn(S.resolve, (setup, POOL_, key, requested))
+            prog = Spawn(resolve, (setup, POOL_, key, requested))
             start(w, host, prog.trace(), f"d{di} get_lease({key})", offset=d.offset, bound=True)
             out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:
             w = w0.clone()
             w.ops += 1
             w.release_called(key)
-            prog = Spawn(S.release, (setup, POOL_, key))
+            prog = Spawn(release, (setup, POOL_, key))
             start(w, host, prog.trace(), f"d{di} release({key})", offset=d0.offset, bound=True)
             out.append((f"d{di} release({key}) called", w))
     return out

@@ -188,7 +188,7 @@ class Daemon(Routing):
                 self._endpoint = store.aws.endpoint_url
             await store.warm(cfg.startup_deadline)
             acquirer = acquire_mod.Acquirer(cfg, store, self.clock, self.counters)
-            n: int = await acquirer.load_pools(deadline)
+            n: int = await acquirer.pool_table.load(deadline)
         except BaseException:
             if store is not self._given_store:
                 await close_quietly(store)
@@ -197,7 +197,7 @@ class Daemon(Routing):
         self.store, self.acquirer = store, acquirer
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._refresh_pools()))
-        self._tasks.append(loop.create_task(acquirer.report_misses_forever()))
+        self._tasks.append(loop.create_task(acquirer.reporter.report_misses_forever()))
         self.ready = True
         self.degraded = None
         self.up.set()
@@ -315,7 +315,7 @@ class Daemon(Routing):
                 conn.grant = grant_for(acl, conn.transport)
         self.gate.limit = new.max_inflight
         if self.up.is_set():
-            self.acquirer.buckets = BucketTable(new.rate_limit, new.rate_burst)
+            self.acquirer.driver.buckets = BucketTable(new.rate_limit, new.rate_burst)
         logsetup.configure(new.log_level)
         self.cfg = dataclasses.replace(
             self.cfg,
@@ -378,7 +378,9 @@ class Daemon(Routing):
         if self.up.is_set():
             await self.acquirer.drain(timeout=drain)
             try:
-                await self.acquirer.flush_misses(time.monotonic() + self.cfg.flush_misses_timeout)
+                await self.acquirer.reporter.flush_misses(
+                    time.monotonic() + self.cfg.flush_misses_timeout
+                )
             except RasdError:
                 pass
             await self.store.close()
@@ -392,7 +394,9 @@ class Daemon(Routing):
         while True:
             await asyncio.sleep(self.cfg.pool_refresh)
             try:
-                await self.acquirer.load_pools(time.monotonic() + self.cfg.pool_refresh_timeout)
+                await self.acquirer.pool_table.load(
+                    time.monotonic() + self.cfg.pool_refresh_timeout
+                )
             except RasdError as exc:
                 log.warning("pool_refresh_failed", error=str(exc))
 

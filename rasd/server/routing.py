@@ -13,7 +13,9 @@ Three paths, tried in this order by the connection (rasd.server.connection):
               slot in the in-flight gate before its deadline or is shed with ``BUSY`` at once,
               never queued, and then runs as a task:
 ``_slow``     waits for the store if the daemon is still starting (:meth:`wait_up`), calls the
-              acquirer within the request's deadline, and writes the answer with its ``id``.
+              role of the acquirer that answers the verb (``rasd.acquire``: the taker, the
+              releaser, the reporter) within the request's deadline, and writes the answer
+              with its ``id``.
 
 Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
 per connection) against the ACL -> ``FORBIDDEN``; a cache hit is answered at once; anything
@@ -184,10 +186,10 @@ class Routing:
                     resp = protocol.lease_response(req.id, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
                 elif req.op == "release":
-                    n = await acq.release(req.client_id, req.pool_id, req.key, deadline)
+                    n = await acq.releaser.release(req.client_id, req.pool_id, req.key, deadline)
                     resp = protocol.ok(req.id, released=n)
                 elif req.op == "headroom":
-                    h = await acq.headroom(req.client_id, req.pool_id, deadline)
+                    h = await acq.reporter.headroom(req.client_id, req.pool_id, deadline)
                     resp = protocol.ok(req.id, headroom=h)
                 else:  # pragma: no cover - parse() admits only known ops
                     raise Internal(f"op {req.op} has no handler")

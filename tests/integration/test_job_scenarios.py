@@ -57,9 +57,9 @@ async def daemon(
     store = Store(cfg.validate())
     await store.start()
     acq = Acquirer(cfg, store, clock=clock)
-    acq.owner = name
+    acq.driver.owner = name
     try:
-        await acq.load_pools(time.monotonic() + 5)
+        await acq.pool_table.load(time.monotonic() + 5)
         yield acq
     finally:
         await acq.drain(2.0)

@@ -21,7 +21,7 @@ from rasd.core import schema
 from rasd.core.clock import FakeClock
 from rasd.core.writes import render
 from rasd.server import Daemon
-from rasd.steps import daemon as S
+from rasd.steps import take
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
 from tests.conftest import scan_all, seed_pool
@@ -425,7 +425,7 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
     agent = paper()
     theirs: list[str] = []
     async with make_daemon() as d:
-        acquire = S.acquire
+        acquire = take.acquire
 
         def paper_first(*args: Any) -> Any:
             # between rasd's read and its claim: the paper's lookup sees no lease either
@@ -440,7 +440,7 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
                 at_adoption.append(held_by(ddb, table))
             return await write(w, *args, **kw)
 
-        monkeypatch.setattr(S, "acquire", paper_first)
+        monkeypatch.setattr(take, "acquire", paper_first)
         monkeypatch.setattr(d.store, "write", adopt_seen)
         got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
         assert theirs and got.resource == theirs[0] and not got.new
@@ -497,7 +497,7 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
     names = seed_pool(ddb, table, count=4)
     lost: list[str] = []
     async with make_daemon() as d:
-        acquire = S.acquire
+        acquire = take.acquire
 
         def lost_claim_first(*args: Any) -> Any:
             it = resource(ddb, table, names[0])
@@ -514,7 +514,7 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
             lost.append(it.resource)
             return (yield from acquire(*args))
 
-        monkeypatch.setattr(S, "acquire", lost_claim_first)
+        monkeypatch.setattr(take, "acquire", lost_claim_first)
         got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
         assert got.resource == lost[0] and not got.new
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1

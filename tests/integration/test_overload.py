@@ -59,7 +59,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
             store = FaultyStore(cfg, faults=Faults())
             await store.start()
             acq = Acquirer(cfg, store, rng=random.Random(i))
-            await acq.load_pools(time.monotonic() + 10)
+            await acq.pool_table.load(time.monotonic() + 10)
             store.faults.rules = plan(i).rules  # faults from here on
             daemons.append(acq)
         answers: list[dict[str, Any]] = []

@@ -76,8 +76,8 @@ async def daemons(
             store = Store(cfg.validate())
             await store.start()
             acq = Acquirer(cfg, store, clock=clock)
-            acq.owner = f"d{i + 1}"
-            await acq.load_pools(time.monotonic() + 5)
+            acq.driver.owner = f"d{i + 1}"
+            await acq.pool_table.load(time.monotonic() + 5)
             out.append(acq)
         yield out
     finally:

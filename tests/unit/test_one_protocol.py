@@ -1,8 +1,9 @@
 """One source for the daemon's protocol: the checker runs the driver's programs.
 
-The protocol checker (check/) and the daemon's driver (rasd/acquire.py) must not be able to
-diverge: both run the programs of rasd.steps.daemon, and nothing in check/ builds the
-daemon's writes itself.
+The protocol checker (check/) and the daemon's driver (rasd/driver.py, for the roles of
+rasd/acquire.py) must not be able to diverge: both run the daemon's programs
+(rasd.steps.daemon and the modules beside it: take, settle, renew, give_back), and nothing in
+check/ builds the daemon's writes itself.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from pathlib import Path
 from check.effects import Proc
 from check.model import Config, World, initial, successors
 from check.rulesets import BAD_A, REAL
-from rasd import acquire
+from rasd import acquire, driver, releaser, renewer, reporter
 from rasd.steps import daemon as S
+from rasd.steps import give_back, renew, settle, take
+
+#: the daemon's programs, by name (a trace is named by its program's ``__qualname__``)
+PROGRAMS = {f.__qualname__: f for f in take.PROGRAMS}
+#: the modules that hold the daemon's programs
+STEPS = (S, give_back, renew, settle, take)
+#: the driver and the roles that run them
+ROLES = (acquire, driver, releaser, renewer, reporter)
 
 CHECK = Path(__file__).resolve().parents[2] / "check"
 
@@ -57,8 +66,8 @@ def _procs(w: World) -> list[Proc]:
 
 def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
     """Every daemon process of every state reached is a trace of a program of
-    rasd.steps.daemon: replayed, its generator runs that function's code."""
-    programs = {f.__code__ for f in S.PROGRAMS}
+    the daemon's programs: replayed, its generator runs that function's code."""
+    programs = {f.__code__ for f in take.PROGRAMS}
     seen: set[str] = set()
     frontier = [initial(SMALL, REAL)]
     for _ in range(12):  # breadth-first, a sample of each level
@@ -67,7 +76,7 @@ def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
             for p in _procs(w):
                 gen = p.trace.start()
                 assert gen.gi_code in programs, p.trace.name  # type: ignore[attr-defined]
-                assert getattr(S, p.trace.name) in S.PROGRAMS
+                assert PROGRAMS[p.trace.name].__code__ is gen.gi_code  # type: ignore[attr-defined]
                 seen.add(p.trace.name)
                 gen.close()
             nxt += [x for _, x in successors(w)]
@@ -77,15 +86,32 @@ def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
 
 
 def test_the_driver_runs_the_same_programs() -> None:
-    """rasd/acquire.py drives rasd.steps.daemon's programs, and decides nothing itself."""
-    src = inspect.getsource(acquire)
+    """The roles of rasd/acquire.py drive the daemon's programs through rasd/driver.py, and
+    decide nothing themselves: every program a daemon runs is started by a role (or spawned
+    by another program), and no role names a write builder or a decision."""
+    src = "\n".join(inspect.getsource(m) for m in ROLES)
     for name in ("resolve", "release", "extend_bg", "reconfirm", "relist"):
-        assert f"S.{name}(" in src, name
-    tree = ast.parse(src)
-    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert not used & DAEMON_WRITES, used & DAEMON_WRITES
-    assert "after_acquire" not in used and "on_read" not in used
+        assert f"{name}(" in src, name
+    for m in ROLES:
+        tree = ast.parse(inspect.getsource(m))
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not used & DAEMON_WRITES, (m.__name__, used & DAEMON_WRITES)
+        assert "after_acquire" not in used and "on_read" not in used, m.__name__
+
+
+def test_the_daemons_programs_import_no_role() -> None:
+    """The programs' modules import one another downwards only (daemon, then give_back,
+    renew, settle, take) and nothing of the daemon's driver or roles."""
+    order = [m.__name__.rsplit(".", 1)[1] for m in STEPS]
+    for i, m in enumerate(STEPS):
+        tree = ast.parse(inspect.getsource(m))
+        froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        steps = {(n.module or "").split(".")[0] for n in froms if n.level == 1}
+        later = set(order[i:])
+        assert not steps & later, (m.__name__, steps & later)
+        rasd = {(n.module or "").split(".")[0] for n in froms if n.level == 2}
+        assert rasd <= {"core"}, (m.__name__, rasd)
 
 
 def test_check_builds_none_of_the_daemons_writes() -> None:
@@ -111,6 +137,7 @@ def test_a_known_bad_rule_set_changes_only_the_programs_functions() -> None:
     assert initial(SMALL, REAL).setups[0].ops is S.REAL
     bad = initial(SMALL, BAD_A).setups[0].ops
     assert bad is not S.REAL and bad.name == BAD_A.name
-    assert "import" not in "".join(
-        line for line in inspect.getsource(S).splitlines() if "check" in line
-    )
+    for m in STEPS:
+        assert "import" not in "".join(
+            line for line in inspect.getsource(m).splitlines() if "check" in line
+        ), m.__name__

@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from rasd.acquire import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, Acquirer
+from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core.clock import FakeClock
 from rasd.core.errors import UnknownPool
 from rasd.observe.metrics import Counters
+from rasd.pools import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL
 
 
 class _PoolStore:
-    """Only what Acquirer.pool asks of a store: every pool is missing; lookups are counted."""
+    """Only what PoolTable.get asks of a store: every pool is missing; lookups are counted."""
 
     def __init__(self) -> None:
         self.counters = Counters()
@@ -29,7 +30,7 @@ class _PoolStore:
 
 def _unknown(acq: Acquirer, pool_id: str) -> None:
     with pytest.raises(UnknownPool):
-        asyncio.run(acq.pool("c", pool_id, deadline=1e12))
+        asyncio.run(acq.pool_table.get("c", pool_id, deadline=1e12))
 
 
 def test_a_pool_miss_is_remembered_for_its_ttl_then_asked_again() -> None:
@@ -50,6 +51,6 @@ def test_made_up_pool_names_stay_bounded() -> None:
     acq = Acquirer(cfg, store, clock)  # type: ignore[arg-type]
     for i in range(UNKNOWN_POOL_MAX + 50):
         _unknown(acq, f"p{i}")
-    assert len(acq._unknown) == UNKNOWN_POOL_MAX
+    assert len(acq.pool_table._unknown) == UNKNOWN_POOL_MAX
     _unknown(acq, "p0")  # the oldest went first: asked again
     assert store.lookups == UNKNOWN_POOL_MAX + 51

@@ -1,0 +1,203 @@
+"""The daemon's driver: what its roles share, its one task group, and the running of programs.
+
+Theory of operation
+-------------------
+The daemon's verbs are programs (``rasd.steps.daemon`` and the modules beside it) that decide
+everything and perform nothing. :class:`Driver` performs them for the daemon's roles
+(``rasd.acquire``: the taker; ``rasd.renewer``, ``rasd.releaser``, ``rasd.reporter``), which
+share its state: the store, the clocks, the lease cache, the prefetcher, the rate limits, the
+owner name, and ``tasks`` (``rasd.tasks``), the one task group every role starts its tasks in.
+
+:meth:`Driver.run` runs a program with a request's deadline, :meth:`Driver.run_bg` with a
+background program's own (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
+effects: the DynamoDB calls through the store, the cache and the prefetcher, clocks, notes,
+sleeps and spawns. The few local effects that are a role's own (``Refresh``: the renewer's;
+``Miss``: the reporter's; ``RelistLater``: the releaser's) are performed by the function the
+composition registers for them in :attr:`Driver.local`, so the driver imports no role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from .cache import LeaseCache
+from .config import Config
+from .core.clock import Clock
+from .core.errors import Timeout
+from .core.lease import US, Pool
+from .limits import BucketTable
+from .observe.metrics import Counters
+from .prefetch import Prefetcher
+from .steps import (
+    GetItem,
+    Join,
+    Mono,
+    Note,
+    Now,
+    Program,
+    QueryLeased,
+    QueryMappings,
+    R,
+    Send,
+    Sleep,
+    Spawn,
+    Together,
+    drive,
+)
+from .steps import daemon as S
+from .store import Store
+from .tasks import Tasks
+
+log = structlog.get_logger("rasd.acquire")
+
+
+class Driver:
+    """What the daemon's roles share, and the running of their programs."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        clock: Clock | None = None,
+        counters: Counters | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rules = cfg.rules()
+        self.region = cfg.region
+        self.store = store
+        self.clock = clock or Clock()
+        self.counters = counters or store.counters
+        self.rng = rng or random.Random()
+        self.cache = LeaseCache(
+            self.clock,
+            cfg.cache_max_leases,
+            int(cfg.skew_margin * US),
+            cfg.confirm_interval,
+            cfg.region,
+        )
+        self.prefetch = Prefetcher(cfg, store, self.clock, self.counters, self.rng)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
+        self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
+        self.tasks = Tasks(self.counters)
+        #: the local effects a role performs (its type -> the role's function)
+        self.local: dict[type, Callable[[Any], None]] = {}
+
+    def steps_daemon(self) -> S.Daemon:
+        """This daemon as its programs see it (read at each program's start: tests rename
+        the owner)."""
+        return S.Daemon(self.region, self.owner, self.rules, self.cfg.legacy_agents)
+
+    async def run(self, prog: Program[R], deadline: float) -> R:
+        """Run a request's program: its calls end by the request's ``deadline``."""
+        return await drive(prog, Run(self, deadline).perform)
+
+    async def run_bg(self, prog: Program[R]) -> R:
+        """Run a background program: its own deadline, not bound to a request."""
+        return await drive(prog, Run(self, time.monotonic() + S.BACKGROUND_DEADLINE).perform)
+
+    def new_token(self) -> str:
+        return f"{self.rng.getrandbits(64):016x}"
+
+
+class Run:
+    """One program's run in this daemon: performs its effects (``rasd.steps`` and
+    ``rasd.steps.daemon``) with its deadline (monotonic seconds)."""
+
+    __slots__ = ("deadline", "drv", "refill")
+
+    def __init__(self, drv: Driver, deadline: float) -> None:
+        self.drv = drv
+        self.deadline = deadline
+        self.refill: Pool | None = None  # RefillSoon: behind the next round trip's calls
+
+    async def perform(self, eff: Any) -> Any:
+        drv = self.drv
+        t = type(eff)
+        if t is QueryMappings:
+            return await drv.store.query_mappings(
+                eff.client_id, eff.pool_id, eff.key, self.deadline
+            )
+        if t is GetItem:
+            return await drv.store.get_item(eff.key, self.deadline)
+        if t is Send:
+            if self.refill is None:
+                return await drv.store.write(eff.write, self.deadline, eff.readback)
+            sending = asyncio.ensure_future(drv.store.write(eff.write, self.deadline, eff.readback))
+            self._refill()
+            return await sending
+        if t is Now:
+            return drv.clock.now_us()
+        if t is Mono:
+            return drv.clock.mono()
+        if t is Note:
+            if eff.level:
+                getattr(log, eff.level)(eff.event, **dict(eff.fields))
+            else:
+                drv.counters.inc(eff.event)
+            return None
+        if t is S.CachePut:
+            drv.cache.put(eff.lease, eff.sent)
+            return None
+        if t is S.CacheDrop:
+            drv.cache.drop(eff.key)
+            return None
+        if t is Together:
+            # every call sent at once (one round trip); a failed read fails the effect
+            calls = asyncio.gather(*(self.perform(c) for c in eff.calls), return_exceptions=True)
+            if self.refill is not None:
+                self._refill()
+            results = await calls
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return tuple(results)
+        if t is Spawn:
+            return drv.tasks.spawn(drv.run_bg(eff.fn(*eff.args)))
+        if t is S.TakeCandidate:
+            return await drv.prefetch.candidate(eff.pool, self.deadline)
+        if t is S.RefillSoon:
+            self.refill = eff.pool
+            return None
+        if t is S.Untake:
+            drv.prefetch.untake(eff.pool, eff.cand)
+            return None
+        if t is S.LostCandidate:
+            drv.prefetch.lost(eff.pool, eff.cand)
+            return None
+        if t is S.RateLimit:
+            return drv.buckets.try_take((eff.pool.client_id, eff.pool.pool_id), drv.clock.mono())
+        if t is S.NewToken:
+            return drv.new_token()
+        if t is Sleep:
+            if eff.bounded and time.monotonic() + eff.seconds >= self.deadline:
+                raise Timeout("another daemon is acquiring this key; deadline passed")
+            await asyncio.sleep(eff.seconds)
+            return None
+        if t is S.Deadline:
+            self.deadline = time.monotonic() + eff.seconds
+            return None
+        if t is Join:
+            left = self.deadline - time.monotonic()
+            if left > 0:
+                await asyncio.wait({eff.handle}, timeout=left)
+            return None
+        if t is QueryLeased:
+            return await drv.store.query_leased(eff.client_id, eff.pool_id, eff.key, self.deadline)
+        role = drv.local.get(t)
+        if role is not None:
+            return role(eff)
+        raise TypeError(f"no such effect: {eff!r}")
+
+    def _refill(self) -> None:
+        pool, self.refill = self.refill, None
+        assert pool is not None
+        self.drv.prefetch.refill_soon(pool)

@@ -1,0 +1,58 @@
+"""The pools a daemon knows: each role's first question of a request.
+
+Theory of operation
+-------------------
+:class:`PoolTable` holds the pool definitions read at start-up and at each refresh
+(``load``, one scan of the table's pool items), and reads a pool asked for that it does not
+hold (one GetItem) before a request goes on. A pool that does not exist is remembered for
+UNKNOWN_POOL_TTL, bounded by UNKNOWN_POOL_MAX, so that a caller cycling through made-up pool
+names can neither grow the daemon nor make it read the table for each request. ``by_id`` is
+a plain dict, updated in place, that the cached hit reads directly (``Acquirer.hit_answer``).
+"""
+
+from __future__ import annotations
+
+from cachetools import TTLCache
+
+from .core.clock import Clock
+from .core.errors import UnknownPool
+from .core.lease import Pool
+from .store import Store
+
+UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
+UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
+
+
+class PoolTable:
+    """The pools a daemon knows, by (client_id, pool_id), and those known not to exist."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.by_id: dict[tuple[str, str], Pool] = {}
+        self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
+            UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=clock.mono
+        )
+
+    async def load(self, deadline: float) -> int:
+        """Read every pool definition again (the table's pool items): the number read."""
+        pools = await self.store.list_pools(deadline)
+        by_id = self.by_id
+        by_id.clear()  # in place: the roles and the cached hit hold this dict
+        by_id.update({(p.client_id, p.pool_id): p for p in pools})
+        return len(pools)
+
+    async def get(self, client_id: str, pool_id: str, deadline: float) -> Pool:
+        """The pool, read from the table if this daemon does not know it yet; raises
+        UnknownPool for a pool that does not exist."""
+        k = (client_id, pool_id)
+        p = self.by_id.get(k)
+        if p is not None:
+            return p
+        if k in self._unknown:
+            raise UnknownPool(f"no pool {pool_id!r} for client {client_id!r}")
+        p = await self.store.get_pool(client_id, pool_id, deadline)
+        if p is None:
+            self._unknown[k] = True
+            raise UnknownPool(f"no pool {pool_id!r} for client {client_id!r}")
+        self.by_id[k] = p
+        return p

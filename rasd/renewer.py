@@ -1,0 +1,113 @@
+"""The renewer: the background work that keeps the leases a daemon serves.
+
+Theory of operation
+-------------------
+After a hit (``Acquirer.hit_answer``) or a lease served from the table (the ``Refresh``
+effect), :meth:`Renewer.maybe_refresh` starts at most one task per key: an extension when
+the caller asks for more than a sliding lease has and ``lease.should_extend`` calls for it
+(``steps.renew.extend_bg``), else a re-confirmation of an answer past S/2 (one consistent
+read, ``steps.renew.reconfirm``). A failed extension is retried on a later hit after a
+backoff (1, 2, 4 ... 30 s), and logged as at risk once the lease gets close to its end. The
+programs decide; the renewer only says when to run them, in the driver's task group.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from .cache import CacheKey
+from .core.errors import RasdError
+from .core.lease import US, Lease, should_extend
+from .driver import Driver
+from .pools import PoolTable
+from .steps import daemon as S
+from .steps.renew import extend_bg, reconfirm
+
+log = structlog.get_logger("rasd.acquire")
+
+
+class Renewer:
+    """Extensions and re-confirmations of the leases this daemon serves."""
+
+    def __init__(self, driver: Driver, pools: PoolTable) -> None:
+        self.driver = driver
+        self.pools = pools.by_id
+        self.cfg = driver.cfg
+        self.region = driver.region
+        self.clock = driver.clock
+        self.cache = driver.cache
+        self.counters = driver.counters
+        # Each daemon extends at a slightly different point, so a fleet does not write at once.
+        self.extend_fraction = driver.cfg.extend_fraction * driver.rng.uniform(0.9, 1.0)
+        #: keys with a refresh under way (read by the hit path before it asks for another)
+        self.refreshing: set[CacheKey] = set()
+        self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
+
+    def refresh(self, eff: S.Refresh) -> None:
+        """The ``Refresh`` effect: a lease was just served from the table."""
+        lease = eff.lease
+        k = (lease.client_id, lease.pool_id, lease.key)
+        self.maybe_refresh(k, lease, eff.requested_us, self.clock.now_us())
+
+    def maybe_refresh(self, k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
+        """After a hit: extend a sliding lease that needs it, else re-confirm a stale answer."""
+        if k in self.refreshing:
+            return
+        if (
+            lease.region == self.region
+            and lease.token is not None
+            and should_extend(lease, requested_us, now_us, self.extend_fraction)
+        ):
+            backoff = self._extend_after.get(k)
+            if backoff is not None and self.clock.mono() < backoff[0]:
+                return  # the last attempt failed: retry later, not on every hit
+            self.refreshing.add(k)
+            self.driver.tasks.spawn(self._extend_bg(k, lease, requested_us))
+        elif self.cache.stale(k, self.clock.mono()):
+            self.refreshing.add(k)
+            self.driver.tasks.spawn(self._reconfirm(k, lease))
+
+    async def _extend_bg(self, k: CacheKey, lease: Lease, requested_us: int) -> None:
+        drv = self.driver
+        try:
+            error = await drv.run_bg(extend_bg(drv.steps_daemon(), lease, requested_us))
+            if error is None:
+                self._extend_after.pop(k, None)
+            else:
+                self._extension_failed(k, lease, error)
+        finally:
+            self.refreshing.discard(k)
+
+    def _extension_failed(self, k: CacheKey, lease: Lease, exc: RasdError) -> None:
+        # Retried on a later cache hit after a backoff (1, 2, 4 ... 30 s), until the lease
+        # leaves the cache; a lease that gets close to its end is logged as at risk.
+        self.counters.inc("lease.extend_errors")
+        failures = self._extend_after.get(k, (0.0, 0))[1] + 1
+        retry_in = min(30.0, 2.0 ** (failures - 1))
+        self._extend_after[k] = (self.clock.mono() + retry_in, failures)
+        if len(self._extend_after) > 10_000:
+            self._extend_after.pop(next(iter(self._extend_after)))
+        left = (lease.expires_us - self.clock.now_us()) / US
+        at_risk = left < max(4 * self.cfg.skew_margin, 60.0)
+        (log.error if at_risk else log.warning)(
+            "lease_at_risk" if at_risk else "lease_extension_failed",
+            client_id=lease.client_id,
+            pool_id=lease.pool_id,
+            key=lease.key,
+            resource=lease.resource,
+            seconds_left=round(left, 1),
+            failures=failures,
+            retry_in_s=retry_in,
+            error=str(exc),
+        )
+
+    async def _reconfirm(self, k: CacheKey, lease: Lease) -> None:
+        """A cached answer is past S/2: read the mapping again (``steps.renew.reconfirm``)."""
+        try:
+            pool = self.pools.get((k[0], k[1]))
+            if pool is None:
+                return
+            drv = self.driver
+            await drv.run_bg(reconfirm(drv.steps_daemon(), pool, lease))
+        finally:
+            self.refreshing.discard(k)

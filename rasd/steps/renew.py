@@ -1,0 +1,139 @@
+"""Renewing and confirming: the daemon's programs that keep a lease it serves.
+
+Theory of operation
+-------------------
+:func:`confirm` writes a pending mapping live once its claim landed. :func:`extend` extends a
+lease, the resource first, then the mapping (the mapping's end never passes the resource's):
+within a request (:func:`extend_now`, a lease too close to its end to serve) or in the
+background after a hit (:func:`extend_bg`). :func:`reconfirm` reads a cached answer's mapping
+again past S/2 (docs/design.md, I3). Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..core import decide as D
+from ..core.decide import Outcome
+from ..core.errors import RasdError, Timeout
+from ..core.lease import (
+    Lease,
+    Mapping,
+    Pool,
+    extend_resource,
+    extended_to,
+    fmt_time,
+    lease_from_mapping,
+    map_confirm,
+    map_extend,
+    map_extended_to,
+    map_pk,
+    map_release,
+    mapping_from,
+)
+from . import GetItem, Mono, Note, Now, Program, Send, Spawn
+from .daemon import BACKGROUND_DEADLINE, CacheDrop, CachePut, Daemon, Deadline, read, resource
+from .give_back import free_claim
+
+
+def confirm(m: Mapping) -> Program[None]:
+    """Write a pending mapping ``live`` (its claim has landed)."""
+    yield Deadline(BACKGROUND_DEADLINE)
+    res = yield Send(map_confirm(m))
+    yield Note(f"acq.confirm_{res.outcome.value}")
+
+
+def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.ExtendStep, Any]]:
+    """The resource first, then the mapping: the mapping's end never passes the
+    resource's. Returns the step and the last write's result."""
+    want = fmt_time(requested_us)
+    res = yield Send(extend_resource(lease, requested_us), extended_to(lease.token, want))
+    mres = None
+    if res.outcome is Outcome.APPLIED:
+        mres = yield Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
+    step = d.ops.after_extend(res.outcome, mres.outcome if mres else None)
+    if isinstance(step, D.CheckMapping):
+        try:
+            got = yield GetItem((map_pk(lease.client_id, lease.pool_id, lease.key), lease.region))
+        except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
+            return D.Forget(f"mapping unreadable: {exc}"), mres or res
+        step = d.ops.on_extend_check(mapping_from(got) if got else None, lease)
+    if isinstance(step, D.FreeOrphan):
+        yield Note("lease.extend_orphaned")
+        assert lease.token is not None
+        yield Spawn(free_claim, (d, (lease.client_id, lease.resource), lease.key, lease.token))
+    return step, mres or res
+
+
+def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None]:
+    """Our lease is too close to its end to serve: extend it (None: re-read)."""
+    lease = lease_from_mapping(m)
+    now = yield Now()
+    if requested_us <= lease.expires_us:
+        # The caller asks for no more than the lease has: it is valid until its end.
+        return lease if lease.expires_us > now else None
+    sent = yield Mono()
+    step, last = yield from extend(d, lease, requested_us)
+    if isinstance(step, D.Extended):
+        new = replace(lease, expires_us=requested_us)
+        yield CachePut(new, sent)
+        yield Note("lease.extended")
+        return new
+    if last.outcome is Outcome.UNKNOWN or (
+        last.error is not None and last.outcome is not Outcome.APPLIED
+    ):
+        raise last.error or Timeout("extension outcome unknown")
+    if isinstance(step, D.Forget):
+        # The resource write lost: if the resource is no longer ours the lease is over
+        # (liberated), and the mapping is ended so the key can acquire again.
+        r = yield from resource(m.client_id, lease.resource)
+        if r is None or r.holder != m.token:
+            assert m.token is not None
+            yield Send(map_release(m.ident, m.token, now))
+            yield Note("lease.ended_lapsed")
+    return None
+
+
+def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError | None]:
+    """A hit asked for more than a sliding lease has left: extend it in the background.
+    Returns None when done (extended, or lost and forgotten), else the error to retry
+    after (the driver's backoff)."""
+    yield Deadline(BACKGROUND_DEADLINE)
+    sent = yield Mono()
+    step, last = yield from extend(d, lease, requested_us)
+    if isinstance(step, D.Extended):
+        yield CachePut(replace(lease, expires_us=requested_us), sent)
+        yield Note("lease.extended")
+        return None
+    if last.outcome is Outcome.REJECTED and last.error is None:
+        # Lost: someone else extended, released or liberated it. Forget it here; the next
+        # request reads the truth.
+        yield Note("lease.extend_conflicts")
+        yield CacheDrop((lease.client_id, lease.pool_id, lease.key))
+        return None
+    error: RasdError = last.error or Timeout("extension outcome unknown")
+    return error
+
+
+def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
+    """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
+    confirmed as of this read. Anything else: dropped, the next request resolves it."""
+    yield Deadline(BACKGROUND_DEADLINE)
+    try:
+        sent = yield Mono()
+        own, others = yield from read(d, pool, lease.key)
+        dec = d.ops.on_read(own, others, (yield Now()), d.rules)
+        if (
+            isinstance(dec, D.Serve)
+            and dec.lease.resource == lease.resource
+            and dec.lease.token == lease.token
+        ):
+            yield CachePut(dec.lease, sent)
+            yield Note("lease.reconfirmed")
+        else:
+            yield CacheDrop((lease.client_id, lease.pool_id, lease.key))
+            yield Note("lease.reconfirm_dropped")
+    except RasdError as exc:
+        yield Note("lease.reconfirm_errors")  # served until S, then dropped
+        yield Note("reconfirm_failed", (("key", lease.key), ("error", str(exc))), "warning")

@@ -1,0 +1,175 @@
+"""Settling beside the paper's agent: the daemon's programs when both share the table.
+
+Theory of operation
+-------------------
+With ``legacy_agents`` a pending mapping whose claim landed is never served as it is:
+:func:`beside_legacy` settles it (:func:`settle`: the leased index read after the claim
+landed, then :func:`confirm_now`, or the claim given back and the paper's lease adopted
+instead, :func:`adopt_paper_lease`), and a lease past its end as its item records it is ended
+(:func:`end_lapsed`), not extended (docs/design.md, "Two agents acquiring one key at once").
+Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""
+
+from __future__ import annotations
+
+from ..core import decide as D
+from ..core.decide import Outcome
+from ..core.errors import Timeout
+from ..core.lease import (
+    PENDING,
+    Mapping,
+    Pool,
+    ResourceItem,
+    adopt,
+    confirmed,
+    holds,
+    lease_from_mapping,
+    map_acquire,
+    map_confirm,
+    map_release,
+    names_claim,
+    no_token,
+    pick,
+    resource_from,
+)
+from ..core.writes import ItemKey
+from . import Note, Now, Program, QueryLeased, Send, Spawn
+from .daemon import Daemon, NewToken, error_of, resource
+from .give_back import free_claim, give_back_now
+
+
+def adopt_paper_lease(
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    held: list[ResourceItem],
+    expect_ver: int,
+    give_back: tuple[ItemKey, str] | None = None,
+) -> Program[D.Decision | None]:
+    """The key has no lease in our mapping, but the leased index shows a resource of our
+    region held for it: a lease of the paper's agent. Read the item (strongly consistent);
+    if it is a running lease of the key, name it in the mapping (at the version read, like
+    any acquisition), then record our token on the item (conditional on the version read).
+    Returns what to do next: serve or extend the adopted lease, acquire (nothing to adopt,
+    or it changed before our write: the mapping is then ours at the next version), or None
+    to read again (another daemon wrote the mapping). ``give_back``: a claim of ours (item,
+    token) the pending mapping named, given back once the mapping names the other lease."""
+    now = yield Now()
+    cid, pid = pool.client_id, pool.pool_id
+    hint = pick([it for it in held if D.adoptable(it, cid, pid, key, d.region, now)])
+    if hint is None:
+        return D.Acquire(expect_ver)
+    r = yield from resource(cid, hint.resource)
+    now = yield Now()
+    if r is None or not D.adoptable(r, cid, pid, key, d.region, now):
+        return D.Acquire(expect_ver)
+    assert r.lease_expires_us is not None
+    token = yield NewToken()
+    m = Mapping(
+        cid,
+        pid,
+        key,
+        d.region,
+        expect_ver + 1,
+        PENDING,
+        token,
+        r.resource,
+        r.version,
+        r.lease_expires_us,
+        now,
+        d.owner,
+    )
+    mw = map_acquire(
+        m.ident, expect_ver, token, r.resource, r.version, r.lease_expires_us, now, d.owner
+    )
+    mres = yield Send(mw, names_claim(token, r.resource))
+    ares = None
+    if mres.outcome is Outcome.APPLIED:
+        if give_back is not None:  # the mapping names the lease now, not yet adopted
+            yield from give_back_now(d, give_back[0], key, give_back[1])
+        ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
+    # The writes went one after the other: the adoption is sent only once the mapping names
+    # it, so it never holds a lease that no mapping can name.
+    step = d.ops.after_acquire(mres.outcome, ares.outcome if ares else Outcome.REJECTED, expect_ver)
+    if isinstance(step, D.Won):
+        assert ares is not None and ares.item is not None
+        yield Note("lease.adopted")
+        dec = d.ops.on_resource(m, resource_from(ares.item), (yield Now()), d.rules)
+        if isinstance(dec, D.Serve) and dec.confirm is not None:
+            # Settled already: the lease is the paper agent's own. Confirmed before it is
+            # served, as a settled claim is (readers wait for it meanwhile).
+            return (yield from confirm_now(dec.confirm))
+        return dec
+    if isinstance(step, D.NextCandidate):
+        yield Note("lease.adopt_lost")
+        return D.Acquire(step.expect_ver)
+    if isinstance(step, D.Reread):
+        return None
+    yield Note("acq.gave_up")
+    raise error_of(mres, *(() if ares is None else (ares,))) or Timeout("adoption outcome unknown")
+
+
+def beside_legacy(
+    d: Daemon, pool: Pool, key: str, dec: D.Decision | D.Settle
+) -> Program[D.Decision | None]:
+    """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
+    (``decide.beside_legacy``): the leased index read once more, then the mapping confirmed
+    and served, or the paper's agent's lease adopted instead. None: read again."""
+    while True:
+        b = d.ops.beside_legacy(dec)
+        if not isinstance(b, D.Settle):
+            return b
+        settled = yield from settle(d, pool, key, b.mapping)
+        if settled is None:
+            return None
+        dec = settled
+
+
+def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | None]:
+    """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
+    claim landed) and ask ``decide.on_settle``. Confirm: ``map_confirm``, and serve once it
+    applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
+    version, once our claim is given back."""
+    assert m.token is not None and m.resource is not None
+    held = yield QueryLeased(pool.client_id, pool.pool_id, key)
+    s = d.ops.on_settle(m, list(held), (yield Now()))
+    if isinstance(s, D.YieldTo):
+        yield Note("lease.yielded")
+        # The adoption's mapping write, at the pending version, names the other lease: our
+        # claim can then no longer be confirmed, and no daemon served it. It is given back
+        # before the adoption writes the other item (which refreshes its ``lease_acquired``),
+        # so the paper's lookups never pick it beside that one (they may have answered it
+        # already: held to its end). Should we stop before the adoption, readers resolve the
+        # pending mapping (rule 2).
+        ours = ((m.client_id, m.resource), m.token)
+        return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
+    return (yield from confirm_now(s.mapping))
+
+
+def confirm_now(m: Mapping) -> Program[D.Serve | None]:
+    """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
+    another daemon's settling, read again; unknown: an error, the state left as it is)."""
+    assert m.token is not None
+    res = yield Send(map_confirm(m), confirmed(m.token))
+    yield Note(f"acq.confirm_{res.outcome.value}")
+    if res.outcome is Outcome.APPLIED:
+        return D.Serve(lease_from_mapping(m))
+    if res.outcome is Outcome.REJECTED and res.error is None:
+        return None
+    raise res.error or Timeout("confirmation outcome unknown")
+
+
+def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
+    """``decide.EndLapsed``: release the mapping at the version read (an extension that
+    landed since makes this a lost race: read again), then free the resource in the
+    background (held to its end, as every free beside the paper's agent)."""
+    assert m.token is not None
+    now = yield Now()
+    res = yield Send(map_release(m.ident, m.token, now, m.ver), no_token(m.token))
+    if res.outcome is Outcome.APPLIED:
+        yield Note("lease.ended_lapsed")
+        yield Spawn(free_claim, (d, (m.client_id, m.resource or ""), m.key, m.token))
+        return
+    if res.outcome is Outcome.REJECTED and res.error is None:
+        return
+    raise res.error or Timeout("release outcome unknown")
