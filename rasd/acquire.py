@@ -70,7 +70,8 @@ class Acquirer:
         counters: Counters | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.driver = drv = Driver(cfg, store, clock, counters, rng)
+        counters = counters or store.counters
+        self.driver = drv = Driver(cfg, store, clock or Clock(), counters, rng or random.Random())
         self.pool_table = pools = PoolTable(store, drv.clock)
         self.renewer = Renewer(drv, pools)
         self.releaser = Releaser(drv, pools)
@@ -82,6 +83,9 @@ class Acquirer:
                 S.RelistLater: self.releaser.relist_later,
             }
         )
+        self.cfg = cfg
+        self.store = store
+        self.counters = counters
         # What the hit path reads, held here (the same objects as the driver's and the
         # renewer's) so that a hit takes no hop through them.
         self.clock = drv.clock
@@ -194,8 +198,7 @@ class Acquirer:
     async def _resolve(
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        drv = self.driver
-        return await drv.run(resolve(drv.steps_daemon(), pool, key, requested_us), deadline)
+        return await self.driver.run(resolve, pool, key, requested_us, deadline=deadline)
 
     # ------------------------------------------------------------------- the roles
     async def drain(self, timeout: float) -> None:

@@ -8,8 +8,9 @@ everything and perform nothing. :class:`Driver` performs them for the daemon's r
 share its state: the store, the clocks, the lease cache, the prefetcher, the rate limits, the
 owner name, and ``tasks`` (``rasd.tasks``), the one task group every role starts its tasks in.
 
-:meth:`Driver.run` runs a program with a request's deadline, :meth:`Driver.run_bg` with a
-background program's own (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
+:meth:`Driver.run` runs one of the daemon's programs with a request's deadline or in the
+background, :meth:`Driver.run_bg` a program made already with a background program's own
+deadline (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
 effects: the DynamoDB calls through the store, the cache and the prefetcher, clocks, notes,
 sleeps and spawns. The few local effects that are a role's own (``Refresh``: the renewer's;
 ``Miss``: the reporter's; ``RelistLater``: the releaser's) are performed by the function the
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import socket
 import time
 from collections.abc import Callable
+from random import Random
 from typing import Any
 
 import structlog
@@ -63,20 +64,15 @@ class Driver:
     """What the daemon's roles share, and the running of their programs."""
 
     def __init__(
-        self,
-        cfg: Config,
-        store: Store,
-        clock: Clock | None = None,
-        counters: Counters | None = None,
-        rng: random.Random | None = None,
+        self, cfg: Config, store: Store, clock: Clock, counters: Counters, rng: Random
     ) -> None:
         self.cfg = cfg
         self.rules = cfg.rules()
         self.region = cfg.region
         self.store = store
-        self.clock = clock or Clock()
-        self.counters = counters or store.counters
-        self.rng = rng or random.Random()
+        self.clock = clock
+        self.counters = counters
+        self.rng = rng
         self.cache = LeaseCache(
             self.clock,
             cfg.cache_max_leases,
@@ -96,8 +92,14 @@ class Driver:
         the owner)."""
         return S.Daemon(self.region, self.owner, self.rules, self.cfg.legacy_agents)
 
-    async def run(self, prog: Program[R], deadline: float) -> R:
-        """Run a request's program: its calls end by the request's ``deadline``."""
+    async def run(
+        self, fn: Callable[..., Program[R]], *args: Any, deadline: float | None = None
+    ) -> R:
+        """Run the program ``fn(daemon, *args)``, ``daemon`` this daemon as its programs see
+        it: its calls end by the request's ``deadline`` (None: a background program's own)."""
+        prog = fn(self.steps_daemon(), *args)
+        if deadline is None:
+            return await self.run_bg(prog)
         return await drive(prog, Run(self, deadline).perform)
 
     async def run_bg(self, prog: Program[R]) -> R:

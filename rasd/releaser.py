@@ -29,8 +29,7 @@ class Releaser:
         """Give back the key's lease in our region (``steps.give_back.release``). Returns 1,
         or raises NotHeld."""
         pool = await self.pools.get(client_id, pool_id, deadline)
-        drv = self.driver
-        return await drv.run(release(drv.steps_daemon(), pool, key), deadline)
+        return await self.driver.run(release, pool, key, deadline=deadline)
 
     def relist_later(self, eff: S.RelistLater) -> None:
         """The ``RelistLater`` effect: re-list ``eff.ident`` once its quarantine is over."""

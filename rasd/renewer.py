@@ -68,9 +68,8 @@ class Renewer:
             self.driver.tasks.spawn(self._reconfirm(k, lease))
 
     async def _extend_bg(self, k: CacheKey, lease: Lease, requested_us: int) -> None:
-        drv = self.driver
         try:
-            error = await drv.run_bg(extend_bg(drv.steps_daemon(), lease, requested_us))
+            error = await self.driver.run(extend_bg, lease, requested_us)
             if error is None:
                 self._extend_after.pop(k, None)
             else:
@@ -107,7 +106,6 @@ class Renewer:
             pool = self.pools.get((k[0], k[1]))
             if pool is None:
                 return
-            drv = self.driver
-            await drv.run_bg(reconfirm(drv.steps_daemon(), pool, lease))
+            await self.driver.run(reconfirm, pool, lease)
         finally:
             self.refreshing.discard(k)

@@ -105,7 +105,7 @@ class CacheDrop:
 @dataclass(frozen=True, slots=True)
 class Refresh:
     """A lease was just served from the table: extend it in the background if the request
-    asks for more than it has, else re-confirm it once stale (``Acquirer._maybe_refresh``,
+    asks for more than it has, else re-confirm it once stale (``Renewer.maybe_refresh``,
     as after a cache hit)."""
 
     lease: Lease

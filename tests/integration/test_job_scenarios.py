@@ -300,7 +300,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
         a = await get_lease(d1, "k1", clock)
         b = await get_lease(d2, "k1", clock)
         assert a is not None and b is not None and a.resource == b.resource == "res-0"
-        await d1.release(C, P, "k1", time.monotonic() + 2)
+        await d1.releaser.release(C, P, "k1", time.monotonic() + 2)
         await d1.drain(2.0)
         released = item(ddb, table, "res-0")
         assert released is not None and "key" not in released

@@ -225,7 +225,7 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
         a = await try_get(d1, "k23", clock)
         b = await try_get(d2, "k23", clock)
         assert a is not None and a == b
-        assert await d1.release(C, P, "k23", time.monotonic() + 1) == 1
+        assert await d1.releaser.release(C, P, "k23", time.monotonic() + 1) == 1
         await d1.drain(2.0)
         other = await try_get(d1, "k99", clock)
         assert other is not None and other != a
@@ -253,7 +253,7 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
         ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
             assert await try_get(d1, "k1", base) == "res-00000"
-            assert await d1.release(C, P, "k1", time.monotonic() + 1) == 1
+            assert await d1.releaser.release(C, P, "k1", time.monotonic() + 1) == 1
             await d1.drain(2.0)
             q = d1.cfg.quarantine
             for c in (base, ahead):
