@@ -381,6 +381,7 @@ class Daemon(Routing):
                 await self.acquirer.flush_misses(time.monotonic() + self.cfg.flush_misses_timeout)
             except RasdError:
                 pass
+            await self.acquirer.prefetch.stop()
             await self.store.close()
         if self._bound_path and os.path.exists(self._bound_path):
             os.unlink(self._bound_path)
