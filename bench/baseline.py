@@ -40,11 +40,11 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from jobs.leases import Driver
 from rasd.core import lease as L
 from rasd.core.lease import paper_claim, paper_free
 from rasd.core.writes import render
 from rasd.steps.paper import paper_free_expired, paper_get_lease
+from rasd_jobs.leases import Driver
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:

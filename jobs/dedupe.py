@@ -32,7 +32,7 @@ REGION=URL`` names that region's DynamoDB endpoint: then the release goes to tha
 replica, where its own daemons' writes are ordered with ours.
 
 The decisions and writes for a group are the program ``rasd.steps.dedupe.dedupe_key`` (which
-the protocol checker runs too); this module scans, groups, and drives it (``jobs.leases``).
+the protocol checker runs too); this module scans, groups, and drives it (``rasd_jobs.leases``).
 Its bounds (the quarantine, the daemons' ``skew_margin``, the clock-skew bound) come from
 the daemons' config (``--config``).
 
@@ -136,7 +136,7 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
 
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
     """Scan, group, and hand every duplicate group to ``rasd.steps.dedupe.dedupe_key``
-    (driven by ``jobs.leases.Driver``: each region's items read and written in that region's
+    (driven by ``rasd_jobs.leases.Driver``: each region's items read and written in that region's
     replica, ``opts.peers``)."""
     started = time.monotonic()
     counts: Counter[str] = Counter()

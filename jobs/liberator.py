@@ -114,7 +114,7 @@ def _scan(
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
     """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...).
     Each item of a page goes through ``rasd.steps.repair.liberate_item`` (or, for the
-    quarantine Scan, ``relist_item``), driven by ``jobs.leases.Driver``."""
+    quarantine Scan, ``relist_item``), driven by ``rasd_jobs.leases.Driver``."""
     started = time.monotonic()
     cutoff = opts.now_us - opts.grace_us
     # One counter (and driver) per segment thread, summed at the end: no shared mutable state.
