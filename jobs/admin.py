@@ -866,21 +866,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` name (it prints its own output): its exit status."""
+    region = args.region or None
+    if region is None:
+        try:
+            region = common.ras_region(args, required=False)
+        except common.UsageError:
+            region = None
+    ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
+    return int(args.func(ddb, args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = args.region or None
-        if region is None:
-            try:
-                region = common.ras_region(args, required=False)
-            except common.UsageError:
-                region = None
-        ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
-        return int(args.func(ddb, args))
-
-    return common.run_main(PROG, body)
+    return common.run_main(build_parser(), argv, command)
 
 
 if __name__ == "__main__":

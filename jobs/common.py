@@ -1,4 +1,4 @@
-"""Plumbing shared by ``rasadmin``, ``ras-liberator`` and ``ras-dedupe``.
+"""Plumbing shared by ``rasadmin``, ``ras-liberator``, ``ras-dedupe`` and ``ras-balancer``.
 
 Conventions every job keeps (docs/operations.md):
 
@@ -7,7 +7,8 @@ Conventions every job keeps (docs/operations.md):
 * the DynamoDB client's region is ``AWS_REGION`` when set, else the RAS region, so one table can
   stand in for a replicated global table in tests;
 * logs are JSON lines on **stderr** (structlog); the result is one JSON line on **stdout**;
-* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names.
+* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names
+  (:func:`run_main`, every job's ``main``).
 
 Time is a parameter: every job takes a hidden ``--now`` so tests never sleep.
 
@@ -268,10 +269,32 @@ def fail(prog: str, message: str, code: int) -> int:
     return code
 
 
-def run_main(prog: str, body: Callable[[], int]) -> int:
-    """Turn UsageError/JobError/botocore failures into a message on stderr and an exit code."""
+def has_errors(summary: dict[str, Any]) -> bool:
+    """The scheduled jobs' verdict: exit 1 when the summary counts errors."""
+    return bool(summary.get("errors"))
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    job: Callable[[argparse.Namespace], dict[str, Any] | int],
+    failed: Callable[[dict[str, Any]], bool] = has_errors,
+) -> int:
+    """Every job's ``main``: parse ``argv``, log at ``--log-level``, run ``job(args)``.
+
+    A job that returns its summary has it printed as the one JSON line on stdout and exits
+    ``EXIT_ERRORS`` when ``failed(summary)``, else ``EXIT_OK``; a command that prints its own
+    output (rasadmin's) returns its exit status instead. UsageError, JobError and botocore's
+    failures become a message on stderr (``PROG: error: ...``) and their exit status."""
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    prog = parser.prog
     try:
-        return body()
+        out = job(args)
+        if isinstance(out, int):
+            return out
+        emit(out)
+        return EXIT_ERRORS if failed(out) else EXIT_OK
     except UsageError as exc:
         return fail(prog, str(exc), EXIT_USAGE)
     except JobError as exc:
@@ -279,7 +302,7 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
     except ClientError as exc:
         code = error_code(exc)
         if code == "ResourceNotFoundException":
-            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", 1)
+            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", EXIT_ERRORS)
         return fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
     except BotoCoreError as exc:
         return fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)

@@ -200,38 +200,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary."""
+    region = common.ras_region(args)
+    assert region is not None
+    peers_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
+    if region in peers_urls:
+        raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
+    now = common.now_us(args)
+    rules = common.daemon_config(args).rules()
+    ddb = common.make_client(args, region, pool=args.segments + 2)
+    peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
+    opts = Options(
+        table=args.table,
+        region=region,
+        now_us=now,
+        segments=args.segments,
+        page_size=args.page_size,
+        dry_run=args.dry_run,
+        peers=peers,
+        quarantine_us=rules.quarantine_us,
+        margin_us=rules.margin_us,
+        grace_us=rules.grace_us,
+    )
+    log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
+    return run(ddb, opts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = common.ras_region(args)
-        assert region is not None
-        peers_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
-        if region in peers_urls:
-            raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
-        now = common.now_us(args)
-        rules = common.daemon_config(args).rules()
-        ddb = common.make_client(args, region, pool=args.segments + 2)
-        peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
-        opts = Options(
-            table=args.table,
-            region=region,
-            now_us=now,
-            segments=args.segments,
-            page_size=args.page_size,
-            dry_run=args.dry_run,
-            peers=peers,
-            quarantine_us=rules.quarantine_us,
-            margin_us=rules.margin_us,
-            grace_us=rules.grace_us,
-        )
-        log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
-        summary = run(ddb, opts)
-        common.emit(summary)
-        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
-
-    return common.run_main("ras-dedupe", body)
+    return common.run_main(build_parser(), argv, job)
 
 
 if __name__ == "__main__":
@@ -243,6 +240,7 @@ __all__ = [
     "build_parser",
     "collect",
     "duplicates",
+    "job",
     "main",
     "outlasts",
     "run",

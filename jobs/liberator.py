@@ -263,39 +263,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = common.ras_region(args, required=not args.all_regions)
-        cfg = common.daemon_config(args)
-        if args.grace < cfg.max_clock_skew:
-            raise common.UsageError(
-                f"--grace {args.grace:g} is below the daemons' max_clock_skew "
-                f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
-            )
-        quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
-        opts = Options(
-            table=args.table,
-            region=None if args.all_regions else region,
-            now_us=common.now_us(args),
-            grace_us=int(args.grace * US),
-            orphan_age_us=int(args.orphan_age * US),
-            quarantine_us=int(quarantine * US),
-            segments=args.segments,
-            page_size=args.page_size,
-            dry_run=args.dry_run,
-            relist=not args.no_relist,
-            legacy_agents=not args.no_legacy_agents,
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary."""
+    region = common.ras_region(args, required=not args.all_regions)
+    cfg = common.daemon_config(args)
+    if args.grace < cfg.max_clock_skew:
+        raise common.UsageError(
+            f"--grace {args.grace:g} is below the daemons' max_clock_skew "
+            f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
         )
-        ddb = common.make_client(args, region, pool=args.segments + 2)
-        log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
-        summary = run(ddb, opts)
-        common.emit(summary)
-        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
+    quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
+    opts = Options(
+        table=args.table,
+        region=None if args.all_regions else region,
+        now_us=common.now_us(args),
+        grace_us=int(args.grace * US),
+        orphan_age_us=int(args.orphan_age * US),
+        quarantine_us=int(quarantine * US),
+        segments=args.segments,
+        page_size=args.page_size,
+        dry_run=args.dry_run,
+        relist=not args.no_relist,
+        legacy_agents=not args.no_legacy_agents,
+    )
+    ddb = common.make_client(args, region, pool=args.segments + 2)
+    log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
+    return run(ddb, opts)
 
-    return common.run_main("ras-liberator", body)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.run_main(build_parser(), argv, job)
 
 
 if __name__ == "__main__":
