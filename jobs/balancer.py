@@ -61,6 +61,7 @@ from rasd.core.lease import (
     partition_name,
     pool_from_ddb,
 )
+from rasd.core.reads import available_query
 from rasd.core.schema import list_pool_items
 from rasd.steps.admin import move_free
 
@@ -185,16 +186,8 @@ def count_free(ddb: Any, table: str, client_id: str, pool_id: str, region: str) 
     """Free items of one (client, pool, region): Select=COUNT over the 10 sub-partitions."""
     total = 0
     for n in range(PARTITIONS):
-        kw: dict[str, Any] = {
-            "TableName": table,
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {
-                ":p": {"S": partition_name(client_id, pool_id, region, n)}
-            },
-            "Select": "COUNT",
-        }
+        part = partition_name(client_id, pool_id, region, n)
+        kw = {"TableName": table, **available_query(part, count=True)}
         for page in common.scan_pages(ddb, kw):
             total += int(page.get("Count", 0))
     return total
@@ -209,16 +202,8 @@ def candidates(
     lists: list[list[ResourceItem]] = []
     more: list[tuple[int, dict[str, Any]]] = []
     for n in range(PARTITIONS):
-        kw: dict[str, Any] = {
-            "TableName": table,
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {
-                ":p": {"S": partition_name(client_id, pool_id, region, n)}
-            },
-            "Limit": per,
-        }
+        part = partition_name(client_id, pool_id, region, n)
+        kw = {"TableName": table, **available_query(part, per)}
         resp = ddb.query(**kw)
         lists.append([item_from_ddb(i) for i in resp.get("Items", [])])
         if "LastEvaluatedKey" in resp:

@@ -54,6 +54,7 @@ import structlog
 from rasd.config import Config
 from rasd.core.decide import outlasts, served_end
 from rasd.core.lease import US, ResourceItem, item_from_ddb
+from rasd.core.reads import LEASED_INDEX
 from rasd.steps.dedupe import DedupeRun, dedupe_key
 
 from . import common, leases
@@ -94,7 +95,7 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     """Scan ``leased_resources`` in parallel segments; group items by (client, pool, key)."""
     kw: dict[str, Any] = {
         "TableName": opts.table,
-        "IndexName": "leased_resources",
+        "IndexName": LEASED_INDEX,
         "ProjectionExpression": PROJECTION,
         "ExpressionAttributeNames": PROJECTION_NAMES,
     }

@@ -40,6 +40,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.core.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb
+from rasd.core.reads import LEASED_INDEX
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
 
@@ -79,7 +80,7 @@ def scan_kwargs(opts: Options) -> dict[str, Any]:
     if opts.orphan_age_us is not None:
         cond = "(lease_expires < :cutoff OR lease_acquired < :old)"
         values[":old"] = {"S": fmt_time(opts.now_us - opts.orphan_age_us)}
-    return _scan(opts, cond, values, index="leased_resources")
+    return _scan(opts, cond, values, index=LEASED_INDEX)
 
 
 def relist_scan_kwargs(opts: Options) -> dict[str, Any]:
