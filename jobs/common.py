@@ -26,6 +26,7 @@ import os
 import sys
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
@@ -36,7 +37,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd.config import Config, ConfigError
 from rasd.config import load as load_config
-from rasd.core.lease import REGION_RE, US, fmt_time, parse_time, valid_name
+from rasd.core.lease import (
+    REGION_RE,
+    US,
+    ResourceItem,
+    fmt_time,
+    item_from_ddb,
+    parse_time,
+    valid_name,
+)
 from rasd.observe import log as rasd_log
 
 EXIT_OK = 0
@@ -343,6 +352,43 @@ def parallel_scan(
         return [one(0)]
     with ThreadPoolExecutor(max_workers=segments, thread_name_prefix="scan") as pool:
         return list(pool.map(one, range(segments)))
+
+
+def parsed(raw: dict[str, Any], counts: Counter[str], log: Any) -> ResourceItem | None:
+    """A scanned item as a :class:`ResourceItem`; None when it does not parse (counted under
+    ``errors``, logged as ``bad_item``: the job goes on with the next)."""
+    try:
+        return item_from_ddb(raw)
+    except (KeyError, ValueError) as exc:
+        counts["errors"] += 1
+        log.error("bad_item", item=str(raw)[:300], error=str(exc))
+        return None
+
+
+def segments_total(
+    per_segment: Sequence[Counter[str]], failures: Sequence[BaseException | None], log: Any
+) -> Counter[str]:
+    """The segments' counts summed (:func:`parallel_scan`); a segment that a failure stopped
+    counts as an error and a ``failed_segments`` (logged as ``segment_failed``)."""
+    total: Counter[str] = Counter()
+    for c in per_segment:
+        total.update(c)
+    for seg, exc in enumerate(failures):
+        if exc is not None:
+            total["errors"] += 1
+            total["failed_segments"] += 1
+            log.error("segment_failed", segment=seg, error=repr(exc))
+    return total
+
+
+def summary_tail(summary: dict[str, Any], counts: Counter[str], would: str) -> dict[str, Any]:
+    """A scheduled job's summary with what a dry run would have written (``would``) and the
+    failed Scan segments, when there are any."""
+    if summary["dry_run"]:
+        summary[would] = counts[would]
+    if counts["failed_segments"]:
+        summary["failed_segments"] = counts["failed_segments"]
+    return summary
 
 
 # ------------------------------------------------------------------------------ progress

@@ -53,7 +53,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.core.decide import outlasts, served_end
-from rasd.core.lease import US, ResourceItem, item_from_ddb
+from rasd.core.lease import US, ResourceItem
 from rasd.core.reads import LEASED_INDEX
 from rasd.steps.dedupe import DedupeRun, dedupe_key
 
@@ -107,20 +107,12 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     def handle(seg: int, page: dict[str, Any]) -> None:
         seg_counts[seg]["scanned"] += int(page.get("ScannedCount", 0))
         for raw in page.get("Items", []):
-            try:
-                per_seg[seg].append(item_from_ddb(raw))
-            except (KeyError, ValueError) as exc:
-                seg_counts[seg]["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+            item = common.parsed(raw, seg_counts[seg], log)
+            if item is not None:
+                per_seg[seg].append(item)
 
     failures = common.parallel_scan(ddb, kw, opts.segments, handle)
-    for c in seg_counts:
-        counts.update(c)
-    for seg, exc in enumerate(failures):
-        if exc is not None:
-            counts["errors"] += 1
-            counts["failed_segments"] += 1
-            log.error("segment_failed", segment=seg, error=repr(exc))
+    counts.update(common.segments_total(seg_counts, failures, log))
     groups: dict[GroupKey, list[ResourceItem]] = {}
     for items in per_seg:
         for it in items:
@@ -175,11 +167,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "errors": counts["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
-    if opts.dry_run:
-        summary["would_release"] = counts["would_release"]
-    if counts["failed_segments"]:
-        summary["failed_segments"] = counts["failed_segments"]
-    return summary
+    return common.summary_tail(summary, counts, "would_release")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb
+from rasd.core.lease import US, ResourceItem, fmt_time, is_resource_item
 from rasd.core.reads import LEASED_INDEX
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
@@ -136,13 +136,8 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         for raw in page.get("Items", []):
             if not is_resource_item(raw):
                 continue
-            try:
-                item = item_from_ddb(raw)
-            except (KeyError, ValueError) as exc:
-                c["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
-                continue
-            if opts.region is None or item.region == opts.region:
+            item = common.parsed(raw, c, log)
+            if item is not None and (opts.region is None or item.region == opts.region):
                 yield item
 
     def handle(seg: int, page: dict[str, Any]) -> None:
@@ -171,14 +166,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         failures += common.parallel_scan(
             ddb, relist_scan_kwargs(opts), opts.segments, handle_quarantined
         )
-    total: Counter[str] = Counter()
-    for c in counts:
-        total.update(c)
-    for seg, exc in enumerate(failures):
-        if exc is not None:
-            total["errors"] += 1
-            total["failed_segments"] += 1
-            log.error("segment_failed", segment=seg, error=repr(exc))
+    total = common.segments_total(counts, failures, log)
     summary: dict[str, Any] = {
         "job": "liberator",
         "table": opts.table,
@@ -198,11 +186,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
-    if opts.dry_run:
-        summary["would_free"] = total["would_free"]
-    if total["failed_segments"]:
-        summary["failed_segments"] = total["failed_segments"]
-    return summary
+    return common.summary_tail(summary, total, "would_free")
 
 
 def build_parser() -> argparse.ArgumentParser:
