@@ -40,11 +40,12 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from jobs.leases import Driver
 from rasd.core import lease as L
 from rasd.core.lease import paper_claim, paper_free
+from rasd.core.reads import LEASED_INDEX, available_query, leased_query
 from rasd.core.writes import render
 from rasd.steps.paper import paper_free_expired, paper_get_lease
+from rasd_jobs.leases import Driver
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
@@ -53,7 +54,7 @@ def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
     (``rasd.steps.paper.paper_free_expired``, the program the protocol checker runs)."""
     counts = {"scanned": 0, "freed": 0, "lost_races": 0}
     driver = Driver(ddb, table)
-    kw: dict[str, Any] = {"TableName": table, "IndexName": "leased_resources"}
+    kw: dict[str, Any] = {"TableName": table, "IndexName": LEASED_INDEX}
     while True:
         page = ddb.scan(**kw)
         for raw in page.get("Items", []):
@@ -117,12 +118,7 @@ class BaselineAgent:
         return self.ddb.query(TableName=self.table, **kw)  # type: ignore[no-any-return]
 
     def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
-        resp = self._query(
-            IndexName="leased_resources",
-            KeyConditionExpression="#k = :k AND pool_id = :p",
-            ExpressionAttributeNames={"#k": "key"},
-            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
-        )
+        resp = self._query(**leased_query(key, pool_id))
         items = [L.item_from_ddb(it) for it in resp.get("Items", [])]
         items = [it for it in items if it.client_id == client_id and not it.expired(now_us)]
         it = L.pick(items)
@@ -145,15 +141,8 @@ class BaselineAgent:
         parts = list(range(L.PARTITIONS))
         random.shuffle(parts)
         for n in parts:
-            resp = self._query(
-                IndexName="available_resources",
-                KeyConditionExpression="#p = :p",
-                ExpressionAttributeNames={"#p": "partition"},
-                ExpressionAttributeValues={
-                    ":p": {"S": L.partition_name(client_id, pool_id, self.region, n)}
-                },
-                Limit=self.page,
-            )
+            part = L.partition_name(client_id, pool_id, self.region, n)
+            resp = self._query(**available_query(part, self.page))
             cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:

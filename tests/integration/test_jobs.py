@@ -1130,13 +1130,13 @@ def test_dedupe_extension_after_its_check_makes_the_release_a_lost_race(
     ddb: Any, table: str
 ) -> None:
     """Found by chaos runs (an in-region split, then the same with a lost lease): a daemon
-    extended the extra (resource, then mapping) after dedupe had checked that the survivor
-    outlasts it, and answered apps with the later end. Releasing the mapping then left the
-    extra's region serving the survivor, which ends first: after its end the region acquired
-    another resource for the key while apps still used the extra (I2). (An earlier version
-    held the extra's resource to the later end, which kept I1 but not I2.) The mapping's
-    release is now conditional on the version whose end was checked: a lost race, and the
-    key keeps the extended lease in that region."""
+    extends the extra (resource, then mapping) after dedupe checked that the survivor
+    outlasts it, and answers apps with the later end. Releasing the mapping regardless would
+    leave the extra's region serving the survivor, which ends first: after its end the region
+    would acquire another resource for the key while apps still use the extra (I2); holding
+    the extra's resource to the later end keeps I1 but not I2. The mapping's release is
+    conditional on the version whose end was checked: it loses the race, and the key keeps
+    the extended lease in that region."""
     seed_duplicates(ddb, table)
     k2_east = map_ident("k2", EAST)
     once = [True]

@@ -1,6 +1,6 @@
 """The jobs' programs (rasd.steps.repair, .dedupe, .admin, .paper), driven by a scripted
 ``perform`` over plain items (``rasd.core.writes.apply``, as the checker evaluates writes), with
-time passed in; and the jobs' boto3 driver's outcomes (jobs.leases.Driver) on a stub."""
+time passed in; and the jobs' boto3 driver's outcomes (rasd_jobs.leases.Driver) on a stub."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from jobs.leases import Driver
 from rasd.core.decide import Outcome, Rules
 from rasd.core.errors import RasdError, Unavailable
 from rasd.core.lease import (
@@ -49,6 +48,7 @@ from rasd.steps import dedupe as DD
 from rasd.steps import paper as P
 from rasd.steps import repair as RP
 from rasd.store import WriteResult
+from rasd_jobs.leases import Driver
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US
