@@ -50,6 +50,9 @@ class Answer:
     at: float  # when the answer came back
     end: float  # the lease end it was answered with
     new: bool
+    #: the end the call asked for: rasd extends the item toward it in the background after
+    #: answering (refresh-ahead), so the item's lease may run that long
+    asked: float
 
 
 def now() -> float:
@@ -80,16 +83,17 @@ def audit(
 
         def acquired(a: Answer, xs: list[Answer] = xs) -> tuple[float, float]:
             # When the lease ``a`` is part of was acquired, as (start, answered): the answers
-            # of that resource for this key back from ``a`` while the lease ran on (each
-            # call started before the previous answer's end, or within LAPSE_S after it: an
-            # extension is conditioned on the item's version, so one that lands just past
-            # the end continues the same lease), up to the newest that acquired it. When none of
+            # of that resource for this key back from ``a`` while the item's lease may have
+            # run on (each call started before the end the previous call asked for, or within
+            # LAPSE_S after it: an extension is conditioned on the item's version, and a rasd
+            # daemon never extends an item whose end has passed, so a call that is not new
+            # continues the same lease), up to the newest that acquired it. When none of
             # them did (the acquiring call was answered to no one, or its other callers
             # coalesced on it), the chain's earliest call and earliest answer.
             same = [x for x in xs if x.resource == a.resource and x.at <= a.at]
             chain = [same[-1]]
             for x in reversed(same[:-1]):
-                if chain[-1].new or x.end < chain[-1].start - LAPSE_S:
+                if chain[-1].new or x.asked < chain[-1].start - LAPSE_S:
                     break
                 chain.append(x)
             if chain[-1].new:
@@ -145,16 +149,14 @@ async def test_mixed_fleet_audit(
             while now() < deadline:
                 key = rng.choice(KEYS)
                 t0 = now()
+                asked = t0 + rng.uniform(1.0, 2.5)
                 try:
-                    got = agent.get_lease(C, P, key, int((t0 + rng.uniform(1.0, 2.5)) * L.US))
+                    got = agent.get_lease(C, P, key, int(asked * L.US))
                 except NoCapacity:
                     continue
+                end = got.expires_us / L.US  # the paper's agent never extends
                 with lock:
-                    answers.append(
-                        Answer(
-                            "paper", key, got.resource, t0, now(), got.expires_us / L.US, got.new
-                        )
-                    )
+                    answers.append(Answer("paper", key, got.resource, t0, now(), end, got.new, end))
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(f"paper worker: {exc!r}")
         finally:
@@ -184,17 +186,23 @@ async def test_mixed_fleet_audit(
         while now() < deadline:
             key = rng.choice(KEYS)
             t0 = now()
+            asked = t0 + rng.uniform(1.5, 3.0)
             try:
-                got = await rasd_aio.get_lease(
-                    C, P, key, t0 + rng.uniform(1.5, 3.0), socket_path=sock, timeout=5
-                )
+                got = await rasd_aio.get_lease(C, P, key, asked, socket_path=sock, timeout=5)
             except (rasd_client.NoCapacity, rasd_client.Busy, rasd_client.Timeout):
                 await asyncio.sleep(0.01)
                 continue
             with lock:
                 answers.append(
                     Answer(
-                        "rasd", key, got.resource, t0, now(), got.lease_expires.timestamp(), got.new
+                        "rasd",
+                        key,
+                        got.resource,
+                        t0,
+                        now(),
+                        got.lease_expires.timestamp(),
+                        got.new,
+                        max(asked, got.lease_expires.timestamp()),
                     )
                 )
             if rng.random() < 0.1:
