@@ -36,7 +36,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
-from rasd.core.lease import item_from_ddb, partition_name
+from rasd.core.lease import partition_name
+from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import ItemKey, item_from_av, key_av, render
 from rasd.steps import (
     At,
