@@ -57,7 +57,7 @@ from botocore.config import Config as BotoConfig
 
 import rasd_client
 from rasd.core import schema
-from rasd.core.lease import is_tombstone, item_from_ddb
+from rasd.core.serialize import is_tombstone, item_from_ddb
 from sim import replicator
 
 from . import audit as A

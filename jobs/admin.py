@@ -14,7 +14,7 @@ is written in its own region's replica, where its daemons' claims are ordered wi
 Every command keeps I1 (docs/design.md): nothing it frees, deletes or adds is claimable while a
 lease or quarantine on that resource may still run. A release is held to the lease's end (no
 app released it); a delete leaves a tombstone holding the name until the lease or quarantine
-it had runs out, and a re-add of the name waits for it (``rasd.core.lease.tombstone``/``readd``).
+it had runs out, and a re-add of the name waits for it (``rasd.core.builders.tombstone``/``readd``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ import structlog
 
 from rasd.config import Config
 from rasd.core import schema
-from rasd.core.lease import (
-    MAX_RESOURCE_LEN,
-    US,
-    ResourceItem,
+from rasd.core.lease import MAX_RESOURCE_LEN, US, ResourceItem
+from rasd.core.serialize import (
     is_resource_item,
     is_tombstone,
     item_from_ddb,

@@ -40,12 +40,8 @@ import structlog
 from rasd.config import Config
 from rasd.core import decide as D
 from rasd.core import schema
-from rasd.core.lease import (
-    ResourceItem,
-    is_resource_item,
-    pool_meta_key,
-    resource_from,
-)
+from rasd.core.lease import ResourceItem
+from rasd.core.serialize import is_resource_item, pool_meta_key, resource_from
 from rasd.steps import admin as steps
 
 from . import common, leases

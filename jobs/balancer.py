@@ -13,7 +13,7 @@ One run, top to bottom (:func:`run`):
    the 10 sub-partitions);
 6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
 7. move: candidates from the donor region's ``available_resources`` index, each moved with
-   ``rasd.core.lease.move`` (conditional on version, free and region; a lost race is counted and
+   ``rasd.core.builders.move`` (conditional on version, free and region; a lost race is counted and
    the next candidate tried);
 8. write the headroom meta items; save state + snapshot to S3; release the lock.
 
@@ -56,13 +56,11 @@ from rasd.core.lease import (
     REGION_RE,
     ResourceItem,
     fmt_time,
-    item_from_ddb,
-    miss_count_from_ddb,
     partition_name,
-    pool_from_ddb,
 )
 from rasd.core.reads import available_query
 from rasd.core.schema import list_pool_items
+from rasd.core.serialize import item_from_ddb, miss_count_from_ddb, pool_from_ddb
 from rasd.steps.admin import move_free
 
 from . import balance_model as bm

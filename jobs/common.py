@@ -42,10 +42,10 @@ from rasd.core.lease import (
     US,
     ResourceItem,
     fmt_time,
-    item_from_ddb,
     parse_time,
     valid_name,
 )
+from rasd.core.serialize import item_from_ddb
 from rasd.observe import log as rasd_log
 
 EXIT_OK = 0

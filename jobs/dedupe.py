@@ -3,7 +3,7 @@
 Two regions that both miss a brand-new key before replication shows them each other's claim
 each take a resource for it (the paper's 0.1%). This job scans ``leased_resources``, groups
 the items by (client_id, pool_id, key), and for every group of two or more keeps the one
-``rasd.core.lease.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
+``rasd.core.decide.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
 rule the daemons follow, so they already serve the survivor) and releases the others the way
 a daemon releases (``rasd.steps.repair.release_held``): the key's mapping first, then the
 resource, which stays unclaimable for the quarantine so that caches still serving it run out
@@ -52,9 +52,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core.decide import outlasts, served_end
 from rasd.core.lease import US, ResourceItem
 from rasd.core.reads import LEASED_INDEX
+from rasd.core.verdicts import outlasts, served_end
 from rasd.steps.dedupe import DedupeRun, dedupe_key
 
 from . import common, leases

@@ -36,8 +36,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
-from rasd.core.lease import ResourceItem, item_from_ddb, partition_name
+from rasd.core.lease import ResourceItem, partition_name
 from rasd.core.reads import available_query, leased_query
+from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import ItemKey, item_from_av, key_av, render
 from rasd.steps import (
     At,

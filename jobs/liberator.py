@@ -2,16 +2,16 @@
 
 Scans the sparse ``leased_resources`` index in parallel segments, page by page (memory stays
 at one page per thread however many leases there are), and frees every item of the region
-whose ``lease_expires`` is older than ``now - grace`` with ``rasd.core.lease.liberate()``: an
+whose ``lease_expires`` is older than ``now - grace`` with ``rasd.core.builders.liberate()``: an
 UpdateItem conditional on the version read, the ``lease_expires`` read and the region. A
 lease that a daemon extended or re-let after our read fails that condition and is left alone
 (counted in ``lost_races``), so the job is safe to run twice at once and next to daemons.
 
 It also repairs what a crash left half-done (docs/design.md): a held resource older than
 ``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
-names it, and none ever will (``rasd.core.decide.orphan_verdict``), it is freed with quarantine
+names it, and none ever will (``rasd.core.verdicts.orphan_verdict``), it is freed with quarantine
 (``rasd.steps.repair``), because it may have been served before the crash; and, if a mapping may
-have named it, not before its lease's end plus ``--grace`` (``rasd.core.decide.orphan_free_at``:
+have named it, not before its lease's end plus ``--grace`` (``rasd.core.verdicts.orphan_free_at``:
 a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
 
 A held resource whose ``holder`` a write of the paper's agent or its liberator left stale
@@ -39,8 +39,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core.lease import US, ResourceItem, fmt_time, is_resource_item
+from rasd.core.lease import US, ResourceItem, fmt_time
 from rasd.core.reads import LEASED_INDEX
+from rasd.core.serialize import is_resource_item
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
 

@@ -5,7 +5,7 @@ Theory of operation
 ``try_hit`` is the hot path and never awaits: a cached lease is answered at once. The cache
 holds each answer at most ``confirm_interval`` (S) after it was last confirmed; a hit past S/2
 starts a background re-confirmation (one consistent read), and a hit whose sliding
-``lease_expires`` calls for it (``lease.should_extend``) starts a background extension.
+``lease_expires`` calls for it (``decide.should_extend``) starts a background extension.
 
 A miss goes through ``get_lease``, which makes concurrent requests for one
 (client, pool, key) share one resolution (single-flight). The resolution reads the key's
@@ -37,19 +37,12 @@ from cachetools import TTLCache
 
 from .cache import HEAD, CacheKey, LeaseCache, lease_of
 from .config import Config
+from .core.builders import miss_report_update
 from .core.clock import Clock
+from .core.decide import check_expiry, should_extend
 from .core.errors import BadRequest, RasdError, Timeout, UnknownPool
-from .core.lease import (
-    US,
-    Lease,
-    Pool,
-    check_expiry,
-    headroom_from_ddb,
-    headroom_resource,
-    miss_report_update,
-    partition_name,
-    should_extend,
-)
+from .core.lease import US, Lease, Pool, headroom_resource, partition_name
+from .core.serialize import headroom_from_ddb
 from .limits import BucketTable
 from .observe.metrics import Counters
 from .prefetch import Prefetcher

@@ -40,20 +40,9 @@ from botocore.exceptions import (
 from .config import Config
 from .core.decide import Outcome
 from .core.errors import RasdError, Timeout, Unavailable
-from .core.lease import (
-    META_CLIENT,
-    Item,
-    Mapping,
-    Pool,
-    ResourceItem,
-    Update,
-    item_from_ddb,
-    map_pk,
-    mapping_from,
-    pool_from_ddb,
-    pool_meta_key,
-)
+from .core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
 from .core.reads import available_query, leased_query
+from .core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
 from .core.writes import ItemKey, Value, Write, item_from_av, key_av, render
 from .dynamo.aws import AwsSettings
 from .dynamo.retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed

@@ -7,8 +7,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .lease import META_CLIENT, new_resource_item, pool_meta_key
+from .builders import new_resource_item
+from .lease import META_CLIENT
 from .reads import AVAILABLE_INDEX, LEASED_INDEX
+from .serialize import pool_meta_key
 
 ATTRS = ["client_id", "resource", "key", "pool_id", "partition", "lease_available"]
 

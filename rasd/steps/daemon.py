@@ -39,40 +39,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..core import builders as B
 from ..core import decide as D
-from ..core import lease as L
-from ..core.decide import Outcome, Rules
+from ..core import legacy as LG
+from ..core.builders import adopt, claim, extend_resource, fence_resource
+from ..core.decide import Outcome, Rules, lease_from_mapping, pick
 from ..core.errors import Busy, NoCapacity, NotHeld, RasdError, Timeout
-from ..core.lease import (
-    PENDING,
-    US,
-    Lease,
-    Mapping,
-    Pool,
-    ResourceItem,
-    adopt,
-    claim,
+from ..core.lease import PENDING, US, Lease, Mapping, Pool, ResourceItem, fmt_time, map_pk
+from ..core.map_builders import (
     confirmed,
-    extend_resource,
     extended_to,
-    fence_resource,
-    fmt_time,
     holds,
-    lease_from_mapping,
     map_acquire,
     map_confirm,
     map_drop_dead,
     map_extend,
     map_extended_to,
-    map_pk,
     map_release,
-    mapping_from,
     names_claim,
     no_token,
     not_held_by,
-    pick,
-    resource_from,
 )
+from ..core.serialize import mapping_from, resource_from
 from ..core.writes import ItemKey, Write
 from . import (
     GetItem,
@@ -208,7 +196,7 @@ def _quarantine(rules: Rules, give_back: bool) -> int:
 @dataclass(frozen=True, eq=False)
 class Ops:
     """The pure functions the programs decide and write with (:mod:`rasd.core.decide`,
-    :mod:`rasd.core.lease`). Only the checker's known-bad rule sets replace one. Compared by
+    :mod:`rasd.core.builders`). Only the checker's known-bad rule sets replace one. Compared by
     identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
@@ -222,13 +210,15 @@ class Ops:
         default=D.on_release_resource, repr=False
     )
     #: with ``legacy_agents``: a pending mapping whose claim landed is settled, not served
-    beside_legacy: Callable[..., D.Decision | D.Settle] = field(default=D.beside_legacy, repr=False)
+    beside_legacy: Callable[..., D.Decision | LG.Settle] = field(
+        default=LG.beside_legacy, repr=False
+    )
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
-    on_settle: Callable[..., D.Confirm | D.YieldTo] = field(default=D.on_settle, repr=False)
+    on_settle: Callable[..., LG.Confirm | LG.YieldTo] = field(default=LG.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
-    on_lapsed: Callable[..., D.Extend | D.EndLapsed] = field(default=D.on_lapsed, repr=False)
-    #: the early free's write (``rasd.core.lease.free_claim``)
-    free_claim: Callable[..., Write] = field(default=L.free_claim, repr=False)
+    on_lapsed: Callable[..., D.Extend | LG.EndLapsed] = field(default=LG.on_lapsed, repr=False)
+    #: the early free's write (``rasd.core.builders.free_claim``)
+    free_claim: Callable[..., Write] = field(default=B.free_claim, repr=False)
     #: how long an early free stays unclaimable: (rules, give_back) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
 
@@ -319,7 +309,7 @@ def resolve(
     ):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
-        if isinstance(lapsed, D.EndLapsed):
+        if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
             return (yield from goto(resolve, d, pool, key, requested_us, wait))
     if isinstance(dec, D.Extend):
@@ -331,7 +321,7 @@ def resolve(
         got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
         if isinstance(got, Mapping):
             # legacy_agents: our claim won; served only once settled
-            done = yield from beside_legacy(d, pool, key, D.Settle(got))
+            done = yield from beside_legacy(d, pool, key, LG.Settle(got))
             if isinstance(done, D.Serve):
                 yield CachePut(done.lease, sent)
                 ours = done.lease.resource == got.resource
@@ -384,12 +374,12 @@ def adopt_paper_lease(
     token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield Now()
     cid, pid = pool.client_id, pool.pool_id
-    hint = pick([it for it in held if D.adoptable(it, cid, pid, key, d.region, now)])
+    hint = pick([it for it in held if LG.adoptable(it, cid, pid, key, d.region, now)])
     if hint is None:
         return D.Acquire(expect_ver)
     r = yield from resource(cid, hint.resource)
     now = yield Now()
-    if r is None or not D.adoptable(r, cid, pid, key, d.region, now):
+    if r is None or not LG.adoptable(r, cid, pid, key, d.region, now):
         return D.Acquire(expect_ver)
     assert r.lease_expires_us is not None
     token = yield NewToken()
@@ -438,14 +428,14 @@ def adopt_paper_lease(
 
 
 def beside_legacy(
-    d: Daemon, pool: Pool, key: str, dec: D.Decision | D.Settle
+    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle
 ) -> Program[D.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
-    (``decide.beside_legacy``): the leased index read once more, then the mapping confirmed
+    (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again."""
     while True:
         b = d.ops.beside_legacy(dec)
-        if not isinstance(b, D.Settle):
+        if not isinstance(b, LG.Settle):
             return b
         settled = yield from settle(d, pool, key, b.mapping)
         if settled is None:
@@ -455,13 +445,13 @@ def beside_legacy(
 
 def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
-    claim landed) and ask ``decide.on_settle``. Confirm: ``map_confirm``, and serve once it
+    claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
     version, once our claim is given back."""
     assert m.token is not None and m.resource is not None
     held = yield QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield Now()))
-    if isinstance(s, D.YieldTo):
+    if isinstance(s, LG.YieldTo):
         yield Note("lease.yielded")
         # The adoption's mapping write, at the pending version, names the other lease: our
         # claim can then no longer be confirmed, and no daemon served it. It is given back
@@ -488,7 +478,7 @@ def confirm_now(m: Mapping) -> Program[D.Serve | None]:
 
 
 def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
-    """``decide.EndLapsed``: release the mapping at the version read (an extension that
+    """``legacy.EndLapsed``: release the mapping at the version read (an extension that
     landed since makes this a lost race: read again), then free the resource in the
     background (held to its end, as every free beside the paper's agent)."""
     assert m.token is not None
@@ -695,7 +685,7 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
         now = yield Now()
         if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
             return  # taken, re-listed, or quarantined again (by its own freer) since
-        res = yield Send(L.relist(r, now))
+        res = yield Send(B.relist(r, now))
         yield Note(f"quarantine.relist_{res.outcome.value}")
     except RasdError as exc:
         yield Note("quarantine.relist_errors")

@@ -22,30 +22,12 @@ import pytest
 import structlog
 
 from rasd.config import Config
-from rasd.core.decide import Orphan, orphan_verdict
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    US,
-    Mapping,
-    ResourceItem,
-    claim,
-    extend_resource,
-    fmt_time,
-    free_claim,
-    is_tombstone,
-    item_from_ddb,
-    lease_from_item,
-    map_acquire,
-    map_confirm,
-    map_extend,
-    map_pk,
-    map_release,
-    mapping_from_ddb,
-    partition_name,
-    pick,
-    pick_mapping,
-)
+from rasd.core.builders import claim, extend_resource, free_claim
+from rasd.core.decide import lease_from_item, pick, pick_mapping
+from rasd.core.lease import FREE, LIVE, US, Mapping, ResourceItem, fmt_time, map_pk, partition_name
+from rasd.core.map_builders import map_acquire, map_confirm, map_extend, map_release
+from rasd.core.serialize import is_tombstone, item_from_ddb, mapping_from_ddb
+from rasd.core.verdicts import Orphan, orphan_verdict
 from rasd.core.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
 from tests.conftest import scan_all, seed_pool
@@ -405,7 +387,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     """A held resource whose key's mapping names another acquisition (an orphan a crash left)
     and that was acquired longer ago than --orphan-age is freed, unclaimable until its lease's
     end plus --grace (the mapping named it once: it may have been served until then, and no
-    app need have released it; decide.orphan_free_at), at least --quarantine; the lease the
+    app need have released it; verdicts.orphan_free_at), at least --quarantine; the lease the
     mapping names is left alone, and so is a younger orphan (its acquisition may
     still be under way). --dry-run counts the orphan and writes nothing; a second run finds
     nothing to do."""
@@ -659,7 +641,7 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
     assert served(ddb, table) == chosen  # the daemons' answers did not change
     # Changed: an early free is claimable only after the quarantine (was: at once).
     # Orphans the mapping named once (it moved past them): held to their lease end too, as
-    # apps may use them until then (decide.orphan_free_at).
+    # apps may use them until then (verdicts.orphan_free_at).
     assert_released(ddb, table, "e-00001", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00002", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)  # released extras

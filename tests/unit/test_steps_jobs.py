@@ -12,24 +12,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from rasd.core.builders import claim, new_resource_item
 from rasd.core.decide import Outcome, Rules
 from rasd.core.errors import RasdError, Unavailable
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    US,
-    Mapping,
-    ResourceItem,
-    claim,
-    fmt_time,
-    map_acquire,
-    map_confirm,
-    map_extend,
-    map_pk,
-    mapping_from,
-    new_resource_item,
-    resource_from,
-)
+from rasd.core.lease import FREE, LIVE, US, Mapping, ResourceItem, fmt_time, map_pk
+from rasd.core.map_builders import map_acquire, map_confirm, map_extend
+from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply, item_from_av
 from rasd.steps import (
     At,
@@ -188,7 +176,7 @@ def test_release_held_loses_to_an_extension_after_the_end_was_read() -> None:
     lease = replace(t.mapping("k1"))
 
     def extend() -> None:
-        from rasd.core.lease import lease_from_mapping
+        from rasd.core.decide import lease_from_mapping
 
         t.land(map_extend(lease_from_mapping(lease), NOW + 2 * HOUR))
 
