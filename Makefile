@@ -107,8 +107,10 @@ check-protocol: $(STAMP)
 	$(BIN)/python -m check
 
 # Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
-# on rasd/core/decide.py, rasd/core/writes.py, rasd/steps/, lease.py's rules and write builders and the
-# jobs' decisions, each mutant against the unit tests and the checker's CI run that call it.
+# on rasd/core/decide.py, legacy.py, verdicts.py (the decisions and the lease's rules),
+# rasd/core/writes.py, rasd/steps/, lease.py's predicates, the write builders and read-backs of
+# builders.py and map_builders.py, each mutant against the unit tests and the checker's CI run
+# that call it.
 # Summary: printed and check/results/mutate.json. Not part of `make test`: about 1.5-2.5 h on
 # this shared 2-core machine (docs/checker.md has the measured runs).
 MUTATE_STAMP := $(VENV)/.mutate-installed

@@ -4,7 +4,7 @@ Runs rasd and the baseline (the paper's in-process boto3 agent) against a Dynamo
 behind a delay proxy, prints a table, writes ``bench/results/<stamp>-<mode>.json`` (and
 ``latest-<mode>.json``) and PNG plots. Targets are goals reported as met/missed, never asserted.
 Scenario (s) is ``bench.spawn``: spawn to first answer and daemon CPU per new lease. The
-issue-11 table (every figure from this one run) is printed last and kept under ``targets``:
+targets table (every figure from this one run) is printed last and kept under ``targets``:
 ``make bench-targets`` runs it in full on dynalite. See docs/performance.md.
 """
 

@@ -5,7 +5,7 @@
 1. Query the ``leased_resources`` index by ``key`` (the paper's "GetItem(key)"): if the key
    holds an unexpired lease in the pool, return it. One round trip.
 2. On a miss, Query one random sub-partition of ``available_resources``.
-3. Make the conditional claim (``rasd.core.lease.claim``, rendered by
+3. Make the conditional claim (``rasd.core.builders.claim``, rendered by
    ``rasd.core.writes.render``: the same UpdateItem the daemon sends for its claim, on the
    same table, so the comparison is fair). Three round trips for a new lease.
 
@@ -18,9 +18,9 @@ them), and ``ras-liberator`` may treat them as orphans once they are older than 
 
 With ``paper=True`` it writes what the paper's agent writes, nothing more: the claim is
 conditioned on the ``version`` read from the index alone and sets ``key``, ``lease_expires``
-and ``version`` (``rasd.core.lease.paper_claim``), and :func:`paper_liberate` is the paper's hourly
-liberator. That is the old agent a table keeps running while rasd rolls out beside it
-(docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
+and ``version`` (``rasd.core.builders.paper_claim``), and :func:`paper_liberate` is the
+paper's hourly liberator. That is the old agent a table keeps running while rasd rolls out
+beside it (docs/operations.md): the mixed-fleet tests and the chaos run's mixed mode use it.
 
 A lost race (the condition failed) tries the next candidate of the page; an empty
 sub-partition tries another random one. Every DynamoDB call is counted in ``calls``; the
@@ -40,11 +40,15 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
-from jobs.leases import Driver
+from rasd.core import builders as B
+from rasd.core import decide as D
 from rasd.core import lease as L
-from rasd.core.lease import paper_claim, paper_free
+from rasd.core import serialize as S
+from rasd.core.builders import paper_claim, paper_free
+from rasd.core.reads import LEASED_INDEX, available_query, leased_query
 from rasd.core.writes import render
 from rasd.steps.paper import paper_free_expired, paper_get_lease
+from rasd_jobs.leases import Driver
 
 
 def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
@@ -53,12 +57,12 @@ def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
     (``rasd.steps.paper.paper_free_expired``, the program the protocol checker runs)."""
     counts = {"scanned": 0, "freed": 0, "lost_races": 0}
     driver = Driver(ddb, table)
-    kw: dict[str, Any] = {"TableName": table, "IndexName": "leased_resources"}
+    kw: dict[str, Any] = {"TableName": table, "IndexName": LEASED_INDEX}
     while True:
         page = ddb.scan(**kw)
         for raw in page.get("Items", []):
             counts["scanned"] += 1
-            got = driver.run(paper_free_expired(L.item_from_ddb(raw), now_us))
+            got = driver.run(paper_free_expired(S.item_from_ddb(raw), now_us))
             if got == "freed":
                 counts["freed"] += 1
             elif got == "lost_race":
@@ -117,15 +121,10 @@ class BaselineAgent:
         return self.ddb.query(TableName=self.table, **kw)  # type: ignore[no-any-return]
 
     def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
-        resp = self._query(
-            IndexName="leased_resources",
-            KeyConditionExpression="#k = :k AND pool_id = :p",
-            ExpressionAttributeNames={"#k": "key"},
-            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
-        )
-        items = [L.item_from_ddb(it) for it in resp.get("Items", [])]
+        resp = self._query(**leased_query(key, pool_id))
+        items = [S.item_from_ddb(it) for it in resp.get("Items", [])]
         items = [it for it in items if it.client_id == client_id and not it.expired(now_us)]
-        it = L.pick(items)
+        it = D.pick(items)
         if it is None:
             return None
         assert it.lease_expires_us is not None
@@ -145,20 +144,13 @@ class BaselineAgent:
         parts = list(range(L.PARTITIONS))
         random.shuffle(parts)
         for n in parts:
-            resp = self._query(
-                IndexName="available_resources",
-                KeyConditionExpression="#p = :p",
-                ExpressionAttributeNames={"#p": "partition"},
-                ExpressionAttributeValues={
-                    ":p": {"S": L.partition_name(client_id, pool_id, self.region, n)}
-                },
-                Limit=self.page,
-            )
-            cands = [L.item_from_ddb(it) for it in resp.get("Items", [])]
+            part = L.partition_name(client_id, pool_id, self.region, n)
+            resp = self._query(**available_query(part, self.page))
+            cands = [S.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
                 token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
-                w = L.claim(cand, key, lease_expires_us, now, token, 0)
+                w = B.claim(cand, key, lease_expires_us, now, token, 0)
                 self.calls["UpdateItem"] += 1
                 self.last_calls += 1
                 try:
@@ -168,7 +160,7 @@ class BaselineAgent:
                 except self.ddb.exceptions.ConditionalCheckFailedException:
                     self.conflicts += 1
                     continue
-                it = L.item_from_ddb(r["Attributes"])
+                it = S.item_from_ddb(r["Attributes"])
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
 

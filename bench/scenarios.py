@@ -23,7 +23,10 @@ from collections import Counter
 from typing import Any
 
 import rasd_client
+from rasd.core import builders as B
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
+from rasd.core import serialize as S
 from rasd.core import writes as W
 
 from . import storetrace
@@ -659,7 +662,7 @@ def _leases_in_table(items: list[dict[str, Any]]) -> dict[str, str]:
         pk = it["client_id"]["S"]
         if not pk.startswith(pfx) or it["resource"]["S"] != REGION:
             continue
-        m = L.mapping_from_ddb(it)
+        m = S.mapping_from_ddb(it)
         live = m.state in (L.PENDING, L.LIVE) and m.resource is not None
         if live and held.get(m.resource or "") == (m.token, m.key):
             out[m.key] = m.resource or ""
@@ -712,21 +715,21 @@ G_CONFIRM_INTERVAL = 3600.0
 def _leased_items(n: int, exp_us: int) -> Any:
     """Keys g0..g{n-1}, each holding resource g-{i} the way the protocol leaves a lease: the
     claim and the mapping write of one acquisition (same token), then the mapping confirmed
-    ``live``. Built with the daemon's own write builders (``rasd.core.lease``) applied by
+    ``live``. Built with the daemon's own write builders (``rasd.core.builders``) applied by
     ``rasd.core.writes.apply``, so the items are exactly what a daemon would have written.
     Yields resource and mapping items (DynamoDB attribute maps)."""
     now = time.time_ns() // 1000
     for i in range(n):
-        free = W.item_from_av(L.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now))
-        r = L.resource_from(free)
+        free = W.item_from_av(B.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now))
+        r = S.resource_from(free)
         token = secrets.token_hex(8)
         key = f"g{i}"
-        held = W.apply(free, L.claim(r, key, exp_us, now, token, 1))
+        held = W.apply(free, B.claim(r, key, exp_us, now, token, 1))
         ident = (L.map_pk(CLIENT, POOL, key), REGION)
-        mw = L.map_acquire(ident, 0, token, r.resource, r.version, exp_us, now, "bench-seed")
+        mw = MB.map_acquire(ident, 0, token, r.resource, r.version, exp_us, now, "bench-seed")
         pending = W.apply(None, mw)
         assert held is not None and pending is not None
-        live = W.apply(pending, L.map_confirm(L.mapping_from(pending)))
+        live = W.apply(pending, MB.map_confirm(S.mapping_from(pending)))
         assert live is not None
         yield {a: W.to_av(v) for a, v in held.items()}
         yield {a: W.to_av(v) for a, v in live.items()}

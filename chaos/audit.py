@@ -74,15 +74,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rasd.config import Config
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    US,
-    is_mapping_pk,
-    is_tombstone,
-    mapping_from_ddb,
-    parse_time,
-)
+from rasd.core.lease import FREE, LIVE, US, parse_time
+from rasd.core.serialize import is_mapping_pk, is_tombstone, mapping_from_ddb
 
 #: Error codes that say for sure that a release wrote nothing.
 DEFINITE_RELEASE_FAILURES = frozenset(

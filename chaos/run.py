@@ -57,7 +57,7 @@ from botocore.config import Config as BotoConfig
 
 import rasd_client
 from rasd.core import schema
-from rasd.core.lease import is_tombstone, item_from_ddb
+from rasd.core.serialize import is_tombstone, item_from_ddb
 from sim import replicator
 
 from . import audit as A
@@ -353,7 +353,56 @@ def daemon_stats(d: Daemon) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------- jobs
-class Jobs(threading.Thread):
+class Commands(threading.Thread):
+    """A thread that runs commands one at a time, each as a child leading its own process
+    group, each for at most :attr:`TIMEOUT` seconds (then killed, its output dropped);
+    :meth:`stop` ends the loop and kills the command running."""
+
+    TIMEOUT = 60.0
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stop_ev = threading.Event()
+        self.current: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+
+    def call(self, cmd: list[str], env: dict[str, str]) -> tuple[int | None, bytes, bytes] | None:
+        """Run ``cmd`` to its end: its exit status, stdout and stderr. None: stopped before
+        it started (nothing ran)."""
+        with self.lock:
+            if self.stop_ev.is_set():
+                return None
+            proc = popen(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.current = proc
+        try:
+            out, err = proc.communicate(timeout=self.TIMEOUT)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out = err = b""
+        finally:
+            with self.lock:
+                self.current = None
+        return proc.returncode, out, err
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        with self.lock:
+            proc = self.current
+        kill_group(proc)
+        self.join(self.TIMEOUT + 10)
+
+
+def last_json(out: bytes, otherwise: dict[str, Any]) -> dict[str, Any]:
+    """A command's summary: the last line of its stdout, as JSON; ``otherwise`` when that
+    line is missing or not JSON."""
+    try:
+        summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return otherwise
+    return summary
+
+
+class Jobs(Commands):
     """The offline jobs as their CLIs, every ``jobs_every`` seconds until stopped; one at a
     time, each bounded. Two loops, as Jenkins schedules them apart: the maintenance jobs, and
     (``balancer=True``) ras-balancer alone. With replicas, as jobs/Jenkinsfile runs them:
@@ -371,12 +420,9 @@ class Jobs(threading.Thread):
         events: Events,
         balancer: bool = False,
     ) -> None:
-        super().__init__(name="chaos-balancer" if balancer else "chaos-jobs", daemon=True)
+        super().__init__("chaos-balancer" if balancer else "chaos-jobs")
         self.p, self.endpoints, self.env, self.events = p, endpoints, env, events
         self.balancer = balancer
-        self.stop_ev = threading.Event()
-        self.current: subprocess.Popen[bytes] | None = None
-        self.lock = threading.Lock()
 
     def commands(self) -> list[tuple[list[str], dict[str, str]]]:
         p, py, env = self.p, sys.executable, self.env
@@ -424,43 +470,24 @@ class Jobs(threading.Thread):
 
     def one(self, cmd: list[str], env: dict[str, str]) -> None:
         t0 = time.time()
-        with self.lock:
-            if self.stop_ev.is_set():
-                return
-            proc = popen(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            self.current = proc
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            out = err = b""
-        finally:
-            with self.lock:
-                self.current = None
+        done = self.call(cmd, env)
+        if done is None:
+            return
+        code, out, err = done
         name = "paper_liberator" if cmd[2] == "chaos.paper" else cmd[2].rsplit(".", 1)[-1]
         region = cmd[cmd.index("--region") + 1] if "--region" in cmd else None
-        try:
-            summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            summary = {"unparsed": out.decode(errors="replace")[-300:]}
+        summary = last_json(out, {"unparsed": out.decode(errors="replace")[-300:]})
         summary.setdefault("job", name)
         summary.setdefault("region", region)
-        summary.update(exit=proc.returncode, t0=round(t0, 3), t1=round(time.time(), 3))
-        if proc.returncode not in (0, None):
+        summary.update(exit=code, t0=round(t0, 3), t1=round(time.time(), 3))
+        if code not in (0, None):
             summary["stderr"] = err.decode(errors="replace")[-300:]
-        if self.stop_ev.is_set() and proc.returncode != 0:
+        if self.stop_ev.is_set() and code != 0:
             summary["stopped"] = True  # killed by stop(), at the end of the run: no failure
         self.events.jobs.append(summary)
 
-    def stop(self) -> None:
-        self.stop_ev.set()
-        with self.lock:
-            proc = self.current
-        kill_group(proc)
-        self.join(70)
 
-
-class Admin(threading.Thread):
+class Admin(Commands):
     """An operator with ``rasadmin`` while the daemons serve, every ``admin_every`` seconds,
     the regions in turn:
 
@@ -484,16 +511,13 @@ class Admin(threading.Thread):
         events: Events,
         work: Path,
     ) -> None:
-        super().__init__(name="chaos-admin", daemon=True)
+        super().__init__("chaos-admin")
         self.p, self.endpoints, self.env, self.events, self.work = p, endpoints, env, events, work
         self.rng = random.Random(f"{p.seed}/admin")
         self.ddb = {
             r: ddb_client(u, r if p.replicated() else TABLE_REGION) for r, u in endpoints.items()
         }
         self.deleted: list[tuple[str, str]] = []  # (region, name), not added again yet
-        self.stop_ev = threading.Event()
-        self.current: subprocess.Popen[bytes] | None = None
-        self.lock = threading.Lock()
 
     def run(self) -> None:
         turn = 0
@@ -575,24 +599,12 @@ class Admin(threading.Thread):
                "--region", region, "--endpoint-url", self.endpoints[region],
                "--log-level", "error"]  # fmt: skip
         t0 = time.time()
-        with self.lock:
-            if self.stop_ev.is_set():
-                return {"exit": None}
-            proc = popen(cmd, self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            self.current = proc
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            out = err = b""
-        finally:
-            with self.lock:
-                self.current = None
-        try:
-            summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            summary = {"error": err.decode(errors="replace").strip()[-300:]}
-        return self.record(action, region, names, proc.returncode, summary, t0)
+        done = self.call(cmd, self.env)
+        if done is None:
+            return {"exit": None}
+        code, out, err = done
+        summary = last_json(out, {"error": err.decode(errors="replace").strip()[-300:]})
+        return self.record(action, region, names, code, summary, t0)
 
     def record(
         self,
@@ -610,13 +622,6 @@ class Admin(threading.Thread):
             rec["stopped"] = True
         self.events.admin.append(rec)
         return rec
-
-    def stop(self) -> None:
-        self.stop_ev.set()
-        with self.lock:
-            proc = self.current
-        kill_group(proc)
-        self.join(70)
 
 
 #: rasadmin's refusals (its messages) -> the reason counted

@@ -29,16 +29,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rasd.core.lease import (
-    US,
-    Lease,
-    ResourceItem,
-    fmt_time,
-    liberate,
-    paper_free,
-    relist,
-    resource_from,
-)
+from rasd.core.builders import liberate, paper_free, relist
+from rasd.core.lease import US, Lease, ResourceItem, fmt_time
+from rasd.core.serialize import resource_from
 from rasd.core.writes import apply
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups

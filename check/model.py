@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from rasd.core.decide import Rules
+from rasd.core.decide import Rules, should_extend
 from rasd.core.lease import (
     FREE,
     LIVE,
@@ -46,12 +46,10 @@ from rasd.core.lease import (
     ResourceItem,
     fmt_time,
     map_pk,
-    mapping_from,
     partition_name,
     partition_of,
-    resource_from,
-    should_extend,
 )
+from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply
 from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S

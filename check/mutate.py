@@ -50,23 +50,25 @@ EQUIVALENT = ROOT / "check" / "mutate_equivalent.json"
 #: What is mutated: a file (or a directory: every module in it, now and later) and the
 #: functions of it that count (None: all of them; ``Class.method`` for a method).
 TARGETS: dict[str, tuple[str, ...] | None] = {
+    # the decisions (the acquisition's and the lease's rules, beside the paper's agent, the jobs')
     "rasd/core/decide.py": None,
+    "rasd/core/legacy.py": None,
+    "rasd/core/verdicts.py": None,
     "rasd/core/writes.py": None,
     "rasd/steps/": None,
+    # the predicates the items' types keep, and the TTL every reaped item gets
     "rasd/core/lease.py": (
-        # the rules a lease is judged by
         "ResourceItem.leased",
         "ResourceItem.expired",
         "ResourceItem.holder_current",
         "ResourceItem.claimable",
         "Lease.remaining_us",
-        "lease_from_item",
-        "lease_from_mapping",
-        "check_expiry",
-        "should_extend",
-        "pick_mapping",
-        "pick",
-        # the write builders (every conditional write the protocol sends) and read-backs
+        "ttl_after",
+    ),
+    # the write builders (every conditional write the protocol sends), the paper's agent's
+    # writes (as the checker runs it beside the daemons) and the read-backs; not the meta
+    # items' writes (a new resource, headroom, miss counters)
+    "rasd/core/builders.py": (
         "_free_until",
         "claim",
         "fence_resource",
@@ -79,9 +81,11 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
         "move",
         "tombstone",
         "readd",
-        "is_tombstone",
+        "paper_claim",
+        "paper_free",
+    ),
+    "rasd/core/map_builders.py": (
         "_ver_is",
-        "_ttl",
         "map_acquire",
         "map_confirm",
         "map_extend",
@@ -95,10 +99,8 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
         "extended_to",
         "map_extended_to",
         "_at_least",
-        # the paper's agent's writes, as the checker runs it beside the daemons
-        "paper_claim",
-        "paper_free",
     ),
+    "rasd/core/serialize.py": ("is_tombstone",),
 }
 
 #: mutmut's exit codes, as its ``status_by_exit_code`` reads them

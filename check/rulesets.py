@@ -12,18 +12,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from rasd.core import builders as B
 from rasd.core import decide as D
-from rasd.core import lease as L
-from rasd.core.decide import Outcome, Rules
-from rasd.core.lease import (
-    LIVE,
-    PENDING,
-    Lease,
-    Mapping,
-    ResourceItem,
-    lease_from_mapping,
-    map_release,
-)
+from rasd.core import verdicts as V
+from rasd.core.decide import Outcome, Rules, lease_from_mapping
+from rasd.core.lease import LIVE, PENDING, Lease, Mapping, ResourceItem
+from rasd.core.map_builders import map_release
 from rasd.core.writes import ItemKey, Write
 from rasd.steps import Program
 from rasd.steps.daemon import REAL as REAL_OPS
@@ -74,11 +68,11 @@ class Protocol:
     #: repair frees a lease the paper's agent made after its liberator left a stale holder
     holder_always_current: bool = False
 
-    def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> D.Orphan:
-        """The liberator's verdict on a held item (``rasd.core.decide.orphan_verdict``)."""
+    def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
+        """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
         if self.holder_always_current and r.holder is not None:
             r = replace(r, hver=None)
-        return D.orphan_verdict(r, m)
+        return V.orphan_verdict(r, m)
 
     def early_free(self, w: Write) -> Write:
         """An early free as this rule set writes it."""
@@ -134,8 +128,8 @@ class Protocol:
         available_us: int,
         expires_us: int | None = None,
     ) -> Write:
-        """``rasd.core.lease.free_claim`` as this rule set writes it."""
-        return self.early_free(L.free_claim(ident, key, token, now_us, available_us, expires_us))
+        """``rasd.core.builders.free_claim`` as this rule set writes it."""
+        return self.early_free(B.free_claim(ident, key, token, now_us, available_us, expires_us))
 
     def rules(self, real: Rules) -> Rules:
         if self.no_quarantine:
@@ -177,8 +171,8 @@ PROTOCOLS = {
 
 
 # ------------------------------------------------------------- the jobs' programs' ops
-def _holder_always_current(r: ResourceItem, m: Mapping | None) -> D.Orphan:
-    return D.orphan_verdict(replace(r, hver=None) if r.holder is not None else r, m)
+def _holder_always_current(r: ResourceItem, m: Mapping | None) -> V.Orphan:
+    return V.orphan_verdict(replace(r, hver=None) if r.holder is not None else r, m)
 
 
 def _quarantine_only(r: ResourceItem, m: Mapping | None, now: int, q: int, g: int) -> int:
@@ -198,7 +192,7 @@ def _served_forever(keep: ResourceItem, m: Mapping | None) -> int | None:
 def _pending_served(keep: ResourceItem, m: Mapping | None) -> int | None:
     if m is not None and m.state == PENDING:
         m = replace(m, state=LIVE)
-    return D.served_end(keep, m)
+    return V.served_end(keep, m)
 
 
 def _margin_only(margin_us: int, grace_us: int) -> int:

@@ -14,7 +14,7 @@ is written in its own region's replica, where its daemons' claims are ordered wi
 Every command keeps I1 (docs/design.md): nothing it frees, deletes or adds is claimable while a
 lease or quarantine on that resource may still run. A release is held to the lease's end (no
 app released it); a delete leaves a tombstone holding the name until the lease or quarantine
-it had runs out, and a re-add of the name waits for it (``rasd.core.lease.tombstone``/``readd``).
+it had runs out, and a re-add of the name waits for it (``rasd.core.builders.tombstone``/``readd``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ import structlog
 
 from rasd.config import Config
 from rasd.core import schema
-from rasd.core.lease import (
-    MAX_RESOURCE_LEN,
-    US,
-    ResourceItem,
+from rasd.core.lease import MAX_RESOURCE_LEN, US, ResourceItem
+from rasd.core.serialize import (
     is_resource_item,
     is_tombstone,
     item_from_ddb,
@@ -688,6 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     dry = argparse.ArgumentParser(add_help=False)
     dry.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    one = argparse.ArgumentParser(add_help=False)
+    one.add_argument("--client", required=True, help="client_id")
+    one.add_argument("--resource", required=True, help="the resource string")
 
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -804,9 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
         st.add_argument(f"--{flag}", dest="state", action="store_const", const=flag, help=what)
     sp.add_argument("--limit", type=common.positive_int, help="print at most N items")
 
-    sp = add("show-resource", cmd_show_resource, "one resource item, every attribute", [out])
-    sp.add_argument("--client", required=True, help="client_id")
-    sp.add_argument("--resource", required=True, help="the resource string")
+    add("show-resource", cmd_show_resource, "one resource item, every attribute", [out, one])
 
     sp = add(
         "release-resource",
@@ -814,10 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
         "give a leased item back the way a daemon does: the key's mapping first, then the "
         "item, claimable again after --quarantine and, since no app released it, not before "
         "its lease's end plus max_clock_skew (only items of --region)",
-        [],
+        [one],
     )
-    sp.add_argument("--client", required=True, help="client_id")
-    sp.add_argument("--resource", required=True, help="the resource string")
     sp.add_argument(
         "--quarantine",
         type=common.non_negative_float,
@@ -834,10 +831,8 @@ def build_parser() -> argparse.ArgumentParser:
         "delete one resource item of --region; refuses while it is leased or in quarantine. "
         "Its name stays held (a tombstone) until its lease or quarantine ends: a re-add is "
         "claimable no earlier",
-        [],
+        [one],
     )
-    sp.add_argument("--client", required=True, help="client_id")
-    sp.add_argument("--resource", required=True, help="the resource string")
     sp.add_argument(
         "--force", action="store_true", help="delete even while leased or in quarantine"
     )
@@ -866,21 +861,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` name (it prints its own output): its exit status."""
+    region = args.region or None
+    if region is None:
+        try:
+            region = common.ras_region(args, required=False)
+        except common.UsageError:
+            region = None
+    ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
+    return int(args.func(ddb, args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = args.region or None
-        if region is None:
-            try:
-                region = common.ras_region(args, required=False)
-            except common.UsageError:
-                region = None
-        ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
-        return int(args.func(ddb, args))
-
-    return common.run_main(PROG, body)
+    return common.run_main(build_parser(), argv, command)
 
 
 if __name__ == "__main__":

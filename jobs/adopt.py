@@ -40,13 +40,8 @@ import structlog
 from rasd.config import Config
 from rasd.core import decide as D
 from rasd.core import schema
-from rasd.core.lease import (
-    ResourceItem,
-    is_resource_item,
-    item_from_ddb,
-    pool_meta_key,
-    resource_from,
-)
+from rasd.core.lease import ResourceItem
+from rasd.core.serialize import is_resource_item, pool_meta_key, resource_from
 from rasd.steps import admin as steps
 
 from . import common, leases
@@ -162,11 +157,8 @@ def run(
                 log.info("progress", scanned=c["scanned"], adopted=c["adopted"])
             if not is_resource_item(raw):
                 continue
-            try:
-                it = item_from_ddb(raw)
-            except (KeyError, ValueError) as exc:
-                c["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+            it = common.parsed(raw, c, log)
+            if it is None:
                 continue
             c["resources"] += 1
             pk = (it.client_id, it.pool_id)

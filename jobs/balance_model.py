@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from rasd.core.builders import headroom_item as lease_headroom_item
+from rasd.core.builders import miss_report_update  # noqa: F401 - the daemon side, as below
 from rasd.core.lease import (  # noqa: F401 - the daemon side lives in rasd.core.lease
     HEADROOM_PREFIX,
     META_CLIENT,
@@ -57,11 +59,9 @@ from rasd.core.lease import (  # noqa: F401 - the daemon side lives in rasd.core
     US,
     fmt_time,
     headroom_resource,
-    miss_report_update,
     miss_resource,
     valid_name,
 )
-from rasd.core.lease import headroom_item as lease_headroom_item
 
 #: (client_id, pool_id, region)
 Key = tuple[str, str, str]
@@ -354,7 +354,7 @@ def headroom_item(
     k: Key, free: int, projected: float, now_us: int, horizon_s: float
 ) -> dict[str, Any]:
     """The headroom meta item for one (client, pool, region), as a PutItem ``Item`` (its
-    shape is ``rasd.core.lease.headroom_item``'s: the daemon reads it)."""
+    shape is ``rasd.core.builders.headroom_item``'s: the daemon reads it)."""
     c, p, r = k
     demand = math.ceil(projected - 1e-9)
     return lease_headroom_item(c, p, r, free, demand, now_us, int(horizon_s))

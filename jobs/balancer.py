@@ -13,7 +13,7 @@ One run, top to bottom (:func:`run`):
    the 10 sub-partitions);
 6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
 7. move: candidates from the donor region's ``available_resources`` index, each moved with
-   ``rasd.core.lease.move`` (conditional on version, free and region; a lost race is counted and
+   ``rasd.core.builders.move`` (conditional on version, free and region; a lost race is counted and
    the next candidate tried);
 8. write the headroom meta items; save state + snapshot to S3; release the lock.
 
@@ -56,12 +56,11 @@ from rasd.core.lease import (
     REGION_RE,
     ResourceItem,
     fmt_time,
-    item_from_ddb,
-    miss_count_from_ddb,
     partition_name,
-    pool_from_ddb,
 )
+from rasd.core.reads import available_query
 from rasd.core.schema import list_pool_items
+from rasd.core.serialize import item_from_ddb, miss_count_from_ddb, pool_from_ddb
 from rasd.steps.admin import move_free
 
 from . import balance_model as bm
@@ -185,16 +184,8 @@ def count_free(ddb: Any, table: str, client_id: str, pool_id: str, region: str) 
     """Free items of one (client, pool, region): Select=COUNT over the 10 sub-partitions."""
     total = 0
     for n in range(PARTITIONS):
-        kw: dict[str, Any] = {
-            "TableName": table,
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {
-                ":p": {"S": partition_name(client_id, pool_id, region, n)}
-            },
-            "Select": "COUNT",
-        }
+        part = partition_name(client_id, pool_id, region, n)
+        kw = {"TableName": table, **available_query(part, count=True)}
         for page in common.scan_pages(ddb, kw):
             total += int(page.get("Count", 0))
     return total
@@ -209,16 +200,8 @@ def candidates(
     lists: list[list[ResourceItem]] = []
     more: list[tuple[int, dict[str, Any]]] = []
     for n in range(PARTITIONS):
-        kw: dict[str, Any] = {
-            "TableName": table,
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {
-                ":p": {"S": partition_name(client_id, pool_id, region, n)}
-            },
-            "Limit": per,
-        }
+        part = partition_name(client_id, pool_id, region, n)
+        kw = {"TableName": table, **available_query(part, per)}
         resp = ddb.query(**kw)
         lists.append([item_from_ddb(i) for i in resp.get("Items", [])])
         if "LastEvaluatedKey" in resp:
@@ -692,76 +675,79 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = common.ras_region(args)
-        assert region is not None
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary."""
+    region = common.ras_region(args)
+    assert region is not None
+    try:
+        params = bm.Params(
+            interval_s=args.interval,
+            horizon_s=args.horizon,
+            safety=args.safety,
+            floor=args.floor,
+            max_moves=args.max_moves,
+        )
+    except ValueError as exc:
+        raise common.UsageError(str(exc))
+    if not args.state_uri and not args.dry_run:
+        raise common.UsageError("no state: pass --state-uri or set RASD_STATE_URI")
+    if args.state_uri:
         try:
-            params = bm.Params(
-                interval_s=args.interval,
-                horizon_s=args.horizon,
-                safety=args.safety,
-                floor=args.floor,
-                max_moves=args.max_moves,
-            )
+            s3state.parse_uri(args.state_uri)
         except ValueError as exc:
             raise common.UsageError(str(exc))
-        if not args.state_uri and not args.dry_run:
-            raise common.UsageError("no state: pass --state-uri or set RASD_STATE_URI")
-        if args.state_uri:
-            try:
-                s3state.parse_uri(args.state_uri)
-            except ValueError as exc:
-                raise common.UsageError(str(exc))
-        peer_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
-        peer_urls.pop(region, None)
-        ddb = common.make_client(args, region)
-        streams_url = (
-            args.endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_DYNAMODBSTREAMS")
-            or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
-        )
-        streams = boto3.client(
-            "dynamodbstreams",
-            region_name=os.environ.get("AWS_REGION") or region,
-            endpoint_url=streams_url,
-        )
-        s3 = boto3.client("s3") if args.state_uri else None
-        clients = Clients(
-            ddb=ddb,
-            streams=streams,
-            s3=s3,
-            peers={r: common.client_for(u, r, exact_region=True) for r, u in peer_urls.items()},
-        )
-        opts = Options(
-            table=args.table,
-            region=region,
-            now_us=common.now_us(args),
-            params=params,
-            regions=args.regions or (),
-            state_uri=args.state_uri,
-            dry_run=args.dry_run,
-            unreplicated=args.unreplicated,
-        )
-        log.info(
-            "start",
-            table=args.table,
-            region=region,
-            regions=opts.regions,
-            dry_run=opts.dry_run,
-            peers=sorted(peer_urls),
-        )
-        try:
-            summary = run(opts, clients)
-        except st.NoStream as exc:
-            raise common.JobError(str(exc))
-        common.emit(summary)
-        return common.EXIT_ERRORS if summary.get("status") == "refused" else common.EXIT_OK
+    peer_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
+    peer_urls.pop(region, None)
+    ddb = common.make_client(args, region)
+    streams_url = (
+        args.endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_DYNAMODBSTREAMS")
+        or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
+    )
+    streams = boto3.client(
+        "dynamodbstreams",
+        region_name=os.environ.get("AWS_REGION") or region,
+        endpoint_url=streams_url,
+    )
+    s3 = boto3.client("s3") if args.state_uri else None
+    clients = Clients(
+        ddb=ddb,
+        streams=streams,
+        s3=s3,
+        peers={r: common.client_for(u, r, exact_region=True) for r, u in peer_urls.items()},
+    )
+    opts = Options(
+        table=args.table,
+        region=region,
+        now_us=common.now_us(args),
+        params=params,
+        regions=args.regions or (),
+        state_uri=args.state_uri,
+        dry_run=args.dry_run,
+        unreplicated=args.unreplicated,
+    )
+    log.info(
+        "start",
+        table=args.table,
+        region=region,
+        regions=opts.regions,
+        dry_run=opts.dry_run,
+        peers=sorted(peer_urls),
+    )
+    try:
+        return run(opts, clients)
+    except st.NoStream as exc:
+        raise common.JobError(str(exc))
 
-    return common.run_main("ras-balancer", body)
+
+def refused(summary: dict[str, Any]) -> bool:
+    """The balancer's verdict: exit 1 only when it refused to run (a region with no peer
+    endpoint); a run that lost races or found the lock held exits 0."""
+    return summary.get("status") == "refused"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.run_main(build_parser(), argv, job, failed=refused)
 
 
 if __name__ == "__main__":

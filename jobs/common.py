@@ -1,4 +1,4 @@
-"""Plumbing shared by ``rasadmin``, ``ras-liberator`` and ``ras-dedupe``.
+"""Plumbing shared by ``rasadmin``, ``ras-liberator``, ``ras-dedupe`` and ``ras-balancer``.
 
 Conventions every job keeps (docs/operations.md):
 
@@ -7,7 +7,8 @@ Conventions every job keeps (docs/operations.md):
 * the DynamoDB client's region is ``AWS_REGION`` when set, else the RAS region, so one table can
   stand in for a replicated global table in tests;
 * logs are JSON lines on **stderr** (structlog); the result is one JSON line on **stdout**;
-* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names.
+* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names
+  (:func:`run_main`, every job's ``main``).
 
 Time is a parameter: every job takes a hidden ``--now`` so tests never sleep.
 
@@ -25,6 +26,7 @@ import os
 import sys
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
@@ -35,7 +37,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd.config import Config, ConfigError
 from rasd.config import load as load_config
-from rasd.core.lease import REGION_RE, US, fmt_time, parse_time, valid_name
+from rasd.core.lease import (
+    REGION_RE,
+    US,
+    ResourceItem,
+    fmt_time,
+    parse_time,
+    valid_name,
+)
+from rasd.core.serialize import item_from_ddb
 from rasd.observe import log as rasd_log
 
 EXIT_OK = 0
@@ -268,10 +278,32 @@ def fail(prog: str, message: str, code: int) -> int:
     return code
 
 
-def run_main(prog: str, body: Callable[[], int]) -> int:
-    """Turn UsageError/JobError/botocore failures into a message on stderr and an exit code."""
+def has_errors(summary: dict[str, Any]) -> bool:
+    """The scheduled jobs' verdict: exit 1 when the summary counts errors."""
+    return bool(summary.get("errors"))
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    job: Callable[[argparse.Namespace], dict[str, Any] | int],
+    failed: Callable[[dict[str, Any]], bool] = has_errors,
+) -> int:
+    """Every job's ``main``: parse ``argv``, log at ``--log-level``, run ``job(args)``.
+
+    A job that returns its summary has it printed as the one JSON line on stdout and exits
+    ``EXIT_ERRORS`` when ``failed(summary)``, else ``EXIT_OK``; a command that prints its own
+    output (rasadmin's) returns its exit status instead. UsageError, JobError and botocore's
+    failures become a message on stderr (``PROG: error: ...``) and their exit status."""
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    prog = parser.prog
     try:
-        return body()
+        out = job(args)
+        if isinstance(out, int):
+            return out
+        emit(out)
+        return EXIT_ERRORS if failed(out) else EXIT_OK
     except UsageError as exc:
         return fail(prog, str(exc), EXIT_USAGE)
     except JobError as exc:
@@ -279,7 +311,7 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
     except ClientError as exc:
         code = error_code(exc)
         if code == "ResourceNotFoundException":
-            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", 1)
+            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", EXIT_ERRORS)
         return fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
     except BotoCoreError as exc:
         return fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
@@ -320,6 +352,43 @@ def parallel_scan(
         return [one(0)]
     with ThreadPoolExecutor(max_workers=segments, thread_name_prefix="scan") as pool:
         return list(pool.map(one, range(segments)))
+
+
+def parsed(raw: dict[str, Any], counts: Counter[str], log: Any) -> ResourceItem | None:
+    """A scanned item as a :class:`ResourceItem`; None when it does not parse (counted under
+    ``errors``, logged as ``bad_item``: the job goes on with the next)."""
+    try:
+        return item_from_ddb(raw)
+    except (KeyError, ValueError) as exc:
+        counts["errors"] += 1
+        log.error("bad_item", item=str(raw)[:300], error=str(exc))
+        return None
+
+
+def segments_total(
+    per_segment: Sequence[Counter[str]], failures: Sequence[BaseException | None], log: Any
+) -> Counter[str]:
+    """The segments' counts summed (:func:`parallel_scan`); a segment that a failure stopped
+    counts as an error and a ``failed_segments`` (logged as ``segment_failed``)."""
+    total: Counter[str] = Counter()
+    for c in per_segment:
+        total.update(c)
+    for seg, exc in enumerate(failures):
+        if exc is not None:
+            total["errors"] += 1
+            total["failed_segments"] += 1
+            log.error("segment_failed", segment=seg, error=repr(exc))
+    return total
+
+
+def summary_tail(summary: dict[str, Any], counts: Counter[str], would: str) -> dict[str, Any]:
+    """A scheduled job's summary with what a dry run would have written (``would``) and the
+    failed Scan segments, when there are any."""
+    if summary["dry_run"]:
+        summary[would] = counts[would]
+    if counts["failed_segments"]:
+        summary["failed_segments"] = counts["failed_segments"]
+    return summary
 
 
 # ------------------------------------------------------------------------------ progress

@@ -3,7 +3,7 @@
 Two regions that both miss a brand-new key before replication shows them each other's claim
 each take a resource for it (the paper's 0.1%). This job scans ``leased_resources``, groups
 the items by (client_id, pool_id, key), and for every group of two or more keeps the one
-``rasd.core.lease.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
+``rasd.core.decide.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
 rule the daemons follow, so they already serve the survivor) and releases the others the way
 a daemon releases (``rasd.steps.repair.release_held``): the key's mapping first, then the
 resource, which stays unclaimable for the quarantine so that caches still serving it run out
@@ -32,7 +32,7 @@ REGION=URL`` names that region's DynamoDB endpoint: then the release goes to tha
 replica, where its own daemons' writes are ordered with ours.
 
 The decisions and writes for a group are the program ``rasd.steps.dedupe.dedupe_key`` (which
-the protocol checker runs too); this module scans, groups, and drives it (``jobs.leases``).
+the protocol checker runs too); this module scans, groups, and drives it (``rasd_jobs.leases``).
 Its bounds (the quarantine, the daemons' ``skew_margin``, the clock-skew bound) come from
 the daemons' config (``--config``).
 
@@ -52,8 +52,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core.decide import outlasts, served_end
-from rasd.core.lease import US, ResourceItem, item_from_ddb
+from rasd.core.lease import US, ResourceItem
+from rasd.core.reads import LEASED_INDEX
+from rasd.core.verdicts import outlasts, served_end
 from rasd.steps.dedupe import DedupeRun, dedupe_key
 
 from . import common, leases
@@ -94,7 +95,7 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     """Scan ``leased_resources`` in parallel segments; group items by (client, pool, key)."""
     kw: dict[str, Any] = {
         "TableName": opts.table,
-        "IndexName": "leased_resources",
+        "IndexName": LEASED_INDEX,
         "ProjectionExpression": PROJECTION,
         "ExpressionAttributeNames": PROJECTION_NAMES,
     }
@@ -106,20 +107,12 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
     def handle(seg: int, page: dict[str, Any]) -> None:
         seg_counts[seg]["scanned"] += int(page.get("ScannedCount", 0))
         for raw in page.get("Items", []):
-            try:
-                per_seg[seg].append(item_from_ddb(raw))
-            except (KeyError, ValueError) as exc:
-                seg_counts[seg]["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
+            item = common.parsed(raw, seg_counts[seg], log)
+            if item is not None:
+                per_seg[seg].append(item)
 
     failures = common.parallel_scan(ddb, kw, opts.segments, handle)
-    for c in seg_counts:
-        counts.update(c)
-    for seg, exc in enumerate(failures):
-        if exc is not None:
-            counts["errors"] += 1
-            counts["failed_segments"] += 1
-            log.error("segment_failed", segment=seg, error=repr(exc))
+    counts.update(common.segments_total(seg_counts, failures, log))
     groups: dict[GroupKey, list[ResourceItem]] = {}
     for items in per_seg:
         for it in items:
@@ -136,7 +129,7 @@ def collect(ddb: Any, opts: Options, counts: Counter[str]) -> dict[GroupKey, lis
 
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
     """Scan, group, and hand every duplicate group to ``rasd.steps.dedupe.dedupe_key``
-    (driven by ``jobs.leases.Driver``: each region's items read and written in that region's
+    (driven by ``rasd_jobs.leases.Driver``: each region's items read and written in that region's
     replica, ``opts.peers``)."""
     started = time.monotonic()
     counts: Counter[str] = Counter()
@@ -174,11 +167,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "errors": counts["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
-    if opts.dry_run:
-        summary["would_release"] = counts["would_release"]
-    if counts["failed_segments"]:
-        summary["failed_segments"] = counts["failed_segments"]
-    return summary
+    return common.summary_tail(summary, counts, "would_release")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,38 +189,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary."""
+    region = common.ras_region(args)
+    assert region is not None
+    peers_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
+    if region in peers_urls:
+        raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
+    now = common.now_us(args)
+    rules = common.daemon_config(args).rules()
+    ddb = common.make_client(args, region, pool=args.segments + 2)
+    peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
+    opts = Options(
+        table=args.table,
+        region=region,
+        now_us=now,
+        segments=args.segments,
+        page_size=args.page_size,
+        dry_run=args.dry_run,
+        peers=peers,
+        quarantine_us=rules.quarantine_us,
+        margin_us=rules.margin_us,
+        grace_us=rules.grace_us,
+    )
+    log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
+    return run(ddb, opts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = common.ras_region(args)
-        assert region is not None
-        peers_urls = dict(common.parse_peer(s) for s in args.peer_endpoint)
-        if region in peers_urls:
-            raise common.UsageError(f"--peer-endpoint names this job's own region {region}")
-        now = common.now_us(args)
-        rules = common.daemon_config(args).rules()
-        ddb = common.make_client(args, region, pool=args.segments + 2)
-        peers = {r: common.client_for(url, r, pool=4) for r, url in peers_urls.items()}
-        opts = Options(
-            table=args.table,
-            region=region,
-            now_us=now,
-            segments=args.segments,
-            page_size=args.page_size,
-            dry_run=args.dry_run,
-            peers=peers,
-            quarantine_us=rules.quarantine_us,
-            margin_us=rules.margin_us,
-            grace_us=rules.grace_us,
-        )
-        log.info("start", table=args.table, region=region, peers=sorted(peers_urls))
-        summary = run(ddb, opts)
-        common.emit(summary)
-        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
-
-    return common.run_main("ras-dedupe", body)
+    return common.run_main(build_parser(), argv, job)
 
 
 if __name__ == "__main__":
@@ -243,6 +229,7 @@ __all__ = [
     "build_parser",
     "collect",
     "duplicates",
+    "job",
     "main",
     "outlasts",
     "run",

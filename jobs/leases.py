@@ -36,7 +36,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
-from rasd.core.lease import item_from_ddb, partition_name
+from rasd.core.lease import ResourceItem, partition_name
+from rasd.core.reads import available_query, leased_query
+from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import ItemKey, item_from_av, key_av, render
 from rasd.steps import (
     At,
@@ -131,31 +133,10 @@ class Driver:
                 "DeleteItem", lambda: ddb.delete_item(TableName=self.table, Key=key_av(eff.key))
             )
         if isinstance(eff, QueryLeased):
-            resp = self._read(
-                "Query",
-                lambda: ddb.query(
-                    TableName=self.table,
-                    IndexName="leased_resources",
-                    KeyConditionExpression="#k = :k AND pool_id = :p",
-                    ExpressionAttributeNames={"#k": "key"},
-                    ExpressionAttributeValues={":k": {"S": eff.key}, ":p": {"S": eff.pool_id}},
-                ),
-            )
-            return [item_from_ddb(it) for it in resp.get("Items", [])]
+            return self.query(ddb, leased_query(eff.key, eff.pool_id))
         if isinstance(eff, QueryAvailable):
             part = partition_name(eff.client_id, eff.pool_id, eff.region, eff.partition)
-            resp = self._read(
-                "Query",
-                lambda: ddb.query(
-                    TableName=self.table,
-                    IndexName="available_resources",
-                    KeyConditionExpression="#p = :p",
-                    ExpressionAttributeNames={"#p": "partition"},
-                    ExpressionAttributeValues={":p": {"S": part}},
-                    Limit=eff.limit,
-                ),
-            )
-            return [item_from_ddb(it) for it in resp.get("Items", [])]
+            return self.query(ddb, available_query(part, eff.limit))
         if isinstance(eff, Together):
             return tuple(self.perform(c, ddb) for c in eff.calls)
         if isinstance(eff, Now):
@@ -175,6 +156,11 @@ class Driver:
         )
         raw = resp.get("Item")
         return item_from_av(raw) if raw else None
+
+    def query(self, ddb: Any, kw: dict[str, Any]) -> list[ResourceItem]:
+        """One page of an index Query (``rasd.core.reads``), its items parsed."""
+        resp = self._read("Query", lambda: ddb.query(TableName=self.table, **kw))
+        return [item_from_ddb(it) for it in resp.get("Items", [])]
 
     def send(self, ddb: Any, eff: Send) -> WriteResult:
         res = self._write(

@@ -2,16 +2,16 @@
 
 Scans the sparse ``leased_resources`` index in parallel segments, page by page (memory stays
 at one page per thread however many leases there are), and frees every item of the region
-whose ``lease_expires`` is older than ``now - grace`` with ``rasd.core.lease.liberate()``: an
+whose ``lease_expires`` is older than ``now - grace`` with ``rasd.core.builders.liberate()``: an
 UpdateItem conditional on the version read, the ``lease_expires`` read and the region. A
 lease that a daemon extended or re-let after our read fails that condition and is left alone
 (counted in ``lost_races``), so the job is safe to run twice at once and next to daemons.
 
 It also repairs what a crash left half-done (docs/design.md): a held resource older than
 ``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
-names it, and none ever will (``rasd.core.decide.orphan_verdict``), it is freed with quarantine
+names it, and none ever will (``rasd.core.verdicts.orphan_verdict``), it is freed with quarantine
 (``rasd.steps.repair``), because it may have been served before the crash; and, if a mapping may
-have named it, not before its lease's end plus ``--grace`` (``rasd.core.decide.orphan_free_at``:
+have named it, not before its lease's end plus ``--grace`` (``rasd.core.verdicts.orphan_free_at``:
 a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
 
 A held resource whose ``holder`` a write of the paper's agent or its liberator left stale
@@ -39,7 +39,9 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core.lease import US, ResourceItem, fmt_time, is_resource_item, item_from_ddb
+from rasd.core.lease import US, ResourceItem, fmt_time
+from rasd.core.reads import LEASED_INDEX
+from rasd.core.serialize import is_resource_item
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
 
@@ -79,7 +81,7 @@ def scan_kwargs(opts: Options) -> dict[str, Any]:
     if opts.orphan_age_us is not None:
         cond = "(lease_expires < :cutoff OR lease_acquired < :old)"
         values[":old"] = {"S": fmt_time(opts.now_us - opts.orphan_age_us)}
-    return _scan(opts, cond, values, index="leased_resources")
+    return _scan(opts, cond, values, index=LEASED_INDEX)
 
 
 def relist_scan_kwargs(opts: Options) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def _scan(
 def run(ddb: Any, opts: Options) -> dict[str, Any]:
     """Scan and free; returns the summary (scanned, expired, freed, lost_races, errors...).
     Each item of a page goes through ``rasd.steps.repair.liberate_item`` (or, for the
-    quarantine Scan, ``relist_item``), driven by ``jobs.leases.Driver``."""
+    quarantine Scan, ``relist_item``), driven by ``rasd_jobs.leases.Driver``."""
     started = time.monotonic()
     cutoff = opts.now_us - opts.grace_us
     # One counter (and driver) per segment thread, summed at the end: no shared mutable state.
@@ -135,13 +137,8 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         for raw in page.get("Items", []):
             if not is_resource_item(raw):
                 continue
-            try:
-                item = item_from_ddb(raw)
-            except (KeyError, ValueError) as exc:
-                c["errors"] += 1
-                log.error("bad_item", item=str(raw)[:300], error=str(exc))
-                continue
-            if opts.region is None or item.region == opts.region:
+            item = common.parsed(raw, c, log)
+            if item is not None and (opts.region is None or item.region == opts.region):
                 yield item
 
     def handle(seg: int, page: dict[str, Any]) -> None:
@@ -170,14 +167,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         failures += common.parallel_scan(
             ddb, relist_scan_kwargs(opts), opts.segments, handle_quarantined
         )
-    total: Counter[str] = Counter()
-    for c in counts:
-        total.update(c)
-    for seg, exc in enumerate(failures):
-        if exc is not None:
-            total["errors"] += 1
-            total["failed_segments"] += 1
-            log.error("segment_failed", segment=seg, error=repr(exc))
+    total = common.segments_total(counts, failures, log)
     summary: dict[str, Any] = {
         "job": "liberator",
         "table": opts.table,
@@ -197,11 +187,7 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
-    if opts.dry_run:
-        summary["would_free"] = total["would_free"]
-    if total["failed_segments"]:
-        summary["failed_segments"] = total["failed_segments"]
-    return summary
+    return common.summary_tail(summary, total, "would_free")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,39 +249,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    common.setup_logging(args.log_level)
-
-    def body() -> int:
-        region = common.ras_region(args, required=not args.all_regions)
-        cfg = common.daemon_config(args)
-        if args.grace < cfg.max_clock_skew:
-            raise common.UsageError(
-                f"--grace {args.grace:g} is below the daemons' max_clock_skew "
-                f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
-            )
-        quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
-        opts = Options(
-            table=args.table,
-            region=None if args.all_regions else region,
-            now_us=common.now_us(args),
-            grace_us=int(args.grace * US),
-            orphan_age_us=int(args.orphan_age * US),
-            quarantine_us=int(quarantine * US),
-            segments=args.segments,
-            page_size=args.page_size,
-            dry_run=args.dry_run,
-            relist=not args.no_relist,
-            legacy_agents=not args.no_legacy_agents,
+def job(args: argparse.Namespace) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary."""
+    region = common.ras_region(args, required=not args.all_regions)
+    cfg = common.daemon_config(args)
+    if args.grace < cfg.max_clock_skew:
+        raise common.UsageError(
+            f"--grace {args.grace:g} is below the daemons' max_clock_skew "
+            f"{cfg.max_clock_skew:g}: a lease could be freed while a host still serves it"
         )
-        ddb = common.make_client(args, region, pool=args.segments + 2)
-        log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
-        summary = run(ddb, opts)
-        common.emit(summary)
-        return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
+    quarantine = cfg.quarantine if args.quarantine is None else args.quarantine
+    opts = Options(
+        table=args.table,
+        region=None if args.all_regions else region,
+        now_us=common.now_us(args),
+        grace_us=int(args.grace * US),
+        orphan_age_us=int(args.orphan_age * US),
+        quarantine_us=int(quarantine * US),
+        segments=args.segments,
+        page_size=args.page_size,
+        dry_run=args.dry_run,
+        relist=not args.no_relist,
+        legacy_agents=not args.no_legacy_agents,
+    )
+    ddb = common.make_client(args, region, pool=args.segments + 2)
+    log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
+    return run(ddb, opts)
 
-    return common.run_main("ras-liberator", body)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.run_main(build_parser(), argv, job)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Acquirer composes them: the server holds it, and calls each role for its verbs.
 ``hit_answer`` is the hot path and never awaits: a cached lease is answered at once. The
 cache holds each answer at most ``confirm_interval`` (S) after it was last confirmed; a hit
 past S/2 asks the renewer for a background re-confirmation (one consistent read), and a hit
-whose sliding ``lease_expires`` calls for it (``lease.should_extend``) for a background
+whose sliding ``lease_expires`` calls for it (``decide.should_extend``) for a background
 extension.
 
 A miss goes through :meth:`Acquirer.get_lease`, which makes concurrent requests for one
@@ -41,8 +41,9 @@ import random
 from .cache import HEAD, CacheKey, lease_of
 from .config import Config
 from .core.clock import Clock
+from .core.decide import check_expiry
 from .core.errors import BadRequest
-from .core.lease import US, Lease, Pool, check_expiry
+from .core.lease import US, Lease, Pool
 from .driver import Driver
 from .observe.metrics import Counters
 from .pools import PoolTable

@@ -97,6 +97,17 @@ def _formatter(cls: type[argparse.HelpFormatter]) -> Any:
     return lambda prog: cls(prog, width=_columns() - 2)
 
 
+def _command(
+    sub: Any, name: str, help: str, description: str | None = None, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """A COMMAND of ``rasd``, its help at argparse's width; an ``epilog`` keeps its layout."""
+    cls = argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=description, epilog=epilog, formatter_class=_formatter(cls)
+    )
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rasd",
@@ -105,20 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    serve = sub.add_parser(
+    serve = _command(
+        sub,
         "serve",
-        help="run the daemon",
-        description="Run the lease daemon. Takes its socket from systemd (LISTEN_FDS) when "
+        "run the daemon",
+        "Run the lease daemon. Takes its socket from systemd (LISTEN_FDS) when "
         "socket-activated, else binds --socket. Logs JSON to stderr.",
         epilog=ENV_HELP,
-        formatter_class=_formatter(argparse.RawDescriptionHelpFormatter),
     )
     _common(serve)
-    dev = sub.add_parser(
+    dev = _command(
+        sub,
         "dev",
-        formatter_class=_formatter(argparse.HelpFormatter),
-        help="embedded default: moto on loopback, a demo pool, and the daemon",
-        description="Start moto's DynamoDB server on a free loopback port (its request log "
+        "embedded default: moto on loopback, a demo pool, and the daemon",
+        "Start moto's DynamoDB server on a free loopback port (its request log "
         "goes to DIR/moto.log), create the table, seed a demo pool and serve on DIR/rasd.sock. "
         "Ctrl-C stops everything.",
     )
@@ -126,11 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--resources", type=int, default=1000, help="demo resources (default 1000)")
     dev.add_argument("--region", default="us-east-1", help="RAS region (default us-east-1)")
     dev.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
-    check = sub.add_parser(
+    check = _command(
+        sub,
         "check-config",
-        formatter_class=_formatter(argparse.HelpFormatter),
-        help="print the effective config; exit 2 if it is invalid",
-        description="Print the config `rasd serve` would run with under systemd: the TOML "
+        "print the effective config; exit 2 if it is invalid",
+        "Print the config `rasd serve` would run with under systemd: the TOML "
         "file, then the RASD_* variables of --env-file (the unit's EnvironmentFile=, default "
         "/etc/default/rasd when it exists) over this shell's, then flags.",
     )
@@ -141,11 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"KEY=VALUE file the service reads (default {DEFAULT_ENV_FILE} if present)",
     )
-    stats = sub.add_parser(
-        "stats",
-        help="print a running daemon's counters as JSON",
-        formatter_class=_formatter(argparse.HelpFormatter),
-    )
+    stats = _command(sub, "stats", "print a running daemon's counters as JSON")
     stats.add_argument("--socket", metavar="PATH", help="daemon socket (default $RASD_SOCKET)")
     return parser
 

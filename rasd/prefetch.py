@@ -114,6 +114,15 @@ class Prefetcher:
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 
+    async def stop(self) -> None:
+        """Cancel the refills in flight and wait for them (shutdown, before the store closes:
+        a refill must not read through a closed client)."""
+        pending = [t for t in self._refills.values() if not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._refills.clear()
+
     async def warm(self, pools: list[Pool], timeout: float, limit: int = 64) -> None:
         """Fill the buffers of (up to ``limit``) known pools, waiting at most ``timeout``
         seconds, so the first new lease of each does not pay for a sweep."""

@@ -16,8 +16,9 @@ from __future__ import annotations
 import structlog
 
 from .cache import CacheKey
+from .core.decide import should_extend
 from .core.errors import RasdError
-from .core.lease import US, Lease, should_extend
+from .core.lease import US, Lease
 from .driver import Driver
 from .pools import PoolTable
 from .steps import daemon as S

@@ -18,8 +18,10 @@ import time
 
 import structlog
 
+from .core.builders import miss_report_update
 from .core.errors import RasdError
-from .core.lease import US, headroom_from_ddb, headroom_resource, miss_report_update, partition_name
+from .core.lease import US, headroom_resource, partition_name
+from .core.serialize import headroom_from_ddb
 from .driver import Driver
 from .pools import PoolTable
 from .steps import daemon as S

@@ -40,19 +40,9 @@ from botocore.exceptions import (
 from .config import Config
 from .core.decide import Outcome
 from .core.errors import RasdError, Timeout, Unavailable
-from .core.lease import (
-    META_CLIENT,
-    Item,
-    Mapping,
-    Pool,
-    ResourceItem,
-    Update,
-    item_from_ddb,
-    map_pk,
-    mapping_from,
-    pool_from_ddb,
-    pool_meta_key,
-)
+from .core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
+from .core.reads import available_query, leased_query
+from .core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
 from .core.writes import ItemKey, Value, Write, item_from_av, key_av, render
 from .dynamo.aws import AwsSettings
 from .dynamo.retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
@@ -346,14 +336,7 @@ class Store:
     ) -> list[ResourceItem]:
         """The items the ``leased_resources`` index shows held by ``key`` in the pool (any
         region). An index read: eventually consistent, only a hint of where to look."""
-        resp = await self._call(
-            "Query",
-            deadline,
-            IndexName="leased_resources",
-            KeyConditionExpression="#k = :k AND pool_id = :p",
-            ExpressionAttributeNames={"#k": "key"},
-            ExpressionAttributeValues={":k": {"S": key}, ":p": {"S": pool_id}},
-        )
+        resp = await self._call("Query", deadline, **leased_query(key, pool_id))
         assert resp is not None
         items = (item_from_ddb(it) for it in resp.get("Items", []))
         return [it for it in items if it.client_id == client_id]
@@ -377,34 +360,13 @@ class Store:
         the direction asked: from an end, or ``after`` a position (lease_available, client_id,
         resource) that need not name an item (DynamoDB, moto and dynalite place such an
         ``ExclusiveStartKey`` where it would sort): how daemons spread over a pool."""
-        kw: dict[str, Any] = {
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {":p": {"S": partition}},
-            "Limit": limit,
-            "ScanIndexForward": forward,
-        }
-        if after is not None:
-            lease_available, client_id, resource = after
-            kw["ExclusiveStartKey"] = {
-                "partition": {"S": partition},
-                "lease_available": {"S": lease_available},
-                "client_id": {"S": client_id},
-                "resource": {"S": resource},
-            }
+        kw = available_query(partition, limit, forward, after)
         resp = await self._call("Query", deadline, **kw)
         assert resp is not None
         return [item_from_ddb(it) for it in resp.get("Items", [])]
 
     async def count_available(self, partition: str, deadline: float) -> int:
-        kw: dict[str, Any] = {
-            "IndexName": "available_resources",
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "partition"},
-            "ExpressionAttributeValues": {":p": {"S": partition}},
-            "Select": "COUNT",
-        }
+        kw = available_query(partition, count=True)
         total = 0
         while True:
             resp = await self._call("Query", deadline, **kw)

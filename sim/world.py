@@ -31,7 +31,9 @@ from botocore.config import Config as BotoConfig
 
 from rasd.config import Config
 from rasd.core import schema
-from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk, mapping_from_ddb, new_resource_item
+from rasd.core.builders import new_resource_item
+from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk
+from rasd.core.serialize import mapping_from_ddb
 from rasd_jobs import balance_model as bm
 
 from . import capacity, replicator, traffic

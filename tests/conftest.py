@@ -109,7 +109,10 @@ def hold(
     item at the version read, the claim with the same token, then the confirmation. Returns
     the token. Leasing a key again in the same region leaves the earlier resource an orphan,
     as a crash can."""
+    from rasd.core import builders as B
     from rasd.core import lease as L
+    from rasd.core import map_builders as MB
+    from rasd.core import serialize as S
     from rasd.core.writes import item_from_av, key_av, render
 
     raw = ddb.get_item(
@@ -117,14 +120,14 @@ def hold(
         Key={"client_id": {"S": client_id}, "resource": {"S": resource}},
         ConsistentRead=True,
     )["Item"]
-    item = L.item_from_ddb(raw)
+    item = S.item_from_ddb(raw)
     ident = (L.map_pk(client_id, item.pool_id, key), item.region)
     got = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True).get("Item")
-    ver = L.mapping_from(item_from_av(got)).ver if got else 0
+    ver = S.mapping_from(item_from_av(got)).ver if got else 0
     tok = token or f"tok-{resource}-{ver}"
-    w = L.map_acquire(ident, ver, tok, resource, item.version, expires_us, now_us, "test")
+    w = MB.map_acquire(ident, ver, tok, resource, item.version, expires_us, now_us, "test")
     ddb.update_item(TableName=table, **render(w))
-    ddb.update_item(TableName=table, **render(L.claim(item, key, expires_us, now_us, tok, ver + 1)))
+    ddb.update_item(TableName=table, **render(B.claim(item, key, expires_us, now_us, tok, ver + 1)))
     m = L.Mapping(
         client_id,
         item.pool_id,
@@ -138,5 +141,5 @@ def hold(
         expires_us,
         now_us,
     )
-    ddb.update_item(TableName=table, **render(L.map_confirm(m)))
+    ddb.update_item(TableName=table, **render(MB.map_confirm(m)))
     return tok

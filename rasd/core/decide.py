@@ -23,24 +23,21 @@ The steps:
 An outcome of a write is ``APPLIED``, ``REJECTED`` (its condition failed: definitive) or
 ``UNKNOWN`` (timeout, lost reply, 5xx not resolved by a read-back): nothing is ever decided
 from an unknown outcome except to stop and leave the state for a reader to resolve (I4).
+
+The rules of a lease itself are here too (:func:`check_expiry`, :func:`should_extend`, the
+lease a mapping or a held item stands for, the one lease that stands for a key several
+regions hold: :func:`pick_mapping`, :func:`pick`). The decisions beside the paper's agent
+(``legacy_agents``) are in :mod:`rasd.core.legacy`, the jobs' (orphans, deleted names,
+duplicates) in :mod:`rasd.core.verdicts`.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass, replace
 
-from .lease import (
-    FREE,
-    LIVE,
-    PENDING,
-    Lease,
-    Mapping,
-    ResourceItem,
-    lease_from_mapping,
-    parse_time,
-    pick,
-)
+from .lease import FREE, LIVE, PENDING, US, Lease, Mapping, ResourceItem
 
 
 class Outcome(enum.Enum):
@@ -335,247 +332,77 @@ def cache_valid_until_us(confirmed_us: int, expires_us: int, rules: Rules) -> in
     return min(confirmed_us + rules.confirm_us, expires_us - rules.margin_us)
 
 
-# ------------------------------------------------------------------------ repair (jobs)
-class Orphan(enum.Enum):
-    LEASE = "lease"  # the mapping names this claim: a lease (perhaps not yet confirmed)
-    FOREIGN = "foreign"  # held by the paper's agent (its holder, if any, is stale): not ours
-    ORPHAN = "orphan"  # no mapping names it, and none ever will: free it, with quarantine
-    FENCE_MAPPING = "fence_mapping"  # the acquisition's mapping write may still land: fence it
+# ---------------------------------------------------------------------------- rules of a lease
+def check_expiry(requested_us: int, now_us: int, max_lease_us: int) -> str | None:
+    """Why ``requested_us`` is not an acceptable lease end, or None when it is."""
+    if requested_us <= now_us:
+        return "lease_expires is in the past"
+    if requested_us - now_us > max_lease_us:
+        return f"lease_expires is beyond the pool's maximum lease of {max_lease_us // US}s"
+    return None
 
 
-def orphan_verdict(r: ResourceItem, m: Mapping | None) -> Orphan:
-    """A held resource item ``r`` and its key's mapping in ``r``'s region (consistent read).
+def should_extend(lease: Lease, requested_us: int, now_us: int, fraction: float) -> bool:
+    """Refresh-ahead rule for sliding ``lease_expires``.
 
-    The claim's acquisition wrote (or tried to write) mapping version ``r.mver``; mapping
-    versions only grow, so once the mapping is at or past ``r.mver`` without naming this claim,
-    that write either lost or was superseded, and nothing can make the mapping name the claim
-    again. Below it (``r.mver - 1``: the write has not landed), the write could still land, so
-    the mapping is fenced first.
+    Extend only when the caller asks for more than the lease has AND the time left has fallen
+    below ``fraction`` of the requested duration. With fraction 0.5 and a sliding "now + 1h",
+    a key is written about once per half hour, not on every call. Never shortens.
     """
-    assert r.holder is not None
-    if not r.holder_current:
-        return Orphan.FOREIGN
-    if m is not None and m.token == r.holder and m.resource == r.resource and m.state != FREE:
-        return Orphan.LEASE
-    current = m.ver if m is not None else 0
-    if current >= r.mver or (m is None and r.mver > 1):
-        # (absent at a version past 1: reaped by TTL long after it moved on)
-        return Orphan.ORPHAN
-    return Orphan.FENCE_MAPPING
-
-
-def name_held_until(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int) -> int:
-    """Until when a deleted resource's name stays held (``lease.tombstone``): a re-add is
-    claimable no earlier. A held item (deleted with --force; its mapping released first) may
-    be served from caches for the quarantine and used by apps until its lease's end plus the
-    clock-skew bound (no app released it); a free one is held to the end of its quarantine
-    (``quarantine_until``, or a ``lease_available`` in the future)."""
-    if r.key is not None:
-        ends = [] if r.lease_expires_us is None else [r.lease_expires_us + grace_us]
-        return max([now_us + quarantine_us, *ends])
-    marks = [parse_time(t) for t in (r.lease_available, r.quarantine_until) if t is not None]
-    return max([now_us, *marks])
-
-
-def orphan_free_at(
-    r: ResourceItem, m: Mapping | None, now_us: int, quarantine_us: int, grace_us: int
-) -> int:
-    """When an orphan ``r`` (``orphan_verdict`` is not LEASE; ``m`` as read for it) may be
-    claimed again once repair frees it.
-
-    A claim whose mapping write never landed was never served: the quarantine is enough. That
-    is known only while the mapping is present: just below ``r.mver`` (the write not landed;
-    repair fences it), or at ``r.mver`` naming another acquisition (ours lost that version).
-    Any other orphan may have been named, and answered to apps, before it was left behind:
-    by a release or a ``ras-dedupe`` stopped between its two writes, or a crash between an
-    extension's two writes. No app need have released it (dedupe releases leases apps still
-    use), so it stays unclaimable until its lease's end as the item records it, plus
-    ``grace_us`` (the clock-skew bound): an extension writes the item before the mapping, so
-    no answer ever ends later than the item's ``lease_expires``.
-    """
-    available = now_us + quarantine_us
-    never_named = m is not None and (
-        m.ver == r.mver - 1 or (m.ver == r.mver and m.token != r.holder)
-    )
-    if never_named or r.lease_expires_us is None:
-        return available
-    return max(available, r.lease_expires_us + grace_us)
-
-
-def held_free_at(
-    r: ResourceItem, cur: ResourceItem, now_us: int, quarantine_us: int, grace_us: int
-) -> int:
-    """When a lease no app released (``ras-dedupe``'s extra, ``rasadmin release-resource``),
-    its mapping released, may be claimed again: after the quarantine, and not before its end
-    plus ``grace_us`` (the clock-skew bound), as read when it was judged (``r``) and as read
-    once its mapping no longer names it (``cur``: a daemon may have extended it meanwhile,
-    resource first, and answered apps with the later end; no extension can apply any more)."""
-    ends = [e for e in (r.lease_expires_us, cur.lease_expires_us) if e is not None]
-    return max([now_us + quarantine_us, *(e + grace_us for e in ends)])
-
-
-def ends_by(r: ResourceItem, m: Mapping, end_by_us: int) -> bool:
-    """Does the lease ``r`` (and its mapping ``m``, as read) end by ``end_by_us``? An extra
-    that ends later is kept (``ras-dedupe``: its survivor is not served that long)."""
-    ends = [e for e in (r.lease_expires_us, m.expires_us) if e is not None]
-    return bool(ends) and max(ends) <= end_by_us
-
-
-# ------------------------------------------------------------------------ ras-dedupe
-def outlasts(keep: ResourceItem, extra: ResourceItem, margin_us: int) -> bool:
-    """Does the survivor's lease run at least ``margin_us`` past the extra's? Only then do
-    the extra's region's daemons, once its mapping is released, serve the survivor for as
-    long as apps may still use the extra, instead of acquiring yet another resource there."""
-    if keep.lease_expires_us is None or extra.lease_expires_us is None:
+    if requested_us <= lease.expires_us:
         return False
-    return keep.lease_expires_us >= extra.lease_expires_us + margin_us
+    return lease.remaining_us(now_us) < fraction * (requested_us - now_us)
 
 
-def dedupe_slack(margin_us: int, grace_us: int) -> int:
-    """How much longer than an extra its survivor must run: the extra's region serves the
-    survivor until its end minus the margin (``skew_margin``) on its own clock, which may run
-    ahead by the clock-skew bound (``grace_us``)."""
-    return margin_us + grace_us
-
-
-def survivor_seen_in(keep: ResourceItem, extra: ResourceItem) -> str:
-    """The region whose replica the survivor is judged in before ``extra`` is released: the
-    extra's (its daemons serve the survivor once the extra's mapping is released, from what
-    their replica shows, where a confirm or an extension may not have arrived yet)."""
-    return extra.region
-
-
-def served_end(keep: ResourceItem, m: Mapping | None) -> int | None:
-    """Until when the daemons that read mapping ``m`` (the survivor's, as one region's replica
-    shows it) serve the survivor ``keep``: the earlier of its item's and its mapping's end, if
-    that replica shows it live (daemons serve only live mappings of other regions; a confirm
-    or an extension may not have replicated yet). None: that region does not serve it."""
-    if m is None or m.state != LIVE or (m.token, m.resource) != (keep.holder, keep.resource):
-        return None
-    ends = [e for e in (keep.lease_expires_us, m.expires_us) if e is not None]
-    return min(ends) if ends else None
-
-
-# ------------------------------------------------------------ leases of the paper's agent
-def adoptable(
-    r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int
-) -> bool:
-    """Is ``r`` (read strongly consistently) a running lease of ``key`` in our region that
-    rasd may adopt? Asked only when the key's mapping names no lease here
-    (:func:`on_read` said Acquire), so no acquisition of ours serves it: the paper's agent
-    took it (or a crash left it, held for this same key). Adoption keeps it where it is."""
-    return (
-        r is not None
-        and r.key == key
-        and r.client_id == client_id
-        and r.pool_id == pool_id
-        and r.region == region
-        and r.lease_expires_us is not None
-        and r.lease_expires_us > now_us
+def _interned(
+    of: ResourceItem | Mapping,
+    resource: str,
+    expires_us: int,
+    version: int,
+    acquired_us: int,
+    token: str | None,
+) -> Lease:
+    """The lease of ``of``'s key. Client, pool and region repeat across every cached lease:
+    one string each is shared."""
+    assert of.key is not None
+    return Lease(
+        client_id=sys.intern(of.client_id),
+        pool_id=sys.intern(of.pool_id),
+        key=of.key,
+        resource=resource,
+        region=sys.intern(of.region),
+        expires_us=expires_us,
+        version=version,
+        acquired_us=acquired_us,
+        token=token,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """Beside the paper's agent: a pending mapping whose claim landed (``mapping``) is not
-    served, by its acquirer or a reader, before one more look at the leased index made after
-    the claim landed (:func:`on_settle`) and, if that shows no rival, the mapping confirmed."""
-
-    mapping: Mapping
+def lease_from_mapping(m: Mapping) -> Lease:
+    """The lease a live (or verified pending) mapping names."""
+    assert m.resource is not None and m.expires_us is not None
+    return _interned(m, m.resource, m.expires_us, m.rver + 1, m.since_us, m.token)
 
 
-@dataclass(frozen=True, slots=True)
-class Confirm:
-    """No rival: write ``mapping`` live (``map_confirm``) and serve it once that applied."""
-
-    mapping: Mapping
-
-
-@dataclass(frozen=True, slots=True)
-class YieldTo:
-    """A lease of the paper's agent for the key in our region, ``item``, was made while our
-    claim was in flight: adopt it at the pending mapping's version (our claim, which no one
-    was answered with, is then given back)."""
-
-    mapping: Mapping
-    item: ResourceItem
+def lease_from_item(item: ResourceItem) -> Lease:
+    """The lease a held resource item stands for (jobs; tests)."""
+    assert item.key is not None and item.lease_expires_us is not None
+    acquired_us = item.lease_acquired_us or 0
+    return _interned(
+        item, item.resource, item.lease_expires_us, item.version, acquired_us, item.holder
+    )
 
 
-def beside_legacy(d: Decision | Settle) -> Decision | Settle:
-    """With ``legacy_agents``: what to do instead of serving a pending mapping whose claim
-    landed (``Serve`` with ``confirm``): settle it, whoever reads it, its acquirer or another
-    daemon (``on_settle``; a settle's writes are conditional on the pending mapping's
-    version, so of two that race one wins, and nothing is answered before it won). Every
-    other decision is unchanged (a Settle too)."""
-    if isinstance(d, Serve) and d.confirm is not None:
-        return Settle(d.confirm)
-    return d
+def pick_mapping(ms: list[Mapping]) -> Mapping | None:
+    """The one mapping that stands for a key when several regions hold it (a cross-region
+    race). Earliest acquisition wins, then region, then resource (:func:`on_read`'s order):
+    the choice ``ras-dedupe`` makes, so every daemon in every region converges on the lease
+    that survives clean-up."""
+    return min(ms, key=_order) if ms else None
 
 
-#: A claim of rasd's that no mapping names is a rival (:func:`rival`) only once it is this old
-#: (microseconds): a younger one is, as a rule, the losing side of a race for the key whose
-#: acquirer is giving it back at that moment. Yielding to it would chase a claim that is
-#: being freed, and two daemons racing one key would yield to each other until the deadline.
-ORPHAN_RIVAL_AGE_US = 2_000_000
-
-
-def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:
-    """Another running lease of ``m``'s key and region in ``held`` (the leased index, read
-    after ``m``'s claim landed), or None: the paper's agent's, or a claim of rasd's that no
-    mapping names and that is older than ``ORPHAN_RIVAL_AGE_US`` (its acquisition lost the
-    mapping or its outcome was unknown, and no give-back followed: never served by rasd, but
-    the paper's agent answers whatever the index shows for the key). ``m`` is the key's
-    mapping in the region, so no other item held for the key there is a rasd lease. The
-    earliest, as ``pick`` orders them (the paper's agent's lookup makes the same choice).
-
-    Not covered: the paper's agent answering a losing claim of rasd's in the moment before it
-    is given back (docs/design.md, "Two agents acquiring one key at once")."""
-    found = [
-        it
-        for it in held
-        if it.resource != m.resource
-        and adoptable(it, m.client_id, m.pool_id, m.key, m.region, now_us)
-        and not (
-            it.holder_current and now_us - (it.lease_acquired_us or now_us) < ORPHAN_RIVAL_AGE_US
-        )
-    ]
-    return pick(found)
-
-
-def on_settle(m: Mapping, held: list[ResourceItem], now_us: int) -> Confirm | YieldTo:
-    """A pending mapping ``m`` whose claim landed, and the leased index read after that.
-
-    The paper's agent decides from the index alone and its claim is conditioned on nothing
-    about the key, so while both agents acquire a key at once either can make the second
-    lease. This rule makes it never rasd's answer: rasd serves its claim only if an index
-    read made after the claim landed shows no rival; a rival that shows up later was made by
-    the paper's agent after our lease was in the index (docs/design.md, "Two agents acquiring
-    one key at once")."""
-    r = rival(m, held, now_us)
-    return Confirm(m) if r is None else YieldTo(m, r)
-
-
-@dataclass(frozen=True, slots=True)
-class EndLapsed:
-    """Beside the paper's agent: our lease is past its end as its resource item records it
-    (no answer of it, rasd's or the paper's agent's, runs any more). End it (the mapping
-    released at the version read, then the resource freed) and read again: the key acquires
-    anew, adopting what the paper's agent may have leased it since its end."""
-
-    mapping: Mapping
-
-
-def on_lapsed(m: Mapping, r: ResourceItem | None, now_us: int) -> Extend | EndLapsed:
-    """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m`` already past its
-    end (on the mapping), and ``r`` is its resource item, read consistently after.
-
-    The paper's agent takes a lease's end as final: past it, its lookup sees no lease and it
-    claims another resource for the key. Extending ours then would make it run again beside
-    that one. The item, not the mapping, says whether it is over: an extension writes the
-    item first (the mapping can lag it), and both agents answer at most the item's end. An
-    item that still runs is extended as before; one whose end has passed, or that no longer
-    carries our claim, is ended."""
-    held = r is not None and r.holder == m.token and r.key == m.key
-    if held and r is not None and r.lease_expires_us is not None and r.lease_expires_us > now_us:
-        return Extend(m)
-    return EndLapsed(m)
+def pick(items: list[ResourceItem]) -> ResourceItem | None:
+    """The same choice as :func:`pick_mapping`, among resource items (``ras-dedupe``)."""
+    if not items:
+        return None
+    return min(items, key=lambda it: (it.lease_acquired_us or 0, it.region, it.resource))

@@ -7,7 +7,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .lease import META_CLIENT, new_resource_item, pool_meta_key
+from .builders import new_resource_item
+from .lease import META_CLIENT
+from .reads import AVAILABLE_INDEX, LEASED_INDEX
+from .serialize import pool_meta_key
 
 ATTRS = ["client_id", "resource", "key", "pool_id", "partition", "lease_available"]
 
@@ -24,7 +27,7 @@ def table_spec(name: str) -> dict[str, Any]:
         ],
         "GlobalSecondaryIndexes": [
             {
-                "IndexName": "leased_resources",
+                "IndexName": LEASED_INDEX,
                 "KeySchema": [
                     {"AttributeName": "key", "KeyType": "HASH"},
                     {"AttributeName": "pool_id", "KeyType": "RANGE"},
@@ -32,7 +35,7 @@ def table_spec(name: str) -> dict[str, Any]:
                 "Projection": {"ProjectionType": "ALL"},
             },
             {
-                "IndexName": "available_resources",
+                "IndexName": AVAILABLE_INDEX,
                 "KeySchema": [
                     {"AttributeName": "partition", "KeyType": "HASH"},
                     {"AttributeName": "lease_available", "KeyType": "RANGE"},

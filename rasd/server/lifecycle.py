@@ -383,6 +383,7 @@ class Daemon(Routing):
                 )
             except RasdError:
                 pass
+            await self.acquirer.prefetch.stop()
             await self.store.close()
         if self._bound_path and os.path.exists(self._bound_path):
             os.unlink(self._bound_path)

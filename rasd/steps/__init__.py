@@ -8,7 +8,8 @@ the balancer's move; rasadmin's commands; the paper's agent the checker runs bes
 returned. A program never reads a clock, a socket or a table itself; it says what it needs
 (``GetItem``, ``Send`` a ``Write``, ``Now``, ``Sleep``...) and decides from what comes back,
 through the pure functions of :mod:`rasd.core.decide` and the write builders of
-:mod:`rasd.core.lease`. This is h11's split, with the state machine written as straight-line code:
+:mod:`rasd.core.builders`. This is h11's split, with the state machine written as
+straight-line code:
 
     def free_it(ident, now_us):               # a program
         item = yield GetItem(ident)           # one strongly consistent read
@@ -54,7 +55,7 @@ R = TypeVar("R")
 Effect = Any
 #: A program: yields effects, is sent their results, returns its answer.
 Program = Generator[Effect, Any, R]
-#: A read-back check for a write whose outcome is unknown (``rasd.core.lease.ReadBack``).
+#: A read-back check for a write whose outcome is unknown (``rasd.core.map_builders.ReadBack``).
 ReadBack = Callable[[dict[str, Any]], bool]
 
 

@@ -9,15 +9,15 @@ may still run.
 * :func:`release_resource`: a held item given back the way a daemon gives it back
   (:func:`rasd.steps.repair.release_held`), held to its lease's end (no app released it).
 * :func:`delete_resource` / :func:`delete_item`: a resource becomes a tombstone that holds its
-  name until every lease and quarantine on it has run out (``rasd.core.decide.name_held_until``);
+  name until every lease and quarantine on it has run out (``rasd.core.verdicts.name_held_until``);
   a held one's mapping is released first, so no daemon serves a lease on a resource that is
   gone. :func:`delete_pool`: the definition, then every item, each in its region's replica.
 * :func:`add_resource`: a new name, or a tombstone's name again, claimable no earlier than
-  the tombstone's hold (``rasd.core.lease.readd``); :func:`define_pool`: a pool's definition.
+  the tombstone's hold (``rasd.core.builders.readd``); :func:`define_pool`: a pool's definition.
 * :func:`adopt_lease`: a running lease the paper's agent made becomes a rasd lease where it
   is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``).
 * :func:`move_free`: the balancer's move of a free item to another region
-  (``rasd.core.lease.move``, conditional on the version, free and region read).
+  (``rasd.core.builders.move``, conditional on the version, free and region read).
 
 A command's refusals (leased, in quarantine, another region's item) are decisions too: the
 programs return them as :class:`AdminResult` values and the command prints them.
@@ -29,25 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import decide as D
-from ..core.lease import (
-    META_CLIENT,
-    PENDING,
-    Mapping,
-    ResourceItem,
-    adopt,
-    fmt_time,
-    is_tombstone,
-    map_acquire,
-    map_confirm,
-    map_drop_dead,
-    map_pk,
-    map_release,
-    move,
-    new_resource_item,
-    readd,
-    resource_from,
-    tombstone,
-)
+from ..core import legacy as LG
+from ..core import verdicts as V
+from ..core.builders import adopt, move, new_resource_item, readd, tombstone
+from ..core.lease import META_CLIENT, PENDING, Mapping, ResourceItem, fmt_time, map_pk
+from ..core.map_builders import map_acquire, map_confirm, map_drop_dead, map_release
+from ..core.serialize import is_tombstone, resource_from
 from ..core.writes import ItemKey
 from . import At, Delete, GetItem, Note, Program, Put, Send, in_region
 from .repair import OPS, Ops, applied, mapping_ident, read_mapping, release_held
@@ -103,7 +90,7 @@ def delete_item(
 ) -> Program[bool]:
     """Delete a resource item; one with a running lease, or in quarantine, only with
     ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
-    becomes a tombstone that holds its name until ``rasd.core.decide.name_held_until`` (what a
+    becomes a tombstone that holds its name until ``rasd.core.verdicts.name_held_until`` (what a
     re-add waits for). Conditional on the version read (re-read and retried a few times
     when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
     not given, or it kept changing."""
@@ -119,7 +106,7 @@ def delete_item(
                 applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
         elif not force and not r.claimable(now_us):
             return False
-        hold = D.name_held_until(r, now_us, quarantine_us, grace_us)
+        hold = V.name_held_until(r, now_us, quarantine_us, grace_us)
         if applied((yield Send(tombstone(r, now_us, hold)))):
             return True
     return False
@@ -249,7 +236,7 @@ def adopt_lease(
         and (m.token, m.resource) == (r.holder, r.resource)
     ):
         return "rasd"
-    if not D.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
+    if not LG.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
         return "ended"
     d = D.on_read(m, [], now_us, rules)
     if not isinstance(d, D.Acquire):

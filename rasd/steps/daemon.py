@@ -56,11 +56,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import builders as B
 from ..core import decide as D
-from ..core import lease as L
+from ..core import legacy as LG
+from ..core.builders import fence_resource
 from ..core.decide import Outcome, Rules
 from ..core.errors import RasdError
-from ..core.lease import US, Lease, Mapping, Pool, ResourceItem, fence_resource, resource_from
+from ..core.lease import US, Lease, Mapping, Pool, ResourceItem
+from ..core.serialize import resource_from
 from ..core.writes import ItemKey, Write
 from . import GetItem, Note, Program, QueryLeased, QueryMappings, Send, Sleep, Together
 
@@ -182,7 +185,7 @@ def _quarantine(rules: Rules, give_back: bool) -> int:
 @dataclass(frozen=True, eq=False)
 class Ops:
     """The pure functions the programs decide and write with (:mod:`rasd.core.decide`,
-    :mod:`rasd.core.lease`). Only the checker's known-bad rule sets replace one. Compared by
+    :mod:`rasd.core.builders`). Only the checker's known-bad rule sets replace one. Compared by
     identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
@@ -196,13 +199,15 @@ class Ops:
         default=D.on_release_resource, repr=False
     )
     #: with ``legacy_agents``: a pending mapping whose claim landed is settled, not served
-    beside_legacy: Callable[..., D.Decision | D.Settle] = field(default=D.beside_legacy, repr=False)
+    beside_legacy: Callable[..., D.Decision | LG.Settle] = field(
+        default=LG.beside_legacy, repr=False
+    )
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
-    on_settle: Callable[..., D.Confirm | D.YieldTo] = field(default=D.on_settle, repr=False)
+    on_settle: Callable[..., LG.Confirm | LG.YieldTo] = field(default=LG.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
-    on_lapsed: Callable[..., D.Extend | D.EndLapsed] = field(default=D.on_lapsed, repr=False)
-    #: the early free's write (``rasd.core.lease.free_claim``)
-    free_claim: Callable[..., Write] = field(default=L.free_claim, repr=False)
+    on_lapsed: Callable[..., D.Extend | LG.EndLapsed] = field(default=LG.on_lapsed, repr=False)
+    #: the early free's write (``rasd.core.builders.free_claim``)
+    free_claim: Callable[..., Write] = field(default=B.free_claim, repr=False)
     #: how long an early free stays unclaimable: (rules, give_back) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
 

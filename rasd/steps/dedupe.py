@@ -8,13 +8,13 @@ strongly consistent reads:
 
 1. **examine** (:func:`examine`): every item again, with its region's mapping item, in that
    region's replica when the job may write there. A held item its region's mapping names is
-   a lease; any other held item is an orphan (``rasd.core.decide.orphan_verdict``).
-2. **keep** ``rasd.core.lease.pick()``'s lease (the daemons' own choice, so they already serve
+   a lease; any other held item is an orphan (``rasd.core.verdicts.orphan_verdict``).
+2. **keep** ``rasd.core.decide.pick()``'s lease (the daemons' own choice, so they already serve
    it); the others are extras.
 3. **orphans** are repaired (``Ops.release_orphan``, by default
    :func:`rasd.steps.repair.repair_examined`: only while still one).
 4. **extras** are released only when the survivor outlasts them by the daemons' skew margin
-   plus the clock-skew bound (``rasd.core.decide.outlasts``, ``dedupe_slack``), and, read in the
+   plus the clock-skew bound (``rasd.core.verdicts.outlasts``, ``dedupe_slack``), and, read in the
    extra's region's replica (``survivor_seen_in``), is live there until then
    (``served_end``): the release is then conditional on the extra ending by that time, as
    its mapping's version shows it (:func:`rasd.steps.repair.release_held` with
@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.decide import Orphan
+from ..core.decide import pick
 from ..core.errors import RasdError
-from ..core.lease import ResourceItem, fmt_time, mapping_from, pick
+from ..core.lease import ResourceItem, fmt_time
+from ..core.serialize import mapping_from
+from ..core.verdicts import Orphan
 from . import At, GetItem, Note, Program, in_region
 from .repair import OPS, Ops, Result, mapping_ident, read_mapping, read_resource, release_held
 from .repair import repair_examined as _repair_examined

@@ -12,21 +12,13 @@ outcome is unknown never lands. Part of the daemon's programs (:mod:`rasd.steps.
 
 from __future__ import annotations
 
+from ..core import builders as B
 from ..core import decide as D
-from ..core import lease as L
+from ..core.builders import fence_resource
 from ..core.decide import Outcome
 from ..core.errors import NotHeld, RasdError, Timeout
-from ..core.lease import (
-    US,
-    Pool,
-    ResourceItem,
-    fence_resource,
-    fmt_time,
-    map_drop_dead,
-    map_release,
-    no_token,
-    not_held_by,
-)
+from ..core.lease import US, Pool, ResourceItem, fmt_time
+from ..core.map_builders import map_drop_dead, map_release, no_token, not_held_by
 from ..core.writes import ItemKey
 from . import Join, Note, Now, Program, Send, Sleep, Spawn, goto
 from .daemon import (
@@ -137,7 +129,7 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
         now = yield Now()
         if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
             return  # taken, re-listed, or quarantined again (by its own freer) since
-        res = yield Send(L.relist(r, now))
+        res = yield Send(B.relist(r, now))
         yield Note(f"quarantine.relist_{res.outcome.value}")
     except RasdError as exc:
         yield Note("quarantine.relist_errors")

@@ -8,9 +8,9 @@ The paper's agent (``bench.baseline.BaselineAgent(paper=True)``) answers ``get_l
 the ``leased_resources`` index (eventually consistent) when it shows a running lease of the
 key, to that lease's end; else it reads one page of a sub-partition of the
 ``available_resources`` index and claims a candidate on the version read alone
-(``rasd.core.lease.paper_claim``). It is never told of a release: an answer is good until the end
+(``rasd.core.builders.paper_claim``). It is never told of a release: an answer is good until the end
 it carries. Its liberator frees a lease past its end (plus a grace, if any) on the version
-read from the leased index alone (``rasd.core.lease.paper_free``).
+read from the leased index alone (``rasd.core.builders.paper_free``).
 
 Neither writes a mapping item nor ``holder``/``hver``: rasd's side tells their writes apart
 by ``hver`` (``ResourceItem.holder_current``) and keeps its early frees out of the available
@@ -22,7 +22,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..core.lease import ResourceItem, paper_claim, paper_free, pick, resource_from
+from ..core.builders import paper_claim, paper_free
+from ..core.decide import pick
+from ..core.lease import ResourceItem
+from ..core.serialize import resource_from
 from . import Note, Program, QueryAvailable, QueryLeased, Send
 from .repair import applied
 

@@ -15,23 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..core import decide as D
-from ..core.decide import Outcome
+from ..core.builders import extend_resource
+from ..core.decide import Outcome, lease_from_mapping
 from ..core.errors import RasdError, Timeout
-from ..core.lease import (
-    Lease,
-    Mapping,
-    Pool,
-    extend_resource,
-    extended_to,
-    fmt_time,
-    lease_from_mapping,
-    map_confirm,
-    map_extend,
-    map_extended_to,
-    map_pk,
-    map_release,
-    mapping_from,
-)
+from ..core.lease import Lease, Mapping, Pool, fmt_time, map_pk
+from ..core.map_builders import extended_to, map_confirm, map_extend, map_extended_to, map_release
+from ..core.serialize import mapping_from
 from . import GetItem, Mono, Note, Now, Program, Send, Spawn
 from .daemon import BACKGROUND_DEADLINE, CacheDrop, CachePut, Daemon, Deadline, read, resource
 from .give_back import free_claim

@@ -5,19 +5,19 @@ quarantined one).
 Theory of operation
 -------------------
 The jobs (``ras-liberator``, ``ras-dedupe``, ``rasadmin``) write the table with the daemon's
-rules (:mod:`rasd.core.decide`, :mod:`rasd.core.lease`) in the daemon's order (docs/design.md,
+rules (:mod:`rasd.core.verdicts`, :mod:`rasd.core.builders`) in the daemon's order (docs/design.md,
 "Invariants"). Each per-item step is a program here (:mod:`rasd.steps`): the job's driver
 (``jobs/leases.py``) performs its reads and writes against DynamoDB, the protocol checker
 (``check/``) against its model, so both run one text.
 
 * :func:`release_held`: give back a held resource the way a daemon does, mapping first, then
   the resource, claimable again only after the quarantine (and, when no app released it, not
-  before its end plus the clock-skew bound: :func:`rasd.core.decide.held_free_at`).
+  before its end plus the clock-skew bound: :func:`rasd.core.verdicts.held_free_at`).
 * :func:`repair`: free a held resource no mapping names (a crash between two writes left it),
   fencing the mapping first when its acquisition's write could still land; it stays
-  unclaimable until :func:`rasd.core.decide.orphan_free_at`.
+  unclaimable until :func:`rasd.core.verdicts.orphan_free_at`.
 * :func:`liberate_item`: one item of the liberator's scan of the leased index: an expired
-  lease is freed (``rasd.core.lease.liberate``), an old held one is checked for an orphan on
+  lease is freed (``rasd.core.builders.liberate``), an old held one is checked for an orphan on
   consistent reads and repaired; :func:`relist_item`: one item of its scan for quarantines
   that are over.
 
@@ -38,22 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..core import decide as D
-from ..core.decide import Orphan
+from ..core import verdicts as V
+from ..core.builders import free_claim, free_orphan, liberate, relist
 from ..core.errors import RasdError, Unavailable
-from ..core.lease import (
-    Mapping,
-    ResourceItem,
-    fmt_time,
-    free_claim,
-    free_orphan,
-    liberate,
-    map_fence,
-    map_pk,
-    map_release,
-    mapping_from,
-    relist,
-    resource_from,
-)
+from ..core.lease import Mapping, ResourceItem, fmt_time, map_pk
+from ..core.map_builders import map_fence, map_release
+from ..core.serialize import mapping_from, resource_from
+from ..core.verdicts import Orphan
 from ..core.writes import ItemKey, Write
 from . import GetItem, Note, Program, Send
 
@@ -69,15 +60,15 @@ class Ops:
     """The pure functions the jobs' programs decide and write with. The defaults are the real
     ones; the checker's known-bad rule sets replace one (never a flag in production code)."""
 
-    orphan_verdict: Callable[[ResourceItem, Mapping | None], Orphan] = D.orphan_verdict
-    orphan_free_at: Callable[[ResourceItem, Mapping | None, int, int, int], int] = D.orphan_free_at
+    orphan_verdict: Callable[[ResourceItem, Mapping | None], Orphan] = V.orphan_verdict
+    orphan_free_at: Callable[[ResourceItem, Mapping | None, int, int, int], int] = V.orphan_free_at
     #: an early free as written (the real one: as built)
     early_free: Callable[[Write], Write] = _same
     map_release: Callable[..., Write] = map_release
-    outlasts: Callable[[ResourceItem, ResourceItem, int], bool] = D.outlasts
-    served_end: Callable[[ResourceItem, Mapping | None], int | None] = D.served_end
-    dedupe_slack: Callable[[int, int], int] = D.dedupe_slack
-    survivor_seen_in: Callable[[ResourceItem, ResourceItem], str] = D.survivor_seen_in
+    outlasts: Callable[[ResourceItem, ResourceItem, int], bool] = V.outlasts
+    served_end: Callable[[ResourceItem, Mapping | None], int | None] = V.served_end
+    dedupe_slack: Callable[[int, int], int] = V.dedupe_slack
+    survivor_seen_in: Callable[[ResourceItem, ResourceItem], str] = V.survivor_seen_in
     #: how ``ras-dedupe`` releases an item it examined as an orphan (a program function with
     #: :func:`repair_examined`'s arguments)
     release_orphan: Callable[..., Program[Result]] | None = field(default=None)
@@ -156,7 +147,7 @@ def release_held(
     assert m is not None
     ver: int | None = None
     if end_by_us is not None:
-        if not D.ends_by(r, m, end_by_us):
+        if not V.ends_by(r, m, end_by_us):
             return "kept"
         ver = m.ver
     if not applied((yield Send(ops.map_release(mapping_ident(r), r.holder, now_us, ver)))):
@@ -166,7 +157,7 @@ def release_held(
         # With the mapping released no extension of it can apply any more, so the resource's
         # end as read now bounds every answer a daemon gave.
         cur = (yield from read_resource(r.ident)) or r
-        available = D.held_free_at(r, cur, now_us, quarantine_us, grace_us)
+        available = V.held_free_at(r, cur, now_us, quarantine_us, grace_us)
     w = free_claim(r.ident, r.key, r.holder, now_us, available)
     applied((yield Send(ops.early_free(w) if available > now_us else w)))
     return "released"
@@ -184,7 +175,7 @@ def repair(
     """Free ``r`` if no mapping names it (``m``: its key's mapping, read for it), fencing
     the mapping first when needed. It stays unclaimable for the quarantine, and, if a
     mapping may have named it, until its lease's end plus ``grace_us``
-    (``rasd.core.decide.orphan_free_at``). With ``hold_to_end`` (the paper's agent may run: it
+    (``rasd.core.verdicts.orphan_free_at``). With ``hold_to_end`` (the paper's agent may run: it
     may have answered the claim from the leased index, to its end, whether or not a mapping
     named it) until its end plus ``grace_us`` in any case. ``"lease"``: it is no orphan."""
     verdict = ops.orphan_verdict(r, m)
@@ -232,7 +223,7 @@ def liberate_item(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Prog
     """One item of the liberator's scan of the leased index (eventually consistent: read
     again before anything but a conditional write is decided). An item whose lease ended
     more than the grace ago is freed, conditional on the version and end read
-    (``rasd.core.lease.liberate``): a lease a daemon extended or re-let since is left alone (a
+    (``rasd.core.builders.liberate``): a lease a daemon extended or re-let since is left alone (a
     lost race). An older held item is checked for an orphan (:func:`check_orphan`).
     Returns what was done (the notes say it for the summary)."""
     cutoff = run.now_us - run.grace_us
@@ -307,7 +298,8 @@ def check_orphan(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Progr
 
 def relist_item(item: ResourceItem, now_us: int, dry_run: bool = False) -> Program[str]:
     """One item of the liberator's scan for quarantined items: one whose quarantine is over
-    goes back to the available index (``rasd.core.lease.relist``, conditional on what was read)."""
+    goes back to the available index (``rasd.core.builders.relist``, conditional on what was
+    read)."""
     if item.quarantine_until is None or item.quarantine_until > fmt_time(now_us):
         return "quarantined"
     yield Note("quarantine_over")

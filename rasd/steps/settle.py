@@ -13,25 +13,21 @@ Part of the daemon's programs (:mod:`rasd.steps.daemon`).
 from __future__ import annotations
 
 from ..core import decide as D
-from ..core.decide import Outcome
+from ..core import legacy as LG
+from ..core.builders import adopt
+from ..core.decide import Outcome, lease_from_mapping, pick
 from ..core.errors import Timeout
-from ..core.lease import (
-    PENDING,
-    Mapping,
-    Pool,
-    ResourceItem,
-    adopt,
+from ..core.lease import PENDING, Mapping, Pool, ResourceItem
+from ..core.map_builders import (
     confirmed,
     holds,
-    lease_from_mapping,
     map_acquire,
     map_confirm,
     map_release,
     names_claim,
     no_token,
-    pick,
-    resource_from,
 )
+from ..core.serialize import resource_from
 from ..core.writes import ItemKey
 from . import Note, Now, Program, QueryLeased, Send, Spawn
 from .daemon import Daemon, NewToken, error_of, resource
@@ -56,12 +52,12 @@ def adopt_paper_lease(
     token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield Now()
     cid, pid = pool.client_id, pool.pool_id
-    hint = pick([it for it in held if D.adoptable(it, cid, pid, key, d.region, now)])
+    hint = pick([it for it in held if LG.adoptable(it, cid, pid, key, d.region, now)])
     if hint is None:
         return D.Acquire(expect_ver)
     r = yield from resource(cid, hint.resource)
     now = yield Now()
-    if r is None or not D.adoptable(r, cid, pid, key, d.region, now):
+    if r is None or not LG.adoptable(r, cid, pid, key, d.region, now):
         return D.Acquire(expect_ver)
     assert r.lease_expires_us is not None
     token = yield NewToken()
@@ -110,14 +106,14 @@ def adopt_paper_lease(
 
 
 def beside_legacy(
-    d: Daemon, pool: Pool, key: str, dec: D.Decision | D.Settle
+    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle
 ) -> Program[D.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
-    (``decide.beside_legacy``): the leased index read once more, then the mapping confirmed
+    (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again."""
     while True:
         b = d.ops.beside_legacy(dec)
-        if not isinstance(b, D.Settle):
+        if not isinstance(b, LG.Settle):
             return b
         settled = yield from settle(d, pool, key, b.mapping)
         if settled is None:
@@ -127,13 +123,13 @@ def beside_legacy(
 
 def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
-    claim landed) and ask ``decide.on_settle``. Confirm: ``map_confirm``, and serve once it
+    claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
     version, once our claim is given back."""
     assert m.token is not None and m.resource is not None
     held = yield QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield Now()))
-    if isinstance(s, D.YieldTo):
+    if isinstance(s, LG.YieldTo):
         yield Note("lease.yielded")
         # The adoption's mapping write, at the pending version, names the other lease: our
         # claim can then no longer be confirmed, and no daemon served it. It is given back
@@ -160,7 +156,7 @@ def confirm_now(m: Mapping) -> Program[D.Serve | None]:
 
 
 def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
-    """``decide.EndLapsed``: release the mapping at the version read (an extension that
+    """``legacy.EndLapsed``: release the mapping at the version read (an extension that
     landed since makes this a lost race: read again), then free the resource in the
     background (held to its end, as every free beside the paper's agent)."""
     assert m.token is not None

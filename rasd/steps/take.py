@@ -12,20 +12,12 @@ a pending one against its resource, adopt a lease of the paper's agent
 from __future__ import annotations
 
 from ..core import decide as D
+from ..core import legacy as LG
+from ..core.builders import claim
 from ..core.decide import Outcome
 from ..core.errors import Busy, NoCapacity, Timeout
-from ..core.lease import (
-    PENDING,
-    Lease,
-    Mapping,
-    Pool,
-    ResourceItem,
-    claim,
-    holds,
-    map_acquire,
-    map_pk,
-    names_claim,
-)
+from ..core.lease import PENDING, Lease, Mapping, Pool, ResourceItem, map_pk
+from ..core.map_builders import holds, map_acquire, names_claim
 from . import Mono, Note, Now, Program, Send, Spawn, Together, goto
 from .daemon import (
     WAIT_FIRST,
@@ -87,7 +79,7 @@ def resolve(
     ):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
-        if isinstance(lapsed, D.EndLapsed):
+        if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
             return (yield from goto(resolve, d, pool, key, requested_us, wait))
     if isinstance(dec, D.Extend):
@@ -99,7 +91,7 @@ def resolve(
         got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
         if isinstance(got, Mapping):
             # legacy_agents: our claim won; served only once settled
-            done = yield from beside_legacy(d, pool, key, D.Settle(got))
+            done = yield from beside_legacy(d, pool, key, LG.Settle(got))
             if isinstance(done, D.Serve):
                 yield CachePut(done.lease, sent)
                 ours = done.lease.resource == got.resource

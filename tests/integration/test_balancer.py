@@ -14,8 +14,9 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
-from rasd.core import lease
-from rasd.core.lease import US, item_from_ddb, partition_name
+from rasd.core import builders, lease
+from rasd.core.lease import US, partition_name
+from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import render
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, s3state
@@ -84,7 +85,7 @@ def claim_n(ddb: Any, table: str, region: str, n: int, now_us: int, prefix: str 
                 return got
             it = item_from_ddb(raw)
             k = f"{prefix}{len(got)}"
-            upd = lease.claim(it, k, now_us + 3600 * US, now_us, f"tok-{k}", 1)
+            upd = builders.claim(it, k, now_us + 3600 * US, now_us, f"tok-{k}", 1)
             ddb.update_item(TableName=table, **render(upd))
             got.append(it)
     assert len(got) == n
@@ -123,7 +124,7 @@ class Hooked:
 
 
 def is_move(kw: dict[str, Any]) -> bool:
-    """The balancer's move: the only write that sets ``partition`` (rasd.core.lease.move)."""
+    """The balancer's move: the only write that sets ``partition`` (rasd.core.builders.move)."""
     return "partition" in kw.get("ExpressionAttributeNames", {}).values()
 
 
@@ -192,7 +193,7 @@ def test_move_racing_a_claim_leaves_exactly_one_owner(
     def claim_it(kw: dict[str, Any]) -> None:
         raw = ddb.get_item(TableName=table, Key=kw["Key"], ConsistentRead=True)["Item"]
         it = item_from_ddb(raw)
-        w = lease.claim(it, "winner", T0 + 3600 * US, T0, "tok-winner", 1)
+        w = builders.claim(it, "winner", T0 + 3600 * US, T0, "tok-winner", 1)
         ddb.update_item(TableName=table, **render(w))
         raced.append(it.resource)
 

@@ -20,6 +20,7 @@ import pytest
 
 import rasd_client
 from rasd.core import lease as L
+from rasd.core import serialize as S
 from rasd.core import writes as W
 from rasd_jobs import liberator
 from tests.conftest import scan_all, seed_pool
@@ -74,10 +75,10 @@ def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> d
     and freed by the liberator's orphan repair, after which no key holds two resources.
     """
     items = [W.item_from_av(it) for it in scan_all(ddb, table)]
-    rows = [L.resource_from(it) for it in items if it["client_id"] == "demo"]
+    rows = [S.resource_from(it) for it in items if it["client_id"] == "demo"]
     maps = {
         (m.key, m.region): m
-        for m in (L.mapping_from(it) for it in items if L.is_mapping_pk(str(it["client_id"])))
+        for m in (S.mapping_from(it) for it in items if S.is_mapping_pk(str(it["client_id"])))
     }
     by_resource = {r.resource: r for r in rows}
     named: dict[str, str] = {}  # key -> the resource its mapping names (and that it holds)
@@ -116,7 +117,7 @@ def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> d
     assert got["orphans_freed"] == len(orphans) and got["errors"] == 0, got
     held: dict[str, list[str]] = defaultdict(list)
     for it in scan_all(ddb, table):
-        r = L.item_from_ddb(it) if it["client_id"]["S"] == "demo" else None
+        r = S.item_from_ddb(it) if it["client_id"]["S"] == "demo" else None
         if r is not None and r.key is not None and r.region == region:
             held[r.key].append(r.resource)
     dup = {k: v for k, v in held.items() if len(v) > 1}

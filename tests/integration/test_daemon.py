@@ -17,6 +17,7 @@ import pytest
 
 import rasd_client
 from rasd.core import lease as L
+from rasd.core import serialize as S
 from rasd.core.clock import FakeClock
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
@@ -205,7 +206,7 @@ async def test_two_daemons_one_new_key(ddb: Any, table: str, make_daemon: Any) -
                 ),
             )
             assert a.resource == b.resource
-    rows = [L.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == C]
+    rows = [S.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == C]
     per_key: dict[str, int] = {}
     for r in rows:
         if r.key:

@@ -26,7 +26,10 @@ import rasd_client
 from rasd import renewer
 from rasd.candidates import Candidate
 from rasd.config import Config
+from rasd.core import builders as B
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
+from rasd.core import serialize as S
 from rasd.core import writes as W
 from rasd.core.clock import Clock, FakeClock
 from rasd.core.writes import item_from_av, key_av, render
@@ -311,14 +314,14 @@ def ghost_pending(
 ) -> tuple[L.ResourceItem, W.Write]:
     """Another daemon's acquisition of ``key``: its mapping write landed (pending, naming
     ``resource``); returns the resource as read and the ghost's claim, not yet sent."""
-    r = L.resource_from(item(ddb, table, resource) or {})
+    r = S.resource_from(item(ddb, table, resource) or {})
     ident = (L.map_pk(C, P, key), "us-east-1")
     exp = since_us + 3600 * L.US
     ddb.update_item(
         TableName=table,
-        **render(L.map_acquire(ident, 0, token, resource, r.version, exp, since_us, "ghost")),
+        **render(MB.map_acquire(ident, 0, token, resource, r.version, exp, since_us, "ghost")),
     )
-    return r, L.claim(r, key, exp, since_us, token, 1)
+    return r, B.claim(r, key, exp, since_us, token, 1)
 
 
 async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
@@ -336,7 +339,7 @@ async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
         ddb.update_item(TableName=table, **render(ghost_claim))  # the ghost's claim, too late
     held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "k"]
     assert held == [got.resource]
-    m = L.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
+    m = S.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
     assert m.resource == got.resource and m.state == L.LIVE
 
 
@@ -361,7 +364,7 @@ async def test_a_young_pending_mapping_is_waited_for_and_adopted(
             lambda: not d.acquirer.driver.tasks.background, "background work", tries=1000
         )
         assert d.counters["lease.new"] == 0
-    m = L.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
+    m = S.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
     assert m.state == L.LIVE and m.token == "ghost"
 
 
@@ -397,7 +400,7 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
     faults.hook = winner
     # a table with no paper agent beside rasd: the quarantine alone
     async with faulty_daemon(faults, clock=clock, legacy_agents=False) as d:
-        mine = L.resource_from(item(ddb, table, "res-00000") or {})
+        mine = S.resource_from(item(ddb, table, "res-00000") or {})
 
         async def candidate(pool: Any, deadline: float) -> Candidate:
             return Candidate(mine, d.acquirer.clock.mono())

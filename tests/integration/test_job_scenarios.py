@@ -24,8 +24,11 @@ from botocore.exceptions import ClientError
 
 from rasd.acquire import Acquirer
 from rasd.config import Config
+from rasd.core import builders as B
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
 from rasd.core import schema
+from rasd.core import serialize as S
 from rasd.core.clock import FakeClock
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
@@ -398,9 +401,9 @@ def test_delete_pool_writes_another_regions_items_only_through_its_endpoint(
     argv = ["delete-pool", "--client", C, "--pool", P]
     assert admin_call(moto_endpoint, table, clock, *argv) == 1
     assert item(ddb, table, "w0") is not None and item(ddb, table, "e0") is not None
-    assert ddb.get_item(TableName=table, Key=L.pool_meta_key(C, P)).get("Item") is not None
+    assert ddb.get_item(TableName=table, Key=S.pool_meta_key(C, P)).get("Item") is not None
     assert admin_call(moto_endpoint, table, clock, *argv, "--unreplicated") == 0
-    assert all(L.is_tombstone(item(ddb, table, r) or {}) for r in ("e0", "w0"))
+    assert all(S.is_tombstone(item(ddb, table, r) or {}) for r in ("e0", "w0"))
 
 
 # ------------------------------------------------------------- the daemons' config file
@@ -499,21 +502,21 @@ async def test_dedupe_never_frees_an_orphan_that_became_a_lease(
 
     def resource(name: str) -> L.ResourceItem:
         raw = ddb.get_item(TableName=table, Key=key_av((C, name)), ConsistentRead=True)["Item"]
-        return L.item_from_ddb(raw)
+        return S.item_from_ddb(raw)
 
     # east's lease on ra, its mapping still pending (the confirm not yet written): west's
     # daemons do not serve it, they verify and serve their own pending mapping
     east = (L.map_pk(C, P, "k1"), EAST)
     ra0, ra_end = resource("ra"), t0 + 3660 * L.US
     for w in (
-        L.map_acquire(east, 0, "tok-east", "ra", ra0.version, ra_end, t0 - L.US, "dE0"),
-        L.claim(ra0, "k1", ra_end, t0 - L.US, "tok-east", 1),
+        MB.map_acquire(east, 0, "tok-east", "ra", ra0.version, ra_end, t0 - L.US, "dE0"),
+        B.claim(ra0, "k1", ra_end, t0 - L.US, "tok-east", 1),
     ):
         ddb.update_item(TableName=table, **render(w))
     rb0, end = resource("rb"), t0 + 3600 * L.US
     ident = (L.map_pk(C, P, "k1"), WEST)
-    ddb.update_item(TableName=table, **render(L.claim(rb0, "k1", end, t0, "tok-west", 1)))
-    late = L.map_acquire(ident, 0, "tok-west", "rb", rb0.version, end, t0, "dW0")
+    ddb.update_item(TableName=table, **render(B.claim(rb0, "k1", end, t0, "tok-west", 1)))
+    late = MB.map_acquire(ident, 0, "tok-west", "rb", rb0.version, end, t0, "dW0")
     hooked = LandsBeforeRelease(ddb, key_av(ident), late)
     opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * L.US, segments=1)
     async with daemon(moto_endpoint, table, "dW1", clock, WEST) as dw1:

@@ -22,30 +22,12 @@ import pytest
 import structlog
 
 from rasd.config import Config
-from rasd.core.decide import Orphan, orphan_verdict
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    US,
-    Mapping,
-    ResourceItem,
-    claim,
-    extend_resource,
-    fmt_time,
-    free_claim,
-    is_tombstone,
-    item_from_ddb,
-    lease_from_item,
-    map_acquire,
-    map_confirm,
-    map_extend,
-    map_pk,
-    map_release,
-    mapping_from_ddb,
-    partition_name,
-    pick,
-    pick_mapping,
-)
+from rasd.core.builders import claim, extend_resource, free_claim
+from rasd.core.decide import lease_from_item, pick, pick_mapping
+from rasd.core.lease import FREE, LIVE, US, Mapping, ResourceItem, fmt_time, map_pk, partition_name
+from rasd.core.map_builders import map_acquire, map_confirm, map_extend, map_release
+from rasd.core.serialize import is_tombstone, item_from_ddb, mapping_from_ddb
+from rasd.core.verdicts import Orphan, orphan_verdict
 from rasd.core.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
 from tests.conftest import scan_all, seed_pool
@@ -405,7 +387,7 @@ def test_liberator_frees_orphans_with_quarantine_and_keeps_the_lease(
     """A held resource whose key's mapping names another acquisition (an orphan a crash left)
     and that was acquired longer ago than --orphan-age is freed, unclaimable until its lease's
     end plus --grace (the mapping named it once: it may have been served until then, and no
-    app need have released it; decide.orphan_free_at), at least --quarantine; the lease the
+    app need have released it; verdicts.orphan_free_at), at least --quarantine; the lease the
     mapping names is left alone, and so is a younger orphan (its acquisition may
     still be under way). --dry-run counts the orphan and writes nothing; a second run finds
     nothing to do."""
@@ -659,7 +641,7 @@ def test_dedupe_keeps_exactly_one_resource_per_key(
     assert served(ddb, table) == chosen  # the daemons' answers did not change
     # Changed: an early free is claimable only after the quarantine (was: at once).
     # Orphans the mapping named once (it moved past them): held to their lease end too, as
-    # apps may use them until then (decide.orphan_free_at).
+    # apps may use them until then (verdicts.orphan_free_at).
     assert_released(ddb, table, "e-00001", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00002", "k1", EAST, EXTRA_FREE)
     assert_released(ddb, table, "e-00004", "k2", EAST, EXTRA_FREE)  # released extras
@@ -1130,13 +1112,13 @@ def test_dedupe_extension_after_its_check_makes_the_release_a_lost_race(
     ddb: Any, table: str
 ) -> None:
     """Found by chaos runs (an in-region split, then the same with a lost lease): a daemon
-    extended the extra (resource, then mapping) after dedupe had checked that the survivor
-    outlasts it, and answered apps with the later end. Releasing the mapping then left the
-    extra's region serving the survivor, which ends first: after its end the region acquired
-    another resource for the key while apps still used the extra (I2). (An earlier version
-    held the extra's resource to the later end, which kept I1 but not I2.) The mapping's
-    release is now conditional on the version whose end was checked: a lost race, and the
-    key keeps the extended lease in that region."""
+    extends the extra (resource, then mapping) after dedupe checked that the survivor
+    outlasts it, and answers apps with the later end. Releasing the mapping regardless would
+    leave the extra's region serving the survivor, which ends first: after its end the region
+    would acquire another resource for the key while apps still use the extra (I2); holding
+    the extra's resource to the later end keeps I1 but not I2. The mapping's release is
+    conditional on the version whose end was checked: it loses the race, and the key keeps
+    the extended lease in that region."""
     seed_duplicates(ddb, table)
     k2_east = map_ident("k2", EAST)
     once = [True]

@@ -16,8 +16,10 @@ import pytest
 
 from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
 from rasd.config import Config
+from rasd.core import builders as B
 from rasd.core import lease as L
 from rasd.core import schema
+from rasd.core import serialize as SR
 from rasd.core.clock import FakeClock
 from rasd.core.writes import render
 from rasd.server import Daemon
@@ -49,14 +51,14 @@ def resource(ddb: Any, table: str, name: str) -> L.ResourceItem:
     raw = ddb.get_item(
         TableName=table, Key={"client_id": {"S": C}, "resource": {"S": name}}, ConsistentRead=True
     )["Item"]
-    return L.item_from_ddb(raw)
+    return SR.item_from_ddb(raw)
 
 
 def held_by(ddb: Any, table: str) -> dict[str, list[str]]:
     """key -> the resources the table shows held for it."""
     out: dict[str, list[str]] = {}
     for raw in scan_all(ddb, table):
-        if L.is_resource_item(raw) and "key" in raw:
+        if SR.is_resource_item(raw) and "key" in raw:
             out.setdefault(raw["key"]["S"], []).append(raw["resource"]["S"])
     return out
 
@@ -244,7 +246,7 @@ async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
         code, dry, _ = rasadmin([*argv, "--dry-run", "--page-size", "5"], capsys)
         assert code == 0 and dry["writes"] == 0 and dry["adopted"] == 6, dry
         assert "enable the stream (NEW_AND_OLD_IMAGES)" in dry["schema_changes"], dry
-        assert not [raw for raw in scan_all(ddb, table) if L.is_mapping_pk(raw["client_id"]["S"])]
+        assert not [raw for raw in scan_all(ddb, table) if SR.is_mapping_pk(raw["client_id"]["S"])]
         code, first, err = rasadmin([*argv, "--page-size", "5"], capsys)
         assert code == 0 and first["errors"] == 0, (first, err)
         assert (first["adopted"], first["pools_added"], first["running_leases"]) == (6, 1, 6)
@@ -502,8 +504,8 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
         def lost_claim_first(*args: Any) -> Any:
             it = resource(ddb, table, names[0])
             # a claim that lost its mapping and was not given back (its daemon died): older
-            # than decide.ORPHAN_RIVAL_AGE_US, the age of a losing claim being given back
-            w = L.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
+            # than legacy.ORPHAN_RIVAL_AGE_US, the age of a losing claim being given back
+            w = B.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
             ddb.update_item(TableName=table, **render(w))
             ddb.update_item(
                 TableName=table,

@@ -20,7 +20,9 @@ import pytest
 
 from rasd.acquire import Acquirer
 from rasd.config import Config
+from rasd.core import builders as B
 from rasd.core import lease as L
+from rasd.core import serialize as S
 from rasd.core.clock import Clock, FakeClock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.store import Store
@@ -166,7 +168,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
 
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
-            item = L.item_from_ddb(raw["Item"])
+            item = S.item_from_ddb(raw["Item"])
 
             async def cand(pool: Any, deadline: float, d: Acquirer = d, item: Any = item) -> Any:
                 return Candidate(item, d.clock.mono())
@@ -274,11 +276,11 @@ def test_liberator_waits_for_the_grace(ddb: Any, table: str) -> None:
     seed_pool(ddb, table, count=1, prefix="res-")
     now = int(time.time() * L.US)
     raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": "res-00000"}})
-    item = L.item_from_ddb(raw["Item"])
+    item = S.item_from_ddb(raw["Item"])
     from rasd.core.writes import render
 
     exp = now + 10 * L.US
-    ddb.update_item(TableName=table, **render(L.claim(item, "k", exp, now, "tok", 1)))
+    ddb.update_item(TableName=table, **render(B.claim(item, "k", exp, now, "tok", 1)))
     grace = 2 * L.US
     for at, freed in ((exp + grace - 1, 0), (exp + grace + 1, 1)):
         got = liberator.run(

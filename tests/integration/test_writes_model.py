@@ -10,7 +10,11 @@ from typing import Any
 
 import pytest
 
+from rasd.core import builders as B
+from rasd.core import decide as D
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
+from rasd.core import serialize as S
 from rasd.core import writes as W
 
 pytestmark = pytest.mark.integration
@@ -22,7 +26,7 @@ MIDENT = ("#map#c#p#k", "us-east-1")
 
 
 def resource_states() -> list[dict[str, W.Value] | None]:
-    free = W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r1", NOW))
+    free = W.item_from_av(B.new_resource_item("c", "p", "us-east-1", "r1", NOW))
     free["version"] = 4
     quarantined = {**free, "lease_available": T(NOW + 60 * L.US)}
     held = {k: v for k, v in free.items() if k != "lease_available"}
@@ -37,8 +41,8 @@ def resource_states() -> list[dict[str, W.Value] | None]:
     other = {**held, "key": "k2", "holder": "t2"}
     legacy = {k: v for k, v in held.items() if k not in ("holder", "mver")}
     eu = {**free, "region": "eu-west-1"}
-    tomb = W.apply(free, L.tombstone(L.resource_from(free), NOW, NOW + 60 * L.US))
-    assert tomb is not None and L.is_tombstone(tomb)
+    tomb = W.apply(free, B.tombstone(S.resource_from(free), NOW, NOW + 60 * L.US))
+    assert tomb is not None and S.is_tombstone(tomb)
     return [None, free, quarantined, held, other, legacy, eu, tomb]
 
 
@@ -47,50 +51,50 @@ def resource_writes() -> list[W.Write]:
     held = L.ResourceItem(
         "c", "r1", "p", "us-east-1", "x", 5, "k", NOW + 3600 * L.US, None, NOW, "tok", 2
     )
-    lease = L.lease_from_item(held)
+    lease = D.lease_from_item(held)
     return [
-        L.claim(free, "k", NOW + 3600 * L.US, NOW, "tok", 1),
-        L.claim(free, "k", NOW + 3600 * L.US, NOW + 61 * L.US, "tok", 1),
-        L.fence_resource(IDENT, 4),
-        L.fence_resource(IDENT, 5),
-        L.free_claim(IDENT, "k", "tok", NOW, NOW + 60 * L.US),
-        L.extend_resource(lease, NOW + 7200 * L.US),
-        L.extend_resource(lease, NOW + 60 * L.US),
-        L.liberate(held, NOW + 7200 * L.US),
-        L.free_orphan(held, NOW, NOW + 60 * L.US),
-        L.move(free, "eu-west-1"),
-        L.tombstone(free, NOW, NOW + 60 * L.US),
-        L.tombstone(held, NOW, NOW + 3600 * L.US),
-        L.readd(IDENT, 5, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
-        L.readd(IDENT, 4, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
+        B.claim(free, "k", NOW + 3600 * L.US, NOW, "tok", 1),
+        B.claim(free, "k", NOW + 3600 * L.US, NOW + 61 * L.US, "tok", 1),
+        B.fence_resource(IDENT, 4),
+        B.fence_resource(IDENT, 5),
+        B.free_claim(IDENT, "k", "tok", NOW, NOW + 60 * L.US),
+        B.extend_resource(lease, NOW + 7200 * L.US),
+        B.extend_resource(lease, NOW + 60 * L.US),
+        B.liberate(held, NOW + 7200 * L.US),
+        B.free_orphan(held, NOW, NOW + 60 * L.US),
+        B.move(free, "eu-west-1"),
+        B.tombstone(free, NOW, NOW + 60 * L.US),
+        B.tombstone(held, NOW, NOW + 3600 * L.US),
+        B.readd(IDENT, 5, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
+        B.readd(IDENT, 4, T(NOW + 60 * L.US), "p", "us-east-1", NOW),
     ]
 
 
 def mapping_states() -> list[dict[str, W.Value] | None]:
-    pending = W.apply(None, L.map_acquire(MIDENT, 0, "tok", "r1", 4, NOW + L.US, NOW, "h"))
+    pending = W.apply(None, MB.map_acquire(MIDENT, 0, "tok", "r1", 4, NOW + L.US, NOW, "h"))
     assert pending is not None
     live = {**pending, "state": L.LIVE, "ver": 2}
-    free = W.apply(live, L.map_release(MIDENT, "tok", NOW))
+    free = W.apply(live, MB.map_release(MIDENT, "tok", NOW))
     return [None, pending, live, free]
 
 
 def mapping_writes() -> list[W.Write]:
-    m = L.mapping_from(mapping_states()[1])  # type: ignore[arg-type]
-    lease = L.lease_from_mapping(m)
+    m = S.mapping_from(mapping_states()[1])  # type: ignore[arg-type]
+    lease = D.lease_from_mapping(m)
     return [
-        L.map_acquire(MIDENT, 0, "t2", "r2", 1, NOW + L.US, NOW, "h"),
-        L.map_acquire(MIDENT, 1, "t2", "r2", 1, NOW + L.US, NOW, "h"),
-        L.map_acquire(MIDENT, 2, "t2", "r2", 1, NOW + L.US, NOW, "h"),
-        L.map_confirm(m),
-        L.map_extend(lease, NOW + 7200 * L.US),
-        L.map_extend(lease, NOW),
-        L.map_release(MIDENT, "tok", NOW),
-        L.map_release(MIDENT, "other", NOW),
-        L.map_release(MIDENT, "tok", NOW, ver=1),  # ras-dedupe's: at the version it checked
-        L.map_release(MIDENT, "tok", NOW, ver=2),
-        L.map_fence(MIDENT, 0, NOW),
-        L.map_fence(MIDENT, 1, NOW),
-        L.map_drop_dead(m, NOW),
+        MB.map_acquire(MIDENT, 0, "t2", "r2", 1, NOW + L.US, NOW, "h"),
+        MB.map_acquire(MIDENT, 1, "t2", "r2", 1, NOW + L.US, NOW, "h"),
+        MB.map_acquire(MIDENT, 2, "t2", "r2", 1, NOW + L.US, NOW, "h"),
+        MB.map_confirm(m),
+        MB.map_extend(lease, NOW + 7200 * L.US),
+        MB.map_extend(lease, NOW),
+        MB.map_release(MIDENT, "tok", NOW),
+        MB.map_release(MIDENT, "other", NOW),
+        MB.map_release(MIDENT, "tok", NOW, ver=1),  # ras-dedupe's: at the version it checked
+        MB.map_release(MIDENT, "tok", NOW, ver=2),
+        MB.map_fence(MIDENT, 0, NOW),
+        MB.map_fence(MIDENT, 1, NOW),
+        MB.map_drop_dead(m, NOW),
     ]
 
 

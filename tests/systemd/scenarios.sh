@@ -278,6 +278,27 @@ record "crash loop: 7 kill -9 in $(since "$t0") s incl. recovery; service $(syst
 check "no start-limit-hit after 7 quick crashes" test "$(systemctl show -p Result --value rasd.service)" != start-limit-hit
 check "service active after the crash loop" wait_active
 
+# ------------------------------------------------------------ 7b. a refused start
+say "7b. a refused start does not loop"
+cp /etc/default/rasd /etc/default/rasd.good
+echo "RASD_CONFIRM_INTERVAL=abc" >>/etc/default/rasd
+systemctl restart rasd.service 2>/dev/null
+for _ in $(seq 30); do [ "$(systemctl is-active rasd.service)" = failed ] && break; sleep 0.2; done
+n1=$(systemctl show -p NRestarts --value rasd.service)
+sleep 1.5  # seven RestartSec periods: a looping unit would have restarted meanwhile
+n2=$(systemctl show -p NRestarts --value rasd.service)
+res=$(systemctl show -p Result --value rasd.service)
+record "refused start: $(systemctl is-active rasd.service), Result=$res, restarts $n1 then $n2"
+check "a refused start (exit 2) fails the unit instead of restarting" \
+    test "$(systemctl is-active rasd.service)" = failed -a "$n1" = "$n2" -a "$res" = exit-code
+n=$(journalctl -u rasd.service -o cat | grep -c "confirm_interval (from RASD_CONFIRM_INTERVAL)" || true)
+check "the journal names the refused setting ($n lines)" test "$n" -ge 1
+mv /etc/default/rasd.good /etc/default/rasd
+systemctl reset-failed rasd.service
+systemctl start rasd.service
+check "starts again once the setting is fixed" wait_active
+wait_served
+
 # ------------------------------------------------- 8. DynamoDB unreachable at start
 say "8. DynamoDB unreachable at start"
 systemctl stop moto-$MOTO_RUNS.service

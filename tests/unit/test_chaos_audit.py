@@ -599,6 +599,8 @@ def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
 
     from bench.baseline import paper_claim
     from chaos.proxy import lease_event
+    from rasd.core import builders as B
+    from rasd.core import decide as D
     from rasd.core import lease as L
     from rasd.core.writes import render
 
@@ -616,16 +618,16 @@ def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
     ok = reply("200 OK", {"Attributes": attrs})
     want = {"resource": "r1", "key": "k", "version": 5, "end": 10.0}
     refused = reply("400 Bad Request", {"__type": "x#ConditionalCheckFailedException"})
-    for w in (L.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
+    for w in (B.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
         assert ev(w, ok) == {"kind": "claim", **want}, w.kind
         assert ev(w, refused) is None
-    lease = L.lease_from_item(held)
-    assert ev(L.extend_resource(lease, 20 * US), ok) == {"kind": "extend", **want}
+    lease = D.lease_from_item(held)
+    assert ev(B.extend_resource(lease, 20 * US), ok) == {"kind": "extend", **want}
     unheld = reply("200 OK", {"Attributes": {"resource": {"S": "r1"}, "version": {"N": "6"}}})
     for w, r in (
-        (L.free_claim(held.ident, "k", "t", 1, 2), unheld),
-        (L.adopt(held, "t2", 2, 1), ok),
-        (L.liberate(held, 11 * US), unheld),
+        (B.free_claim(held.ident, "k", "t", 1, 2), unheld),
+        (B.adopt(held, "t2", 2, 1), ok),
+        (B.liberate(held, 11 * US), unheld),
     ):
         assert ev(w, r) is None, w.kind
     q = {"IndexName": "leased_resources", "ExpressionAttributeValues": {":k": {"S": "k"}}}

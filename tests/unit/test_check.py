@@ -365,7 +365,7 @@ def test_orphan_left_by_dedupe_is_held_to_its_lease_end() -> None:
     its two writes). Were the liberator's orphan repair to free rb with the quarantine only
     (at 4 + 5 = 9 on its clock), d1 would answer rb to k2 at t = 9 while k1's answer runs to
     12 (I1: no app released it). Repair holds a possibly-served orphan to its lease's end plus
-    the skew (decide.orphan_free_at); D5 is the quarantine-only rule."""
+    the skew (verdicts.orphan_free_at); D5 is the quarantine-only rule."""
     cfg = dataclasses.replace(
         DEDUPE,
         keys=("k1", "k2"),

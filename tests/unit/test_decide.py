@@ -9,6 +9,8 @@ import pytest
 
 from rasd.core import decide as D
 from rasd.core import lease as L
+from rasd.core import legacy as LG
+from rasd.core import verdicts as V
 
 NOW = 1_800_000_000 * L.US
 S = L.US
@@ -172,7 +174,7 @@ def test_a_lost_mapping_extension_frees_only_what_no_mapping_names() -> None:
     """Found by the protocol checker: two daemons extend one lease at once and the one asking
     for less loses ``map_extend`` (``exp < new``): the mapping still names the lease, so the
     resource must NOT be freed. Only a mapping that no longer names it makes it an orphan."""
-    lease = L.lease_from_mapping(m())
+    lease = D.lease_from_mapping(m())
     assert isinstance(D.on_extend_check(m(exp=NOW + 7200 * S), lease), D.Forget)
     assert isinstance(D.on_extend_check(m(state=L.PENDING), lease), D.Forget)
     assert D.on_extend_check(m(token="other"), lease) == D.FreeOrphan()
@@ -202,13 +204,13 @@ def test_orphan_verdict() -> None:
     """A held resource no mapping names (and none ever will) is an orphan; one whose mapping
     write could still land needs the mapping fenced first."""
     held = replace(r(), mver=3)
-    assert D.orphan_verdict(held, m(ver=3)) is D.Orphan.LEASE
-    assert D.orphan_verdict(held, m(state=L.PENDING, ver=3)) is D.Orphan.LEASE
-    assert D.orphan_verdict(held, m(token="other", ver=3)) is D.Orphan.ORPHAN
-    assert D.orphan_verdict(held, m(state=L.FREE, ver=5)) is D.Orphan.ORPHAN
-    assert D.orphan_verdict(held, m(token="other", ver=2)) is D.Orphan.FENCE_MAPPING
-    assert D.orphan_verdict(replace(held, mver=1), None) is D.Orphan.FENCE_MAPPING
-    assert D.orphan_verdict(held, None) is D.Orphan.ORPHAN  # reaped by TTL long ago
+    assert V.orphan_verdict(held, m(ver=3)) is V.Orphan.LEASE
+    assert V.orphan_verdict(held, m(state=L.PENDING, ver=3)) is V.Orphan.LEASE
+    assert V.orphan_verdict(held, m(token="other", ver=3)) is V.Orphan.ORPHAN
+    assert V.orphan_verdict(held, m(state=L.FREE, ver=5)) is V.Orphan.ORPHAN
+    assert V.orphan_verdict(held, m(token="other", ver=2)) is V.Orphan.FENCE_MAPPING
+    assert V.orphan_verdict(replace(held, mver=1), None) is V.Orphan.FENCE_MAPPING
+    assert V.orphan_verdict(held, None) is V.Orphan.ORPHAN  # reaped by TTL long ago
 
 
 def test_orphan_free_at_holds_a_possibly_served_orphan_to_its_lease_end() -> None:
@@ -218,12 +220,12 @@ def test_orphan_free_at_holds_a_possibly_served_orphan_to_its_lease_end() -> Non
     held = r()  # mver 3, lease to NOW + 1 h
     end = NOW + 3600 * S + 2 * S
     q = NOW + 57 * S
-    assert D.orphan_free_at(held, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == end
-    assert D.orphan_free_at(held, None, NOW, 57 * S, 2 * S) == end  # unknown: to its end
-    assert D.orphan_free_at(held, m(token="other", ver=2), NOW, 57 * S, 2 * S) == q  # below
-    assert D.orphan_free_at(held, m(token="other", ver=3), NOW, 57 * S, 2 * S) == q  # lost
+    assert V.orphan_free_at(held, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == end
+    assert V.orphan_free_at(held, None, NOW, 57 * S, 2 * S) == end  # unknown: to its end
+    assert V.orphan_free_at(held, m(token="other", ver=2), NOW, 57 * S, 2 * S) == q  # below
+    assert V.orphan_free_at(held, m(token="other", ver=3), NOW, 57 * S, 2 * S) == q  # lost
     short = replace(held, lease_expires_us=NOW + 10 * S)  # ends within the quarantine
-    assert D.orphan_free_at(short, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == q
+    assert V.orphan_free_at(short, m(state=L.FREE, ver=5), NOW, 57 * S, 2 * S) == q
 
 
 def test_cache_validity_is_the_earlier_bound() -> None:
@@ -236,13 +238,13 @@ def test_name_held_until_covers_every_lease_and_quarantine_on_it() -> None:
     quarantine ends, or, for a lease deleted with --force, until the later of the quarantine
     (caches) and its end plus the skew (apps: no app released it)."""
     held = r()  # lease to NOW + 1 h
-    assert D.name_held_until(held, NOW, 57 * S, 2 * S) == NOW + 3600 * S + 2 * S
+    assert V.name_held_until(held, NOW, 57 * S, 2 * S) == NOW + 3600 * S + 2 * S
     short = replace(held, lease_expires_us=NOW + 10 * S)
-    assert D.name_held_until(short, NOW, 57 * S, 2 * S) == NOW + 57 * S
+    assert V.name_held_until(short, NOW, 57 * S, 2 * S) == NOW + 57 * S
     quarantined = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW + 40 * S))
-    assert D.name_held_until(quarantined, NOW, 57 * S, 2 * S) == NOW + 40 * S
+    assert V.name_held_until(quarantined, NOW, 57 * S, 2 * S) == NOW + 40 * S
     free = replace(r(holder=None, key=None), lease_available=L.fmt_time(NOW - 40 * S))
-    assert D.name_held_until(free, NOW, 57 * S, 2 * S) == NOW
+    assert V.name_held_until(free, NOW, 57 * S, 2 * S) == NOW
 
 
 # ------------------------------------------------------------ beside the paper's agent
@@ -266,12 +268,12 @@ def test_beside_legacy_settles_a_landed_claim_instead_of_serving_it() -> None:
     """A pending mapping whose claim landed is settled before it is served, by whoever
     reads it; anything else is left as it is."""
     mine = replace(m(state=L.PENDING, since=NOW), owner="me")
-    landed = D.Serve(L.lease_from_mapping(mine), confirm=mine)
-    assert D.beside_legacy(landed) == D.Settle(mine)
-    live = D.Serve(L.lease_from_mapping(m()))
-    assert D.beside_legacy(live) is live
-    assert D.beside_legacy(D.Extend(m())) == D.Extend(m())
-    assert D.beside_legacy(D.Settle(mine)) == D.Settle(mine)
+    landed = D.Serve(D.lease_from_mapping(mine), confirm=mine)
+    assert LG.beside_legacy(landed) == LG.Settle(mine)
+    live = D.Serve(D.lease_from_mapping(m()))
+    assert LG.beside_legacy(live) is live
+    assert LG.beside_legacy(D.Extend(m())) == D.Extend(m())
+    assert LG.beside_legacy(LG.Settle(mine)) == LG.Settle(mine)
 
 
 def test_on_settle_yields_to_a_lease_of_the_paper_agent_made_meanwhile() -> None:
@@ -280,11 +282,11 @@ def test_on_settle_yields_to_a_lease_of_the_paper_agent_made_meanwhile() -> None
     p = m(state=L.PENDING, res="r1")
     ours = held("r1", holder="tok", hver=5)
     theirs = held("r2")
-    assert D.on_settle(p, [ours], NOW) == D.Confirm(p)
-    assert D.on_settle(p, [ours, theirs], NOW) == D.YieldTo(p, theirs)
+    assert LG.on_settle(p, [ours], NOW) == LG.Confirm(p)
+    assert LG.on_settle(p, [ours, theirs], NOW) == LG.YieldTo(p, theirs)
     # a holder the paper's agent left behind (hver behind version) is no rasd lease
     stale = held("r3", holder="old", hver=3, version=6)
-    assert D.on_settle(p, [ours, stale], NOW) == D.YieldTo(p, stale)
+    assert LG.on_settle(p, [ours, stale], NOW) == LG.YieldTo(p, stale)
 
 
 def test_on_settle_ignores_what_is_no_rival() -> None:
@@ -294,7 +296,7 @@ def test_on_settle_ignores_what_is_no_rival() -> None:
         held("r3", key="k2"),  # another key
         held("r4", region="eu-west-1"),  # another region: a cross-region duplicate at most
     ]
-    assert D.on_settle(p, others, NOW) == D.Confirm(p)
+    assert LG.on_settle(p, others, NOW) == LG.Confirm(p)
 
 
 def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
@@ -304,9 +306,9 @@ def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
     first."""
     p = m(state=L.PENDING, res="r1")
     orphan = replace(held("r5", holder="t5", hver=5), lease_acquired_us=NOW - 2 * S)
-    assert D.on_settle(p, [orphan], NOW) == D.YieldTo(p, orphan)
+    assert LG.on_settle(p, [orphan], NOW) == LG.YieldTo(p, orphan)
     theirs = held("r6")  # the paper's: no lease_acquired, so the earliest
-    assert D.on_settle(p, [orphan, theirs], NOW) == D.YieldTo(p, theirs)
+    assert LG.on_settle(p, [orphan, theirs], NOW) == LG.YieldTo(p, theirs)
 
 
 def test_on_settle_ignores_a_young_claim_of_rasd_being_given_back() -> None:
@@ -314,11 +316,11 @@ def test_on_settle_ignores_a_young_claim_of_rasd_being_given_back() -> None:
     the key, given back by its acquirer at that moment: no rival (two daemons racing one key
     would otherwise yield to each other's losing claims until the deadline)."""
     p = m(state=L.PENDING, res="r1")
-    young = NOW - D.ORPHAN_RIVAL_AGE_US + 1
+    young = NOW - LG.ORPHAN_RIVAL_AGE_US + 1
     loser = replace(held("r5", holder="t5", hver=5), lease_acquired_us=young)
-    assert D.on_settle(p, [loser], NOW) == D.Confirm(p)
-    old = replace(loser, lease_acquired_us=NOW - D.ORPHAN_RIVAL_AGE_US)
-    assert D.on_settle(p, [old], NOW) == D.YieldTo(p, old)
+    assert LG.on_settle(p, [loser], NOW) == LG.Confirm(p)
+    old = replace(loser, lease_acquired_us=NOW - LG.ORPHAN_RIVAL_AGE_US)
+    assert LG.on_settle(p, [old], NOW) == LG.YieldTo(p, old)
 
 
 def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
@@ -326,10 +328,10 @@ def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
     extension the mapping lags), else ended, so that the key acquires anew."""
     lapsed = m(exp=NOW - 1 * S)
     item = replace(r(), lease_expires_us=NOW - 1 * S)
-    assert D.on_lapsed(lapsed, item, NOW) == D.EndLapsed(lapsed)
-    assert D.on_lapsed(lapsed, replace(item, lease_expires_us=NOW), NOW) == D.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, item, NOW) == LG.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, replace(item, lease_expires_us=NOW), NOW) == LG.EndLapsed(lapsed)
     extended = replace(item, lease_expires_us=NOW + 30 * S)
-    assert D.on_lapsed(lapsed, extended, NOW) == D.Extend(lapsed)
+    assert LG.on_lapsed(lapsed, extended, NOW) == D.Extend(lapsed)
     # no longer our claim (liberated, freed, taken): ended as well
-    assert D.on_lapsed(lapsed, None, NOW) == D.EndLapsed(lapsed)
-    assert D.on_lapsed(lapsed, replace(extended, holder="other"), NOW) == D.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, None, NOW) == LG.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, replace(extended, holder="other"), NOW) == LG.EndLapsed(lapsed)

@@ -1,11 +1,12 @@
-"""Edges of rasd.core.decide's release decisions and of rasd.core.lease's read-backs that neither
-tests/unit/test_decide.py nor the protocol checker's CI run pins down (found by mutation
-testing, docs/checker.md "Mutation testing"). Time is passed in."""
+"""Edges of rasd.core.decide's release decisions and of rasd.core.map_builders' read-backs
+that neither tests/unit/test_decide.py nor the protocol checker's CI run pins down (found by
+mutation testing, docs/checker.md "Mutation testing"). Time is passed in."""
 
 from __future__ import annotations
 
 from rasd.core import decide as D
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
 from tests.unit.test_decide import NOW, RULES, S, m, r
 
 
@@ -40,27 +41,27 @@ def test_release_of_a_pending_claim_that_may_still_land_fences_it() -> None:
 def test_read_backs_of_extensions_and_releases() -> None:
     want = L.fmt_time(NOW)
     later = L.fmt_time(NOW + 1)
-    assert L.extended_to("t", want)({"holder": "t", "lease_expires": want})
-    assert L.extended_to("t", want)({"holder": "t", "lease_expires": later})
-    assert not L.extended_to("t", later)({"holder": "t", "lease_expires": want})
-    assert not L.extended_to("t", want)({"holder": "t"})  # no end: not extended
-    assert not L.extended_to("t", want)({"holder": "u", "lease_expires": later})
-    assert L.map_extended_to("t", want)({"token": "t", "exp": want})
-    assert not L.map_extended_to("t", want)({"token": "t", "exp": 5})
-    assert not L.map_extended_to("t", want)({"token": "u", "exp": later})
-    assert not L.map_extended_to("t", later)({"token": "t", "exp": want})
-    assert L.not_held_by("t")({"holder": "u"})
-    assert L.not_held_by("t")({})
-    assert not L.not_held_by("t")({"holder": "t"})
-    assert L.no_token("t")({"token": "u"})
-    assert L.no_token("t")({})
-    assert not L.no_token("t")({"token": "t"})
+    assert MB.extended_to("t", want)({"holder": "t", "lease_expires": want})
+    assert MB.extended_to("t", want)({"holder": "t", "lease_expires": later})
+    assert not MB.extended_to("t", later)({"holder": "t", "lease_expires": want})
+    assert not MB.extended_to("t", want)({"holder": "t"})  # no end: not extended
+    assert not MB.extended_to("t", want)({"holder": "u", "lease_expires": later})
+    assert MB.map_extended_to("t", want)({"token": "t", "exp": want})
+    assert not MB.map_extended_to("t", want)({"token": "t", "exp": 5})
+    assert not MB.map_extended_to("t", want)({"token": "u", "exp": later})
+    assert not MB.map_extended_to("t", later)({"token": "t", "exp": want})
+    assert MB.not_held_by("t")({"holder": "u"})
+    assert MB.not_held_by("t")({})
+    assert not MB.not_held_by("t")({"holder": "t"})
+    assert MB.no_token("t")({"token": "u"})
+    assert MB.no_token("t")({})
+    assert not MB.no_token("t")({"token": "t"})
 
 
 def test_extension_check_says_why_it_forgets() -> None:
     """The reason is logged with the extension's end: an operator reads it."""
     live = m()
-    lease = L.lease_from_mapping(live)
+    lease = D.lease_from_mapping(live)
     why = "the mapping still names the lease (extended further elsewhere)"
     assert D.on_extend_check(live, lease) == D.Forget(why)
     assert D.on_extend_check(m(state=L.FREE), lease) == D.FreeOrphan()

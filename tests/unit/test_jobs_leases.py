@@ -18,19 +18,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from rasd.config import Config
-from rasd.core.decide import outlasts, served_end
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    PENDING,
-    US,
-    Mapping,
-    ResourceItem,
-    fmt_time,
-    map_pk,
-    mapping_from,
-    resource_from,
-)
+from rasd.core.lease import FREE, LIVE, PENDING, US, Mapping, ResourceItem, fmt_time, map_pk
+from rasd.core.serialize import mapping_from, resource_from
+from rasd.core.verdicts import outlasts, served_end
 from rasd.core.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
 from rasd.steps import Program, Send
 from rasd.steps import admin as A

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from rasd.core.lease import US, ResourceItem, fmt_time, pick
+from rasd.core.decide import pick
+from rasd.core.lease import US, ResourceItem, fmt_time
 from rasd_jobs import admin, common, dedupe, liberator
 
 NOW = 1_800_000_000 * US

@@ -6,8 +6,12 @@ from collections import Counter
 
 import pytest
 
+from rasd.core import builders as B
 from rasd.core import decide as D
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
+from rasd.core import serialize as S
+from rasd.core import verdicts as V
 from rasd.core import writes as W
 
 NOW = 1_800_000_000 * L.US
@@ -49,21 +53,21 @@ def test_parse_time_rejects_other_formats() -> None:
 def test_check_expiry() -> None:
     """A lease end in the past, or beyond the pool's maximum, is refused with a reason."""
     max_us = 3600 * L.US
-    assert L.check_expiry(NOW - 1, NOW, max_us) is not None
-    assert L.check_expiry(NOW, NOW, max_us) is not None
-    assert L.check_expiry(NOW + max_us + 1, NOW, max_us) is not None
-    assert L.check_expiry(NOW + max_us, NOW, max_us) is None
+    assert D.check_expiry(NOW - 1, NOW, max_us) is not None
+    assert D.check_expiry(NOW, NOW, max_us) is not None
+    assert D.check_expiry(NOW + max_us + 1, NOW, max_us) is not None
+    assert D.check_expiry(NOW + max_us, NOW, max_us) is None
 
 
 def test_should_extend_only_below_fraction_and_never_shortens() -> None:
     """Sliding now+1h: no write while more than half is left; never a shorter lease."""
     hour = 3600 * L.US
     fresh = mk_lease(NOW + hour)
-    assert not L.should_extend(fresh, NOW + hour + 10 * L.US, NOW, 0.5)
+    assert not D.should_extend(fresh, NOW + hour + 10 * L.US, NOW, 0.5)
     half_gone = mk_lease(NOW + hour // 2 - 1)
-    assert L.should_extend(half_gone, NOW + hour, NOW, 0.5)
-    assert not L.should_extend(half_gone, NOW + hour // 4, NOW, 0.5)  # shorter: never
-    assert not L.should_extend(half_gone, half_gone.expires_us, NOW, 0.5)
+    assert D.should_extend(half_gone, NOW + hour, NOW, 0.5)
+    assert not D.should_extend(half_gone, NOW + hour // 4, NOW, 0.5)  # shorter: never
+    assert not D.should_extend(half_gone, half_gone.expires_us, NOW, 0.5)
 
 
 def test_partitions_spread_evenly() -> None:
@@ -80,27 +84,27 @@ def test_pick_is_deterministic_earliest_acquisition() -> None:
         return L.Mapping("c", "p", "k", region, 2, L.LIVE, "t", res, 0, NOW + L.US, since)
 
     a, b, c = m("r2", "eu-west-1", 5), m("r1", "us-east-1", 5), m("r0", "us-east-1", 9)
-    assert L.pick_mapping([a, b, c]) is a
-    assert L.pick_mapping([c, b, a]) is a
-    assert L.pick_mapping([]) is None
+    assert D.pick_mapping([a, b, c]) is a
+    assert D.pick_mapping([c, b, a]) is a
+    assert D.pick_mapping([]) is None
 
 
 def test_claim_is_conditional_on_version_free_quarantine_and_region() -> None:
     """The claim asserts the version read, that the item is free and out of quarantine
     (lease_available <= now), and our region; it records the token and mapping version."""
-    w = L.claim(FREE, "k", NOW + L.US, NOW, "tok", 3)
+    w = B.claim(FREE, "k", NOW + L.US, NOW, "tok", 3)
     assert conds(w) == {
         ("version", "=", 7),
         ("lease_available", "exists", None),
         ("lease_available", "<=", L.fmt_time(NOW)),
         ("region", "=", "us-east-1"),
     }
-    after = W.apply(W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), w)
+    after = W.apply(W.item_from_av(B.new_resource_item("c", "p", "us-east-1", "r", NOW)), w)
     assert after is None  # version 0 read as 7: lost
-    item = {**W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 7}
+    item = {**W.item_from_av(B.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 7}
     after = W.apply(item, w)
     assert after is not None
-    got = L.resource_from(after)
+    got = S.resource_from(after)
     assert (got.key, got.holder, got.mver, got.version) == ("k", "tok", 3, 8)
     assert got.lease_available is None
 
@@ -109,26 +113,26 @@ def test_quarantined_item_cannot_be_claimed() -> None:
     """An early free keeps the item out of the available index (no ``lease_available``,
     ``quarantine_until`` instead): no claim applies until it is re-listed, and re-listing
     applies only once the quarantine is over."""
-    w = L.free_claim(HELD.ident, "k", "tok", NOW, NOW + 60 * L.US)
-    held = W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW))
+    w = B.free_claim(HELD.ident, "k", "tok", NOW, NOW + 60 * L.US)
+    held = W.item_from_av(B.new_resource_item("c", "p", "us-east-1", "r", NOW))
     held.update(key="k", holder="tok", hver=7, version=7, lease_expires=L.fmt_time(NOW + L.US))
     del held["lease_available"]
     freed = W.apply(held, w)
     assert freed is not None and "key" not in freed and freed["version"] == 8
     assert "lease_available" not in freed and "hver" not in freed
-    item = L.resource_from(freed)
+    item = S.resource_from(freed)
     assert item.quarantine_until == L.fmt_time(NOW + 60 * L.US)
     assert not item.claimable(NOW + 59 * L.US) and not item.claimable(NOW + 600 * L.US)
-    assert W.apply(freed, L.claim(item, "k2", NOW + 90 * L.US, NOW + 600 * L.US, "t2", 1)) is None
-    assert W.apply(freed, L.relist(item, NOW + 59 * L.US)) is None
-    back = W.apply(freed, L.relist(item, NOW + 60 * L.US))
+    assert W.apply(freed, B.claim(item, "k2", NOW + 90 * L.US, NOW + 600 * L.US, "t2", 1)) is None
+    assert W.apply(freed, B.relist(item, NOW + 59 * L.US)) is None
+    back = W.apply(freed, B.relist(item, NOW + 60 * L.US))
     assert back is not None and back["lease_available"] == L.fmt_time(NOW + 60 * L.US)
     assert "quarantine_until" not in back and back["version"] == 9
-    again = L.resource_from(back)
+    again = S.resource_from(back)
     assert again.claimable(NOW + 60 * L.US)
-    assert W.apply(back, L.claim(again, "k2", NOW + 90 * L.US, NOW + 60 * L.US, "t2", 1))
+    assert W.apply(back, B.claim(again, "k2", NOW + 90 * L.US, NOW + 60 * L.US, "t2", 1))
     # a free claimable at once goes straight back to the index
-    at_once = W.apply(held, L.free_claim(HELD.ident, "k", "tok", NOW, NOW))
+    at_once = W.apply(held, B.free_claim(HELD.ident, "k", "tok", NOW, NOW))
     assert at_once is not None and at_once["lease_available"] == L.fmt_time(NOW)
 
 
@@ -136,12 +140,12 @@ def test_holder_is_current_only_while_rasd_wrote_last() -> None:
     """A claim, an extension and an adoption keep ``hver`` equal to ``version``; a write of
     the paper's agent (its liberator, then its claim) moves ``version`` only, so the
     ``holder`` it leaves behind is stale and orphan repair leaves the item alone."""
-    item = {**W.item_from_av(L.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 3}
-    held = W.apply(item, L.claim(L.resource_from(item), "k", NOW + 60 * L.US, NOW, "tok", 1))
-    assert held is not None and L.resource_from(held).holder_current
-    lease = L.lease_from_item(L.resource_from(held))
-    ext = W.apply(held, L.extend_resource(lease, NOW + 120 * L.US))
-    assert ext is not None and L.resource_from(ext).holder_current
+    item = {**W.item_from_av(B.new_resource_item("c", "p", "us-east-1", "r", NOW)), "version": 3}
+    held = W.apply(item, B.claim(S.resource_from(item), "k", NOW + 60 * L.US, NOW, "tok", 1))
+    assert held is not None and S.resource_from(held).holder_current
+    lease = D.lease_from_item(S.resource_from(held))
+    ext = W.apply(held, B.extend_resource(lease, NOW + 120 * L.US))
+    assert ext is not None and S.resource_from(ext).holder_current
     # the paper's liberator: key and lease_expires cleared, lease_available set, version + 1
     freed = dict(ext)
     del freed["key"], freed["lease_expires"]
@@ -152,28 +156,28 @@ def test_holder_is_current_only_while_rasd_wrote_last() -> None:
     theirs.update(
         key="k2", lease_expires=L.fmt_time(NOW + 60 * L.US), version=int(freed["version"]) + 1
     )
-    r = L.resource_from(theirs)
+    r = S.resource_from(theirs)
     assert r.holder == "tok" and not r.holder_current
-    assert D.orphan_verdict(r, None) is D.Orphan.FOREIGN
+    assert V.orphan_verdict(r, None) is V.Orphan.FOREIGN
     # adopted: our token, current again
-    adopted = W.apply(theirs, L.adopt(r, "t2", 1, NOW))
-    assert adopted is not None and L.resource_from(adopted).holder_current
+    adopted = W.apply(theirs, B.adopt(r, "t2", 1, NOW))
+    assert adopted is not None and S.resource_from(adopted).holder_current
     assert adopted["key"] == "k2" and adopted["lease_expires"] == theirs["lease_expires"]
     # an adoption conditioned on a version since moved does not apply
-    assert W.apply(adopted, L.adopt(r, "t3", 1, NOW)) is None
+    assert W.apply(adopted, B.adopt(r, "t3", 1, NOW)) is None
 
 
 def test_writes_never_use_reserved_words_bare() -> None:
     """key/region/partition/resource never appear bare in an expression (reserved words)."""
     lease = mk_lease(NOW + L.US)
     for w in (
-        L.claim(FREE, "k", NOW + L.US, NOW, "tok", 1),
-        L.extend_resource(lease, NOW + 2 * L.US),
-        L.free_claim(HELD.ident, "k", "tok", NOW, NOW),
-        L.liberate(HELD, NOW),
-        L.free_orphan(HELD, NOW, NOW + L.US),
-        L.move(FREE, "eu-west-1"),
-        L.map_release(("#map#c#p#k", "us-east-1"), "tok", NOW),
+        B.claim(FREE, "k", NOW + L.US, NOW, "tok", 1),
+        B.extend_resource(lease, NOW + 2 * L.US),
+        B.free_claim(HELD.ident, "k", "tok", NOW, NOW),
+        B.liberate(HELD, NOW),
+        B.free_orphan(HELD, NOW, NOW + L.US),
+        B.move(FREE, "eu-west-1"),
+        MB.map_release(("#map#c#p#k", "us-east-1"), "tok", NOW),
     ):
         kw = W.render(w)
         text = kw["UpdateExpression"] + " " + kw.get("ConditionExpression", "")
@@ -184,14 +188,14 @@ def test_writes_never_use_reserved_words_bare() -> None:
 def test_extend_never_shortens_and_needs_the_holder() -> None:
     """The extension write refuses to move lease_expires earlier, and to extend a resource
     another acquisition holds."""
-    w = L.extend_resource(mk_lease(NOW + 10 * L.US), NOW + 20 * L.US)
+    w = B.extend_resource(mk_lease(NOW + 10 * L.US), NOW + 20 * L.US)
     assert ("lease_expires", "<", L.fmt_time(NOW + 20 * L.US)) in conds(w)
     assert ("holder", "=", "tok") in conds(w)
 
 
 def test_move_only_free_items() -> None:
     """The balancer's move requires a free item of the source region."""
-    w = L.move(FREE, "eu-west-1")
+    w = B.move(FREE, "eu-west-1")
     assert ("key", "not_exists", None) in conds(w)
     assert dict(w.set)["partition"].startswith("c.p.eu-west-1.")  # type: ignore[union-attr]
 
@@ -199,11 +203,11 @@ def test_move_only_free_items() -> None:
 def test_mapping_item_round_trip_and_no_index_attributes() -> None:
     """A mapping item parses back, and carries none of the attributes the indexes key on."""
     ident = ("#map#c#p#key#with#hashes", "us-east-1")
-    w = L.map_acquire(ident, 0, "tok", "r1", 4, NOW + L.US, NOW, "host")
+    w = MB.map_acquire(ident, 0, "tok", "r1", 4, NOW + L.US, NOW, "host")
     item = W.apply(None, w)
     assert item is not None
     assert not {"key", "pool_id", "partition", "lease_available"} & set(item)
-    m = L.mapping_from(item)
+    m = S.mapping_from(item)
     assert (m.key, m.region, m.state, m.token, m.resource, m.rver, m.ver) == (
         "key#with#hashes",
         "us-east-1",
@@ -213,8 +217,8 @@ def test_mapping_item_round_trip_and_no_index_attributes() -> None:
         4,
         1,
     )
-    assert W.apply(item, L.map_acquire(ident, 0, "t2", "r2", 0, NOW + L.US, NOW, "h")) is None
-    lease = L.lease_from_mapping(m)
+    assert W.apply(item, MB.map_acquire(ident, 0, "t2", "r2", 0, NOW + L.US, NOW, "h")) is None
+    lease = D.lease_from_mapping(m)
     assert lease.version == 5  # the resource's version after the claim: a fencing token
 
 

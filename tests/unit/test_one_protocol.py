@@ -28,7 +28,8 @@ ROLES = (acquire, driver, releaser, renewer, reporter)
 
 CHECK = Path(__file__).resolve().parents[2] / "check"
 
-#: rasd.core.lease's builders of the daemon's writes and read-backs: the programs' alone
+#: rasd.core.builders' and .map_builders' builders of the daemon's writes and read-backs: the
+#: programs' alone
 DAEMON_WRITES = {
     "adopt",
     "claim",

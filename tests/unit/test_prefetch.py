@@ -795,3 +795,47 @@ def test_an_item_whose_claim_never_applied_is_a_candidate_again() -> None:
     assert b.add([r0], 0.0) == 0
     b.untake(c.item)
     assert b.add([r0], 0.0) == 1
+
+
+async def test_stop_cancels_refills_before_the_store_closes() -> None:
+    """Shutdown: a refill in flight is cancelled and awaited by ``stop``, so none reads
+    through the closed store afterwards (it would fail outside any caller: log noise)."""
+    import asyncio
+
+    from rasd.observe.metrics import Counters
+    from rasd.prefetch import Prefetcher
+
+    started = asyncio.Event()
+    reads_after_close: list[str] = []
+
+    class Store:
+        closed = False
+
+        async def query_available(
+            self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+        ) -> list[ResourceItem]:
+            if self.closed:
+                reads_after_close.append(part)
+            started.set()
+            await asyncio.sleep(3600)
+            return []
+
+    class Clock:
+        def mono(self) -> float:
+            return 0.0
+
+        def now_us(self) -> int:
+            return 10**9
+
+    store = Store()
+    p = Prefetcher(Config().validate(), store, Clock(), Counters(), random.Random(1), seed=0)  # type: ignore[arg-type]
+    pool = type("P", (), {"client_id": "c", "pool_id": "p"})()
+    p._start_refill(pool, p.buffer(pool))  # type: ignore[arg-type]
+    await started.wait()
+    tasks = list(p._refills.values())
+    await asyncio.wait_for(p.stop(), 5)  # without the cancel, the refill would never end
+    store.closed = True
+    assert all(t.cancelled() for t in tasks)
+    assert not p._refills
+    await asyncio.sleep(0)
+    assert reads_after_close == []

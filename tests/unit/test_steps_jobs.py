@@ -1,6 +1,6 @@
 """The jobs' programs (rasd.steps.repair, .dedupe, .admin, .paper), driven by a scripted
 ``perform`` over plain items (``rasd.core.writes.apply``, as the checker evaluates writes), with
-time passed in; and the jobs' boto3 driver's outcomes (jobs.leases.Driver) on a stub."""
+time passed in; and the jobs' boto3 driver's outcomes (rasd_jobs.leases.Driver) on a stub."""
 
 from __future__ import annotations
 
@@ -12,25 +12,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from jobs.leases import Driver
+from rasd.core.builders import claim, new_resource_item
 from rasd.core.decide import Outcome, Rules
 from rasd.core.errors import RasdError, Unavailable
-from rasd.core.lease import (
-    FREE,
-    LIVE,
-    US,
-    Mapping,
-    ResourceItem,
-    claim,
-    fmt_time,
-    map_acquire,
-    map_confirm,
-    map_extend,
-    map_pk,
-    mapping_from,
-    new_resource_item,
-    resource_from,
-)
+from rasd.core.lease import FREE, LIVE, US, Mapping, ResourceItem, fmt_time, map_pk
+from rasd.core.map_builders import map_acquire, map_confirm, map_extend
+from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply, item_from_av
 from rasd.steps import (
     At,
@@ -49,6 +36,7 @@ from rasd.steps import dedupe as DD
 from rasd.steps import paper as P
 from rasd.steps import repair as RP
 from rasd.store import WriteResult
+from rasd_jobs.leases import Driver
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US
@@ -188,7 +176,7 @@ def test_release_held_loses_to_an_extension_after_the_end_was_read() -> None:
     lease = replace(t.mapping("k1"))
 
     def extend() -> None:
-        from rasd.core.lease import lease_from_mapping
+        from rasd.core.decide import lease_from_mapping
 
         t.land(map_extend(lease_from_mapping(lease), NOW + 2 * HOUR))
 

@@ -1,5 +1,5 @@
-"""Every write builder of rasd.core.lease, written out in full, the rules next to them, and
-rasd.core.writes' rendering for DynamoDB.
+"""Every write builder of rasd.core.builders and .map_builders, written out in full, the rules of
+rasd.core.decide next to them, and rasd.core.writes' rendering for DynamoDB.
 
 The protocol checker runs the builders the daemon and ras-dedupe use; the ones only the
 operator's tools and the balancer send (``adopt``, ``move``, ``tombstone``, ``readd``,
@@ -13,8 +13,21 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.core import decide
+from rasd.core import legacy, verdicts
 from rasd.core import writes as W
+from rasd.core.builders import (
+    adopt,
+    claim,
+    extend_resource,
+    fence_resource,
+    free_orphan,
+    liberate,
+    move,
+    readd,
+    relist,
+    tombstone,
+)
+from rasd.core.decide import check_expiry, lease_from_item, pick_mapping
 from rasd.core.lease import (
     FREE,
     LIVE,
@@ -23,29 +36,13 @@ from rasd.core.lease import (
     Lease,
     Mapping,
     ResourceItem,
-    adopt,
-    check_expiry,
-    claim,
-    extend_resource,
-    fence_resource,
     fmt_time,
-    free_orphan,
-    is_tombstone,
-    lease_from_item,
-    liberate,
-    map_drop_dead,
-    map_extend,
-    map_fence,
     map_pk,
-    map_release,
-    move,
     partition_name,
     partition_of,
-    pick_mapping,
-    readd,
-    relist,
-    tombstone,
 )
+from rasd.core.map_builders import map_drop_dead, map_extend, map_fence, map_release
+from rasd.core.serialize import is_tombstone
 from rasd.core.writes import Cond, Write, apply, from_av, render_plain, to_av
 
 NOW = 1_000 * US
@@ -256,9 +253,9 @@ def test_pick_mapping_breaks_ties_by_region_then_resource() -> None:
 
 def test_name_held_until_of_items_without_an_end_or_a_mark() -> None:
     q, grace = 5 * US, 2 * US
-    assert decide.name_held_until(_held(lease_expires_us=None), NOW, q, grace) == NOW + q
-    assert decide.name_held_until(_held(), NOW, q, grace) == 1_010 * US + grace
-    assert decide.name_held_until(_free(lease_available=None), NOW, q, grace) == NOW
+    assert verdicts.name_held_until(_held(lease_expires_us=None), NOW, q, grace) == NOW + q
+    assert verdicts.name_held_until(_held(), NOW, q, grace) == 1_010 * US + grace
+    assert verdicts.name_held_until(_free(lease_available=None), NOW, q, grace) == NOW
 
 
 def test_from_av_names_what_it_cannot_read() -> None:
@@ -312,7 +309,7 @@ def test_adoptable_needs_a_running_lease_of_this_key_pool_and_region() -> None:
     r = _held()
 
     def ok(item: ResourceItem | None, now_us: int = NOW) -> bool:
-        return decide.adoptable(item, "c", "p", "k1", "r1", now_us)
+        return legacy.adoptable(item, "c", "p", "k1", "r1", now_us)
 
     assert ok(r)
     assert not ok(None)

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rasd.core import builders as B
 from rasd.core import lease as L
+from rasd.core import map_builders as MB
 from rasd.core import writes as W
 
 ATTRS = ["holder", "version", "lease_expires", "state", "token", "#odd name"]
@@ -50,10 +52,10 @@ def test_the_daemons_writes_render_as_from_scratch() -> None:
         now = 1_700_000_000_000_000 + n
         token = f"tok{n}"
         ws = [
-            L.claim(item, f"k{n}", now + 60_000_000, now, token, n),
-            L.map_acquire(("m#c#p#k", "us-east-1"), n - 1, token, f"r{n}", n, now + 9, now, "o"),
-            L.free_claim(("c", f"r{n}"), f"k{n}", token, now, now + 5),
-            L.fence_resource(("c", f"r{n}"), n),
+            B.claim(item, f"k{n}", now + 60_000_000, now, token, n),
+            MB.map_acquire(("m#c#p#k", "us-east-1"), n - 1, token, f"r{n}", n, now + 9, now, "o"),
+            B.free_claim(("c", f"r{n}"), f"k{n}", token, now, now + 5),
+            B.fence_resource(("c", f"r{n}"), n),
         ]
         for w in ws:
             assert W.render(w) == W.render_plain(w)

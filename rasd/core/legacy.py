@@ -1,0 +1,150 @@
+"""The daemon's decisions beside the paper's agent (``legacy_agents``). Pure: no I/O.
+
+Theory of operation (the argument is in docs/design.md, "Beside the paper's agent")
+------------------------------------------------------------------------------------
+The paper's agent decides from the indexes alone: its lookup answers whatever lease the
+leased index shows for a key, and its claim is conditioned on the version read, nothing about
+the key. With it on the table, rasd's acquisition (:mod:`rasd.core.decide`) changes at three
+points, each a decision here:
+
+1. **adoption**: when the key's mapping names no lease in our region, a running lease of the
+   key there (:func:`adoptable`) is the paper's agent's: rasd adopts it rather than make a
+   second one;
+2. **settling**: a pending mapping whose claim landed is not served before one more look at
+   the leased index made after the claim landed (:func:`beside_legacy`, :func:`on_settle`):
+   no rival, it is confirmed and served; a rival, rasd yields to it (:func:`rival`);
+3. **lapsed leases**: a lease of ours past its end as its resource item records it is ended,
+   not extended (:func:`on_lapsed`): past that end the paper's agent may have leased the key
+   again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .decide import Decision, Extend, Serve, pick
+from .lease import Mapping, ResourceItem
+
+
+def adoptable(
+    r: ResourceItem | None, client_id: str, pool_id: str, key: str, region: str, now_us: int
+) -> bool:
+    """Is ``r`` (read strongly consistently) a running lease of ``key`` in our region that
+    rasd may adopt? Asked only when the key's mapping names no lease here
+    (:func:`on_read` said Acquire), so no acquisition of ours serves it: the paper's agent
+    took it (or a crash left it, held for this same key). Adoption keeps it where it is."""
+    return (
+        r is not None
+        and r.key == key
+        and r.client_id == client_id
+        and r.pool_id == pool_id
+        and r.region == region
+        and r.lease_expires_us is not None
+        and r.lease_expires_us > now_us
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Beside the paper's agent: a pending mapping whose claim landed (``mapping``) is not
+    served, by its acquirer or a reader, before one more look at the leased index made after
+    the claim landed (:func:`on_settle`) and, if that shows no rival, the mapping confirmed."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """No rival: write ``mapping`` live (``map_confirm``) and serve it once that applied."""
+
+    mapping: Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class YieldTo:
+    """A lease of the paper's agent for the key in our region, ``item``, was made while our
+    claim was in flight: adopt it at the pending mapping's version (our claim, which no one
+    was answered with, is then given back)."""
+
+    mapping: Mapping
+    item: ResourceItem
+
+
+def beside_legacy(d: Decision | Settle) -> Decision | Settle:
+    """With ``legacy_agents``: what to do instead of serving a pending mapping whose claim
+    landed (``Serve`` with ``confirm``): settle it, whoever reads it, its acquirer or another
+    daemon (``on_settle``; a settle's writes are conditional on the pending mapping's
+    version, so of two that race one wins, and nothing is answered before it won). Every
+    other decision is unchanged (a Settle too)."""
+    if isinstance(d, Serve) and d.confirm is not None:
+        return Settle(d.confirm)
+    return d
+
+
+#: A claim of rasd's that no mapping names is a rival (:func:`rival`) only once it is this old
+#: (microseconds): a younger one is, as a rule, the losing side of a race for the key whose
+#: acquirer is giving it back at that moment. Yielding to it would chase a claim that is
+#: being freed, and two daemons racing one key would yield to each other until the deadline.
+ORPHAN_RIVAL_AGE_US = 2_000_000
+
+
+def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:
+    """Another running lease of ``m``'s key and region in ``held`` (the leased index, read
+    after ``m``'s claim landed), or None: the paper's agent's, or a claim of rasd's that no
+    mapping names and that is older than ``ORPHAN_RIVAL_AGE_US`` (its acquisition lost the
+    mapping or its outcome was unknown, and no give-back followed: never served by rasd, but
+    the paper's agent answers whatever the index shows for the key). ``m`` is the key's
+    mapping in the region, so no other item held for the key there is a rasd lease. The
+    earliest, as ``pick`` orders them (the paper's agent's lookup makes the same choice).
+
+    Not covered: the paper's agent answering a losing claim of rasd's in the moment before it
+    is given back (docs/design.md, "Two agents acquiring one key at once")."""
+    found = [
+        it
+        for it in held
+        if it.resource != m.resource
+        and adoptable(it, m.client_id, m.pool_id, m.key, m.region, now_us)
+        and not (
+            it.holder_current and now_us - (it.lease_acquired_us or now_us) < ORPHAN_RIVAL_AGE_US
+        )
+    ]
+    return pick(found)
+
+
+def on_settle(m: Mapping, held: list[ResourceItem], now_us: int) -> Confirm | YieldTo:
+    """A pending mapping ``m`` whose claim landed, and the leased index read after that.
+
+    The paper's agent decides from the index alone and its claim is conditioned on nothing
+    about the key, so while both agents acquire a key at once either can make the second
+    lease. This rule makes it never rasd's answer: rasd serves its claim only if an index
+    read made after the claim landed shows no rival; a rival that shows up later was made by
+    the paper's agent after our lease was in the index (docs/design.md, "Two agents acquiring
+    one key at once")."""
+    r = rival(m, held, now_us)
+    return Confirm(m) if r is None else YieldTo(m, r)
+
+
+@dataclass(frozen=True, slots=True)
+class EndLapsed:
+    """Beside the paper's agent: our lease is past its end as its resource item records it
+    (no answer of it, rasd's or the paper's agent's, runs any more). End it (the mapping
+    released at the version read, then the resource freed) and read again: the key acquires
+    anew, adopting what the paper's agent may have leased it since its end."""
+
+    mapping: Mapping
+
+
+def on_lapsed(m: Mapping, r: ResourceItem | None, now_us: int) -> Extend | EndLapsed:
+    """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m`` already past its
+    end (on the mapping), and ``r`` is its resource item, read consistently after.
+
+    The paper's agent takes a lease's end as final: past it, its lookup sees no lease and it
+    claims another resource for the key. Extending ours then would make it run again beside
+    that one. The item, not the mapping, says whether it is over: an extension writes the
+    item first (the mapping can lag it), and both agents answer at most the item's end. An
+    item that still runs is extended as before; one whose end has passed, or that no longer
+    carries our claim, is ended."""
+    held = r is not None and r.holder == m.token and r.key == m.key
+    if held and r is not None and r.lease_expires_us is not None and r.lease_expires_us > now_us:
+        return Extend(m)
+    return EndLapsed(m)
