@@ -643,7 +643,7 @@ def _cache_drop(w: World, di: int, key: str) -> None:
 
 
 def _maybe_refresh(w: World, di: int, key: str, lease: Lease, requested: int) -> None:
-    """``Acquirer._maybe_refresh``: extend a sliding lease, or re-confirm a stale answer."""
+    """``Renewer.maybe_refresh``: extend a sliding lease, or re-confirm a stale answer."""
     d = w.daemons[di]
     if key in d.refreshing:
         return
@@ -703,7 +703,7 @@ def app_calls(w0: World, di: int) -> Out:
         d = w.daemons[di]
         requested = w.now_us(d.offset) + w0.cfg.lease_of(di) * US
         e = d.entry(key)
-        if e is not None and w.t < e.until:  # Acquirer.try_hit
+        if e is not None and w.t < e.until:  # LeaseCache.answer
             w.answer(d, key, e.lease)
             _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))

@@ -10,14 +10,17 @@ gives leases back and re-lists what it quarantined; the reporter (``rasd.reporte
 the cache, the prefetcher, the one task group) and one pool table (``rasd.pools``). The
 Acquirer composes them: the server holds it, and calls each role for its verbs.
 
-``hit_answer`` is the hot path and never awaits: a cached lease is answered at once. The
-cache holds each answer at most ``confirm_interval`` (S) after it was last confirmed; a hit
-past S/2 asks the renewer for a background re-confirmation (one consistent read), and a hit
-whose sliding ``lease_expires`` calls for it (``decide.should_extend``) for a background
-extension.
+The cached hit is the cache's to answer (``LeaseCache.answer``, asked once per request by the
+server): the Acquirer injects what it needs (the pool table's dict, the renewer's
+``maybe_refresh``). The cache holds each answer at most ``confirm_interval`` (S) after it was
+last confirmed; a hit past S/2 asks the renewer for a background re-confirmation (one
+consistent read), and a hit whose sliding ``lease_expires`` calls for it
+(``decide.should_extend``) for a background extension.
 
-A miss goes through :meth:`Acquirer.get_lease`, which makes concurrent requests for one
-(client, pool, key) share one resolution (single-flight). The resolution
+A miss goes through :meth:`Acquirer.get_lease`, which does not ask the cache again (the server
+just did; the resolution reads the table, the truth): it reads the pool, refuses a lease end
+the pool does not allow, and makes concurrent requests for one (client, pool, key) share one
+resolution (single-flight). The resolution
 (``steps.take.resolve``) reads the key's mapping items (one strongly consistent Query) and
 does what ``rasd.core.decide`` says:
 
@@ -35,19 +38,17 @@ region's lease is served as it is.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 
-from .cache import HEAD, CacheKey, lease_of
+from .cache import CacheKey
 from .config import Config
 from .core.clock import Clock
 from .core.decide import check_expiry
 from .core.errors import BadRequest
-from .core.lease import US, Lease, Pool
+from .core.lease import Lease, Pool
 from .driver import Driver
 from .observe.metrics import Counters
 from .pools import PoolTable
-from .protocol import ID_PACK
 from .releaser import Releaser
 from .renewer import Renewer
 from .reporter import Reporter
@@ -55,13 +56,10 @@ from .steps import daemon as S
 from .steps.take import resolve
 from .store import Store
 
-#: seconds between two reads of the wall clock on the hit path (Acquirer.wall_us)
-WALL_RESYNC = 0.25
-
 
 class Acquirer:
-    """The taker (``get_lease``: the cached hit, single-flight, the resolution), and the
-    roles beside it: ``renewer``, ``releaser``, ``reporter``, over one ``driver``."""
+    """The taker (``get_lease``: single-flight, the resolution), and the roles beside it:
+    ``renewer``, ``releaser``, ``reporter``, over one ``driver``."""
 
     def __init__(
         self,
@@ -87,99 +85,31 @@ class Acquirer:
         self.cfg = cfg
         self.store = store
         self.counters = counters
-        # What the hit path reads, held here (the same objects as the driver's and the
-        # renewer's) so that a hit takes no hop through them.
         self.clock = drv.clock
-        self.cache = drv.cache
+        self.cache = cache = drv.cache
         self.prefetch = drv.prefetch
         self.pools = pools.by_id
-        self._refreshing = self.renewer.refreshing
-        self._maybe_refresh = self.renewer.maybe_refresh
+        # What the cached hit (LeaseCache.answer) reads besides the entries: the same objects
+        # as the pool table's and the renewer's, so that a hit takes no hop through them.
+        cache.pools = pools.by_id
+        cache.refreshing = self.renewer.refreshing
+        cache.refresh = self.renewer.maybe_refresh
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
-        self._wall_synced = -math.inf
-        self._wall_offset_us = 0
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
         why = check_expiry(requested_us, now_us, pool.max_lease_us)
         if why:
             raise BadRequest(why)
 
-    # --------------------------------------------------------------------- hot path
-    def wall_us(self, mono: float) -> int:
-        """Wall time (microseconds) at monotonic time ``mono``, from an offset read again
-        once WALL_RESYNC has passed: a hit reads no clock but the one its request read. Only
-        for checks that tolerate a fraction of a second (the requested lease end, when to
-        extend); cache validity runs on the monotonic clock alone (docs/design.md, I3)."""
-        if not 0 <= mono - self._wall_synced < WALL_RESYNC:
-            self._wall_synced = mono
-            self._wall_offset_us = self.clock.now_us() - int(mono * US)
-        return int(mono * US) + self._wall_offset_us
-
-    def try_hit(
-        self,
-        client_id: str,
-        pool_id: str,
-        key: str,
-        requested_us: int,
-        now: float | None = None,
-    ) -> Lease | None:
-        """The full path's cache hit: the cached Lease when :meth:`hit_answer` would answer,
-        else None; raises BadRequest when the pool refuses the lease end. Never awaits and
-        never touches DynamoDB. ``now``: the request's monotonic time (read once by the
-        server). (The server counts hits and misses: this is also called again after a miss.)"""
-        if now is None:
-            now = self.clock.mono()
-        if self.hit_answer(client_id, pool_id, key, requested_us, now, 0) is None:
-            pool = self.pools.get((client_id, pool_id))
-            if pool is not None:
-                self._check(pool, requested_us, self.wall_us(now))  # a refused end, named
-            return None
-        return self.cache.get((client_id, pool_id, key), now)
-
-    def hit_answer(
-        self,
-        client_id: str,
-        pool_id: str,
-        key: str,
-        requested_us: int,
-        now: float,
-        req_id: int,
-    ) -> bytes | None:
-        """What the cache answers a get_lease at monotonic time ``now``, for both paths (the
-        full path through :meth:`try_hit`): the whole answer frame for request ``req_id``
-        (0 <= req_id <= protocol.ID_MAX), or None when this is not a plain hit (no pool, a
-        lease end the pool refuses, no valid entry). Starts the background work a hit calls
-        for: a re-confirmation past S/2, an extension when the caller asks for more than the
-        lease has (``Renewer.maybe_refresh``); the Lease is rebuilt only then. Otherwise
-        allocates only the answer."""
-        pool = self.pools.get((client_id, pool_id))
-        if pool is None:
-            return None
-        if 0 <= now - self._wall_synced < WALL_RESYNC:
-            now_us = int(now * US) + self._wall_offset_us
-        else:
-            now_us = self.wall_us(now)
-        if not 0 < requested_us - now_us <= pool.max_lease_us:  # check_expiry, inlined
-            return None
-        r = self.cache.read(client_id, pool_id, key, now)
-        if r is None:
-            return None
-        e, confirmed, extend_from_us, end = r
-        if now - confirmed > self.cache.half_s or requested_us > extend_from_us:
-            k = (client_id, pool_id, key)
-            if k not in self._refreshing:
-                self._maybe_refresh(k, lease_of(client_id, pool_id, key, e), requested_us, now_us)
-        return e[HEAD:end] + ID_PACK(req_id)
-
     # --------------------------------------------------------------------- a miss
     async def get_lease(
         self, client_id: str, pool_id: str, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        """The lease for ``key`` and whether this call acquired it."""
+        """The lease for ``key`` and whether this call acquired it: a miss (the cache, asked
+        by the server, had no answer), resolved from the table. Raises BadRequest when the
+        pool refuses the lease end."""
         pool = await self.pool_table.get(client_id, pool_id, deadline)
-        hit = self.try_hit(client_id, pool_id, key, requested_us)
-        if hit is not None:
-            return hit, False
+        self._check(pool, requested_us, self.clock.now_us())
         k = (client_id, pool_id, key)
         flight = self._flights.get(k)
         if flight is not None:

@@ -23,11 +23,19 @@ the key). Per client and pool a plain dict ``key -> entry``, where an entry is::
           ``protocol.answer_head`` makes it from ``protocol.lease_response``, the one layout
     tail: msgpack of (acquired_us, token)
 
-so a hit answers with ``entry[META.size:head_end] + id`` (:func:`answer`): nothing packed per
-request. :meth:`LeaseCache.read` is the one reader of an entry, for the cached hit and the full
-path alike. ``extend_from_us`` is the lease's end for a lease of this cache's region (a request
-asking for more may need an extension) and INT64_MAX for another region's (never extended
-here). The ``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
+so a hit answers with ``entry[META.size:head_end] + id``: nothing packed per request.
+:meth:`LeaseCache.read` reads an entry (:meth:`LeaseCache.answer` alike, for the hit).
+``extend_from_us`` is the lease's end for a lease of this cache's region (a request asking for
+more may need an extension) and INT64_MAX for another region's (never extended here). The
+``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
+
+The cached hit: :meth:`LeaseCache.answer` decides whether the cache answers a get_lease, for
+the server, which asks it once per request (``Routing.handle``); a miss goes on to
+DynamoDB without asking again. What it needs besides the entries is injected by the taker
+(``rasd.acquire``): the pool table's dict (the pool's maximum lease), the renewer's set of keys
+being refreshed and its ``maybe_refresh`` (the background work a hit calls for). The wall
+clock is read again once WALL_RESYNC has passed (:meth:`LeaseCache.wall_us`), so a hit reads
+no clock but the one its request read.
 
 Validity is checked on read, against the monotonic time the caller passes in (confirmation
 ages must not jump with the wall clock); an entry past it is dropped when read. The size bound
@@ -39,15 +47,19 @@ injected clock or the caller, so tests advance a FakeClock instead of sleeping.
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 
 import msgpack
 
 from rasd_client.wire import HEADER_SIZE
 
 from .core.clock import Clock
-from .core.lease import MAX_KEY_LEN, US, Lease
-from .protocol import ID_PACK, MAX_ID_LEN, answer_head
+from .core.decide import check_expiry
+from .core.errors import BadRequest
+from .core.lease import US, Lease, Pool
+from .protocol import ID_PACK, answer_head, answer_wide
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)
 #: see the module docstring
@@ -60,6 +72,15 @@ META = struct.Struct("<ddqH")
 _UNPACK = META.unpack_from
 HEAD = META.size  # where the answer's head starts in an entry
 NEVER = 2**63 - 1  # extend_from_us of a lease this daemon never extends
+#: seconds between two reads of the wall clock on the hit path (LeaseCache.wall_us)
+WALL_RESYNC = 0.25
+#: what a hit that calls for background work asks (``Renewer.maybe_refresh``): the key, the
+#: cached Lease, the requested end, the wall time (us)
+Refresh = Callable[[CacheKey, Lease, int, int], None]
+
+
+def _no_refresh(k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
+    """A cache with no renewer injected (tests): a hit asks for nothing."""
 
 
 def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
@@ -67,12 +88,6 @@ def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Ent
     ext = lease.expires_us if lease.region == region else NEVER
     tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
     return META.pack(until, confirmed, ext, HEAD + len(head)) + head + tail
-
-
-def answer(e: Entry, end: int, req_id: int) -> bytes:
-    """The hit's answer frame for request ``req_id`` (0 <= req_id <= protocol.ID_MAX), from an
-    entry and its ``head_end``."""
-    return e[HEAD:end] + ID_PACK(req_id)
 
 
 def lease_of(client_id: str, pool_id: str, key: str, e: Entry) -> Lease:
@@ -93,17 +108,6 @@ def lease_of(client_id: str, pool_id: str, key: str, e: Entry) -> Lease:
     )
 
 
-def _servable_names(lease: Lease) -> bool:
-    """Names a request may carry (their lengths are protocol.parse's to check): the cache holds
-    nothing else, so the cached hit, which checks no length, finds no entry for a name that
-    parse refuses (``Daemon.hit`` relies on it)."""
-    return (
-        0 < len(lease.client_id) <= MAX_ID_LEN
-        and 0 < len(lease.pool_id) <= MAX_ID_LEN
-        and 0 < len(lease.key) <= MAX_KEY_LEN
-    )
-
-
 def until_of(e: Entry) -> float:
     until: float = META.unpack_from(e)[0]
     return until
@@ -112,11 +116,16 @@ def until_of(e: Entry) -> float:
 class LeaseCache:
     __slots__ = (
         "_n",
+        "_wall_offset_us",
+        "_wall_synced",
         "clock",
         "confirm_s",
         "entries",
         "half_s",
         "maxsize",
+        "pools",
+        "refresh",
+        "refreshing",
         "region",
         "skew_margin_us",
     )
@@ -139,12 +148,80 @@ class LeaseCache:
         #: client_id -> pool_id -> key -> entry (the server's hot path reads it directly)
         self.entries: dict[str, dict[str, _Pool]] = {}
         self._n = 0  # entries held, expired ones included until they are dropped
+        # Injected by the taker (rasd.acquire): see the module docstring, "The cached hit".
+        #: (client_id, pool_id) -> Pool: the pool table's dict, read in place
+        self.pools: dict[tuple[str, str], Pool] = {}
+        #: keys with a refresh under way (the renewer's set)
+        self.refreshing: set[CacheKey] = set()
+        #: the background work a hit calls for (``Renewer.maybe_refresh``)
+        self.refresh: Refresh = _no_refresh
+        self._wall_synced = -math.inf
+        self._wall_offset_us = 0
 
     # ------------------------------------------------------------------------- hot path
+    def wall_us(self, mono: float) -> int:
+        """Wall time (microseconds) at monotonic time ``mono``, from an offset read again
+        once WALL_RESYNC has passed. Only for checks that tolerate a fraction of a second
+        (the requested lease end, when to extend); validity runs on the monotonic clock
+        alone (docs/design.md, I3)."""
+        if not 0 <= mono - self._wall_synced < WALL_RESYNC:
+            self._wall_synced = mono
+            self._wall_offset_us = self.clock.now_us() - int(mono * US)
+        return int(mono * US) + self._wall_offset_us
+
+    def answer(
+        self,
+        client_id: str,
+        pool_id: str,
+        key: str,
+        requested_us: int,
+        now: float,
+        req_id: int,
+    ) -> bytes | None:
+        """What the cache answers a well-formed get_lease at monotonic time ``now``: the whole
+        answer frame for request ``req_id``, or None when this is no hit (an unknown pool, no
+        valid entry); raises BadRequest, naming it, when a known pool refuses the lease end.
+        Starts the background work a hit calls for: a re-confirmation past S/2, an extension
+        when the caller asks for more than the lease has (``refresh``); the Lease is rebuilt
+        only then. Otherwise allocates only the answer. Never awaits. It reads the entry as
+        :meth:`read` does, written out here so that a hit makes one call into the cache
+        (``test_cache``: the two agree)."""
+        pool = self.pools.get((client_id, pool_id))
+        if pool is None:
+            return None
+        if 0 <= now - self._wall_synced < WALL_RESYNC:
+            now_us = int(now * US) + self._wall_offset_us
+        else:
+            now_us = self.wall_us(now)
+        if not 0 < requested_us - now_us <= pool.max_lease_us:  # check_expiry, inlined
+            raise BadRequest(check_expiry(requested_us, now_us, pool.max_lease_us) or "")
+        pools = self.entries.get(client_id)
+        if pools is None:
+            return None
+        d = pools.get(pool_id)
+        if d is None:
+            return None
+        e = d.get(key)
+        if e is None:
+            return None
+        until, confirmed, extend_from_us, end = _UNPACK(e)
+        if now >= until:
+            del d[key]
+            self._n -= 1
+            return None
+        if now - confirmed > self.half_s or requested_us > extend_from_us:
+            k = (client_id, pool_id, key)
+            if k not in self.refreshing:
+                self.refresh(k, lease_of(client_id, pool_id, key, e), requested_us, now_us)
+        try:
+            return e[HEAD:end] + ID_PACK(req_id)
+        except struct.error:  # a negative id: no uint64
+            return answer_wide(e[HEAD:end], req_id)
+
     def read(self, client_id: str, pool_id: str, key: str, now: float) -> Read | None:
         """The entry valid at monotonic time ``now`` with its META (confirmation time,
-        extend_from_us, head_end), or None; an entry past its validity is dropped. The one
-        reader of the cache: the cached hit and the full path both read through it."""
+        extend_from_us, head_end), or None; an entry past its validity is dropped. The
+        reader of the cache for all but the cached hit (:meth:`answer`, which reads alike)."""
         pools = self.entries.get(client_id)
         if pools is None:
             return None
@@ -187,8 +264,6 @@ class LeaseCache:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
         confirmed it was sent). An older confirmation never replaces a newer one; an entry
         already past its validity is simply not kept."""
-        if not _servable_names(lease):
-            return
         now = self.clock.mono()
         d = self._pool_for(lease.client_id, lease.pool_id)
         key = lease.key

@@ -7,7 +7,7 @@ Theory of operation
 hold (one GetItem) before a request goes on. A pool that does not exist is remembered for
 UNKNOWN_POOL_TTL, bounded by UNKNOWN_POOL_MAX, so that a caller cycling through made-up pool
 names can neither grow the daemon nor make it read the table for each request. ``by_id`` is
-a plain dict, updated in place, that the cached hit reads directly (``Acquirer.hit_answer``).
+a plain dict, updated in place, that the cached hit reads directly (``LeaseCache.answer``).
 """
 
 from __future__ import annotations

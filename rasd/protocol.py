@@ -4,16 +4,17 @@ what an answer holds. Pure: frames in, Requests and answers out, no I/O.
 Theory of operation
 -------------------
 A ``get_lease`` frame's fields are checked by one function, :func:`lease_fields`: one pass, one
-exact type check per field, nothing allocated but the tuple of values. Both paths of the server
-use it: :func:`parse` (the full path, which adds the names' length limits) and ``Daemon.hit``
-(the cached hit, which needs no length check: the cache holds no name parse refuses). A frame
-they refuse is never accepted: :func:`parse` then walks its fields one by one only to name the
-first one that is wrong (``BadRequest``). Every other op is checked by that walk.
+exact type check per field and the names' lengths, nothing allocated but the tuple of values.
+The server calls it once per frame (``Routing.handle``): the cached hit and the miss that goes
+on to DynamoDB both use its tuple. A frame it refuses is never accepted: :func:`parse` then
+walks its fields one by one only to name the first one that is wrong (``BadRequest``). Every
+other op is checked by that walk.
 
 A ``get_lease`` is answered by one layout, :func:`lease_response`, whose ``id`` comes last. A
 cached hit's answer is that frame encoded once, when the lease is cached, with its ``id``
 widened to a msgpack uint64 (:func:`answer_head`): per request only the id's 8 bytes are
-appended (``ID_PACK``), and the bytes decode to exactly what ``lease_response`` says.
+appended (``ID_PACK``), and the bytes decode to exactly what ``lease_response`` says. An id
+a uint64 cannot carry (a negative one) is packed as msgpack packs it (:func:`answer_wide`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 from rasd_client.wire import _HEADER, HEADER_SIZE, VERSION, encode
 
@@ -31,7 +34,7 @@ OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats"})
 _NEEDS_POOL = frozenset({"get_lease", "release", "headroom"})
 MAX_DEADLINE_MS = 60_000
 MAX_ID_LEN = 64  # client_id and pool_id, characters
-#: the largest id a cached hit's answer carries (a msgpack uint64); others take the full path
+#: the largest id ``ID_PACK`` packs (a msgpack uint64); a negative id takes :func:`answer_wide`
 ID_MAX = 2**64 - 1
 #: packs the id's value after an answer's head (:func:`answer_head`): 8 bytes, big-endian
 ID_PACK = struct.Struct(">Q").pack
@@ -73,11 +76,9 @@ def request_id(frame: dict[str, Any]) -> int | None:
 
 
 def lease_fields(frame: dict[str, Any]) -> LeaseFields | None:
-    """The one check of a get_lease frame's types and values: its fields when every one is
-    well-formed, else None (:func:`parse` then names the first wrong one). Exact types: True
-    and 1.0 equal 1 in Python, not on the wire. The names' lengths are :func:`parse`'s to
-    check: the cached hit needs no check of them (the cache holds no name that parse
-    refuses, so a longer name finds no entry and goes to parse)."""
+    """The one check of a get_lease frame: its fields when every one is well-formed (types,
+    values, the names' lengths), else None (:func:`parse` then names the first wrong one).
+    Exact types: True and 1.0 equal 1 in Python, not on the wire."""
     try:
         if frame["op"] != "get_lease":
             return None
@@ -95,8 +96,11 @@ def lease_fields(frame: dict[str, Any]) -> LeaseFields | None:
         and v == VERSION
         and type(rid) is int
         and type(c) is str
+        and 0 < len(c) <= MAX_ID_LEN
         and type(p) is str
+        and 0 < len(p) <= MAX_ID_LEN
         and type(k) is str
+        and 0 < len(k) <= MAX_KEY_LEN
         and type(e) is int
         and (d is None or (type(d) is int and 0 < d <= MAX_DEADLINE_MS))
     ):
@@ -105,16 +109,16 @@ def lease_fields(frame: dict[str, Any]) -> LeaseFields | None:
 
 
 def parse(frame: dict[str, Any]) -> Request:
-    """The Request a frame asks for; raises BadRequest naming the first field that is wrong."""
+    """The Request a frame asks for; raises BadRequest naming the first field that is wrong.
+    (The server parses only the frames :func:`lease_fields` refuses: a well-formed get_lease
+    goes on with its tuple.)"""
     f = lease_fields(frame)
     if f is not None:
-        rid, c, p, k, e, d = f
-        if 0 < len(c) <= MAX_ID_LEN and 0 < len(p) <= MAX_ID_LEN and 0 < len(k) <= MAX_KEY_LEN:
-            return Request(rid, "get_lease", c, p, k, e, d)
+        return Request(f[0], "get_lease", f[1], f[2], f[3], f[4], f[5])
     req = _parse_checked(frame)
     if req.op == "get_lease":
-        # lease_fields and the lengths above alone accept a get_lease; the walk names what
-        # is wrong, and finds something in every frame they refuse
+        # lease_fields alone accepts a get_lease; the walk names what is wrong, and finds
+        # something in every frame it refuses
         raise BadRequest("malformed get_lease")
     return req
 
@@ -170,6 +174,15 @@ def answer_head(lease: Lease) -> bytes:
     """The encoded :func:`lease_response` of a hit on ``lease`` (``new`` false) but for the
     value of its ``id``: the frame's length counts 8 bytes more, and the id's value, packed
     last as one byte (0x00, id 0), is replaced by the uint64 marker 0xcf. The answer to
-    request ``req_id`` (0 <= req_id <= ID_MAX) is ``head + ID_PACK(req_id)``."""
+    request ``req_id`` (0 <= req_id <= ID_MAX) is ``head + ID_PACK(req_id)``; for a negative
+    one, :func:`answer_wide`."""
     frame = encode(lease_response(0, lease, False))
     return _HEADER.pack(len(frame) - HEADER_SIZE + 8) + frame[HEADER_SIZE:-1] + b"\xcf"
+
+
+def answer_wide(head: bytes, req_id: int) -> bytes:
+    """The answer to request ``req_id`` from an :func:`answer_head` when ``ID_PACK`` cannot
+    carry the id (a negative one; msgpack decodes no int above ``ID_MAX``): the id packed as
+    msgpack packs it, the length counted again: ``encode(lease_response(req_id, ...))``."""
+    body: bytes = head[HEADER_SIZE:-1] + msgpack.packb(req_id)
+    return _HEADER.pack(len(body)) + body

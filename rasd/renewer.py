@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-After a hit (``Acquirer.hit_answer``) or a lease served from the table (the ``Refresh``
+After a hit (``LeaseCache.answer``) or a lease served from the table (the ``Refresh``
 effect), :meth:`Renewer.maybe_refresh` starts at most one task per key: an extension when
 the caller asks for more than a sliding lease has and ``lease.should_extend`` calls for it
 (``steps.renew.extend_bg``), else a re-confirmation of an answer past S/2 (one consistent

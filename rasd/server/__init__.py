@@ -4,8 +4,8 @@
 ``lifecycle``      ``Daemon`` and ``run_daemon``: start, serve, reload, hand over, stop; read
                    it top to bottom
 ``connection``     ``Connection``: frames in, answers out, back-pressure, the peer's grant
-``routing``        ``Routing`` (a part of ``Daemon``): the cached hit, the full dispatch, the
-                   slow path that waits for DynamoDB
+``routing``        ``Routing`` (a part of ``Daemon``): one entry per frame, ``handle``: the
+                   cached hit, a miss, the other ops, the slow path that waits for DynamoDB
 ``handover``       SIGUSR2: a successor takes the listening socket over without a gap
 ``diagnostics``    what a failed start-up says: the root cause, a probe of the endpoint
 =================  ==========================================================================

@@ -2,15 +2,16 @@
 
 Theory of operation
 -------------------
-Each connection is an ``asyncio.Protocol``. Frames are decoded as bytes arrive and handed to
-the daemon's routing (rasd.server.routing): ``Daemon.hit`` answers a cache hit at once, inside
-``data_received``, without creating a task; anything else goes to ``Daemon.dispatch``, which
-answers at once or starts a task that writes its answer (with the request's ``id``) when
-done, so one connection may carry many requests at once.
+Each connection is an ``asyncio.Protocol``. Frames are decoded as bytes arrive and each is
+handed to the daemon's routing once (``Daemon.handle``, rasd.server.routing): it returns a
+cache hit's answer, which the connection writes at once, inside ``data_received``, without a
+task; anything else it answers itself, at once or from a task that writes its answer (with the
+request's ``id``) when done, so one connection may carry many requests at once.
 
-The usual read is exactly one whole frame: it is decoded in place, without copying it through
-the decoder's buffer. A read with several frames (a pipelining client) gets one write for all
-the answers it could give at once. A frame over the size limit is answered ``BAD_REQUEST`` and
+The usual read is exactly one whole frame: it is decoded in place, without a decoder. A read
+that is not (a pipelining client's several frames, or part of one) goes through a
+``FrameDecoder``, made then and dropped once it holds nothing; it gets one write for all the
+answers it could give at once. A frame over the size limit is answered ``BAD_REQUEST`` and
 the connection closed (its length prefix cannot be trusted to find the next frame).
 
 The caller's Unix credentials (SO_PEERCRED) are read once, when the connection is made, and
@@ -31,6 +32,7 @@ import structlog
 from rasd_client.wire import (
     _HEADER,
     HEADER_SIZE,
+    MAX_FRAME,
     FrameDecoder,
     FrameTooLarge,
     encode,
@@ -76,7 +78,8 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        self.decoder = FrameDecoder()
+        #: the frames of a read that was not exactly one (None while it holds nothing)
+        self.decoder: FrameDecoder | None = None
         self.pending = 0
         self.closed = False
         #: Shutdown began: read nothing more; close once every request read is answered.
@@ -85,6 +88,11 @@ class Connection(asyncio.Protocol):
         self.grant = NOBODY
         #: answers held while one data_received handles several frames (one write for all)
         self.batch: list[bytes] | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not yet a whole frame."""
+        return 0 if self.decoder is None else self.decoder.buffered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -123,30 +131,28 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         daemon = self.daemon
         n = len(data)
-        if n > HEADER_SIZE and not self.decoder._buf:
-            # The usual case: exactly one whole frame, nothing buffered. Decoded in place,
-            # without copying it through the decoder's buffer.
+        if n > HEADER_SIZE and self.decoder is None:
+            # The usual case: exactly one whole frame, nothing buffered. Decoded in place.
             (length,) = _HEADER.unpack_from(data, 0)
-            if length == n - HEADER_SIZE and length <= self.decoder.max_frame:
+            if length == n - HEADER_SIZE and length <= MAX_FRAME:
                 frame = decode_body(memoryview(data)[HEADER_SIZE:])  # type: ignore[arg-type]
-                out = daemon.hit(self, frame)
-                if out is None:
-                    daemon.dispatch(self, frame)
-                elif not self.closed:
+                out = daemon.handle(self, frame)
+                if out is not None and not self.closed:
                     self.transport.write(out)  # type: ignore[union-attr]
                 return
-        self.decoder.feed(data)
+        decoder = self.decoder
+        if decoder is None:
+            decoder = self.decoder = FrameDecoder()
+        decoder.feed(data)
         # Several frames at once (a pipelining client): their immediate answers go out in one
         # write at the end; answers of requests that wait for DynamoDB are written when done.
         batch: list[bytes] = []
         self.batch = batch
         too_large: FrameTooLarge | None = None
         try:
-            for frame in self.decoder.frames():
-                out = daemon.hit(self, frame)
-                if out is None:
-                    daemon.dispatch(self, frame)
-                else:
+            for frame in decoder.frames():
+                out = daemon.handle(self, frame)
+                if out is not None:
                     batch.append(out)
         except FrameTooLarge as exc:
             too_large = exc
@@ -156,6 +162,8 @@ class Connection(asyncio.Protocol):
             self.batch = None
             if batch and not self.closed and self.transport is not None:
                 self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+        if not decoder._buf:
+            self.decoder = None
         if too_large is not None:
             self.close()
         if self.draining and self.pending == 0:

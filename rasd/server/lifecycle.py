@@ -24,7 +24,7 @@ Theory of operation
 :func:`run_daemon` wires the signals and runs it (``rasd serve``, ``rasd dev``).
 
 The other jobs live beside this file: each connection's framing in rasd.server.connection,
-what a request frame leads to (the hit, the full dispatch, the slow path) in
+what a request frame leads to (the hit, a miss, the other ops, the slow path) in
 rasd.server.routing (``Daemon`` inherits its request paths from ``Routing``), the SIGUSR2
 hand-over in rasd.server.handover, and what a failed start-up logs in
 rasd.server.diagnostics.

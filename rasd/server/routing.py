@@ -2,20 +2,26 @@
 
 Theory of operation
 -------------------
-Three paths, tried in this order by the connection (rasd.server.connection):
+The connection (rasd.server.connection) hands every frame to one entry, :meth:`Routing.handle`,
+which follows it through once:
 
-``hit``       a well-formed ``get_lease`` the cache answers, answered inside
-              ``data_received``: no task, no ``Request``, one clock reading, nothing allocated
-              but the answer frame. Anything else returns None and goes on to ``dispatch``; the
-              hit decides nothing ``dispatch`` would decide otherwise and answers no errors.
-``dispatch``  the full path: ``protocol.parse`` (errors named), the ACL, a cache hit by the
-              same reader the hit uses, ``ping`` and ``stats``; what needs DynamoDB must get a
-              slot in the in-flight gate before its deadline or is shed with ``BUSY`` at once,
-              never queued, and then runs as a task:
-``_slow``     waits for the store if the daemon is still starting (:meth:`wait_up`), calls the
-              role of the acquirer that answers the verb (``rasd.acquire``: the taker, the
-              releaser, the reporter) within the request's deadline, and writes the answer
-              with its ``id``.
+the hit      a well-formed ``get_lease`` (``protocol.lease_fields``, called once: types, values,
+             the names' lengths) from a caller the ACL admits, asked once of the cache
+             (``LeaseCache.answer``, once the store is up), answered inside ``data_received``:
+             no task, no ``Request``, one clock reading, nothing allocated but the answer frame,
+             which ``handle`` returns for the connection to write.
+a miss       the same get_lease goes on with its fields tuple (:meth:`_lease`), never parsed
+             or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded, else
+             admission (:meth:`_admit`); the taker (``Acquirer.get_lease``) resolves it from
+             the table.
+the rest     every frame ``lease_fields`` refuses (:meth:`_walk`): ``protocol.parse`` names
+             what is wrong (``BAD_REQUEST``), the ACL, ``ping`` and ``stats`` answered at once,
+             ``release`` and ``headroom`` to admission.
+``_slow``    what needs DynamoDB must get a slot in the in-flight gate before its deadline or
+             is shed with ``BUSY`` at once, never queued, and then runs as a task: it waits for
+             the store if the daemon is still starting (:meth:`wait_up`), calls the role of the
+             acquirer that answers the verb (``rasd.acquire``: the taker, the releaser, the
+             reporter) within the request's deadline, and writes the answer with its ``id``.
 
 Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
 per connection) against the ACL -> ``FORBIDDEN``; a cache hit is answered at once; anything
@@ -39,11 +45,19 @@ from rasd_client.wire import BadFrame, error_payload
 
 from .. import protocol
 from ..config import Config
-from ..core.errors import Busy, Forbidden, Internal, RasdError, Timeout, Unavailable
+from ..core.errors import (
+    BadRequest,
+    Busy,
+    Forbidden,
+    Internal,
+    RasdError,
+    Timeout,
+    Unavailable,
+)
 from ..limits import InflightGate
 from ..observe.metrics import Counters
 from ..observe.prom import LatencyHistograms
-from ..protocol import ID_MAX, lease_fields
+from ..protocol import LeaseFields, lease_fields
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
     from ..acquire import Acquirer
@@ -58,7 +72,8 @@ HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
 class Routing:
-    """The request paths of ``Daemon``: :meth:`hit`, :meth:`dispatch`, :meth:`_slow`."""
+    """The request paths of ``Daemon``: :meth:`handle` (the hit, a miss, the rest),
+    :meth:`_slow`."""
 
     # The daemon's state the request paths read (set by Daemon.__init__ and bring_up).
     cfg: Config
@@ -75,39 +90,65 @@ class Routing:
     inflight: set[asyncio.Task[None]]
     _mono: Callable[[], float]
 
-    def hit(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
-        """The fast path: a well-formed get_lease the cache answers, as its answer frame; None
-        for anything else, which the caller passes to :meth:`dispatch` (the full path, which
-        alone answers errors). It decides nothing dispatch would decide otherwise: the same
-        field check (``protocol.lease_fields``), the ACL, the same cache decision
-        (``Acquirer.hit_answer``, which ``Acquirer.try_hit`` asks too). The names' lengths
-        are not checked: the cache holds only names parse() accepts, so names that find an
-        entry pass. An id the answer cannot carry as a uint64 (``protocol.ID_MAX``) goes to
-        the full path. One clock reading; nothing allocated but the answer when no background
-        work is due."""
-        if type(frame) is not dict or not self.up.is_set():
-            return None
-        f = lease_fields(frame)
-        if f is None:
-            return None
-        rid, c, p, k, e, _ = f
-        if not 0 <= rid <= ID_MAX:
-            return None
-        grant = conn.grant
-        if not grant.all and c not in grant.client_ids:
-            return None
-        now = self._mono()  # the request's one clock reading
-        out = self.acquirer.hit_answer(c, p, k, e, now, rid)
-        if out is not None:
-            counters = self.counters
-            counters.hits += 1
-            if not counters.hits & HIT_SAMPLE_MASK:
-                # one hit in HIT_SAMPLE is timed (a second clock reading): its latency
-                # stands for the others in rasd_request_duration_seconds{path="hit"}
-                self.latency.observe("hit", self._mono() - now)
-        return out
+    def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
+        """Every frame: a cache hit as its answer frame (the connection writes it); None when
+        the answer is sent otherwise (at once through ``conn.send``, or by a task). See the
+        module docstring. On a hit: one clock reading; nothing allocated but the answer when
+        no background work is due."""
+        if type(frame) is dict:
+            f = lease_fields(frame)
+            if f is not None:
+                rid, c, p, k, e, _ = f
+                grant = conn.grant
+                if (grant.all or c in grant.client_ids) and self.up.is_set():
+                    now = self._mono()  # the request's one clock reading
+                    try:
+                        out = self.acquirer.cache.answer(c, p, k, e, now, rid)
+                    except BadRequest as exc:  # a lease end the pool refuses
+                        self.counters.inc("req.total")
+                        self._send_error(conn, rid, exc)
+                        return None
+                    if out is not None:
+                        counters = self.counters
+                        counters.hits += 1
+                        if not counters.hits & HIT_SAMPLE_MASK:
+                            # one hit in HIT_SAMPLE is timed (a second clock reading): its
+                            # latency stands for the others in
+                            # rasd_request_duration_seconds{path="hit"}
+                            self.latency.observe("hit", self._mono() - now)
+                        return out
+                    self._lease(conn, f, now)
+                else:
+                    self._lease(conn, f, None)
+                return None
+        self._walk(conn, frame)
+        return None
 
-    def dispatch(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
+    def _lease(self, conn: Connection, f: LeaseFields, missed_at: float | None) -> None:
+        """A well-formed get_lease the cache did not answer: ``missed_at`` is the request's
+        clock reading when the cache was asked and missed, None when it was not asked (the
+        ACL refuses the caller, or the store is not up yet)."""
+        counters = self.counters
+        counters.inc("req.total")
+        rid = f[0]
+        if missed_at is None:
+            grant = conn.grant
+            if not (grant.all or f[1] in grant.client_ids):
+                self._send_error(
+                    conn, rid, Forbidden(f"this process may not use client_id {f[1]!r}")
+                )
+                return
+            if self.degraded is not None and not self.up.is_set():
+                self._send_error(conn, rid, Unavailable(f"{self.degraded}; retrying"))
+                return
+            now = self._mono()  # the request's one clock reading
+        else:
+            counters.inc("cache.miss")
+            now = missed_at
+        self._admit(conn, rid, "get_lease", f[1:5], f[5], now)
+
+    def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
+        """Every frame ``lease_fields`` refuses: errors named, other ops."""
         counters = self.counters
         counters.inc("req.total")
         if isinstance(frame, BadFrame):
@@ -122,50 +163,57 @@ class Routing:
             return
         if req.client_id and not conn.grant.allows(req.client_id):
             self._send_error(
-                conn, req, Forbidden(f"this process may not use client_id {req.client_id!r}")
+                conn, req.id, Forbidden(f"this process may not use client_id {req.client_id!r}")
             )
             return
-        now = self._mono()  # the request's one clock reading, passed down
-        if req.op == "get_lease" and self.up.is_set():
-            try:
-                lease = self.acquirer.try_hit(
-                    req.client_id, req.pool_id, req.key, req.lease_expires_us, now
-                )
-            except RasdError as exc:
-                self._send_error(conn, req, exc)
-                return
-            if lease is not None:
-                conn.send(protocol.lease_response(req.id, lease, False))
-                counters.inc("cache.hit")
-                return
-            counters.inc("cache.miss")
-        elif req.op == "get_lease" and self.degraded is not None:
-            self._send_error(conn, req, Unavailable(f"{self.degraded}; retrying"))
-            return
-        elif req.op == "ping":
+        if req.op == "ping":
             conn.send(protocol.ok(req.id, ready=self.ready, region=self.cfg.region))
             return
-        elif req.op == "stats":
+        if req.op == "stats":
             conn.send(protocol.ok(req.id, **self.stats()))
             return
-        budget = (req.deadline_ms / 1000) if req.deadline_ms else self.cfg.default_deadline
+        args = (
+            (req.client_id, req.pool_id, req.key)
+            if req.op == "release"
+            else (req.client_id, req.pool_id)
+        )
+        self._admit(conn, req.id, req.op, args, req.deadline_ms, self._mono())
+
+    def _admit(
+        self,
+        conn: Connection,
+        rid: int,
+        op: str,
+        args: tuple[Any, ...],
+        deadline_ms: int | None,
+        now: float,
+    ) -> None:
+        """What needs DynamoDB: a slot in the gate before the deadline, or shed with BUSY at
+        once; then a task (:meth:`_slow`) with ``args`` for the role's call."""
+        budget = (deadline_ms / 1000) if deadline_ms else self.cfg.default_deadline
         if self._mono is not time.monotonic:
             now = time.monotonic()  # a test's FakeClock: deadlines run on the real clock
         if conn.pending >= self.cfg.max_pending_per_conn:
-            counters.inc("shed.conn_pending")
-            self._send_error(conn, req, Busy("too many requests in flight on this connection"))
+            self.counters.inc("shed.conn_pending")
+            self._send_error(conn, rid, Busy("too many requests in flight on this connection"))
             return
         if not self.gate.try_enter(now + budget, now):
-            counters.inc("shed.busy")
-            self._send_error(conn, req, Busy("daemon at capacity; retry shortly", retry_after=0.01))
+            self.counters.inc("shed.busy")
+            self._send_error(conn, rid, Busy("daemon at capacity; retry shortly", retry_after=0.01))
             return
         conn.pending += 1
-        task = asyncio.get_running_loop().create_task(self._slow(conn, req, now, budget))
+        task = asyncio.get_running_loop().create_task(self._slow(conn, rid, op, args, now, budget))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
     async def _slow(
-        self, conn: Connection, req: protocol.Request, t0: float, budget: float
+        self,
+        conn: Connection,
+        rid: int,
+        op: str,
+        args: tuple[Any, ...],
+        t0: float,
+        budget: float,
     ) -> None:
         deadline = t0 + budget
         served_from = t0
@@ -179,29 +227,30 @@ class Routing:
                     # make the gate shed every request right after a restart.
                     served_from = time.monotonic()
                 acq = self.acquirer
-                if req.op == "get_lease":
-                    lease, new = await acq.get_lease(
-                        req.client_id, req.pool_id, req.key, req.lease_expires_us, deadline
-                    )
-                    resp = protocol.lease_response(req.id, lease, new)
+                if op == "get_lease":
+                    c, p, k, e = args
+                    lease, new = await acq.get_lease(c, p, k, e, deadline)
+                    resp = protocol.lease_response(rid, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
-                elif req.op == "release":
-                    n = await acq.releaser.release(req.client_id, req.pool_id, req.key, deadline)
-                    resp = protocol.ok(req.id, released=n)
-                elif req.op == "headroom":
-                    h = await acq.reporter.headroom(req.client_id, req.pool_id, deadline)
-                    resp = protocol.ok(req.id, headroom=h)
+                elif op == "release":
+                    c, p, k = args
+                    n = await acq.releaser.release(c, p, k, deadline)
+                    resp = protocol.ok(rid, released=n)
+                elif op == "headroom":
+                    c, p = args
+                    h = await acq.reporter.headroom(c, p, deadline)
+                    resp = protocol.ok(rid, headroom=h)
                 else:  # pragma: no cover - parse() admits only known ops
-                    raise Internal(f"op {req.op} has no handler")
+                    raise Internal(f"op {op} has no handler")
             conn.send(resp)
         except TimeoutError:
-            self._send_error(conn, req, Timeout(f"deadline of {budget * 1000:.0f} ms passed"))
+            self._send_error(conn, rid, Timeout(f"deadline of {budget * 1000:.0f} ms passed"))
         except RasdError as exc:
-            self._send_error(conn, req, exc)
+            self._send_error(conn, rid, exc)
         except Exception as exc:
             self.counters.inc("req.internal")
-            log.exception("internal_error", op=req.op, error=repr(exc))
-            self._send_error(conn, req, Internal(f"{type(exc).__name__}: {exc}"))
+            log.exception("internal_error", op=op, error=repr(exc))
+            self._send_error(conn, rid, Internal(f"{type(exc).__name__}: {exc}"))
         finally:
             conn.pending -= 1
             self.gate.leave(time.monotonic() - served_from)
@@ -229,9 +278,9 @@ class Routing:
                 "daemon still starting (connecting to DynamoDB); retry shortly", retry_after=0.1
             ) from None
 
-    def _send_error(self, conn: Connection, req: protocol.Request, exc: RasdError) -> None:
+    def _send_error(self, conn: Connection, rid: int, exc: RasdError) -> None:
         self.counters.inc(f"err.{exc.code}")
-        conn.send(error_payload(req.id, exc.code, exc.message, exc.retry_after))
+        conn.send(error_payload(rid, exc.code, exc.message, exc.retry_after))
 
     def stats(self) -> dict[str, Any]:
         up = self.up.is_set()

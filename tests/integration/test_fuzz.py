@@ -195,7 +195,7 @@ class Fuzzer:
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=30)
 
     def buffered(self) -> list[int]:
-        return self.in_loop(lambda: [c.decoder.buffered for c in list(self.d.connections)])
+        return self.in_loop(lambda: [c.buffered for c in list(self.d.connections)])
 
     def well_behaved(self) -> None:
         lease = rasd_client.get_lease(C, P, "good", HOUR, socket_path=self.path, timeout=5)
@@ -373,7 +373,7 @@ async def test_decode_buffers_stay_within_one_frame(ddb: Any, table: str, make_d
         socks = await asyncio.to_thread(open_many)
         try:
             for _ in range(500):
-                sizes = [c.decoder.buffered for c in d.connections]
+                sizes = [c.buffered for c in d.connections]
                 if len(sizes) == 64 and all(n == MAX_BUFFERED - 1 for n in sizes):
                     break
                 await asyncio.sleep(0.01)

@@ -324,7 +324,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
         liberator.run(ddb, relist)  # too early: re-lists nothing
         d3.prefetch.buffers.clear()
         other = await get_lease(d3, "k2", clock)
-        cached = d2.try_hit(C, P, "k1", clock.now_us() + 3600 * L.US)
+        cached = d2.cache.get((C, P, "k1"))
         assert cached is not None and cached.resource == "res-0"  # allowed for up to S (I3)
         assert other is None, f"{other.resource} answered to k2 while d2 answers it to k1"
         clock.advance((until - clock.now_us()) / L.US + 1)

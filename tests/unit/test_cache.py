@@ -3,11 +3,14 @@ last confirmation and its lease end minus the skew margin (docs/design.md, I3)."
 
 from __future__ import annotations
 
-from rasd.cache import NEVER, LeaseCache, answer
+import pytest
+
+from rasd.cache import NEVER, LeaseCache
 from rasd.core.clock import FakeClock
-from rasd.core.lease import US, Lease
+from rasd.core.errors import BadRequest
+from rasd.core.lease import US, Lease, Pool
 from rasd.protocol import ID_MAX, lease_response
-from rasd_client.wire import FrameDecoder
+from rasd_client.wire import FrameDecoder, encode
 
 K = ("c", "p", "k")
 S = 30.0
@@ -176,22 +179,65 @@ def test_entry_gives_back_the_lease_it_was_made_from() -> None:
         assert got == lease_in
 
 
-def test_the_stored_answer_is_the_hit_answer_for_any_id() -> None:
-    """The entry holds a hit's whole answer frame but the id's value: spliced, it decodes to
-    what protocol.lease_response says."""
+def test_the_hit_answer_is_the_answer_layout_for_any_id() -> None:
+    """The entry holds a hit's whole answer frame but the id's value: LeaseCache.answer splices
+    it in, and the frame decodes to what protocol.lease_response says; a negative id (no
+    uint64) gives exactly the bytes lease_response encodes to."""
     clock = FakeClock()
     cache = make(clock)
+    cache.pools[("c", "p")] = Pool("c", "p", 7200 * US)
     lease_in = lease(clock, 3600, version=9, resource="res-9")
     cache.put(lease_in, clock.mono())
-    r = cache.read("c", "p", "k", clock.mono())
-    assert r is not None
-    e, _, _, end = r
-    for rid in (0, 5, 255, 2**31, ID_MAX):
+    requested = clock.now_us() + 60 * US
+    for rid in (0, 5, 255, 2**31, ID_MAX, -1, -200, -(2**63)):
+        out = cache.answer("c", "p", "k", requested, clock.mono(), rid)
+        assert out is not None
         dec = FrameDecoder()
-        dec.feed(answer(e, end, rid))
+        dec.feed(out)
         (got,) = list(dec.frames())
         assert got == lease_response(rid, lease_in, False)
         assert dec.buffered == 0
+        if rid < 0:
+            assert out == encode(lease_response(rid, lease_in, False))
+
+
+def test_the_hit_answer_reads_the_entry_as_read_does() -> None:
+    """LeaseCache.answer reads the entry itself (one call on the hit): at every moment it
+    answers exactly when read() finds a valid entry, and drops an expired one alike."""
+    clock = FakeClock()
+    for reader in ("answer", "read"):
+        cache = make(clock)
+        cache.pools[("c", "p")] = Pool("c", "p", 7200 * US)
+        t0 = clock.mono()
+        cache.put(lease(clock, 3600), t0)
+        seen = []
+        for dt in (0.0, S / 2, S - 0.001, S, S + 1):
+            requested = clock.now_us() + 60 * US
+            if reader == "answer":
+                seen.append(cache.answer("c", "p", "k", requested, t0 + dt, 1) is not None)
+            else:
+                seen.append(cache.read("c", "p", "k", t0 + dt) is not None)
+        assert seen == [True, True, True, False, False], reader
+        assert cache.size() == 0, reader
+
+
+def test_the_hit_answer_needs_the_pool_and_refuses_its_bad_ends() -> None:
+    """No pool known: no answer (the miss reads the pool). A lease end the pool refuses:
+    BadRequest naming it, entry or not. No entry: no answer."""
+    clock = FakeClock()
+    cache = make(clock)
+    cache.put(lease(clock, 3600), clock.mono())
+    now = clock.mono()
+    ok = clock.now_us() + 60 * US
+    assert cache.answer("c", "p", "k", ok, now, 1) is None
+    cache.pools[("c", "p")] = Pool("c", "p", 600 * US)
+    assert cache.answer("c", "p", "k", ok, now, 1) is not None
+    assert cache.answer("c", "p", "other", ok, now, 1) is None
+    for key in ("k", "other"):
+        with pytest.raises(BadRequest, match="in the past"):
+            cache.answer("c", "p", key, clock.now_us() - 1, now, 1)
+        with pytest.raises(BadRequest, match="maximum lease of 600s"):
+            cache.answer("c", "p", key, clock.now_us() + 601 * US, now, 1)
 
 
 def test_only_leases_of_this_region_are_marked_for_extension() -> None:
@@ -205,18 +251,6 @@ def test_only_leases_of_this_region_are_marked_for_extension() -> None:
     assert own is not None and far is not None
     assert own[2] == exp
     assert far[2] == NEVER
-
-
-def test_names_a_request_could_not_carry_are_not_cached() -> None:
-    """The server's fast path trusts names that find an entry: none may be invalid."""
-    clock = FakeClock()
-    cache = make(clock)
-    exp = clock.now_us() + 3600 * US
-    for c, p, k in (("", "p", "k"), ("c", "p" * 65, "k"), ("c", "p", ""), ("c", "p", "k" * 513)):
-        cache.put(Lease(c, p, k, "r", "us-east-1", exp, 1), clock.mono())
-    assert len(cache) == 0
-    cache.put(Lease("c" * 64, "p", "k" * 512, "r", "us-east-1", exp, 1), clock.mono())
-    assert len(cache) == 1
 
 
 def test_the_first_lease_of_a_pool_in_a_full_cache_is_kept() -> None:

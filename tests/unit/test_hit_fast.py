@@ -1,8 +1,10 @@
-"""The server's fast path (Daemon.hit): a plain cached hit is answered at once, with the answer
-the full path (dispatch) gives; every frame that is not one (a bad field, another op, the ACL,
-an id the answer cannot carry, no entry) is left to dispatch, which answers it. Both paths
-share the field check (protocol.lease_fields) and the cache decision (Acquirer.hit_answer).
-Time is a FakeClock; no DynamoDB, no event loop."""
+"""The server's one entry per frame (Daemon.handle): a plain cached hit is answered at once,
+in the one answer layout; every frame that is not one is answered otherwise: a bad field,
+another op, the ACL, a lease end the pool refuses at once, a miss goes on to admission with
+its fields (asked of the cache once, never parsed). The field check is protocol.lease_fields,
+the cache decision LeaseCache.answer. Time is a FakeClock; no DynamoDB, no event loop:
+admission (Daemon._admit, which starts a task) is recorded instead.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +15,15 @@ import msgpack
 import pytest
 
 from rasd.acquire import Acquirer
+from rasd.cache import LeaseCache
 from rasd.config import Config
 from rasd.core.clock import FakeClock
-from rasd.core.lease import US, Lease, Pool
-from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN
-from rasd.server import Connection, Daemon
+from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
+from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
+from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
 from rasd.store import Store
-from rasd_client.wire import FrameDecoder
+from rasd_client.wire import BadFrame, FrameDecoder
 
 S = 30.0
 MAX_LEASE_S = 3600
@@ -40,6 +43,10 @@ class FakeTransport:
         pass
 
 
+#: what route() gives for a frame that went on to admission (the slow path)
+ADMITTED = "admitted"
+
+
 def make(clock: FakeClock) -> Daemon:
     cfg = Config(
         table="t", socket="/nonexistent/x.sock", region="us-east-1", confirm_interval=S
@@ -49,6 +56,8 @@ def make(clock: FakeClock) -> Daemon:
     d.acquirer = Acquirer(cfg, d.store, clock, d.counters)
     d.up.set()
     d.acquirer.pools[("c", "p")] = Pool("c", "p", MAX_LEASE_S * US)
+    d.admitted = []  # type: ignore[attr-defined]
+    d._admit = lambda *a: d.admitted.append(a)  # type: ignore[attr-defined,method-assign]
     return d
 
 
@@ -92,59 +101,88 @@ def decode_one(data: bytes) -> dict[str, Any]:
     return frames[0]
 
 
-def full_path(d: Daemon, f: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
-    """What dispatch answers at once (raises RuntimeError, no event loop, if it would go to
-    DynamoDB instead)."""
+def route(d: Daemon, f: Any, grant: Grant | None = None) -> bytes | dict[str, Any] | str:
+    """What handle does with a frame: the hit's answer frame (bytes), the answer it sent at
+    once (decoded), or ADMITTED when it went on to admission."""
     conn, t = connect(d, grant)
-    d.dispatch(conn, f)
+    before = len(d.admitted)  # type: ignore[attr-defined]
+    out = d.handle(conn, f)
+    if out is not None:
+        assert not t.out and len(d.admitted) == before  # type: ignore[attr-defined]
+        return out
+    if len(d.admitted) > before:  # type: ignore[attr-defined]
+        assert not t.out
+        return ADMITTED
     assert len(t.out) == 1
     return decode_one(t.out[0])
 
 
-def agree(d: Daemon, f: dict[str, Any], grant: Grant | None = None) -> bytes | None:
-    conn, _ = connect(d, grant)
-    fast = d.hit(conn, f)
-    if fast is not None:
-        assert decode_one(fast) == full_path(d, f, grant), f
-    return fast
-
-
-def test_a_plain_hit_is_answered_as_the_full_path_answers_it() -> None:
+def test_a_plain_hit_is_answered_in_the_one_layout() -> None:
     clock = FakeClock()
     d = make(clock)
     lease = cache(d, clock)
-    for rid in (0, 1, 127, 128, 2**16, 2**32 + 5, 2**63, 2**64 - 1):
-        out = agree(d, frame(clock, id=rid))
-        assert out is not None
-        got = decode_one(out)
-        assert got["id"] == rid and got["resource"] == lease.resource and got["new"] is False
-        assert got["lease_expires_us"] == lease.expires_us and got["version"] == 7
-    assert agree(d, frame(clock, deadline_ms=None)) is not None
-    assert agree(d, {k: v for k, v in frame(clock).items() if k != "deadline_ms"}) is not None
+    for rid in (0, 1, 127, 128, 2**16, 2**32 + 5, 2**63, 2**64 - 1, -3, -(2**63)):
+        out = route(d, frame(clock, id=rid))
+        assert isinstance(out, bytes)
+        assert decode_one(out) == lease_response(rid, lease, False)
+    assert isinstance(route(d, frame(clock, deadline_ms=None)), bytes)
+    assert isinstance(
+        route(d, {k: v for k, v in frame(clock).items() if k != "deadline_ms"}), bytes
+    )
 
 
 def test_hits_count_as_requests_and_cache_hits() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
-    conn, _ = connect(d)
     for _ in range(3):
-        assert d.hit(conn, frame(clock)) is not None
+        assert isinstance(route(d, frame(clock)), bytes)
     assert d.counters["cache.hit"] == 3 and d.counters["req.total"] == 3
     assert d.counters.snapshot()["cache.hit"] == 3
-    assert d.hit(conn, frame(clock, key="other")) is None
-    assert d.counters["cache.miss"] == 0  # the full path counts the miss, not the fast one
+    assert route(d, frame(clock, key="other")) == ADMITTED
+    assert d.counters["cache.miss"] == 1 and d.counters["req.total"] == 4
+
+
+def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    d = make(clock)
+    cache(d, clock)
+    asked: list[tuple[Any, ...]] = []
+    answer = LeaseCache.answer
+
+    def counted(self: LeaseCache, *a: Any) -> bytes | None:
+        asked.append(a)
+        return answer(self, *a)
+
+    monkeypatch.setattr(LeaseCache, "answer", counted)
+
+    def no_parse(frame: Any) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(routing.protocol, "parse", no_parse)
+    f = frame(clock, key="other", id=9)
+    assert route(d, f) == ADMITTED
+    assert len(asked) == 1
+    _conn, rid, op, args, deadline_ms, _ = d.admitted[0]  # type: ignore[attr-defined]
+    assert (rid, op, args, deadline_ms) == (
+        9,
+        "get_lease",
+        ("c", "p", "other", f["lease_expires_us"]),
+        500,
+    )
 
 
 MISSING = object()
 #: field -> (values the fast path answers, values it leaves to the full path)
 VALUES: dict[str, tuple[list[Any], list[Any]]] = {
     "v": ([1], [2, True, 1.0, None, "1", MISSING]),
-    "id": ([0, 2**40, 2**64 - 1], [-3, True, 1.5, "1", None, MISSING]),
+    "id": ([0, 2**40, 2**64 - 1, -3], [True, 1.5, "1", None, MISSING]),
     "op": (["get_lease"], ["release", "ping", None, MISSING]),
     "client_id": (["c"], ["", "x" * (MAX_ID_LEN + 1), "d", 5, None, b"c", MISSING]),
-    "pool_id": (["p"], ["", "q", [], None, MISSING]),
-    "key": (["k"], ["", "z", 3, None, MISSING]),
+    "pool_id": (["p"], ["", "q", "q" * (MAX_ID_LEN + 1), [], None, MISSING]),
+    "key": (["k"], ["", "z", "z" * (MAX_KEY_LEN + 1), 3, None, MISSING]),
     "lease_expires_us": (["ok"], ["past", "too far", 0, False, 1.0, None, MISSING]),
     "deadline_ms": (
         [None, 1, MAX_DEADLINE_MS, MISSING],
@@ -169,97 +207,95 @@ def _variant(clock: FakeClock, field: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("field", sorted(VALUES))
-def test_the_fast_path_answers_plain_hits_and_leaves_the_rest(field: str) -> None:
+def test_plain_hits_are_answered_and_the_rest_answered_otherwise(field: str) -> None:
+    """A name that finds no entry goes on to admission; every other deviation is an error,
+    named (a lease end the pool refuses: at once, as the pool is known)."""
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
     answered, left = VALUES[field]
     for value in answered:
-        assert agree(d, _variant(clock, field, value)) is not None, (field, value)
+        assert isinstance(route(d, _variant(clock, field, value)), bytes), (field, value)
     for value in left:
-        f = _variant(clock, field, value)
-        conn, _ = connect(d)
-        assert d.hit(conn, f) is None, (field, value)
-        if field != "op" and value not in ("d", "q", "z", -3):
-            assert full_path(d, f)["ok"] is False, (field, value)  # an error, named there
+        got = route(d, _variant(clock, field, value))
+        assert not isinstance(got, bytes), (field, value)
+        if value in ("d", "q", "z"):
+            assert got == ADMITTED, (field, value)
+        elif field != "op":
+            assert isinstance(got, dict) and got["code"] == "BAD_REQUEST", (field, value)
 
 
-def test_pairs_of_deviations_are_left_to_the_full_path() -> None:
+def test_pairs_of_deviations_are_not_hits() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
-    conn, _ = connect(d)
     for a, b in itertools.combinations(sorted(VALUES), 2):
         for va, vb in itertools.product(VALUES[a][1][:3], VALUES[b][1][:3]):
             f = {**_variant(clock, a, va), b: _variant(clock, b, vb).get(b)}
-            assert d.hit(conn, f) is None, (a, va, b, vb)
+            assert not isinstance(route(d, f), bytes), (a, va, b, vb)
 
 
-def test_not_a_map_and_the_acl_are_left_to_the_full_path() -> None:
+def test_not_a_map_and_the_acl() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
-    conn, _ = connect(d, Grant(False, frozenset({"other"})))
-    assert d.hit(conn, frame(clock)) is None
-    forbidden = full_path(d, frame(clock), Grant(False, frozenset({"other"})))
-    assert forbidden["code"] == "FORBIDDEN"
-    assert agree(d, frame(clock), Grant(False, frozenset({"c"}))) is not None
-    assert d.hit(conn, [1, 2]) is None  # type: ignore[arg-type]
+    forbidden = route(d, frame(clock), Grant(False, frozenset({"other"})))
+    assert isinstance(forbidden, dict) and forbidden["code"] == "FORBIDDEN"
+    assert forbidden["id"] == 7
+    assert isinstance(route(d, frame(clock), Grant(False, frozenset({"c"}))), bytes)
+    bad = route(d, BadFrame("payload is not a map"))
+    assert isinstance(bad, dict) and bad["code"] == "BAD_REQUEST" and bad["id"] is None
 
 
-def test_nothing_before_the_store_is_up() -> None:
+def test_before_the_store_is_up_the_cache_is_not_asked() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
     d.up.clear()
-    conn, _ = connect(d)
-    assert d.hit(conn, frame(clock)) is None
+    assert route(d, frame(clock)) == ADMITTED  # the slow path waits for the store
+    d.degraded = "no table"
+    got = route(d, frame(clock))
+    assert isinstance(got, dict) and got["code"] == "UNAVAILABLE"
+    assert d.counters["cache.miss"] == 0
 
 
 def test_past_s_is_not_served_and_the_entry_goes() -> None:
     clock = FakeClock()
     d = make(clock)
     cache(d, clock)
-    conn, _ = connect(d)
     clock.advance(S - 0.01)
     acq = d.acquirer
-    acq._maybe_refresh = lambda *a: None  # type: ignore[method-assign]  # past S/2: no loop
-    assert d.hit(conn, frame(clock)) is not None
+    acq.cache.refresh = lambda *a: None  # past S/2: no loop
+    assert isinstance(route(d, frame(clock)), bytes)
     clock.advance(0.02)
-    assert d.hit(conn, frame(clock)) is None
+    assert route(d, frame(clock)) == ADMITTED
     assert acq.cache.size() == 0
 
 
-def test_background_work_is_asked_for_on_both_paths() -> None:
-    """Past S/2, or a lease end beyond the cached one (own region only): one call to
-    _maybe_refresh with the cached Lease, on the fast path as on the full path (try_hit)."""
+def test_background_work_is_asked_for_by_a_hit() -> None:
+    """Past S/2, or a lease end beyond the cached one (own region only): one call to the
+    renewer's maybe_refresh with the cached Lease."""
     clock = FakeClock()
     d = make(clock)
     acq = d.acquirer
+    assert acq.cache.refresh == acq.renewer.maybe_refresh
     own = cache(d, clock, "k")
     other = cache(d, clock, "o", region="eu-west-1")
     calls: list[tuple[Any, ...]] = []
-    acq._maybe_refresh = lambda *a: calls.append(a)  # type: ignore[method-assign]
-    conn, _ = connect(d)
+    acq.cache.refresh = lambda *a: calls.append(a)
 
-    def both(key: str, requested_us: int) -> tuple[list[Any], list[Any]]:
+    def hit(key: str, requested_us: int) -> list[Any]:
         calls.clear()
-        now = clock.mono()
-        assert acq.try_hit("c", "p", key, requested_us, now) is not None
-        slow = list(calls)
-        calls.clear()
-        assert d.hit(conn, frame(clock, key=key, lease_expires_us=requested_us)) is not None
-        return slow, list(calls)
+        assert isinstance(route(d, frame(clock, key=key, lease_expires_us=requested_us)), bytes)
+        return list(calls)
 
-    within = own.expires_us - 1
-    beyond = own.expires_us + 10 * US
-    assert both("k", within) == ([], [])
-    slow, fast = both("k", beyond)
-    assert slow == fast and len(fast) == 1 and fast[0][1] == own
-    assert both("o", beyond) == ([], [])  # another region's lease is never extended here
+    assert hit("k", own.expires_us - 1) == []
+    got = hit("k", own.expires_us + 10 * US)
+    assert len(got) == 1 and got[0][1] == own
+    assert hit("o", own.expires_us + 10 * US) == []  # another region's: never extended here
     clock.advance(S / 2 + 0.1)
-    slow, fast = both("o", other.expires_us - 1)
-    assert slow == fast and len(fast) == 1 and fast[0][1] == other
+    got = hit("o", other.expires_us - 1)
+    assert len(got) == 1 and got[0][1] == other
 
 
 def test_several_frames_in_one_read_get_one_write() -> None:
@@ -277,3 +313,8 @@ def test_several_frames_in_one_read_get_one_write() -> None:
     assert [g["id"] for g in got] == [0, 1, 2, 9]  # type: ignore[index]
     assert got[3]["code"] == "BAD_REQUEST"  # type: ignore[index]
     assert all(g["ok"] for g in got[:3])  # type: ignore[index]
+    assert conn.decoder is None and conn.buffered == 0  # nothing held: no decoder kept
+    conn.data_received(data[:10])
+    assert conn.buffered == 10 and not t.out[1:]
+    conn.data_received(data[10:])
+    assert conn.decoder is None and len(t.out) == 2 and t.out[1] == t.out[0]
