@@ -481,8 +481,10 @@ class World:
 
         I1 (``quarantine``): at its lease end, or, once its lease's release has completed,
         Q - max_clock_skew after it (the quarantine, as the most advanced clock sees it).
-        I2: at its lease end, or when an app calls release(key) after the lease's first
-        answer, whatever that call answers (an app that asked to release stops using it)."""
+        I2: at its lease end, when an app calls release(key) after the lease's first answer,
+        whatever that call answers (an app that asked to release stops using it), or when a
+        release of the key applied to this lease, whenever it was called (release is per
+        key: it ends whatever lease the key holds when it applies, docs/protocol.md)."""
         if quarantine:
             rel = next((t for tok, t in self.released if tok == a.token), None)
             if rel is None:
@@ -493,7 +495,8 @@ class World:
         first = min((b.at for b in self.answers if b.token == a.token), default=a.at)
         first = min(first, a.at)
         call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
-        return a.exp if call is None else min(a.exp, call)
+        applied = next((t for tok, t in self.released if tok == a.token), None)
+        return min(t for t in (a.exp, call, applied) if t is not None)
 
     def answer(self, d: Daemon, key: str, lease: Lease) -> None:
         """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""

@@ -21,6 +21,7 @@ from check.__main__ import (
     MIXED,
     QUICK_BFS,
     WALK,
+    WALK3,
     _acquired,
 )
 from check.explore import bfs, format_trace, script, walk, walks
@@ -690,4 +691,13 @@ def test_real_rules_settle_beside_the_paper_agent() -> None:
     never makes the second lease, and no resource goes to two keys."""
     res = bfs(MIXED, REAL)
     assert res.complete, res.states
+    assert res.violation is None, format_trace(res)
+
+
+def test_a_release_ends_the_lease_it_applied_to_whenever_it_was_called() -> None:
+    """Release is per key: a release called before the key had a lease, which then releases
+    the lease another app was answered meanwhile, ends that lease for I2 where it applied.
+    (Deep mode's walk: with I2 ended only at release calls made after the lease's first
+    answer, the key's next acquisition counted as a second resource.)"""
+    res = walk(WALK3, REAL, 1140, 200)
     assert res.violation is None, format_trace(res)
