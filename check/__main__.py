@@ -231,8 +231,8 @@ ADMIN_DEEP = replace(ADMIN, max_ops=3, max_faults=1, ticks=(1, 5), horizon=6)
 BALANCER_DEEP = replace(
     BALANCER, max_faults=1, max_ops=3, balancer_moves=2, liberator=True, replica_history=1
 )
-#: rasadmin adopt beside the paper's agent (on kp, which the daemon does not ask for) and a
-#: legacy_agents daemon serving k1 and k2
+#: rasadmin adopt beside the paper's agent and a legacy_agents daemon, both on k1 (the daemon
+#: serves k2 too)
 ADOPT = Config(
     daemons=1,
     keys=("k1", "k2"),
@@ -245,6 +245,7 @@ ADOPT = Config(
     ticks=(1,),
     horizon=2,
     paper_calls=1,
+    paper_key="k1",
     legacy_agents=True,
     admin=("adopt",),
     admin_runs=1,

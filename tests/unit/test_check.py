@@ -701,3 +701,14 @@ def test_a_release_ends_the_lease_it_applied_to_whenever_it_was_called() -> None
     answer, the key's next acquisition counted as a second resource.)"""
     res = walk(WALK3, REAL, 1140, 200)
     assert res.violation is None, format_trace(res)
+
+
+def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:
+    """``MIXED`` with one fault: with the claim and its mapping write sent together, a fault
+    that kept the mapping write from landing left a claim to give back, which the paper's
+    agent answered from its lagging leased index while rasd answered the key another
+    resource (I2). With ``legacy_agents`` the claim goes out only once the mapping applied,
+    so no claim is ever given back, and the search is complete without a violation."""
+    res = bfs(dataclasses.replace(MIXED, max_faults=1), REAL, max_seconds=120)
+    assert res.violation is None, format_trace(res)
+    assert res.complete
