@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .explore import Result, bfs, format_trace, walks
 from .model import Config
-from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, REAL, Protocol
+from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, BAD_M, BAD_R, BAD_S, REAL, Protocol
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -148,6 +148,117 @@ WALK_REGIONS = Config(
 )
 
 
+#: rasadmin beside two daemons: k1 acquired on ra through d0 and served by d1 too (cached
+#: there), then released through d0 (ra early-freed, in quarantine while d1's cache may still
+#: serve it). From there: one more app call, and two rasadmin commands among delete-resource
+#: (with and without --force) of either resource, the re-add of a deleted name and add-pool
+#: redefining the longest lease (12 s to 6 s), at one instant (rasadmin's clock +1)
+ADMIN = Config(
+    daemons=2,
+    keys=("k1", "k2"),
+    resources=("ra", "rb"),
+    max_faults=0,
+    max_crashes=0,
+    max_ops=4,
+    horizon=0,
+    liberator=False,
+    release=True,
+    admin=("delete", "force", "add", "pool"),
+    admin_runs=2,
+    pool_lease=12,
+    pool_leases=(6,),
+)
+ADMIN_RELEASED = (
+    ADMIN,
+    [
+        *_acquired(0, "ra"),
+        "d0 bg confirm(k1) map_confirm APPLIED",
+        "d1 get_lease(k1) called",
+        "d1 get_lease(k1) read mapping",  # served from the table, cached on d1
+        "d0 release(k1) called",
+        "d0 release(k1) read mapping",
+        "d0 release(k1) map_release APPLIED",
+        "d0 bg free_claim(ra, t1) free_claim APPLIED",
+    ],
+    1,  # app calls after the prefix
+)
+#: the balancer beside two regions' daemons (d0 in r1, d1 in r2, d1's clock ahead by the skew
+#: bound): k1 and k2, ra in r1 and rb in r2, releases, one move of a free r1 item to r2 (the
+#: balancer runs in r2), and time in steps of Q - skew and Q (quarantines run out, re-listing)
+BALANCER = Config(
+    daemons=2,
+    regions=("r1", "r2"),
+    offsets=(0, 1),
+    keys=("k1", "k2"),
+    resources=("ra", "rb"),
+    resource_regions=("r1", "r2"),
+    max_faults=0,
+    max_crashes=0,
+    max_ops=2,
+    ticks=(4, 5),
+    horizon=5,
+    liberator=False,
+    release=True,
+    balancer_moves=1,
+    balancer_region="r2",
+)
+#: ``legacy_agents``: one daemon and the paper's agent acquire k1 at once (one call each, two
+#: ticks); the real rules settle, S serves its claim unsettled
+MIXED = Config(
+    daemons=1,
+    keys=("k1",),
+    resources=("ra", "rb"),
+    max_ops=1,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    release=False,
+    ticks=(1,),
+    horizon=2,
+    paper_calls=1,
+    paper_key="k1",
+    legacy_agents=True,
+)
+#: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
+#: known-bad set it must catch)
+ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
+    ("admin", ADMIN_RELEASED[0], ADMIN_RELEASED[1], ADMIN_RELEASED[2], BAD_R),
+    ("balancer", BALANCER, None, None, BAD_M),
+    ("mixed", MIXED, None, None, BAD_S),
+)
+#: deep mode: the same actors from the initial state, wider (each bounded by --budget)
+ADMIN_DEEP = replace(ADMIN, max_ops=3, max_faults=1, ticks=(1, 5), horizon=6)
+BALANCER_DEEP = replace(
+    BALANCER, max_faults=1, max_ops=3, balancer_moves=2, liberator=True, replica_history=1
+)
+#: rasadmin adopt beside the paper's agent and a legacy_agents daemon, both on k1 (the daemon
+#: serves k2 too)
+ADOPT = Config(
+    daemons=1,
+    keys=("k1", "k2"),
+    resources=("ra", "rb"),
+    max_ops=2,
+    max_faults=0,
+    max_crashes=0,
+    liberator=False,
+    release=False,
+    ticks=(1,),
+    horizon=2,
+    paper_calls=1,
+    paper_key="k1",
+    legacy_agents=True,
+    admin=("adopt",),
+    admin_runs=1,
+)
+#: (the real rules only: each known-bad set is caught by the quick run's search, which deep
+#: mode runs too; from the initial state R's history lies deeper than a budget reaches)
+DEEP_ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
+    ("admin-deep", ADMIN_DEEP, None, None, REAL),
+    ("balancer-deep", BALANCER_DEEP, None, None, REAL),
+    ("adopt", ADOPT, None, None, REAL),
+)
+
+
 def _print(res: Result) -> None:
     v = f"VIOLATION {res.violation.name}" if res.violation else "no violation"
     extra = f", {res.walks} walks" if res.mode == "walks" else ""
@@ -212,6 +323,19 @@ def run(quick: bool, seed: int, n_walks: int, budget_s: float) -> int:
         if proto is not REAL and res.violation is None:
             print(f"  !! known-bad rule set {proto.name} was NOT caught")
             ok = False
+    # rasadmin, the balancer, both agents on one key: the real rules pass, each known-bad set
+    # is caught in its configuration (the quick run's, from its prefix; deep mode's as well)
+    actor_runs = ACTORS if quick else ACTORS + DEEP_ACTORS
+    for name, acfg, pre, after, bad in actor_runs:
+        for proto in (REAL,) if bad is REAL else (REAL, bad):
+            res = bfs(acfg, proto, max_seconds=budget_s, prefix=pre, ops_after_prefix=after)
+            res.mode = f"bfs-{name}"
+            _print(res)
+            runs.append({**res.summary(), "config": asdict(acfg), "prefix": pre})
+            if (res.violation is None) != (proto is REAL):
+                if proto is not REAL:
+                    print(f"  !! known-bad rule set {proto.name} was NOT caught")
+                ok = False
     if not quick:
         res = walks(WALK_REGIONS, REAL, range(seed, seed + n_walks), steps, max_seconds=budget_s)
         res.mode = "walk-regions"

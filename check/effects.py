@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Timeout, Unavailable
-from rasd.core.writes import Write, apply
+from rasd.core.writes import Write, apply, from_av
 from rasd.steps import (
     At,
+    Delete,
     Done,
     GetItem,
     Join,
@@ -47,6 +48,7 @@ from rasd.steps import (
     Note,
     Now,
     Program,
+    Put,
     QueryAvailable,
     QueryLeased,
     QueryMappings,
@@ -69,7 +71,7 @@ UNANSWERED = Timeout("no answer within the deadline (the model's fault)")
 READ_FAILED = Unavailable("read failed (the model's fault)")
 DEADLINE = Timeout("deadline passed")
 
-DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, At, QueryAvailable)
+DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, At, QueryAvailable, Put, Delete)
 
 
 class FrozenItem(dict[str, Any]):
@@ -142,6 +144,12 @@ class Host:
     def describe(self, eff: Any) -> str:
         """How a read is named in a step's label."""
         return type(eff).__name__
+
+    def written_in(self, w: World, p: Proc, eff: At) -> str | None:
+        """The replica a write ``At(region, ...)`` is made in, when it is not ``region``'s
+        own (the driver has no endpoint for ``region``); None: ``region``'s (the model's
+        one table, where the write is ordered with that region's own writes)."""
+        return None
 
 
 Out = list[tuple[str, "World"]]
@@ -283,7 +291,14 @@ def _call(
 ) -> list[tuple[str, World, Any]]:
     """One DynamoDB call's ways to end: (label, world, result or Raised)."""
     if isinstance(eff, At) and isinstance(eff.call, Send):  # one table holds every region
+        elsewhere = host.written_in(w0, p, eff)
+        if elsewhere is not None:
+            return lww_branches(w0, eff.call.write, elsewhere)
         eff = eff.call
+    if isinstance(eff, At) and isinstance(eff.call, (Put, Delete)):
+        eff = eff.call
+    if isinstance(eff, (Put, Delete)):
+        return whole_item_branches(w0, eff)
     if isinstance(eff, Send):
         wr = eff.write
         if late:  # sent in time, answered after the deadline: it may still land
@@ -376,6 +391,70 @@ def _readback(x: World, wr: Write, mine: Any) -> Reply:
         return Reply(Outcome.REJECTED, False)
     cur = x.get(wr.key)
     return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
+
+
+def whole_item_branches(w0: World, eff: Put | Delete) -> list[tuple[str, World, Any]]:
+    """A PutItem (``only_new``: conditional on no item under its key) or a DeleteItem:
+    answered, or NOT SENT (a fault). The item is written whole, as DynamoDB stores it."""
+    kind = "put" if isinstance(eff, Put) else "delete"
+    a = w0.clone()
+    if isinstance(eff, Delete):
+        a.table.pop(eff.key, None)
+        ok = True
+    else:
+        ok = not (eff.only_new and eff.key in a.table)
+        if ok:
+            a.put(eff.key, {k: _plain(v) for k, v in eff.item.items()})
+    item = frozen(a.get(eff.key)) if ok else None
+    res = WriteResult(Outcome.APPLIED if ok else Outcome.REJECTED, item)
+    out: list[tuple[str, World, Any]] = [(f"{kind} {'APPLIED' if ok else 'REJECTED'}", a, res)]
+    if w0.faults < w0.cfg.max_faults:
+        x = w0.clone()
+        x.faults += 1
+        out.append((f"{kind} NOT SENT", x, WriteResult(Outcome.REJECTED, error=NOT_SENT)))
+    return out
+
+
+def _plain(av: dict[str, Any]) -> Any:
+    """An attribute value as the model's items hold it (a fractional number as a string)."""
+    n = av.get("N")
+    if n is not None and not n.lstrip("-").isdigit():
+        return n
+    return from_av(av)
+
+
+def lww_branches(w0: World, wr: Write, replica: str) -> list[tuple[str, World, Any]]:
+    """``wr`` made in ``replica``, which is not the item's own region's: its condition is
+    checked against that replica's copy, which may still show an earlier version (any the
+    lagging index may: the current one or one of ``Config.history`` earlier ones), and
+    replication resolves it with the item's own region's writes by last-writer-wins: the
+    later write's whole item wins in every replica. So a write whose condition held on a
+    stale copy overwrites what the item's region wrote since (a claim). The write may also
+    lose to a later write there (the item as it is)."""
+    out: list[tuple[str, World, Any]] = []
+    cur = w0.table.get(wr.key)
+    seen: set[object] = set()
+    first: Any = None
+    for i, f in enumerate((cur, *w0.hist.get(wr.key, ()))):
+        if f in seen:
+            continue
+        seen.add(f)
+        new = apply(None if f is None else dict(f), wr)
+        if new is None:
+            continue
+        first = first or new
+        w = w0.clone()
+        w.put(wr.key, new)
+        behind = "" if i == 0 else f" ({i} behind)"
+        lab = f"{wr.kind} in {replica}'s replica{behind} APPLIED, wins by last-writer-wins"
+        out.append((lab, w, WriteResult(Outcome.APPLIED, frozen(new))))
+    a = w0.clone()
+    if out:
+        lab = f"{wr.kind} in {replica}'s replica APPLIED, loses by last-writer-wins"
+        out.append((lab, a, WriteResult(Outcome.APPLIED, frozen(first))))
+    else:
+        out.append((f"{wr.kind} in {replica}'s replica REJECTED", a, WriteResult(Outcome.REJECTED)))
+    return out
 
 
 def read_branches(w: World) -> list[tuple[str, World, bool]]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from rasd.core.builders import liberate, paper_free, relist
 from rasd.core.lease import US, Lease, ResourceItem, fmt_time
-from rasd.core.serialize import resource_from
+from rasd.core.serialize import is_tombstone, resource_from
 from rasd.core.writes import apply
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups
@@ -50,16 +50,19 @@ Out = list[tuple[str, "World"]]
 CLIENT, POOL, REGION = "c", "p", "r1"
 
 
-def _res(f: Any) -> ResourceItem:
-    return resource_from(dict(f))
+def _res(f: Any) -> ResourceItem | None:
+    """The resource item ``f`` is (None: a deleted name's tombstone)."""
+    it = dict(f)
+    return None if is_tombstone(it) else resource_from(it)
 
 
 def _versions(w: World, k: Any) -> list[ResourceItem]:
-    """The versions of a resource item a lagging index may return: current and recent."""
+    """The versions of a resource item a lagging index may return: current and recent
+    (a tombstone is in neither index)."""
     out: list[ResourceItem] = []
     for f in (w.table[k], *w.hist.get(k, ())):
         it = _res(f)
-        if it not in out:
+        if it is not None and it not in out:
             out.append(it)
     return out
 
@@ -130,6 +133,15 @@ class JobHost(Host):
             return "leased index"
         return "available index"
 
+    def written_in(self, w: World, p: Proc, eff: At) -> str | None:
+        """The balancer's driver writes an item in its region's replica when it has an
+        endpoint for it (``--peer-endpoint``; it refuses to run without one for each region);
+        with the known-bad rule set that drops that requirement, in its own."""
+        own = w.cfg.balancer_region
+        if p.label.startswith("balancer") and w.proto.balancer_no_peers and eff.region != own:
+            return own
+        return None
+
     def note(self, w: World, p: Proc, eff: Note) -> None:
         if eff.level:
             said = " ".join(f"{k}={v}" for k, v in eff.fields if k in _SAID)
@@ -138,6 +150,11 @@ class JobHost(Host):
     def finished(self, w: World, p: Proc, done: Done) -> None:
         if done.error is not None:
             w.notes.append(f"{p.label} -> error: {done.error}")
+        elif p.label.startswith(("rasadmin", "balancer")):
+            v = done.value
+            said = getattr(v, "status", v)
+            detail = getattr(v, "detail", None)
+            w.notes.append(f"{p.label} -> {said}" + (f" ({detail})" if detail else ""))
         if p.trace.name == paper_get_lease.__qualname__ and isinstance(done.value, PaperAnswer):
             from .model import Daemon
 
@@ -203,7 +220,7 @@ def relister(w0: World) -> Out:
     now = w0.now_us(off)
     for k in _res_keys(w0):
         it = _res(w0.table[k])
-        if it.quarantine_until is None or it.quarantine_until > fmt_time(now):
+        if it is None or it.quarantine_until is None or it.quarantine_until > fmt_time(now):
             continue
         if apply(w0.get(k), relist(it, now)) is None:
             continue

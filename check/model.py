@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from rasd.core.decide import Rules, should_extend
+from rasd.core.decide import Rules, check_expiry, should_extend
 from rasd.core.lease import (
     FREE,
     LIVE,
+    META_CLIENT,
     US,
     Lease,
     Mapping,
@@ -49,7 +50,7 @@ from rasd.core.lease import (
     partition_name,
     partition_of,
 )
-from rasd.core.serialize import mapping_from, resource_from
+from rasd.core.serialize import is_tombstone, mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply
 from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S
@@ -57,7 +58,7 @@ from rasd.steps.give_back import fence_own_claim, free_claim, release
 from rasd.steps.renew import confirm, extend_bg, reconfirm
 from rasd.steps.take import resolve
 
-from . import jobs
+from . import admin, jobs
 from .effects import Host, Proc, start, step
 from .rulesets import Protocol, ops_of
 
@@ -128,6 +129,26 @@ class Config:
     #: at least the clock-skew bound: with none, a clock ahead by the skew frees a lease that
     #: early, which this checker found)
     paper_grace: int = 1
+    #: the daemons run with ``legacy_agents`` (the leased index read with the mapping, the
+    #: paper's leases adopted, a won claim settled before it is served, a lapsed lease ended
+    #: rather than extended), each with an owner name of its own
+    legacy_agents: bool = False
+    #: rasadmin's commands the model runs (``check.admin``), one at a time, at most
+    #: ``admin_runs`` in all: "delete" (delete-resource), "force" (delete-resource --force),
+    #: "add" (add-resources of a deleted name: its re-add), "pool" (add-pool redefining the
+    #: longest lease to each of ``pool_leases``), "adopt" (rasadmin adopt of a running lease)
+    admin: tuple[str, ...] = ()
+    admin_runs: int = 0
+    admin_offset: int = 1
+    #: the pool's longest lease as first defined (ticks; 0: no definition in the table, the
+    #: daemons' pool never refuses) and what ``rasadmin add-pool`` may redefine it to
+    pool_lease: int = 0
+    pool_leases: tuple[int, ...] = ()
+    #: the balancer's moves (``rasd.steps.admin.move_free``), one at a time: a free item of
+    #: another region, from that region's lagging available index, moved to
+    #: ``balancer_region``, where the balancer runs
+    balancer_moves: int = 0
+    balancer_region: str = "r2"
 
     def region(self, daemon: int) -> str:
         return self.regions[daemon] if self.regions else REGION
@@ -210,8 +231,10 @@ def replace(obj: _T, **kw: object) -> _T:
 
 
 @functools.lru_cache(maxsize=200_000)
-def _res_of(f: FrozenItem) -> ResourceItem:
-    return resource_from(dict(f))
+def _res_of(f: FrozenItem) -> ResourceItem | None:
+    """The resource item ``f`` is (None: a deleted name's tombstone, no resource)."""
+    it = dict(f)
+    return None if is_tombstone(it) else resource_from(it)
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -236,6 +259,7 @@ class World:
     """A mutable working copy of one global state; :meth:`key` is its canonical hash key."""
 
     __slots__ = (
+        "admin",
         "answers",
         "cfg",
         "crashes",
@@ -246,6 +270,8 @@ class World:
         "inflight",
         "inv_q",
         "jobs",
+        "made",
+        "made_of",
         "notes",
         "ops",
         "paper",
@@ -287,8 +313,9 @@ class World:
         self.setups = tuple(
             S.Daemon(
                 cfg.region(i),
-                "owner",
+                f"d{i}" if cfg.legacy_agents else "owner",
                 self.rules,
+                legacy_agents=cfg.legacy_agents,
                 free_claim_attempts=cfg.free_claim_attempts,
                 ops=ops_of(proto),
             )
@@ -310,6 +337,20 @@ class World:
         self.repair_done = 0
         #: get_lease calls the paper's agent has started
         self.paper = 0
+        #: rasadmin commands and balancer moves started
+        self.admin = (0, 0)
+        #: with ``legacy_agents``: each resource's latest claim, (resource, order, maker:
+        #: "rasd" or "paper"; order: 1 for the run's first claim, then 2...), and each
+        #: answered token's lease as made, (token, order, maker)
+        self.made: tuple[tuple[str, int, str], ...] = ()
+        self.made_of: tuple[tuple[str, int, str], ...] = ()
+        if cfg.pool_lease:
+            from rasd.steps.admin import pool_key
+
+            self.table[pool_key(CLIENT, POOL)] = freeze(
+                {"client_id": META_CLIENT, "resource": pool_key(CLIENT, POOL)[1],
+                 "kind": "pool", "max_lease": str(float(cfg.pool_lease))}
+            )  # type: ignore[assignment]  # fmt: skip
 
     def clone(self) -> World:
         w = World.__new__(World)
@@ -338,6 +379,9 @@ class World:
             self.dedupe_done,
             self.repair_done,
             self.paper,
+            self.admin,
+            self.made,
+            self.made_of,
         )
 
     # --------------------------------------------------------------------- clocks
@@ -357,7 +401,7 @@ class World:
         if k[0] == CLIENT and old is not None:
             h = (old, *self.hist.get(k, ()))
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.history]
-        elif k[0] != CLIENT and self.cfg.replica_history:
+        elif k[0] != CLIENT and k[0] != META_CLIENT and self.cfg.replica_history:
             # another region's replica may still show an earlier version (replication lag)
             h = (old or (), *self.hist.get(k, ()))  # (): the item did not exist yet
             self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.replica_history]
@@ -386,11 +430,32 @@ class World:
         return out
 
     def land(self, w: Write) -> bool:
-        new = apply(self.get(w.key), w)
+        old = self.get(w.key)
+        new = apply(old, w)
         if new is None:
             return False
         self.put(w.key, new)
+        if (
+            self.cfg.legacy_agents
+            and w.key[0] == CLIENT
+            and new.get("key") is not None
+            and (old is None or old.get("key") is None)
+        ):  # a claim: a new lease
+            self.made_by(str(new["resource"]), "paper" if w.kind == "paper_claim" else "rasd")
         return True
+
+    def made_by(self, res: str, maker: str) -> None:
+        """``res`` was just claimed (a new lease), by ``maker``."""
+        seq = 1 + max((m[1] for m in (*self.made, *self.made_of)), default=0)
+        mine = ((res, seq, maker),)
+        self.made = tuple(sorted((*(m for m in self.made if m[0] != res), *mine)))
+
+    def pool(self) -> Pool:
+        """The pool as the daemons read it (at their pool refresh: here, at once)."""
+        f = self.table.get((META_CLIENT, f"pool#{CLIENT}#{POOL}"))
+        if f is None:
+            return POOL_
+        return Pool(CLIENT, POOL, int(float(dict(f)["max_lease"]) * US))
 
     def mapping(self, key: str, region: str = REGION) -> Mapping | None:
         f = self.table.get(mkey(key, region))
@@ -398,7 +463,7 @@ class World:
 
     def resource(self, res: str) -> ResourceItem | None:
         f = self.table.get(rkey(res))
-        return None if f is None else _res_of(f)
+        return None if f is None else _res_of(f)  # None too for a tombstone
 
     # ---------------------------------------------------------------- daemons
     def set_daemon(self, d: Daemon) -> None:
@@ -416,8 +481,10 @@ class World:
 
         I1 (``quarantine``): at its lease end, or, once its lease's release has completed,
         Q - max_clock_skew after it (the quarantine, as the most advanced clock sees it).
-        I2: at its lease end, or when an app calls release(key) after the lease's first
-        answer, whatever that call answers (an app that asked to release stops using it)."""
+        I2: at its lease end, when an app calls release(key) after the lease's first answer,
+        whatever that call answers (an app that asked to release stops using it), or when a
+        release of the key applied to this lease, whenever it was called (release is per
+        key: it ends whatever lease the key holds when it applies, docs/protocol.md)."""
         if quarantine:
             rel = next((t for tok, t in self.released if tok == a.token), None)
             if rel is None:
@@ -428,12 +495,17 @@ class World:
         first = min((b.at for b in self.answers if b.token == a.token), default=a.at)
         first = min(first, a.at)
         call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
-        return a.exp if call is None else min(a.exp, call)
+        applied = next((t for tok, t in self.released if tok == a.token), None)
+        return min(t for t in (a.exp, call, applied) if t is not None)
 
     def answer(self, d: Daemon, key: str, lease: Lease) -> None:
         """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
         now = self.true_us()
         new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now)
+        if self.cfg.legacy_agents and all(m[0] != new.token for m in self.made_of):
+            made = next((m for m in self.made if m[0] == new.resource), None)
+            if made is not None:
+                self.made_of = tuple(sorted((*self.made_of, (new.token, made[1], made[2]))))
         self.notes.append(
             f"ANSWER d{d.idx} {key} -> {lease.resource} tok={lease.token} "
             f"exp={_tick(lease.expires_us)}"
@@ -451,6 +523,8 @@ class World:
                 and a.resource != new.resource
                 and self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
                 and self._end(a, False) > now
+                and self._end(new, False) > now
+                and not self._paper_made_second(a, new)
             ):
                 self.violation = Violation(
                     "I2",
@@ -459,6 +533,19 @@ class World:
                     f"at t={self.t}",
                 )
         self.answers = self.answers | {new}
+
+    def _paper_made_second(self, a: Answer, b: Answer) -> bool:
+        """With ``legacy_agents``: of the two leases of one key ``a`` and ``b`` answer, the
+        later made is the paper's agent's (its race: it decides from the index alone, and
+        no agent beside it can stop that; docs/design.md, "Two agents acquiring one key at
+        once"). A tie or an unknown order counts as rasd's."""
+        if not self.cfg.legacy_agents:
+            return False
+        ma = next((m for m in self.made_of if m[0] == a.token), None)
+        mb = next((m for m in self.made_of if m[0] == b.token), None)
+        if ma is None or mb is None or ma[1] == mb[1]:
+            return False
+        return (ma if ma[1] > mb[1] else mb)[2] == "paper"
 
     def release_called(self, key: str) -> None:
         self.release_calls = (*self.release_calls, (key, self.true_us()))
@@ -561,8 +648,8 @@ class DaemonHost(Host):
             for k in sorted(w.table)
             if k[0] == CLIENT
             for r in (_res_of(w.table[k]),)
-            if r.key == eff.key and r.holder is not None
-        )
+            if r is not None and r.key == eff.key
+        )  # consistent, as moto's index; the paper's claims carry no holder
         return [("", held)]
 
     def describe(self, eff: object) -> str:
@@ -679,7 +766,8 @@ def _candidates(w: World, now_us: int, region: str) -> list[ResourceItem]:
         for f in (w.table[k], *w.hist.get(k, ())):
             it = _res_of(f)
             if (
-                it.key is None
+                it is not None
+                and it.key is None
                 and it.region == region
                 and it.lease_available is not None
                 and it.claimable(now_us)
@@ -702,14 +790,19 @@ def app_calls(w0: World, di: int) -> Out:
         w.ops += 1
         d = w.daemons[di]
         requested = w.now_us(d.offset) + w0.cfg.lease_of(di) * US
+        pool = w.pool()
+        why = check_expiry(requested, w.now_us(d.offset), pool.max_lease_us)  # the hit, _check
         e = d.entry(key)
-        if e is not None and w.t < e.until:  # LeaseCache.answer
+        if why:
+            w.notes.append(f"d{di} get_lease({key}) -> error: {why}")
+            out.append((f"d{di} get_lease({key}) REFUSED (the pool's longest lease)", w))
+        elif e is not None and w.t < e.until:  # LeaseCache.answer
             w.answer(d, key, e.lease)
             _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
             w.set_daemon(d.with_entry(key, None))
-            prog = Spawn(resolve, (setup, POOL_, key, requested))
+            prog = Spawn(resolve, (setup, pool, key, requested))
             start(w, host, prog.trace(), f"d{di} get_lease({key})", offset=d.offset, bound=True)
             out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:
@@ -733,9 +826,10 @@ def _scans(w: World) -> list[list[ResourceItem]]:
         vs: list[ResourceItem | None] = []
         for f in (w.table[k], *w.hist.get(k, ())):
             it = _res_of(f)
-            if it.key is not None and it.holder is not None and it not in vs:
+            if it is not None and it.key is not None and it.holder is not None and it not in vs:
                 vs.append(it)
-        if not vs or _res_of(w.table[k]).key is None:
+        cur = _res_of(w.table[k])
+        if not vs or cur is None or cur.key is None:
             vs.append(None)
         per.append(vs)
     out: list[list[ResourceItem]] = [[]]
@@ -778,6 +872,8 @@ def successors(w0: World) -> Out:
     if w0.cfg.paper_liberator:
         out += jobs.paper_liberator(w0)
     out += jobs.start_jobs(w0)
+    if w0.cfg.admin_runs or w0.cfg.balancer_moves:
+        out += admin.actions(w0)
     out += jobs.step_jobs(w0)
     for dt in w0.cfg.ticks:
         if w0.t + dt <= w0.cfg.horizon:

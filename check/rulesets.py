@@ -1,10 +1,17 @@
-"""The rules the model's daemons follow: the real ones (``rasd.core.decide``), or a known-bad set.
+"""The rules the model's actors follow: the real ones (``rasd.core.decide``), or a known-bad set.
 
-A known-bad rule set reproduces one bug of the OLD protocol (../shared/evidence,
-scenarios A, B and C) by replacing one decision; D1 and D2 reproduce the two ras-dedupe bugs
-fixed in d4c7477 and 375fa6c (found by the chaos run; the model's dedupe process reads these
-flags where the job's code changed). They live here, never in production code:
-a checker that cannot find them proves nothing (tests/unit/test_check.py).
+A known-bad rule set puts one bug back by replacing one decision (or, for the balancer, one
+piece of its driver's wiring): A, B and C are the old acquisition protocol's (acting on an
+unknown mapping write, trusting one's own claim, freeing early with no quarantine); D1-D6
+are ras-dedupe's and orphan repair's (an unversioned release, a pending survivor, a margin
+short of the clock skew, the survivor judged in the wrong replica, an orphan freed with the
+quarantine only, an orphan that became a lease released as one); Q and H are beside the
+paper's agent (a quarantine inside the available index, a stale holder taken as current);
+R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
+balancer's (a move written in the wrong replica), S the settling beside the paper's agent
+(a won claim served unsettled). The jobs' programs read them through their ``ops``. They
+live here, never in production code: a checker that cannot find them proves nothing
+(tests/unit/test_check.py).
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from dataclasses import dataclass, replace
 
 from rasd.core import builders as B
 from rasd.core import decide as D
+from rasd.core import legacy as LG
 from rasd.core import verdicts as V
 from rasd.core.decide import Outcome, Rules, lease_from_mapping
 from rasd.core.lease import LIVE, PENDING, Lease, Mapping, ResourceItem
 from rasd.core.map_builders import map_release
 from rasd.core.writes import ItemKey, Write
 from rasd.steps import Program
+from rasd.steps.admin import ADMIN_OPS, AdminOps
 from rasd.steps.daemon import REAL as REAL_OPS
 from rasd.steps.daemon import Ops
 from rasd.steps.repair import Ops as JobOps
@@ -40,33 +49,47 @@ class Protocol:
     trust_own_claim: bool = False
     #: C: early frees claimable at once, and caches served to the lease end (S = infinity)
     no_quarantine: bool = False
-    #: D1 (ras-dedupe before d4c7477): release an extra on the check of the scan's items
+    #: D1 (an unversioned ras-dedupe): release an extra on the check of the scan's items
     #: only (no end re-checked on its mapping), with an unconditional ``map_release``
     dedupe_unversioned: bool = False
-    #: D2 (ras-dedupe before 375fa6c): a survivor whose mapping is still pending counts as
-    #: served (its end stands in for the extra's), though other regions serve only live ones
+    #: D2 (ras-dedupe trusting pending mappings): a survivor whose mapping is still pending
+    #: counts as served (its end stands in for the extra's), though other regions serve only
+    #: live ones
     dedupe_pending_survivor: bool = False
-    #: D3 (found by this checker, fixed since): the survivor must outlast an extra by the
+    #: D3: the survivor must outlast an extra by the
     #: margin only, not margin + skew
     dedupe_margin_only: bool = False
-    #: D4 (found by this checker, fixed since): the survivor judged in its own region's
+    #: D4: the survivor judged in its own region's
     #: replica, not in the extra's (where a confirm may not have replicated yet)
     dedupe_survivor_own_region: bool = False
-    #: D5 (found by the adversarial evidence, fixed since): orphan repair frees with the
+    #: D5: orphan repair frees with the
     #: quarantine only, though a ras-dedupe stopped between its two writes leaves an orphan
     #: whose lease apps still use to its end
     orphan_quarantine_only: bool = False
-    #: D6 (found by this checker, fixed since): ras-dedupe releases an item it examined as an
+    #: D6: ras-dedupe releases an item it examined as an
     #: orphan even when its mapping write has landed since (a lease, perhaps served): with
     #: the quarantine only, and with no check that a survivor outlasts it
     dedupe_orphan_as_lease: bool = False
-    #: Q (before the paper's agent shared the table): an early free's quarantine is a future
+    #: Q: an early free's quarantine is a future
     #: ``lease_available``, inside the available index; an agent that claims on the version
     #: alone takes the item while caches still serve it
     quarantine_in_index: bool = False
-    #: H (before hver): a holder is taken as current whatever wrote the item since, so orphan
+    #: H (no ``hver``): a holder is taken as current whatever wrote the item since, so orphan
     #: repair frees a lease the paper's agent made after its liberator left a stale holder
     holder_always_current: bool = False
+    #: R: ``delete-resource`` takes an early-freed item whose
+    #: quarantine runs (a cache may still serve it) without ``--force``...
+    admin_delete_quarantined: bool = False
+    #: ... and the deleted name is held no longer than now, so ``add-resources`` makes it
+    #: claimable at once (R sets both; each alone is kept out by the other)
+    admin_no_hold: bool = False
+    #: M (the balancer without ``--peer-endpoint``): a move of another region's item is
+    #: written in the balancer's own replica, racing that region's claims by last-writer-wins
+    balancer_no_peers: bool = False
+    #: S (with ``legacy_agents``): a won claim is confirmed and served
+    #: whatever the leased index shows after it landed, so rasd may make a key's second
+    #: lease beside the paper's agent's
+    settle_never_yields: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -94,6 +117,13 @@ class Protocol:
         ):
             return D.Serve(lease_from_mapping(own), confirm=own)
         return D.on_read(own, others, now_us, rules)
+
+    def on_settle(
+        self, m: Mapping, held: list[ResourceItem], now_us: int
+    ) -> LG.Confirm | LG.YieldTo:
+        if self.settle_never_yields:
+            return LG.Confirm(m)
+        return LG.on_settle(m, held, now_us)
 
     def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:
         return D.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
@@ -149,6 +179,9 @@ BAD_D5 = Protocol("D5-orphan-quarantine-only", orphan_quarantine_only=True)
 BAD_D6 = Protocol("D6-dedupe-orphan-as-lease", dedupe_orphan_as_lease=True)
 BAD_Q = Protocol("Q-quarantine-in-index", quarantine_in_index=True)
 BAD_H = Protocol("H-holder-always-current", holder_always_current=True)
+BAD_R = Protocol("R-admin-readd-at-once", admin_delete_quarantined=True, admin_no_hold=True)
+BAD_M = Protocol("M-balancer-no-peers", balancer_no_peers=True)
+BAD_S = Protocol("S-settle-never-yields", settle_never_yields=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -166,6 +199,9 @@ PROTOCOLS = {
         BAD_D6,
         BAD_Q,
         BAD_H,
+        BAD_R,
+        BAD_M,
+        BAD_S,
     )
 }
 
@@ -250,4 +286,27 @@ def ops_of(proto: Protocol) -> Ops:
         on_extend_check=proto.on_extend_check,
         free_claim=proto.free_claim,
         quarantine_us=proto.quarantine_us,
+        on_settle=proto.on_settle,
     )
+
+
+def _never_quarantined(r: ResourceItem, now_us: int) -> bool:
+    return False
+
+
+def _held_until_now(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int) -> int:
+    return now_us if r.key is None else V.name_held_until(r, now_us, quarantine_us, grace_us)
+
+
+@functools.cache
+def admin_ops(p: Protocol) -> AdminOps:
+    """What rasadmin's deletes (``rasd.steps.admin``) decide with under rule set ``p``
+    (one instance per rule set: states compare it by identity)."""
+    if not (p.admin_delete_quarantined or p.admin_no_hold):
+        return ADMIN_OPS
+    ops = AdminOps()
+    if p.admin_delete_quarantined:
+        ops = replace(ops, in_quarantine=_never_quarantined)
+    if p.admin_no_hold:
+        ops = replace(ops, name_held_until=_held_until_now)
+    return ops

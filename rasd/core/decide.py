@@ -232,7 +232,9 @@ AcquireStep = Won | NextCandidate | GiveBack | FenceOwnClaim | Reread | GiveUp
 
 
 def after_acquire(mapping: Outcome, claim: Outcome, expect_ver: int) -> AcquireStep:
-    """The mapping write (``map_acquire`` at ``expect_ver``) and the claim were sent together."""
+    """The mapping write (``map_acquire`` at ``expect_ver``) and the claim were sent together
+    (or, with ``legacy_agents``, the claim only once the mapping applied: a claim not sent
+    is passed as REJECTED, since it is not on the item)."""
     match (mapping, claim):
         case (Outcome.APPLIED, Outcome.APPLIED):
             return Won()

@@ -20,11 +20,15 @@ may still run.
   (``rasd.core.builders.move``, conditional on the version, free and region read).
 
 A command's refusals (leased, in quarantine, another region's item) are decisions too: the
-programs return them as :class:`AdminResult` values and the command prints them.
+programs return them as :class:`AdminResult` values and the command prints them. The deletes
+take their two defences of I1 (the refusal of a quarantined item without ``force``, the
+tombstone's hold) from :class:`AdminOps`, which only the checker's known-bad rule sets
+replace.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +45,24 @@ from .repair import OPS, Ops, applied, mapping_ident, read_mapping, release_held
 
 #: how often a delete or an add re-reads an item a daemon keeps writing, before it gives up
 ATTEMPTS = 5
+
+
+def _in_quarantine(r: ResourceItem, now_us: int) -> bool:
+    return not r.claimable(now_us)
+
+
+@dataclass(frozen=True, eq=False)
+class AdminOps:
+    """What the deletes decide with (the real functions by default). Compared by identity."""
+
+    #: a free item a cache may still serve (early-freed, its quarantine running): deleted
+    #: only with ``force``
+    in_quarantine: Callable[[ResourceItem, int], bool] = _in_quarantine
+    #: until when a deleted name stays held (a re-add is claimable no earlier)
+    name_held_until: Callable[[ResourceItem, int, int, int], int] = V.name_held_until
+
+
+ADMIN_OPS = AdminOps()
 
 
 @dataclass(frozen=True)
@@ -86,7 +108,12 @@ def release_resource(
 
 
 def delete_item(
-    ident: ItemKey, now_us: int, force: bool, quarantine_us: int, grace_us: int
+    ident: ItemKey,
+    now_us: int,
+    force: bool,
+    quarantine_us: int,
+    grace_us: int,
+    ops: AdminOps = ADMIN_OPS,
 ) -> Program[bool]:
     """Delete a resource item; one with a running lease, or in quarantine, only with
     ``force``. The mapping of any lease on it (running or lapsed) is ended first. The item
@@ -104,16 +131,22 @@ def delete_item(
                 return False
             if r.holder is not None:
                 applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
-        elif not force and not r.claimable(now_us):
+        elif not force and ops.in_quarantine(r, now_us):
             return False
-        hold = V.name_held_until(r, now_us, quarantine_us, grace_us)
+        hold = ops.name_held_until(r, now_us, quarantine_us, grace_us)
         if applied((yield Send(tombstone(r, now_us, hold)))):
             return True
     return False
 
 
 def delete_resource(
-    ident: ItemKey, region: str, now_us: int, force: bool, quarantine_us: int, grace_us: int
+    ident: ItemKey,
+    region: str,
+    now_us: int,
+    force: bool,
+    quarantine_us: int,
+    grace_us: int,
+    ops: AdminOps = ADMIN_OPS,
 ) -> Program[AdminResult]:
     """``rasadmin delete-resource``: ``missing``, ``other_region``, ``leased`` (detail: its
     end) or ``quarantined`` (detail: until when) without ``force``, ``changed`` (it kept
@@ -125,9 +158,9 @@ def delete_resource(
         return AdminResult("other_region", it, it.region)
     if it.leased and not it.expired(now_us) and not force:
         return AdminResult("leased", it)
-    if not it.leased and not it.claimable(now_us) and not force:
+    if not it.leased and ops.in_quarantine(it, now_us) and not force:
         return AdminResult("quarantined", it, it.quarantine_until or it.lease_available)
-    if not (yield from delete_item(ident, now_us, force, quarantine_us, grace_us)):
+    if not (yield from delete_item(ident, now_us, force, quarantine_us, grace_us, ops)):
         return AdminResult("changed", it)
     tomb = (yield GetItem(ident)) or {}
     hold = tomb.get("hold_until")
@@ -283,7 +316,9 @@ def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
 
 
 __all__ = [
+    "ADMIN_OPS",
     "ATTEMPTS",
+    "AdminOps",
     "AdminResult",
     "PoolDelete",
     "add_resource",

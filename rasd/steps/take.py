@@ -111,8 +111,11 @@ def acquire(
     d: Daemon, pool: Pool, key: str, requested_us: int, expect_ver: int
 ) -> Program[Lease | Mapping | None]:
     """Claim a candidate and name it in the key's mapping, both in one round trip.
-    None: re-read (someone else wrote the mapping first). With ``legacy_agents`` a won
-    claim is returned as its pending mapping, for the caller to settle."""
+    None: re-read (someone else wrote the mapping first). With ``legacy_agents`` the claim
+    goes out only once the mapping write applied (one round trip more), and a won claim is
+    returned as its pending mapping, for the caller to settle: a daemon that loses the key's
+    mapping to another never writes the item, so the paper's agent, which answers whatever
+    the leased index shows, never sees (and answers) a claim about to be given back."""
     wait = yield RateLimit(pool)
     if wait > 0:
         yield Note("shed.rate_limited")
@@ -136,13 +139,22 @@ def acquire(
         cw = claim(item, key, requested_us, now, token, expect_ver + 1)
         sent = yield Mono()
         yield RefillSoon(pool)
-        mres, cres = yield Together(
-            (Send(mw, names_claim(token, item.resource)), Send(cw, holds(token, key)))
-        )
-        if cres.outcome is Outcome.UNKNOWN or cres.error is not None:
-            # not refused by its condition: the item may still be free at this version
+        if d.legacy_agents:
+            mres = yield Send(mw, names_claim(token, item.resource))
+            cres = None
+            if mres.outcome is Outcome.APPLIED:
+                cres = yield Send(cw, holds(token, key))
+        else:
+            mres, cres = yield Together(
+                (Send(mw, names_claim(token, item.resource)), Send(cw, holds(token, key)))
+            )
+        if cres is None or cres.outcome is Outcome.UNKNOWN or cres.error is not None:
+            # not sent, or not refused by its condition: the item may still be free at this
+            # version
             yield Untake(pool, cand)
-        step = d.ops.after_acquire(mres.outcome, cres.outcome, expect_ver)
+        # a claim not sent is not on the item, as one refused
+        claimed = Outcome.REJECTED if cres is None else cres.outcome
+        step = d.ops.after_acquire(mres.outcome, claimed, expect_ver)
         if isinstance(step, D.Won):
             pending = Mapping(
                 pool.client_id,
@@ -195,7 +207,7 @@ def acquire(
             return None
         assert isinstance(step, D.GiveUp)
         yield Note("acq.gave_up")
-        raise error_of(mres, cres) or Timeout(step.why)
+        raise error_of(mres, *([cres] if cres is not None else [])) or Timeout(step.why)
 
 
 #: every program a daemon runs (the checker's divergence test names them)

@@ -343,9 +343,10 @@ def _what(name: str, kw: dict[str, Any]) -> str:
 async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_daemon: Any) -> None:
     """Round trips on a request's path (bench.storetrace.round_trips: overlapping calls are
     one), with the leased index read beside the mapping Query: an existing lease uncached on
-    a host costs 1, as without it; a new lease 4 (the read, the two writes, the leased index
-    read again once the claim landed, the confirmation before the answer: "Two agents
-    acquiring one key at once" in docs/design.md); adopting a lease of the paper's agent
+    a host costs 1, as without it; a new lease 5 (the read, the mapping write, then the
+    claim once the mapping applied, the leased index read again once the claim landed, the
+    confirmation before the answer: "Two agents acquiring one key at once" in
+    docs/design.md); adopting a lease of the paper's agent
     costs 5, once per key and region (the read, the item read strongly consistent, the
     mapping write, the adoption, the confirmation)."""
     from bench.storetrace import round_trips
@@ -374,11 +375,11 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
             ]
 
         new = await path(d1, recs[0], "fresh")
-        assert round_trips(new) == 4, new
-        first = ["mappings", "leased_resources", "update_item:M", "update_item:R"]
-        settle = ["leased_resources", "map_confirm"]
-        assert sorted(c["what"] for c in new) == sorted([*first, *settle]), new
-        assert [c["what"] for c in new][-2:] == ["leased_resources", "map_confirm"], new
+        assert round_trips(new) == 5, new
+        first = ["mappings", "leased_resources"]
+        then = ["update_item:M", "update_item:R", "leased_resources", "map_confirm"]
+        assert sorted(c["what"] for c in new[:2]) == sorted(first), new
+        assert [c["what"] for c in new][2:] == then, new
         await d1.acquirer.drain(2.0)
         existing = await path(d2, recs[1], "fresh")
         assert round_trips(existing) == 1, existing

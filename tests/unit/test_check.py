@@ -12,7 +12,18 @@ import dataclasses
 
 import pytest
 
-from check.__main__ import DEDUPE, DEDUPE_LIVE, DEDUPE_PENDING, QUICK_BFS, WALK, _acquired
+from check.__main__ import (
+    ADMIN_RELEASED,
+    BALANCER,
+    DEDUPE,
+    DEDUPE_LIVE,
+    DEDUPE_PENDING,
+    MIXED,
+    QUICK_BFS,
+    WALK,
+    WALK3,
+    _acquired,
+)
 from check.explore import bfs, format_trace, script, walk, walks
 from check.model import Config
 from check.rulesets import (
@@ -26,7 +37,10 @@ from check.rulesets import (
     BAD_D5,
     BAD_D6,
     BAD_H,
+    BAD_M,
     BAD_Q,
+    BAD_R,
+    BAD_S,
     REAL,
 )
 
@@ -575,3 +589,126 @@ def test_real_rules_leave_the_paper_agents_lease_alone() -> None:
     res = bfs(STALE, REAL, max_states=200_000, prefix=_STALE_HOLDER, ops_after_prefix=1)
     assert res.complete, res.states
     assert res.violation is None, format_trace(res)
+
+
+# ----------------------------------------------------------- rasadmin and the balancer
+_ADMIN, _RELEASED, _AFTER = ADMIN_RELEASED
+#: k2 asks d1 (clock +1) while rasadmin deletes ra (quarantined: k1's release) and adds it again
+_DELETE_READD = [
+    "d1 get_lease(k2) called",
+    "d1 get_lease(k2) read mapping",
+    "rasadmin delete-resource ra: read resource ra",
+    "rasadmin delete-resource ra read resource ra",
+    "rasadmin delete-resource ra tombstone APPLIED",
+    "rasadmin delete-resource ra read resource ra",
+    "rasadmin add-resources ra: put REJECTED",
+    "rasadmin add-resources ra read resource ra",
+    "rasadmin add-resources ra readd APPLIED",
+    "d1 get_lease(k2) candidate ra",
+]
+
+
+def test_bad_r_admin_delete_and_readd_of_a_quarantined_item_is_caught() -> None:
+    """R (rasadmin without its two defences): k1's lease on ra is released through d0 while
+    d1's cache may still serve it (ra in quarantine); delete-resource takes ra without
+    --force, the tombstone holds the name no longer than now, the re-add makes it claimable
+    at once, and d1 answers ra to k2 while k1's answer is still protected: I1."""
+    res = bfs(_ADMIN, BAD_R, prefix=_RELEASED, ops_after_prefix=_AFTER)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("rasadmin delete-resource ra" in lab for lab in labels), format_trace(res)
+    assert any("readd APPLIED" in lab for lab in labels), format_trace(res)
+
+
+def test_real_rules_pass_the_admin_configuration() -> None:
+    """Every interleaving of one more app call with two rasadmin commands (delete-resource
+    with or without --force, the re-add of a deleted name, add-pool redefining the longest
+    lease) after k1's release, while d1's cache may serve k1: I1 and I2 hold."""
+    res = bfs(_ADMIN, REAL, prefix=_RELEASED, ops_after_prefix=_AFTER)
+    assert res.complete
+    assert res.violation is None, format_trace(res)
+
+
+def test_each_of_the_admin_defences_alone_keeps_the_quarantine() -> None:
+    """The real delete-resource refuses a quarantined item without --force; were it to take
+    it, the tombstone would hold the name to the quarantine's end, so the re-add is not
+    claimable before then. Each defence alone keeps R's history out."""
+    refusal_only = dataclasses.replace(BAD_R, name="R-hold-only", admin_delete_quarantined=False)
+    hold_only = dataclasses.replace(BAD_R, name="R-refusal-only", admin_no_hold=False)
+    with pytest.raises(ValueError, match="not enabled"):  # refused: no tombstone
+        script(_ADMIN, refusal_only, [*_RELEASED, *_DELETE_READD[:5]])
+    res = script(_ADMIN, refusal_only, [*_RELEASED, *_DELETE_READD[:3]])
+    assert "rasadmin delete-resource ra -> quarantined" in " ".join(res.trace[-1][1])
+    with pytest.raises(ValueError, match="not enabled"):  # held: ra is no candidate yet
+        script(_ADMIN, hold_only, [*_RELEASED, *_DELETE_READD])
+    res = script(_ADMIN, hold_only, [*_RELEASED, *_DELETE_READD[:-1]])
+    assert res.violation is None
+    assert "rasadmin add-resources ra -> held" in " ".join(res.trace[-1][1]), format_trace(res)
+    res = script(_ADMIN, BAD_R, [*_RELEASED, *_DELETE_READD])
+    assert res.violation is None  # the claim comes next
+    assert len(res.trace) == len(_RELEASED) + len(_DELETE_READD)
+
+
+def test_bad_m_balancer_without_peer_endpoints_is_caught() -> None:
+    """M (the balancer without --peer-endpoint): d0 (r1) leases ra to k1; the balancer, in
+    r2, moves ra to r2 in r2's replica, which still shows ra free; last-writer-wins drops
+    d0's claim; d1 (r2) leases ra to k2 while k1's mapping still names it: I1."""
+    res = bfs(BALANCER, BAD_M)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("wins by last-writer-wins" in lab for lab in labels), format_trace(res)
+
+
+def test_real_rules_pass_the_balancer_configuration() -> None:
+    """The balancer writes each item in its own region's replica, where its move is ordered
+    with that region's claims: every interleaving of two regions' daemons (releases, time in
+    steps of Q - skew and Q, clocks the skew apart) with one move keeps I1 and I2."""
+    res = bfs(BALANCER, REAL)
+    assert res.complete
+    assert res.violation is None, format_trace(res)
+    claimed = [*_acquired(0, "ra")[:-1], "d0 get_lease(k1) claim APPLIED"]
+    with pytest.raises(ValueError, match="not enabled"):  # the move is ordered after the claim
+        script(BALANCER, REAL, [*claimed, "balancer move ra@v0 r1->r2: move in r2"])
+    res = script(BALANCER, REAL, [*claimed, "balancer move ra@v0 r1->r2: move REJECTED"])
+    assert "balancer move ra@v0 r1->r2 -> False" in res.trace[-1][1], format_trace(res)
+
+
+# --------------------------------------------- legacy_agents: both agents on one key
+def test_bad_s_serving_an_unsettled_claim_is_caught() -> None:
+    """S (no settling): with ``legacy_agents`` rasd's read finds no lease of k1, the paper's
+    agent leases k1 rb, then rasd's claim of ra lands and is served as it is: rasd made k1's
+    second lease in the region (I2; the model orders the two leases by their claims, and a
+    second lease the paper's agent made is its race, not a violation)."""
+    res = bfs(MIXED, BAD_S)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("paper get_lease(k1) paper_claim APPLIED" in lab for lab in labels), labels
+
+
+def test_real_rules_settle_beside_the_paper_agent() -> None:
+    """Every interleaving of one rasd acquisition of k1 (settled: leased index read after
+    its claim landed, then confirmed or yielded) with the paper's agent acquiring k1: rasd
+    never makes the second lease, and no resource goes to two keys."""
+    res = bfs(MIXED, REAL)
+    assert res.complete, res.states
+    assert res.violation is None, format_trace(res)
+
+
+def test_a_release_ends_the_lease_it_applied_to_whenever_it_was_called() -> None:
+    """Release is per key: a release called before the key had a lease, which then releases
+    the lease another app was answered meanwhile, ends that lease for I2 where it applied.
+    (Deep mode's walk: with I2 ended only at release calls made after the lease's first
+    answer, the key's next acquisition counted as a second resource.)"""
+    res = walk(WALK3, REAL, 1140, 200)
+    assert res.violation is None, format_trace(res)
+
+
+def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:
+    """``MIXED`` with one fault: with the claim and its mapping write sent together, a fault
+    that kept the mapping write from landing left a claim to give back, which the paper's
+    agent answered from its lagging leased index while rasd answered the key another
+    resource (I2). With ``legacy_agents`` the claim goes out only once the mapping applied,
+    so no claim is ever given back, and the search is complete without a violation."""
+    res = bfs(dataclasses.replace(MIXED, max_faults=1), REAL, max_seconds=120)
+    assert res.violation is None, format_trace(res)
+    assert res.complete
