@@ -123,9 +123,11 @@ async def try_get(d: Acquirer, key: str, clock: Clock | None = None) -> str | No
 
 async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table: str) -> None:
     """A: d1's mapping write lands but its reply is lost; meanwhile d2 serves the key. d1
-    must not give the claim back on a guess (I4), so no third key can get the resource."""
+    must not give the claim back on a guess (I4), so no third key can get the resource.
+    The two writes in one round trip: without ``legacy_agents`` (beside the paper's agent the
+    claim waits for the mapping's reply, tests/unit/test_steps_take.py)."""
     seed_pool(ddb, table, count=1, prefix="res-A")
-    async with daemons(moto_endpoint, table, 3) as (d1, d2, d3):
+    async with daemons(moto_endpoint, table, 3, legacy_agents=False) as (d1, d2, d3):
         landed = asyncio.Event()
         state: dict[str, Any] = {}
 
@@ -161,9 +163,11 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
 async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table: str) -> None:
     """B: d1 loses the mapping race to d2 and its claim's replies are all lost. The orphan
     claim is never served (no mapping names it), is fenced or given back with quarantine, and
-    ras-dedupe / the liberator never free what d2 serves."""
+    ras-dedupe / the liberator never free what d2 serves. The two writes in one round trip:
+    without ``legacy_agents`` (beside the paper's agent a daemon that loses the mapping sends
+    no claim, tests/unit/test_steps_take.py)."""
     seed_pool(ddb, table, count=2, prefix="res-")
-    async with daemons(moto_endpoint, table, 3) as (d1, d2, d3):
+    async with daemons(moto_endpoint, table, 3, legacy_agents=False) as (d1, d2, d3):
         from rasd.candidates import Candidate
 
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
