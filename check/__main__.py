@@ -233,23 +233,7 @@ BALANCER_DEEP = replace(
 )
 #: rasadmin adopt beside the paper's agent and a legacy_agents daemon, both on k1 (the daemon
 #: serves k2 too)
-ADOPT = Config(
-    daemons=1,
-    keys=("k1", "k2"),
-    resources=("ra", "rb"),
-    max_ops=2,
-    max_faults=0,
-    max_crashes=0,
-    liberator=False,
-    release=False,
-    ticks=(1,),
-    horizon=2,
-    paper_calls=1,
-    paper_key="k1",
-    legacy_agents=True,
-    admin=("adopt",),
-    admin_runs=1,
-)
+ADOPT = replace(MIXED, keys=("k1", "k2"), max_ops=2, admin=("adopt",), admin_runs=1)
 #: (the real rules only: each known-bad set is caught by the quick run's search, which deep
 #: mode runs too; from the initial state R's history lies deeper than a budget reaches)
 DEEP_ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
