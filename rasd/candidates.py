@@ -57,7 +57,8 @@ conditional on ``lease_available <= now``.
 
 When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
 stale copies of items this daemon has just claimed), the pool is marked exhausted for
-``exhausted_backoff`` seconds and NO_CAPACITY is answered without reading DynamoDB at all.
+``exhausted_backoff`` seconds from the sweep's start (what it read is that old) and NO_CAPACITY
+is answered without reading DynamoDB at all.
 A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
 is never the answer while the last sweep found something.
 

@@ -159,7 +159,10 @@ class Prefetcher:
     async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> int:
         """The buffer is empty: read the lane (or a new one), then, unless that kept a
         candidate, every other sub-partition at once. Marks the pool exhausted when no read
-        kept anything. Returns how many candidates were kept."""
+        kept anything, from the moment the sweep began: its reads are that old, and a slow
+        sweep (a loaded backend) must not stretch the time NO_CAPACITY is answered without
+        reading. Returns how many candidates were kept."""
+        began = self.clock.mono()
         first = buf.plan(urgent=True)
         kept = await self._read_plan(pool, buf, first, deadline)
         if kept:
@@ -169,7 +172,7 @@ class Prefetcher:
             await asyncio.gather(*(self._read(pool, buf, buf.probe(n), deadline) for n in others))
         )
         if not kept:
-            buf.mark_exhausted(self.clock.mono())
+            buf.mark_exhausted(began)
             self.counters.inc("prefetch.exhausted")
         return kept
 

@@ -839,3 +839,25 @@ async def test_stop_cancels_refills_before_the_store_closes() -> None:
     assert not p._refills
     await asyncio.sleep(0)
     assert reads_after_close == []
+
+
+async def test_a_slow_empty_sweep_counts_its_backoff_from_its_start() -> None:
+    """The exhaustion memo answers for what the sweep read, which is as old as its first read:
+    a sweep that took longer than the backoff (a loaded backend) leaves no memo behind, and
+    the next request reads again and finds the item freed meanwhile."""
+    store = _TableStore({})
+    p, pool = _prefetcher(store, exhausted_backoff=1.0)
+    clock = p.clock  # type: ignore[attr-defined]
+    slow = store.query_available
+
+    async def query(*a: object, **kw: object) -> list[ResourceItem]:
+        clock.t += 0.5  # every read takes half a second
+        return await slow(*a, **kw)  # type: ignore[arg-type]
+
+    store.query_available = query  # type: ignore[method-assign]
+    assert await p.candidate(pool, 1e9) is None  # type: ignore[attr-defined]
+    assert clock.t >= 101.0  # the sweep outlasted the backoff
+    store.parts = {partition_of("late"): [_free("late", 2)]}
+    reads = len(store.reads)
+    c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
+    assert len(store.reads) > reads and c is not None and c.item.resource == "late"
