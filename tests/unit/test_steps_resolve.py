@@ -586,8 +586,8 @@ def test_beside_the_paper_agent_a_lease_at_its_end_is_ended_not_extended() -> No
     assert h.writes() == ["map_release"]
     assert h.of(GetItem) == [GetItem(("c", "r1"))]
     assert h.notes() == {"lease.ended_lapsed": 1, "lease.no_capacity": 1}
-    assert [(s.fn.__name__, s.args[1:]) for s in h.of(Spawn)] == [
-        ("free_claim", (("c", "r1"), "k", "old"))
+    assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
+        ("free_claim", (h.d, ("c", "r1"), "k", "old"))
     ]
     h.rounds(WAIT)
 
@@ -722,3 +722,14 @@ def test_writes_whose_retry_was_refused_are_read_back_as_applied(legacy: bool) -
     assert got.resource == "r1" and got.token == "t1"
     assert not h.of(Untake) and bool(h.of(Spawn)) is not legacy  # confirm, or settle
     assert h.notes() == ({} if legacy else {"lease.new": 1})
+
+
+def test_a_pending_claim_that_meets_a_paper_lease_when_settled_yields_to_it() -> None:
+    h = Host(legacy=True)
+    h.ours("r1", NOW + HOUR, state=PENDING, since=NOW - 1)
+    h.paper("r9", NOW + HOUR)
+    lease, new = resolve_k(h)
+    assert (lease.resource, new) == ("r9", False)
+    assert h.of(QueryLeased) == [QueryLeased("c", "p", "k")]  # the settle's, after the read
+    assert h.notes()["lease.yielded"] == 1 and h.notes()["lease.adopted"] == 1
+    assert h.res("r1").key is None and h.mapping().resource == "r9"
