@@ -109,3 +109,24 @@ def test_tail_goes_on_as_the_next_round() -> None:
     gen = rounds(0, 1)
     assert isinstance(gen.send(None), Now)
     assert gen.send(5) == Tail(rounds, (1, 1))
+
+
+def test_in_region_sends_only_the_calls_to_the_region_and_passes_errors_through() -> None:
+    from rasd.steps import At, in_region
+
+    seen: list[Any] = []
+
+    def perform(eff: Any) -> Any:
+        seen.append(eff)
+        if isinstance(eff, At) and isinstance(eff.call, GetItem):
+            raise Timeout("far")
+        return 9
+
+    assert drive_sync(in_region("us-west-2", prog(("c", "r"))), perform) == "unread"
+    assert seen == [Now(), At("us-west-2", GetItem(("c", "r")))]
+    seen.clear()
+    got = drive_sync(in_region("us-west-2", prog(("c", "r"))), lambda eff: seen.append(eff) or {})
+    assert got == "wrote {}" and isinstance(seen[2], At) and seen[2].region == "us-west-2"
+    seen.clear()
+    assert drive_sync(in_region(None, prog(("c", "r"))), perform) == "wrote 9"
+    assert seen == [Now(), GetItem(("c", "r")), Send(Write(("c", "r"), (), set=(("x", 1),)))]
