@@ -23,6 +23,8 @@ from rasd.core.builders import (
     free_orphan,
     liberate,
     move,
+    paper_claim,
+    paper_free,
     readd,
     relist,
     tombstone,
@@ -352,6 +354,46 @@ def test_relist_in_full() -> None:
         remove=("quarantine_until",),
     )
     assert w.kind == "relist"
+
+
+def test_paper_claim_and_paper_free_in_full() -> None:
+    """The paper's agent's two writes: on the version read alone; rasd's attributes stay.
+    The checker's model tells the agent's claims apart by their kind."""
+    w = paper_claim(_free(), "k2", 1_030 * US)
+    assert w == Write(
+        key=("c", "ra"),
+        conds=(Cond("version", "=", 7),),
+        set=(("key", "k2"), ("lease_expires", fmt_time(1_030 * US)), ("version", 8)),
+        remove=("lease_available",),
+    )
+    assert w.kind == "paper_claim"
+    item = {"client_id": "c", "resource": "ra", "version": 7, "lease_available": "x"}
+    held = apply(item, w)
+    assert held == {
+        "client_id": "c",
+        "resource": "ra",
+        "version": 8,
+        "key": "k2",
+        "lease_expires": fmt_time(1_030 * US),
+    }
+    assert apply({**item, "version": 6}, w) is None
+    f = paper_free(_held(version=8), NOW)
+    assert f == Write(
+        key=("c", "ra"),
+        conds=(Cond("version", "=", 8),),
+        set=(("lease_available", fmt_time(NOW)), ("version", 9)),
+        remove=("key", "lease_expires"),
+    )
+    assert f.kind == "paper_free"
+    assert apply({**held, "holder": "t1", "hver": 3}, f) == {
+        "client_id": "c",
+        "resource": "ra",
+        "version": 9,
+        "lease_available": fmt_time(NOW),
+        "holder": "t1",
+        "hver": 3,
+    }
+    assert apply({**held, "version": 9}, f) is None
 
 
 def test_free_orphan_wants_a_holder_and_no_time_before_now() -> None:
