@@ -358,6 +358,7 @@ def test_adoption_names_the_paper_agents_lease_then_adopts_and_confirms_it() -> 
     assert got == D.Serve(Lease("c", "p", "k1", "rp", EAST, NOW + HOUR, rp.version + 1, NOW, "tok"))
     assert t.writes() == ["map_acquire", "adopt", "map_confirm"] and t.bare == []
     assert t.mapping("k1").state == LIVE and t.res("rw").holder is None
+    assert t.mapping("k1").rver == rp.version  # the version of the lease adopted
     assert t.counts == Counter({"lease.adopted": 1, "acq.confirm_applied": 1})
 
 
@@ -1031,3 +1032,123 @@ def test_release_of_a_pending_mapping_waits_for_its_acquirer() -> None:
     assert t.run(GB.release(daemon(), POOL, "k1")) == 1
     assert sleeps == [Sleep(0.005), Sleep(0.01)]
     assert t.counts == Counter({"acq.waits": 2, "lease.released": 1})
+
+
+def test_only_a_lost_acquisitions_free_is_a_give_back_also_on_its_retries() -> None:
+    """What ``Ops.quarantine_us`` is told: a free within a request (``give_back_now``) or of
+    an orphan (the default) is not a give-back; a give-back stays one on every retry, after
+    an extension read beside the paper's agent as after an error."""
+    seen: list[bool] = []
+
+    def quarantine_us(rules: Rules, give_back: bool) -> int:
+        seen.append(give_back)
+        return rules.quarantine_us
+
+    ops = Ops(quarantine_us=quarantine_us)
+    t = Table()
+    ident = orphan(t)
+    t.before[4] = lambda: t.set(ident, lease_expires=fmt_time(NOW + 2 * HOUR))
+    t.run(GB.free_claim(daemon(True, ops=ops), ident, "k1", "t1", True))
+    assert seen == [True, True] and t.res("ra").holder is None
+    seen.clear()
+    t2 = Table()
+    t2.run(GB.free_claim(daemon(ops=ops), orphan(t2), "k1", "t1"))
+    t3 = Table()
+    t3.run(GB.give_back_now(daemon(ops=ops), orphan(t3), "k1", "t1"))
+    assert seen == [False, False]
+
+
+def test_free_claim_beside_the_paper_agent_reads_the_end_once_per_attempt() -> None:
+    """Extended before every write: each of the ``free_claim_attempts`` attempts reads the
+    end again and writes once, then the claim is left to the liberator."""
+    t = Table()
+    ident = orphan(t)
+    for n in (4, 8, 12, 16):  # Deadline, Now, GetItem, Send per attempt
+        t.before[n] = lambda n=n: t.set(ident, lease_expires=fmt_time(NOW + n * HOUR))
+    t.run(GB.free_claim(daemon(True, free_claim_attempts=3), ident, "k1", "t1"))
+    assert t.writes() == ["free_claim"] * 3 and len(t.of(GetItem)) == 3
+    assert t.res("ra").holder == "t1"
+
+
+def test_release_beside_the_paper_agent_joins_the_free_it_spawned() -> None:
+    t = Table()
+    t.lease("ra", "k1", NOW + HOUR)
+    t.spawned.append(Spawn(GB.relist, (("c", "zz"), NOW)))  # an earlier spawn: handle 1
+    assert t.run(GB.release(daemon(True), POOL, "k1")) == 1
+    assert [j.handle for j in t.of(Join)] == [2]
+
+
+def test_a_release_read_again_names_the_key_it_releases() -> None:
+    """After a lost race (the mapping changed under the release) and after dropping a dead
+    pending mapping, the next round reads the same key: its NotHeld names it."""
+    t = Table()
+    m = t.lease("ra", "k1", NOW + HOUR)
+    t.before[4] = lambda: t.set(m.ident, state=FREE, token=None)
+    with pytest.raises(NotHeld, match=r"^'k1' holds no lease in pool 'p'$"):
+        t.run(GB.release(daemon(), POOL, "k1"))
+    t2 = Table()
+    t2.pending("ra", "k1", NOW + HOUR, "t1", landed=False)
+    with pytest.raises(NotHeld, match=r"^'k1' holds no lease in pool 'p'$"):
+        t2.run(GB.release(daemon(), POOL, "k1"))
+
+
+def test_a_release_read_again_waits_from_the_first_wait() -> None:
+    """The mapping changed under the release to another acquirer's young pending claim: the
+    next round waits for it from the first wait (then releases what the key holds)."""
+    t = Table()
+    t.now = NOW - HOUR + US
+    t.lease("ra", "k1", NOW + HOUR)
+    t.before[4] = lambda: t.pending("rb", "k1", NOW + HOUR, "t2", landed=False)
+    sleeps: list[Sleep] = []
+
+    def slept(s: Sleep) -> None:
+        sleeps.append(s)
+        t.set(("c", "rb"), key="k1", holder="t2", lease_expires=fmt_time(NOW + HOUR))
+
+    t.on_sleep = slept
+    assert t.run(GB.release(daemon(), POOL, "k1")) == 1
+    assert sleeps == [Sleep(0.005)] and t.mapping("k1").state == FREE
+
+
+def test_a_release_after_dropping_a_dead_mapping_waits_from_the_first_wait() -> None:
+    """A dead pending mapping dropped, then another acquirer's young pending claim read in
+    the next round: waited for from the first wait."""
+    t = Table()
+    m = t.pending("ra", "k1", NOW + HOUR, "t1", landed=False)
+
+    def acquired() -> None:
+        assert t.pending("rb", "k1", NOW + HOUR, "t2", landed=False).token == "t2"
+        t.set(m.ident, since=fmt_time(NOW))
+
+    t.before[10] = acquired  # the read of the key's mappings after the drop
+    sleeps: list[Sleep] = []
+
+    def slept(s: Sleep) -> None:
+        sleeps.append(s)
+        t.set(("c", "rb"), key="k1", holder="t2", lease_expires=fmt_time(NOW + HOUR))
+
+    t.on_sleep = slept
+    assert t.run(GB.release(daemon(), POOL, "k1")) == 1
+    assert t.writes()[:2] == ["fence_resource", "map_drop_dead"]
+    assert isinstance(t.calls[9], QueryMappings) and t.of(GetItem)[-1] == GetItem(("c", "rb"))
+    assert sleeps == [Sleep(0.005)] and t.mapping("k1").state == FREE
+
+
+def test_adoption_names_the_version_of_the_lease_it_adopts_while_pending() -> None:
+    """Between the mapping write and the adoption, readers (other daemons, the liberator)
+    judge the pending mapping by the claim's version it names: the paper lease's."""
+    t = Table()
+    t.paper("rp", "k1", NOW + HOUR)
+    t.set(("c", "rp"), version=7)  # written by the paper's agent before
+    rp = t.res("rp")
+    seen: list[Mapping] = []
+    perform = t.perform
+
+    def spy(eff: Any) -> Any:
+        if isinstance(eff, Send) and eff.write.kind == "adopt":
+            seen.append(t.mapping("k1"))
+        return perform(eff)
+
+    t.perform = spy  # type: ignore[method-assign]
+    adopting(t)
+    assert [(m.state, m.resource, m.rver) for m in seen] == [(PENDING, "rp", rp.version)]
