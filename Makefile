@@ -111,8 +111,9 @@ check-protocol: $(STAMP)
 # rasd/core/writes.py, rasd/steps/, lease.py's predicates, the write builders and read-backs of
 # builders.py and map_builders.py, each mutant against the unit tests and the checker's CI run
 # that call it.
-# Summary: printed and check/results/mutate.json. Not part of `make test`: about 1.5-2.5 h on
-# this shared 2-core machine (docs/checker.md has the measured runs).
+# Two phases: every mutant against the unit tests, then the survivors against the checker's
+# searches too. Summary: printed and check/results/mutate.json. Not part of `make test`:
+# estimated 45-60 min on this 2-core machine when idle (docs/checker.md has the runs).
 MUTATE_STAMP := $(VENV)/.mutate-installed
 $(MUTATE_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,bench,mutate]'
