@@ -355,7 +355,10 @@ def _mutmut(names: list[str], jobs: int, fast: bool) -> int:
     env = {k: v for k, v in os.environ.items() if k != "RASD_MUTATE_FAST"}
     if fast:
         env["RASD_MUTATE_FAST"] = "1"
-    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+    rc = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+    if rc != 0:
+        print(f"mutmut exited {rc}", file=sys.stderr)
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +392,6 @@ def main(argv: list[str] | None = None) -> int:
             rc = _mutmut(a.names or name_globs(), a.jobs, fast=True)
             phases["fast"] = round(time.monotonic() - t0, 1)
             if rc != 0:
-                print(f"mutmut exited {rc}", file=sys.stderr)
                 return rc
         if a.phase in ("both", "checker"):
             equivalent = load_equivalent()
@@ -406,7 +408,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"second phase: {len(again)} mutants against every test", flush=True)
                 rc = _mutmut(again, a.jobs, fast=False)
                 if rc != 0:
-                    print(f"mutmut exited {rc}", file=sys.stderr)
                     return rc
             phases["checker"] = round(time.monotonic() - t1, 1)
         seconds = time.monotonic() - t0
