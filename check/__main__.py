@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .explore import Result, bfs, format_trace, walks
 from .model import Config
-from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, BAD_M, BAD_R, BAD_S, REAL, Protocol
+from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, BAD_E, BAD_M, BAD_R, BAD_S, REAL, Protocol
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -126,6 +126,70 @@ DEDUPE_LIVE = (
         "d1 bg confirm(k1) map_confirm APPLIED",
     ],
 )
+#: ras-dedupe against a daemon extending the extra in the background: as DEDUPE, k1 held
+#: in both regions, d0's for 30 s (the survivor), d1's for 14 s and extended once 90 % of
+#: that is left (so the answer that starts the extension still runs longer than Q = 5);
+#: explored from d1's extension of rb applying at t = 2, right after a cached answer (rb
+#: until 14), with one app call more (another key's acquisition can take whatever was freed)
+#: and time in steps of 2 and 5. A give-back of the extra with the quarantine only (E) lets
+#: k2 have rb at 7. The acquisitions differ with ``legacy_agents``, so each mode has its
+#: own prefix; the search runs in both.
+DEDUPE_EXTEND_CFG = replace(
+    DEDUPE,
+    keys=("k1", "k2"),
+    resources=("ra", "rb"),
+    resource_regions=("r1", "r2"),
+    leases=(30, 14),
+    extend_fraction=0.9,
+    max_ops=4,
+    ticks=(2, 5),
+    horizon=7,
+)
+_HIT_AND_EXTEND = [
+    "time +2 -> t=2",
+    "d1 get_lease(k1) CACHE HIT",
+    "d1 bg extend(k1) extend_resource APPLIED",
+]
+
+
+def _acquired_beside_legacy() -> list[str]:
+    """Both regions' daemons miss k1, then each acquires it (``legacy_agents``: the leased
+    index read with the mapping, the claim after the mapping, settled, then confirmed)."""
+    a, b = "d0 get_lease(k1)", "d1 get_lease(k1)"
+    reads = [f"{d} {s}" for d in (a, b) for s in ("called", "read mapping", "read leased index")]
+    return [
+        *reads,
+        *(
+            f"{d} {s}"
+            for d, r in ((a, "ra"), (b, "rb"))
+            for s in (
+                f"candidate {r}",
+                "map_acquire APPLIED",
+                "claim APPLIED",
+                "read leased index",
+                "map_confirm APPLIED",
+            )
+        ),
+    ]
+
+
+#: (configuration, prefix) for each ``legacy_agents`` setting
+DEDUPE_EXTEND = {
+    False: (
+        DEDUPE_EXTEND_CFG,
+        [
+            *_acquired(0, "ra"),
+            *_acquired(1, "rb"),
+            "d0 bg confirm(k1) map_confirm APPLIED",
+            "d1 bg confirm(k1) map_confirm APPLIED",
+            *_HIT_AND_EXTEND,
+        ],
+    ),
+    True: (
+        replace(DEDUPE_EXTEND_CFG, legacy_agents=True),
+        [*_acquired_beside_legacy(), *_HIT_AND_EXTEND],
+    ),
+}
 #: which dedupe search must catch each known-bad dedupe rule set
 DEDUPE_BAD = ((BAD_D2, DEDUPE_PENDING), (BAD_D1, DEDUPE_LIVE))
 #: deep mode: two regions with everything on (faults, a crash, the liberator and its orphan
@@ -307,6 +371,18 @@ def run(quick: bool, seed: int, n_walks: int, budget_s: float) -> int:
         if proto is not REAL and res.violation is None:
             print(f"  !! known-bad rule set {proto.name} was NOT caught")
             ok = False
+    # ras-dedupe against the extra's extension: the real rules pass in both modes; E is
+    # caught where nothing else holds the free to the lease's end (without legacy_agents)
+    for legacy, (ecfg, eprefix) in DEDUPE_EXTEND.items():
+        for proto in (REAL,) if legacy else (REAL, BAD_E):
+            res = bfs(ecfg, proto, max_seconds=budget_s, prefix=eprefix, ops_after_prefix=1)
+            res.mode = "bfs-dedupe-extend" + ("-legacy" if legacy else "")
+            _print(res)
+            runs.append({**res.summary(), "config": asdict(ecfg), "prefix": eprefix})
+            if (res.violation is None) != (proto is REAL):
+                if proto is not REAL:
+                    print(f"  !! known-bad rule set {proto.name} was NOT caught")
+                ok = False
     # rasadmin, the balancer, both agents on one key: the real rules pass, each known-bad set
     # is caught in its configuration (the quick run's, from its prefix; deep mode's as well)
     actor_runs = ACTORS if quick else ACTORS + DEEP_ACTORS

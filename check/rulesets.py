@@ -86,6 +86,10 @@ class Protocol:
     #: M (the balancer without ``--peer-endpoint``): a move of another region's item is
     #: written in the balancer's own replica, racing that region's claims by last-writer-wins
     balancer_no_peers: bool = False
+    #: E: a daemon gives back a lease no app released (an extension whose mapping
+    #: ``ras-dedupe`` released meanwhile) with the quarantine only, unless the paper's agent
+    #: may run: apps answered with it before use it to its end
+    unreleased_quarantine_only: bool = False
     #: S (with ``legacy_agents``): a won claim is confirmed and served
     #: whatever the leased index shows after it landed, so rasd may make a key's second
     #: lease beside the paper's agent's
@@ -96,6 +100,12 @@ class Protocol:
         if self.holder_always_current and r.holder is not None:
             r = replace(r, hver=None)
         return V.orphan_verdict(r, m)
+
+    def holds_to_end(self, why: D.Freed, legacy_agents: bool) -> bool:
+        """Whether a daemon's early free waits for the lease's end (``decide.holds_to_end``)."""
+        if self.unreleased_quarantine_only:
+            return legacy_agents
+        return D.holds_to_end(why, legacy_agents)
 
     def early_free(self, w: Write) -> Write:
         """An early free as this rule set writes it."""
@@ -182,6 +192,7 @@ BAD_H = Protocol("H-holder-always-current", holder_always_current=True)
 BAD_R = Protocol("R-admin-readd-at-once", admin_delete_quarantined=True, admin_no_hold=True)
 BAD_M = Protocol("M-balancer-no-peers", balancer_no_peers=True)
 BAD_S = Protocol("S-settle-never-yields", settle_never_yields=True)
+BAD_E = Protocol("E-unreleased-quarantine-only", unreleased_quarantine_only=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -202,6 +213,7 @@ PROTOCOLS = {
         BAD_R,
         BAD_M,
         BAD_S,
+        BAD_E,
     )
 }
 
@@ -286,6 +298,7 @@ def ops_of(proto: Protocol) -> Ops:
         on_extend_check=proto.on_extend_check,
         free_claim=proto.free_claim,
         quarantine_us=proto.quarantine_us,
+        holds_to_end=proto.holds_to_end,
         on_settle=proto.on_settle,
     )
 

@@ -257,7 +257,8 @@ class Extended:
 @dataclass(frozen=True, slots=True)
 class FreeOrphan:
     """The resource was extended but the mapping no longer names the lease: free the
-    resource with quarantine (it was served until now)."""
+    resource. No app released it, and apps may use it to the end they were answered
+    (``Freed.UNRELEASED``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +304,29 @@ def on_extend_check(m: Mapping | None, lease: Lease) -> ExtendStep:
     ):
         return Forget("the mapping still names the lease (extended further elsewhere)")
     return FreeOrphan()
+
+
+# ------------------------------------------------------------------------- early frees
+class Freed(enum.Enum):
+    """Why a daemon frees a resource before its lease's end: what the free must wait for."""
+
+    #: an app released the lease: every copy of its answer lapses within the quarantine
+    RELEASED = "released"
+    #: a claim no mapping names, nor ever will: nobody was answered with it
+    UNNAMED = "unnamed"
+    #: the claim of an acquisition that lost the key's mapping (given back at once)
+    LOST = "lost"
+    #: a lease apps may still use and that no app released (a mapping lost to ``ras-dedupe``
+    #: or to a reader's takeover, a lapsed lease beside the paper's agent)
+    UNRELEASED = "unreleased"
+
+
+def holds_to_end(why: Freed, legacy_agents: bool) -> bool:
+    """Whether an early free keeps the resource unclaimable until its lease's end plus the
+    skew, as well as for the quarantine. Always for a lease no app released (I1: its answers
+    run to their end), and for every free while the paper's agent may run (it answers
+    whatever the leased index shows, to its end, and is never told of a release)."""
+    return why is Freed.UNRELEASED or legacy_agents
 
 
 # --------------------------------------------------------------------------- releasing

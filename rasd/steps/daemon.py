@@ -208,8 +208,10 @@ class Ops:
     on_lapsed: Callable[..., D.Extend | LG.EndLapsed] = field(default=LG.on_lapsed, repr=False)
     #: the early free's write (``rasd.core.builders.free_claim``)
     free_claim: Callable[..., Write] = field(default=B.free_claim, repr=False)
-    #: how long an early free stays unclaimable: (rules, give_back) -> microseconds
+    #: how long an early free stays unclaimable: (rules, a lost claim) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
+    #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
+    holds_to_end: Callable[[D.Freed, bool], bool] = field(default=D.holds_to_end, repr=False)
 
 
 REAL = Ops()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..core import builders as B
 from ..core import decide as D
 from ..core.builders import fence_resource
-from ..core.decide import Outcome
+from ..core.decide import Freed, Outcome
 from ..core.errors import NotHeld, RasdError, Timeout
 from ..core.lease import US, Pool, ResourceItem, fmt_time
 from ..core.map_builders import map_drop_dead, map_release, no_token, not_held_by
@@ -37,21 +37,20 @@ from .daemon import (
 
 
 def free_claim(
-    d: Daemon, ident: ItemKey, key: str, token: str, give_back: bool = False, attempt: int = 0
+    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed = Freed.RELEASED, attempt: int = 0
 ) -> Program[None]:
     """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
     about a minute (``attempt``: this one's number, from 0); if the daemon dies first, the
-    liberator's orphan repair frees it. ``give_back``: the claim of an acquisition that lost
-    (the rules may free it sooner). With ``legacy_agents`` not before the lease's end plus
-    the skew either: the paper's agent answers any lease it finds in the leased index, to
-    its end, and is never told of a release (the end is read first, and the free is
-    conditional on it)."""
+    liberator's orphan repair frees it. ``why`` says what the free waits for
+    (``decide.holds_to_end``): a lease no app released, or any free while the paper's agent
+    may run, not before the lease's end plus the skew either (the end is read first, and the
+    free is conditional on it); the claim of an acquisition that lost may be freed sooner."""
     if attempt >= d.free_claim_attempts:
         return
     yield Deadline(BACKGROUND_DEADLINE)
-    error = yield from free_once(d, ident, key, token, give_back)
+    error = yield from free_once(d, ident, key, token, why)
     if error is _AGAIN:
-        return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+        return (yield from goto(free_claim, d, ident, key, token, why, attempt + 1))
     if error is None:
         return
     yield Note(
@@ -60,15 +59,17 @@ def free_claim(
         "warning",
     )
     yield Sleep(min(2.0**attempt, 16.0), bounded=False)
-    return (yield from goto(free_claim, d, ident, key, token, give_back, attempt + 1))
+    return (yield from goto(free_claim, d, ident, key, token, why, attempt + 1))
 
 
-def give_back_now(d: Daemon, ident: ItemKey, key: str, token: str) -> Program[None]:
+def give_back_now(
+    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed = Freed.UNRELEASED
+) -> Program[None]:
     """:func:`free_claim` within a request (its deadline, no backoff): an error is raised,
     not retried; a free refused because the lease was extended since its end was read is
     tried again (at most ``free_claim_attempts`` times in all)."""
     for _ in range(d.free_claim_attempts):
-        error = yield from free_once(d, ident, key, token, False)
+        error = yield from free_once(d, ident, key, token, why)
         if error is None:
             return
         if error is not _AGAIN:
@@ -83,15 +84,16 @@ _AGAIN = _Again("extended since read")
 
 
 def free_once(
-    d: Daemon, ident: ItemKey, key: str, token: str, give_back: bool
+    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed
 ) -> Program[RasdError | None]:
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
     now = yield Now()
-    available = now + d.ops.quarantine_us(d.rules, give_back)
+    available = now + d.ops.quarantine_us(d.rules, why is Freed.LOST)
     ends: int | None = None
     outcome, error = Outcome.UNKNOWN, None
-    if d.legacy_agents:
+    to_end = d.ops.holds_to_end(why, d.legacy_agents)
+    if to_end:
         try:
             r = yield from resource(ident[0], ident[1])
         except RasdError as exc:
@@ -102,7 +104,7 @@ def free_once(
             ends = r.lease_expires_us
         if ends is not None:
             available = max(available, ends + d.rules.grace_us)
-    if not d.legacy_agents or ends is not None:
+    if not to_end or ends is not None:
         w = d.ops.free_claim(ident, key, token, now, available, ends)
         res = yield Send(w, not_held_by(token))
         outcome, error = res.outcome, res.error
@@ -145,7 +147,7 @@ def fence_own_claim(d: Daemon, item: ResourceItem, key: str, token: str) -> Prog
         return
     cur = yield from resource(item.client_id, item.resource)
     if cur is not None and cur.holder == token:
-        return (yield from free_claim(d, item.ident, key, token))
+        return (yield from free_claim(d, item.ident, key, token, Freed.UNNAMED))
 
 
 def release(

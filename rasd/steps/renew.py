@@ -51,7 +51,9 @@ def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.Extend
     if isinstance(step, D.FreeOrphan):
         yield Note("lease.extend_orphaned")
         assert lease.token is not None
-        yield Spawn(free_claim, (d, (lease.client_id, lease.resource), lease.key, lease.token))
+        # No app released it: apps may use it to the end they were answered.
+        ident = (lease.client_id, lease.resource)
+        yield Spawn(free_claim, (d, ident, lease.key, lease.token, D.Freed.UNRELEASED))
     return step, mres or res
 
 

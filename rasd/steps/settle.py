@@ -164,7 +164,8 @@ def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
     res = yield Send(map_release(m.ident, m.token, now, m.ver), no_token(m.token))
     if res.outcome is Outcome.APPLIED:
         yield Note("lease.ended_lapsed")
-        yield Spawn(free_claim, (d, (m.client_id, m.resource or ""), m.key, m.token))
+        ident = (m.client_id, m.resource or "")
+        yield Spawn(free_claim, (d, ident, m.key, m.token, D.Freed.UNRELEASED))
         return
     if res.outcome is Outcome.REJECTED and res.error is None:
         return

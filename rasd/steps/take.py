@@ -196,7 +196,7 @@ def acquire(
             # No mapping names this claim, so nobody serves it: give it back in the
             # background (retried), and read again now.
             yield Note("acq.gave_back")
-            yield Spawn(free_claim, (d, item.ident, key, token, True))
+            yield Spawn(free_claim, (d, item.ident, key, token, D.Freed.LOST))
             return None
         if isinstance(step, D.FenceOwnClaim):
             yield Note("acq.fence_own")

@@ -16,6 +16,7 @@ from check.__main__ import (
     ADMIN_RELEASED,
     BALANCER,
     DEDUPE,
+    DEDUPE_EXTEND,
     DEDUPE_LIVE,
     DEDUPE_PENDING,
     MIXED,
@@ -36,6 +37,7 @@ from check.rulesets import (
     BAD_D4,
     BAD_D5,
     BAD_D6,
+    BAD_E,
     BAD_H,
     BAD_M,
     BAD_Q,
@@ -712,3 +714,29 @@ def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:
     res = bfs(dataclasses.replace(MIXED, max_faults=1), REAL, max_seconds=120)
     assert res.violation is None, format_trace(res)
     assert res.complete
+
+
+# ------------------------------------------- ras-dedupe against the extra's extension
+@pytest.mark.slow
+@pytest.mark.parametrize("legacy", [False, True], ids=["after-rollout", "rollout"])
+def test_real_rules_hold_an_unreleased_give_back_to_its_end(legacy: bool) -> None:
+    """A daemon's extension of a deduplicated extra loses its mapping to ras-dedupe and
+    the daemon gives the resource back: with the real rules it stays unclaimable until the
+    end apps were answered, in either mode (every interleaving from the extension on)."""
+    cfg, prefix = DEDUPE_EXTEND[legacy]
+    res = bfs(cfg, REAL, prefix=prefix, ops_after_prefix=1)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 50_000  # the interleavings were there to explore
+
+
+@pytest.mark.slow
+def test_bad_e_unreleased_give_back_with_the_quarantine_only_is_caught() -> None:
+    """E: the give-back of a lease no app released, with the quarantine only (the daemon's
+    rule before it held such frees to the lease's end without the paper's agent): another
+    key gets the resource while the first key's answer still runs (I1)."""
+    cfg, prefix = DEDUPE_EXTEND[False]
+    res = bfs(cfg, BAD_E, prefix=prefix, ops_after_prefix=1)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("dedupe map_release APPLIED" in lab for lab in labels), format_trace(res)
+    assert any("free_claim(rb" in lab and "APPLIED" in lab for lab in labels), format_trace(res)

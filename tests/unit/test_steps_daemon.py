@@ -447,7 +447,7 @@ def test_end_lapsed_releases_the_mapping_at_the_version_read_then_frees() -> Non
     after = t.mapping("k1")
     assert (after.state, after.token, after.ver) == (FREE, None, m.ver + 1)
     assert t.items[m.ident]["ttl"] == NOW // US + 24 * 3600
-    assert t.spawned == [Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1"))]
+    assert t.spawned == [Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1", D.Freed.UNRELEASED))]
     assert t.counts == Counter({"lease.ended_lapsed": 1}) and t.bare == []
     t.drain()
     assert t.res("ra").key is None
@@ -526,9 +526,12 @@ def test_extend_whose_mapping_no_longer_names_the_lease_frees_the_resource(gone:
     step, last = t.run(R.extend(d, lease, NOW + HOUR))
     assert step == D.FreeOrphan() and last.outcome is Outcome.REJECTED
     assert t.counts == Counter({"lease.extend_orphaned": 1})
-    assert t.spawned == [Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1"))]
+    assert t.spawned == [Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1", D.Freed.UNRELEASED))]
     t.drain()
-    assert t.res("ra").key is None and t.res("ra").quarantine_until == fmt_time(NOW + Q)
+    # No app released it, and apps were answered with it: claimable only after the end the
+    # resource now records (our extension's) plus the skew, also without the paper's agent.
+    assert t.res("ra").key is None
+    assert t.res("ra").quarantine_until == fmt_time(NOW + HOUR + G)
 
 
 def test_extend_whose_mapping_is_unreadable_or_unknown_is_forgotten() -> None:
@@ -707,11 +710,11 @@ def test_free_claim_passes_give_back_to_the_quarantine_rule() -> None:
     t = Table()
     ident = orphan(t)
     t.script["free_claim"] = [unknown(Unavailable("x"))]
-    t.run(GB.free_claim(daemon(ops=ops), ident, "k1", "t1", True))
+    t.run(GB.free_claim(daemon(ops=ops), ident, "k1", "t1", D.Freed.LOST))
     r = t.res("ra")
     assert (r.lease_available, r.quarantine_until) == (fmt_time(NOW), None)
     t2 = Table()
-    t2.run(GB.free_claim(daemon(ops=ops), orphan(t2), "k1", "t1", False))
+    t2.run(GB.free_claim(daemon(ops=ops), orphan(t2), "k1", "t1", D.Freed.RELEASED))
     assert t2.res("ra").quarantine_until == fmt_time(NOW + Q)
 
 
@@ -1048,7 +1051,7 @@ def test_only_a_lost_acquisitions_free_is_a_give_back_also_on_its_retries() -> N
     t = Table()
     ident = orphan(t)
     t.before[4] = lambda: t.set(ident, lease_expires=fmt_time(NOW + 2 * HOUR))
-    t.run(GB.free_claim(daemon(True, ops=ops), ident, "k1", "t1", True))
+    t.run(GB.free_claim(daemon(True, ops=ops), ident, "k1", "t1", D.Freed.LOST))
     assert seen == [True, True] and t.res("ra").holder is None
     seen.clear()
     t2 = Table()

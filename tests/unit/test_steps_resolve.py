@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rasd.core.builders import claim, extend_resource, new_resource_item, paper_claim
-from rasd.core.decide import Outcome, Rules, lease_from_mapping
+from rasd.core.decide import Freed, Outcome, Rules, lease_from_mapping
 from rasd.core.errors import Busy, NoCapacity, RasdError, Timeout, Unavailable
 from rasd.core.lease import LIVE, PENDING, US, Lease, Mapping, Pool, ResourceItem, map_pk
 from rasd.core.map_builders import map_acquire, map_confirm, map_release
@@ -456,7 +456,7 @@ def test_a_claim_whose_mapping_lost_is_given_back() -> None:
     assert acquire_k(h, ev) is None  # read again
     assert h.notes() == {"acq.gave_back": 1}
     assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
-        ("free_claim", (h.d, ("c", "r1"), "k", "t1", True))
+        ("free_claim", (h.d, ("c", "r1"), "k", "t1", Freed.LOST))
     ]
     assert not h.of(Untake) and h.res("r1").holder == "t1"
     spawn = h.of(Spawn)[0]
@@ -587,7 +587,7 @@ def test_beside_the_paper_agent_a_lease_at_its_end_is_ended_not_extended() -> No
     assert h.of(GetItem) == [GetItem(("c", "r1"))]
     assert h.notes() == {"lease.ended_lapsed": 1, "lease.no_capacity": 1}
     assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
-        ("free_claim", (h.d, ("c", "r1"), "k", "old"))
+        ("free_claim", (h.d, ("c", "r1"), "k", "old", Freed.UNRELEASED))
     ]
     h.rounds(WAIT)
 
