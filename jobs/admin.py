@@ -381,14 +381,7 @@ def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[s
                 names.append(name)
             i += 1
         return names, 0
-    if args.file == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        try:
-            with open(args.file, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise common.UsageError(f"cannot read --file {args.file}: {exc.strerror}")
+    lines = read_lines(args.file)
     names, seen, skipped = [], set(), 0
     for n, line in enumerate(lines, 1):
         name = line.strip()
@@ -402,6 +395,30 @@ def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[s
         seen.add(name)
         names.append(name)
     return names, skipped
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of ``--file`` (``-``: stdin) as UTF-8 text; UsageError naming the file and
+    the line of bytes that are not UTF-8."""
+    try:
+        if path == "-":
+            stdin = getattr(sys.stdin, "buffer", None)
+            if stdin is None:  # already text (a test's StringIO)
+                return str(sys.stdin.read()).splitlines()
+            data: bytes = stdin.read()
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
+    except OSError as exc:
+        raise common.UsageError(f"cannot read --file {path}: {exc.strerror}")
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise common.UsageError(
+            f"{'stdin' if path == '-' else path}:{line}: not UTF-8 (byte "
+            f"{data[exc.start]:#04x}); resource names are UTF-8 text, one per line"
+        )
 
 
 def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:

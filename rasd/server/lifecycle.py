@@ -175,6 +175,21 @@ class Daemon(Routing):
             or f"https://dynamodb.{os.environ.get('AWS_REGION') or self.cfg.region}.amazonaws.com"
         )
 
+    def ddb_region(self) -> str:
+        """The DynamoDB client's region (``AWS_REGION``, else the RAS region)."""
+        return os.environ.get("AWS_REGION") or self.cfg.region
+
+    def _why_degraded(self, cause: str) -> str:
+        """What STATUS= and UNAVAILABLE say while DynamoDB fails at start: where it was asked
+        (a table missing there usually exists in another region or behind another endpoint)."""
+        where = f"DynamoDB at {self.endpoint()} (region {self.ddb_region()})"
+        if "ResourceNotFoundException" in cause:
+            return (
+                f"{where} has no table {self.cfg.table!r}: {cause}; if it exists, this is the "
+                "wrong region or endpoint (AWS_REGION, endpoint_url, AWS_ENDPOINT_URL_DYNAMODB)"
+            )
+        return f"{where}, table {self.cfg.table!r}, unreachable: {cause}"
+
     async def _bring_up_once(self) -> int:
         """Import the store (in a thread: the loop keeps accepting), warm DynamoDB, load pools."""
         cfg = self.cfg
@@ -240,11 +255,12 @@ class Daemon(Routing):
                 if "circuit breaker" in cause or "no answer" in cause:
                     # The store's error hides the network's: ask the network directly.
                     cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
-                self.degraded = f"DynamoDB at {self.endpoint()} unreachable: {cause}"
+                self.degraded = self._why_degraded(cause)
                 expected = isinstance(exc, RasdError | OSError | TimeoutError) or is_boto(exc)
                 log.error(
                     "startup_failed",
                     endpoint=self.endpoint(),
+                    region=self.ddb_region(),
                     table=cfg.table,
                     cause=cause,
                     attempt=attempt,
