@@ -52,10 +52,18 @@ PROG = "rasadmin"
 
 # -------------------------------------------------------------------------------- helpers
 def state_of(item: ResourceItem, now_us: int) -> str:
-    """free | leased | expired (leased but past lease_expires, not yet liberated)."""
+    """free (claimable now) | quarantined (no lease, not claimable yet: freed early, out of the
+    available index until re-listed after ``quarantine_until``, or a ``lease_available`` in
+    the future) | leased | expired (leased but past lease_expires, not yet liberated)."""
     if not item.leased:
-        return "free"
+        return "free" if item.claimable(now_us) else "quarantined"
     return "expired" if item.expired(now_us) else "leased"
+
+
+def claimable_from(item: ResourceItem) -> str | None:
+    """When an item no lease holds is claimable: the end of its quarantine (then once it is
+    re-listed), else its ``lease_available``."""
+    return None if item.leased else item.quarantine_until or item.lease_available
 
 
 def row_of(item: ResourceItem, now_us: int) -> dict[str, Any]:
@@ -69,8 +77,26 @@ def row_of(item: ResourceItem, now_us: int) -> dict[str, Any]:
         "lease_expires": common.iso(item.lease_expires_us),
         "lease_acquired": common.iso(item.lease_acquired_us),
         "lease_available": item.lease_available,
+        "quarantine_until": item.quarantine_until,
+        "claimable_from": claimable_from(item),
         "partition": item.partition,
         "version": item.version,
+    }
+
+
+#: the counts of stats and show-pool: FREE (no lease) is CLAIMABLE plus QUARANTINED
+COUNT_COLUMNS = ["free", "claimable", "quarantined", "leased", "expired", "total"]
+
+
+def counts_of(states: Counter[str]) -> dict[str, int]:
+    """The COUNT_COLUMNS from a count of :func:`state_of`'s states."""
+    return {
+        "free": states["free"] + states["quarantined"],
+        "claimable": states["free"],
+        "quarantined": states["quarantined"],
+        "leased": states["leased"],
+        "expired": states["expired"],
+        "total": states.total(),
     }
 
 
@@ -252,10 +278,7 @@ def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
         per_region.setdefault(it.region, Counter())[state_of(it, now)] += 1
     if pool is None and not per_region:
         raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
-    regions = [
-        {"region": r, **{s: c[s] for s in ("free", "leased", "expired")}, "total": c.total()}
-        for r, c in sorted(per_region.items())
-    ]
+    regions = [{"region": r, **counts_of(c)} for r, c in sorted(per_region.items())]
     doc = {
         "client_id": args.client,
         "pool_id": args.pool,
@@ -269,7 +292,7 @@ def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
         head = f"pool {args.client}/{args.pool}: "
         head += f"max_lease {pool['max_lease']:g}s" if pool else "NOT DEFINED (orphan items)"
         sys.stdout.write(head + "\n")
-        show(args, regions, ["region", "free", "leased", "expired", "total"])
+        show(args, regions, ["region", *COUNT_COLUMNS])
     return 0
 
 
@@ -381,14 +404,7 @@ def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[s
                 names.append(name)
             i += 1
         return names, 0
-    if args.file == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        try:
-            with open(args.file, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise common.UsageError(f"cannot read --file {args.file}: {exc.strerror}")
+    lines = read_lines(args.file)
     names, seen, skipped = [], set(), 0
     for n, line in enumerate(lines, 1):
         name = line.strip()
@@ -402,6 +418,30 @@ def resource_names(args: argparse.Namespace, existing: set[str]) -> tuple[list[s
         seen.add(name)
         names.append(name)
     return names, skipped
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of ``--file`` (``-``: stdin) as UTF-8 text; UsageError naming the file and
+    the line of bytes that are not UTF-8."""
+    try:
+        if path == "-":
+            stdin = getattr(sys.stdin, "buffer", None)
+            if stdin is None:  # already text (a test's StringIO)
+                return str(sys.stdin.read()).splitlines()
+            data: bytes = stdin.read()
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
+    except OSError as exc:
+        raise common.UsageError(f"cannot read --file {path}: {exc.strerror}")
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise common.UsageError(
+            f"{'stdin' if path == '-' else path}:{line}: not UTF-8 (byte "
+            f"{data[exc.start]:#04x}); resource names are UTF-8 text, one per line"
+        )
 
 
 def cmd_add_resources(ddb: Any, args: argparse.Namespace) -> int:
@@ -471,7 +511,16 @@ def put_resource(ddb: Any, args: argparse.Namespace, region: str, name: str, now
     return got
 
 
-RESOURCE_COLUMNS = ["pool_id", "resource", "region", "state", "key", "lease_expires", "version"]
+RESOURCE_COLUMNS = [
+    "pool_id",
+    "resource",
+    "region",
+    "state",
+    "key",
+    "lease_expires",
+    "quarantine_until",
+    "version",
+]
 
 
 def cmd_list_resources(ddb: Any, args: argparse.Namespace) -> int:
@@ -598,14 +647,16 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-STATS_PROJECTION = "client_id, #res, pool_id, #r, #k, lease_expires"
+STATS_PROJECTION = (
+    "client_id, #res, pool_id, #r, #k, lease_expires, lease_available, quarantine_until"
+)
 
 
 def collect_stats(
     ddb: Any, table: str, now_us: int, client_id: str | None, segments: int
 ) -> dict[tuple[str, str, str], Counter[str]]:
-    """(client, pool, region) -> Counter(free, leased, expired). Parallel Scan of the table
-    (or a Query of one client), page by page."""
+    """(client, pool, region) -> Counter of :func:`state_of`'s states. Parallel Scan of the
+    table (or a Query of one client), page by page."""
     per_seg: list[dict[tuple[str, str, str], Counter[str]]] = [{} for _ in range(segments)]
     progress = common.Progress("scanning")
 
@@ -664,18 +715,8 @@ def cmd_stats(ddb: Any, args: argparse.Namespace) -> int:
             continue
         if args.region is not None and r != args.region:
             continue
-        rows.append(
-            {
-                "client_id": c,
-                "pool_id": p,
-                "region": r,
-                "free": cnt["free"],
-                "leased": cnt["leased"],
-                "expired": cnt["expired"],
-                "total": cnt.total(),
-            }
-        )
-    show(args, rows, ["client_id", "pool_id", "region", "free", "leased", "expired", "total"])
+        rows.append({"client_id": c, "pool_id": p, "region": r, **counts_of(cnt)})
+    show(args, rows, ["client_id", "pool_id", "region", *COUNT_COLUMNS])
     return 0
 
 
@@ -799,7 +840,12 @@ def build_parser() -> argparse.ArgumentParser:
     st = sp.add_mutually_exclusive_group()
     for flag, what in (
         ("leased", "only leases that are running"),
-        ("free", "only free items"),
+        ("free", "only items claimable now"),
+        (
+            "quarantined",
+            "only items no lease holds that are not claimable yet (quarantine_until, or a "
+            "lease_available in the future)",
+        ),
         ("expired", "only leases past their end, not yet liberated"),
     ):
         st.add_argument(f"--{flag}", dest="state", action="store_const", const=flag, help=what)
@@ -850,7 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add(
         "stats",
         cmd_stats,
-        "free / leased / expired-not-liberated counts per client, pool and region",
+        "free (claimable + quarantined) / claimable / quarantined / leased / "
+        "expired-not-liberated counts per client, pool and region",
         [out],
     )
     sp.add_argument("--client", help="only this client (a Query instead of a Scan)")

@@ -238,7 +238,7 @@ def client_for(
     ``exact_region=True`` signs for ``region`` whatever AWS_REGION says (ras-balancer's peer
     replicas; ras-dedupe's peers follow AWS_REGION so that one moto table can stand in for
     every replica in tests)."""
-    return boto3.client(
+    client = boto3.client(
         "dynamodb",
         region_name=region if exact_region else (os.environ.get("AWS_REGION") or region),
         endpoint_url=endpoint_url,
@@ -249,10 +249,56 @@ def client_for(
             read_timeout=30,
         ),
     )
+    note_where(client)
+    return client
+
+
+#: Where an error answer of a client of :func:`client_for` came from (``table``, ``region``,
+#: ``endpoint``): a key of the ``ClientError``'s ``response``.
+WHERE = "RasdWhere"
+
+
+def note_where(client: Any) -> None:
+    """Have ``client``'s error answers say which table, region and endpoint were asked: a
+    ResourceNotFoundException from another region's endpoint names a table that exists."""
+    endpoint, region = client.meta.endpoint_url, client.meta.region_name
+
+    def before(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context[WHERE] = params.get("TableName")
+
+    def after(parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        if "Error" in parsed:
+            parsed[WHERE] = {"table": context.get(WHERE), "region": region, "endpoint": endpoint}
+
+    client.meta.events.register("before-parameter-build.dynamodb", before)
+    client.meta.events.register("after-call.dynamodb", after)
 
 
 def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def not_found(exc: ClientError, table: str | None = None) -> str:
+    """What to say when DynamoDB answers ResourceNotFoundException: the table, region and
+    endpoint asked. Not "create the table": it is more often asked in the wrong place."""
+    where: dict[str, Any] = exc.response.get(WHERE) or {}  # type: ignore[assignment]
+    table = where.get("table") or table
+    said = exc.response.get("Error", {}).get("Message") or "ResourceNotFoundException"
+    return (
+        f"DynamoDB at {where.get('endpoint', '?')} (region {where.get('region', '?')}) "
+        f"has no table {table!r} ({said}). If the table exists, this is the wrong region or "
+        "endpoint: the client's region is AWS_REGION if set, else --region/RASD_REGION (with "
+        "one table for every RAS region, set AWS_REGION to the table's region); the endpoint "
+        "is --endpoint-url, else AWS_ENDPOINT_URL_DYNAMODB or AWS_ENDPOINT_URL. Only a table "
+        "that exists nowhere needs `rasadmin create-table`, against the endpoint it belongs to"
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error for a log line: :func:`not_found`'s words for a missing table, else its repr."""
+    if isinstance(exc, ClientError) and error_code(exc) == "ResourceNotFoundException":
+        return not_found(exc)
+    return repr(exc)
 
 
 def is_lost_race(exc: BaseException) -> bool:
@@ -311,7 +357,7 @@ def run_main(
     except ClientError as exc:
         code = error_code(exc)
         if code == "ResourceNotFoundException":
-            return fail(prog, f"table not found ({exc}); run `rasadmin create-table`?", EXIT_ERRORS)
+            return fail(prog, not_found(exc, getattr(args, "table", None)), EXIT_ERRORS)
         return fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
     except BotoCoreError as exc:
         return fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
@@ -377,7 +423,7 @@ def segments_total(
         if exc is not None:
             total["errors"] += 1
             total["failed_segments"] += 1
-            log.error("segment_failed", segment=seg, error=repr(exc))
+            log.error("segment_failed", segment=seg, error=describe_error(exc))
     return total
 
 

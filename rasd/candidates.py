@@ -58,7 +58,10 @@ conditional on ``lease_available <= now``.
 When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
 stale copies of items this daemon has just claimed), the pool is marked exhausted for
 ``exhausted_backoff`` seconds from the sweep's start (what it read is that old) and NO_CAPACITY
-is answered without reading DynamoDB at all.
+is answered without reading DynamoDB at all. Those answers say what the daemon knows of the
+pool's items that are free but not claimable (:func:`why_empty`): the ones the sweep read with
+a ``lease_available`` ahead (``unclaimable``), and the ones in quarantine, which are in no
+index (the prefetcher's one bounded read after the sweep).
 A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
 is never the answer while the last sweep found something.
 
@@ -88,9 +91,31 @@ MIN_PAGE = 8  # smallest page a refill reads
 END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
 TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
 CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
+UNCLAIMABLE_MAX = 256  # items with a lease_available ahead remembered per sweep
 
 #: (lease_available, resource): with the partition and client_id, an index position
 StartKey = tuple[str, str]
+
+
+def why_empty(ahead: list[str], quarantined: list[str], all_read: bool, now: str) -> str | None:
+    """What a NO_CAPACITY answer adds about the pool's free items that are not claimable:
+    ``ahead``, the ``lease_available`` of those a sweep read that are claimable only later;
+    ``quarantined``, the ``quarantine_until`` of those in quarantine (out of the available
+    index until re-listed), ``all_read`` when that read covered every item. ``now``: the
+    time, formatted. None when there is nothing to say."""
+    parts = []
+    if quarantined:
+        n, first = len(quarantined), min(quarantined)
+        count = f"{n}" if all_read else f"at least {n}"
+        until = f"until {first}" if n == 1 else f"the first until {first}"
+        part = f"{count} in quarantine ({until}, then claimable once re-listed)"
+        if first <= now:
+            part += "; it is over: the daemon that freed it re-lists it, else ras-liberator"
+        parts.append(part)
+    if ahead:
+        n, first = len(ahead), min(ahead)
+        parts.append(f"{n}{'+' if n >= UNCLAIMABLE_MAX else ''} not claimable before {first}")
+    return "; ".join(parts) or None
 
 
 def host_seed() -> int:
@@ -193,6 +218,11 @@ class CandidateBuffer:
         #: again at that version (a new lane may cross an old one, two reads may return the
         #: same item, an index read may lag behind the claim); insertion order is time order
         self._taken: dict[tuple[str, int], float] = {}
+        #: resource -> lease_available of the items read since the last sweep began that are
+        #: claimable only later (bounded: UNCLAIMABLE_MAX)
+        self.unclaimable: dict[str, str] = {}
+        #: what NO_CAPACITY says while the pool is exhausted (why_empty), if anything
+        self.why_empty: str | None = None
 
     def __len__(self) -> int:
         return len(self.q)
@@ -404,6 +434,8 @@ class CandidateBuffer:
         on past the page (or end it), learn where items are, keep candidates. Returns how
         many were kept."""
         self._busy.discard(read.lane)
+        if len(claimable) < len(raw):
+            self._note_unclaimable(raw, claimable)
         if read.lane and read.lane == self.lane_id:
             last = claimable[-1] if claimable else None
             if last is None or last.lease_available is None:
@@ -423,6 +455,17 @@ class CandidateBuffer:
             return 0
         return self.add(claimable, now, read.lane, read.keep)
 
+    def _note_unclaimable(self, raw: list[ResourceItem], claimable: list[ResourceItem]) -> None:
+        ok = {it.resource for it in claimable}
+        room = UNCLAIMABLE_MAX - len(self.unclaimable)
+        for it in raw:
+            if room <= 0:
+                return
+            if it.resource not in ok and it.lease_available is not None:
+                if it.resource not in self.unclaimable:
+                    room -= 1
+                self.unclaimable[it.resource] = it.lease_available
+
     def _end_lane(self) -> None:
         self.lane_id, self.lane_after, self.lane_wrap = 0, None, False
 
@@ -436,6 +479,11 @@ class CandidateBuffer:
 
     def mark_exhausted(self, now: float) -> None:
         self.exhausted_until = now + self.cfg.exhausted_backoff
+
+    def sweep_began(self) -> None:
+        """A sweep starts: what NO_CAPACITY will say is what it reads."""
+        self.unclaimable.clear()
+        self.why_empty = None
 
     def partitions(self) -> list[int]:
         """Sub-partitions in the order to read them: mostly the home one first, then the

@@ -84,8 +84,8 @@ class Driver:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self.tasks = Tasks(self.counters)
-        #: the local effects a role performs (its type -> the role's function)
-        self.local: dict[type, Callable[[Any], None]] = {}
+        #: the local effects a role performs (its type -> the role's function: the result)
+        self.local: dict[type, Callable[[Any], Any]] = {}
 
     def steps_daemon(self) -> S.Daemon:
         """This daemon as its programs see it (read at each program's start: tests rename

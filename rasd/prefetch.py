@@ -19,18 +19,23 @@ import time
 
 import structlog
 
-from .candidates import END_KEEP, CandidateBuffer, Read, host_seed
+from .candidates import END_KEEP, CandidateBuffer, Read, host_seed, why_empty
 from .candidates import Candidate as Candidate
 from .config import Config
 from .core.clock import Clock
 from .core.errors import RasdError
-from .core.lease import Pool, partition_name
+from .core.lease import Pool, fmt_time, partition_name
 from .observe.metrics import Counters
 from .store import Store
 
 log = structlog.get_logger("rasd.prefetch")
 
 SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
+#: After an empty sweep, one Query of the client's items (at most this many) looks for the
+#: pool's items in quarantine, which no index shows, for what NO_CAPACITY says
+QUARANTINE_READ = 100
+QUARANTINE_READ_S = 0.25  # at most this much of the request's deadline
+QUARANTINE_READ_MIN_S = 0.05  # not tried with less than this left
 
 
 class Prefetcher:
@@ -92,6 +97,14 @@ class Prefetcher:
             # what this sweep kept went to concurrent requests first: sweep again
             self.counters.inc("prefetch.sweeps_again")
         return None
+
+    def why_empty(self, pool: Pool) -> str | None:
+        """What NO_CAPACITY says about the pool's free items that are not claimable, while
+        the pool is exhausted (see ``rasd.candidates.why_empty``), or None."""
+        buf = self.buffers.get((pool.client_id, pool.pool_id))
+        if buf is None or not buf.exhausted(self.clock.mono()):
+            return None
+        return buf.why_empty
 
     def lost(self, pool: Pool, cand: Candidate) -> None:
         """The claim of ``cand`` lost the race: leave its lane (see CandidateBuffer.lost)."""
@@ -163,6 +176,7 @@ class Prefetcher:
         sweep (a loaded backend) must not stretch the time NO_CAPACITY is answered without
         reading. Returns how many candidates were kept."""
         began = self.clock.mono()
+        buf.sweep_began()
         first = buf.plan(urgent=True)
         kept = await self._read_plan(pool, buf, first, deadline)
         if kept:
@@ -174,7 +188,31 @@ class Prefetcher:
         if not kept:
             buf.mark_exhausted(began)
             self.counters.inc("prefetch.exhausted")
+            await self._explain(pool, buf, deadline)
         return kept
+
+    async def _explain(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> None:
+        """After an empty sweep: what NO_CAPACITY will say, from what the sweep read (items
+        claimable later) and one bounded Query for items in quarantine (in no index). Once
+        per ``exhausted_backoff`` at most; a failed or unaffordable read says nothing."""
+        quarantined: list[str] = []
+        all_read = True
+        now = time.monotonic()
+        if deadline - now >= QUARANTINE_READ_MIN_S:
+            self.counters.inc("prefetch.quarantine_reads")
+            try:
+                quarantined, all_read = await self.store.query_quarantined(
+                    pool.client_id,
+                    pool.pool_id,
+                    self.cfg.region,
+                    QUARANTINE_READ,
+                    min(deadline, now + QUARANTINE_READ_S),
+                )
+            except RasdError as exc:
+                self.counters.inc("prefetch.quarantine_read_errors")
+                log.debug("quarantine_read_failed", pool=pool.pool_id, error=str(exc))
+        ahead = list(buf.unclaimable.values())
+        buf.why_empty = why_empty(ahead, quarantined, all_read, fmt_time(self.clock.now_us()))
 
     async def _read_plan(
         self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float

@@ -42,10 +42,12 @@ class Reporter:
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
         self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
 
-    def miss(self, eff: S.Miss) -> None:
-        """The ``Miss`` effect: a request found no free resource in ``eff.pool``."""
+    def miss(self, eff: S.Miss) -> str | None:
+        """The ``Miss`` effect: a request found no free resource in ``eff.pool``. Returns what
+        the answer may add about the pool's items that are not claimable yet."""
         k = (eff.pool.client_id, eff.pool.pool_id)
         self._misses[k] = self._misses.get(k, 0) + 1
+        return self.driver.prefetch.why_empty(eff.pool)
 
     async def flush_misses(self, deadline: float) -> None:
         """Write the NO_CAPACITY answers since the last report to our miss counter items."""

@@ -365,6 +365,31 @@ class Store:
         assert resp is not None
         return [item_from_ddb(it) for it in resp.get("Items", [])]
 
+    async def query_quarantined(
+        self, client_id: str, pool_id: str, region: str, limit: int, deadline: float
+    ) -> tuple[list[str], bool]:
+        """The ends (``quarantine_until``) of the quarantines of the pool's items in
+        ``region`` among the client's first ``limit`` items (one Query of the base table,
+        filtered: quarantined items are in no index), and whether that read every item of
+        the client. Eventually consistent: only said in NO_CAPACITY's message."""
+        resp = await self._call(
+            "Query",
+            deadline,
+            KeyConditionExpression="client_id = :c",
+            FilterExpression="pool_id = :p AND #r = :r AND attribute_exists(quarantine_until)",
+            ProjectionExpression="quarantine_until",
+            ExpressionAttributeNames={"#r": "region"},
+            ExpressionAttributeValues={
+                ":c": {"S": client_id},
+                ":p": {"S": pool_id},
+                ":r": {"S": region},
+            },
+            Limit=limit,
+        )
+        assert resp is not None
+        until = [it["quarantine_until"]["S"] for it in resp.get("Items", [])]
+        return until, "LastEvaluatedKey" not in resp
+
     async def count_available(self, partition: str, deadline: float) -> int:
         kw = available_query(partition, count=True)
         total = 0

@@ -15,11 +15,14 @@ from ._common import (
     SOCKET_GRACE,
     Lease,
     LeaseExpires,
+    deadline_ms,
+    encode_request,
     get_lease_request,
     headroom_from,
     headroom_request,
     lease_from,
     raise_for,
+    refused_frame,
     release_request,
     retry_budget,
     socket_path,
@@ -49,14 +52,19 @@ class _Conn:
         req_id = next(self.ids)
         req["v"] = wire.VERSION
         req["id"] = req_id
+        frame_out = encode_request(req)
         self.sock.settimeout(timeout + SOCKET_GRACE)
-        self.sock.sendall(wire.encode(req))
+        self.sock.sendall(frame_out)
         while True:
-            for frame in self.decoder.frames():
-                if isinstance(frame, wire.BadFrame):
-                    raise RasdError(f"daemon sent a bad frame: {frame.reason}")
-                if frame.get("id") == req_id:
-                    return frame
+            try:
+                for frame in self.decoder.frames():
+                    if isinstance(frame, wire.BadFrame):
+                        raise RasdError(f"daemon sent a bad frame: {frame.reason}")
+                    # one request at a time: an error without an id is this one's
+                    if frame.get("id") == req_id or refused_frame(frame):
+                        return frame
+            except wire.FrameTooLarge as exc:
+                raise RasdError(f"daemon sent a bad frame: {exc}") from exc
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionResetError("rasd closed the connection")
@@ -99,7 +107,12 @@ def _call(req: dict[str, Any], path: str, timeout: float) -> dict[str, Any]:
             conn = _Conn(path, timeout)
             conns[path] = conn
         try:
-            return conn.call(dict(req), timeout)
+            resp = conn.call(dict(req), timeout)
+            if refused_frame(resp):
+                # the daemon may close a connection whose frame it refused: not used again
+                conn.close()
+                conns.pop(path, None)
+            return resp
         except TimeoutError as exc:
             conn.close()
             conns.pop(path, None)
@@ -162,7 +175,7 @@ def call_raw(
     op: str, *, timeout: float = DEFAULT_TIMEOUT, socket_path: str | None = None, **fields: Any
 ) -> dict[str, Any]:
     """Send any op (``ping``, ``stats``...) and return the raw response map."""
-    req = {"op": op, "deadline_ms": int(timeout * 1000), **fields}
+    req = {"op": op, "deadline_ms": deadline_ms(timeout), **fields}
     return raise_for(_call(req, _path(socket_path), timeout))
 
 

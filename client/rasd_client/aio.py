@@ -36,11 +36,14 @@ from ._common import (
     SOCKET_GRACE,
     Lease,
     LeaseExpires,
+    deadline_ms,
+    encode_request,
     get_lease_request,
     headroom_from,
     headroom_request,
     lease_from,
     raise_for,
+    refused_frame,
     release_request,
     retry_budget,
     socket_path,
@@ -84,6 +87,9 @@ class _AioConn:
                 for frame in decoder.frames():
                     if isinstance(frame, wire.BadFrame):
                         continue
+                    if refused_frame(frame):
+                        self._refused(frame)
+                        continue
                     fut = self.waiting.pop(frame.get("id"), None)  # type: ignore[arg-type]
                     if fut is not None and not fut.done():
                         fut.set_result(frame)
@@ -97,6 +103,18 @@ class _AioConn:
             self.waiting.clear()
             self.writer.close()
 
+    def _refused(self, frame: dict[str, Any]) -> None:
+        """An error without an id: the daemon refused a frame without reading its id. The
+        calls it may answer all end with it (this client never sends such a frame, so more
+        than one call waiting means a daemon that does not speak this protocol), and the
+        connection is given up (the daemon may close it)."""
+        self.closed = True
+        waiting = list(self.waiting.values())
+        self.waiting.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(frame)
+
     async def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.closed:
             # Sent on a connection already given up, it would never be answered: this is a
@@ -105,9 +123,10 @@ class _AioConn:
         req_id = next(self.ids)
         req["v"] = wire.VERSION
         req["id"] = req_id
+        frame_out = encode_request(req)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.waiting[req_id] = fut
-        self.writer.write(wire.encode(req))
+        self.writer.write(frame_out)
         try:
             return await asyncio.wait_for(fut, timeout + SOCKET_GRACE)
         except TimeoutError as exc:
@@ -269,7 +288,7 @@ async def headroom(
 async def call_raw(
     op: str, *, timeout: float = DEFAULT_TIMEOUT, socket_path: str | None = None, **fields: Any
 ) -> dict[str, Any]:
-    req = {"op": op, "deadline_ms": int(timeout * 1000), **fields}
+    req = {"op": op, "deadline_ms": deadline_ms(timeout), **fields}
     return raise_for(await _call(req, _path(socket_path), timeout))
 
 

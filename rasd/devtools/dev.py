@@ -27,7 +27,8 @@ def _socket_path(workdir: str) -> str:
 
 
 class DevUnavailable(RuntimeError):
-    """``rasd dev`` cannot run on this install (a production package has no moto)."""
+    """``rasd dev`` cannot run: no moto on this install (a production package), or another
+    process serves on its socket."""
 
 
 def require_moto() -> None:
@@ -45,10 +46,17 @@ def run_dev(args: argparse.Namespace) -> int:
 
     from ..core import schema
     from ..observe import log
-    from ..server import run_daemon
+    from ..server import run_daemon, socketfile
     from . import motoserver
 
     os.makedirs(args.dir, exist_ok=True)
+    sock = _socket_path(args.dir)
+    try:
+        socketfile.claim(sock)  # before moto starts: a second `rasd dev` in DIR stops here
+    except socketfile.SocketInUse as exc:
+        raise DevUnavailable(
+            f"{exc} (another `rasd dev --dir {args.dir}`? Ctrl-C stops it; or pass another --dir)"
+        ) from None
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(k, "rasd-dev")
     os.environ.pop("AWS_PROFILE", None)
@@ -68,7 +76,6 @@ def run_dev(args: argparse.Namespace) -> int:
         args.region,
         (f"demo-{i:05d}" for i in range(args.resources)),
     )
-    sock = _socket_path(args.dir)
     cfg = Config(
         table=table,
         region=args.region,
@@ -100,8 +107,8 @@ Ctrl-C stops everything."""
 
     try:
         # The banner once the daemon answers (DynamoDB warmed, pools loaded).
-        uvloop.run(run_daemon(cfg, on_up=lambda: print(banner, flush=True)))
+        status = uvloop.run(run_daemon(cfg, on_up=lambda: print(banner, flush=True)))
     finally:
         server.stop()
         print("rasd dev stopped", file=sys.stderr)
-    return 0
+    return status

@@ -6,7 +6,8 @@ Theory of operation
 
     listen()    -> accept on the socket (our own, or systemd's via LISTEN_FDS) at once, before
                    the heavy imports (aioboto3 is ~1 s) and DynamoDB warm-up, so socket
-                   activation answers its first call quickly
+                   activation answers its first call quickly; our own never where another
+                   live process serves (rasd.server.socketfile: exit 2)
     bring_up()  -> import the store, open and warm the DynamoDB pool, load pool definitions,
                    prefetch first candidates (bounded); then READY=1 and the watchdog.
                    Requests that arrive meanwhile wait for it within their own deadline. If
@@ -52,7 +53,7 @@ from ..limits import InflightGate
 from ..observe import log as logsetup
 from ..observe.metrics import Counters
 from ..observe.prom import LatencyHistograms
-from . import handover
+from . import handover, socketfile
 from .connection import Connection, grant_for
 from .diagnostics import close_quietly, describe_cause, is_boto, loop_exception, probe_endpoint
 from .peercred import Acl
@@ -105,7 +106,8 @@ class Daemon(Routing):
         self.up = asyncio.Event()
         #: Why the daemon is degraded (DynamoDB unreachable at start), or None.
         self.degraded: str | None = None
-        #: The process's exit status: 2 when an AWS setting cannot be honoured (start refused).
+        #: The process's exit status: 2 when the start is refused (an AWS setting that cannot
+        #: be honoured, a socket path another live process serves on).
         self.exit_status = 0
         #: The DynamoDB endpoint botocore resolved, once a start-up attempt resolved it.
         self._endpoint: str | None = None
@@ -117,6 +119,7 @@ class Daemon(Routing):
         self.ready = False
         self._stop = asyncio.Event()
         self._bound_path: str | None = None
+        self._bound_id: socketfile.Identity | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._metrics: Any = None
         self._socket_name = cfg.socket
@@ -138,15 +141,23 @@ class Daemon(Routing):
                 lambda: Connection(self), sock=sock, backlog=LISTEN_BACKLOG
             )
         else:
+            # Our own socket file: never one another live process serves on (SocketInUse),
+            # and removed at exit only while it is still the one bound here.
             path = self.cfg.socket
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if os.path.exists(path):
-                os.unlink(path)  # a stale socket from a crash
-            self.server = await loop.create_unix_server(
-                lambda: Connection(self), path=path, backlog=LISTEN_BACKLOG
-            )
-            os.chmod(path, self.cfg.socket_mode)
-            self._bound_path = path
+            socketfile.claim(path)
+            own = socketfile.bind(path)
+            self._bound_path, self._bound_id = path, socketfile.identity(path)
+            try:
+                os.chmod(path, self.cfg.socket_mode)
+                self.server = await loop.create_unix_server(
+                    lambda: Connection(self), sock=own, backlog=LISTEN_BACKLOG
+                )
+            except BaseException:
+                own.close()
+                socketfile.remove_if_ours(path, self._bound_id)
+                self._bound_path = None
+                raise
         self._socket_name = self.cfg.socket if sock is None else "inherited"
         if self.cfg.metrics_port:
             self._metrics = self._start_metrics(self.cfg.metrics_port)
@@ -174,6 +185,21 @@ class Daemon(Routing):
             or os.environ.get("AWS_ENDPOINT_URL")
             or f"https://dynamodb.{os.environ.get('AWS_REGION') or self.cfg.region}.amazonaws.com"
         )
+
+    def ddb_region(self) -> str:
+        """The DynamoDB client's region (``AWS_REGION``, else the RAS region)."""
+        return os.environ.get("AWS_REGION") or self.cfg.region
+
+    def _why_degraded(self, cause: str) -> str:
+        """What STATUS= and UNAVAILABLE say while DynamoDB fails at start: where it was asked
+        (a table missing there usually exists in another region or behind another endpoint)."""
+        where = f"DynamoDB at {self.endpoint()} (region {self.ddb_region()})"
+        if "ResourceNotFoundException" in cause:
+            return (
+                f"{where} has no table {self.cfg.table!r}: {cause}; if it exists, this is the "
+                "wrong region or endpoint (AWS_REGION, endpoint_url, AWS_ENDPOINT_URL_DYNAMODB)"
+            )
+        return f"{where}, table {self.cfg.table!r}, unreachable: {cause}"
 
     async def _bring_up_once(self) -> int:
         """Import the store (in a thread: the loop keeps accepting), warm DynamoDB, load pools."""
@@ -240,11 +266,12 @@ class Daemon(Routing):
                 if "circuit breaker" in cause or "no answer" in cause:
                     # The store's error hides the network's: ask the network directly.
                     cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
-                self.degraded = f"DynamoDB at {self.endpoint()} unreachable: {cause}"
+                self.degraded = self._why_degraded(cause)
                 expected = isinstance(exc, RasdError | OSError | TimeoutError) or is_boto(exc)
                 log.error(
                     "startup_failed",
                     endpoint=self.endpoint(),
+                    region=self.ddb_region(),
                     table=cfg.table,
                     cause=cause,
                     attempt=attempt,
@@ -280,7 +307,13 @@ class Daemon(Routing):
             await handover.take_over(self, sock, int(handover_fd))
             self.notifier.address = address
         else:
-            await self.listen(sock)
+            try:
+                await self.listen(sock)
+            except socketfile.SocketInUse as exc:  # another daemon serves there: refuse
+                log.error("startup_refused", cause=str(exc))
+                self.exit_status = 2
+                self.notifier.close()
+                return
             self._bring_up_task = asyncio.get_running_loop().create_task(self.bring_up())
         try:
             await self.main_loop()
@@ -385,8 +418,8 @@ class Daemon(Routing):
                 pass
             await self.acquirer.prefetch.stop()
             await self.store.close()
-        if self._bound_path and os.path.exists(self._bound_path):
-            os.unlink(self._bound_path)
+        if self._bound_path:
+            socketfile.remove_if_ours(self._bound_path, self._bound_id)
         self.notifier.close()
         log.info("stopped")
 
@@ -443,7 +476,7 @@ async def run_daemon(
     it (draining), SIGHUP reloads the config (``reloader``; without one the running config
     is kept and the reload is still acknowledged to systemd). ``on_up`` runs once the store
     is up (``rasd dev`` prints its banner then). Returns the exit status (2: start refused,
-    an AWS setting rasd cannot honour)."""
+    an AWS setting rasd cannot honour or a socket another live process serves on)."""
     d = daemon or Daemon(cfg, reloader=reloader or (lambda: d.cfg))
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception)

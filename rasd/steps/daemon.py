@@ -163,7 +163,8 @@ class LostCandidate:
 
 @dataclass(frozen=True, slots=True)
 class Miss:
-    """A request found no free resource: counted for the balancer. Result: None."""
+    """A request found no free resource: counted for the balancer. Result: what the answer
+    may add about the pool's free items that are not claimable yet (str), or None."""
 
     pool: Pool
 

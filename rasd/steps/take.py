@@ -129,8 +129,9 @@ def acquire(
         cand = yield TakeCandidate(pool)
         if cand is None:
             yield Note("lease.no_capacity")
-            yield Miss(pool)
-            raise NoCapacity(f"no free resource in pool {pool.pool_id!r} in {d.region}")
+            why = yield Miss(pool)
+            said = f"no free resource in pool {pool.pool_id!r} in {d.region}"
+            raise NoCapacity(f"{said}: {why}" if why else said)
         item: ResourceItem = cand.item
         now = yield Now()
         mw = map_acquire(

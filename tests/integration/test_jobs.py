@@ -854,7 +854,7 @@ def test_rasadmin_pool_and_resource_lifecycle(
     stats = {(x["pool_id"], x["region"]): x for x in json.loads(r.out)}
     assert stats[("ads", EAST)] == {
         "client_id": "acme", "pool_id": "ads", "region": EAST,
-        "free": 33, "leased": 1, "expired": 1, "total": 35,
+        "free": 33, "claimable": 33, "quarantined": 0, "leased": 1, "expired": 1, "total": 35,
     }  # fmt: skip
     r = call(admin.main, ["show-resource", *b, "--client", "acme", "--resource", "x1", "--json"],
              capsys)  # fmt: skip

@@ -718,6 +718,9 @@ class _TableStore:
         items = self.parts.get(n, [])
         return (items if forward else items[::-1])[:limit]
 
+    async def query_quarantined(self, *args: object) -> tuple[list[str], bool]:
+        return [], True  # after an empty sweep: no item in quarantine
+
 
 def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:
     from rasd.observe.metrics import Counters
