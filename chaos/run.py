@@ -57,7 +57,9 @@ from botocore.config import Config as BotoConfig
 
 import rasd_client
 from rasd.core import schema
+from rasd.core.rollout import Rollout
 from rasd.core.serialize import is_tombstone, item_from_ddb
+from rasd_jobs import common as jobs_common
 from sim import replicator
 
 from . import audit as A
@@ -248,6 +250,8 @@ def seed_table(ddbs: list[Any], p: Params) -> dict[str, list[str]]:
         schema.put_pool(ddb, p.table, CLIENT, POOL, 3600)
         for region, ns in names.items():
             schema.add_resources(ddb, p.table, CLIENT, POOL, region, ns, now_us)
+        if p.mixed:  # the paper's agent writes the table: rollout mode (rasadmin adopt)
+            jobs_common.write_rollout(ddb, p.table, True, Rollout(), "chaos", "mixed fleet")
     return names
 
 

@@ -247,6 +247,11 @@ def paper_liberator(w0: World) -> Out:
 
 
 # ---------------------------------------------------------------------- processes
+def is_paper_call(p: Proc) -> bool:
+    """Is ``p`` a ``get_lease`` call of the paper's agent?"""
+    return p.trace.name == paper_get_lease.__qualname__
+
+
 def paper_agent(w0: World) -> Out:
     """The paper's agent: ``get_lease`` calls for ``paper_key``, one at a time."""
     cfg = w0.cfg

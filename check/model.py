@@ -50,6 +50,7 @@ from rasd.core.lease import (
     partition_name,
     partition_of,
 )
+from rasd.core.rollout import paper_lease
 from rasd.core.serialize import is_tombstone, mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply
 from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
@@ -138,6 +139,14 @@ class Config:
     #: "add" (add-resources of a deleted name: its re-add), "pool" (add-pool redefining the
     #: longest lease to each of ``pool_leases``), "adopt" (rasadmin adopt of a running lease)
     admin: tuple[str, ...] = ()
+    #: the table's rollout record changes once, at any step (``rasadmin end-rollout`` when the
+    #: run starts in rollout mode, ``rasadmin adopt`` otherwise); each daemon follows it at a
+    #: step of its own (its pool refresh), and every program it started before keeps the mode
+    #: it started with. ``end-rollout`` is refused while an item holds a lease of the paper's
+    #: agent, whose calls stop once it applied; after ``adopt`` the paper's agent calls only
+    #: once every daemon follows it and no program of the old mode still runs (the bound
+    #: ``rasadmin adopt`` prints)
+    rollout_switch: bool = False
     admin_runs: int = 0
     admin_offset: int = 1
     #: the pool's longest lease as first defined (ticks; 0: no definition in the table, the
@@ -161,6 +170,11 @@ class Config:
     @property
     def all_regions(self) -> tuple[str, ...]:
         return tuple(sorted({*self.regions, *self.resource_regions})) or (REGION,)
+
+    @property
+    def makers(self) -> bool:
+        """Is the paper's agent in the run (who made each lease is then tracked)?"""
+        return self.legacy_agents or self.paper_calls > 0
 
     def lease_of(self, daemon: int) -> int:
         return self.leases[daemon] if self.leases else self.lease
@@ -279,6 +293,7 @@ class World:
         "release_calls",
         "released",
         "repair_done",
+        "rollout",
         "rules",
         "setups",
         "t",
@@ -313,7 +328,7 @@ class World:
         self.setups = tuple(
             S.Daemon(
                 cfg.region(i),
-                f"d{i}" if cfg.legacy_agents else "owner",
+                f"d{i}" if cfg.legacy_agents or cfg.rollout_switch else "owner",
                 self.rules,
                 legacy_agents=cfg.legacy_agents,
                 free_claim_attempts=cfg.free_claim_attempts,
@@ -321,6 +336,8 @@ class World:
             )
             for i in range(cfg.daemons)
         )
+        #: (the record changed, which daemons follow it)
+        self.rollout: tuple[bool, tuple[bool, ...]] = (False, (False,) * cfg.daemons)
         self.inflight: tuple[Write, ...] = ()
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
@@ -382,6 +399,7 @@ class World:
             self.admin,
             self.made,
             self.made_of,
+            self.rollout,
         )
 
     # --------------------------------------------------------------------- clocks
@@ -436,7 +454,7 @@ class World:
             return False
         self.put(w.key, new)
         if (
-            self.cfg.legacy_agents
+            self.cfg.makers
             and w.key[0] == CLIENT
             and new.get("key") is not None
             and (old is None or old.get("key") is None)
@@ -502,7 +520,7 @@ class World:
         """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
         now = self.true_us()
         new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now)
-        if self.cfg.legacy_agents and all(m[0] != new.token for m in self.made_of):
+        if self.cfg.makers and all(m[0] != new.token for m in self.made_of):
             made = next((m for m in self.made if m[0] == new.resource), None)
             if made is not None:
                 self.made_of = tuple(sorted((*self.made_of, (new.token, made[1], made[2]))))
@@ -539,7 +557,7 @@ class World:
         later made is the paper's agent's (its race: it decides from the index alone, and
         no agent beside it can stop that; docs/design.md, "Two agents acquiring one key at
         once"). A tie or an unknown order counts as rasd's."""
-        if not self.cfg.legacy_agents:
+        if not self.cfg.makers:
             return False
         ma = next((m for m in self.made_of if m[0] == a.token), None)
         mb = next((m for m in self.made_of if m[0] == b.token), None)
@@ -867,7 +885,9 @@ def successors(w0: World) -> Out:
     if w0.cfg.liberator:
         out += jobs.liberator(w0)
     out += jobs.relister(w0)
-    if w0.cfg.paper_calls:
+    if w0.cfg.rollout_switch:
+        out += rollout_steps(w0)
+    if w0.cfg.paper_calls and paper_may_call(w0):
         out += jobs.paper_agent(w0)
     if w0.cfg.paper_liberator:
         out += jobs.paper_liberator(w0)
@@ -887,6 +907,68 @@ def successors(w0: World) -> Out:
             w.check_state()
         w.prune()
     return out
+
+
+# ------------------------------------------------------------------------ the rollout switch
+def _paper_held(w: World) -> bool:
+    """Does an item hold a lease of the paper's agent (``rollout.paper_lease``)?"""
+    for k in sorted(w.table):
+        if k[0] == CLIENT:
+            r = _res_of(w.table[k])
+            if r is not None and paper_lease(r):
+                return True
+    return False
+
+
+def _old_mode_runs(w: World) -> bool:
+    """Does any daemon still run a program started in the mode before the switch?"""
+    before = w.cfg.legacy_agents
+    for d in w.daemons:
+        for p in (d.req, *d.bg):
+            if p is None:
+                continue
+            setup = next((a for a in p.trace.args if isinstance(a, S.Daemon)), None)
+            if setup is not None and setup.legacy_agents == before:
+                return True
+    return False
+
+
+def rollout_steps(w0: World) -> Out:
+    """The record's one change, then each daemon following it."""
+    switched, seen = w0.rollout
+    out: Out = []
+    if not switched:
+        if w0.cfg.legacy_agents and (_paper_held(w0) or _paper_running(w0)):
+            return out  # end-rollout refuses while the paper's agent holds a lease
+        w = w0.clone()
+        w.rollout = (True, seen)
+        out.append(("rasadmin " + ("end-rollout" if w0.cfg.legacy_agents else "adopt"), w))
+        return out
+    for i, follows in enumerate(seen):
+        if follows:
+            continue
+        w = w0.clone()
+        w.rollout = (True, (*seen[:i], True, *seen[i + 1 :]))
+        setups = list(w.setups)
+        setups[i] = _dc_replace(setups[i], legacy_agents=not w0.cfg.legacy_agents)
+        w.setups = tuple(setups)
+        out.append((f"d{i} follows the rollout record", w))
+    return out
+
+
+def _paper_running(w: World) -> bool:
+    return any(jobs.is_paper_call(p) for p in w.jobs)
+
+
+def paper_may_call(w: World) -> bool:
+    """The paper's agent calls while the table is in rollout mode: before ``end-rollout``;
+    after ``adopt`` only once no daemon runs the fast rules any more."""
+    if not w.cfg.rollout_switch:
+        return True
+    switched, seen = w.rollout
+    if w.cfg.legacy_agents:
+        return not switched
+    return switched and all(seen) and not _old_mode_runs(w)
 
 
 def initial(cfg: Config, proto: Protocol) -> World:

@@ -42,7 +42,7 @@ from rasd.core.serialize import (
 from rasd.steps import Note
 from rasd.steps import admin as steps
 
-from . import adopt, common, leases
+from . import adopt, common, leases, rollout
 
 log = structlog.get_logger("rasd_jobs.admin")
 
@@ -892,6 +892,22 @@ def build_parser() -> argparse.ArgumentParser:
         [dry],
     )
     adopt.add_parser(sp)
+
+    add(
+        "rollout",
+        rollout.cmd_rollout,
+        "show the table's rollout record: whether hosts running the paper's in-process agent "
+        "may write it (rasd's daemons and jobs then keep the rules that are safe beside it)",
+        [],
+    )
+    add(
+        "end-rollout",
+        rollout.cmd_end_rollout,
+        "end rollout mode once no host runs the paper's agent: refused (exit 1) while any item "
+        "holds a lease of that agent, running or not yet freed. Daemons follow within "
+        "pool_refresh + pool_refresh_timeout",
+        [dry],
+    )
 
     sp = add(
         "stats",

@@ -44,7 +44,7 @@ from rasd.core.lease import ResourceItem
 from rasd.core.serialize import is_resource_item, pool_meta_key, resource_from
 from rasd.steps import admin as steps
 
-from . import common, leases
+from . import common, leases, rollout
 
 log = structlog.get_logger("rasd_jobs.adopt")
 
@@ -245,6 +245,10 @@ def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
     resume = json.loads(args.resume_from) if args.resume_from else None
     if resume is not None and not isinstance(resume, dict):
         raise common.UsageError("--resume-from: expected a JSON object")
+    cfg = common.daemon_config(args)
+    # Rollout mode first: every daemon and job keeps the rules that are safe beside the
+    # paper's agent from now on (running daemons within the bound the summary gives).
+    mode = rollout.begin(ddb, args.table, cfg, "rasadmin adopt", args.dry_run)
     summary = run(
         ddb,
         args.table,
@@ -254,8 +258,10 @@ def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         resume_from=resume,
         page_size=args.page_size,
-        rules=common.daemon_config(args).rules(),
+        rules=cfg.rules(),
     )
+    summary["rollout"] = mode["rollout"]
+    summary["paper_agents_may_start_at"] = mode["paper_agents_may_start_at"]
     common.emit(summary)
     return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
 

@@ -45,7 +45,9 @@ from rasd.core.lease import (
     parse_time,
     valid_name,
 )
+from rasd.core.rollout import ROLLOUT_KEY, Rollout, rollout_from, set_rollout
 from rasd.core.serialize import item_from_ddb
+from rasd.core.writes import item_from_av, key_av, render
 from rasd.observe import log as rasd_log
 
 EXIT_OK = 0
@@ -492,3 +494,33 @@ def add_peer_endpoint(group: Any, help: str) -> None:
     group.add_argument(
         "--peer-endpoint", action="append", default=[], metavar="REGION=URL", help=help
     )
+
+
+# ------------------------------------------------------------------- the rollout record
+def read_rollout(ddb: Any, table: str) -> Rollout:
+    """The table's rollout record (``rasd.core.rollout``), read strongly consistent."""
+    raw = ddb.get_item(TableName=table, Key=key_av(ROLLOUT_KEY), ConsistentRead=True).get("Item")
+    return rollout_from(item_from_av(raw) if raw else None)
+
+
+def write_rollout(ddb: Any, table: str, on: bool, seen: Rollout, by: str, why: str) -> bool:
+    """Turn rollout mode on or off, conditional on the record ``seen``: False when someone
+    changed it since (read it again)."""
+    w = set_rollout(on, seen, int(time.time() * US), by, why)
+    try:
+        ddb.update_item(TableName=table, **render(w))
+    except ClientError as exc:
+        if is_lost_race(exc):
+            return False
+        raise
+    return True
+
+
+def raise_rollout(ddb: Any, table: str, by: str, why: str, log: Any) -> None:
+    """A lease of the paper's agent was found while the record says none writes the table:
+    log it as an error and turn rollout mode on, so every daemon and job follows."""
+    log.error("paper_lease_outside_rollout", why=why, hint="rollout mode turned on")
+    for _ in range(3):
+        seen = read_rollout(ddb, table)
+        if seen.paper_agents or write_rollout(ddb, table, True, seen, by, why):
+            return

@@ -30,10 +30,12 @@ or for cleaning up after a region whose daemons are gone; see docs/operations.md
 from __future__ import annotations
 
 import argparse
+import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -41,6 +43,7 @@ import structlog
 from rasd.config import Config
 from rasd.core.lease import US, ResourceItem, fmt_time
 from rasd.core.reads import LEASED_INDEX
+from rasd.core.rollout import paper_lease
 from rasd.core.serialize import is_resource_item
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
@@ -68,9 +71,10 @@ class Options:
     quarantine_us: int = int(DEFAULT_QUARANTINE_S * US)
     #: put items whose quarantine is over back in the available index (a base-table Scan)
     relist: bool = True
-    #: the paper's agent may run against the table: a freed orphan stays unclaimable until
-    #: its lease's end plus the grace as well (that agent may have answered it, to its end)
-    legacy_agents: bool = True
+    #: force rollout mode (the paper's agent may run: a freed orphan stays unclaimable until
+    #: its lease's end plus the grace as well, since that agent may have answered it to its
+    #: end); otherwise the table's rollout record, read at the start of the run, decides
+    legacy_agents: bool = False
 
 
 def scan_kwargs(opts: Options) -> dict[str, Any]:
@@ -122,14 +126,32 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     # One counter (and driver) per segment thread, summed at the end: no shared mutable state.
     counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
     drivers = [leases.Driver(ddb, opts.table, log=log, counts=c) for c in counts]
+    record = common.read_rollout(ddb, opts.table)
     bounds = LiberatorRun(
         now_us=opts.now_us,
         grace_us=opts.grace_us,
         orphan_age_us=opts.orphan_age_us,
         quarantine_us=opts.quarantine_us,
-        legacy_agents=opts.legacy_agents,
+        legacy_agents=opts.legacy_agents or record.paper_agents,
         dry_run=opts.dry_run,
     )
+    # once a lease of the paper's agent shows up, the rest of the run keeps rollout mode's rules
+    seen_paper = threading.Event()
+    bounds_after = replace(bounds, legacy_agents=True)
+
+    def watch(item: ResourceItem, c: Counter[str]) -> None:
+        """A lease of the paper's agent in the scan while the record says none may run."""
+        if bounds.legacy_agents or not paper_lease(item):
+            return
+        c["paper_leases_found"] += 1
+        if seen_paper.is_set() or opts.dry_run:
+            seen_paper.set()
+            return
+        seen_paper.set()
+        common.raise_rollout(
+            ddb, opts.table, f"ras-liberator:{socket.gethostname()}",
+            f"paper lease on {item.resource}", log,
+        )  # fmt: skip
 
     def ours(page: dict[str, Any], c: Counter[str]) -> Iterator[ResourceItem]:
         """The page's resource items of the job's region (an item that does not parse is
@@ -145,7 +167,10 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         c = counts[seg]
         c["scanned"] += int(page.get("ScannedCount", 0))
         for item in ours(page, c):
-            run_item(seg, liberate_item(item, bounds), item)
+            watch(item, c)
+            run_item(
+                seg, liberate_item(item, bounds_after if seen_paper.is_set() else bounds), item
+            )
 
     def handle_quarantined(seg: int, page: dict[str, Any]) -> None:
         c = counts[seg]
@@ -184,6 +209,8 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         "foreign_held": total["foreign"],
         "quarantine_over": total["quarantine_over"],
         "relisted": total["relisted"],
+        "rollout": bool(bounds.legacy_agents or seen_paper.is_set()),
+        "paper_leases_found": total["paper_leases_found"],
         "errors": total["errors"],
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -228,10 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
         f"--config; {DEFAULT_QUARANTINE_S:g} with the daemons' defaults)",
     )
     p.add_argument(
+        "--legacy-agents",
+        action="store_true",
+        help="force rollout mode (a freed orphan held until its lease's end too, as while the "
+        "paper's in-process agent runs); by default the table's rollout record decides "
+        "(rasadmin adopt / end-rollout)",
+    )
+    p.add_argument(
         "--no-legacy-agents",
         action="store_true",
-        help="no host runs the paper's in-process agent against this table any more: a freed "
-        "orphan is claimable after --quarantine, not held until its lease's end too",
+        help="accepted for old Jenkins jobs and ignored: the table's rollout record decides",
     )
     p.add_argument(
         "--no-relist",
@@ -270,8 +303,13 @@ def job(args: argparse.Namespace) -> dict[str, Any]:
         page_size=args.page_size,
         dry_run=args.dry_run,
         relist=not args.no_relist,
-        legacy_agents=not args.no_legacy_agents,
+        legacy_agents=args.legacy_agents,
     )
+    if args.no_legacy_agents:
+        log.warning(
+            "no_legacy_agents_ignored",
+            hint="the table's rollout record decides (rasadmin end-rollout turns it off)",
+        )
     ddb = common.make_client(args, region, pool=args.segments + 2)
     log.info("start", **{k: v for k, v in vars(args).items() if k != "now"})
     return run(ddb, opts)

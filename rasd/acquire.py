@@ -71,7 +71,7 @@ class Acquirer:
     ) -> None:
         counters = counters or store.counters
         self.driver = drv = Driver(cfg, store, clock or Clock(), counters, rng or random.Random())
-        self.pool_table = pools = PoolTable(store, drv.clock)
+        self.pool_table = pools = PoolTable(store, drv.clock, drv.rollout)
         self.renewer = Renewer(drv, pools)
         self.releaser = Releaser(drv, pools)
         self.reporter = Reporter(drv, pools)

@@ -60,14 +60,16 @@ class Config:
     #: blocks a key only briefly.
     pending_hold: float = 2.0
 
-    #: The paper's in-process agent may still run against this table (a rollout beside it,
-    #: docs/operations.md). Then (1) a key that misses also reads the leased_resources index,
-    #: sent beside the mapping Query (same round trip), and a lease of the paper's agent found
-    #: there is adopted instead of acquiring a second resource for the key; (2) every early
-    #: free (release, giving a claim back) keeps the resource unclaimable until its lease's
-    #: end plus max_clock_skew as well as for the quarantine, since the paper's agent answers
-    #: any lease it finds in that index with its end. Off once no host runs the old agent.
-    legacy_agents: bool = True
+    #: Force rollout mode: keep the rules that are safe beside the paper's in-process agent
+    #: whatever the table says. Otherwise (the default) the table's rollout record decides
+    #: (``rasadmin adopt`` turns it on, ``rasadmin end-rollout`` off; docs/operations.md), read
+    #: at start-up and with every pool refresh, so no host's config file can make it the one
+    #: that runs the fast rules beside the paper's agent. Rollout mode: (1) a key that misses
+    #: also reads the leased_resources index, and a lease of the paper's agent found there is
+    #: adopted; (2) a new claim is settled before it is answered; (3) every early free keeps
+    #: the resource unclaimable until its lease's end plus max_clock_skew as well as for the
+    #: quarantine, since the paper's agent answers any lease it finds in that index to its end.
+    legacy_agents: bool = False
 
     # --- prefetch ------------------------------------------------------------------------
     #: Candidates kept per (client, pool): at least / at most. The floor is what a burst of new

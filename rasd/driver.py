@@ -24,6 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from random import Random
 from typing import Any
 
@@ -32,8 +33,12 @@ import structlog
 from .cache import LeaseCache
 from .config import Config
 from .core.clock import Clock
-from .core.errors import Timeout
-from .core.lease import US, Pool
+from .core.decide import Outcome
+from .core.errors import RasdError, Timeout
+from .core.lease import MAP_PREFIX, META_CLIENT, US, Pool
+from .core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
+from .core.serialize import resource_from
+from .core.writes import Value
 from .limits import BucketTable
 from .observe.metrics import Counters
 from .prefetch import Prefetcher
@@ -60,6 +65,36 @@ from .tasks import Tasks
 log = structlog.get_logger("rasd.acquire")
 
 
+class RolloutMode:
+    """Whether this daemon's programs keep the rules beside the paper's agent: the table's
+    rollout record (``rasd.core.rollout``, read with the pools at start-up and every
+    ``pool_refresh``), or ``legacy_agents`` forcing it on. A lease of the paper's agent seen
+    while the record says none turns it on again (:meth:`Driver.paper_lease_seen`)."""
+
+    __slots__ = ("forced", "raising", "record")
+
+    def __init__(self, forced: bool) -> None:
+        self.forced = forced
+        self.record = Rollout()
+        self.raising = False
+
+    @property
+    def on(self) -> bool:
+        return self.forced or self.record.paper_agents
+
+    def update(self, record: Rollout) -> None:
+        was = self.on
+        self.record = record
+        if self.on != was:
+            log.warning(
+                "rollout_mode",
+                on=self.on,
+                changed=record.changed,
+                by=record.by,
+                why=record.why,
+            )
+
+
 class Driver:
     """What the daemon's roles share, and the running of their programs."""
 
@@ -84,13 +119,14 @@ class Driver:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self.tasks = Tasks(self.counters)
+        self.rollout = RolloutMode(cfg.legacy_agents)
         #: the local effects a role performs (its type -> the role's function: the result)
         self.local: dict[type, Callable[[Any], Any]] = {}
 
     def steps_daemon(self) -> S.Daemon:
         """This daemon as its programs see it (read at each program's start: tests rename
         the owner)."""
-        return S.Daemon(self.region, self.owner, self.rules, self.cfg.legacy_agents)
+        return S.Daemon(self.region, self.owner, self.rules, self.rollout.on)
 
     async def run(
         self, fn: Callable[..., Program[R]], *args: Any, deadline: float | None = None
@@ -108,6 +144,45 @@ class Driver:
 
     def new_token(self) -> str:
         return f"{self.rng.getrandbits(64):016x}"
+
+    def paper_lease_seen(self, item: dict[str, Value]) -> None:
+        """A resource item read holds a lease of the paper's agent while the table's record
+        says no such agent writes it: say so, count it, and turn rollout mode on (in the
+        table, so every daemon and job follows; here at once)."""
+        self.counters.inc("rollout.paper_lease_seen")
+        log.error(
+            "paper_lease_outside_rollout",
+            resource=item.get("resource"),
+            key=item.get("key"),
+            hint="the paper's agent writes this table: rollout mode turned on",
+        )
+        if self.rollout.raising:
+            return
+        self.rollout.raising = True
+        self.rollout.update(replace(self.rollout.record, paper_agents=True))
+        self.tasks.spawn(self._raise_rollout(str(item.get("resource"))))
+
+    async def _raise_rollout(self, resource: str) -> None:
+        deadline = time.monotonic() + S.BACKGROUND_DEADLINE
+        try:
+            for _ in range(3):
+                seen = rollout_from(await self.store.get_item(ROLLOUT_KEY, deadline))
+                if seen.paper_agents:
+                    self.rollout.update(seen)
+                    return
+                w = set_rollout(
+                    True, seen, self.clock.now_us(), self.owner, f"paper lease on {resource}"
+                )
+                res = await self.store.write(w, deadline)
+                if res.outcome is Outcome.APPLIED:
+                    self.counters.inc("rollout.raised")
+                    return
+                if res.outcome is Outcome.UNKNOWN:
+                    break
+        except RasdError as exc:
+            log.warning("rollout_raise_failed", error=str(exc))
+        finally:
+            self.rollout.raising = False
 
 
 class Run:
@@ -129,7 +204,17 @@ class Run:
                 eff.client_id, eff.pool_id, eff.key, self.deadline
             )
         if t is GetItem:
-            return await drv.store.get_item(eff.key, self.deadline)
+            got = await drv.store.get_item(eff.key, self.deadline)
+            if (
+                got is not None
+                and "key" in got
+                and not drv.rollout.on
+                and eff.key[0] != META_CLIENT
+                and not eff.key[0].startswith(MAP_PREFIX)
+                and paper_lease(resource_from(got))
+            ):
+                drv.paper_lease_seen(got)
+            return got
         if t is Send:
             if self.refill is None:
                 return await drv.store.write(eff.write, self.deadline, eff.readback)

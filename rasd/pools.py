@@ -3,20 +3,25 @@
 Theory of operation
 -------------------
 :class:`PoolTable` holds the pool definitions read at start-up and at each refresh
-(``load``, one scan of the table's pool items), and reads a pool asked for that it does not
-hold (one GetItem) before a request goes on. A pool that does not exist is remembered for
-UNKNOWN_POOL_TTL, bounded by UNKNOWN_POOL_MAX, so that a caller cycling through made-up pool
-names can neither grow the daemon nor make it read the table for each request. ``by_id`` is
-a plain dict, updated in place, that the cached hit reads directly (``LeaseCache.answer``).
+(``load``, one Query of the table's pool items, with the rollout record read beside it), and
+reads a pool asked for that it does not hold (one GetItem) before a request goes on. A pool
+that does not exist is remembered for UNKNOWN_POOL_TTL, bounded by UNKNOWN_POOL_MAX, so that
+a caller cycling through made-up pool names can neither grow the daemon nor make it read the
+table for each request. ``by_id`` is a plain dict, updated in place, that the cached hit reads
+directly (``LeaseCache.answer``).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from cachetools import TTLCache
 
 from .core.clock import Clock
 from .core.errors import UnknownPool
 from .core.lease import Pool
+from .core.rollout import ROLLOUT_KEY, rollout_from
+from .driver import RolloutMode
 from .store import Store
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
@@ -26,16 +31,25 @@ UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
 class PoolTable:
     """The pools a daemon knows, by (client_id, pool_id), and those known not to exist."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: Store, clock: Clock, rollout: RolloutMode | None = None) -> None:
         self.store = store
+        #: the table's rollout record, read with the pools (None: not followed)
+        self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
         self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
             UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=clock.mono
         )
 
     async def load(self, deadline: float) -> int:
-        """Read every pool definition again (the table's pool items): the number read."""
-        pools = await self.store.list_pools(deadline)
+        """Read every pool definition again (the table's pool items), and the rollout record
+        in the same round trip: the number of pools read."""
+        if self.rollout is None:
+            pools = await self.store.list_pools(deadline)
+        else:
+            pools, record = await asyncio.gather(
+                self.store.list_pools(deadline), self.store.get_item(ROLLOUT_KEY, deadline)
+            )
+            self.rollout.update(rollout_from(record))
         by_id = self.by_id
         by_id.clear()  # in place: the roles and the cached hit hold this dict
         by_id.update({(p.client_id, p.pool_id): p for p in pools})

@@ -143,3 +143,11 @@ def hold(
     )
     ddb.update_item(TableName=table, **render(MB.map_confirm(m)))
     return tok
+
+
+def rollout_on(ddb: Any, table: str) -> None:
+    """Put ``table`` in rollout mode, as ``rasadmin adopt`` does first: the paper's agent may
+    write it, and every rasd daemon and job keeps the rules that are safe beside it."""
+    from rasd_jobs import common
+
+    assert common.write_rollout(ddb, table, True, common.read_rollout(ddb, table), "test", "test")

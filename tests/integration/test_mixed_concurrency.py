@@ -29,11 +29,19 @@ from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
 from rasd.core import lease as L
 from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
-from tests.conftest import seed_pool
+from tests.conftest import rollout_on, seed_pool
 
 pytestmark = pytest.mark.integration
 
 C, P, EAST = "demo", "default", "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def _rollout_mode(ddb: Any, table: str) -> None:
+    """The paper's agent writes these tables: they are in rollout mode (``rasadmin adopt``)."""
+    rollout_on(ddb, table)
+
+
 RUN_S = 6.0
 KEYS = [f"k{i:02d}" for i in range(16)]
 #: how long past a lease's end a call that answers the same resource, not new, still counts

@@ -26,11 +26,17 @@ from rasd.server import Daemon
 from rasd.steps import take
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
-from tests.conftest import scan_all, seed_pool
+from tests.conftest import rollout_on, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
 C, P, EAST = "demo", "default", "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def _rollout_mode(ddb: Any, table: str) -> None:
+    """The paper's agent writes these tables: they are in rollout mode (``rasadmin adopt``)."""
+    rollout_on(ddb, table)
 
 
 @pytest.fixture

@@ -96,6 +96,9 @@ def test_liberator_run_frees_nothing_in_dry_run_and_checks_expiry_itself() -> No
         def paginate(self, **kw: Any) -> Any:
             return iter([{"Items": self.items, "ScannedCount": len(self.items)}])
 
+        def get_item(self, **kw: Any) -> dict[str, Any]:
+            return {}  # no rollout record
+
         def update_item(self, **kw: Any) -> dict[str, Any]:
             self.writes.append(kw)
             return {}
@@ -108,6 +111,8 @@ def test_liberator_run_frees_nothing_in_dry_run_and_checks_expiry_itself() -> No
             "region": {"S": region},
             "key": {"S": "k"},
             "lease_expires": {"S": fmt_time(expires_us)},
+            "holder": {"S": "t1"},  # rasd's leases (the paper's would turn rollout mode on)
+            "hver": {"N": "1"},
             "version": {"N": "1"},
         }
 

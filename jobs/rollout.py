@@ -1,0 +1,148 @@
+"""``rasadmin rollout`` and ``rasadmin end-rollout``: the table's rollout record.
+
+The record (``rasd.core.rollout``) says whether hosts running the paper's in-process agent may
+write the table. ``rasadmin adopt`` turns it on before the first rasd host starts; every rasd
+daemon follows a change within its ``pool_refresh`` plus ``pool_refresh_timeout`` (35 s with
+the defaults), every job at its next run. ``end-rollout`` turns it off once the paper's agent
+is gone: it scans the table and refuses while any item still holds a lease of that agent
+(running, or ended and not yet freed by a liberator), so that anything found later is proof
+that the agent still writes, and the daemons and jobs that find it turn the record on again.
+docs/design.md ("Rollout mode, in the table") argues both directions of the switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+import structlog
+
+from rasd.config import Config
+from rasd.core.lease import US, fmt_time
+from rasd.core.rollout import paper_lease, running_paper_lease
+from rasd.core.serialize import is_resource_item
+
+from . import common
+
+log = structlog.get_logger("rasd_jobs.rollout")
+
+#: an item of the paper's agent listed in end-rollout's refusal, at most this many
+EXAMPLES = 5
+
+
+def follow_bound_s(cfg: Config) -> float:
+    """How long after a change every daemon runs by it: one pool refresh and its read."""
+    return cfg.pool_refresh + cfg.pool_refresh_timeout
+
+
+def status(ddb: Any, table: str, cfg: Config) -> dict[str, Any]:
+    """The record as a summary line."""
+    r = common.read_rollout(ddb, table)
+    return {
+        "table": table,
+        "rollout": r.paper_agents,
+        "changed": r.changed,
+        "by": r.by,
+        "why": r.why,
+        "version": r.version,
+        "daemons_follow_within_s": follow_bound_s(cfg),
+    }
+
+
+def begin(ddb: Any, table: str, cfg: Config, why: str, dry_run: bool) -> dict[str, Any]:
+    """Turn rollout mode on (``rasadmin adopt``'s first step). Idempotent."""
+    for _ in range(3):
+        seen = common.read_rollout(ddb, table)
+        if seen.paper_agents or dry_run:
+            break
+        if common.write_rollout(ddb, table, True, seen, _by(), why):
+            break
+    out = status(ddb, table, cfg)
+    out["rollout"] = True
+    out["paper_agents_may_start_at"] = fmt_time(
+        int((time.time() + follow_bound_s(cfg)) * US)
+    )  # every running daemon has seen it by then
+    return out
+
+
+def paper_leases(ddb: Any, table: str, now_us: int, grace_us: int) -> dict[str, Any]:
+    """Every item holding a lease of the paper's agent (a Scan of the table): running, or
+    ended and not yet freed."""
+    c: Counter[str] = Counter()
+    examples: list[dict[str, Any]] = []
+    for page in common.scan_pages(ddb, {"TableName": table}):
+        for raw in page.get("Items", []):
+            c["scanned"] += 1
+            if not is_resource_item(raw):
+                continue
+            it = common.parsed(raw, c, log)
+            if it is None or not paper_lease(it):
+                continue
+            running = running_paper_lease(it, now_us, grace_us)
+            c["running" if running else "ended"] += 1
+            if len(examples) < EXAMPLES:
+                examples.append(
+                    {
+                        "resource": it.resource,
+                        "region": it.region,
+                        "key": it.key,
+                        "lease_expires": common.iso(it.lease_expires_us),
+                        "running": running,
+                    }
+                )
+    return {
+        "scanned": c["scanned"],
+        "running": c["running"],
+        "ended": c["ended"],
+        "items": examples,
+    }
+
+
+def end(
+    ddb: Any, table: str, cfg: Config, now_us: int, dry_run: bool
+) -> tuple[int, dict[str, Any]]:
+    """Turn rollout mode off, unless an item holds a lease of the paper's agent. Returns the
+    exit status and the summary."""
+    found = paper_leases(ddb, table, now_us, int(cfg.max_clock_skew * US))
+    out: dict[str, Any] = {"job": "end-rollout", "table": table, "dry_run": dry_run}
+    out["paper_leases"] = found
+    if found["running"] or found["ended"]:
+        out["refused"] = (
+            f"{found['running']} running and {found['ended']} ended-but-not-freed leases of the "
+            "paper's agent are in the table: stop its hosts, wait for their leases to end and "
+            "for ras-liberator to free them (or run it now), then try again"
+        )
+        return common.EXIT_ERRORS, out
+    seen = common.read_rollout(ddb, table)
+    if not seen.paper_agents:
+        out["rollout"] = False
+        out["changed"] = False
+        return common.EXIT_OK, out
+    if not dry_run and not common.write_rollout(ddb, table, False, seen, _by(), "end-rollout"):
+        out["refused"] = "the rollout record changed while this ran: run end-rollout again"
+        return common.EXIT_ERRORS, out
+    out["rollout"] = dry_run  # a dry run changes nothing
+    out["changed"] = not dry_run
+    out["daemons_follow_within_s"] = follow_bound_s(cfg)
+    return common.EXIT_OK, out
+
+
+def _by() -> str:
+    return f"rasadmin:{socket.gethostname()}"
+
+
+def cmd_rollout(ddb: Any, args: argparse.Namespace) -> int:
+    common.emit(status(ddb, args.table, common.daemon_config(args)))
+    return common.EXIT_OK
+
+
+def cmd_end_rollout(ddb: Any, args: argparse.Namespace) -> int:
+    code, out = end(ddb, args.table, common.daemon_config(args), common.now_us(args), args.dry_run)
+    common.emit(out)
+    return code
+
+
+__all__ = ["begin", "cmd_end_rollout", "cmd_rollout", "end", "follow_bound_s", "status"]
