@@ -283,6 +283,27 @@ MIXED = Config(
     paper_key="k1",
     legacy_agents=True,
 )
+#: the rollout record switched with daemons that have not yet seen it: two daemons, two keys
+#: over two resources, releases, two app calls, and the record's one change at any step, each
+#: daemon following it at a step of its own (programs already running keep their mode).
+#: ``end-rollout`` from rollout mode (no paper's agent left: its precondition), and ``adopt``
+#: from the fast rules with the paper's agent calling once every daemon follows and no
+#: program of the fast rules still runs (the bound ``adopt`` prints). The index is read
+#: without lag there: that bound is minutes, index lag is seconds.
+SWITCH = Config(
+    daemons=2,
+    keys=("k1", "k2"),
+    resources=("ra", "rb"),
+    max_faults=0,
+    max_crashes=0,
+    max_ops=2,
+    horizon=0,
+    liberator=False,
+    release=True,
+    rollout_switch=True,
+)
+SWITCH_OFF = replace(SWITCH, legacy_agents=True)
+SWITCH_ON = replace(SWITCH, paper_calls=1, paper_key="k1", history=0)
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
@@ -383,6 +404,13 @@ def run(quick: bool, seed: int, n_walks: int, budget_s: float) -> int:
                 if proto is not REAL:
                     print(f"  !! known-bad rule set {proto.name} was NOT caught")
                 ok = False
+    # the rollout record's switch, both ways, with daemons that have not yet seen it
+    for name, scfg in (("switch-off", SWITCH_OFF), ("switch-on", SWITCH_ON)):
+        res = bfs(scfg, REAL, max_seconds=budget_s)
+        res.mode = f"bfs-{name}"
+        _print(res)
+        runs.append({**res.summary(), "config": asdict(scfg)})
+        ok = ok and res.violation is None
     # rasadmin, the balancer, both agents on one key: the real rules pass, each known-bad set
     # is caught in its configuration (the quick run's, from its prefix; deep mode's as well)
     actor_runs = ACTORS if quick else ACTORS + DEEP_ACTORS

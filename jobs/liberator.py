@@ -43,7 +43,7 @@ import structlog
 from rasd.config import Config
 from rasd.core.lease import US, ResourceItem, fmt_time
 from rasd.core.reads import LEASED_INDEX
-from rasd.core.rollout import paper_lease
+from rasd.core.rollout import Rollout, paper_lease
 from rasd.core.serialize import is_resource_item
 from rasd.steps import Program
 from rasd.steps.repair import LiberatorRun, liberate_item, relist_item
@@ -126,7 +126,12 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
     # One counter (and driver) per segment thread, summed at the end: no shared mutable state.
     counts: list[Counter[str]] = [Counter() for _ in range(opts.segments)]
     drivers = [leases.Driver(ddb, opts.table, log=log, counts=c) for c in counts]
-    record = common.read_rollout(ddb, opts.table)
+    try:
+        record = common.read_rollout(ddb, opts.table)
+    except Exception as exc:  # noqa: BLE001 - counted; rollout mode's rules are the safe ones
+        counts[0]["errors"] += 1
+        log.error("rollout_unreadable", error=common.describe_error(exc))
+        record = Rollout(paper_agents=True)
     bounds = LiberatorRun(
         now_us=opts.now_us,
         grace_us=opts.grace_us,

@@ -25,7 +25,7 @@ from rasd.core.writes import render
 from rasd.server import Daemon
 from rasd.steps import take
 from rasd_client import aio as rasd_aio
-from rasd_jobs import admin, liberator
+from rasd_jobs import admin, common, liberator
 from tests.conftest import rollout_on, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
@@ -158,7 +158,9 @@ async def test_paper_agent_cannot_take_a_quarantined_resource(
 
 async def test_daemon_relists_what_it_quarantined(ddb: Any, table: str, make_daemon: Any) -> None:
     """The daemon that quarantined an item puts it back in the available index once the
-    quarantine is over (a short quarantine here), with no job."""
+    quarantine is over (a short quarantine here), with no job. (Out of rollout mode: in it
+    the free would also wait for the lease's end.)"""
+    common.write_rollout(ddb, table, False, common.read_rollout(ddb, table), "test", "test")
     seed_pool(ddb, table, count=2)
     short = {"confirm_interval": 0.2, "max_clock_skew": 0.1, "replication_lag": 0.1}
     async with make_daemon(legacy_agents=False, **short) as d:

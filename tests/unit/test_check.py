@@ -21,6 +21,8 @@ from check.__main__ import (
     DEDUPE_PENDING,
     MIXED,
     QUICK_BFS,
+    SWITCH_OFF,
+    SWITCH_ON,
     WALK,
     WALK3,
     _acquired,
@@ -740,3 +742,38 @@ def test_bad_e_unreleased_give_back_with_the_quarantine_only_is_caught() -> None
     labels = [lab for lab, _ in res.trace]
     assert any("dedupe map_release APPLIED" in lab for lab in labels), format_trace(res)
     assert any("free_claim(rb" in lab and "APPLIED" in lab for lab in labels), format_trace(res)
+
+
+# ------------------------------------------------------------- the rollout record's switch
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [SWITCH_OFF, SWITCH_ON], ids=["end-rollout", "adopt"])
+def test_real_rules_hold_across_the_rollout_switch(cfg: Config) -> None:
+    """The record changes at any step, each daemon follows at a step of its own, and the
+    programs it started before keep their mode: every interleaving keeps I1 and I2 (with
+    the paper's agent calling after ``adopt`` once its bound has passed)."""
+    res = bfs(cfg, REAL)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 50_000
+
+
+def test_the_switch_is_explored_with_daemons_that_have_not_followed() -> None:
+    """The search reaches states where the record changed and one daemon runs each mode."""
+    from check.explore import _start
+    from check.model import successors
+
+    w = _start(SWITCH_OFF, REAL, None, None)
+    (w,) = [n for lab, n in successors(w) if lab == "rasadmin end-rollout"]
+    (w,) = [n for lab, n in successors(w) if lab == "d0 follows the rollout record"]
+    assert [s.legacy_agents for s in w.setups] == [False, True]
+    labels = [lab for lab, _ in successors(w)]
+    assert "d1 follows the rollout record" in labels and "d0 get_lease(k1) called" in labels
+
+
+@pytest.mark.slow
+def test_the_paper_agent_reading_an_index_from_before_adopt_splits_a_key() -> None:
+    """Why ``adopt``'s bound counts: were the paper's agent to read the leased index as it
+    was before every daemon followed (an index lagging across the switch), it would answer a
+    losing claim a daemon made under the fast rules (I2). The search finds it."""
+    res = bfs(dataclasses.replace(SWITCH_ON, history=2), REAL)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    assert any(lab == "rasadmin adopt" for lab, _ in res.trace), format_trace(res)
