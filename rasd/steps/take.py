@@ -42,11 +42,18 @@ from .settle import adopt_paper_lease, beside_legacy, end_lapsed
 
 
 def resolve(
-    d: Daemon, pool: Pool, key: str, requested_us: int, wait: float = WAIT_FIRST
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    requested_us: int,
+    wait: float = WAIT_FIRST,
+    mine: tuple[str, ...] = (),
 ) -> Program[tuple[Lease, bool]]:
     """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
     reads the key's mappings and does what ``rasd.core.decide`` says; a round that must read
-    again goes on as the next round (``Tail``)."""
+    again goes on as the next round (``Tail``). ``mine``: the tokens of the mappings earlier
+    rounds of this call wrote, so that a lease this call acquired is answered as new also
+    when a later round finds it (its confirmation lost to another daemon's, say)."""
     ops = d.ops
     sent = yield Mono()  # the answer is confirmed as of the read's departure
     own, others, held = yield from read_first(d, pool, key)
@@ -57,20 +64,21 @@ def resolve(
     if isinstance(dec, D.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:
-            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
         dec = adopted
     if d.legacy_agents:
         settled = yield from beside_legacy(d, pool, key, dec)
         if settled is None:
-            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
         dec = settled
     if isinstance(dec, D.Serve):
         yield CachePut(dec.lease, sent)
         if dec.confirm is not None:
             yield Spawn(confirm, (dec.confirm,))
-        yield Note("lease.existing")
+        ours = dec.lease.token in mine
+        yield Note("lease.new" if ours else "lease.existing")
         yield Refresh(dec.lease, requested_us)
-        return dec.lease, False
+        return dec.lease, ours
     if (
         isinstance(dec, D.Extend)
         and d.legacy_agents
@@ -81,12 +89,12 @@ def resolve(
         lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
         if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
-            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
     if isinstance(dec, D.Extend):
         lease = yield from extend_now(d, dec.mapping, requested_us)
         if lease is not None:
-            return lease, False
-        return (yield from goto(resolve, d, pool, key, requested_us, wait))
+            return lease, lease.token in mine
+        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
     if isinstance(dec, D.Acquire):
         got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
         if isinstance(got, Mapping):
@@ -97,14 +105,15 @@ def resolve(
                 ours = done.lease.resource == got.resource
                 yield Note("lease.new" if ours else "lease.existing")
                 return done.lease, ours
-            # yielded, then not servable at once: read again
-            return (yield from goto(resolve, d, pool, key, requested_us, wait))
+            # yielded, or settled by another daemon first: read again (the lease may be ours)
+            mine = (*mine, got.token) if got.token is not None else mine
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
         if got is not None:
             return got, True
-        return (yield from goto(resolve, d, pool, key, requested_us, wait))
+        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
     # FenceResource, or Wait: another daemon of this region is acquiring this key.
     wait = yield from fence_or_wait(dec, wait)
-    return (yield from goto(resolve, d, pool, key, requested_us, wait))
+    return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
 
 
 def acquire(

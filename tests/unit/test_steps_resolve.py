@@ -216,10 +216,11 @@ class Host:
     def waits(self) -> list[float]:
         return [e.seconds for e in self.of(Sleep)]
 
-    def rounds(self, *waits: float) -> None:
-        """Every round after the first was this miss again, with these waits."""
+    def rounds(self, *waits: float, mine: tuple[str, ...] = ()) -> None:
+        """Every round after the first was this miss again, with these waits (and the tokens
+        of the mappings this call wrote, ``mine``)."""
         assert [t.fn for t in self.tails] == [resolve] * len(waits)
-        assert [t.args for t in self.tails] == [(self.d, POOL, "k", REQ, w) for w in waits]
+        assert [t.args for t in self.tails] == [(self.d, POOL, "k", REQ, w, mine) for w in waits]
 
     def notes(self) -> dict[str, int]:
         return dict(self.counts)
@@ -618,16 +619,19 @@ def test_a_claim_that_meets_a_paper_lease_yields_to_it() -> None:
     assert h.res("r1").key is None and h.res("r9").holder == lease.token
 
 
-def test_a_settled_claim_whose_confirmation_lost_is_read_again() -> None:
+def test_a_settled_claim_whose_confirmation_lost_is_read_again_and_answered_new() -> None:
+    """The call's own acquisition, found by its next round (its confirmation refused, as
+    when another daemon settled it first): still this call's new lease."""
     h = Host(legacy=True)
     h.free("r1")
     h.cands = ["r1"]
     h.fates["map_confirm"] = ["refused"]
     lease, new = resolve_k(h)
-    assert (lease.resource, new) == ("r1", False)  # served by the next round, as found
+    assert (lease.resource, new) == ("r1", True)  # served by the next round, as ours
     assert h.writes() == ["map_acquire", "claim", "map_confirm", "map_confirm"]
-    assert h.notes()["lease.existing"] == 1
-    h.rounds(WAIT)
+    assert h.notes()["lease.new"] == 1 and "lease.existing" not in h.notes()
+    assert lease.token is not None
+    h.rounds(WAIT, mine=(lease.token,))
 
 
 def test_a_pending_claim_found_beside_the_paper_agent_is_settled_first() -> None:
