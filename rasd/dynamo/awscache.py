@@ -16,6 +16,9 @@ inputs (:func:`inputs_key`), and :func:`settings` decides:
 * **miss**: botocore resolves them in a child process (its session never loads into the
   daemon's memory; in-process if the child cannot run), and the entry is written if the
   inputs did not change meanwhile. A refusal is never written: it is decided anew each start.
+  ``rasd serve`` starts that child before its own imports (:func:`prefetch`) when the
+  credentials' account is known without botocore (static keys in the environment), so that
+  botocore runs beside the daemon's start-up rather than after it.
 
 Never cached: settings with a proxy password (no secret is written to disk), and starts with
 botocore data of one's own (``AWS_DATA_PATH``, ``~/.aws/models``, a ``data_path`` in the config
@@ -75,6 +78,11 @@ _CHILD = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from rasd.dynamo.aws import child; child(sys.argv[2:])"
 )
+
+
+#: Children started by :func:`prefetch` for :func:`settings`, by (endpoint_url, region,
+#: account_id): the digest of the inputs when each started, and the child.
+_early: dict[tuple[str | None, str, str | None], tuple[str | None, subprocess.Popen[bytes]]] = {}
 
 
 class Unconfirmed(Exception):
@@ -234,10 +242,19 @@ async def settings(endpoint_url: str | None, region: str, account_id: str | None
         return key, None if key is None else load(key)
 
     key, hit = await asyncio.to_thread(lookup)
+    early_key, early = _early.pop((endpoint_url, region, account_id), (None, None))
+    if early is not None and (hit is not None or early_key != key):
+        # an entry written meanwhile (another daemon), or inputs changed since it started
+        early.kill()
+        await asyncio.to_thread(early.wait)
+        early = None
     if hit is not None:
         return hit
     try:
-        s = await botocore_settings(endpoint_url, region, account_id, background=False)
+        if early is not None:
+            s = await _answer_of(early)
+        else:
+            s = await botocore_settings(endpoint_url, region, account_id, background=False)
     except ChildFailed as exc:
         log.warning("aws_settings_child_failed", cause=str(exc), fallback="in-process")
         s = await asyncio.to_thread(aws.resolve, endpoint_url, region, account_id)
@@ -288,11 +305,9 @@ async def botocore_settings(
     the child gives no answer."""
     if not sys.executable:
         raise ChildFailed("no Python executable to run")
-    root = str(Path(__file__).resolve().parents[2])
-    args = [endpoint_url or "", region, account_id or "", "1" if background else "0"]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-P", "-c", _CHILD, root, *args),
+            *_child_argv(endpoint_url, region, account_id, background),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -309,13 +324,66 @@ async def botocore_settings(
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+    return _parse(out, err, proc.returncode)
+
+
+def _child_argv(
+    endpoint_url: str | None, region: str, account_id: str | None, background: bool
+) -> list[str]:
+    root = str(Path(__file__).resolve().parents[2])
+    args = [endpoint_url or "", region, account_id or "", "1" if background else "0"]
+    return [sys.executable, "-P", "-c", _CHILD, root, *args]
+
+
+def _parse(out: bytes, err: bytes, status: int | None) -> AwsSettings:
+    """The child's answer: its settings, or its refusal raised as :class:`AwsSettingsError`."""
     try:
         answer = json.loads(out)
         refused = answer.get("refused")
         got = None if refused is not None else AwsSettings.from_doc(answer["settings"])
     except (ValueError, KeyError, TypeError, AttributeError):
         tail = err.decode(errors="replace").strip()[-500:]
-        raise ChildFailed(f"exit status {proc.returncode}: {tail or 'no output'}") from None
+        raise ChildFailed(f"exit status {status}: {tail or 'no output'}") from None
     if got is None:
         raise AwsSettingsError(str(refused))
     return got
+
+
+def prefetch(endpoint_url: str | None, region: str) -> bool:
+    """Start botocore's resolution in a child now, for :func:`settings` to collect, when the
+    settings are not cached and the credentials' account id is known without botocore (static
+    keys in the environment). Call before anything else is imported: the child runs beside
+    the daemon's start-up. True if a child was started."""
+    from .sigv4 import env_credentials
+
+    creds = env_credentials()
+    if creds is None or not sys.executable:
+        return False
+    account_id = creds.account_id
+    key = inputs_key(endpoint_url, region, account_id)
+    if key is not None and load(key) is not None:
+        return False
+    argv = _child_argv(endpoint_url, region, account_id, background=False)
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError:
+        return False  # settings() starts its own, or resolves in-process
+    _early[(endpoint_url, region, account_id)] = (key, proc)
+    return True
+
+
+async def _answer_of(proc: subprocess.Popen[bytes]) -> AwsSettings:
+    """The answer of a child :func:`prefetch` started (waited for in a thread)."""
+
+    def wait() -> tuple[bytes, bytes]:
+        try:
+            return proc.communicate(timeout=CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise ChildFailed(f"no answer within {CHILD_TIMEOUT:.0f} s") from None
+
+    out, err = await asyncio.to_thread(wait)
+    return _parse(out, err, proc.returncode)

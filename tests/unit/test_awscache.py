@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "cache"))
     return cfg
+
+
+@pytest.fixture(autouse=True)
+def no_early_children() -> Iterator[None]:
+    yield
+    for _, proc in awscache._early.values():
+        proc.kill()
+        proc.wait()
+    awscache._early.clear()
 
 
 @pytest.fixture
@@ -388,3 +398,42 @@ def test_the_child_runs_where_it_may_not_lower_its_priority(
     aws.child([EP, "us-east-1", "", "1"])
     got = aws.AwsSettings.from_doc(json.loads(capsys.readouterr().out)["settings"])
     assert got == aws.resolve(EP, "us-east-1")
+
+
+# ------------------------------------------------------------- the child started early
+async def test_rasd_serve_starts_botocore_before_its_imports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """prefetch() (the top of `rasd serve`) starts the child on a miss when the credentials
+    are static keys in the environment; settings() then collects its answer rather than
+    starting one."""
+
+    async def not_again(*_: Any, **__: Any) -> aws.AwsSettings:
+        raise AssertionError("a second child")
+
+    monkeypatch.setattr(awscache, "botocore_settings", not_again)
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    assert not awscache.prefetch(EP, "us-east-1")  # no credentials known without botocore
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    monkeypatch.setenv("AWS_ACCOUNT_ID", "123456789012")
+    assert awscache.prefetch(None, "us-east-1")
+    got = await awscache.settings(None, "us-east-1", "123456789012")
+    assert got == aws.resolve(None, "us-east-1", "123456789012") and got.cache_key is None
+    assert got.endpoint_url == "https://123456789012.ddb.us-east-1.amazonaws.com"
+    assert len(entries(tmp_path)) == 1
+    assert not awscache.prefetch(None, "us-east-1")  # a hit: nothing to start
+    assert awscache._early == {}
+
+
+async def test_an_early_child_for_other_inputs_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, botocore_calls: list[tuple[Any, ...]]
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    assert awscache.prefetch(EP, "us-east-1")
+    ((_, proc),) = awscache._early.values()
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")  # after the child started
+    assert (await awscache.settings(EP, "us-east-1", None)).max_attempts == 7
+    assert len(botocore_calls) == 1 and proc.poll() is not None and awscache._early == {}
