@@ -27,9 +27,11 @@ in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.l
 leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS, credential_process;
 refreshable credentials are refreshed in a thread, never on the event loop), exception classes,
 and every AWS setting: the endpoint (FIPS, dual-stack, partitions, endpoint URLs), the proxy
-and the CA bundle are botocore's own decisions, made once at start-up (``rasd.dynamo.aws``). Not
-done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
-binary (``B``/``BS``) attribute encoding, which the daemon does not use.
+and the CA bundle are botocore's own decisions, made at each start (``rasd.dynamo.aws``; a
+restart with the same inputs serves on the last start's while botocore checks them,
+``rasd.dynamo.awscache``). Not done: client-side parameter validation (DynamoDB answers
+``ValidationException`` instead) and binary (``B``/``BS``) attribute encoding, which the
+daemon does not use.
 
 Through a proxy, an ``https://`` endpoint is reached through a CONNECT tunnel (TLS end to end
 with the endpoint, the proxy itself reached over TLS when its URL is ``https://``), an
