@@ -13,8 +13,8 @@ inputs (:func:`inputs_key`), and :func:`settings` decides:
   once the daemon is up (:func:`confirm`); should it refuse them or decide otherwise (only if
   an input escaped the digest), the entry is dropped and the daemon stops, so that the next
   start runs on botocore's decision (exit 2 for a refusal, as for any refused start).
-* **miss**: botocore resolves them in a child process (its session never loads into the
-  daemon's memory; in-process if the child cannot run), and the entry is written if the
+* **miss**: botocore resolves them in a child process (its session does not load into the
+  daemon for it; in-process if the child cannot run), and the entry is written if the
   inputs did not change meanwhile. A refusal is never written: it is decided anew each start.
   ``rasd serve`` starts that child before its own imports (:func:`prefetch`) when the
   credentials' account is known without botocore (static keys in the environment), so that
