@@ -1,6 +1,6 @@
 """Spawn to first answer, and daemon CPU per new lease: ``python -m bench.spawn``.
 
-    python -m bench.spawn [--runs 7] [--leases 200] [--ddb-client lean|botocore]
+    python -m bench.spawn [--runs 7] [--leases 200] [--ddb-client lean|botocore] [--no-compile]
 
 Against moto's server or dynalite (``--backend``; a child process, so that neither shares a
 GIL with the measuring client): for each run, spawn ``python -m rasd serve`` and stamp the
@@ -12,6 +12,11 @@ too: on a loaded machine it says what spawn-to-answer would be on a quiet one (p
 round trips). Prints medians as JSON. Moto closes every connection
 (a TCP connect per call, which the daemon's CPU includes); dynalite keeps them alive, as
 DynamoDB does.
+
+rasd is byte-compiled first, as its installs are (the .deb, pip): a checkout run with
+``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every module at each spawn (about 60 ms
+of CPU). ``--no-compile`` leaves the tree as it is; ``rasd_modules_without_bytecode`` says
+how many modules the daemons compiled.
 """
 
 from __future__ import annotations
@@ -51,6 +56,18 @@ def _cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
+def without_bytecode(root: Path = ROOT) -> int:
+    """How many of rasd's modules have no current bytecode (an import compiles them)."""
+    from importlib.util import cache_from_source
+
+    n = 0
+    for src in (root / "rasd").rglob("*.py"):
+        pyc = Path(cache_from_source(str(src)))
+        if not pyc.exists() or pyc.stat().st_mtime < src.stat().st_mtime:
+            n += 1
+    return n
+
+
 def measure(
     backend_kind: str = "dynalite",
     runs: int = 7,
@@ -58,8 +75,14 @@ def measure(
     ddb_client: str = "lean",
     py_spy: str | None = None,
     pyinstrument: str | None = None,
+    compile_rasd: bool = True,
 ) -> dict[str, Any]:
     """Spawn-to-first-answer over ``runs`` daemons, then CPU per new lease over ``leases``."""
+    if compile_rasd:
+        import compileall
+
+        compileall.compile_dir(ROOT / "rasd", quiet=1)
+    uncompiled = without_bytecode()
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -155,6 +178,7 @@ def measure(
                 "max": round(max(firsts), 3),
                 "runs": [round(f, 3) for f in firsts],
             },
+            "rasd_modules_without_bytecode": uncompiled,
             "daemon_cpu_at_first_answer_s": {
                 "median": round(statistics.median(first_cpu), 3),
                 "runs": [round(c, 3) for c in first_cpu],
@@ -188,8 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--pyinstrument", metavar="OUT", help="run the daemons under pyinstrument (text report)"
     )
+    ap.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="do not byte-compile rasd first (a checkout without bytecode compiles at each spawn)",
+    )
     a = ap.parse_args(argv)
-    out = measure(a.backend, a.runs, a.leases, a.ddb_client, a.py_spy, a.pyinstrument)
+    out = measure(
+        a.backend, a.runs, a.leases, a.ddb_client, a.py_spy, a.pyinstrument, not a.no_compile
+    )
     print(json.dumps(out, indent=1))
     return 0
 

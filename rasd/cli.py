@@ -251,6 +251,11 @@ def _account_id() -> tuple[str | None, str]:
 
 def serve(cfg: Config, reloader: Any = None) -> int:
     """Run the daemon until SIGTERM/SIGINT. Takes systemd's socket when socket-activated."""
+    if cfg.ddb_client == "lean":
+        from .dynamo import awscache
+
+        # an uncached resolution by botocore runs beside the imports below, not after them
+        awscache.prefetch(cfg.endpoint_url, os.environ.get("AWS_REGION") or cfg.region)
     import uvloop
 
     from .observe import log

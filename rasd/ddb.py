@@ -27,9 +27,11 @@ in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.l
 leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS, credential_process;
 refreshable credentials are refreshed in a thread, never on the event loop), exception classes,
 and every AWS setting: the endpoint (FIPS, dual-stack, partitions, endpoint URLs), the proxy
-and the CA bundle are botocore's own decisions, made once at start-up (``rasd.dynamo.aws``). Not
-done: client-side parameter validation (DynamoDB answers ``ValidationException`` instead) and
-binary (``B``/``BS``) attribute encoding, which the daemon does not use.
+and the CA bundle are botocore's own decisions, made at each start (``rasd.dynamo.aws``; a
+restart with the same inputs serves on the last start's while botocore checks them,
+``rasd.dynamo.awscache``). Not done: client-side parameter validation (DynamoDB answers
+``ValidationException`` instead) and binary (``B``/``BS``) attribute encoding, which the
+daemon does not use.
 
 Through a proxy, an ``https://`` endpoint is reached through a CONNECT tunnel (TLS end to end
 with the endpoint, the proxy itself reached over TLS when its URL is ``https://``), an
@@ -126,6 +128,8 @@ class LeanDynamoDB:
         else:
             self._ssl = settings.ssl_context()
         self.settings = settings
+        #: the endpoint_url asked for (None: botocore's choice), for confirm_settings()
+        self._asked_endpoint: str | None = endpoint_url
         self._proxy: tuple[str, int] | None = None
         self._proxy_ssl = settings.proxy_ssl_context()
         target = "/"
@@ -171,18 +175,15 @@ class LeanDynamoDB:
         read_timeout: float = 2.0,
         max_age: float = MAX_AGE,
     ) -> LeanDynamoDB:
-        """Resolve the AWS settings (unless given) and the credentials, in a thread: they read
-        files, run credential processes or ask IMDS."""
-        from .dynamo import aws
+        """Resolve the credentials (in a thread: they read files, run credential processes or
+        ask IMDS), then the AWS settings unless given (``rasd.dynamo.awscache``: from an earlier
+        start with the same inputs, else botocore's; the endpoint may depend on the
+        credentials' account). Settings from the cache: see :meth:`confirm_settings`."""
+        from .dynamo import awscache
 
-        def resolve() -> tuple[AwsSettings, Credentials]:
-            creds = resolve_credentials()
-            if settings is not None:
-                return settings, creds
-            return aws.resolve(endpoint_url, region, creds.account_id), creds
-
-        s, creds = await asyncio.to_thread(resolve)
-        return cls(
+        creds = await asyncio.to_thread(resolve_credentials)
+        s = settings or await awscache.settings(endpoint_url, region, creds.account_id)
+        client = cls(
             s.endpoint_url,
             region,
             creds,
@@ -191,6 +192,21 @@ class LeanDynamoDB:
             read_timeout=read_timeout,
             max_age=max_age,
             settings=s,
+        )
+        client._asked_endpoint = endpoint_url
+        return client
+
+    async def confirm_settings(self) -> AwsSettings | None:
+        """Settings that came from the cache, resolved again by botocore (in a child process at
+        low priority): None when it agrees, else what botocore decided. Raises
+        ``AwsSettingsError`` when botocore refuses them, ``awscache.Unconfirmed`` without a
+        verdict."""
+        from .dynamo import awscache
+
+        if self.settings.cache_key is None:
+            return None
+        return await awscache.confirm(
+            self.settings, self._asked_endpoint, self.region, self._creds.account_id
         )
 
     async def refresh_credentials(self) -> None:

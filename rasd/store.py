@@ -145,6 +145,14 @@ class Store:
         )
         self._client = await self._ctx.__aenter__()
 
+    async def confirm_aws(self) -> AwsSettings | None:
+        """When the AWS settings came from the cache (``rasd.dynamo.awscache``), botocore's own
+        resolution of them, in the background: None when it agrees, else botocore's settings
+        (the daemon must not go on with the cached ones). Raises ``AwsSettingsError`` when
+        botocore refuses them."""
+        confirm = getattr(self._ctx, "confirm_settings", None)  # the lean client only
+        return None if confirm is None else await confirm()
+
     async def warm(self, deadline_s: float = 10.0) -> None:
         """Open ``ddb_warm_connections`` connections so the first requests find them ready."""
         n = max(1, self.config.ddb_warm_connections)

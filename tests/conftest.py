@@ -37,6 +37,19 @@ os.environ.pop("AWS_ENDPOINT_URL", None)
 os.environ.pop("AWS_ENDPOINT_URL_DYNAMODB", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def aws_settings_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The daemons' AWS settings cache (rasd.dynamo.awscache) in the session's temporary
+    directory rather than the user's ~/.cache."""
+    before = os.environ.get("CACHE_DIRECTORY")
+    os.environ["CACHE_DIRECTORY"] = str(tmp_path_factory.mktemp("aws-settings-cache"))
+    yield
+    if before is None:
+        os.environ.pop("CACHE_DIRECTORY", None)
+    else:
+        os.environ["CACHE_DIRECTORY"] = before
+
+
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
     return {"uvloop": uvloop.new_event_loop}
 

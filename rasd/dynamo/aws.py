@@ -31,15 +31,18 @@ certificate, ``retry_mode`` other than ``standard``, endpoint discovery, and
 ``account_id_endpoint_mode = required`` with credentials that carry no account id.
 
 Resolution reads files: call :func:`resolve` in a thread, never on the event loop. Nothing
-here runs per request.
+here runs per request. The daemon resolves through ``rasd.dynamo.awscache``: botocore's
+result from an earlier start with the same inputs, checked again by botocore in the background.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
+import sys
 from base64 import b64encode
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -69,6 +72,9 @@ class AwsSettings:
     sources: dict[str, str] = field(default_factory=dict)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     tcp_keepalive: bool = False
+    #: the digest of the inputs when these settings came from an earlier start's resolution
+    #: (``rasd.dynamo.awscache``), else None: resolved by botocore in this start
+    cache_key: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def tls(self) -> bool:
@@ -96,7 +102,17 @@ class AwsSettings:
             "max_attempts": self.max_attempts,
             "tcp_keepalive": self.tcp_keepalive,
             "sources": dict(self.sources),
+            "origin": "botocore" if self.cache_key is None else "cache",
         }
+
+    def to_doc(self) -> dict[str, Any]:
+        """As JSON (``rasd.dynamo.awscache``): what is compared, not ``cache_key``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], cache_key: str | None = None) -> AwsSettings:
+        headers = tuple((str(k), str(v)) for k, v in doc["proxy_headers"])
+        return cls(**{**doc, "proxy_headers": headers}, cache_key=cache_key)
 
 
 def _context(cafile: str | None, what: str) -> ssl.SSLContext:
@@ -291,3 +307,22 @@ def _redact(url: str) -> str:
     if p.password is None:
         return url
     return url.replace(f":{p.password}@", ":***@", 1)
+
+
+def child(argv: list[str]) -> None:
+    """A process of its own that resolves for the daemon (``rasd.dynamo.awscache``), with the
+    daemon's environment: ``endpoint_url region account_id background`` (empty: none;
+    ``background`` "1": at low priority). Prints ``{"settings": ...}`` or ``{"refused":
+    reason}``."""
+    endpoint_url, region, account_id, background = argv
+    if background == "1":
+        try:
+            os.nice(10)  # the daemon serves meanwhile
+        except OSError:
+            pass  # refused (the unit's SystemCallFilter=~@resources): at the daemon's priority
+    try:
+        got = resolve(endpoint_url or None, region, account_id or None)
+        out: dict[str, Any] = {"settings": got.to_doc()}
+    except AwsSettingsError as exc:
+        out = {"refused": str(exc)}
+    sys.stdout.write(json.dumps(out))

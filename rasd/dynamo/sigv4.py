@@ -74,15 +74,24 @@ class BotocoreCredentials(Credentials):
         # a failed refresh: keep the old credentials; the next check tries again
 
 
-def resolve_credentials() -> Credentials:
-    """botocore's standard chain. Its first provider reads the environment; when that has
-    static keys they are used without loading botocore's session (a start-up saving of about
-    half a second). Blocking (profiles, IMDS): call it in a thread."""
+def env_credentials() -> Credentials | None:
+    """The static keys in the environment, when botocore's chain would take them (its first
+    provider), else None. Reads nothing but the environment."""
     env = os.environ
     ak, sk = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if ak and sk and not env.get("AWS_CREDENTIAL_EXPIRATION"):
         token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN")
         return Credentials(ak, sk, token, env.get("AWS_ACCOUNT_ID") or None)
+    return None
+
+
+def resolve_credentials() -> Credentials:
+    """botocore's standard chain. Its first provider reads the environment; when that has
+    static keys they are used without loading botocore's session (a start-up saving of about
+    half a second). Blocking (profiles, IMDS): call it in a thread."""
+    static = env_credentials()
+    if static is not None:
+        return static
     import botocore.session
     from botocore.exceptions import NoCredentialsError
 

@@ -564,3 +564,125 @@ async def test_a_setting_rasd_cannot_honour_refuses_the_start(
     assert d.exit_status == 2
     refused = [e for e in logs if e["event"] == "startup_refused"]
     assert refused and "SOCKS" in refused[0]["cause"], logs
+
+
+# ------------------------------------------------------------ settings from the cache
+@asynccontextmanager
+async def running(cfg: Config) -> AsyncIterator[tuple[Daemon, asyncio.Task[None], list[Any]]]:
+    """The daemon's whole life (``Daemon.run``), its log lines captured."""
+    import structlog
+
+    d = Daemon(cfg)
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(d.run())
+        try:
+            yield d, task, logs
+        finally:
+            d.stop()
+            await asyncio.wait_for(task, 30)
+
+
+async def until(pred: Any, what: str) -> None:
+    for _ in range(600):  # bounded poll, not a timing assertion
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def cache_config(
+    monkeypatch: pytest.MonkeyPatch, where: Path, endpoint: str, table: str
+) -> tuple[Config, str]:
+    """A daemon's config on moto, the cache in ``where``, and the digest of its AWS inputs
+    (the tests ask for moto's fixtures before ``aws_env``, which removes their credentials)."""
+    from rasd.dynamo import awscache
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    monkeypatch.setenv("CACHE_DIRECTORY", str(where / "cache"))
+    cfg = Config(
+        table=table, endpoint_url=endpoint, socket=str(where / "d.sock"), ddb_warm_connections=1
+    ).validate()
+    key = awscache.inputs_key(endpoint, cfg.region, None)
+    assert key is not None
+    return cfg, key
+
+
+async def test_a_restart_serves_on_the_cached_settings_and_botocore_confirms_them(
+    moto_endpoint: str,
+    ddb: Any,
+    table: str,
+    aws_env: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seed_pool(ddb, table, count=3)
+    cfg, _ = cache_config(monkeypatch, short_dir, moto_endpoint, table)
+    for n, origin in enumerate(["botocore", "cache"]):
+        async with running(cfg) as (d, task, logs):
+            lease = await rasd_aio.get_lease(
+                C, P, f"c{n}", HOUR, socket_path=cfg.socket, timeout=30
+            )
+            assert lease.new
+            ready = next(e for e in logs if e["event"] == "ready")
+            assert ready["aws"]["origin"] == origin
+            if origin == "cache":
+                await until(
+                    lambda: any(e["event"] == "aws_settings_confirmed" for e in logs),
+                    "botocore's check of the cached settings",
+                )
+            assert not task.done() and d.exit_status == 0
+
+
+async def test_cached_settings_botocore_refuses_stop_the_daemon(
+    moto_endpoint: str,
+    ddb: Any,
+    table: str,
+    aws_env: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry for inputs botocore refuses (written by hand: a refusal is never cached; an
+    input that escaped the digest would do the same): the daemon starts on it, and stops as a
+    refused start (exit 2) once botocore's check refuses; the entry is gone."""
+    from rasd.dynamo import aws, awscache
+
+    seed_pool(ddb, table, count=3)
+    monkeypatch.setenv("HTTP_PROXY", "socks5h://127.0.0.1:1080")
+    cfg, key = cache_config(monkeypatch, short_dir, moto_endpoint, table)
+    awscache.save(key, aws.AwsSettings(region=cfg.region, endpoint_url=moto_endpoint))
+    async with running(cfg) as (d, task, logs):
+        await until(lambda: task.done(), "the daemon stops")
+    assert d.exit_status == 2
+    refused = [e for e in logs if e["event"] == "startup_refused"]
+    assert refused and "SOCKS" in refused[0]["cause"], logs
+    assert awscache.load(key) is None
+
+
+async def test_cached_settings_botocore_decides_otherwise_stop_the_daemon(
+    moto_endpoint: str,
+    ddb: Any,
+    table: str,
+    aws_env: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry that disagrees with botocore (max_attempts 9, botocore's default is 3): the
+    daemon stops (exit 1: the service manager restarts it), naming both; the next start is
+    botocore's."""
+    from rasd.dynamo import aws, awscache
+
+    seed_pool(ddb, table, count=3)
+    cfg, key = cache_config(monkeypatch, short_dir, moto_endpoint, table)
+    stale = aws.AwsSettings(region=cfg.region, endpoint_url=moto_endpoint, max_attempts=9)
+    awscache.save(key, stale)
+    async with running(cfg) as (d, task, logs):
+        await until(lambda: task.done(), "the daemon stops")
+    assert d.exit_status == 1
+    (changed,) = [e for e in logs if e["event"] == "aws_settings_changed"]
+    assert changed["cached"]["max_attempts"] == 9 and changed["botocore"]["max_attempts"] == 3
+    assert awscache.load(key) is None
+    async with running(cfg) as (d, task, logs):
+        await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=cfg.socket, timeout=30)
+        ready = next(e for e in logs if e["event"] == "ready")
+        assert ready["aws"]["origin"] == "botocore" and ready["aws"]["max_attempts"] == 3

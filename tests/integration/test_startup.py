@@ -171,3 +171,38 @@ def test_requests_during_startup_wait_for_the_store(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_restart_takes_the_aws_settings_from_the_cache(
+    ddb: Any, table: str, moto_endpoint: str, short_tmp: Path
+) -> None:
+    """`rasd serve` twice with the same inputs: the first start asks botocore (in a child
+    process), the second serves on its settings at once, and botocore confirms them in the
+    background."""
+    seed_pool(ddb, table, count=3)
+    cache = short_tmp / "cache"
+
+    def one_start(n: int, confirmed: bool) -> list[dict[str, Any]]:
+        sock, log = str(short_tmp / f"c{n}.sock"), short_tmp / f"c{n}.log"
+        proc = _serve(sock, moto_endpoint, table, log, CACHE_DIRECTORY=str(cache))
+        try:
+            _poll(lambda: os.path.exists(sock), "socket bound", tries=2000)
+            lease = rasd_client.get_lease(
+                "demo", "default", f"k{n}", HOUR, socket_path=sock, timeout=30
+            )
+            assert lease.new
+            if confirmed:
+                _poll(lambda: "aws_settings_confirmed" in log.read_text(), "botocore's check")
+            assert _stop(proc) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert "Traceback" not in log.read_text()
+        return [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
+
+    for n, origin in enumerate(["botocore", "cache"]):
+        lines = one_start(n, confirmed=origin == "cache")
+        ready = [e for e in lines if e.get("event") == "ready"]
+        assert ready and ready[0]["aws"]["origin"] == origin, lines
+    assert len(list(cache.glob("aws-*.json"))) == 1

@@ -299,6 +299,22 @@ systemctl start rasd.service
 check "starts again once the setting is fixed" wait_active
 wait_served
 
+# ------------------------------------------------------- 7c. a refused AWS setting
+say "7c. an AWS setting rasd cannot honour refuses the start, cached settings or not"
+cp /etc/default/rasd /etc/default/rasd.good
+echo "HTTP_PROXY=socks5h://127.0.0.1:1080" >>/etc/default/rasd
+systemctl restart rasd.service 2>/dev/null
+for _ in $(seq 50); do [ "$(systemctl is-active rasd.service)" = failed ] && break; sleep 0.2; done
+check "a SOCKS proxy fails the unit (exit 2)" \
+    test "$(systemctl is-active rasd.service)" = failed -a "$(systemctl show -p Result --value rasd.service)" = exit-code
+n=$(journalctl -u rasd.service -o cat | grep startup_refused | grep -c SOCKS || true)
+check "the journal names the SOCKS proxy ($n lines)" test "$n" -ge 1
+mv /etc/default/rasd.good /etc/default/rasd
+systemctl reset-failed rasd.service
+systemctl start rasd.service
+check "starts again once the setting is fixed" wait_active
+wait_served
+
 # ------------------------------------------------- 8. DynamoDB unreachable at start
 say "8. DynamoDB unreachable at start"
 systemctl stop moto-$MOTO_RUNS.service
@@ -335,6 +351,17 @@ n=$(journalctl -u rasd.service -p warning -o cat | grep -c '"level": "info"' || 
 check "-p warning shows no info lines ($n)" test "$n" = 0
 n=$(journalctl -u rasd.service -p info -o cat | grep -c '"event": "ready"' || true)
 check "info lines are in the journal at info ($n ready lines)" test "$n" -gt 0
+
+# ------------------------------------------------------------- 9b. AWS settings cache
+say "9b. the AWS settings cache"
+n=$(journalctl -u rasd.service -o cat | grep '"event": "ready"' | grep -c '"origin": "cache"' || true)
+check "restarts served on the last start's AWS settings ($n ready lines say origin cache)" test "$n" -gt 0
+n=$(journalctl -u rasd.service -o cat | grep -c aws_settings_confirmed || true)
+check "botocore confirmed them in the background ($n times)" test "$n" -gt 0
+n=$(journalctl -u rasd.service -o cat | grep -c 'aws_settings_unconfirmed\|aws_settings_changed\|aws_settings_child_failed' || true)
+check "no check failed, disagreed or fell back in-process ($n lines)" test "$n" = 0
+check "/var/cache/rasd is the daemon's own (0700), its entries 0600" bash -c \
+    '[ "$(stat -c %U:%a /var/cache/rasd)" = rasd:700 ] && for f in /var/cache/rasd/aws-*.json; do [ "$(stat -c %U:%a "$f")" = rasd:600 ] || exit 1; done'
 
 # ----------------------------------------------------------------------------- 10. stop time
 say "10. stop"
@@ -375,7 +402,7 @@ if [ -n "${RASD_DEB_UPGRADE:-}" ]; then
     check "the upgraded daemon serves" wait_served
     say "13. purge"
     apt-get purge -y -q rasd >>"$OUT/apt.log" 2>&1 || fail "purge"
-    check "purge removes the venv, commands, units, sysusers file, config, docs" bash -c "for f in /opt/venvs/rasd /usr/bin/rasd /usr/bin/rasadmin /lib/systemd/system/rasd.service /lib/systemd/system/rasd.socket /usr/lib/sysusers.d/rasd.conf /etc/rasd /etc/default/rasd /usr/share/doc/rasd /run/rasd; do [ ! -e \$f ] || { echo left: \$f; exit 1; }; done"
+    check "purge removes the venv, commands, units, sysusers file, config, docs" bash -c "for f in /opt/venvs/rasd /usr/bin/rasd /usr/bin/rasadmin /lib/systemd/system/rasd.service /lib/systemd/system/rasd.socket /usr/lib/sysusers.d/rasd.conf /etc/rasd /etc/default/rasd /usr/share/doc/rasd /run/rasd /var/cache/rasd; do [ ! -e \$f ] || { echo left: \$f; exit 1; }; done"
     check "purge leaves no enable symlink" bash -c "! ls /etc/systemd/system/*.wants/rasd.* 2>/dev/null | grep -q ."
     check "nothing left running after purge" bash -c "! systemctl is-active -q rasd.socket && ! systemctl is-active -q rasd.service && ! pgrep -u rasd >/dev/null"
     check "systemd no longer knows the units" bash -c "[ \"\$(systemctl show -p LoadState --value rasd.service)\" = not-found ]"

@@ -174,11 +174,14 @@ def test_service_never_gives_up(service: Unit) -> None:
         ("CapabilityBoundingSet", ""),
         ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
         ("User", "rasd"),
+        ("CacheDirectory", "rasd"),
+        ("CacheDirectoryMode", "0700"),
     ],
 )
 def test_service_key_settings(service: Unit, key: str, value: str) -> None:
     """Readiness by sd_notify from the main pid only, restart on any exit, SIGHUP reload,
-    SIGTERM drain, and the hardening baseline."""
+    SIGTERM drain, the hardening baseline, and a private cache directory (the AWS settings
+    of the last start: rasd.dynamo.awscache)."""
     assert one(service, "Service", key) == value
 
 
