@@ -362,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="npm-install dynalite into bench/node_modules first",
     )
+    ap.add_argument(
+        "--rollout",
+        action="store_true",
+        help="tables in rollout mode (as rasadmin adopt leaves them): the cost of running "
+        "beside the paper's agent; default: a fresh table, as rasd creates it",
+    )
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument(
         "--opt",
@@ -395,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "delay_ms": a.delay_ms,
         "handshake_rtts": a.handshake_rtts,
         "backend": a.backend,
+        "rollout": a.rollout,
         "machine": report.machine(),
         "options": opts,
         "scenarios": {},
@@ -418,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def env_for(kind: str) -> Env:
         if kind not in envs:
-            envs[kind] = Env(kind, a.delay_ms, a.handshake_rtts)
+            envs[kind] = Env(kind, a.delay_ms, a.handshake_rtts, rollout=a.rollout)
         return envs[kind]
 
     def run(name: str, fn: Any, *args: Any) -> Any:

@@ -20,6 +20,8 @@ from botocore.config import Config as BotoConfig
 
 import rasd_client
 from rasd.core import schema
+from rasd.core.rollout import Rollout
+from rasd_jobs import common as jobs_common
 
 from .backends import BENCH_DIR, Proxy, aws_env, start_backend
 
@@ -172,7 +174,10 @@ class Env:
         handshake_rtts: float = 2.0,
         trace: str | None = None,
         daemon_cmd: list[str] | None = None,
+        rollout: bool = False,
     ) -> None:
+        #: tables made in rollout mode (their record on, as ``rasadmin adopt`` leaves them)
+        self.rollout = rollout
         os.environ.update({k: v for k, v in aws_env().items() if k.startswith("AWS_")})
         for k in ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB"):
             os.environ.pop(k, None)
@@ -197,6 +202,8 @@ class Env:
         name = f"bench{os.getpid()}x{next(self._ids)}"
         schema.create_table(self.direct, name)
         schema.put_pool(self.direct, name, CLIENT, POOL, max_lease_s)
+        if self.rollout:
+            jobs_common.write_rollout(self.direct, name, True, Rollout(), "bench", "--rollout")
         if resources:
             self.add_resources(name, resources, prefix)
         return name
@@ -231,10 +238,8 @@ class Env:
     def daemon(
         self, table: str, name: str | None = None, trace: bool = False, **settings: Any
     ) -> Daemon:
-        # rasd's own protocol: no paper's agent shares the bench's tables. (Beside one, during a
-        # rollout, a new lease is settled before it is answered: two round trips more,
-        # tests/integration/test_mixed_fleet.py counts them.)
-        settings = {"legacy_agents": "false", **settings}
+        # The shipped configuration: the table's rollout record decides the rules (a fresh
+        # table: the fast ones; ``--rollout``: the ones beside the paper's agent).
         d = Daemon(self, table, name or f"d{len(self.daemons)}", settings, trace=trace)
         self.daemons.append(d)
         return d
