@@ -24,6 +24,7 @@ from rasd.config import Config
 from rasd.core.lease import US, fmt_time
 from rasd.core.rollout import paper_lease, running_paper_lease
 from rasd.core.serialize import is_resource_item
+from rasd.steps.daemon import BACKGROUND_DEADLINE, FREE_CLAIM_ATTEMPTS
 
 from . import common
 
@@ -36,6 +37,13 @@ EXAMPLES = 5
 def follow_bound_s(cfg: Config) -> float:
     """How long after a change every daemon runs by it: one pool refresh and its read."""
     return cfg.pool_refresh + cfg.pool_refresh_timeout
+
+
+def background_life_s() -> float:
+    """The longest a daemon's background program started before a change keeps the old
+    rules: a give-back, retried with its backoff, each attempt with its own deadline."""
+    tries = range(FREE_CLAIM_ATTEMPTS)
+    return sum(BACKGROUND_DEADLINE + min(2.0**a, 16.0) for a in tries)
 
 
 def status(ddb: Any, table: str, cfg: Config) -> dict[str, Any]:
@@ -62,9 +70,9 @@ def begin(ddb: Any, table: str, cfg: Config, why: str, dry_run: bool) -> dict[st
             break
     out = status(ddb, table, cfg)
     out["rollout"] = True
-    out["paper_agents_may_start_at"] = fmt_time(
-        int((time.time() + follow_bound_s(cfg)) * US)
-    )  # every running daemon has seen it by then
+    # every running daemon follows it by then, and what it had started before has ended
+    wait = follow_bound_s(cfg) + background_life_s()
+    out["paper_agents_may_start_at"] = fmt_time(int((time.time() + wait) * US))
     return out
 
 
