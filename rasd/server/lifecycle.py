@@ -51,6 +51,7 @@ from ..dynamo.aws import AwsSettingsError
 from ..limits import InflightGate
 from ..observe import log as logsetup
 from ..observe.metrics import Counters
+from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from . import handover
 from .connection import Connection, grant_for
@@ -89,6 +90,7 @@ class Daemon(Routing):
         self.acl = Acl.from_config(cfg.acl)
         self.gate = InflightGate(cfg.max_inflight)
         self.latency = LatencyHistograms()
+        self.pool_metrics = PoolMetrics()
         self.notifier = Notifier()
         self.clock = clock or Clock()
         #: the monotonic clock of the request path (Clock.mono without a method call)
@@ -414,6 +416,11 @@ class Daemon(Routing):
             bufs = self.acquirer.prefetch.buffers
             return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
 
+        def claimable() -> dict[tuple[str, str], int]:
+            if not self.up.is_set():
+                return {}
+            return {k: len(b) for k, b in list(self.acquirer.prefetch.buffers.items())}
+
         registry = build_registry(
             self.counters,
             self.latency,
@@ -427,6 +434,8 @@ class Daemon(Routing):
                 "inflight": Gauge("Requests doing DynamoDB work", lambda: self.gate.inflight),
             },
             version=__version__,
+            pools=self.pool_metrics,
+            claimable=claimable,
         )
         return start_http(port, registry=registry)
 
