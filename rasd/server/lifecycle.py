@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import importlib
 import os
 import signal
@@ -127,6 +128,8 @@ class Daemon(Routing):
         self._listen_sock: socket.socket | None = None
         self._successor: Any = None  # subprocess.Popen of a hand-over's successor
         self._handed_over = False
+        #: A hand-over's successor, until it accepts (its predecessor holds the metrics port).
+        self._taking_over = False
 
     # ------------------------------------------------------------------ start
     async def listen(self, sock: socket.socket | None = None) -> None:
@@ -151,7 +154,14 @@ class Daemon(Routing):
             self._bound_path = path
         self._socket_name = self.cfg.socket if sock is None else "inherited"
         if self.cfg.metrics_port:
-            self._metrics = self._start_metrics(self.cfg.metrics_port)
+            try:
+                self._metrics = self._start_metrics(self.cfg.metrics_port)
+            except OSError as exc:
+                if not (self._taking_over and exc.errno == errno.EADDRINUSE):
+                    raise
+                # A hand-over's predecessor serves the port until it stops (it lets go of
+                # it first thing): bind it then, so that one process at a time answers.
+                self._tasks.append(loop.create_task(self._bind_metrics_later()))
         # Accepting now; requests wait for the store within their deadlines. READY=1 (and
         # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
         # systemd's start timeout must not kill a daemon that is retrying on purpose).
@@ -273,6 +283,7 @@ class Daemon(Routing):
             # Not the main process yet: systemd (NotifyAccess=main) would refuse and log our
             # READY=1/WATCHDOG=1; the predecessor announces us (MAINPID=) instead.
             address, self.notifier.address = self.notifier.address, None
+            self._taking_over = True
             try:
                 async with asyncio.timeout(self.cfg.startup_deadline):
                     await self._bring_up_once()
@@ -280,6 +291,7 @@ class Daemon(Routing):
                 log.error("handover_failed", cause=describe_cause(exc), side="successor")
                 raise SystemExit(1) from None
             await handover.take_over(self, sock, int(handover_fd))
+            self._taking_over = False
             self.notifier.address = address
         else:
             await self.listen(sock)
@@ -402,6 +414,27 @@ class Daemon(Routing):
                 )
             except RasdError as exc:
                 log.warning("pool_refresh_failed", error=str(exc))
+
+    async def _bind_metrics_later(self) -> None:
+        """The metrics port, once a hand-over's predecessor let go of it: tried every 0.1 s;
+        a warning once if that takes longer than the predecessor's drain should."""
+        port = self.cfg.metrics_port
+        assert port
+        warn_at = time.monotonic() + self.cfg.drain_timeout + 5.0
+        while True:
+            await asyncio.sleep(0.1)
+            try:
+                self._metrics = self._start_metrics(port)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    log.error("metrics_unavailable", port=port, cause=str(exc))
+                    return
+                if warn_at is not None and time.monotonic() > warn_at:
+                    log.warning("metrics_port_busy", port=port, note="still retrying")
+                    warn_at = None
+                continue
+            log.info("metrics_serving", port=port)
+            return
 
     def _start_metrics(self, port: int) -> Any:
         from .. import __version__
