@@ -323,9 +323,7 @@ def build_registry(
     pc = require()
     registry: CollectorRegistry = pc.CollectorRegistry(auto_describe=False)
     registry.register(
-        RasdCollector(
-            counters, latency, gauges, version=version, pools=pools, claimable=claimable
-        )
+        RasdCollector(counters, latency, gauges, version=version, pools=pools, claimable=claimable)
     )
     if process:
         pc.ProcessCollector(registry=registry)

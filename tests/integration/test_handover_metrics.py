@@ -50,7 +50,7 @@ def _wait(what: str, check: Any, timeout: float) -> Any:
             got = check()
             if got:
                 return got
-        except Exception:  # noqa: BLE001 - not yet: try again until the timeout
+        except Exception:  # not yet: try again until the timeout
             if time.monotonic() > end:
                 raise
         if time.monotonic() > end:
@@ -87,7 +87,7 @@ def test_handover_with_metrics_port_completes_and_the_successor_serves_metrics(
         ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "rasd", *argv],
         env=env,
         pass_fds=(3, fd),
-        preexec_fn=lambda: os.dup2(fd, 3),  # noqa: PLW1509 - fd 3 as systemd passes it
+        preexec_fn=lambda: os.dup2(fd, 3),  # fd 3, as systemd passes it
         stdin=subprocess.DEVNULL,
         stderr=log,
     )
