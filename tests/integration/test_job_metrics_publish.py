@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rasd.core.lease import US
 from rasd_jobs import balancer, liberator
 from tests.conftest import seed_pool
-from tests.integration.test_balancer import E, T0, W, claim_n
+from tests.integration.test_balancer import T0, E, W, claim_n
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def _restore_structlog() -> Iterator[None]:
 class Recorder(http.server.BaseHTTPRequestHandler):
     requests: list[dict[str, Any]]
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"])).decode()
         self.requests.append(
             {"path": self.path, "type": self.headers["Content-Type"], "body": body}
