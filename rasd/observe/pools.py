@@ -26,6 +26,12 @@ from typing import Any
 MAX_POOLS = 100
 #: The label value of every pool past ``MAX_POOLS`` (no pool name can contain ``#``).
 OVERFLOW = "#overflow"
+#: The families exported (the operator kit's rules and dashboard may use them).
+FAMILIES = (
+    "rasd_pool_new_leases_total",
+    "rasd_pool_no_capacity_total",
+    "rasd_pool_claimable_candidates",
+)
 
 PoolKey = tuple[str, str]
 _OVERFLOW_KEY: PoolKey = (OVERFLOW, OVERFLOW)
@@ -82,6 +88,11 @@ class PoolMetrics:
     ) -> Iterator[Any]:
         """The metric families (``core`` is prometheus_client.metrics_core)."""
         labels = ["client_id", "pool_id"]
+        # every pool with labels has both counters from its first count on, so a pool's
+        # first NO_CAPACITY answer is an increase from 0 (Prometheus ignores a first sample)
+        known = set(self._labelled)
+        if self.new.get(_OVERFLOW_KEY) or self.no_capacity.get(_OVERFLOW_KEY):
+            known.add(_OVERFLOW_KEY)
         for name, doc, counts in (
             (
                 "rasd_pool_new_leases",
@@ -91,8 +102,9 @@ class PoolMetrics:
             ("rasd_pool_no_capacity", "get_lease answers NO_CAPACITY, per pool.", self.no_capacity),
         ):
             fam = core.CounterMetricFamily(name, doc, labels=labels)
-            for k, v in sorted(dict(counts).items()):
-                fam.add_metric(list(k), v)
+            values = dict(counts)
+            for k in sorted(known):
+                fam.add_metric(list(k), values.get(k, 0))
             yield fam
         if claimable is not None:
             fam = core.GaugeMetricFamily(

@@ -35,6 +35,7 @@ def test_new_leases_and_no_capacity_answers_are_counted_per_pool() -> None:
     assert got == {
         ("rasd_pool_new_leases_total", "acme", "ads"): 2,
         ("rasd_pool_no_capacity_total", "acme", "ads"): 1,
+        ("rasd_pool_new_leases_total", "demo", "default"): 0,  # from its first count on
         ("rasd_pool_no_capacity_total", "demo", "default"): 1,
         ("rasd_pool_claimable_candidates", "acme", "ads"): 7,
         ("rasd_pool_claimable_candidates", "demo", "default"): 0,
