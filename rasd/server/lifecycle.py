@@ -420,7 +420,7 @@ class Daemon(Routing):
         a warning once if that takes longer than the predecessor's drain should."""
         port = self.cfg.metrics_port
         assert port
-        warn_at = time.monotonic() + self.cfg.drain_timeout + 5.0
+        warn_at: float | None = time.monotonic() + self.cfg.drain_timeout + 5.0
         while True:
             await asyncio.sleep(0.1)
             try:
