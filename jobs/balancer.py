@@ -65,6 +65,7 @@ from rasd.steps.admin import move_free
 
 from . import balance_model as bm
 from . import common, leases, s3state
+from . import metrics as jobmetrics
 from . import stream as st
 
 log = structlog.get_logger("rasd_jobs.balancer")
@@ -267,10 +268,25 @@ def _window_s(
     return max(opts.params.interval_s, span), True
 
 
+@dataclass
+class CapacityReport:
+    """Each (client, pool, region) as a run left it, for Prometheus (``rasd_jobs.metrics``)."""
+
+    horizon_s: float = bm.Params().horizon_s
+    pools: dict[bm.Key, jobmetrics.PoolCapacity] = field(default_factory=dict)
+
+    def samples(self) -> list[jobmetrics.Sample]:
+        return jobmetrics.pool_samples(self.pools, self.horizon_s) if self.pools else []
+
+
 def run(
-    opts: Options, clients: Clients, clock: Callable[[], float] = time.monotonic
+    opts: Options,
+    clients: Clients,
+    clock: Callable[[], float] = time.monotonic,
+    report: CapacityReport | None = None,
 ) -> dict[str, Any]:
-    """One balancer run. Returns the summary (also for ``--dry-run`` and ``locked``)."""
+    """One balancer run. Returns the summary (also for ``--dry-run`` and ``locked``);
+    fills ``report`` with each pool's capacity once it is known."""
     t0 = clock()
     owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     summary: dict[str, Any] = {"status": "ok", "dry_run": opts.dry_run}
@@ -280,7 +296,7 @@ def run(
             log.warning("locked", holder=holder)
             return {"status": "locked", "holder": holder, "seconds": round(clock() - t0, 3)}
     try:
-        summary |= _run_locked(opts, clients, clock, t0)
+        summary |= _run_locked(opts, clients, clock, t0, report)
     finally:
         if not opts.dry_run and not drop_lock(clients.ddb, opts.table, owner):
             log.warning("lock_lost", owner=owner)
@@ -307,7 +323,11 @@ class _Observed:
 
 
 def _run_locked(
-    opts: Options, clients: Clients, clock: Callable[[], float], t0: float
+    opts: Options,
+    clients: Clients,
+    clock: Callable[[], float],
+    t0: float,
+    report: CapacityReport | None = None,
 ) -> dict[str, Any]:
     """Steps 2-8 of a run (the module's docstring), one function each."""
     loc, state = _load_state(opts, clients)
@@ -321,12 +341,26 @@ def _run_locked(
     summary = _summary(obs, the_plan)
     if opts.dry_run:
         summary["plan"] = _planned(the_plan.moves)
+        _report(report, opts, free, the_plan)
         return summary
     done = _move(opts, clients, clock, t0, the_plan, summary)
     after = bm.apply_moves(free, done)
+    _report(report, opts, after, the_plan)
     summary["headroom_items"] = _write_headroom(opts, clients, obs.keys, after, the_plan)
     _save_state(opts, clients, loc, obs, signals, free, after, the_plan, done)
     return summary
+
+
+def _report(
+    report: CapacityReport | None, opts: Options, free: dict[bm.Key, int], the_plan: bm.Plan
+) -> None:
+    if report is None:
+        return
+    report.horizon_s = opts.params.horizon_s
+    report.pools = {
+        k: jobmetrics.PoolCapacity(n, the_plan.projected[k], the_plan.targets[k])
+        for k, n in free.items()
+    }
 
 
 def missing_peers(opts: Options, clients: Clients, regions: Sequence[str]) -> list[str]:
@@ -672,11 +706,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the table is one plain table holding every region's items, not a global "
         "table (development, tests): every region's items are moved through --endpoint-url",
     )
+    jobmetrics.add_flags(g)
     return p
 
 
-def job(args: argparse.Namespace) -> dict[str, Any]:
-    """One run from the command line's ``args``: its summary."""
+def job(args: argparse.Namespace, report: CapacityReport | None = None) -> dict[str, Any]:
+    """One run from the command line's ``args``: its summary (and ``report`` filled)."""
     region = common.ras_region(args)
     assert region is not None
     try:
@@ -735,7 +770,7 @@ def job(args: argparse.Namespace) -> dict[str, Any]:
         peers=sorted(peer_urls),
     )
     try:
-        return run(opts, clients)
+        return run(opts, clients, report=report)
     except st.NoStream as exc:
         raise common.JobError(str(exc))
 
@@ -747,7 +782,14 @@ def refused(summary: dict[str, Any]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(build_parser(), argv, job, failed=refused)
+    report = CapacityReport()
+    return common.run_main(
+        build_parser(),
+        argv,
+        lambda args: job(args, report),
+        failed=refused,
+        metrics=report.samples,
+    )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.observe import log as rasd_log
 
+from . import metrics as jobmetrics
+
 EXIT_OK = 0
 EXIT_ERRORS = 1
 EXIT_USAGE = 2
@@ -135,6 +137,7 @@ def job_parent() -> argparse.ArgumentParser:
         help="items per Scan page (Limit); smaller pages smooth read capacity use "
         "(default: DynamoDB's 1 MB pages)",
     )
+    jobmetrics.add_flags(g)
     return p
 
 
@@ -336,35 +339,44 @@ def run_main(
     argv: Sequence[str] | None,
     job: Callable[[argparse.Namespace], dict[str, Any] | int],
     failed: Callable[[dict[str, Any]], bool] = has_errors,
+    metrics: Callable[[], Sequence[jobmetrics.Sample]] | None = None,
 ) -> int:
     """Every job's ``main``: parse ``argv``, log at ``--log-level``, run ``job(args)``.
 
     A job that returns its summary has it printed as the one JSON line on stdout and exits
     ``EXIT_ERRORS`` when ``failed(summary)``, else ``EXIT_OK``; a command that prints its own
     output (rasadmin's) returns its exit status instead. UsageError, JobError and botocore's
-    failures become a message on stderr (``PROG: error: ...``) and their exit status."""
+    failures become a message on stderr (``PROG: error: ...``) and their exit status.
+
+    A scheduled job's run is then published for Prometheus where its flags say
+    (``rasd_jobs.metrics``): the summary, the exit status and ``metrics()``'s samples."""
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     prog = parser.prog
+    summary: dict[str, Any] | None = None
     try:
         out = job(args)
         if isinstance(out, int):
             return out
         emit(out)
-        return EXIT_ERRORS if failed(out) else EXIT_OK
+        summary = out
+        status = EXIT_ERRORS if failed(out) else EXIT_OK
     except UsageError as exc:
-        return fail(prog, str(exc), EXIT_USAGE)
+        status = fail(prog, str(exc), EXIT_USAGE)
     except JobError as exc:
-        return fail(prog, str(exc), EXIT_ERRORS)
+        status = fail(prog, str(exc), EXIT_ERRORS)
     except ClientError as exc:
         code = error_code(exc)
         if code == "ResourceNotFoundException":
-            return fail(prog, not_found(exc, getattr(args, "table", None)), EXIT_ERRORS)
-        return fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
+            status = fail(prog, not_found(exc, getattr(args, "table", None)), EXIT_ERRORS)
+        else:
+            status = fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
     except BotoCoreError as exc:
-        return fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
+        status = fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
     except KeyboardInterrupt:
-        return fail(prog, "interrupted", 130)
+        status = fail(prog, "interrupted", 130)
+    jobmetrics.publish(args, prog, summary, status, metrics() if metrics is not None else ())
+    return status
 
 
 # ------------------------------------------------------------------------------ scanning

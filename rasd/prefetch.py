@@ -9,6 +9,12 @@ does the I/O around the buffers: it reads the index pages a buffer plans, in the
 after a claim was sent (``refill_soon``) or while a request waits (``candidate``), and sweeps
 all ten sub-partitions before it answers that a pool has nothing free. Prefetch only chooses
 candidates: the claim's condition decides.
+
+Requests that find a pool's buffer empty while a sweep of it is under way wait for that sweep
+and take from what it kept, instead of each sweeping: a burst of new keys that outruns the
+buffer then costs a sweep at a time, not one per waiting request (each of ten reads). A
+request sweeps itself when what the sweep kept went to others, or when the sweep failed (its
+request's deadline may be nearer than ours).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class Prefetcher:
         self.seed = host_seed() if seed is None else seed
         self.buffers: dict[tuple[str, str], CandidateBuffer] = {}
         self._refills: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._sweeps: dict[tuple[str, str], asyncio.Task[int]] = {}
 
     def buffer(self, pool: Pool) -> CandidateBuffer:
         k = (pool.client_id, pool.pool_id)
@@ -89,8 +96,20 @@ class Prefetcher:
             c = buf.take(self.clock.mono())
             if c is not None:
                 return c
+        k = (pool.client_id, pool.pool_id)
         for _ in range(SWEEPS_MAX):
-            kept = await self._sweep(pool, buf, deadline)
+            sweep = self._sweeps.get(k)
+            if sweep is not None and not sweep.done():
+                self.counters.inc("prefetch.sweeps_joined")
+                try:
+                    kept = await asyncio.shield(sweep)
+                except RasdError:
+                    kept = 1  # that sweep's deadline, not ours: sweep ourselves
+            else:
+                sweep = asyncio.ensure_future(self._sweep(pool, buf, deadline))
+                self._sweeps[k] = sweep
+                sweep.add_done_callback(self._sweep_done)
+                kept = await asyncio.shield(sweep)
             c = buf.take(self.clock.mono())
             if c is not None or not kept:
                 return c
@@ -105,6 +124,13 @@ class Prefetcher:
         if buf is None or not buf.exhausted(self.clock.mono()):
             return None
         return buf.why_empty
+
+    def _sweep_done(self, task: asyncio.Task[int]) -> None:
+        for k, t in list(self._sweeps.items()):
+            if t is task:
+                del self._sweeps[k]
+        if not task.cancelled():
+            task.exception()  # retrieved: the requests waiting for it may have given up
 
     def lost(self, pool: Pool, cand: Candidate) -> None:
         """The claim of ``cand`` lost the race: leave its lane (see CandidateBuffer.lost)."""
@@ -130,11 +156,12 @@ class Prefetcher:
     async def stop(self) -> None:
         """Cancel the refills in flight and wait for them (shutdown, before the store closes:
         a refill must not read through a closed client)."""
-        pending = [t for t in self._refills.values() if not t.done()]
+        pending = [t for t in (*self._refills.values(), *self._sweeps.values()) if not t.done()]
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._refills.clear()
+        self._sweeps.clear()
 
     async def warm(self, pools: list[Pool], timeout: float, limit: int = 64) -> None:
         """Fill the buffers of (up to ``limit``) known pools, waiting at most ``timeout``

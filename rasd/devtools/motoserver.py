@@ -12,12 +12,25 @@ attribute) and then sorts them by those attributes, without a lock; a claim that
 ``lease_available`` in between (an item leaving the sparse ``available_resources`` index)
 made the sort raise ``KeyError: 'lease_available'``, answered as a 500. In DynamoDB a Query
 sees each item either in the index or not. GetItem stays concurrent.
+
+:func:`fast_queries` (``rasd dev``, and whoever asks) spares moto work a Query does not
+need: moto lists every item of the table, sorted, for each Query, also for one partition
+key of the base table (a key's mapping items); with it a base-table Query lists only that
+key's items, and an index Query gets the items unsorted (it sorts what matches itself). The
+answers are the same; a Query costs what its partition holds, not what the table does.
+
+:func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
+so that its Python does not share a GIL with a daemon's.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -48,11 +61,58 @@ def make_writes_atomic() -> None:
     _PATCHED = True
 
 
-def start(host: str = "127.0.0.1", port: int = 0, log_file: str | None = None) -> tuple[Any, str]:
-    """Start moto's server in a thread; returns (server, endpoint_url). ``server.stop()``."""
+_FAST = False
+_only = threading.local()  # the items one Query of this thread may see (fast_queries)
+
+
+def fast_queries() -> None:
+    """Base-table Queries list only their partition key's items, index Queries the table's
+    items unsorted (see the module's docstring); idempotent. Runs under the lock that
+    :func:`make_writes_atomic` puts around every Query."""
+    global _FAST
+    if _FAST:
+        return
+    from moto.dynamodb.models.table import Table
+
+    all_items, query = Table.all_items, Table.query
+
+    @functools.wraps(all_items)
+    def listed(self: Any) -> Any:
+        only = getattr(_only, "items", None)
+        if only is not None and only[0] is self:
+            return only[1]
+        return all_items(self)
+
+    @functools.wraps(query)
+    def fast(self: Any, hash_key: Any, *args: Any, **kw: Any) -> Any:
+        index_name = args[6] if len(args) > 6 else kw.get("index_name")
+        if index_name is None and hash_key is not None and self.range_key_attr:
+            items = list(self.items.get(hash_key, {}).values())
+        elif self.range_key_attr:
+            items = [it for per_key in self.items.values() for it in per_key.values()]
+        else:
+            items = list(self.items.values())
+        _only.items = (self, items)
+        try:
+            return query(self, hash_key, *args, **kw)
+        finally:
+            _only.items = None
+
+    Table.all_items = listed  # type: ignore[method-assign]
+    Table.query = fast  # type: ignore[method-assign]
+    _FAST = True
+
+
+def start(
+    host: str = "127.0.0.1", port: int = 0, log_file: str | None = None, fast: bool = False
+) -> tuple[Any, str]:
+    """Start moto's server in a thread; returns (server, endpoint_url). ``server.stop()``.
+    ``fast``: :func:`fast_queries` too."""
     from moto.server import ThreadedMotoServer
 
     make_writes_atomic()
+    if fast:
+        fast_queries()
     wlog = logging.getLogger("werkzeug")
     if log_file:
         wlog.handlers[:] = [logging.FileHandler(log_file)]
@@ -66,16 +126,61 @@ def start(host: str = "127.0.0.1", port: int = 0, log_file: str | None = None) -
     return server, f"http://{h}:{p}"
 
 
-def serve_forever(host: str = "127.0.0.1", port: int = 0) -> None:
-    """``python -m rasd.devtools.motoserver``: print ``PORT n`` and serve until stdin closes (for
-    harnesses that want moto in its own process, away from their GIL)."""
-    import sys
-
-    server, url = start(host, port)
+def serve_forever(
+    host: str = "127.0.0.1", port: int = 0, log_file: str | None = None, fast: bool = False
+) -> None:
+    """``python -m rasd.devtools.motoserver [--fast] [--log-file F]``: print ``PORT n`` and
+    serve until stdin closes (for harnesses that want moto in its own process, away from
+    their GIL). Ctrl-C in a terminal reaches the whole process group: the parent decides
+    when this one stops (it closes our stdin), so SIGINT is ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server, url = start(host, port, log_file=log_file, fast=fast)
     print("PORT", url.rsplit(":", 1)[1], flush=True)
     sys.stdin.read()
     server.stop()
 
 
+class Spawned:
+    """moto's server in a child process (:func:`spawn`): ``endpoint``, ``stop()``."""
+
+    def __init__(self, proc: subprocess.Popen[str], endpoint: str) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # serve_forever returns
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def spawn(log_file: str | None = None, fast: bool = True) -> Spawned:
+    """Start moto's server in its own process on a free loopback port, and wait for it."""
+    argv = [sys.executable, "-m", "rasd.devtools.motoserver"]
+    if fast:
+        argv.append("--fast")
+    if log_file:
+        argv += ["--log-file", log_file]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "PORT n" once it serves (moto's import takes a while)
+    if not line.startswith("PORT "):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"moto's server did not start: {line!r}")
+    return Spawned(proc, f"http://127.0.0.1:{line.split()[1]}")
+
+
 if __name__ == "__main__":
-    serve_forever()
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m rasd.devtools.motoserver")
+    p.add_argument("--fast", action="store_true", help="fast_queries(): see the module")
+    p.add_argument("--log-file", default=None, help="moto's request log (default: none)")
+    a = p.parse_args()
+    serve_forever(log_file=a.log_file, fast=a.fast)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
 
+    from .pools import PoolKey, PoolMetrics
+
 #: Request-latency bucket bounds (seconds): a cache hit is ~50-200 us, an existing lease one
 #: Query (~2-10 ms), a new lease a few round trips (~10-50 ms); deadlines are ~1 s.
 DEFAULT_BUCKETS: tuple[float, ...] = (
@@ -224,11 +226,15 @@ class RasdCollector:
         gauges: Mapping[str, Gauge] | None = None,
         *,
         version: str | None = None,
+        pools: PoolMetrics | None = None,
+        claimable: Callable[[], Mapping[PoolKey, float]] | None = None,
     ) -> None:
         self.counters = counters
         self.latency = latency
         self.gauges = dict(gauges or {})
         self.version = version
+        self.pools = pools
+        self.claimable = claimable
         self.scrape_errors = 0
 
     def collect(self) -> Iterator[Metric]:
@@ -250,6 +256,11 @@ class RasdCollector:
             else:
                 fam = core.GaugeMetricFamily(f"rasd_{name}", g.help, value=float(value))
             yield fam
+        if self.pools is not None:
+            try:
+                yield from list(self.pools.families(core, self.claimable))
+            except Exception:  # noqa: BLE001 - a broken gauge must not break the scrape
+                self.scrape_errors += 1
         if self.version is not None:
             info = core.GaugeMetricFamily("rasd_build_info", "rasd version.", labels=["version"])
             info.add_metric([self.version], 1.0)
@@ -302,12 +313,18 @@ def build_registry(
     *,
     version: str | None = None,
     process: bool = True,
+    pools: PoolMetrics | None = None,
+    claimable: Callable[[], Mapping[PoolKey, float]] | None = None,
 ) -> CollectorRegistry:
     """A private registry with rasd's collector (and the process collector: RSS, CPU, open
-    fds, which is connections). Raises MetricsUnavailable without prometheus_client."""
+    fds, which is connections). ``pools``: the per-pool capacity families (rasd.observe.pools),
+    with ``claimable`` read at scrape time. Raises MetricsUnavailable without
+    prometheus_client."""
     pc = require()
     registry: CollectorRegistry = pc.CollectorRegistry(auto_describe=False)
-    registry.register(RasdCollector(counters, latency, gauges, version=version))
+    registry.register(
+        RasdCollector(counters, latency, gauges, version=version, pools=pools, claimable=claimable)
+    )
     if process:
         pc.ProcessCollector(registry=registry)
     return registry

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import importlib
 import os
 import signal
@@ -52,6 +53,7 @@ from ..dynamo.aws import AwsSettingsError
 from ..limits import InflightGate
 from ..observe import log as logsetup
 from ..observe.metrics import Counters
+from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from . import handover, socketfile
 from .connection import Connection, grant_for
@@ -95,6 +97,7 @@ class Daemon(Routing):
         self.acl = Acl.from_config(cfg.acl)
         self.gate = InflightGate(cfg.max_inflight)
         self.latency = LatencyHistograms()
+        self.pool_metrics = PoolMetrics()
         self.notifier = Notifier()
         self.clock = clock or Clock()
         #: the monotonic clock of the request path (Clock.mono without a method call)
@@ -133,6 +136,8 @@ class Daemon(Routing):
         self._listen_sock: socket.socket | None = None
         self._successor: Any = None  # subprocess.Popen of a hand-over's successor
         self._handed_over = False
+        #: A hand-over's successor, until it accepts (its predecessor holds the metrics port).
+        self._taking_over = False
 
     # ------------------------------------------------------------------ start
     async def listen(self, sock: socket.socket | None = None) -> None:
@@ -165,7 +170,14 @@ class Daemon(Routing):
                 raise
         self._socket_name = self.cfg.socket if sock is None else "inherited"
         if self.cfg.metrics_port:
-            self._metrics = self._start_metrics(self.cfg.metrics_port)
+            try:
+                self._metrics = self._start_metrics(self.cfg.metrics_port)
+            except OSError as exc:
+                if not (self._taking_over and exc.errno == errno.EADDRINUSE):
+                    raise
+                # A hand-over's predecessor serves the port until it stops (it lets go of
+                # it first thing): bind it then, so that one process at a time answers.
+                self._tasks.append(loop.create_task(self._bind_metrics_later()))
         # Accepting now; requests wait for the store within their deadlines. READY=1 (and
         # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
         # systemd's start timeout must not kill a daemon that is retrying on purpose).
@@ -335,6 +347,7 @@ class Daemon(Routing):
             # Not the main process yet: systemd (NotifyAccess=main) would refuse and log our
             # READY=1/WATCHDOG=1; the predecessor announces us (MAINPID=) instead.
             address, self.notifier.address = self.notifier.address, None
+            self._taking_over = True
             try:
                 async with asyncio.timeout(self.cfg.startup_deadline):
                     await self._bring_up_once()
@@ -342,6 +355,7 @@ class Daemon(Routing):
                 log.error("handover_failed", cause=describe_cause(exc), side="successor")
                 raise SystemExit(1) from None
             await handover.take_over(self, sock, int(handover_fd))
+            self._taking_over = False
             self.notifier.address = address
         else:
             try:
@@ -471,6 +485,27 @@ class Daemon(Routing):
             except RasdError as exc:
                 log.warning("pool_refresh_failed", error=str(exc))
 
+    async def _bind_metrics_later(self) -> None:
+        """The metrics port, once a hand-over's predecessor let go of it: tried every 0.1 s;
+        a warning once if that takes longer than the predecessor's drain should."""
+        port = self.cfg.metrics_port
+        assert port
+        warn_at: float | None = time.monotonic() + self.cfg.drain_timeout + 5.0
+        while True:
+            await asyncio.sleep(0.1)
+            try:
+                self._metrics = self._start_metrics(port)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    log.error("metrics_unavailable", port=port, cause=str(exc))
+                    return
+                if warn_at is not None and time.monotonic() > warn_at:
+                    log.warning("metrics_port_busy", port=port, note="still retrying")
+                    warn_at = None
+                continue
+            log.info("metrics_serving", port=port)
+            return
+
     def _start_metrics(self, port: int) -> Any:
         from .. import __version__
         from ..observe.prom import Gauge, build_registry, start_http
@@ -483,6 +518,11 @@ class Daemon(Routing):
                 return {}
             bufs = self.acquirer.prefetch.buffers
             return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
+
+        def claimable() -> dict[tuple[str, str], int]:
+            if not self.up.is_set():
+                return {}
+            return {k: len(b) for k, b in list(self.acquirer.prefetch.buffers.items())}
 
         registry = build_registry(
             self.counters,
@@ -497,6 +537,8 @@ class Daemon(Routing):
                 "inflight": Gauge("Requests doing DynamoDB work", lambda: self.gate.inflight),
             },
             version=__version__,
+            pools=self.pool_metrics,
+            claimable=claimable,
         )
         return start_http(port, registry=registry)
 

@@ -56,6 +56,7 @@ from ..core.errors import (
 )
 from ..limits import InflightGate
 from ..observe.metrics import Counters
+from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from ..protocol import LeaseFields, lease_fields
 
@@ -80,6 +81,7 @@ class Routing:
     counters: Counters
     gate: InflightGate
     latency: LatencyHistograms
+    pool_metrics: PoolMetrics
     up: asyncio.Event
     degraded: str | None
     ready: bool
@@ -232,6 +234,8 @@ class Routing:
                     lease, new = await acq.get_lease(c, p, k, e, deadline)
                     resp = protocol.lease_response(rid, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
+                    if new:
+                        self.pool_metrics.new_lease(c, p)
                 elif op == "release":
                     c, p, k = args
                     n = await acq.releaser.release(c, p, k, deadline)
@@ -246,6 +250,8 @@ class Routing:
         except TimeoutError:
             self._send_error(conn, rid, Timeout(f"deadline of {budget * 1000:.0f} ms passed"))
         except RasdError as exc:
+            if exc.code == "NO_CAPACITY" and op == "get_lease":
+                self.pool_metrics.no_capacity_answer(args[0], args[1])
             self._send_error(conn, rid, exc)
         except Exception as exc:
             self.counters.inc("req.internal")

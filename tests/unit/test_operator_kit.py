@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rasd.observe.pools import FAMILIES as POOL_FAMILIES
 from rasd.observe.prom import counter_family
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def exported_metric_names() -> set[str]:
             names.add(f"rasd_{family}_total")
         for gauge in re.findall(r'"([a-z_]+)": Gauge\(', text):
             names.add(f"rasd_{gauge}")
-    names |= {"rasd_build_info", "rasd_scrape_errors"}
+    names |= {"rasd_build_info", "rasd_scrape_errors", *POOL_FAMILIES}
     for suffix in ("_bucket", "_sum", "_count"):
         names.add(f"rasd_request_duration_seconds{suffix}")
     return names

@@ -1,0 +1,70 @@
+"""Requests that find a pool's candidate buffer empty share the sweep under way (rasd.prefetch):
+a burst that outruns the buffer costs one sweep at a time, not one per waiting request."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rasd.core.errors import Timeout
+from rasd.core.lease import PARTITIONS, ResourceItem, partition_of
+from tests.unit.test_prefetch import _free, _prefetcher, _TableStore
+
+
+class SlowStore(_TableStore):
+    """Every read takes a moment, so that concurrent requests meet a sweep in flight."""
+
+    fail_next = 0
+
+    async def query_available(
+        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+    ) -> list[ResourceItem]:
+        await asyncio.sleep(0.01)
+        if self.fail_next:
+            self.fail_next -= 1
+            raise Timeout("deadline passed")
+        return await super().query_available(part, limit, forward, deadline, after)
+
+
+def pool_items(n: int) -> dict[int, list[ResourceItem]]:
+    parts: dict[int, list[ResourceItem]] = {k: [] for k in range(PARTITIONS)}
+    for i in range(n):
+        it = _free(f"r{i:04d}", 0)
+        parts[partition_of(it.resource)].append(it)
+    return parts
+
+
+async def test_concurrent_requests_on_an_empty_buffer_share_one_sweep() -> None:
+    store = SlowStore(pool_items(300))
+    p: Any
+    p, pool = _prefetcher(store, prefetch_min=1, prefetch_max=512, prefetch_page=512)
+    got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(50)))
+    assert all(c is not None for c in got)
+    assert len({c.item.resource for c in got}) == 50
+    assert p.counters["prefetch.sweeps_joined"] >= 40
+    assert len(store.reads) <= 3 * PARTITIONS  # each request sweeping: 50 x 10 and more
+    assert not p._sweeps
+
+
+async def test_an_empty_pool_is_swept_once_for_all_and_answers_none() -> None:
+    store = SlowStore({})
+    p: Any
+    p, pool = _prefetcher(store)
+    got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(20)))
+    assert got == [None] * 20
+    assert sorted(set(store.reads)) == list(range(PARTITIONS))
+    assert len(store.reads) <= 2 * PARTITIONS
+
+
+async def test_a_failed_sweep_makes_the_waiting_requests_sweep_themselves() -> None:
+    """The sweep's request had a nearer deadline: its failure is not the others' answer."""
+    store = SlowStore(pool_items(50))
+    store.fail_next = 1
+    p: Any
+    p, pool = _prefetcher(store, prefetch_min=1, prefetch_page=64)
+    first = asyncio.ensure_future(p.candidate(pool, 1e9))
+    await asyncio.sleep(0)
+    others = [asyncio.ensure_future(p.candidate(pool, 1e9)) for _ in range(5)]
+    done = await asyncio.gather(first, *others, return_exceptions=True)
+    assert isinstance(done[0], Timeout)
+    assert all(c is not None and not isinstance(c, BaseException) for c in done[1:])
