@@ -29,8 +29,8 @@ import pytest
 import rasd_client
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
-from tests.conftest import seed_pool
-from tests.integration.test_concurrency import audit
+from tests.helpers.fleet import audit
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

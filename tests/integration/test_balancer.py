@@ -20,7 +20,7 @@ from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import render
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, s3state
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

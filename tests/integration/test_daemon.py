@@ -21,7 +21,7 @@ from rasd.core import serialize as S
 from rasd.core.clock import FakeClock
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
-from tests.conftest import hold, scan_all, seed_pool
+from tests.helpers.tables import hold, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ from rasd.core.writes import item_from_av, key_av, render
 from rasd.devtools.testing import Faults, FaultyStore, Rule
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

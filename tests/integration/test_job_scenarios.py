@@ -34,7 +34,7 @@ from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.store import Store
 from rasd_jobs import balancer, dedupe, liberator
-from tests.conftest import hold
+from tests.helpers.tables import hold
 
 pytestmark = pytest.mark.integration
 

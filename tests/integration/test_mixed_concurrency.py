@@ -29,7 +29,7 @@ from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
 from rasd.core import lease as L
 from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

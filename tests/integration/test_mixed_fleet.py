@@ -26,7 +26,7 @@ from rasd.server import Daemon
 from rasd.steps import take
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

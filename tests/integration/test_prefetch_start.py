@@ -11,7 +11,7 @@ from typing import Any
 from rasd.config import Config
 from rasd.core.lease import partition_of
 from rasd.store import Store
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 
 async def test_start_key_that_names_no_item(moto_endpoint: str, table: str, ddb: Any) -> None:

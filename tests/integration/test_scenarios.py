@@ -27,7 +27,7 @@ from rasd.core.clock import Clock, FakeClock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 import rasd_client
 from rasd.core import schema
 from rasd.devtools import motoserver
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration]
 
