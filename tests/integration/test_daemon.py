@@ -18,9 +18,9 @@ import pytest
 import rasd_client
 from rasd.core import lease as L
 from rasd.core import serialize as S
-from rasd.core.clock import FakeClock
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
+from tests.doubles.clock import FakeClock
 from tests.helpers.tables import hold, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration

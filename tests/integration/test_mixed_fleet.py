@@ -20,12 +20,12 @@ from rasd.core import builders as B
 from rasd.core import lease as L
 from rasd.core import schema
 from rasd.core import serialize as SR
-from rasd.core.clock import FakeClock
 from rasd.core.writes import render
 from rasd.server import Daemon
 from rasd.steps import take
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
+from tests.doubles.clock import FakeClock
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core.errors import RasdError
-from rasd.devtools.testing import Faults, FaultyStore
+from tests.doubles.store import Faults, FaultyStore
 from tests.helpers.fleet import audit
 from tests.helpers.tables import seed_pool
 

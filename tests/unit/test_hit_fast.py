@@ -17,13 +17,13 @@ import pytest
 from rasd.acquire import Acquirer
 from rasd.cache import LeaseCache
 from rasd.config import Config
-from rasd.core.clock import FakeClock
 from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
 from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
 from rasd.store import Store
 from rasd_client.wire import BadFrame, FrameDecoder
+from tests.doubles.clock import FakeClock
 
 S = 30.0
 MAX_LEASE_S = 3600
