@@ -15,6 +15,8 @@ import pytest
 from rasd import cli
 from rasd.dynamo import aws
 
+pytestmark = pytest.mark.usefixtures("one_botocore_loader")
+
 #: Every variable that changes what botocore resolves; each test starts without them.
 AWS_VARS = (
     "AWS_ENDPOINT_URL",
@@ -30,6 +32,7 @@ AWS_VARS = (
     "AWS_ACCOUNT_ID_ENDPOINT_MODE",
     "AWS_ACCOUNT_ID",
     "AWS_ENDPOINT_DISCOVERY_ENABLED",
+    "AWS_DATA_PATH",
     "HTTPS_PROXY",
     "https_proxy",
     "HTTP_PROXY",
