@@ -21,6 +21,9 @@ from rasd.core import schema
 # The shared helpers assert too: pytest rewrites their asserts, as a test module's.
 pytest.register_assert_rewrite("tests.helpers")
 
+# --tier and --tier-record: the test tiers (tests/tiers.py, docs/testing.md)
+pytest_plugins = ("tests.tiers",)
+
 # hypothesis is imported here, at start-up: its pytest plugin otherwise imports it in the
 # terminal summary, where CPython 3.11.7's compiler has failed with "AST constructor recursion
 # depth mismatch" after a run of some integration test files alone.

@@ -329,7 +329,6 @@ def activated(listener: socket.socket, table: str, endpoint: str, log: Path) -> 
         )
 
 
-@pytest.mark.slow
 def test_restart_on_inherited_socket_under_load_fails_no_call(
     ddb: Any, table: str, moto_endpoint: str, short_tmp: Path
 ) -> None:

@@ -20,12 +20,11 @@ import rasd_client
 from tests.helpers.fleet import audit, start_daemon
 from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
 def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str) -> None:
     """2000 calls, 300 keys, pool of 400, 3 daemons, 8 processes: the table stays exact."""
     seed_pool(ddb, table, count=400)

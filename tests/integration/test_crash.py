@@ -29,7 +29,7 @@ import rasd_client
 from tests.helpers.fleet import audit, start_daemon
 from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL, KEYS, SUCCESSES = 150, 100, 1000

@@ -31,7 +31,7 @@ from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
 from tests.helpers.tables import seed_pool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 C, P, EAST = "demo", "default", "us-east-1"
 RUN_S = 6.0

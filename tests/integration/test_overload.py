@@ -29,7 +29,7 @@ from tests.doubles.store import Faults, FaultyStore
 from tests.helpers.fleet import audit
 from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 C, P = "demo", "default"
 DAEMONS, KEYS, RESOURCES, CALLS, CONCURRENCY = 20, 40, 80, 400, 12

@@ -24,7 +24,7 @@ from rasd_client import aio
 from rasd_jobs import liberator
 from tests.helpers.tables import scan_all, seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 POOL = 16
 LEASE_S = 2.0

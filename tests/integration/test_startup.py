@@ -95,7 +95,6 @@ def _stop(proc: Any) -> int:
             proc.kill()
 
 
-@pytest.mark.slow
 def test_unreachable_dynamodb_degrades_then_recovers(short_tmp: Path) -> None:
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"

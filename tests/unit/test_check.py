@@ -44,6 +44,8 @@ from check.rulesets import (
     REAL,
 )
 
+pytestmark = pytest.mark.search
+
 #: the CI configuration (python -m check --quick): small enough to explore completely in a
 #: few seconds, big enough for scenarios A and B
 TINY = QUICK_BFS
