@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb \
-    test-fast test-search test-property test-integration test-serial test-tiers
+    test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ test-serial: $(STAMP)
 # the suite exactly once; ends with one line counting them all.
 test-tiers: $(STAMP)
 	$(TIERS) all
+
+# The flake hunt (docs/testing.md): every tier, RUNS times, beside two CPU-bound processes and
+# with moto's server slowed (RASD_MOTO_DELAY, RASD_MOTO_STALLS: rasd/devtools/motoserver.py);
+# then a table of each run's length, load and failed tests. Not part of `make test`.
+RUNS ?= 3
+flake-hunt: $(STAMP)
+	$(BIN)/python -m tests.flake_hunt --runs $(RUNS)
 
 unit: $(STAMP)
 	$(TIERS) fast search property -- $(ARGS)
