@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from tests.tiers import RECORDS, ROOT, read_records
 
 OUT = ROOT / "build" / "flake-hunt"
 #: a burner stops by itself after this long, should the hunt be killed before it stops them
-BURN_LIMIT_S = 4 * 3600
+BURN_LIMIT_S = 2 * 3600
 
 
 def burners(n: int) -> list[subprocess.Popen[bytes]]:
@@ -39,7 +40,7 @@ class Run:
     n: int
     rc: int
     seconds: float
-    load: tuple[float, float]  # 1-minute load average at its start and at its end
+    load: tuple[float, float]  # the 1-minute load average: mean and highest, every 10 s
     ran: int
     failed: list[str]
 
@@ -48,13 +49,23 @@ def one_run(n: int, env: dict[str, str]) -> Run:
     out = OUT / f"run-{n}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    load0 = os.getloadavg()[0]
+    loads: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(10.0 if loads else 0.0):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     t0 = time.monotonic()
     with (out / "output.txt").open("w") as log:
         rc = subprocess.call(
             [sys.executable, "-m", "tests.tiers", "all"], cwd=ROOT, env=env, stdout=log, stderr=log
         )
     took = time.monotonic() - t0
+    done.set()
+    sampler.join()
     records = read_records()
     for path in RECORDS.glob("*.txt"):
         shutil.copy(path, out / path.name)
@@ -65,7 +76,7 @@ def one_run(n: int, env: dict[str, str]) -> Run:
         if outcome == "failed"
     )
     ran = sum(len(o) for o in records.values())
-    return Run(n, rc, took, (load0, os.getloadavg()[0]), ran, failed)
+    return Run(n, rc, took, (sum(loads) / len(loads), max(loads)), ran, failed)
 
 
 def main(argv: list[str]) -> int:
@@ -88,7 +99,7 @@ def main(argv: list[str]) -> int:
             r = one_run(n, env)
             runs.append(r)
             print(
-                f"run {n}: {r.seconds:.0f} s, load {r.load[0]:.1f} -> {r.load[1]:.1f}, "
+                f"run {n}: {r.seconds:.0f} s, load {r.load[0]:.1f} (at most {r.load[1]:.1f}), "
                 f"{r.ran} tests, {len(r.failed)} failed (exit {r.rc})",
                 flush=True,
             )
@@ -99,7 +110,8 @@ def main(argv: list[str]) -> int:
             p.kill()
         for p in procs:
             p.wait()
-    print("\n| run | length | load (1 min: start, end) | tests | failed |\n|---|---|---|---|---|")
+    print("\n| run | length | load (1 min: mean, highest) | tests | failed |")
+    print("|---|---|---|---|---|")
     for r in runs:
         failed = "<br>".join(r.failed) or "none"
         load = f"{r.load[0]:.1f}, {r.load[1]:.1f}"
