@@ -27,14 +27,12 @@ from rasd.steps import take
 from rasd_client import aio as rasd_aio
 from rasd_jobs import admin, liberator
 from tests.doubles.clock import FakeClock
+from tests.helpers.deadlines import WAIT
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
 C, P, EAST = "demo", "default", "us-east-1"
-#: the deadline of a request whose answer a test waits for, when how fast it comes is not
-#: what the test is about (on a loaded machine the client's default, 1 s, can pass first)
-WAIT = 10.0
 
 
 @pytest.fixture
