@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -124,8 +125,9 @@ class Recorder:
 
 
 # ---------------------------------------------------------------------------- the runner
-def run(tier: Tier, extra: list[str]) -> tuple[int, float]:
-    """One pytest run of ``tier``: its exit code (5, nothing selected, as 0) and seconds."""
+def run(tier: Tier, extra: list[str]) -> tuple[int, float, float]:
+    """One pytest run of ``tier``: its exit code (5, nothing selected, as 0), its seconds and
+    the CPU seconds of its processes (pytest's and every process under it that ended)."""
     record = RECORDS / f"{tier.name}.txt"
     record.unlink(missing_ok=True)
     args = [sys.executable, "-m", "pytest", *tier.paths, "--tier", tier.name]
@@ -135,13 +137,18 @@ def run(tier: Tier, extra: list[str]) -> tuple[int, float]:
         # evens out tests of very different lengths
         args += ["-n", "auto", "--dist", "worksteal"]
     print(f"== tier {tier.name}: {' '.join(args[3:] + extra)}", flush=True)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _children_cpu()
     rc = subprocess.call([*args, *extra], cwd=ROOT)
-    took = time.monotonic() - t0
+    took, cpu = time.monotonic() - t0, _children_cpu() - cpu0
     if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
         print(f"== tier {tier.name}: no test selected", flush=True)
         rc = 0
-    return rc, took
+    return rc, took, cpu
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def read_records() -> dict[str, dict[str, str]]:
@@ -225,16 +232,18 @@ def main(argv: list[str]) -> int:
         for path in RECORDS.glob("*.txt"):
             path.unlink()
     failed = []
-    times = {}
+    times: dict[str, tuple[float, float]] = {}
     for name in tiers:
-        rc, times[name] = run(TIERS[name], extra)
+        rc, secs, cpu = run(TIERS[name], extra)
+        times[name] = (secs, cpu)
         if rc != 0:
             failed.append(f"{name} (exit {rc})")
     records = read_records()
     counts: Counter[str] = Counter()
     for name in tiers:
         counts.update(records.get(name, {}).values())
-    print("\n== " + ", ".join(f"{n} {times[n]:.0f} s" for n in tiers), flush=True)
+    took = [f"{n} {times[n][0]:.0f} s (CPU {times[n][1]:.0f} s)" for n in tiers]
+    print(f"\n== {', '.join(took)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     problems = check(records) if every and not extra else []
     for p in problems:
         print(f"tiers: {p}")
