@@ -4,9 +4,9 @@ again, on a machine made slow on purpose, to find the tests whose outcome depend
 Beside each run: ``--burners`` processes spinning on a core each, and moto's server slowed
 (``rasd.devtools.motoserver``: ``RASD_MOTO_DELAY`` adds a random wait to every request,
 ``RASD_MOTO_STALLS`` a long one to a share of them). Each run's output and tier records go to
-build/flake-hunt/run-N/; the end is a table: each run's length, the load average, the tests
-that failed. A failure here is traced to its cause (docs/testing.md says what was found), never
-waved through by a wider tolerance.
+build/flake-hunt/DATE-TIME/run-N/; the end is a table: each run's length, the load average,
+the tests that failed. A failure here is traced to its cause (docs/testing.md says what was
+found), never waved through by a wider tolerance.
 
     python -m tests.flake_hunt --runs 3 [--burners 2] [--delay 0.002] [--stalls 0.01:0.3]
 """
@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.tiers import RECORDS, ROOT, read_records
 
@@ -45,9 +46,8 @@ class Run:
     failed: list[str]
 
 
-def one_run(n: int, env: dict[str, str]) -> Run:
-    out = OUT / f"run-{n}"
-    shutil.rmtree(out, ignore_errors=True)
+def one_run(hunt: Path, n: int, env: dict[str, str]) -> Run:
+    out = hunt / f"run-{n}"
     out.mkdir(parents=True)
     loads: list[float] = []
     done = threading.Event()
@@ -87,16 +87,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stalls", default="0.01:0.3", help="RASD_MOTO_STALLS: share:seconds")
     args = ap.parse_args(argv)
     env = {**os.environ, "RASD_MOTO_DELAY": args.delay, "RASD_MOTO_STALLS": args.stalls}
+    hunt = OUT / time.strftime("%Y%m%d-%H%M%S")
     print(
         f"flake hunt: {args.runs} runs, {args.burners} burners, "
-        f"moto delay {args.delay} s, stalls {args.stalls} (output in {OUT})",
+        f"moto delay {args.delay} s, stalls {args.stalls} (output in {hunt})",
         flush=True,
     )
     runs = []
     procs = burners(args.burners)
     try:
         for n in range(1, args.runs + 1):
-            r = one_run(n, env)
+            r = one_run(hunt, n, env)
             runs.append(r)
             print(
                 f"run {n}: {r.seconds:.0f} s, load {r.load[0]:.1f} (at most {r.load[1]:.1f}), "
