@@ -5,7 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb
+.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb \
+    test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +24,48 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The test tiers (tests/tiers.py, docs/testing.md); each test is in exactly one, by its markers:
+#   fast         tests/unit but the two below: pure, no network; the inner loop (< 30 s)
+#   search       the protocol checker's searches (marker `search`)
+#   property     Hypothesis properties (`property`)
+#   integration  moto's server over HTTP (`integration`)
+#   serial       many processes, or a load or a run sized for the whole machine (`serial`):
+#                alone, one test at a time; every other tier runs on all cores (pytest-xdist)
+# ARGS go to pytest: make test-fast ARGS='-k cache -x'. A tier that selects nothing passes.
+TIERS := $(BIN)/python -m tests.tiers
+
+test-fast: $(STAMP)
+	$(TIERS) fast -- $(ARGS)
+
+test-search: $(STAMP)
+	$(TIERS) search -- $(ARGS)
+
+test-property: $(STAMP)
+	$(TIERS) property -- $(ARGS)
+
+test-integration: $(STAMP)
+	$(TIERS) integration -- $(ARGS)
+
+test-serial: $(STAMP)
+	$(TIERS) serial -- $(ARGS)
+
+# Every tier in turn (each even after one failed), then the check that they ran every test of
+# the suite exactly once; ends with one line counting them all.
+test-tiers: $(STAMP)
+	$(TIERS) all
+
+# The flake hunt (docs/testing.md): every tier, RUNS times, beside two CPU-bound processes and
+# with moto's server slowed (RASD_MOTO_DELAY, RASD_MOTO_STALLS: rasd/devtools/motoserver.py);
+# then a table of each run's length, load and failed tests. Not part of `make test`.
+RUNS ?= 3
+flake-hunt: $(STAMP)
+	$(BIN)/python -m tests.flake_hunt --runs $(RUNS)
+
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit -q
+	$(TIERS) fast search property -- $(ARGS)
 
 integration: $(STAMP)
-	$(BIN)/pytest tests -q -m "integration or concurrency"
+	$(TIERS) integration serial -- $(ARGS)
 
 # A real systemd (252+) booted in its own PID and mount namespaces, with its own /tmp, on a
 # throwaway overlay of /: installs rasd, then activation, ACL, reload, restart under load,
@@ -79,10 +117,11 @@ systemd-test: $(STAMP)
 	bash tests/systemd/run.sh
 
 # Everything CI runs: the tools some tests use, lint, types, the real-systemd test (which
-# skips, saying why, where the machine cannot boot systemd), then the whole pytest suite
-# (unit, integration, concurrency, the protocol checker's CI run, the short chaos run).
+# skips, saying why, where the machine cannot boot systemd), then every test tier (fast,
+# the protocol checker's searches, properties, integration, then the serial tier: many
+# daemons, chaos, the simulation) and the check that each test ran exactly once.
 test: $(STAMP) tools lint typecheck systemd-test
-	$(BIN)/pytest -q
+	$(TIERS) all
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

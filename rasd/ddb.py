@@ -5,7 +5,7 @@ client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_ite
 ``delete_item``), returns the same response dicts (wire-format AttributeValues, ``Item``,
 ``Items``, ``LastEvaluatedKey``, ``Attributes``, ``Count``...) and raises the same botocore
 exception classes for the same conditions, so ``Store._call``'s retry and ambiguous-write logic
-and ``rasd.devtools.testing``'s fault wrapper work unchanged:
+and the tests' fault wrapper (``tests.doubles.store``) work unchanged:
 
 ================================  ================================================================
 DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)

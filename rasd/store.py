@@ -170,7 +170,7 @@ class Store:
 
     def wrap_client(self, wrap: Callable[[Any], Any]) -> None:
         """Put a wrapper around the started client (fault injection in tests:
-        ``rasd.devtools.testing``). Every later call goes through ``wrap(client)``."""
+        ``tests.doubles.store``). Every later call goes through ``wrap(client)``."""
         if self._client is None:
             raise RuntimeError("wrap_client() needs a started Store (await store.start())")
         self._client = wrap(self._client)

@@ -1,4 +1,5 @@
-"""Time as a parameter: the daemon asks a Clock, tests pass a FakeClock and advance it."""
+"""Time as a parameter: the daemon asks a Clock; tests pass one they advance
+(tests/doubles/clock.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,3 @@ class Clock:
 
     def mono(self) -> float:
         return time.monotonic()
-
-
-class FakeClock(Clock):
-    """A clock that moves only when told to."""
-
-    def __init__(self, now_us: int = 1_800_000_000 * 1_000_000, mono: float = 1000.0) -> None:
-        self._now_us = now_us
-        self._mono = mono
-
-    def now_us(self) -> int:
-        return self._now_us
-
-    def mono(self) -> float:
-        return self._mono
-
-    def advance(self, seconds: float) -> None:
-        self._now_us += int(seconds * 1_000_000)
-        self._mono += seconds

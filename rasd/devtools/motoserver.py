@@ -21,6 +21,12 @@ answers are the same; a Query costs what its partition holds, not what the table
 
 :func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
 so that its Python does not share a GIL with a daemon's.
+
+A slow DynamoDB, for the flake hunt (docs/testing.md) and nothing else: with
+``RASD_MOTO_DELAY=SECONDS`` in the environment of the process that starts the server, every
+request waits a random time, uniform in [0, 2 x SECONDS], before moto handles it (outside the
+lock, as network latency); with ``RASD_MOTO_STALLS=P:SECONDS`` too, a share P of requests
+waits that long more (a stalled reply, which the daemons' attempt timeouts cut short).
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _LOCK = threading.RLock()
@@ -103,6 +112,57 @@ def fast_queries() -> None:
     _FAST = True
 
 
+class Delayed:
+    """A WSGI app whose every request first waits: uniform in [0, 2 x ``mean``] seconds, plus
+    ``stall`` seconds for a share ``stall_p`` of them."""
+
+    def __init__(
+        self,
+        app: Any,
+        mean: float,
+        stall_p: float = 0.0,
+        stall: float = 0.0,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.app = app
+        self.mean = mean
+        self.stall_p = stall_p
+        self.stall = stall
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        wait = self._rng.uniform(0.0, 2 * self.mean)
+        if self.stall_p and self._rng.random() < self.stall_p:
+            wait += self.stall
+        self._sleep(wait)
+        result: Iterable[bytes] = self.app(environ, start_response)
+        return result
+
+
+def delay_from_env(env: dict[str, str] | None = None) -> tuple[float, float, float] | None:
+    """(mean, stall_p, stall) as ``RASD_MOTO_DELAY`` and ``RASD_MOTO_STALLS`` ask; None when
+    both are unset."""
+    env = dict(os.environ) if env is None else env
+    mean = env.get("RASD_MOTO_DELAY", "")
+    stalls = env.get("RASD_MOTO_STALLS", "")
+    if not mean and not stalls:
+        return None
+    try:
+        p, _, secs = stalls.partition(":") if stalls else ("0", "", "0")
+        got = (float(mean or 0), float(p), float(secs))
+    except ValueError:
+        got = (-1.0, 0.0, 0.0)
+    if got[0] < 0 or got[2] < 0 or not 0 <= got[1] <= 1:
+        raise ValueError(
+            f"RASD_MOTO_DELAY={mean!r}, RASD_MOTO_STALLS={stalls!r}: "
+            "want SECONDS >= 0 and P:SECONDS, P within [0, 1]"
+        )
+    return got
+
+
 def start(
     host: str = "127.0.0.1", port: int = 0, log_file: str | None = None, fast: bool = False
 ) -> tuple[Any, str]:
@@ -120,8 +180,12 @@ def start(
         wlog.setLevel(logging.INFO)
     else:
         wlog.setLevel(logging.ERROR)
+    delay = delay_from_env()
     server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
+    wsgi = server._server
+    if delay is not None and wsgi is not None:
+        wsgi.app = Delayed(wsgi.app, *delay)  # werkzeug's handler reads it on each request
     h, p = server.get_host_and_port()
     return server, f"http://{h}:{p}"
 

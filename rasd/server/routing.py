@@ -119,21 +119,21 @@ class Routing:
                             # rasd_request_duration_seconds{path="hit"}
                             self.latency.observe("hit", self._mono() - now)
                         return out
-                    self._lease(conn, f, now)
+                    self._lease(conn, f, True)
                 else:
-                    self._lease(conn, f, None)
+                    self._lease(conn, f, False)
                 return None
         self._walk(conn, frame)
         return None
 
-    def _lease(self, conn: Connection, f: LeaseFields, missed_at: float | None) -> None:
-        """A well-formed get_lease the cache did not answer: ``missed_at`` is the request's
-        clock reading when the cache was asked and missed, None when it was not asked (the
-        ACL refuses the caller, or the store is not up yet)."""
+    def _lease(self, conn: Connection, f: LeaseFields, missed: bool) -> None:
+        """A well-formed get_lease the cache did not answer: ``missed`` when the cache was
+        asked and missed, False when it was not asked (the ACL refuses the caller, or the
+        store is not up yet)."""
         counters = self.counters
         counters.inc("req.total")
         rid = f[0]
-        if missed_at is None:
+        if not missed:
             grant = conn.grant
             if not (grant.all or f[1] in grant.client_ids):
                 self._send_error(
@@ -143,11 +143,9 @@ class Routing:
             if self.degraded is not None and not self.up.is_set():
                 self._send_error(conn, rid, Unavailable(f"{self.degraded}; retrying"))
                 return
-            now = self._mono()  # the request's one clock reading
         else:
             counters.inc("cache.miss")
-            now = missed_at
-        self._admit(conn, rid, "get_lease", f[1:5], f[5], now)
+        self._admit(conn, rid, "get_lease", f[1:5], f[5])
 
     def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
         """Every frame ``lease_fields`` refuses: errors named, other ops."""
@@ -179,7 +177,7 @@ class Routing:
             if req.op == "release"
             else (req.client_id, req.pool_id)
         )
-        self._admit(conn, req.id, req.op, args, req.deadline_ms, self._mono())
+        self._admit(conn, req.id, req.op, args, req.deadline_ms)
 
     def _admit(
         self,
@@ -188,13 +186,13 @@ class Routing:
         op: str,
         args: tuple[Any, ...],
         deadline_ms: int | None,
-        now: float,
     ) -> None:
         """What needs DynamoDB: a slot in the gate before the deadline, or shed with BUSY at
-        once; then a task (:meth:`_slow`) with ``args`` for the role's call."""
+        once; then a task (:meth:`_slow`) with ``args`` for the role's call. Deadlines run on
+        time.monotonic, the clock of asyncio's timeouts and of the store's, whatever clock
+        the daemon was given for its cache."""
         budget = (deadline_ms / 1000) if deadline_ms else self.cfg.default_deadline
-        if self._mono is not time.monotonic:
-            now = time.monotonic()  # a test's FakeClock: deadlines run on the real clock
+        now = time.monotonic()
         if conn.pending >= self.cfg.max_pending_per_conn:
             self.counters.inc("shed.conn_pending")
             self._send_error(conn, rid, Busy("too many requests in flight on this connection"))

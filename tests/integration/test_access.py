@@ -29,8 +29,8 @@ import pytest
 import rasd_client
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
-from tests.conftest import seed_pool
-from tests.integration.test_concurrency import audit
+from tests.helpers.fleet import audit
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 
@@ -329,7 +329,6 @@ def activated(listener: socket.socket, table: str, endpoint: str, log: Path) -> 
         )
 
 
-@pytest.mark.slow
 def test_restart_on_inherited_socket_under_load_fails_no_call(
     ddb: Any, table: str, moto_endpoint: str, short_tmp: Path
 ) -> None:

@@ -35,8 +35,8 @@ import uvloop
 import rasd_client
 from rasd.server import LISTEN_BACKLOG
 from rasd_client import Lease, aio, wire
-from tests.conftest import seed_pool
-from tests.integration.test_concurrency import start_daemon
+from tests.helpers.fleet import start_daemon
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration]
 

@@ -38,7 +38,7 @@ from rasd.devtools.dev import DEV_SETTINGS
 from rasd_client import NoCapacity
 from rasd_client import aio as rasd_aio
 from rasd_jobs import balancer
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration]
 

@@ -34,7 +34,7 @@ import requests
 from rasd.config import Config
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

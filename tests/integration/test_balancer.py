@@ -15,17 +15,17 @@ import structlog
 from botocore.exceptions import ClientError
 
 from rasd.core import builders, lease
-from rasd.core.lease import US, partition_name
+from rasd.core.lease import US
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import render
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, s3state
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
-E, W, A = "us-east-1", "eu-west-1", "ap-southeast-1"
-T0 = 1_900_000_000 * US
+from tests.helpers.balancer import T0, A, E, W, claim_n  # noqa: E402
+
 STEP = 300 * US
 _buckets = itertools.count()
 
@@ -65,31 +65,6 @@ def opts(table: str, state_uri: str | None, now_us: int, **kw: Any) -> balancer.
 
 def free_count(ddb: Any, table: str, region: str, client: str = "demo", pool: str = "default"):
     return balancer.count_free(ddb, table, client, pool, region)
-
-
-def claim_n(ddb: Any, table: str, region: str, n: int, now_us: int, prefix: str = "k") -> list:
-    """Lease ``n`` free items of demo/default in ``region`` as a daemon would."""
-    got: list[lease.ResourceItem] = []
-    for part in range(10):
-        resp = ddb.query(
-            TableName=table,
-            IndexName="available_resources",
-            KeyConditionExpression="#p = :p",
-            ExpressionAttributeNames={"#p": "partition"},
-            ExpressionAttributeValues={
-                ":p": {"S": partition_name("demo", "default", region, part)}
-            },
-        )
-        for raw in resp["Items"]:
-            if len(got) == n:
-                return got
-            it = item_from_ddb(raw)
-            k = f"{prefix}{len(got)}"
-            upd = builders.claim(it, k, now_us + 3600 * US, now_us, f"tok-{k}", 1)
-            ddb.update_item(TableName=table, **render(upd))
-            got.append(it)
-    assert len(got) == n
-    return got
 
 
 def resource_items(ddb: Any, table: str) -> dict[str, dict[str, Any]]:

@@ -13,7 +13,7 @@ import pytest
 
 from bench import proxy
 from bench.baseline import BaselineAgent
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

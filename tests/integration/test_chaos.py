@@ -26,7 +26,7 @@ import pytest
 
 from chaos.run import Params, run, table
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.mark.timeout(180)

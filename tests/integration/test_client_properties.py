@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import rasd_client
 from rasd_client import aio
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 import rasd_client
-from tests.conftest import seed_pool
-from tests.integration.test_concurrency import audit, start_daemon
+from tests.helpers.fleet import audit, start_daemon
+from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL, KEYS, SUCCESSES = 150, 100, 1000

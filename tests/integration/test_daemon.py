@@ -18,10 +18,11 @@ import pytest
 import rasd_client
 from rasd.core import lease as L
 from rasd.core import serialize as S
-from rasd.core.clock import FakeClock
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
-from tests.conftest import hold, scan_all, seed_pool
+from tests.doubles.clock import FakeClock
+from tests.helpers.deadlines import WAIT
+from tests.helpers.tables import hold, scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,8 @@ async def test_expiry_relet_refresh_ahead_and_release(
 ) -> None:
     """A sliding lease_expires extends in the background (resource, then mapping); a shorter
     request never writes; a lease past its end and the liberator's grace is not served, the
-    key gets a new one; release frees the item with quarantine."""
+    key gets a new one; release frees the item with quarantine. (Its requests wait for their
+    answers: what they answer is the subject, not how fast.)"""
     seed_pool(ddb, table, count=10)
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
     # legacy_agents off: the release's quarantine alone (no paper agent on the table)
@@ -100,35 +102,35 @@ async def test_expiry_relet_refresh_ahead_and_release(
     ) as d:
         d.acquirer.renewer.extend_fraction = 0.5  # remove the per-daemon jitter for exact numbers
         s = d.cfg.socket
-        a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
+        a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         # refresh-ahead: 60 s later, asking for now+100 s (40 s left < 50 s) -> background write
         clock.advance(60)
-        b = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
+        b = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         assert b.lease_expires == a.lease_expires and not b.new  # served from the cache
         await wait_for(lambda: d.counters["lease.extended"] == 1, "extension")
-        c = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
+        c = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         assert c.resource == a.resource and c.version == a.version  # same acquisition
         assert c.lease_expires > a.lease_expires
         assert d.counters["ddb.UpdateItem"] >= 4  # claim, mapping, confirm, then R and M
         # a shorter request never shortens and never writes
         writes = d.counters["ddb.UpdateItem"]
-        await rasd_aio.get_lease(C, P, "k", exp(clock, 10), socket_path=s)
+        await rasd_aio.get_lease(C, P, "k", exp(clock, 10), socket_path=s, timeout=WAIT)
         assert d.counters["ddb.UpdateItem"] == writes
         # expiry: past the end and the grace -> a new lease (the old item is the liberator's)
         clock.advance(200)
-        e = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
+        e = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         assert e.new and e.resource != a.resource
         # release: the item is free again, out of the available index until the quarantine
         # is over (re-listed then)
-        await rasd_aio.release(C, P, "k", socket_path=s)
+        await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         await d.acquirer.drain(2.0)
         row = item_of(ddb, table, e.resource)
         assert "key" not in row and "lease_available" not in row
         q = int(d.cfg.quarantine * L.US)
         assert L.parse_time(row["quarantine_until"]["S"]) == clock.now_us() + q
         with pytest.raises(rasd_client.NotHeld):
-            await rasd_aio.release(C, P, "k", socket_path=s)
-        f = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s)
+            await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
+        f = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         assert f.new
 
 

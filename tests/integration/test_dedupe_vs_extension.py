@@ -23,12 +23,12 @@ from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core import schema
-from rasd.core.clock import FakeClock
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
-from tests.conftest import hold
+from tests.doubles.clock import FakeClock
+from tests.helpers.tables import hold
 
 pytestmark = pytest.mark.integration
 

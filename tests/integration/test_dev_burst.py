@@ -20,7 +20,7 @@ import pytest
 
 from rasd_client import Lease, aio
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 BURST = 200

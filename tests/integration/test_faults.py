@@ -1,6 +1,6 @@
 """DynamoDB misbehaving under a live daemon: throttling, 5xx, an outage, slowness, overload.
 
-Faults are injected with ``rasd.devtools.testing.FaultyStore`` *below* ``Store._call``: the
+Faults are injected with ``tests.doubles.store.FaultyStore`` *below* ``Store._call``: the
 daemon's own retry, deadline, circuit-breaker and shedding logic runs exactly as in production,
 against moto's server over HTTP. Lease time comes from a ``FakeClock`` where it matters; the only
 real waits are for real timers (the breaker's cooldown, a slow fault) and bounded polls for
@@ -31,12 +31,13 @@ from rasd.core import lease as L
 from rasd.core import map_builders as MB
 from rasd.core import serialize as S
 from rasd.core import writes as W
-from rasd.core.clock import Clock, FakeClock
+from rasd.core.clock import Clock
 from rasd.core.writes import item_from_av, key_av, render
-from rasd.devtools.testing import Faults, FaultyStore, Rule
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
-from tests.conftest import scan_all, seed_pool
+from tests.doubles.clock import FakeClock
+from tests.doubles.store import Faults, FaultyStore, Rule
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ import rasd_client
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

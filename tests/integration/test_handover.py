@@ -24,7 +24,7 @@ import pytest
 import rasd_client
 from rasd.config import Config
 from rasd.server import Daemon
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

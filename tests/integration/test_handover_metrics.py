@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import rasd_client
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rasd.core.lease import US
 from rasd_jobs import balancer, liberator
-from tests.conftest import seed_pool
-from tests.integration.test_balancer import T0, E, W, claim_n
+from tests.helpers.balancer import T0, E, W, claim_n
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -29,12 +29,12 @@ from rasd.core import lease as L
 from rasd.core import map_builders as MB
 from rasd.core import schema
 from rasd.core import serialize as S
-from rasd.core.clock import FakeClock
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.store import Store
 from rasd_jobs import balancer, dedupe, liberator
-from tests.conftest import hold
+from tests.doubles.clock import FakeClock
+from tests.helpers.tables import hold
 
 pytestmark = pytest.mark.integration
 

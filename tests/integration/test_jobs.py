@@ -30,7 +30,7 @@ from rasd.core.serialize import is_tombstone, item_from_ddb, mapping_from_ddb
 from rasd.core.verdicts import Orphan, orphan_verdict
 from rasd.core.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rasd_client import aio as rasd_aio
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration]
 PROMTOOL = shutil.which("promtool")

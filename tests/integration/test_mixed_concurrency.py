@@ -29,9 +29,9 @@ from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
 from rasd.core import lease as L
 from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
-from tests.conftest import rollout_on, seed_pool
+from tests.helpers.tables import rollout_on, seed_pool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 C, P, EAST = "demo", "default", "us-east-1"
 

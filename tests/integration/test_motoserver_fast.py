@@ -15,7 +15,7 @@ from rasd.core.lease import partition_name
 from rasd.core.reads import available_query
 from rasd.devtools import motoserver
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

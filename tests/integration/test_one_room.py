@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rasd_client import wire
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

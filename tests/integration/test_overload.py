@@ -8,7 +8,7 @@ Here every answer is checked:
 - I1: no resource is answered to two keys (nothing expires or is released during the run);
 - I2: no key is answered two resources of the region;
 
-and the final table must agree with every answer (tests/integration/test_concurrency.audit).
+and the final table must agree with every answer (tests.helpers.fleet.audit).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core.errors import RasdError
-from rasd.devtools.testing import Faults, FaultyStore
-from tests.conftest import seed_pool
-from tests.integration.test_concurrency import audit
+from tests.doubles.store import Faults, FaultyStore
+from tests.helpers.fleet import audit
+from tests.helpers.tables import seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.concurrency, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 C, P = "demo", "default"
 DAEMONS, KEYS, RESOURCES, CALLS, CONCURRENCY = 20, 40, 80, 400, 12

@@ -8,10 +8,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from rasd.config import Config
 from rasd.core.lease import partition_of
 from rasd.store import Store
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
+
+pytestmark = pytest.mark.integration
 
 
 async def test_start_key_that_names_no_item(moto_endpoint: str, table: str, ddb: Any) -> None:

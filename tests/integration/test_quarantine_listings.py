@@ -22,7 +22,7 @@ import rasd_client
 from rasd.config import Config
 from rasd.core.lease import US, fmt_time
 from rasd_jobs import admin
-from tests.conftest import hold, seed_pool
+from tests.helpers.tables import hold, seed_pool
 
 pytestmark = pytest.mark.integration
 

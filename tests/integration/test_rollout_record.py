@@ -19,7 +19,7 @@ import pytest
 from bench.baseline import BaselineAgent, paper_liberate
 from rasd.core import lease as L
 from rasd_jobs import admin, common, liberator
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ while a lease on it runs) and I2 (one resource per key per region). A protocol w
 item and index adoption double-allocates in each of them.
 
 Faults are injected under the store, at the aiobotocore client (a wrapper around the real
-store, as ``rasd.devtools.testing`` does): "applied, reply lost" makes the real write, then never
+store, as ``tests.doubles.store`` does): "applied, reply lost" makes the real write, then never
 answers, so the store's attempt timeout fires and the outcome is ambiguous (I4).
 """
 
@@ -23,11 +23,12 @@ from rasd.config import Config
 from rasd.core import builders as B
 from rasd.core import lease as L
 from rasd.core import serialize as S
-from rasd.core.clock import Clock, FakeClock
+from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
-from tests.conftest import scan_all, seed_pool
+from tests.doubles.clock import FakeClock
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from sim import report, traffic
 from sim.__main__ import PRESETS, run_pair
 from sim.world import Params
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(180)]
 
 
 def check_structure(

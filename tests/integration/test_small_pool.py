@@ -22,9 +22,9 @@ import rasd_client
 from rasd.core.lease import fmt_time
 from rasd_client import aio
 from rasd_jobs import liberator
-from tests.conftest import scan_all, seed_pool
+from tests.helpers.tables import scan_all, seed_pool
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 POOL = 16
 LEASE_S = 2.0

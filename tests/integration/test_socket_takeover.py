@@ -28,7 +28,7 @@ import pytest
 import rasd_client
 from rasd.config import Config
 from rasd.server import Daemon
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +174,7 @@ async def test_rasd_serve_on_a_live_socket_exits_2_naming_it(
         assert (await lease(path)).resource
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_rasd_dev_twice_refuses_and_the_first_serves_on() -> None:
     """A second ``rasd dev`` in the same directory says another one serves there (exit 2)
     before starting anything; the first keeps serving and stops cleanly."""

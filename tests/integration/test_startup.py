@@ -22,7 +22,7 @@ import pytest
 import rasd_client
 from rasd.core import schema
 from rasd.devtools import motoserver
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration]
 
@@ -95,7 +95,6 @@ def _stop(proc: Any) -> int:
             proc.kill()
 
 
-@pytest.mark.slow
 def test_unreachable_dynamodb_degrades_then_recovers(short_tmp: Path) -> None:
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"

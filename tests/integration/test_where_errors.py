@@ -25,7 +25,7 @@ import rasd_client
 from rasd.config import Config
 from rasd.server import Daemon
 from rasd_jobs import admin, liberator
-from tests.conftest import seed_pool
+from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
 

@@ -14,31 +14,11 @@ import pytest
 
 from rasd import cli
 from rasd.dynamo import aws
+from tests.helpers.aws import AWS_VARS
+
+pytestmark = pytest.mark.usefixtures("one_botocore_loader")
 
 #: Every variable that changes what botocore resolves; each test starts without them.
-AWS_VARS = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_DYNAMODB",
-    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-    "AWS_USE_FIPS_ENDPOINT",
-    "AWS_USE_DUALSTACK_ENDPOINT",
-    "AWS_CA_BUNDLE",
-    "AWS_MAX_ATTEMPTS",
-    "AWS_RETRY_MODE",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_ACCOUNT_ID_ENDPOINT_MODE",
-    "AWS_ACCOUNT_ID",
-    "AWS_ENDPOINT_DISCOVERY_ENABLED",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "NO_PROXY",
-    "no_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-)
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from rasd.dynamo import aws, awscache
-
-from .test_aws import AWS_VARS
+from tests.helpers.aws import AWS_VARS
 
 EP = "http://ddb.local:8000"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from rasd.cache import NEVER, LeaseCache
-from rasd.core.clock import FakeClock
 from rasd.core.errors import BadRequest
 from rasd.core.lease import US, Lease, Pool
 from rasd.protocol import ID_MAX, lease_response
 from rasd_client.wire import FrameDecoder, encode
+from tests.doubles.clock import FakeClock
 
 K = ("c", "p", "k")
 S = 30.0

@@ -48,6 +48,8 @@ from check.rulesets import (
     REAL,
 )
 
+pytestmark = pytest.mark.search
+
 #: the CI configuration (python -m check --quick): small enough to explore completely in a
 #: few seconds, big enough for scenarios A and B
 TINY = QUICK_BFS
@@ -719,7 +721,6 @@ def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:
 
 
 # ------------------------------------------- ras-dedupe against the extra's extension
-@pytest.mark.slow
 @pytest.mark.parametrize("legacy", [False, True], ids=["after-rollout", "rollout"])
 def test_real_rules_hold_an_unreleased_give_back_to_its_end(legacy: bool) -> None:
     """A daemon's extension of a deduplicated extra loses its mapping to ras-dedupe and
@@ -731,7 +732,6 @@ def test_real_rules_hold_an_unreleased_give_back_to_its_end(legacy: bool) -> Non
     assert res.states > 50_000  # the interleavings were there to explore
 
 
-@pytest.mark.slow
 def test_bad_e_unreleased_give_back_with_the_quarantine_only_is_caught() -> None:
     """E: the give-back of a lease no app released, with the quarantine only (the daemon's
     rule before it held such frees to the lease's end without the paper's agent): another
@@ -745,7 +745,6 @@ def test_bad_e_unreleased_give_back_with_the_quarantine_only_is_caught() -> None
 
 
 # ------------------------------------------------------------- the rollout record's switch
-@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [SWITCH_OFF, SWITCH_ON], ids=["end-rollout", "adopt"])
 def test_real_rules_hold_across_the_rollout_switch(cfg: Config) -> None:
     """The record changes at any step, each daemon follows at a step of its own, and the
@@ -769,7 +768,6 @@ def test_the_switch_is_explored_with_daemons_that_have_not_followed() -> None:
     assert "d1 follows the rollout record" in labels and "d0 get_lease(k1) called" in labels
 
 
-@pytest.mark.slow
 def test_the_paper_agent_reading_an_index_from_before_adopt_splits_a_key() -> None:
     """Why ``adopt``'s bound counts: were the paper's agent to read the leased index as it
     was before every daemon followed (an index lagging across the switch), it would answer a

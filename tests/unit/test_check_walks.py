@@ -9,9 +9,13 @@ testing showed what it otherwise misses: docs/checker.md "Mutation testing")."""
 
 from __future__ import annotations
 
+import pytest
+
 from check.__main__ import WALK
 from check.explore import format_trace, walks
 from check.rulesets import REAL
+
+pytestmark = pytest.mark.search
 
 
 def test_real_rules_pass_the_quick_walks() -> None:

@@ -14,7 +14,7 @@ from rasd.core import decide as D
 from rasd.core import lease as L
 from rasd.core import map_builders as MB
 from rasd.core.writes import Cond, Write, apply
-from tests.unit.test_decide import NOW, RULES, S, m, r
+from tests.helpers.decisions import NOW, RULES, S, m, r
 
 T = L.fmt_time
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rasd.core import decide as D
 from rasd.core import lease as L
 from rasd.core import map_builders as MB
-from tests.unit.test_decide import NOW, RULES, S, m, r
+from tests.helpers.decisions import NOW, RULES, S, m, r
 
 
 def test_release_says_why_nothing_is_held() -> None:

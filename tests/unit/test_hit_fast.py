@@ -17,13 +17,13 @@ import pytest
 from rasd.acquire import Acquirer
 from rasd.cache import LeaseCache
 from rasd.config import Config
-from rasd.core.clock import FakeClock
 from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
 from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
 from rasd.store import Store
 from rasd_client.wire import BadFrame, FrameDecoder
+from tests.doubles.clock import FakeClock
 
 S = 30.0
 MAX_LEASE_S = 3600
@@ -165,7 +165,7 @@ def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
     f = frame(clock, key="other", id=9)
     assert route(d, f) == ADMITTED
     assert len(asked) == 1
-    _conn, rid, op, args, deadline_ms, _ = d.admitted[0]  # type: ignore[attr-defined]
+    _conn, rid, op, args, deadline_ms = d.admitted[0]  # type: ignore[attr-defined]
     assert (rid, op, args, deadline_ms) == (
         9,
         "get_lease",

@@ -55,6 +55,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.property
 @settings(max_examples=300, deadline=None)
 @given(
     rate=st.floats(min_value=0.01, max_value=1000.0),
@@ -75,6 +76,7 @@ def test_bucket_never_grants_more_than_burst_plus_rate_times_elapsed(
         assert granted <= burst + rate * (now - start) + SLACK * (1 + granted)
 
 
+@pytest.mark.property
 @settings(max_examples=300, deadline=None)
 @given(
     rate=st.floats(min_value=0.01, max_value=1000.0),
@@ -188,6 +190,7 @@ def test_gate_leave_without_enter_is_a_bug() -> None:
         InflightGate(1).leave(0.1)
 
 
+@pytest.mark.property
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.booleans(), max_size=300), st.integers(min_value=1, max_value=8))
 def test_gate_never_exceeds_limit(ops: list[bool], limit: int) -> None:

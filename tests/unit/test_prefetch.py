@@ -27,6 +27,7 @@ from rasd.candidates import (
 )
 from rasd.config import Config
 from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
+from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
 
 def items(n: int, start: int = 0) -> list[ResourceItem]:
@@ -699,53 +700,6 @@ async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
     assert calls[2][2]  # then a lane, after a random position
     buf = p.buffer(pool)  # type: ignore[arg-type]
     assert len(buf) >= 8 and all(c.lane for c in buf.q)
-
-
-class _TableStore:
-    """Answers ``query_available`` from a dict of sub-partition -> items in index order,
-    so a test can change what the index shows between calls (a small table, not a fake of
-    DynamoDB's semantics: no conditions, no versions checked)."""
-
-    def __init__(self, parts: dict[int, list[ResourceItem]]) -> None:
-        self.parts = parts
-        self.reads: list[int] = []
-
-    async def query_available(
-        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
-    ) -> list[ResourceItem]:
-        n = int(part.rsplit(".", 1)[1])
-        self.reads.append(n)
-        items = self.parts.get(n, [])
-        return (items if forward else items[::-1])[:limit]
-
-    async def query_quarantined(self, *args: object) -> tuple[list[str], bool]:
-        return [], True  # after an empty sweep: no item in quarantine
-
-
-def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:
-    from rasd.observe.metrics import Counters
-    from rasd.prefetch import Prefetcher
-
-    class Clock:
-        t = 100.0
-
-        def mono(self) -> float:
-            return self.t
-
-        def now_us(self) -> int:
-            return 10**9
-
-    cfg = Config(**kw).validate()  # type: ignore[arg-type]
-    p = Prefetcher(cfg, store, Clock(), Counters(), random.Random(3), seed=0)  # type: ignore[arg-type]
-    pool = type("P", (), {"client_id": "c", "pool_id": "p"})()
-    return p, pool
-
-
-def _free(name: str, version: int) -> ResourceItem:
-    n = partition_of(name)
-    return ResourceItem(
-        "c", name, "p", "us-east-1", f"c.p.us-east-1.{n}", version, lease_available=fmt_time(0)
-    )
 
 
 async def test_a_freed_item_comes_back_to_a_small_pool() -> None:

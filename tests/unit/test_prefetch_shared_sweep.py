@@ -8,7 +8,7 @@ from typing import Any
 
 from rasd.core.errors import Timeout
 from rasd.core.lease import PARTITIONS, ResourceItem, partition_of
-from tests.unit.test_prefetch import _free, _prefetcher, _TableStore
+from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
 
 class SlowStore(_TableStore):

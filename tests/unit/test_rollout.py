@@ -15,13 +15,13 @@ from typing import Any
 from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import rollout as RO
-from rasd.core.clock import FakeClock
 from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
 from rasd.observe.metrics import Counters
 from rasd.steps import GetItem
 from rasd.store import WriteResult
+from tests.doubles.clock import FakeClock
 
 NOW = 1_700_000_000 * 1_000_000
 

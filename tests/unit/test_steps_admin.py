@@ -1,6 +1,6 @@
 """rasadmin's programs (rasd.steps.admin) and the paper's agent's (rasd.steps.paper), each
 status and result they return, the writes they send and the notes they count, on the plain
-items of ``tests.unit.test_steps_jobs.Table`` with time passed in. ``jobs/admin.py`` prints
+items of ``tests.helpers.scripted.Table`` with time passed in. ``jobs/admin.py`` prints
 the statuses, the item read and the detail; ``rasadmin delete-pool`` sums the notes."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rasd.steps import At, Note, Put, QueryAvailable, QueryLeased, Send, drive_s
 from rasd.steps import admin as A
 from rasd.steps import paper as P
 from rasd.steps.admin import AdminResult
-from tests.unit.test_steps_jobs import EAST, HOUR, NOW, RULES, WEST, G, Q, Table
+from tests.helpers.scripted import EAST, HOUR, NOW, RULES, WEST, G, Q, Table
 
 
 def paper_lease(t: Table, name: str, key: str, end: int, region: str = EAST) -> ResourceItem:

@@ -1,7 +1,7 @@
 """ras-dedupe's program (rasd.steps.dedupe) at its boundaries: which items it examines where,
 what it keeps and releases and in which order, the calls it makes in which replica, and the
 notes it counts and logs (event, level, fields: the job's summary and log). Driven by the
-scripted ``Table`` of test_steps_jobs, time passed in."""
+scripted ``Table`` of tests.helpers.scripted, time passed in."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from rasd.steps import At, GetItem
 from rasd.steps import dedupe as DD
 from rasd.steps import repair as RP
 from rasd.store import WriteResult
-from tests.unit.test_steps_jobs import EAST, HOUR, NOW, WEST, G, M, Q, Table
-from tests.unit.test_steps_repair import Rec
+from tests.helpers.scripted import EAST, HOUR, NOW, WEST, G, M, Q, Rec, Table
 
 EU = "eu-west-1"
 MK = map_pk("c", "p", "k1")

@@ -2,12 +2,11 @@
 each returns, the notes it counts and logs (event, level, fields: what the job's summary and
 log show), the writes it sends and what they leave on the item; and the builders they write
 with (liberate, free_orphan, relist), applied to items. Driven by the scripted ``Table`` of
-test_steps_jobs, time passed in."""
+tests.helpers.scripted, time passed in."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -19,37 +18,14 @@ from rasd.core.lease import FREE, US, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.map_builders import map_acquire
 from rasd.core.verdicts import Orphan
 from rasd.core.writes import Cond, Write, apply
-from rasd.steps import GetItem, Note, Send
+from rasd.steps import GetItem
 from rasd.steps import repair as RP
 from rasd.store import WriteResult
-from tests.unit.test_steps_jobs import EAST, HOUR, NOW, RUN, G, Q, Table
+from tests.helpers.scripted import EAST, HOUR, NOW, RUN, G, Q, Rec, Table
 
 HELD = ("key", "lease_expires", "lease_acquired", "holder", "mver", "hver")
 AGE = RUN.orphan_age_us
 assert AGE is not None
-
-
-class Rec(Table):
-    """A Table that also records every note: (event, level, fields)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.notes: list[tuple[str, str, dict[str, object]]] = []
-        self.results: dict[int, WriteResult] = {}  # call number -> forced write result
-
-    def perform(self, eff: Any) -> Any:
-        if isinstance(eff, Note):
-            self.notes.append((eff.event, eff.level, dict(eff.fields)))
-        if isinstance(eff, Send) and len(self.calls) + 1 in self.results:
-            self.calls.append(eff)
-            return self.results.pop(len(self.calls))
-        return super().perform(eff)
-
-    def counted(self) -> list[str]:
-        return [e for e, lvl, _ in self.notes if not lvl]
-
-    def logged(self) -> list[tuple[str, str, dict[str, object]]]:
-        return [n for n in self.notes if n[1]]
 
 
 def ctx(r: ResourceItem, **more: object) -> dict[str, object]:

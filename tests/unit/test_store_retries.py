@@ -34,6 +34,8 @@ from rasd.core.errors import Unavailable
 from rasd.core.writes import Cond, Write
 from rasd.store import Store
 
+pytestmark = pytest.mark.usefixtures("one_botocore_loader")
+
 SEED = 7
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from rasd.acquire import Acquirer
 from rasd.config import Config
-from rasd.core.clock import FakeClock
 from rasd.core.errors import UnknownPool
 from rasd.observe.metrics import Counters
 from rasd.pools import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL
+from tests.doubles.clock import FakeClock
 
 
 class _PoolStore:

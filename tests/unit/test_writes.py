@@ -37,6 +37,7 @@ def writes(draw: Any) -> W.Write:
     return W.Write(key, tuple(conds), sets, remove, incr)
 
 
+@pytest.mark.property
 @settings(max_examples=400)
 @given(writes())
 def test_render_equals_rendering_from_scratch(w: W.Write) -> None:
@@ -70,6 +71,7 @@ def test_booleans_are_refused_from_a_template_too() -> None:
         W.render(W.Write(("a", "b"), (W.Cond("version", "=", True),), (("state", "x"),)))
 
 
+@pytest.mark.property
 @settings(max_examples=300)
 @given(st.integers(-(10**16), 10**17))
 def test_fmt_time_equals_formatting_from_scratch(us: int) -> None:
@@ -77,6 +79,7 @@ def test_fmt_time_equals_formatting_from_scratch(us: int) -> None:
     assert L.fmt_time(us + 1) == L.fmt_time_plain(us + 1)  # same second, from the cache
 
 
+@pytest.mark.property
 @given(st.dictionaries(st.sampled_from(ATTRS), st.one_of(values, st.binary(max_size=3))))
 def test_item_from_av_keeps_strings_and_numbers_only(plain: dict[str, Any]) -> None:
     raw = {k: ({"B": v} if isinstance(v, bytes) else W.to_av(v)) for k, v in plain.items()}

@@ -1,4 +1,5 @@
-"""The fault-injection plan, and that its faults drive the real Store._call logic."""
+"""The fault-injecting Store (tests.doubles.store): its plan, and that its faults drive the real
+Store._call logic."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from botocore.exceptions import (
 import rasd.store
 from rasd.config import Config
 from rasd.core.errors import Timeout, Unavailable
-from rasd.devtools.testing import Faults, FaultyClient, FaultyStore, fault_exception, install
+from tests.doubles.store import Faults, FaultyClient, FaultyStore, fault_exception, install
 
 
 # ----------------------------------------------------------------------------- plan logic

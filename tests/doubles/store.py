@@ -1,4 +1,4 @@
-"""Test doubles shipped with rasd: a fault-injecting DynamoDB client around the real Store.
+"""A fault-injecting DynamoDB client around the real Store.
 
 Faults are injected *below* ``Store._call``: the DynamoDB client the store talks to
 (``rasd.ddb``'s or aiobotocore's, by ``ddb_client``) is wrapped, and a planned fault raises
@@ -53,9 +53,9 @@ from typing import Any, Literal, get_args
 
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from ..config import Config
-from ..observe.metrics import Counters
-from ..store import OPERATIONS, Store
+from rasd.config import Config
+from rasd.observe.metrics import Counters
+from rasd.store import OPERATIONS, Store
 
 FaultKind = Literal[
     "throttle", "server_error", "timeout", "down", "slow", "condition", "validation", "lost_reply"

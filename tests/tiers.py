@@ -1,0 +1,258 @@
+"""The test tiers: what each one runs and how, the command that runs them, and the check that
+a run of every tier ran each test of the suite exactly once (docs/testing.md).
+
+=============  =====================================================  ==========================
+tier           tests                                                  run
+=============  =====================================================  ==========================
+fast           tests/unit but the two below: pure, no network          xdist; the inner loop
+search         the protocol checker's searches (marker ``search``)     xdist
+property       Hypothesis properties (marker ``property``)             xdist
+integration    moto's server over HTTP (``integration``)               xdist: a moto per worker
+serial         many processes, or a load or a run of fixed length      alone, one test at a time
+               sized for the whole machine (``serial``)
+=============  =====================================================  ==========================
+
+A test's tier follows from its markers (:func:`tier_of`), so no test is in two tiers; a test
+of tests/integration/ must be marked ``integration`` or ``serial``, one of tests/unit/ neither.
+``serial`` tests are kept from xdist because their premise is the machine: several daemons
+and client processes, kill -9, a load sized so that moto just keeps up, a simulation whose
+figures are compared. Every other test may run beside another (each xdist worker has its own
+moto server, tables named by pid, sockets in its own temporary directories).
+
+    python -m tests.tiers fast [search ...] [-- PYTEST_ARGS]   the tiers named, in turn
+    python -m tests.tiers all                                  every tier, then the check
+    python -m tests.tiers check                                the check alone
+
+Each run of a tier records what it ran, and how it ended, in build/tiers/TIER.txt; the check
+collects the whole suite once and compares. pytest's exit code 5 (nothing selected, say by a
+``-k`` given after ``--``) is a tier that ran nothing, not a failure. ``all`` runs every tier
+even after one failed, then ends with one line that counts every tier's tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "build" / "tiers"
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    paths: tuple[str, ...]
+    xdist: bool
+
+
+TIERS = {
+    t.name: t
+    for t in (
+        Tier("fast", ("tests/unit",), xdist=True),
+        Tier("search", ("tests/unit",), xdist=True),
+        Tier("property", ("tests/unit",), xdist=True),
+        Tier("integration", ("tests/integration",), xdist=True),
+        Tier("serial", ("tests/integration",), xdist=False),
+    )
+}
+#: the tiers a test of each directory may be in
+BY_DIR = {
+    "tests/unit": ("fast", "search", "property"),
+    "tests/integration": ("integration", "serial"),
+}
+
+
+def tier_of(item: pytest.Item) -> str:
+    """serial, else integration, else search, else property, else fast."""
+    marks = {m.name for m in item.iter_markers()}
+    for tier in ("serial", "integration", "search", "property"):
+        if tier in marks:
+            return tier
+    return "fast"
+
+
+# ------------------------------------------------------------------ the plugin (conftest)
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tiers", "test tiers (tests/tiers.py)")
+    group.addoption("--tier", choices=sorted(TIERS), help="run this tier's tests only")
+    group.addoption("--tier-record", metavar="PATH", help="write what ran, and how, to PATH")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("tier_record")
+    if path and not hasattr(config, "workerinput"):  # xdist's controller, or no xdist
+        config.pluginmanager.register(Recorder(Path(path)), "tier-recorder")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tier = config.getoption("tier")
+    if tier is None:
+        return
+    keep = [it for it in items if tier_of(it) == tier]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[it for it in items if tier_of(it) != tier])
+        items[:] = keep
+
+
+class Recorder:
+    """Each test's outcome, from its reports (under xdist the workers' reach the controller):
+    failed if a phase failed, else skipped if one was skipped (an xfail too), else passed."""
+
+    RANK = {"passed": 0, "skipped": 1, "failed": 2}
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        was = self.outcomes.get(report.nodeid, "passed")
+        self.outcomes[report.nodeid] = max(was, report.outcome, key=self.RANK.__getitem__)
+
+    def pytest_sessionfinish(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{nodeid}\t{outcome}\n" for nodeid, outcome in sorted(self.outcomes.items())]
+        self.path.write_text("".join(lines))
+
+
+# ---------------------------------------------------------------------------- the runner
+def run(tier: Tier, extra: list[str]) -> tuple[int, float, float]:
+    """One pytest run of ``tier``: its exit code (5, nothing selected, as 0), its seconds and
+    the CPU seconds of its processes (pytest's and every process under it that ended)."""
+    record = RECORDS / f"{tier.name}.txt"
+    record.unlink(missing_ok=True)
+    args = [sys.executable, "-m", "pytest", *tier.paths, "--tier", tier.name]
+    args += ["--tier-record", str(record)]
+    if tier.xdist:
+        # as many workers as cores (PYTEST_XDIST_AUTO_NUM_WORKERS overrides); worksteal
+        # evens out tests of very different lengths
+        args += ["-n", "auto", "--dist", "worksteal"]
+    print(f"== tier {tier.name}: {' '.join(args[3:] + extra)}", flush=True)
+    t0, cpu0 = time.monotonic(), _children_cpu()
+    rc = subprocess.call([*args, *extra], cwd=ROOT)
+    took, cpu = time.monotonic() - t0, _children_cpu() - cpu0
+    if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
+        print(f"== tier {tier.name}: no test selected", flush=True)
+        rc = 0
+    return rc, took, cpu
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def read_records() -> dict[str, dict[str, str]]:
+    """tier -> {nodeid: outcome}, for the tiers that left a record."""
+    got = {}
+    for name in TIERS:
+        path = RECORDS / f"{name}.txt"
+        if path.exists():
+            lines = path.read_text().splitlines()
+            got[name] = dict(line.rsplit("\t", 1) for line in lines if line)
+    return got
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, bool]] = []  # (nodeid, tier, a Hypothesis property)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.items = [
+            (it.nodeid, tier_of(it), getattr(getattr(it, "obj", None), "is_hypothesis_test", False))
+            for it in session.items
+        ]
+
+
+def collect() -> list[tuple[str, str, bool]]:
+    """Every test of the suite, with its tier (one collection, in this process; quiet)."""
+    c = Collector()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = pytest.main(["--collect-only", "-q", "tests"], plugins=[c])
+    if rc != pytest.ExitCode.OK:
+        print(out.getvalue())
+        raise SystemExit(f"tiers: collecting the suite failed (pytest exit {rc})")
+    return c.items
+
+
+def check(records: dict[str, dict[str, str]]) -> list[str]:
+    """What is wrong with the split and with the records of a run of every tier."""
+    problems = []
+    items = collect()
+    for nodeid, tier, hypothesis in items:
+        where = next((d for d in BY_DIR if nodeid.startswith(d + "/")), None)
+        if where is None:
+            problems.append(f"{nodeid}: outside {' and '.join(BY_DIR)}")
+        elif tier not in BY_DIR[where]:
+            problems.append(f"{nodeid}: in {where}/ but in the {tier} tier")
+        elif hypothesis and tier == "fast":
+            problems.append(f"{nodeid}: a Hypothesis property, not marked property")
+    missing = [name for name in TIERS if name not in records]
+    problems += [f"tier {name}: no record of a run" for name in missing]
+    ran: dict[str, list[str]] = defaultdict(list)
+    for name, outcomes in records.items():
+        for nodeid in outcomes:
+            ran[nodeid].append(name)
+    problems += [f"{n}: run by the tiers {', '.join(t)}" for n, t in ran.items() if len(t) > 1]
+    collected = {nodeid for nodeid, _, _ in items}
+    if not missing:
+        problems += [f"{n}: run by no tier" for n in sorted(collected - ran.keys())]
+    problems += [f"{n}: run, but no longer in the suite" for n in sorted(ran.keys() - collected)]
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    names, extra = argv[:cut], argv[cut + 1 :]
+    os.chdir(ROOT)
+    if names == ["check"]:
+        problems = check(read_records())
+        for p in problems:
+            print(f"tiers: {p}")
+        print("tiers: each test run by exactly one tier" if not problems else "tiers: FAILED")
+        return 1 if problems else 0
+    every = names == ["all"]
+    tiers = list(TIERS) if every else names
+    unknown = [n for n in tiers if n not in TIERS]
+    if not tiers or unknown:
+        print(__doc__)
+        print(f"tiers: unknown {unknown}; one of {', '.join(TIERS)}, all, check")
+        return 2
+    if every:
+        for path in RECORDS.glob("*.txt"):
+            path.unlink()
+    failed = []
+    times: dict[str, tuple[float, float]] = {}
+    for name in tiers:
+        rc, secs, cpu = run(TIERS[name], extra)
+        times[name] = (secs, cpu)
+        if rc != 0:
+            failed.append(f"{name} (exit {rc})")
+    records = read_records()
+    counts: Counter[str] = Counter()
+    for name in tiers:
+        counts.update(records.get(name, {}).values())
+    took = [f"{n} {times[n][0]:.0f} s (CPU {times[n][1]:.0f} s)" for n in tiers]
+    print(f"\n== {', '.join(took)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    problems = check(records) if every and not extra else []
+    for p in problems:
+        print(f"tiers: {p}")
+    if failed or problems:
+        print(f"tiers failed: {', '.join(failed) or 'the check'}")
+    summary = f"{counts['passed']} passed, {counts['failed']} failed"
+    print(f"tiers: {summary}, {counts['skipped']} skipped", flush=True)
+    return 1 if failed or problems or counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
