@@ -28,6 +28,7 @@ from rasd.core.writes import item_from_av
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
+from tests.helpers.hooked import Hooked
 from tests.helpers.tables import hold
 
 pytestmark = pytest.mark.integration
@@ -47,23 +48,6 @@ def _is_free_of_rb(kw: dict[str, Any]) -> bool:
         and bool(_names(kw) & {"lease_available", "quarantine_until"})
         and "REMOVE" in kw["UpdateExpression"]
     )
-
-
-class _Hooked:
-    """The daemon's DynamoDB client, with ``hook(method, kw, real)`` deciding each call."""
-
-    def __init__(self, inner: Any, hook: Any) -> None:
-        self._inner, self._hook = inner, hook
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(self._inner, name)
-        if not callable(real) or name.startswith("_"):
-            return real
-
-        async def call(**kw: Any) -> Any:
-            return await self._hook(name, kw, real)
-
-        return call
 
 
 class _DedupeClient:
@@ -169,7 +153,7 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
                     freed.set()
             return await real(**kw)
 
-        d1.store.wrap_client(lambda inner: _Hooked(inner, hook))
+        d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         now = clock.mono()
         answered = d1.cache.answer(C, P, "k1", clock.now_us() + 3600 * L.US, now, 0)
         assert answered is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,29 +28,12 @@ from rasd.core.errors import NoCapacity, RasdError
 from rasd.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
+from tests.helpers.hooked import Hooked
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
 
 C, P = "demo", "default"
-Hook = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
-
-
-class Hooked:
-    """Wraps the aiobotocore client; ``hook(method, kw, real)`` decides what a call does."""
-
-    def __init__(self, inner: Any, hook: Hook) -> None:
-        self._inner, self._hook = inner, hook
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(self._inner, name)
-        if not callable(real) or name.startswith("_"):
-            return real
-
-        async def call(**kw: Any) -> Any:
-            return await self._hook(name, kw, real)
-
-        return call
 
 
 def names(kw: dict[str, Any]) -> set[str]:
