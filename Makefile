@@ -49,8 +49,9 @@ test-integration: $(STAMP)
 test-serial: $(STAMP)
 	$(TIERS) serial -- $(ARGS)
 
-# Every tier in turn (each even after one failed), then the check that they ran every test of
-# the suite exactly once; ends with one line counting them all.
+# Every tier (fast, property and integration in one xdist run, the searches in another, then
+# serial alone; each even after one failed), then the check that they ran every test of the
+# suite exactly once; ends with one line counting them all (tests/tiers.py's ALL).
 test-tiers: $(STAMP)
 	$(TIERS) all
 
@@ -117,9 +118,9 @@ systemd-test: $(STAMP)
 	bash tests/systemd/run.sh
 
 # Everything CI runs: the tools some tests use, lint, types, the real-systemd test (which
-# skips, saying why, where the machine cannot boot systemd), then every test tier (fast,
-# the protocol checker's searches, properties, integration, then the serial tier: many
-# daemons, chaos, the simulation) and the check that each test ran exactly once.
+# skips, saying why, where the machine cannot boot systemd), then every test tier (as
+# test-tiers: fast, properties and integration, the protocol checker's searches, then the
+# serial tier: many daemons, chaos, the simulation) and the check that each ran exactly once.
 test: $(STAMP) tools lint typecheck systemd-test
 	$(TIERS) all
 

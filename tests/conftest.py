@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
-import hypothesis  # noqa: F401 - see below
+import hypothesis
+import hypothesis.strategies
 import pytest
 import uvloop
 
@@ -24,9 +25,9 @@ pytest.register_assert_rewrite("tests.helpers")
 # --tier and --tier-record: the test tiers (tests/tiers.py, docs/testing.md)
 pytest_plugins = ("tests.tiers",)
 
-# hypothesis is imported here, at start-up: its pytest plugin otherwise imports it in the
-# terminal summary, where CPython 3.11.7's compiler has failed with "AST constructor recursion
-# depth mismatch" after a run of some integration test files alone.
+# hypothesis is imported here, at start-up (and used below): its pytest plugin otherwise imports
+# it in the terminal summary, where CPython 3.11.7's compiler has failed with "AST constructor
+# recursion depth mismatch" after a run of some integration test files alone.
 
 # Dummy credentials: moto accepts anything, and no test may ever reach real AWS.
 os.environ.update(
@@ -58,6 +59,20 @@ def aws_settings_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
     return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Hypothesis's first draw of text builds its Unicode tables, and its first draw after
+    modules were imported reads every module of this repository for constants; both are cached
+    in .hypothesis/, which a clean clone lacks. That took 1.1-2.5 s here, which the too_slow
+    health check charged to whichever property drew first, failing it. One draw of text once
+    the tests are imported pays for both before any test runs."""
+    if any(getattr(getattr(it, "obj", None), "is_hypothesis_test", False) for it in session.items):
+        hypothesis.find(
+            hypothesis.strategies.text(min_size=1),
+            lambda _: True,
+            settings=hypothesis.settings(database=None, max_examples=1),
+        )
 
 
 @pytest.fixture(scope="session")

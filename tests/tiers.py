@@ -19,14 +19,16 @@ and client processes, kill -9, a load sized so that moto just keeps up, a simula
 figures are compared. Every other test may run beside another (each xdist worker has its own
 moto server, tables named by pid, sockets in its own temporary directories).
 
-    python -m tests.tiers fast [search ...] [-- PYTEST_ARGS]   the tiers named, in turn
-    python -m tests.tiers all                                  every tier, then the check
+    python -m tests.tiers fast [search ...] [-- PYTEST_ARGS]   the tiers named, each in turn
+    python -m tests.tiers all                                  every tier (ALL), then the check
     python -m tests.tiers check                                the check alone
 
-Each run of a tier records what it ran, and how it ended, in build/tiers/TIER.txt; the check
-collects the whole suite once and compares. pytest's exit code 5 (nothing selected, say by a
-``-k`` given after ``--``) is a tier that ran nothing, not a failure. ``all`` runs every tier
-even after one failed, then ends with one line that counts every tier's tests.
+``all`` runs fast, property and integration in one xdist run, the searches in another, then
+serial alone (see ALL). Each run records what each of its tiers ran, and how it ended, in
+build/tiers/TIER.txt; the check collects the whole suite once and compares. pytest's exit
+code 5 (nothing selected, say by a ``-k`` given after ``--``) is a tier that ran nothing, not a
+failure. ``all`` runs every tier even after one failed, then ends with one line that counts
+every tier's tests.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ TIERS = {
         Tier("serial", ("tests/integration",), xdist=False),
     )
 }
+#: what ``all`` (make test) runs: fast, property and integration in one xdist run (the pure
+#: tests fill the cores while integration tests wait on I/O), the searches in another (a search
+#: leaves millions of objects that make its process's next garbage collections take seconds:
+#: no daemon may run beside that), then serial alone
+ALL = (("fast", "property", "integration"), ("search",), ("serial",))
 #: the tiers a test of each directory may be in
 BY_DIR = {
     "tests/unit": ("fast", "search", "property"),
@@ -84,64 +91,82 @@ def tier_of(item: pytest.Item) -> str:
 # ------------------------------------------------------------------ the plugin (conftest)
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tiers", "test tiers (tests/tiers.py)")
-    group.addoption("--tier", choices=sorted(TIERS), help="run this tier's tests only")
-    group.addoption("--tier-record", metavar="PATH", help="write what ran, and how, to PATH")
+    group.addoption("--tier", type=_tier_names, help="run these tiers' tests only (a,b,...)")
+    group.addoption(
+        "--tier-records", metavar="DIR", help="write what ran, and how, to DIR/TIER.txt"
+    )
+
+
+def _tier_names(value: str) -> tuple[str, ...]:
+    names = tuple(value.split(","))
+    unknown = [n for n in names if n not in TIERS]
+    if unknown:
+        raise ValueError(f"unknown tiers {unknown}; {', '.join(TIERS)}")
+    return names
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    path = config.getoption("tier_record")
-    if path and not hasattr(config, "workerinput"):  # xdist's controller, or no xdist
-        config.pluginmanager.register(Recorder(Path(path)), "tier-recorder")
+    records = config.getoption("tier_records")
+    tiers = config.getoption("tier")
+    if records and tiers and not hasattr(config, "workerinput"):  # xdist's controller, or none
+        config.pluginmanager.register(Recorder(Path(records), tiers), "tier-recorder")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tier = config.getoption("tier")
-    if tier is None:
+    tiers = config.getoption("tier")
+    if tiers is None:
         return
-    keep = [it for it in items if tier_of(it) == tier]
+    keep = [it for it in items if tier_of(it) in tiers]
     if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[it for it in items if tier_of(it) != tier])
+        config.hook.pytest_deselected(items=[it for it in items if tier_of(it) not in tiers])
         items[:] = keep
+    for it in keep:
+        it.user_properties.append(("tier", tier_of(it)))  # for the records, in the reports
 
 
 class Recorder:
     """Each test's outcome, from its reports (under xdist the workers' reach the controller):
-    failed if a phase failed, else skipped if one was skipped (an xfail too), else passed."""
+    failed if a phase failed, else skipped if one was skipped (an xfail too), else passed;
+    one file per tier run, empty when it selected nothing."""
 
     RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.outcomes: dict[str, str] = {}
+    def __init__(self, directory: Path, tiers: tuple[str, ...]) -> None:
+        self.directory = directory
+        self.outcomes: dict[str, dict[str, str]] = {t: {} for t in tiers}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        was = self.outcomes.get(report.nodeid, "passed")
-        self.outcomes[report.nodeid] = max(was, report.outcome, key=self.RANK.__getitem__)
+        outcomes = self.outcomes[dict(report.user_properties)["tier"]]
+        was = outcomes.get(report.nodeid, "passed")
+        outcomes[report.nodeid] = max(was, report.outcome, key=self.RANK.__getitem__)
 
     def pytest_sessionfinish(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [f"{nodeid}\t{outcome}\n" for nodeid, outcome in sorted(self.outcomes.items())]
-        self.path.write_text("".join(lines))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for tier, outcomes in self.outcomes.items():
+            lines = [f"{nodeid}\t{outcome}\n" for nodeid, outcome in sorted(outcomes.items())]
+            (self.directory / f"{tier}.txt").write_text("".join(lines))
 
 
 # ---------------------------------------------------------------------------- the runner
-def run(tier: Tier, extra: list[str]) -> tuple[int, float, float]:
-    """One pytest run of ``tier``: its exit code (5, nothing selected, as 0), its seconds and
-    the CPU seconds of its processes (pytest's and every process under it that ended)."""
-    record = RECORDS / f"{tier.name}.txt"
-    record.unlink(missing_ok=True)
-    args = [sys.executable, "-m", "pytest", *tier.paths, "--tier", tier.name]
-    args += ["--tier-record", str(record)]
-    if tier.xdist:
+def run(names: tuple[str, ...], extra: list[str]) -> tuple[int, float, float]:
+    """One pytest run of the tiers ``names``: its exit code (5, nothing selected, as 0), its
+    seconds and the CPU seconds of its processes (pytest's and every one under it that ended)."""
+    tiers = [TIERS[n] for n in names]
+    for n in names:
+        (RECORDS / f"{n}.txt").unlink(missing_ok=True)
+    paths = list(dict.fromkeys(p for t in tiers for p in t.paths))
+    args = [sys.executable, "-m", "pytest", *paths, "--tier", ",".join(names)]
+    args += ["--tier-records", str(RECORDS)]
+    if all(t.xdist for t in tiers):
         # as many workers as cores (PYTEST_XDIST_AUTO_NUM_WORKERS overrides); worksteal
         # evens out tests of very different lengths
         args += ["-n", "auto", "--dist", "worksteal"]
-    print(f"== tier {tier.name}: {' '.join(args[3:] + extra)}", flush=True)
+    print(f"== {' '.join(args[3:] + extra)}", flush=True)
     t0, cpu0 = time.monotonic(), _children_cpu()
     rc = subprocess.call([*args, *extra], cwd=ROOT)
     took, cpu = time.monotonic() - t0, _children_cpu() - cpu0
     if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
-        print(f"== tier {tier.name}: no test selected", flush=True)
+        print(f"== {'+'.join(names)}: no test selected", flush=True)
         rc = 0
     return rc, took, cpu
 
@@ -222,9 +247,9 @@ def main(argv: list[str]) -> int:
         print("tiers: each test run by exactly one tier" if not problems else "tiers: FAILED")
         return 1 if problems else 0
     every = names == ["all"]
-    tiers = list(TIERS) if every else names
-    unknown = [n for n in tiers if n not in TIERS]
-    if not tiers or unknown:
+    runs = ALL if every else tuple((n,) for n in names)
+    unknown = [n for n in names if n not in TIERS] if not every else []
+    if not runs or unknown:
         print(__doc__)
         print(f"tiers: unknown {unknown}; one of {', '.join(TIERS)}, all, check")
         return 2
@@ -233,17 +258,19 @@ def main(argv: list[str]) -> int:
             path.unlink()
     failed = []
     times: dict[str, tuple[float, float]] = {}
-    for name in tiers:
-        rc, secs, cpu = run(TIERS[name], extra)
-        times[name] = (secs, cpu)
+    for group in runs:
+        rc, secs, cpu = run(group, extra)
+        times["+".join(group)] = (secs, cpu)
         if rc != 0:
-            failed.append(f"{name} (exit {rc})")
+            failed.append(f"{'+'.join(group)} (exit {rc})")
+    tiers = [n for group in runs for n in group]
     records = read_records()
     counts: Counter[str] = Counter()
     for name in tiers:
         counts.update(records.get(name, {}).values())
-    took = [f"{n} {times[n][0]:.0f} s (CPU {times[n][1]:.0f} s)" for n in tiers]
-    print(f"\n== {', '.join(took)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    took = [f"{n} {secs:.0f} s (CPU {cpu:.0f} s)" for n, (secs, cpu) in times.items()]
+    print("\n== tests by tier: " + ", ".join(f"{n} {len(records.get(n, {}))}" for n in tiers))
+    print(f"== {', '.join(took)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     problems = check(records) if every and not extra else []
     for p in problems:
         print(f"tiers: {p}")
