@@ -149,14 +149,13 @@ def run(ddb: Any, opts: Options) -> dict[str, Any]:
         if bounds.legacy_agents or not paper_lease(item):
             return
         c["paper_leases_found"] += 1
-        if seen_paper.is_set() or opts.dry_run:
-            seen_paper.set()
-            return
+        first = not seen_paper.is_set()
         seen_paper.set()
-        common.raise_rollout(
-            ddb, opts.table, f"ras-liberator:{socket.gethostname()}",
-            f"paper lease on {item.resource}", log,
-        )  # fmt: skip
+        if first and not opts.dry_run:
+            common.raise_rollout(
+                ddb, opts.table, f"ras-liberator:{socket.gethostname()}",
+                f"paper lease on {item.resource}", log,
+            )  # fmt: skip
 
     def ours(page: dict[str, Any], c: Counter[str]) -> Iterator[ResourceItem]:
         """The page's resource items of the job's region (an item that does not parse is

@@ -31,9 +31,9 @@ UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
 class PoolTable:
     """The pools a daemon knows, by (client_id, pool_id), and those known not to exist."""
 
-    def __init__(self, store: Store, clock: Clock, rollout: RolloutMode | None = None) -> None:
+    def __init__(self, store: Store, clock: Clock, rollout: RolloutMode) -> None:
         self.store = store
-        #: the table's rollout record, read with the pools (None: not followed)
+        #: the table's rollout record, read with the pools
         self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
         self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
@@ -43,13 +43,10 @@ class PoolTable:
     async def load(self, deadline: float) -> int:
         """Read every pool definition again (the table's pool items), and the rollout record
         in the same round trip: the number of pools read."""
-        if self.rollout is None:
-            pools = await self.store.list_pools(deadline)
-        else:
-            pools, record = await asyncio.gather(
-                self.store.list_pools(deadline), self.store.get_item(ROLLOUT_KEY, deadline)
-            )
-            self.rollout.update(rollout_from(record))
+        pools, record = await asyncio.gather(
+            self.store.list_pools(deadline), self.store.get_item(ROLLOUT_KEY, deadline)
+        )
+        self.rollout.update(rollout_from(record))
         by_id = self.by_id
         by_id.clear()  # in place: the roles and the cached hit hold this dict
         by_id.update({(p.client_id, p.pool_id): p for p in pools})
