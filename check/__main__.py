@@ -154,22 +154,19 @@ _HIT_AND_EXTEND = [
 
 def _acquired_beside_legacy() -> list[str]:
     """Both regions' daemons miss k1, then each acquires it (``legacy_agents``: the leased
-    index read with the mapping, the claim after the mapping, settled, then confirmed)."""
+    index read and the new key's mapping write beside the mapping read, the claim after the
+    mapping, settled, answered, then confirmed)."""
     a, b = "d0 get_lease(k1)", "d1 get_lease(k1)"
-    reads = [f"{d} {s}" for d in (a, b) for s in ("called", "read mapping", "read leased index")]
+    first = ("read mapping", "read leased index", "map_acquire APPLIED")
     return [
-        *reads,
         *(
             f"{d} {s}"
             for d, r in ((a, "ra"), (b, "rb"))
-            for s in (
-                f"candidate {r}",
-                "map_acquire APPLIED",
-                "claim APPLIED",
-                "read leased index",
-                "map_confirm APPLIED",
-            )
+            for s in ("called", f"candidate {r}", *first)
         ),
+        *(f"{d} {s}" for d in (a, b) for s in ("claim APPLIED", "read leased index")),
+        "d0 bg confirm(k1) map_confirm APPLIED",
+        "d1 bg confirm(k1) map_confirm APPLIED",
     ]
 
 

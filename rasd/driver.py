@@ -250,6 +250,8 @@ class Run:
         if t is Spawn:
             return drv.tasks.spawn(drv.run_bg(eff.fn(*eff.args)))
         if t is S.TakeCandidate:
+            if not eff.wait:
+                return drv.prefetch.at_hand(eff.pool)
             return await drv.prefetch.candidate(eff.pool, self.deadline)
         if t is S.RefillSoon:
             self.refill = eff.pool

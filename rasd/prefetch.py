@@ -76,6 +76,13 @@ class Prefetcher:
     def depth(self) -> int:
         return sum(len(b) for b in self.buffers.values())
 
+    def at_hand(self, pool: Pool) -> Candidate | None:
+        """A candidate already in the buffer, or None: never reads the index."""
+        c = self.buffer(pool).take(self.clock.mono())
+        if c is not None:
+            self.counters.inc("prefetch.hits")
+        return c
+
     async def candidate(self, pool: Pool, deadline: float) -> Candidate | None:
         """A candidate to claim, or None when the pool has no free item in this region.
         Starts no refill: call :meth:`refill_soon` once the claim has been sent, so that

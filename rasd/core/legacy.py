@@ -81,17 +81,20 @@ def beside_legacy(d: Decision | Settle) -> Decision | Settle:
     return d
 
 
-#: A claim of rasd's that no mapping names is a rival (:func:`rival`) only once it is this old
-#: (microseconds): a younger one is, as a rule, the losing side of a race for the key whose
-#: acquirer is giving it back at that moment. Yielding to it would chase a claim that is
-#: being freed, and two daemons racing one key would yield to each other until the deadline.
+#: A claim of rasd's that no mapping names is a rival (:func:`rival`) only if it was this old
+#: (microseconds) when the settled acquisition began: a younger one is, as a rule, the losing
+#: side of a race for the key whose acquirer is giving it back at that moment. Yielding to
+#: it would chase a claim that is being freed, and two daemons racing one key would yield to
+#: each other until the deadline.
 ORPHAN_RIVAL_AGE_US = 2_000_000
 
 
 def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | None:
     """Another running lease of ``m``'s key and region in ``held`` (the leased index, read
     after ``m``'s claim landed), or None: the paper's agent's, or a claim of rasd's that no
-    mapping names and that is older than ``ORPHAN_RIVAL_AGE_US`` (its acquisition lost the
+    mapping names and that was ``ORPHAN_RIVAL_AGE_US`` old when ``m`` was written (measured
+    against ``m``'s start, not the reader's clock, so that every daemon that settles ``m``
+    judges it alike, however late; its acquisition lost the
     mapping or its outcome was unknown, and no give-back followed: never served by rasd, but
     the paper's agent answers whatever the index shows for the key). ``m`` is the key's
     mapping in the region, so no other item held for the key there is a rasd lease. The
@@ -105,7 +108,8 @@ def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | N
         if it.resource != m.resource
         and adoptable(it, m.client_id, m.pool_id, m.key, m.region, now_us)
         and not (
-            it.holder_current and now_us - (it.lease_acquired_us or now_us) < ORPHAN_RIVAL_AGE_US
+            it.holder_current
+            and m.since_us - (it.lease_acquired_us or m.since_us) < ORPHAN_RIVAL_AGE_US
         )
     ]
     return pick(found)

@@ -132,9 +132,11 @@ class NewToken:
 class TakeCandidate:
     """A free resource of the pool's region to claim (the prefetcher's buffer, refilled
     from the lagging available index). Result: an object with ``.item`` (a ResourceItem),
-    handed back to :class:`Untake` / :class:`LostCandidate`; or None when there is none."""
+    handed back to :class:`Untake` / :class:`LostCandidate`; or None when there is none.
+    ``wait`` False: only one already in the buffer (no index read), else None."""
 
     pool: Pool
+    wait: bool = True
 
 
 @dataclass(frozen=True, slots=True)

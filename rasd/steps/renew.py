@@ -26,11 +26,15 @@ from .daemon import BACKGROUND_DEADLINE, CacheDrop, CachePut, Daemon, Deadline, 
 from .give_back import free_claim
 
 
-def confirm(m: Mapping) -> Program[None]:
-    """Write a pending mapping ``live`` (its claim has landed)."""
+def confirm(m: Mapping, drop: bool = False) -> Program[None]:
+    """Write a pending mapping ``live`` (its claim has landed). ``drop``: if the write is
+    refused (a daemon settling the mapping decided first), forget the cached answer, so that
+    the next request reads what it decided."""
     yield Deadline(BACKGROUND_DEADLINE)
     res = yield Send(map_confirm(m))
     yield Note(f"acq.confirm_{res.outcome.value}")
+    if drop and res.outcome is Outcome.REJECTED:
+        yield CacheDrop((m.client_id, m.pool_id, m.key))
 
 
 def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.ExtendStep, Any]]:

@@ -32,6 +32,7 @@ from ..core.writes import ItemKey
 from . import Note, Now, Program, QueryLeased, Send, Spawn
 from .daemon import Daemon, NewToken, error_of, resource
 from .give_back import free_claim, give_back_now
+from .renew import confirm
 
 
 def adopt_paper_lease(
@@ -106,26 +107,37 @@ def adopt_paper_lease(
 
 
 def beside_legacy(
-    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle
+    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle, answer_first: bool = False
 ) -> Program[D.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
     (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
-    and served, or the paper's agent's lease adopted instead. None: read again."""
+    and served, or the paper's agent's lease adopted instead. None: read again.
+    ``answer_first``: the mapping is the acquisition this call just made (see :func:`settle`)."""
     while True:
         b = d.ops.beside_legacy(dec)
         if not isinstance(b, LG.Settle):
             return b
-        settled = yield from settle(d, pool, key, b.mapping)
+        settled = yield from settle(d, pool, key, b.mapping, answer_first)
+        answer_first = False
         if settled is None:
             return None
         dec = settled
 
 
-def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | None]:
+def settle(
+    d: Daemon, pool: Pool, key: str, m: Mapping, answer_first: bool = False
+) -> Program[D.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
     claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
-    version, once our claim is given back."""
+    version, once our claim is given back.
+
+    ``answer_first``: ``m`` is the acquisition this call made. Confirm then serves at once
+    and confirms in the background: a reader that settles ``m`` meanwhile decides as this
+    call did, from the same items (``legacy.rival`` judges a claim's age against ``m``'s
+    start, not the reader's clock), except for a lease of the paper's agent made after this
+    read began, which the paper's agent made second (docs/design.md, "Two agents acquiring
+    one key at once")."""
     assert m.token is not None and m.resource is not None
     held = yield QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield Now()))
@@ -139,6 +151,9 @@ def settle(d: Daemon, pool: Pool, key: str, m: Mapping) -> Program[D.Decision | 
         # pending mapping (rule 2).
         ours = ((m.client_id, m.resource), m.token)
         return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
+    if answer_first:
+        yield Spawn(confirm, (s.mapping, True))
+        return D.Serve(lease_from_mapping(s.mapping))
     return (yield from confirm_now(s.mapping))
 
 

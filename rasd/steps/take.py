@@ -11,6 +11,9 @@ a pending one against its resource, adopt a lease of the paper's agent
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from ..core import decide as D
 from ..core import legacy as LG
 from ..core.builders import claim
@@ -18,7 +21,7 @@ from ..core.decide import Outcome
 from ..core.errors import Busy, NoCapacity, Timeout
 from ..core.lease import PENDING, Lease, Mapping, Pool, ResourceItem, map_pk
 from ..core.map_builders import holds, map_acquire, names_claim
-from . import Mono, Note, Now, Program, Send, Spawn, Together, goto
+from . import Mono, Note, Now, Program, QueryLeased, QueryMappings, Send, Spawn, Together, goto
 from .daemon import (
     WAIT_FIRST,
     CachePut,
@@ -48,28 +51,52 @@ def resolve(
     requested_us: int,
     wait: float = WAIT_FIRST,
     mine: tuple[str, ...] = (),
+    first: bool = True,
 ) -> Program[tuple[Lease, bool]]:
     """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
     reads the key's mappings and does what ``rasd.core.decide`` says; a round that must read
     again goes on as the next round (``Tail``). ``mine``: the tokens of the mappings earlier
     rounds of this call wrote, so that a lease this call acquired is answered as new also
-    when a later round finds it (its confirmation lost to another daemon's, say)."""
+    when a later round finds it (its confirmation lost to another daemon's, say). ``first``:
+    this is the call's first round (in rollout mode it writes a new key's mapping beside
+    the read, :func:`read_speculating`)."""
     ops = d.ops
     sent = yield Mono()  # the answer is confirmed as of the read's departure
-    own, others, held = yield from read_first(d, pool, key)
+    if d.legacy_agents and first:
+        own, others, held, spec = yield from read_speculating(d, pool, key, requested_us)
+    else:
+        (own, others, held), spec = (yield from read_first(d, pool, key)), None
     dec = ops.on_read(own, others, (yield Now()), d.rules)
+    if spec is not None:
+        if spec.res.outcome is Outcome.APPLIED:
+            # The key had no mapping in this region: the pending one just written is ours,
+            # whatever the read beside it saw (nothing, or that write).
+            dec = ops.on_read(None, others, (yield Now()), d.rules)
+            if not (isinstance(dec, D.Acquire) and not held):
+                yield Untake(pool, spec.cand)  # never claimed
+            if isinstance(dec, D.Acquire):
+                dec = D.Acquire(1)
+                if not held:
+                    got = yield from acquire(d, pool, key, requested_us, 0, spec)
+                    return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
+        elif spec.res.outcome is Outcome.REJECTED:
+            yield Untake(pool, spec.cand)  # the key has a mapping: decide from the read
+        else:  # the write may have landed: readers resolve a pending mapping never claimed
+            yield LostCandidate(pool, spec.cand)
+            yield Note("acq.gave_up")
+            raise error_of(spec.res) or Timeout("mapping write outcome unknown")
     if isinstance(dec, D.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
     if isinstance(dec, D.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:
-            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
         dec = adopted
     if d.legacy_agents:
         settled = yield from beside_legacy(d, pool, key, dec)
         if settled is None:
-            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
         dec = settled
     if isinstance(dec, D.Serve):
         yield CachePut(dec.lease, sent)
@@ -89,67 +116,134 @@ def resolve(
         lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
         if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
-            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
     if isinstance(dec, D.Extend):
         lease = yield from extend_now(d, dec.mapping, requested_us)
         if lease is not None:
             return lease, lease.token in mine
-        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
     if isinstance(dec, D.Acquire):
         got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
-        if isinstance(got, Mapping):
-            # legacy_agents: our claim won; served only once settled
-            done = yield from beside_legacy(d, pool, key, LG.Settle(got))
-            if isinstance(done, D.Serve):
-                yield CachePut(done.lease, sent)
-                ours = done.lease.resource == got.resource
-                yield Note("lease.new" if ours else "lease.existing")
-                return done.lease, ours
-            # yielded, or settled by another daemon first: read again (the lease may be ours)
-            mine = (*mine, got.token) if got.token is not None else mine
-            return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
-        if got is not None:
-            return got, True
-        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+        return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
     # FenceResource, or Wait: another daemon of this region is acquiring this key.
     wait = yield from fence_or_wait(dec, wait)
-    return (yield from goto(resolve, d, pool, key, requested_us, wait, mine))
+    return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
+
+
+def _acquired(
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    requested_us: int,
+    wait: float,
+    mine: tuple[str, ...],
+    sent: float,
+    got: Lease | Mapping | None,
+) -> Program[tuple[Lease, bool]]:
+    """What :func:`acquire` returned: the lease (served), a won claim's pending mapping
+    (rollout mode: served once settled), or None (read again)."""
+    if isinstance(got, Mapping):
+        done = yield from beside_legacy(d, pool, key, LG.Settle(got), answer_first=True)
+        if isinstance(done, D.Serve):
+            yield CachePut(done.lease, sent)
+            ours = done.lease.resource == got.resource
+            yield Note("lease.new" if ours else "lease.existing")
+            return done.lease, ours
+        # yielded, or settled by another daemon first: read again (the lease may be ours)
+        mine = (*mine, got.token) if got.token is not None else mine
+        return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
+    if got is not None:
+        return got, True
+    return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
+
+
+@dataclass(frozen=True, slots=True)
+class Speculated:
+    """The new key's mapping write a call's first read carried (:func:`read_speculating`):
+    the candidate it names, its token and time, and its result."""
+
+    cand: Any
+    token: str
+    now: int
+    res: Any  # the write's ``rasd.store.WriteResult``
+
+
+def read_speculating(
+    d: Daemon, pool: Pool, key: str, requested_us: int
+) -> Program[tuple[Mapping | None, list[Mapping], list[ResourceItem], Speculated | None]]:
+    """Rollout mode, a call's first read: :func:`read_first`, and beside it, in the same
+    round trip, the mapping write a new key's acquisition would send next
+    (``map_acquire`` at version 0: it applies only where the key has no mapping item in
+    this region), naming a candidate already at hand. A new key then takes three round
+    trips (this, the claim, the settling read); for a key that has a mapping the write is
+    refused and changes nothing. No candidate at hand, or no acquisition left in the pool's
+    rate: the read alone (None)."""
+    cand = None
+    if (yield RateLimit(pool)) == 0:
+        cand = yield TakeCandidate(pool, wait=False)
+    if cand is None:
+        own, others, held = yield from read_first(d, pool, key)
+        return own, others, held, None
+    token = yield NewToken()
+    now = yield Now()
+    item: ResourceItem = cand.item
+    ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
+    mw = map_acquire(ident, 0, token, item.resource, item.version, requested_us, now, d.owner)
+    ms, held, res = yield Together(
+        (
+            QueryMappings(pool.client_id, pool.pool_id, key),
+            QueryLeased(pool.client_id, pool.pool_id, key),
+            Send(mw, names_claim(token, item.resource)),
+        )
+    )
+    own = next((m for m in ms if m.region == d.region), None)
+    others = [m for m in ms if m.region != d.region]
+    return own, others, list(held), Speculated(cand, token, now, res)
 
 
 def acquire(
-    d: Daemon, pool: Pool, key: str, requested_us: int, expect_ver: int
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    requested_us: int,
+    expect_ver: int,
+    spec: Speculated | None = None,
 ) -> Program[Lease | Mapping | None]:
     """Claim a candidate and name it in the key's mapping, both in one round trip.
     None: re-read (someone else wrote the mapping first). With ``legacy_agents`` the claim
     goes out only once the mapping write applied (one round trip more), and a won claim is
     returned as its pending mapping, for the caller to settle: a daemon that loses the key's
     mapping to another never writes the item, so the paper's agent, which answers whatever
-    the leased index shows, never sees (and answers) a claim about to be given back."""
-    wait = yield RateLimit(pool)
+    the leased index shows, never sees (and answers) a claim about to be given back.
+    ``spec``: that first mapping write was already made, and applied (:func:`read_speculating`)."""
+    wait = 0.0 if spec is not None else (yield RateLimit(pool))
     if wait > 0:
         yield Note("shed.rate_limited")
         raise Busy(
             f"acquisition rate limit of pool {pool.pool_id!r} reached",
             retry_after=round(wait, 3),
         )
-    token = yield NewToken()
+    token = spec.token if spec is not None else (yield NewToken())
     ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
     while True:
-        cand = yield TakeCandidate(pool)
+        cand = spec.cand if spec is not None else (yield TakeCandidate(pool))
         if cand is None:
             yield Note("lease.no_capacity")
             why = yield Miss(pool)
             said = f"no free resource in pool {pool.pool_id!r} in {d.region}"
             raise NoCapacity(f"{said}: {why}" if why else said)
         item: ResourceItem = cand.item
-        now = yield Now()
+        now = spec.now if spec is not None else (yield Now())
         mw = map_acquire(
             ident, expect_ver, token, item.resource, item.version, requested_us, now, d.owner
         )
         cw = claim(item, key, requested_us, now, token, expect_ver + 1)
         sent = yield Mono()
         yield RefillSoon(pool)
-        if d.legacy_agents:
+        if spec is not None:
+            mres, spec = spec.res, None
+            cres = yield Send(cw, holds(token, key))
+        elif d.legacy_agents:
             mres = yield Send(mw, names_claim(token, item.resource))
             cres = None
             if mres.outcome is Outcome.APPLIED:

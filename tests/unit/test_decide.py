@@ -281,7 +281,7 @@ def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
     unknown) is held until it is given back; rasd never serves it, but the paper's agent
     answers it from the index: it is a rival like the paper's own leases, the earliest
     first."""
-    p = m(state=L.PENDING, res="r1")
+    p = replace(m(state=L.PENDING, res="r1"), since_us=NOW)
     orphan = replace(held("r5", holder="t5", hver=5), lease_acquired_us=NOW - 2 * S)
     assert LG.on_settle(p, [orphan], NOW) == LG.YieldTo(p, orphan)
     theirs = held("r6")  # the paper's: no lease_acquired, so the earliest
@@ -291,13 +291,17 @@ def test_on_settle_yields_to_a_claim_of_rasd_no_mapping_names() -> None:
 def test_on_settle_ignores_a_young_claim_of_rasd_being_given_back() -> None:
     """A claim of rasd's younger than ORPHAN_RIVAL_AGE_US is the losing side of a race for
     the key, given back by its acquirer at that moment: no rival (two daemons racing one key
-    would otherwise yield to each other's losing claims until the deadline)."""
-    p = m(state=L.PENDING, res="r1")
+    would otherwise yield to each other's losing claims until the deadline). Its age is
+    measured at the settled acquisition's start, so a reader that settles the same pending
+    mapping later decides as its acquirer did."""
+    p = replace(m(state=L.PENDING, res="r1"), since_us=NOW)
     young = NOW - LG.ORPHAN_RIVAL_AGE_US + 1
     loser = replace(held("r5", holder="t5", hver=5), lease_acquired_us=young)
     assert LG.on_settle(p, [loser], NOW) == LG.Confirm(p)
+    assert LG.on_settle(p, [loser], NOW + 30 * S) == LG.Confirm(p)  # a reader, 30 s later
     old = replace(loser, lease_acquired_us=NOW - LG.ORPHAN_RIVAL_AGE_US)
     assert LG.on_settle(p, [old], NOW) == LG.YieldTo(p, old)
+    assert LG.on_settle(p, [old], NOW + 30 * S) == LG.YieldTo(p, old)
 
 
 def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:

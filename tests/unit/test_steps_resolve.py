@@ -89,6 +89,7 @@ class Host:
         self.now = NOW
         self.mono = 0.0
         self.cands: list[str | ResourceItem] = []
+        self.at_hand = True  # candidates in the buffer (False: only after an index read)
         self.rate_wait = 0.0
         self.tokens = 0
         self.seen: list[Any] = []
@@ -139,7 +140,7 @@ class Host:
             return f"t{self.tokens}"
         if isinstance(eff, TakeCandidate):
             assert eff.pool == POOL
-            if not self.cands:
+            if not self.cands or not (eff.wait or self.at_hand):
                 return None
             c = self.cands.pop(0)
             return Cand(self.res(c) if isinstance(c, str) else c)
@@ -206,8 +207,8 @@ class Host:
         for e in self.seen:
             if isinstance(e, Send):
                 out.append(e.write.kind)
-            elif isinstance(e, Together) and isinstance(e.calls[0], Send):
-                out.append("+".join(c.write.kind for c in e.calls))
+            elif isinstance(e, Together) and any(isinstance(c, Send) for c in e.calls):
+                out.append("+".join(c.write.kind for c in e.calls if isinstance(c, Send)))
         return out
 
     def of(self, cls: type) -> list[Any]:
@@ -220,7 +221,8 @@ class Host:
         """Every round after the first was this miss again, with these waits (and the tokens
         of the mappings this call wrote, ``mine``)."""
         assert [t.fn for t in self.tails] == [resolve] * len(waits)
-        assert [t.args for t in self.tails] == [(self.d, POOL, "k", REQ, w, mine) for w in waits]
+        want = [(self.d, POOL, "k", REQ, w, mine, False) for w in waits]
+        assert [t.args for t in self.tails] == want
 
     def notes(self) -> dict[str, int]:
         return dict(self.counts)
@@ -600,11 +602,32 @@ def test_beside_the_paper_agent_a_new_claim_is_settled_then_served() -> None:
     h.cands = ["r1"]
     lease, new = resolve_k(h)
     assert (lease.resource, lease.token, new) == ("r1", "t1", True)
-    assert h.writes() == ["map_acquire", "claim", "map_confirm"]
+    # the mapping write went out beside the first read, the claim once it applied
+    assert h.writes() == ["map_acquire", "claim"]
+    [first, *_] = h.of(Together)
+    assert first.calls[2].write.kind == "map_acquire"
     assert h.of(QueryLeased) == [QueryLeased("c", "p", "k")]  # settling, after the claim
-    assert h.notes() == {"lease.new": 1, "acq.confirm_applied": 1}
+    assert h.notes() == {"lease.new": 1}
     assert h.of(CachePut) == [CachePut(lease, 1.0)]
-    assert h.mapping().state == LIVE and not h.tails
+    # answered first, then confirmed in the background (dropping the answer if refused)
+    [spawn] = h.of(Spawn)
+    assert spawn.fn.__name__ == "confirm" and spawn.args == (h.mapping(), True)
+    assert h.mapping().state == PENDING and not h.tails
+    h.run(spawn.fn(*spawn.args))
+    assert h.mapping().state == LIVE
+
+
+def test_a_new_key_with_a_mapping_elsewhere_costs_its_read_alone() -> None:
+    """Rollout mode: a key that has a mapping here refuses the new key's mapping write sent
+    beside the first read; the call decides from the read, and the candidate goes back."""
+    h = Host(legacy=True)
+    h.ours("r1", NOW + HOUR)
+    h.free("r2")
+    h.cands = ["r2"]
+    lease, new = resolve_k(h)
+    assert (lease.resource, new) == ("r1", False)
+    assert h.writes() == ["map_acquire"] and h.mapping().resource == "r1"
+    assert len(h.of(Untake)) == 1 and not h.of(LostCandidate)
 
 
 def test_a_claim_that_meets_a_paper_lease_yields_to_it() -> None:
@@ -619,19 +642,33 @@ def test_a_claim_that_meets_a_paper_lease_yields_to_it() -> None:
     assert h.res("r1").key is None and h.res("r9").holder == lease.token
 
 
-def test_a_settled_claim_whose_confirmation_lost_is_read_again_and_answered_new() -> None:
-    """The call's own acquisition, found by its next round (its confirmation refused, as
-    when another daemon settled it first): still this call's new lease."""
+def test_a_background_confirmation_refused_drops_the_answer() -> None:
+    """Rollout mode: the acquisition was answered, then its confirmation refused (another
+    daemon settled the pending mapping first): the cached answer is dropped, so the next
+    request reads what that daemon decided."""
     h = Host(legacy=True)
     h.free("r1")
     h.cands = ["r1"]
     h.fates["map_confirm"] = ["refused"]
     lease, new = resolve_k(h)
-    assert (lease.resource, new) == ("r1", True)  # served by the next round, as ours
-    assert h.writes() == ["map_acquire", "claim", "map_confirm", "map_confirm"]
-    assert h.notes()["lease.new"] == 1 and "lease.existing" not in h.notes()
-    assert lease.token is not None
-    h.rounds(WAIT, mine=(lease.token,))
+    assert (lease.resource, new) == ("r1", True)
+    [spawn] = h.of(Spawn)
+    h.run(spawn.fn(*spawn.args))
+    assert h.of(CacheDrop) == [CacheDrop(("c", "p", "k"))]
+
+
+def test_without_a_candidate_at_hand_the_mapping_write_follows_the_read() -> None:
+    """Rollout mode, the prefetch buffer empty: the first read goes alone, then the mapping
+    write, the claim and the settling read, one after the other (four round trips)."""
+    h = Host(legacy=True)
+    h.free("r1")
+    h.cands = ["r1"]
+    h.at_hand = False
+    lease, new = resolve_k(h)
+    assert (lease.resource, new) == ("r1", True)
+    assert h.writes() == ["map_acquire", "claim"]
+    assert len(h.of(Together)[0].calls) == 2  # the read alone
+    assert [s.fn.__name__ for s in h.of(Spawn)] == ["confirm"]
 
 
 def test_a_pending_claim_found_beside_the_paper_agent_is_settled_first() -> None:
