@@ -333,6 +333,13 @@ def rows_for(name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
             rows[0]["note"] += f"; counters {s['rasd_ddb_calls_per_request']:.2f} calls/req"
         if name == "c":
             rows[0]["note"] += f"; counters {s['rasd_ddb_calls_per_new_lease']:.2f} calls/acq"
+            cpu = s.get("cpu_per_new_lease") or {}
+            if cpu.get("baseline_ms"):
+                rows[0]["note"] += (
+                    f"; CPU/acq daemon {cpu['rasd_daemon_ms']:.2f} ms (client"
+                    f" {cpu['rasd_client_ms']:.2f}) vs baseline {cpu['baseline_ms']:.2f} ms:"
+                    f" {cpu['daemon_vs_baseline']:.2f}x"
+                )
         return rows
     return []
 

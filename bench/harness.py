@@ -31,6 +31,13 @@ REGION = "us-east-1"
 LOG_DIR = BENCH_DIR / ".cache" / "logs"  # gitignored
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """The process's (user, system) CPU seconds (to the kernel's tick, 10 ms here)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:

@@ -31,7 +31,7 @@ from rasd.core import writes as W
 
 from . import storetrace
 from .baseline import BaselineAgent
-from .harness import CLIENT, POOL, REGION, Echo, Env, lease_until
+from .harness import CLIENT, POOL, REGION, Echo, Env, cpu_split, lease_until
 from .report import histogram_ms, summarize_ns
 
 TIMEOUT = 10.0  # client deadline for bench calls: the backend on a busy 2-core box is slow
@@ -93,6 +93,7 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     base_calls_b: Counter[str] = Counter()
     base_new = 0
     b_reqs = 0
+    cpu_c: Counter[str] = Counter()  # CPU seconds in (c): the daemon, the client, the baseline
     bad: list[str] = []
     #: per scenario: the store-boundary view of each rasd request; the baseline's calls
     store: dict[str, list[dict[str, Any]]] = {s: [] for s in ("a", "b", "c")}
@@ -120,9 +121,11 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
             before = d1.counters()
             bc0 = Counter(base.calls)
             keys = []
+            d_cpu0 = sum(cpu_split(d1.pid))
             for i in range(m):
                 k = f"c{bi}-{i}"
                 w0 = time.perf_counter()
+                c0 = time.thread_time()
                 dt, lease = _timed(
                     rasd_client.get_lease,
                     CLIENT,
@@ -132,16 +135,22 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
                     socket_path=d1.socket,
                     timeout=TIMEOUT,
                 )
+                cpu_c["rasd_client"] += time.thread_time() - c0
                 win["c"].append((w0, time.perf_counter()))
                 if not lease.new:
                     bad.append(f"{k}: rasd lease not new")
                 raw["c"]["rasd"].append(dt)
                 keys.append(k)
+                c0 = time.thread_time()
                 dt, _ = _timed(base.get_lease, CLIENT, POOL, f"cb{bi}-{i}", exp_us)
+                cpu_c["baseline"] += time.thread_time() - c0
                 raw["c"]["baseline"].append(dt)
                 base_per_req["c"].append(base.last_calls)
                 base_new += 1
                 time.sleep(0.002)  # a little air: an app does not acquire back to back
+            # the daemon's CPU over the interval: background work included (confirmations,
+            # refills), and the store trace the bench records
+            cpu_c["rasd_daemon"] += sum(cpu_split(d1.pid)) - d_cpu0
             calls_c.update(_delta(d1.counters(), before))
             new_c += m
             base_calls_c.update(_delta(Counter(base.calls), bc0))
@@ -236,6 +245,19 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     out["c"]["rasd_counters"] = dict(calls_c)
     out["c"]["rasd_ddb_calls_per_new_lease"] = _ddb_calls(calls_c) / max(1, new_c)
     out["c"]["baseline_ddb_calls_per_new_lease"] = sum(base_calls_c.values()) / max(1, base_new)
+    # CPU per new lease: the daemon's (from /proc, to the 10 ms tick, over every batch), the
+    # calling thread's in rasd_client, and the paper-style agent's own (boto3 in this thread)
+    per = {
+        k: round(v / max(1, n) * 1e3, 3)
+        for k, v, n in (
+            ("rasd_daemon_ms", cpu_c["rasd_daemon"], new_c),
+            ("rasd_client_ms", cpu_c["rasd_client"], new_c),
+            ("baseline_ms", cpu_c["baseline"], base_new),
+        )
+    }
+    if per["baseline_ms"]:
+        per["daemon_vs_baseline"] = round(per["rasd_daemon_ms"] / per["baseline_ms"], 3)
+    out["c"]["cpu_per_new_lease"] = per
     out["b"]["rasd_counters"] = dict(calls_b)
     out["b"]["rasd_ddb_calls_per_request"] = _ddb_calls(calls_b) / max(1, b_reqs)
     out["b"]["baseline_ddb_calls_per_request"] = sum(base_calls_b.values()) / max(1, b_reqs)

@@ -40,6 +40,7 @@ import rasd_client
 from rasd.core import schema
 
 from .backends import start_backend
+from .harness import cpu_split
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUR = timedelta(hours=1)
@@ -47,13 +48,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> float:
-    return sum(_cpu_split(pid))
-
-
-def _cpu_split(pid: int) -> tuple[float, float]:
-    """The process's (user, system) CPU seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / TICK, int(fields[12]) / TICK
+    return sum(cpu_split(pid))
 
 
 def without_bytecode(root: Path = ROOT) -> int:
@@ -155,13 +150,13 @@ def measure(
             )  # fmt: skip
             time.sleep(1.0)
         load0 = os.getloadavg()
-        (u0, s0), t0 = _cpu_split(proc.pid), time.perf_counter()
+        (u0, s0), t0 = cpu_split(proc.pid), time.perf_counter()
         for i in range(leases):
             lease = rasd_client.get_lease(
                 "demo", "default", f"n{i}", HOUR, socket_path=sock, timeout=10
             )
             assert lease.new
-        u1, s1 = _cpu_split(proc.pid)
+        u1, s1 = cpu_split(proc.pid)
         cpu = (u1 - u0) + (s1 - s0)
         wall = time.perf_counter() - t0
         if spy is not None:
