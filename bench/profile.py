@@ -41,7 +41,7 @@ def _windows(trace: list[dict[str, Any]], calls: list[tuple[float, float]]) -> l
     out = []
     for t0, t1 in calls:
         recs = sorted((r for r in trace if t0 <= r["in"] <= t1), key=lambda r: r["in"])
-        q = [r for r in recs if r["op"] == "Query" and r["index"] == "leased_resources"]
+        q = [r for r in recs if r["op"] == "Query"]  # the first read: mappings, or leased
         w = [r for r in recs if r["op"] == "UpdateItem"]
         if not q or not w:
             continue
