@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
 
-from rasd.core.decide import Rules, check_expiry, should_extend
+from rasd.core import cache_rules as CR
+from rasd.core.decide import Rules, check_expiry
 from rasd.core.lease import (
     FREE,
     LIVE,
@@ -197,7 +198,7 @@ class Config:
 class Entry:
     lease: Lease
     confirmed: int  # true tick (monotonic clock)
-    until: int  # true tick after which the cache no longer serves it
+    until: float  # true time from which the cache no longer serves it (cache_rules.serves)
 
 
 @dataclass(frozen=True)
@@ -731,16 +732,22 @@ def _bg_label(eff: Spawn) -> str:
     return fn.__name__
 
 
+def _confirm_s(w: World) -> float:
+    return w.rules.confirm_us / US
+
+
 def _cache_put(w: World, di: int, lease: Lease, sent: int) -> None:
-    """cache.py LeaseCache.put: an older confirmation never replaces a newer one."""
+    """``LeaseCache.put``, by the cache's rules, on the daemon's monotonic clock (true
+    ticks) and its wall clock (with its offset)."""
     d = w.daemons[di]
     cur = d.entry(lease.key)
-    if cur is not None and cur.confirmed > sent:
+    if cur is not None and CR.keeps_current(cur.confirmed, cur.until, sent, w.t):
         return
-    # until = min(confirmed + S, mono + (exp - margin - now_us)), in true ticks
-    left_t = (lease.expires_us - w.rules.margin_us - w.now_us(d.offset)) // US
-    until = min(sent + w.rules.confirm_us // US, w.t + left_t)
-    w.set_daemon(d.with_entry(lease.key, Entry(lease, sent, until)))
+    until = CR.valid_until(
+        sent, _confirm_s(w), w.t, lease.expires_us, w.rules.margin_us, w.now_us(d.offset)
+    )
+    entry = Entry(lease, sent, until) if CR.serves(until, w.t) else None
+    w.set_daemon(d.with_entry(lease.key, entry))
 
 
 def _cache_drop(w: World, di: int, key: str) -> None:
@@ -748,22 +755,22 @@ def _cache_drop(w: World, di: int, key: str) -> None:
 
 
 def _maybe_refresh(w: World, di: int, key: str, lease: Lease, requested: int) -> None:
-    """``Renewer.maybe_refresh``: extend a sliding lease, or re-confirm a stale answer."""
+    """``Renewer.maybe_refresh``, by the cache's rules: extend a sliding lease, or
+    re-confirm a stale answer (no extension backoff: the model's extensions fail only as
+    its faults make them, and each is explored)."""
     d = w.daemons[di]
     if key in d.refreshing:
         return
-    now = w.now_us(d.offset)
+    e = d.entry(key)
+    stale = e is not None and CR.stale(e.confirmed, w.t, _confirm_s(w))
+    kind = CR.refresh_of(
+        lease, w.cfg.region(di), requested, w.now_us(d.offset), w.cfg.extend_fraction, stale
+    )
     setup = w.setups[di]
-    if (
-        lease.region == w.cfg.region(di)
-        and lease.token is not None
-        and should_extend(lease, requested, now, w.cfg.extend_fraction)
-    ):
+    if kind is CR.Refresh.EXTEND:
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
         _start_bg(w, di, Spawn(extend_bg, (setup, lease, requested)))
-        return
-    e = d.entry(key)
-    if e is not None and (w.t - e.confirmed) * US > w.rules.confirm_us / 2:  # cache.stale
+    elif kind is CR.Refresh.RECONFIRM:
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
         _start_bg(w, di, Spawn(reconfirm, (setup, POOL_, lease)))
 
@@ -814,9 +821,11 @@ def app_calls(w0: World, di: int) -> Out:
         if why:
             w.notes.append(f"d{di} get_lease({key}) -> error: {why}")
             out.append((f"d{di} get_lease({key}) REFUSED (the pool's longest lease)", w))
-        elif e is not None and w.t < e.until:  # LeaseCache.answer
+        elif e is not None and CR.serves(e.until, w.t):  # LeaseCache.answer
             w.answer(d, key, e.lease)
-            _maybe_refresh(w, di, key, e.lease, requested)
+            ext = CR.extend_from(e.lease, w.cfg.region(di))
+            if CR.hit_wants_refresh(e.confirmed, w.t, _confirm_s(w), requested, ext):
+                _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
             w.set_daemon(d.with_entry(key, None))

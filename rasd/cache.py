@@ -55,6 +55,7 @@ import msgpack
 
 from rasd_client.wire import HEADER_SIZE
 
+from .core import cache_rules as CR
 from .core.clock import Clock
 from .core.decide import check_expiry
 from .core.errors import BadRequest
@@ -71,7 +72,7 @@ _Pool = dict[str, Entry]
 META = struct.Struct("<ddqH")
 _UNPACK = META.unpack_from
 HEAD = META.size  # where the answer's head starts in an entry
-NEVER = 2**63 - 1  # extend_from_us of a lease this daemon never extends
+NEVER = CR.NEVER  # extend_from_us of a lease this daemon never extends
 #: seconds between two reads of the wall clock on the hit path (LeaseCache.wall_us)
 WALL_RESYNC = 0.25
 #: what a hit that calls for background work asks (``Renewer.maybe_refresh``): the key, the
@@ -85,7 +86,7 @@ def _no_refresh(k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> No
 
 def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
     head = answer_head(lease)
-    ext = lease.expires_us if lease.region == region else NEVER
+    ext = CR.extend_from(lease, region)
     tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
     return META.pack(until, confirmed, ext, HEAD + len(head)) + head + tail
 
@@ -115,13 +116,13 @@ def until_of(e: Entry) -> float:
 
 class LeaseCache:
     __slots__ = (
+        "_half_s",
         "_n",
         "_wall_offset_us",
         "_wall_synced",
         "clock",
         "confirm_s",
         "entries",
-        "half_s",
         "maxsize",
         "pools",
         "refresh",
@@ -142,7 +143,7 @@ class LeaseCache:
         self.maxsize = maxsize
         self.skew_margin_us = skew_margin_us
         self.confirm_s = confirm_s
-        self.half_s = confirm_s / 2
+        self._half_s = confirm_s / 2
         #: leases of this region may be extended by this daemon (``extend_from_us``)
         self.region = region
         #: client_id -> pool_id -> key -> entry (the server's hot path reads it directly)
@@ -199,7 +200,8 @@ class LeaseCache:
         if r is None:
             return None
         e, confirmed, extend_from_us, end = r
-        if now - confirmed > self.half_s or requested_us > extend_from_us:
+        # CR.hit_wants_refresh, inlined (a call costs 2 % of a hit; a test holds them equal)
+        if now - confirmed > self._half_s or requested_us > extend_from_us:
             k = (client_id, pool_id, key)
             if k not in self.refreshing:
                 self.refresh(k, lease_of(client_id, pool_id, key, e), requested_us, now_us)
@@ -222,7 +224,7 @@ class LeaseCache:
         if e is None:
             return None
         until, confirmed, extend_from_us, end = _UNPACK(e)
-        if now < until:
+        if now < until:  # CR.serves, inlined: every hit reads here
             return e, confirmed, extend_from_us, end
         del d[key]
         self._n -= 1
@@ -248,7 +250,7 @@ class LeaseCache:
     def stale(self, k: CacheKey, now: float) -> bool:
         """Past half of S since the last confirmation: re-confirm in the background."""
         e = self.entry(k[0], k[1], k[2], now)
-        return e is not None and now - META.unpack_from(e)[1] > self.half_s
+        return e is not None and CR.stale(META.unpack_from(e)[1], now, self.confirm_s)
 
     def put(self, lease: Lease, confirmed: float) -> None:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
@@ -260,14 +262,20 @@ class LeaseCache:
         current = d.get(key)
         if current is not None:
             cur_until, cur_confirmed = META.unpack_from(current)[:2]
-            if cur_confirmed > confirmed and now < cur_until:
+            if CR.keeps_current(cur_confirmed, cur_until, confirmed, now):
                 return
-        left_s = (lease.expires_us - self.skew_margin_us - self.clock.now_us()) / US
-        until = min(confirmed + self.confirm_s, now + left_s)
+        until = CR.valid_until(
+            confirmed,
+            self.confirm_s,
+            now,
+            lease.expires_us,
+            self.skew_margin_us,
+            self.clock.now_us(),
+        )
         if current is not None:
             del d[key]  # re-inserted at the end: eviction goes oldest confirmation first
             self._n -= 1
-        if until <= now:
+        if not CR.serves(until, now):
             return
         if self._n >= self.maxsize:
             self._make_room(now)

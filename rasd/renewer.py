@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 After a hit (``LeaseCache.answer``) or a lease served from the table (the ``Refresh``
-effect), :meth:`Renewer.maybe_refresh` starts at most one task per key: an extension when
-the caller asks for more than a sliding lease has and ``lease.should_extend`` calls for it
+effect), :meth:`Renewer.maybe_refresh` starts at most one task per key, as
+``rasd.core.cache_rules.refresh_of`` says: an extension when the caller asks for more than a
+sliding lease has and ``rasd.core.decide.should_extend`` calls for it
 (``steps.renew.extend_bg``), else a re-confirmation of an answer past S/2 (one consistent
 read, ``steps.renew.reconfirm``). A failed extension is retried on a later hit after a
 backoff (1, 2, 4 ... 30 s), and logged as at risk once the lease gets close to its end. The
@@ -16,7 +17,7 @@ from __future__ import annotations
 import structlog
 
 from .cache import CacheKey
-from .core.decide import should_extend
+from .core import cache_rules as CR
 from .core.errors import RasdError
 from .core.lease import US, Lease
 from .driver import Driver
@@ -54,17 +55,21 @@ class Renewer:
         """After a hit: extend a sliding lease that needs it, else re-confirm a stale answer."""
         if k in self.refreshing:
             return
-        if (
-            lease.region == self.region
-            and lease.token is not None
-            and should_extend(lease, requested_us, now_us, self.extend_fraction)
-        ):
-            backoff = self._extend_after.get(k)
-            if backoff is not None and self.clock.mono() < backoff[0]:
-                return  # the last attempt failed: retry later, not on every hit
+        mono = self.clock.mono()
+        backoff = self._extend_after.get(k)  # the last extension failed: retry after this
+        kind = CR.refresh_of(
+            lease,
+            self.region,
+            requested_us,
+            now_us,
+            self.extend_fraction,
+            self.cache.stale(k, mono),
+            backing_off=backoff is not None and mono < backoff[0],
+        )
+        if kind is CR.Refresh.EXTEND:
             self.refreshing.add(k)
             self.driver.tasks.spawn(self._extend_bg(k, lease, requested_us))
-        elif self.cache.stale(k, self.clock.mono()):
+        elif kind is CR.Refresh.RECONFIRM:
             self.refreshing.add(k)
             self.driver.tasks.spawn(self._reconfirm(k, lease))
 

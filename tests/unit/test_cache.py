@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rasd.cache import NEVER, LeaseCache
+from rasd.core import cache_rules as CR
 from rasd.core.errors import BadRequest
 from rasd.core.lease import US, Lease, Pool
 from rasd.protocol import ID_MAX, lease_response
@@ -265,3 +266,30 @@ def test_the_first_lease_of_a_pool_in_a_full_cache_is_kept() -> None:
     got = cache.get(("c", "new", "k"))
     assert got is not None and got.resource == "rn"
     assert cache.size() == len(cache)
+
+
+@pytest.mark.parametrize("age", [0.0, S / 2 - 0.5, S / 2 + 0.5, S - 0.5, S + 0.5])
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
+@pytest.mark.parametrize("more", [-60, 0, 60])
+def test_the_hit_decides_as_the_cache_rules(age: float, region: str, more: int) -> None:
+    """The hit inlines ``cache_rules.serves`` and ``cache_rules.hit_wants_refresh`` (a call
+    costs 2 % of a hit): whether it answers, and whether it asks for a refresh, are theirs,
+    for entries of either region, fresh, stale and expired, asked for less, as much or more
+    than the lease has."""
+    clock = FakeClock()
+    cache = LeaseCache(clock, 100, 5 * US, S, "us-east-1")
+    cache.pools[("c", "p")] = Pool("c", "p", 7200 * US)
+    asked: list[int] = []
+    cache.refresh = lambda k, le, req, now_us: asked.append(req)
+    held = Lease("c", "p", "k", "r", region, clock.now_us() + 3600 * US, 1, token="t")
+    confirmed = clock.mono()
+    cache.put(held, confirmed)
+    until = CR.valid_until(confirmed, S, clock.mono(), held.expires_us, 5 * US, clock.now_us())
+    clock.advance(age)
+    now = clock.mono()
+    requested = held.expires_us + more * US
+    got = cache.answer("c", "p", "k", requested, now, 1)
+    assert (got is not None) is CR.serves(until, now)
+    wants = CR.hit_wants_refresh(confirmed, now, S, requested, CR.extend_from(held, "us-east-1"))
+    assert bool(asked) is (got is not None and wants)
+    assert cache.stale(K, now) is (got is not None and CR.stale(confirmed, now, S))
