@@ -859,7 +859,9 @@ def end_rollout_result(
     res["paper_last_lease_end_s"] = (
         round(max(e["end"] for e in claims) - t_start, 3) if claims else None
     )
-    res["refusals"] = sum(1 for a in out["attempts"] if a["exit"] not in (0, None))
+    res["refusals"] = sum(
+        1 for a in out["attempts"] if a["exit"] not in (0, None) and not a.get("stopped")
+    )
     res["record_at_end"] = asdict(record)
     res["daemons_at_end"] = {
         "off": sum(1 for m in modes.values() if m is False),
