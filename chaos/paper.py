@@ -5,7 +5,8 @@ calls ``bench.baseline.BaselineAgent(paper=True)`` (what the paper's agent write
 more) in a loop over the same key space as ``chaos.app``, against DynamoDB at ``URL`` (a
 fault-injecting proxy in front of moto), and writes one JSON line per call in
 ``chaos.app``'s format, plus ``agent: "paper"``. The agent has no daemon (``daemon`` is -1,
-``sock`` empty) and no release, so every call is a ``get_lease``.
+``sock`` empty) and no release, so every call is a ``get_lease``. ``--max-asked`` keeps the
+leases it asks for short (a run that ends the rollout waits for the last one to end).
 
 ``python -m chaos.paper liberate --endpoint-url URL --grace G`` is the paper's liberator once
 (``bench.baseline.paper_liberate``), freeing only leases whose end is ``G`` seconds past:
@@ -91,15 +92,24 @@ def call(
     return rec
 
 
+def asked(max_asked: float | None) -> tuple[float, ...]:
+    """The lease lengths a worker asks for: the apps' (``chaos.app.DURATIONS``), up to
+    ``max_asked`` seconds (None: all of them; at least the shortest)."""
+    if max_asked is None:
+        return DURATIONS
+    return tuple(d for d in DURATIONS if d <= max_asked) or DURATIONS[:1]
+
+
 def run_agent(args: argparse.Namespace) -> int:
     rng = random.Random(f"{args.seed}/paper/{args.app}")
     ddb = ddb_client(args.endpoint_url, args.read_timeout, args.max_attempts)
     agent = StampedAgent(args.table, args.region, None, ddb=ddb, paper=True)
+    durations = asked(args.max_asked)
     n = 0
     with open(args.out, "a", buffering=1) as out:
         while n < args.max_ops and time.time() < args.until:
             key = f"key-{rng.randrange(args.keys):03d}"
-            rec = call(agent, args.app, key, rng.choice(DURATIONS), args.client, args.pool)
+            rec = call(agent, args.app, key, rng.choice(durations), args.client, args.pool)
             out.write(json.dumps(rec) + "\n")
             n += 1
             if args.think_ms > 0:
@@ -128,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--keys", type=int, default=60)
     a.add_argument("--until", type=float, required=True, help="stop at this wall-clock time")
     a.add_argument("--max-ops", type=int, default=1_000_000)
+    a.add_argument("--max-asked", type=float, default=None, help="longest lease asked for, seconds")
     a.add_argument("--think-ms", type=float, default=20.0, help="mean pause between calls")
     a.add_argument("--read-timeout", type=float, default=2.0)
     a.add_argument("--max-attempts", type=int, default=3, help="botocore's, as the bench's")

@@ -29,6 +29,11 @@ its own fault-injecting proxy) ask for keys of the same key space, and the paper
 the same histories (``agent: "paper"``) and the audit judges the union. The mixed fleet runs
 on one table (the paper's agent knows one), without the balancer and rasadmin.
 
+The end of the rollout (``--end-rollout-at``, mixed mode): at that time the paper's workers
+(started to stop then) and its liberator stop, ``rasadmin end-rollout`` runs every few seconds
+until it succeeds (``EndRollout``), and the daemons, still serving, follow the record to the
+fast rules; the result's ``end_rollout`` says when each step happened.
+
 Every loop is bounded by the run's deadline; ``finally`` kills every process group started.
 """
 
@@ -72,6 +77,9 @@ CLIENT, POOL = "demo", "default"
 #: the DynamoDB region of the one table of a run without replicas (every child signs for it)
 TABLE_REGION = "us-east-1"
 BUCKET = "chaos-balancer"
+#: the daemons' pool_refresh in a run that ends the rollout (the default is 30 s): they
+#: follow the record within it plus pool_refresh_timeout (5 s)
+END_ROLLOUT_POOL_REFRESH = 5.0
 
 
 @dataclass
@@ -107,6 +115,15 @@ class Params:
     #: the paper's liberator frees a lease this long past its end: the runbook's grace,
     #: at least the daemons' max_clock_skew (2 s)
     paper_liberator_grace: float = 2.0
+    #: the longest lease the paper's workers ask for (None: the apps' lengths, up to 60 s)
+    paper_max_lease: float | None = None
+    #: the end of the rollout, seconds into the traffic (mixed fleet only; None: never): the
+    #: paper's workers and liberator stop, then ``rasadmin end-rollout`` runs every
+    #: ``end_rollout_every`` seconds until it succeeds
+    end_rollout_at: float | None = None
+    end_rollout_every: float = 3.0
+    #: the daemons' pool_refresh (None: their default, 30 s): how soon they follow the record
+    pool_refresh: float | None = None
     #: two replicas, one moto server per region, joined by the simulation's replicator
     #: (``sim.replicator``: last writer wins after ``lag_s``); False: one table for both
     #: regions (the mixed fleet always runs so: the paper's agent knows one table)
@@ -135,6 +152,15 @@ class Params:
 
     def replicated(self) -> bool:
         return self.replicas and not self.mixed
+
+    def check(self) -> None:
+        """Refuse parameters whose end of the rollout cannot happen in the run."""
+        if self.end_rollout_at is None:
+            return
+        if not self.mixed:
+            raise ValueError("end_rollout_at: a mixed fleet only (--mixed)")
+        if not 0 < self.end_rollout_at < self.duration:
+            raise ValueError("end_rollout_at: within the traffic (0 < at < duration)")
 
     def counts(self) -> dict[str, int]:
         """Free resources of each region at the start."""
@@ -302,6 +328,13 @@ def scan(ddb: Any, table: str) -> list[dict[str, Any]]:
         kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
 
+def daemon_env(p: Params, env: dict[str, str]) -> dict[str, str]:
+    """The daemons' environment: the run's, and its pool_refresh when it sets one."""
+    if p.pool_refresh is None:
+        return env
+    return {**env, "RASD_POOL_REFRESH": f"{p.pool_refresh:g}"}
+
+
 def start_daemon(d: Daemon, table: str, env: dict[str, str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(d.socket)
@@ -344,6 +377,16 @@ def wait_ready(d: Daemon, timeout: float) -> bool:
             pass
         time.sleep(0.1)
     return False
+
+
+def daemon_rollout(d: Daemon) -> bool | None:
+    """The rules the daemon runs (its ``stats``' ``rollout``): True rollout mode, False the
+    fast rules, None no answer (restarting, or still starting)."""
+    try:
+        mode = rasd_client.call_raw("stats", socket_path=d.socket, timeout=2.0).get("rollout")
+    except rasd_client.RasdError:
+        return None
+    return mode if isinstance(mode, bool) else None
 
 
 def daemon_stats(d: Daemon) -> dict[str, int]:
@@ -396,6 +439,11 @@ class Commands(threading.Thread):
         self.join(self.TIMEOUT + 10)
 
 
+def is_paper(cmd: list[str]) -> bool:
+    """Is ``cmd`` (``python -m MODULE ...``) the paper's liberator?"""
+    return cmd[2] == "chaos.paper"
+
+
 def last_json(out: bytes, otherwise: dict[str, Any]) -> dict[str, Any]:
     """A command's summary: the last line of its stdout, as JSON; ``otherwise`` when that
     line is missing or not JSON."""
@@ -427,6 +475,9 @@ class Jobs(Commands):
         super().__init__("chaos-balancer" if balancer else "chaos-jobs")
         self.p, self.endpoints, self.env, self.events = p, endpoints, env, events
         self.balancer = balancer
+        #: held while the paper's liberator runs; once ``paper_stopped``, it runs no more
+        self.paper_lock = threading.Lock()
+        self.paper_stopped = False
 
     def commands(self) -> list[tuple[list[str], dict[str, str]]]:
         p, py, env = self.p, sys.executable, self.env
@@ -470,7 +521,17 @@ class Jobs(Commands):
             for cmd, env in self.commands():
                 if self.stop_ev.is_set():
                     return
-                self.one(cmd, env)
+                if is_paper(cmd):
+                    with self.paper_lock:
+                        if not self.paper_stopped:
+                            self.one(cmd, env)
+                else:
+                    self.one(cmd, env)
+
+    def stop_paper(self) -> None:
+        """No more runs of the paper's liberator; returns once the one under way ended."""
+        with self.paper_lock:
+            self.paper_stopped = True
 
     def one(self, cmd: list[str], env: dict[str, str]) -> None:
         t0 = time.time()
@@ -478,7 +539,7 @@ class Jobs(Commands):
         if done is None:
             return
         code, out, err = done
-        name = "paper_liberator" if cmd[2] == "chaos.paper" else cmd[2].rsplit(".", 1)[-1]
+        name = "paper_liberator" if is_paper(cmd) else cmd[2].rsplit(".", 1)[-1]
         region = cmd[cmd.index("--region") + 1] if "--region" in cmd else None
         summary = last_json(out, {"unparsed": out.decode(errors="replace")[-300:]})
         summary.setdefault("job", name)
@@ -669,6 +730,156 @@ def admin_summary(admin: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+class EndRollout(Commands):
+    """The end of the rollout as an operator does it (docs/operations.md, "When the old agent
+    can be removed"), ``end_rollout_at`` seconds into the traffic, while the daemons serve:
+
+    1. the paper's liberator stops (after its run under way), and its workers stop: they were
+       started to stop then, each after the call under way, so every answer is in the audit;
+    2. ``rasadmin end-rollout``, the CLI against the run's table, every ``end_rollout_every``
+       seconds until it succeeds: it refuses while any item holds a lease of the paper's
+       agent, running or ended and not yet freed (``ras-liberator`` frees those on its loop);
+    3. each daemon's ``stats`` every second, until every one has reported the fast rules.
+
+    :attr:`out` is the record: times in seconds into the traffic (``_s``)."""
+
+    #: a paper worker still running this long after the end (its last call hung) is killed
+    WORKER_BOUND = 30.0
+
+    def __init__(
+        self,
+        p: Params,
+        endpoint: str,
+        env: dict[str, str],
+        jobs: Jobs,
+        workers: list[subprocess.Popen[bytes]],
+        daemons: list[Daemon],
+        t_start: float,
+    ) -> None:
+        super().__init__("chaos-end-rollout")
+        self.p, self.endpoint, self.env, self.jobs = p, endpoint, env, jobs
+        self.workers, self.daemons, self.t_start = workers, daemons, t_start
+        self.out: dict[str, Any] = {
+            "at_s": p.end_rollout_at,
+            "every_s": p.end_rollout_every,
+            "attempts": [],
+            "succeeded_s": None,
+            "daemons_off_s": {},
+            "all_daemons_off_s": None,
+        }
+
+    def since(self) -> float:
+        return round(time.time() - self.t_start, 3)
+
+    def run(self) -> None:
+        at = self.t_start + float(self.p.end_rollout_at or 0.0)
+        if self.stop_ev.wait(max(0.0, at - time.time())):
+            return
+        self.jobs.stop_paper()
+        self.out["paper_liberator_stopped_s"] = self.since()
+        bound = at + self.WORKER_BOUND
+        while any(w.poll() is None for w in self.workers) and time.time() < bound:
+            if self.stop_ev.wait(0.2):
+                return
+        hung = [w for w in self.workers if w.poll() is None]
+        for w in hung:
+            kill_group(w)
+        self.out["paper_workers_killed"] = len(hung)
+        self.out["paper_workers_stopped_s"] = self.since()
+        say(self.p, f"paper's workers and liberator stopped ({len(hung)} killed); end-rollout next")
+        # the first attempt a pause after the last worker ended: a proxy may still hold its
+        # last write (a latency fault) and forward it then
+        while self.out["succeeded_s"] is None:
+            if self.stop_ev.wait(self.p.end_rollout_every):
+                return
+            rec = self.attempt()
+            if rec["exit"] == 0:
+                self.out["succeeded_s"] = rec["s"]
+                say(self.p, f"end-rollout succeeded at {rec['s']:.1f} s")
+        off: dict[int, float] = self.out["daemons_off_s"]
+        while len(off) < len(self.daemons) and not self.stop_ev.wait(1.0):
+            for d in self.daemons:
+                if d.index not in off and daemon_rollout(d) is False:
+                    off[d.index] = self.since()
+        if len(off) == len(self.daemons):
+            self.out["all_daemons_off_s"] = max(off.values())
+            say(self.p, f"every daemon on the fast rules by {max(off.values()):.1f} s")
+
+    def attempt(self) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "rasd_jobs.admin", "end-rollout", "--table", self.p.table,
+               "--region", self.p.regions[0], "--endpoint-url", self.endpoint,
+               "--log-level", "error"]  # fmt: skip
+        s = self.since()
+        done = self.call(cmd, self.env)
+        rec = {"s": s, **(end_rollout_attempt(*done) if done else {"exit": None})}
+        if self.stop_ev.is_set() and rec["exit"] != 0:
+            rec["stopped"] = True  # killed by stop(), at the end of the run
+        self.out["attempts"].append(rec)
+        return rec
+
+
+def end_rollout_attempt(code: int | None, out: bytes, err: bytes) -> dict[str, Any]:
+    """One ``rasadmin end-rollout`` as a record: its exit status, and why it refused:
+    ``paper_leases`` (with how many running, how many ended and not yet freed, and a few
+    items), ``record_changed`` (a concurrent change of the record), or ``error`` (no summary:
+    its message on stderr)."""
+    summary = last_json(out, {})
+    rec: dict[str, Any] = {"exit": code}
+    if code == 0:
+        rec["changed"] = summary.get("changed")
+        return rec
+    found = summary.get("paper_leases") or {}
+    if found.get("running") or found.get("ended"):
+        rec.update(reason="paper_leases", running=found.get("running", 0))
+        rec.update(ended=found.get("ended", 0), items=found.get("items", []))
+    elif "refused" in summary:
+        rec.update(reason="record_changed", message=str(summary["refused"]))
+    else:
+        rec.update(reason="error", message=err.decode(errors="replace").strip()[-300:])
+    return rec
+
+
+def end_rollout_result(
+    p: Params,
+    out: dict[str, Any],
+    t_start: float,
+    paper_proxies: list[FaultProxy],
+    record: Rollout,
+    modes: dict[int, bool | None],
+) -> dict[str, Any]:
+    """The end of the rollout as the result records it: :attr:`EndRollout.out`, the paper's
+    last claim through its proxies (when it applied, and the end of the lease it made), the
+    rollout record read from the table after the traffic, and the rules each daemon reported
+    then."""
+    claims = [e for px in paper_proxies for e in px.events if e.get("kind") == "claim"]
+    res = dict(out)
+    res["paper_last_claim_s"] = (
+        round(max(e["got"] for e in claims) - t_start, 3) if claims else None
+    )
+    res["paper_last_lease_end_s"] = (
+        round(max(e["end"] for e in claims) - t_start, 3) if claims else None
+    )
+    res["refusals"] = sum(
+        1 for a in out["attempts"] if a["exit"] not in (0, None) and not a.get("stopped")
+    )
+    res["record_at_end"] = asdict(record)
+    res["daemons_at_end"] = {
+        "off": sum(1 for m in modes.values() if m is False),
+        "on": sum(1 for m in modes.values() if m is True),
+        "no_answer": sum(1 for m in modes.values() if m is None),
+    }
+    succeeded, last = res["succeeded_s"], res["paper_last_claim_s"]
+    # the scenario's premise: no claim of the paper's agent landed after end-rollout's scan
+    res["paper_claim_after_end"] = None not in (succeeded, last) and last > succeeded
+    res["ok"] = (
+        succeeded is not None
+        and succeeded <= p.duration
+        and not record.paper_agents
+        and not res["paper_claim_after_end"]
+    )
+    return res
+
+
 def jobs_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for j in jobs:
@@ -726,8 +937,10 @@ def say(p: Params, msg: str) -> None:
 
 def run(p: Params) -> dict[str, Any]:
     """One chaos run; returns the result (also written to ``p.results_dir``)."""
+    p.check()
     rng = random.Random(f"{p.seed}/run")
     env = child_env(one_table=not p.replicated())
+    denv = daemon_env(p, env)
     work = Path(tempfile.mkdtemp(prefix="rasd-chaos-"))  # short: AF_UNIX paths <= 107 bytes
     motos: list[subprocess.Popen[bytes]] = []
     rep: subprocess.Popen[str] | None = None
@@ -737,6 +950,7 @@ def run(p: Params) -> dict[str, Any]:
     jobs: Jobs | None = None
     balancer: Jobs | None = None
     admin: Admin | None = None
+    end_roll: EndRollout | None = None
     events = Events()
     plan = FaultPlan(rate=p.fault_rate, hold_s=p.hold_s)
     started = time.monotonic()
@@ -778,7 +992,7 @@ def run(p: Params) -> dict[str, Any]:
                 )
             )
         for d in daemons:
-            start_daemon(d, p.table, env)
+            start_daemon(d, p.table, denv)
         for d in daemons:
             if not wait_ready(d, 60):
                 raise RuntimeError(f"daemon {d.index} never became ready; see {d.log}")
@@ -805,6 +1019,9 @@ def run(p: Params) -> dict[str, Any]:
                 apps.append(
                     popen(cmd, env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
                 )
+        paper: list[subprocess.Popen[bytes]] = []
+        # the paper's workers stop by themselves at the end of the rollout, if it has one
+        paper_until = t_end if p.end_rollout_at is None else t_start + p.end_rollout_at
         if p.mixed:
             for i in range(p.paper_workers):
                 histories.append(work / f"paper{i}.jsonl")
@@ -813,14 +1030,20 @@ def run(p: Params) -> dict[str, Any]:
                     sys.executable, "-m", "chaos.paper", "agent", "--app", str(p.apps + i),
                     "--region", p.regions[i % len(p.regions)], "--endpoint-url", endpoint,
                     "--table", p.table, "--out", str(histories[-1]), "--seed", str(p.seed),
-                    "--keys", str(p.keys), "--until", repr(t_end),
+                    "--keys", str(p.keys), "--until", repr(paper_until),
                     "--think-ms", str(p.think_ms), "--read-timeout", str(p.call_timeout),
                 ]  # fmt: skip
+                if p.paper_max_lease is not None:
+                    cmd += ["--max-asked", f"{p.paper_max_lease:g}"]
                 with open(work / f"paper{i}.err", "ab") as err:
                     quiet = subprocess.DEVNULL
-                    apps.append(popen(cmd, env, stdin=quiet, stdout=quiet, stderr=err))
+                    paper.append(popen(cmd, env, stdin=quiet, stdout=quiet, stderr=err))
+            apps += paper
         jobs = Jobs(p, endpoints, env, events)
         jobs.start()
+        if p.end_rollout_at is not None:
+            end_roll = EndRollout(p, endpoints[home], env, jobs, paper, daemons, t_start)
+            end_roll.start()
         if p.balancer and not p.mixed:
             balancer = Jobs(p, endpoints, env, events, balancer=True)
             balancer.start()
@@ -829,6 +1052,8 @@ def run(p: Params) -> dict[str, Any]:
             admin.start()
         next_kill = time.monotonic() + p.kill_every if p.kill_every > 0 else float("inf")
         hard_stop = time.monotonic() + p.duration + 3 * p.call_timeout + 30
+        load: list[float] = []  # the 1-minute load average, every 10 s
+        next_load = time.monotonic()
         while time.monotonic() < hard_stop and any(a.poll() is None for a in apps):
             now = time.monotonic()
             if now >= next_kill and time.time() < t_end:
@@ -837,7 +1062,7 @@ def run(p: Params) -> dict[str, Any]:
                 events.kills.append(
                     {"t": round(time.time(), 3), "daemon": victim.index, "region": victim.region}
                 )
-                start_daemon(victim, p.table, env)  # at once, on the same socket path
+                start_daemon(victim, p.table, denv)  # at once, on the same socket path
                 next_kill = now + p.kill_every
             for d in daemons:  # a restart can die (e.g. during the outage): start it again
                 if (
@@ -847,17 +1072,30 @@ def run(p: Params) -> dict[str, Any]:
                     and time.time() < t_end
                 ):
                     events.restarts[str(d.index)] += 1
-                    start_daemon(d, p.table, env)
+                    start_daemon(d, p.table, denv)
+            if time.monotonic() >= next_load:
+                load.append(os.getloadavg()[0])
+                next_load += 10.0
             time.sleep(0.2)
         for a in apps:
             if a.poll() is None:
                 kill_group(a)
         say(p, "traffic over; stopping jobs, auditing")
-        for actor in (jobs, balancer, admin):
+        for actor in (jobs, balancer, admin, end_roll):
             if actor is not None:
                 actor.stop()
         plan.enabled = False
         stats = {d.index: daemon_stats(d) for d in daemons}
+        ended = None
+        if end_roll is not None:
+            ended = end_rollout_result(
+                p,
+                end_roll.out,
+                t_start,
+                proxies[p.daemons :],
+                jobs_common.read_rollout(ddbs[home], p.table),
+                {d.index: daemon_rollout(d) for d in daemons},
+            )
         settled = None
         if rep is not None:
             settled = replicator.settle(rep, max(1.0, p.lag_s + 0.5))
@@ -908,12 +1146,14 @@ def run(p: Params) -> dict[str, Any]:
             "admin_events": events.admin,
             "proxies": totals(proxies),
             "daemon_counters": _sum_counters(stats),
+            "load": _load(load),
+            "end_rollout": ended,
         }
         result["ok"] = violations(result) == 0
         write(p, result)
         return result
     finally:
-        for actor in (jobs, balancer, admin):
+        for actor in (jobs, balancer, admin, end_roll):
             if actor is not None:
                 actor.stop()
         for a in apps:
@@ -951,6 +1191,15 @@ def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | No
     return out
 
 
+def _load(samples: list[float]) -> dict[str, Any]:
+    """The machine's 1-minute load average during the traffic: lowest, mean, highest."""
+    if not samples:
+        return {"samples": 0}
+    mean = sum(samples) / len(samples)
+    return {"samples": len(samples), "min": round(min(samples), 2), "mean": round(mean, 2),
+            "max": round(max(samples), 2)}  # fmt: skip
+
+
 def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:
     """The live daemons' counters since their last start (a killed daemon's are gone)."""
     total: Counter[str] = Counter()
@@ -984,12 +1233,14 @@ def actors(
 def violations(result: dict[str, Any]) -> int:
     a, t = result["audit"], result["table"]
     leased_moves = result.get("actors", {}).get("balancer", {}).get("leased_moves_in_streams") or 0
+    ended = result.get("end_rollout")
     return int(
         a["double_allocations"]
         + a["in_region_splits"]
         + a["lost_leases"]
         + A.table_violations(t)
         + leased_moves
+        + (ended is not None and not ended["ok"])
     )
 
 
@@ -1010,6 +1261,7 @@ def table(result: dict[str, Any]) -> str:
     a, t = result["audit"], result["table"]
     lat = a["latency_ms"]
     o = a.get("outage") or {}
+    load = result.get("load") or {}
     rows = [
         ("double allocations", a["double_allocations"]),
         ("in-region splits", a["in_region_splits"]),
@@ -1057,6 +1309,9 @@ def table(result: dict[str, Any]) -> str:
                  f"(p50 {g['latency_ms']['p50']} ms, p99 {g['latency_ms']['p99']} ms)")
             )  # fmt: skip
         rows.append(("paper: errors by code", _codes(agents["paper"]["outcomes"])))
+    ended = result.get("end_rollout")
+    if ended:
+        rows += end_rollout_rows(ended)
     calls = "get_lease calls" + (" (rasd's; so are the rows below)" if "paper" in agents else "")
     rows += [
         (calls, a["calls"].get("get_lease", 0)),
@@ -1073,10 +1328,34 @@ def table(result: dict[str, Any]) -> str:
         ("kill -9", result["kills"]),
         ("proxy faults", _codes(_faults(result["proxies"]["total"]))),
         ("jobs", json.dumps(result["jobs"], separators=(",", ":"))),
+        (
+            "load average (1 min): min / mean / max",
+            " / ".join(str(load.get(k, "-")) for k in ("min", "mean", "max")),
+        ),
         ("verdict", "PASS" if result["ok"] else "FAIL"),
     ]
     w = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{w}}  {value}" for name, value in rows)
+
+
+def end_rollout_rows(e: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The end of the rollout in the report; times in seconds into the traffic."""
+    rec = e["record_at_end"]
+    at_end = e["daemons_at_end"]
+    return [
+        ("end-rollout at (s): paper workers / liberator stopped",
+         f"{e['at_s']:g}: {e.get('paper_workers_stopped_s')} (killed "
+         f"{e.get('paper_workers_killed')}) / {e.get('paper_liberator_stopped_s')}"),
+        ("  paper's last claim applied / its lease's end (s)",
+         f"{e['paper_last_claim_s']} / {e['paper_last_lease_end_s']}"),
+        ("  end-rollout attempts / refused / succeeded at (s)",
+         f"{len(e['attempts'])} / {e['refusals']} / {e['succeeded_s']}"),
+        ("  rollout record at the end", ("on" if rec["paper_agents"] else "off")
+         + f" (version {rec['version']}, by {rec['by']}, {rec['why']})"),
+        ("  daemons on the fast rules: all by (s); at the end",
+         f"{e['all_daemons_off_s']}; off {at_end['off']}, on {at_end['on']}, "
+         f"no answer {at_end['no_answer']}"),
+    ]  # fmt: skip
 
 
 def _codes(c: dict[str, int], keep_ok: bool = False) -> str:
@@ -1133,6 +1412,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--paper-liberator-grace", type=float, default=d.paper_liberator_grace)
     ap.add_argument(
+        "--paper-max-lease",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the longest lease the paper's workers ask for (default: the apps' lengths, up "
+        "to 60 s)",
+    )
+    ap.add_argument(
+        "--end-rollout-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--mixed: at this time into the traffic the paper's workers and liberator stop, "
+        "then `rasadmin end-rollout` runs every --end-rollout-every seconds until it succeeds "
+        "(the run fails if it never does); the daemons serve throughout",
+    )
+    ap.add_argument("--end-rollout-every", type=float, default=d.end_rollout_every)
+    ap.add_argument(
+        "--pool-refresh",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the daemons' pool_refresh: how soon they follow the rollout record (default: "
+        f"theirs, 30 s; with --end-rollout-at, {END_ROLLOUT_POOL_REFRESH:g} s)",
+    )
+    ap.add_argument(
         "--one-table",
         action="store_true",
         help="one moto table for both regions, no replicator (--mixed always runs so)",
@@ -1159,10 +1464,20 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through run()'s finally: children are killed
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    p = Params(
+def params(argv: list[str] | None = None) -> Params:
+    """The run's parameters from the command line (argparse's exit on bad usage)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    pool_refresh = args.pool_refresh
+    if args.end_rollout_at is not None:
+        if not args.mixed:
+            ap.error("--end-rollout-at: a mixed fleet only (--mixed)")
+        if not 0 < args.end_rollout_at < args.duration:
+            ap.error("--end-rollout-at: within the traffic (0 < SECONDS < --duration)")
+        if pool_refresh is None:
+            pool_refresh = END_ROLLOUT_POOL_REFRESH
+    label = ("mixed-" if args.mixed else "") + ("endroll-" if args.end_rollout_at else "")
+    return Params(
         duration=args.duration,
         seed=args.seed,
         daemons=args.daemons,
@@ -1178,8 +1493,7 @@ def main(argv: list[str] | None = None) -> int:
         release_rate=args.release_rate,
         think_ms=args.think_ms,
         call_timeout=args.call_timeout,
-        label=args.label
-        or ("mixed-" if args.mixed else "") + ("full" if args.duration >= 300 else "short"),
+        label=args.label or label + ("full" if args.duration >= 300 else "short"),
         results_dir=args.results_dir,
         keep_workdir=args.keep_workdir,
         trace=args.trace,
@@ -1187,6 +1501,10 @@ def main(argv: list[str] | None = None) -> int:
         paper_workers=args.paper_workers,
         paper_faults=not args.no_paper_faults,
         paper_liberator_grace=args.paper_liberator_grace,
+        paper_max_lease=args.paper_max_lease,
+        end_rollout_at=args.end_rollout_at,
+        end_rollout_every=args.end_rollout_every,
+        pool_refresh=pool_refresh,
         replicas=not args.one_table,
         lag_s=args.lag,
         resources=args.resources,
@@ -1198,6 +1516,11 @@ def main(argv: list[str] | None = None) -> int:
         admin=not args.no_admin,
         admin_every=args.admin_every,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = params(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     result = run(p)
     print(table(result))
     print(f"result: {result['path']}")

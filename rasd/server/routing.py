@@ -301,6 +301,8 @@ class Routing:
             "connections": len(self.connections),
             "inflight": len(self.inflight),
             "breaker": self.store.breaker.state if up else "starting",
+            # the rules it runs: the table's rollout record as last read (None: starting)
+            "rollout": acq.driver.rollout.on if acq else None,
             "retry_quota": self.store.retry.quota.available if up else None,
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),

@@ -14,7 +14,10 @@ on a daemon that breaks the rule only under some interleavings this test can pas
 ``test_chaos_mixed`` adds the mixed fleet (``--mixed``, docs/reliability.md "Mixed fleet"):
 workers of the paper's agent on the same keys in both regions, behind their own
 fault-injecting proxies, and the paper's liberator with the runbook's grace; the audit judges
-rasd's and the paper's answers together. ``make chaos-mixed`` runs it for 10 minutes.
+rasd's and the paper's answers together. ``make chaos-mixed`` runs it for 10 minutes. Midway
+it ends the rollout (``--end-rollout-at``): the paper's workers and liberator stop,
+``rasadmin end-rollout`` runs until it succeeds, and the daemons switch to the fast rules
+while they serve.
 """
 
 from __future__ import annotations
@@ -105,10 +108,15 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     lease, whose second lease rasd made (or whose order the claims' write times cannot
     tell). A split whose second lease the paper's agent made, beside a lease of rasd's or
     its own, is the paper's race (docs/design.md, "Two agents acquiring one key at once"):
-    counted, not asserted."""
+    counted, not asserted.
+
+    Then the end of the rollout, while the daemons serve: at 18 s the paper's workers (and
+    the outage, at 8-16 s, before) and its liberator stop; their leases, at most 5 s long
+    here, end and ``ras-liberator`` frees them; ``rasadmin end-rollout`` then succeeds, and
+    the daemons (pool_refresh 5 s) switch to the fast rules for the rest of the run."""
     p = Params(
         duration=45.0, seed=11, mixed=True, label="pytest-mixed", results_dir=str(tmp_path),
-        log=False,
+        log=False, outage_at=8.0, end_rollout_at=18.0, paper_max_lease=5.0, pool_refresh=5.0,
     )  # fmt: skip
     result = run(p)
     print(table(result))
@@ -125,3 +133,17 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     # the second lease of each split was judged from the claims' write times
     assert "paper_made_splits" in a
     assert_rule_kept(a, t)
+    # the switch: end-rollout succeeded within the traffic, after the paper's last claim,
+    # and the table's record says off at the end
+    ended = result["end_rollout"]
+    attempts = json.dumps(ended["attempts"], indent=1)
+    assert ended["ok"] and ended["succeeded_s"] is not None, attempts
+    assert ended["paper_last_claim_s"] < ended["succeeded_s"], ended
+    record = ended["record_at_end"]
+    assert record["paper_agents"] is False and record["why"] == "end-rollout", record
+    # every daemon follows within pool_refresh + pool_refresh_timeout (10 s here) and a
+    # restart reads the record afresh: with that much traffic left, all reported the fast
+    # rules (``stats``' ``rollout``)
+    if ended["succeeded_s"] + 10.0 + 5.0 < p.duration:
+        assert ended["all_daemons_off_s"] is not None, ended["daemons_off_s"]
+        assert ended["daemons_at_end"]["on"] == 0, ended["daemons_at_end"]

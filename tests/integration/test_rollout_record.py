@@ -61,12 +61,14 @@ async def test_a_new_table_runs_the_fast_rules_until_adopt_turns_rollout_on(
         assert rc == 0 and out["rollout"] is True and out["paper_agents_may_start_at"]
         await until(lambda: drv.rollout.on)  # the next pool refresh
         assert drv.steps_daemon().legacy_agents is True
+        assert d.stats()["rollout"] is True  # what `rasd stats` reports
         rc, status = rasadmin(capsys, moto_endpoint, table, "rollout")
         assert rc == 0 and status["rollout"] is True and status["by"].startswith("rasadmin:")
         rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout")
         assert rc == 0 and out["changed"] is True and out["paper_leases"]["running"] == 0
         await until(lambda: not drv.rollout.on)
         assert drv.steps_daemon().legacy_agents is False
+        assert d.stats()["rollout"] is False
 
 
 async def test_a_forced_config_keeps_rollout_mode_whatever_the_table_says(
