@@ -142,3 +142,34 @@ def test_a_known_bad_rule_set_changes_only_the_programs_functions() -> None:
         assert "import" not in "".join(
             line for line in inspect.getsource(m).splitlines() if "check" in line
         ), m.__name__
+
+
+def _uses(path: Path, alias: str) -> set[str]:
+    """The attributes of module alias ``alias`` that the file at ``path`` uses."""
+    tree = ast.parse(path.read_text())
+    return {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == alias
+    }
+
+
+def test_the_cache_and_refresh_rules_are_the_cache_rules() -> None:
+    """The daemon's local policy (an entry's validity, put precedence, the hit's refresh,
+    extend or re-confirm) is ``rasd.core.cache_rules``: the lease cache, the renewer and the
+    checker's model of a daemon all decide by it, and the model decides nothing of it
+    itself (no extension rule of its own)."""
+    rasd_dir = CHECK.parent / "rasd"
+    rules = {"valid_until", "keeps_current", "serves", "stale", "refresh_of", "extend_from"}
+    model = _uses(CHECK / "model.py", "CR")
+    assert rules | {"hit_wants_refresh"} <= model
+    assert {"valid_until", "keeps_current", "serves", "stale", "extend_from"} <= _uses(
+        rasd_dir / "cache.py", "CR"
+    )
+    assert {"refresh_of", "Refresh"} <= _uses(rasd_dir / "renewer.py", "CR")
+    names = {
+        n.id
+        for n in ast.walk(ast.parse((CHECK / "model.py").read_text()))
+        if isinstance(n, ast.Name)
+    }
+    assert "should_extend" not in names
