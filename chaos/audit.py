@@ -51,7 +51,7 @@ A record with ``agent: "paper"`` is an answer of the paper's in-process agent
   answers alone is the paper's own race (two of its agents claiming for a key that its
   index does not show yet, or a claim whose reply was lost and retried): counted apart as
   ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures;
-* with ``creations`` (the claims the run's proxies saw apply, chaos.proxy.claim_of), each
+* with ``creations`` (the claims the run's proxies saw apply, chaos.proxy.lease_event), each
   split and lost lease also says who made **the second lease** (``second``): of the two
   leases, the one whose making write applied after the other's had. A lease is made by its
   claim, or made again by an extension past its end (its answers' validity has a gap since

@@ -10,7 +10,7 @@ and the tests' fault wrapper (``tests.doubles.store``) work unchanged:
 ================================  ================================================================
 DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
 connection refused, DNS, any       ``EndpointConnectionError(error=ConnectFailed(...))``: never
-error while connecting, a proxy    sent (``store._never_sent``)
+error while connecting, a proxy    sent (``rasd.dynamo.retry.never_sent``)
 refusing CONNECT
 certificate not trusted by the     ``SSLError(error=ConnectFailed(...))`` naming the CA bundle:
 CA bundle                          never sent

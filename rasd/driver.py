@@ -62,7 +62,7 @@ from .steps import daemon as S
 from .store import Store
 from .tasks import Tasks
 
-log = structlog.get_logger("rasd.acquire")
+log = structlog.get_logger("rasd.driver")
 
 
 class RolloutMode:

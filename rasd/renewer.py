@@ -25,7 +25,7 @@ from .pools import PoolTable
 from .steps import daemon as S
 from .steps.renew import extend_bg, reconfirm
 
-log = structlog.get_logger("rasd.acquire")
+log = structlog.get_logger("rasd.renewer")
 
 
 class Renewer:

@@ -26,7 +26,7 @@ from .driver import Driver
 from .pools import PoolTable
 from .steps import daemon as S
 
-log = structlog.get_logger("rasd.acquire")
+log = structlog.get_logger("rasd.reporter")
 
 HEADROOM_TTL = 10.0
 HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs

@@ -19,7 +19,7 @@ import structlog
 
 from .observe.metrics import Counters
 
-log = structlog.get_logger("rasd.acquire")
+log = structlog.get_logger("rasd.tasks")
 
 R = TypeVar("R")
 

@@ -9,7 +9,7 @@ is used twice:
 * :func:`render` turns it into the keyword arguments of DynamoDB's ``UpdateItem`` (what the
   daemon and the jobs send);
 * :func:`apply` evaluates it against an item held as a plain ``dict`` (what the protocol
-  checker in ``rasd.check`` runs, and what ``tests/integration/test_writes_model.py`` compares
+  checker in ``check`` runs, and what ``tests/integration/test_writes_model.py`` compares
   with moto's answers for the same writes).
 
 So the model checker checks the very conditions production sends, not a paraphrase of them.

@@ -33,7 +33,7 @@ def expire(fut: asyncio.Future[Any]) -> None:
 
 class ConnectFailed(OSError):
     """The cause of an ``EndpointConnectionError`` raised while connecting: the request was
-    never sent (``rasd.store._never_sent`` relies on it)."""
+    never sent (``rasd.dynamo.retry.never_sent`` relies on it)."""
 
 
 class Conn(asyncio.Protocol):

@@ -280,7 +280,7 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
         faults.add("validation", ops={"UpdateItem"}, times=1)
         with capture_logs() as logs:
             # a fresh logger proxy, so a logger cached by an earlier test cannot bypass capture
-            monkeypatch.setattr(renewer, "log", structlog.get_logger("rasd.acquire"))
+            monkeypatch.setattr(renewer, "log", structlog.get_logger("rasd.renewer"))
             hit = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
             assert hit.resource == first.resource and hit.version == first.version
             await wait_for(lambda: d.counters["lease.extend_errors"] == 1, "failed extension")

@@ -537,7 +537,7 @@ def test_rasadmin_refusals_are_told_apart() -> None:
 
 
 def made(key: str, res: str, sent: float, got: float, agent: str) -> dict[str, Any]:
-    """A claim the run's proxies saw apply (chaos.proxy.claim_of), with its agent."""
+    """A claim the run's proxies saw apply (chaos.proxy.lease_event), with its agent."""
     return {"key": key, "resource": res, "version": 1, "sent": sent, "got": got, "agent": agent}
 
 
