@@ -20,6 +20,7 @@ dev: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=. $(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -26,20 +26,18 @@ A known-bad rule set reaches the deletes through ``rasd.steps.admin.AdminOps``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasd.core.lease import US
 from rasd.steps import Spawn
 from rasd.steps.admin import add_resource, adopt_lease, define_pool, delete_resource, move_free
 
 from .effects import start, step
-from .jobs import CLIENT, HOST, POOL, _res, _res_keys, _versions
+from .jobs import HOST, _res, _res_keys, _versions
 from .rulesets import admin_ops
+from .world import CLIENT, POOL, World
 
-if TYPE_CHECKING:
-    from .model import World
-
-Out = list[tuple[str, "World"]]
+Out = list[tuple[str, World]]
 
 #: the command names of the model's rasadmin processes (their labels begin with these)
 KINDS = ("rasadmin", "balancer")

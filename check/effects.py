@@ -30,7 +30,7 @@ lists as tuples, errors as the module's singletons), so a world's key hashes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from itertools import permutations
 from typing import TYPE_CHECKING, Any
@@ -62,8 +62,10 @@ from rasd.steps import (
 )
 from rasd.store import WriteResult
 
+from .procs import Proc, replace
+
 if TYPE_CHECKING:
-    from .model import World
+    from .world import World
 
 #: the errors the model's calls fail with (one instance each: a state is compared by value)
 NOT_SENT = Unavailable("not sent (the model's fault)")
@@ -83,30 +85,6 @@ class FrozenItem(dict[str, Any]):
 
 def frozen(it: dict[str, Any] | None) -> FrozenItem | None:
     return None if it is None else FrozenItem(it)
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One process: its program's trace, and what the interpreter keeps beside it."""
-
-    trace: Trace
-    label: str  # how its steps are named ("d0 get_lease(k1)", "d0 bg confirm(k1)")
-    offset: int = 0  # its clock's offset (ticks)
-    started: int = 0  # true tick it began (a bound process's deadline runs from here)
-    bound: bool = False  # bound by a request's deadline
-    calls: int = 0  # DynamoDB calls made
-    order: tuple[int, ...] = ()  # a Together under way: the order its calls land in
-    partial: tuple[Any, ...] = ()  # ... and the results of those landed so far
-    #: the step effect it waits on (its trace's, kept to spare a replay)
-    eff: Any = field(default=None, compare=False, repr=False)
-
-
-def replace(p: Proc, **kw: Any) -> Proc:
-    """``dataclasses.replace`` for a :class:`Proc`, fast (the checker makes millions)."""
-    new = object.__new__(Proc)
-    new.__dict__.update(p.__dict__)
-    new.__dict__.update(kw)
-    return new
 
 
 class Host:

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .model import Config, Violation, World, initial, successors
+from .model import initial, successors
 from .rulesets import Protocol
+from .world import Config, Violation, World
 
 Step = tuple[str, list[str]]  # label, notes (answers, releases, errors) of that step
 

@@ -27,7 +27,7 @@ The known-bad rule sets reach the jobs through the programs' ``ops``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasd.core.builders import liberate, paper_free, relist
 from rasd.core.lease import US, Lease, ResourceItem, fmt_time
@@ -38,16 +38,12 @@ from rasd.steps.dedupe import DedupeRun, dedupe_groups
 from rasd.steps.paper import PaperAnswer, paper_free_expired, paper_get_lease
 from rasd.steps.repair import LiberatorRun, check_orphan, liberate_item, relist_item
 
-from .effects import Host, Proc, frozen, start, step
+from .effects import Host, frozen, start, step
+from .procs import Proc
 from .rulesets import job_ops
+from .world import CLIENT, POOL, REGION, Daemon, World, scans
 
-if TYPE_CHECKING:
-    from .model import World
-
-Out = list[tuple[str, "World"]]
-
-#: the model's names (check.model), repeated to keep this module free of import cycles
-CLIENT, POOL, REGION = "c", "p", "r1"
+Out = list[tuple[str, World]]
 
 
 def _res(f: Any) -> ResourceItem | None:
@@ -156,8 +152,6 @@ class JobHost(Host):
             detail = getattr(v, "detail", None)
             w.notes.append(f"{p.label} -> {said}" + (f" ({detail})" if detail else ""))
         if p.trace.name == paper_get_lease.__qualname__ and isinstance(done.value, PaperAnswer):
-            from .model import Daemon
-
             it, key = done.value.item, p.trace.args[2]
             assert it.lease_expires_us is not None
             n = w.paper - 1
@@ -273,14 +267,12 @@ def start_jobs(w0: World) -> Out:
     kinds = _kinds(w0)
     cfg = w0.cfg
     if dedupe_groups.__qualname__ not in kinds and w0.dedupe_done < cfg.dedupe_runs:
-        from .model import _scans
-
         now = w0.now_us(cfg.dedupe_offset)
         rules = w0.rules
         others = frozenset(cfg.all_regions) - {REGION}
         run = DedupeRun(REGION, now, cfg.rules().quarantine_us, rules.margin_us,
                         rules.grace_us, peers=others)  # fmt: skip
-        for scan in _scans(w0):
+        for scan in scans(w0):
             groups: dict[str, list[ResourceItem]] = {}
             for it in scan:
                 assert it.key is not None

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from rasd_client.wire import _HEADER, HEADER_SIZE, VERSION, encode
+from rasd_client.wire import HEADER_SIZE, VERSION, encode, length_prefix
 
 from .core.errors import BadRequest
 from .core.lease import MAX_KEY_LEN, Lease
@@ -177,7 +177,7 @@ def answer_head(lease: Lease) -> bytes:
     request ``req_id`` (0 <= req_id <= ID_MAX) is ``head + ID_PACK(req_id)``; for a negative
     one, :func:`answer_wide`."""
     frame = encode(lease_response(0, lease, False))
-    return _HEADER.pack(len(frame) - HEADER_SIZE + 8) + frame[HEADER_SIZE:-1] + b"\xcf"
+    return length_prefix.pack(len(frame) - HEADER_SIZE + 8) + frame[HEADER_SIZE:-1] + b"\xcf"
 
 
 def answer_wide(head: bytes, req_id: int) -> bytes:
@@ -185,4 +185,4 @@ def answer_wide(head: bytes, req_id: int) -> bytes:
     carry the id (a negative one; msgpack decodes no int above ``ID_MAX``): the id packed as
     msgpack packs it, the length counted again: ``encode(lease_response(req_id, ...))``."""
     body: bytes = head[HEADER_SIZE:-1] + msgpack.packb(req_id)
-    return _HEADER.pack(len(body)) + body
+    return length_prefix.pack(len(body)) + body

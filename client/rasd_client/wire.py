@@ -24,8 +24,9 @@ import msgpack
 
 VERSION = 1
 MAX_FRAME = 64 * 1024
-_HEADER = struct.Struct(">I")
-HEADER_SIZE = _HEADER.size
+#: a frame's header: the body's length, big-endian
+length_prefix = struct.Struct(">I")
+HEADER_SIZE = length_prefix.size
 
 
 class FrameTooLarge(Exception):
@@ -47,7 +48,7 @@ class BadFrame:
 def encode(payload: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack of ``payload``."""
     body: bytes = msgpack.packb(payload, use_bin_type=True)
-    return _HEADER.pack(len(body)) + body
+    return length_prefix.pack(len(body)) + body
 
 
 class FrameDecoder:
@@ -69,7 +70,7 @@ class FrameDecoder:
     def frames(self) -> Iterator[dict[str, Any] | BadFrame]:
         buf = self._buf
         while len(buf) >= HEADER_SIZE:
-            (length,) = _HEADER.unpack_from(buf, 0)
+            (length,) = length_prefix.unpack_from(buf, 0)
             if length > self.max_frame:
                 raise FrameTooLarge(f"frame of {length} bytes exceeds {self.max_frame}")
             end = HEADER_SIZE + length
@@ -77,10 +78,11 @@ class FrameDecoder:
                 return
             body = bytes(buf[HEADER_SIZE:end])
             del buf[:end]
-            yield _decode_body(body)
+            yield decode_body(body)
 
 
-def _decode_body(body: bytes) -> dict[str, Any] | BadFrame:
+def decode_body(body: bytes) -> dict[str, Any] | BadFrame:
+    """A frame's body as a map, or what is wrong with it (BadFrame): never raises."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types

@@ -25,25 +25,37 @@ reading for good and closes once the last request read is answered.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
 from rasd_client.wire import (
-    _HEADER,
     HEADER_SIZE,
     MAX_FRAME,
+    BadFrame,
     FrameDecoder,
     FrameTooLarge,
+    decode_body,
     encode,
     error_payload,
+    length_prefix,
 )
-from rasd_client.wire import _decode_body as decode_body
 
+from ..observe.metrics import Counters
 from .peercred import Acl, Grant, peer_credentials, peer_gids
 
-if TYPE_CHECKING:
-    from .lifecycle import Daemon
+
+class Server(Protocol):
+    """What a connection needs of the daemon it serves: the set of open connections it joins
+    and leaves, counters, the access list its peer is judged by, and the handling of each
+    frame (``Routing.handle``: an answer frame to write, or None when it answers otherwise)."""
+
+    connections: set[Connection]
+    counters: Counters
+    acl: Acl
+
+    def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None: ...
+
 
 log = structlog.get_logger("rasd.server")
 
@@ -76,7 +88,7 @@ class Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Server) -> None:
         self.daemon = daemon
         #: the frames of a read that was not exactly one (None while it holds nothing)
         self.decoder: FrameDecoder | None = None
@@ -133,7 +145,7 @@ class Connection(asyncio.Protocol):
         n = len(data)
         if n > HEADER_SIZE and self.decoder is None:
             # The usual case: exactly one whole frame, nothing buffered. Decoded in place.
-            (length,) = _HEADER.unpack_from(data, 0)
+            (length,) = length_prefix.unpack_from(data, 0)
             if length == n - HEADER_SIZE and length <= MAX_FRAME:
                 frame = decode_body(memoryview(data)[HEADER_SIZE:])  # type: ignore[arg-type]
                 out = daemon.handle(self, frame)

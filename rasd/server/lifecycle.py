@@ -134,12 +134,21 @@ class Daemon(Routing):
         self._watchdog_started = False
         #: The inherited listening socket (fd 3 under socket activation), for a hand-over.
         self._listen_sock: socket.socket | None = None
-        self._successor: Any = None  # subprocess.Popen of a hand-over's successor
-        self._handed_over = False
+        self.handover = handover.Handover(self)
         #: A hand-over's successor, until it accepts (its predecessor holds the metrics port).
         self._taking_over = False
 
     # ------------------------------------------------------------------ start
+    @property
+    def listen_sock(self) -> socket.socket | None:
+        """The listening socket (None before :meth:`listen`)."""
+        return self._listen_sock
+
+    @property
+    def stopping(self) -> bool:
+        """Has a stop been asked for (SIGTERM, or a hand-over that completed)?"""
+        return self._stop.is_set()
+
     async def listen(self, sock: socket.socket | None = None) -> None:
         """Accept on the socket now (and serve metrics, if asked). Nothing heavy happens here."""
         loop = asyncio.get_running_loop()
@@ -415,7 +424,7 @@ class Daemon(Routing):
     def hand_over(self) -> None:
         """SIGUSR2: start a successor on the same listening socket and stop once it serves
         (rasd.server.handover)."""
-        handover.start_successor(self)
+        self.handover.start()
 
     # ------------------------------------------------------------------- stop
     async def shutdown(self, drain: float = 5.0) -> None:
@@ -432,14 +441,14 @@ class Daemon(Routing):
            then background writes are drained and the store closed, with no client waiting.
         """
         self.ready = False
-        if not self._handed_over:  # after a hand-over the successor is the main process
+        if not self.handover.handed_over:  # after one the successor is the main process
             self.notifier.stopping(status="draining")
         log.info(
             "stopping",
             inflight=len(self.inflight),
             connections=len(self.connections),
             drain_s=drain,
-            handed_over=self._handed_over,
+            handed_over=self.handover.handed_over,
         )
         if self.server is not None:
             self.server.close()

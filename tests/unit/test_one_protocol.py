@@ -12,8 +12,8 @@ import ast
 import inspect
 from pathlib import Path
 
-from check.effects import Proc
 from check.model import Config, World, initial, successors
+from check.procs import Proc
 from check.rulesets import BAD_A, REAL
 from rasd import acquire, driver, releaser, renewer, reporter
 from rasd.steps import daemon as S

@@ -1,0 +1,610 @@
+"""The model's state: one DynamoDB table, the daemons' local state, the jobs' bookkeeping and
+the answers apps hold, as one :class:`World` value; and its configuration (:class:`Config`).
+
+Theory of operation
+-------------------
+A :class:`World` is one global state: the table (plain dicts, every write through
+``rasd.core.writes.apply`` with the very ``Write`` production sends), a short history of each
+resource item (the lagging ``available_resources`` index and the liberator's scan read from
+it), the daemons (clock offset, request process, background processes, lease cache), writes
+still in flight, the answers given to apps that may still be valid, and the fault budget.
+Every answer is checked against I1 and I2 when it is given.
+
+What may happen next is :mod:`check.model`'s (the daemons and app calls) and
+:mod:`check.jobs`' (the jobs); both import this module and neither imports the other's
+state from anywhere else, so the checker's modules form no import cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from dataclasses import replace as _dc_replace
+from typing import TypeVar
+
+from rasd.core.decide import Rules
+from rasd.core.lease import (
+    LIVE,
+    META_CLIENT,
+    US,
+    Lease,
+    Mapping,
+    Pool,
+    ResourceItem,
+    fmt_time,
+    map_pk,
+    partition_name,
+    partition_of,
+)
+from rasd.core.serialize import is_tombstone, mapping_from, resource_from
+from rasd.core.writes import ItemKey, Value, Write, apply
+from rasd.steps import daemon as S
+
+from .procs import Proc
+from .rulesets import Protocol, ops_of
+
+CLIENT, POOL, REGION = "c", "p", "r1"
+T0 = 1_700_000_000  # seconds since the epoch at tick 0
+#: the model's one pool (its lease bound never refuses a request)
+POOL_ = Pool(CLIENT, POOL, 10**12)
+Item = dict[str, Value]
+FrozenItem = tuple[tuple[str, Value], ...]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to explore. Times in ticks (seconds)."""
+
+    daemons: int = 2
+    keys: tuple[str, ...] = ("k1", "k2")
+    resources: tuple[str, ...] = ("ra", "rb", "rc")
+    #: clock offset of each daemon (ticks); any two hosts differ by at most ``skew``
+    offsets: tuple[int, ...] = (0, 1, 0, 1, 0, 1)
+    liberator_offset: int = 1
+    skew: int = 1
+    margin: int = 1
+    pending_hold: int = 2
+    confirm: int = 3  # S
+    lag: int = 1  # replication lag term of the quarantine (config.quarantine)
+    lease: int = 12  # every get_lease asks for now + lease (longer than Q, as in production)
+    extend_fraction: float = 0.5
+    horizon: int = 16  # no tick past this true time
+    deadline: int = 1  # a request fails with TIMEOUT once this many ticks have passed
+    max_calls: int = 8  # ... or once it has made this many DynamoDB calls (time stands still)
+    ticks: tuple[int, ...] = (1, 3)
+    max_faults: int = 2  # lost requests/replies, delayed writes, read errors
+    max_crashes: int = 1
+    max_ops: int = 4  # app calls (get_lease / release) in one run
+    history: int = 2  # earlier versions of each resource item the lagging index may return
+    free_claim_attempts: int = 2  # the driver tries 6; 2 already covers "retried after error"
+    liberator: bool = True
+    release: bool = True
+    #: region of each daemon (empty: all in ``r1``); a daemon writes only its region's items
+    regions: tuple[str, ...] = ()
+    #: region of each resource (empty: all in ``r1``)
+    resource_regions: tuple[str, ...] = ()
+    #: the lease length each daemon's apps ask for (empty: ``lease`` for all)
+    leases: tuple[int, ...] = ()
+    #: replication lag: a daemon may read another region's mapping at any of this many
+    #: earlier versions (0: the current one), written less than ``lag`` ticks ago (a tick of
+    #: at least ``lag`` lets every replica catch up)
+    replica_history: int = 0
+    #: runs of ``ras-dedupe`` (``rasd.steps.dedupe``), one at a time, each a process
+    dedupe_runs: int = 0
+    dedupe_offset: int = 1
+    #: runs of the liberator's orphan repair (``rasd.steps.repair.check_orphan``), each a
+    #: process; a held item is checked once acquired ``orphan_age`` ago
+    repair_runs: int = 0
+    orphan_age: int = 2
+    #: get_lease calls of the paper's in-process agent (bench/baseline.py, paper=True) for
+    #: ``paper_key``, one at a time: the leased index (lagging) by key, else a candidate from
+    #: the available index (lagging, any ``lease_available``) and a claim on its version alone
+    paper_calls: int = 0
+    paper_key: str = "kp"
+    paper_offset: int = 1
+    #: the paper's liberator (bench/baseline.py paper_liberate): frees every lease past its
+    #: end on its clock (no grace) read from the lagging index, on the version read alone
+    paper_liberator: bool = False
+    #: how long past a lease's end the paper's liberator waits (docs/operations.md asks for
+    #: at least the clock-skew bound: with none, a clock ahead by the skew frees a lease that
+    #: early, which this checker found)
+    paper_grace: int = 1
+    #: the daemons run with ``legacy_agents`` (the leased index read with the mapping, the
+    #: paper's leases adopted, a won claim settled before it is served, a lapsed lease ended
+    #: rather than extended), each with an owner name of its own
+    legacy_agents: bool = False
+    #: rasadmin's commands the model runs (``check.admin``), one at a time, at most
+    #: ``admin_runs`` in all: "delete" (delete-resource), "force" (delete-resource --force),
+    #: "add" (add-resources of a deleted name: its re-add), "pool" (add-pool redefining the
+    #: longest lease to each of ``pool_leases``), "adopt" (rasadmin adopt of a running lease)
+    admin: tuple[str, ...] = ()
+    #: the table's rollout record changes once, at any step (``rasadmin end-rollout`` when the
+    #: run starts in rollout mode, ``rasadmin adopt`` otherwise); each daemon follows it at a
+    #: step of its own (its pool refresh), and every program it started before keeps the mode
+    #: it started with. ``end-rollout`` is refused while an item holds a lease of the paper's
+    #: agent, whose calls stop once it applied; after ``adopt`` the paper's agent calls only
+    #: once every daemon follows it and no program of the old mode still runs (the bound
+    #: ``rasadmin adopt`` prints)
+    rollout_switch: bool = False
+    admin_runs: int = 0
+    admin_offset: int = 1
+    #: the pool's longest lease as first defined (ticks; 0: no definition in the table, the
+    #: daemons' pool never refuses) and what ``rasadmin add-pool`` may redefine it to
+    pool_lease: int = 0
+    pool_leases: tuple[int, ...] = ()
+    #: the balancer's moves (``rasd.steps.admin.move_free``), one at a time: a free item of
+    #: another region, from that region's lagging available index, moved to
+    #: ``balancer_region``, where the balancer runs
+    balancer_moves: int = 0
+    balancer_region: str = "r2"
+
+    def region(self, daemon: int) -> str:
+        return self.regions[daemon] if self.regions else REGION
+
+    def res_region(self, res: str) -> str:
+        if not self.resource_regions:
+            return REGION
+        return self.resource_regions[self.resources.index(res)]
+
+    @property
+    def all_regions(self) -> tuple[str, ...]:
+        return tuple(sorted({*self.regions, *self.resource_regions})) or (REGION,)
+
+    @property
+    def makers(self) -> bool:
+        """Is the paper's agent in the run (who made each lease is then tracked)?"""
+        return self.legacy_agents or self.paper_calls > 0
+
+    def lease_of(self, daemon: int) -> int:
+        return self.leases[daemon] if self.leases else self.lease
+
+    @property
+    def quarantine(self) -> int:
+        return self.confirm + self.skew + self.lag  # config.quarantine
+
+    def rules(self) -> Rules:
+        return Rules(
+            margin_us=self.margin * US,
+            grace_us=self.skew * US,
+            pending_hold_us=self.pending_hold * US,
+            quarantine_us=self.quarantine * US,
+            confirm_us=self.confirm * US,
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    lease: Lease
+    confirmed: int  # true tick (monotonic clock)
+    until: float  # true time from which the cache no longer serves it (cache_rules.serves)
+
+
+@dataclass(frozen=True)
+class Daemon:
+    idx: int
+    offset: int
+    req: Proc | None = None
+    bg: tuple[Proc, ...] = ()
+    cache: tuple[tuple[str, Entry], ...] = ()
+    refreshing: frozenset[str] = frozenset()
+
+    def entry(self, key: str) -> Entry | None:
+        return next((e for k, e in self.cache if k == key), None)
+
+    def with_entry(self, key: str, e: Entry | None) -> Daemon:
+        rest = tuple((k, x) for k, x in self.cache if k != key)
+        if e is not None:
+            rest = tuple(sorted((*rest, (key, e)), key=lambda kv: kv[0]))
+        return replace(self, cache=rest)
+
+
+@dataclass(frozen=True)
+class Answer:
+    key: str
+    resource: str
+    exp: int  # us
+    token: str
+    at: int = 0  # true us when it was given
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    detail: str
+
+
+def replace(obj: _T, **kw: object) -> _T:
+    """``dataclasses.replace`` for the model's own (dict-backed, frozen) dataclasses, fast."""
+    if not hasattr(obj, "__dict__"):
+        return _dc_replace(obj, **kw)  # type: ignore[type-var]
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(kw)
+    return new
+
+
+@functools.lru_cache(maxsize=200_000)
+def _res_of(f: FrozenItem) -> ResourceItem | None:
+    """The resource item ``f`` is (None: a deleted name's tombstone, no resource)."""
+    it = dict(f)
+    return None if is_tombstone(it) else resource_from(it)
+
+
+@functools.lru_cache(maxsize=200_000)
+def _map_of(f: FrozenItem) -> Mapping:
+    return mapping_from(dict(f))
+
+
+def freeze(it: Item | None) -> FrozenItem | None:
+    return None if it is None else tuple(sorted(it.items()))
+
+
+def mkey(key: str, region: str = REGION) -> ItemKey:
+    return (map_pk(CLIENT, POOL, key), region)
+
+
+def rkey(res: str) -> ItemKey:
+    return (CLIENT, res)
+
+
+# ----------------------------------------------------------------------------- the world
+class World:
+    """A mutable working copy of one global state; :meth:`key` is its canonical hash key."""
+
+    __slots__ = (
+        "admin",
+        "answers",
+        "cfg",
+        "crashes",
+        "daemons",
+        "dedupe_done",
+        "faults",
+        "hist",
+        "inflight",
+        "inv_q",
+        "jobs",
+        "made",
+        "made_of",
+        "notes",
+        "ops",
+        "paper",
+        "proto",
+        "release_calls",
+        "released",
+        "repair_done",
+        "rollout",
+        "rules",
+        "setups",
+        "t",
+        "table",
+        "tokens",
+        "violation",
+    )
+
+    def __init__(self, cfg: Config, proto: Protocol) -> None:
+        self.cfg = cfg
+        self.proto = proto
+        self.rules = proto.rules(cfg.rules())
+        self.inv_q = cfg.rules().quarantine_us  # the invariants' Q: the real rules', always
+        self.t = 0
+        self.table: dict[ItemKey, FrozenItem] = {}
+        self.hist: dict[ItemKey, tuple[FrozenItem, ...]] = {}
+        for r in cfg.resources:
+            self.table[rkey(r)] = freeze(
+                {
+                    "client_id": CLIENT,
+                    "resource": r,
+                    "pool_id": POOL,
+                    "region": cfg.res_region(r),
+                    "partition": partition_name(CLIENT, POOL, cfg.res_region(r), partition_of(r)),
+                    "lease_available": fmt_time(T0 * US),
+                    "version": 0,
+                }
+            )  # type: ignore[assignment]
+            self.hist[rkey(r)] = ()
+        self.daemons = tuple(Daemon(i, cfg.offsets[i]) for i in range(cfg.daemons))
+        #: each daemon as its programs see it (rasd.steps.daemon.Daemon)
+        self.setups = tuple(
+            S.Daemon(
+                cfg.region(i),
+                f"d{i}" if cfg.legacy_agents or cfg.rollout_switch else "owner",
+                self.rules,
+                legacy_agents=cfg.legacy_agents,
+                free_claim_attempts=cfg.free_claim_attempts,
+                ops=ops_of(proto),
+            )
+            for i in range(cfg.daemons)
+        )
+        #: (the record changed, which daemons follow it)
+        self.rollout: tuple[bool, tuple[bool, ...]] = (False, (False,) * cfg.daemons)
+        self.inflight: tuple[Write, ...] = ()
+        self.answers: frozenset[Answer] = frozenset()
+        self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
+        self.release_calls: tuple[tuple[str, int], ...] = ()  # (key, true us of the call)
+        self.faults = 0
+        self.crashes = 0
+        self.ops = 0
+        self.tokens = 0
+        self.violation: Violation | None = None
+        self.notes: list[str] = []
+        #: the job processes (check.jobs): ras-dedupe, orphan checks, the paper's agent
+        self.jobs: tuple[Proc, ...] = ()
+        self.dedupe_done = 0
+        self.repair_done = 0
+        #: get_lease calls the paper's agent has started
+        self.paper = 0
+        #: rasadmin commands and balancer moves started
+        self.admin = (0, 0)
+        #: with ``legacy_agents``: each resource's latest claim, (resource, order, maker:
+        #: "rasd" or "paper"; order: 1 for the run's first claim, then 2...), and each
+        #: answered token's lease as made, (token, order, maker)
+        self.made: tuple[tuple[str, int, str], ...] = ()
+        self.made_of: tuple[tuple[str, int, str], ...] = ()
+        if cfg.pool_lease:
+            from rasd.steps.admin import pool_key
+
+            self.table[pool_key(CLIENT, POOL)] = freeze(
+                {"client_id": META_CLIENT, "resource": pool_key(CLIENT, POOL)[1],
+                 "kind": "pool", "max_lease": str(float(cfg.pool_lease))}
+            )  # type: ignore[assignment]  # fmt: skip
+
+    def clone(self) -> World:
+        w = World.__new__(World)
+        for s in World.__slots__:
+            setattr(w, s, getattr(self, s))
+        w.table = dict(self.table)
+        w.hist = dict(self.hist)
+        w.notes = []
+        return w
+
+    def key(self) -> tuple[object, ...]:
+        return (
+            self.t,
+            tuple(sorted(self.table.items())),
+            tuple(sorted(self.hist.items())),
+            self.daemons,
+            tuple(sorted(self.inflight, key=repr)),
+            tuple(sorted((a.key, a.resource, a.exp, a.token) for a in self.answers)),
+            self.released,
+            self.release_calls,
+            self.faults,
+            self.crashes,
+            self.ops,
+            self.tokens,
+            self.jobs,
+            self.dedupe_done,
+            self.repair_done,
+            self.paper,
+            self.admin,
+            self.made,
+            self.made_of,
+            self.rollout,
+        )
+
+    # --------------------------------------------------------------------- clocks
+    def true_us(self) -> int:
+        return (T0 + self.t) * US
+
+    def now_us(self, offset: int) -> int:
+        return (T0 + self.t + offset) * US
+
+    # ---------------------------------------------------------------------- table
+    def get(self, k: ItemKey) -> Item | None:
+        f = self.table.get(k)
+        return None if f is None else dict(f)
+
+    def put(self, k: ItemKey, it: Item) -> None:
+        old = self.table.get(k)
+        if k[0] == CLIENT and old is not None:
+            h = (old, *self.hist.get(k, ()))
+            self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.history]
+        elif k[0] != CLIENT and k[0] != META_CLIENT and self.cfg.replica_history:
+            # another region's replica may still show an earlier version (replication lag)
+            h = (old or (), *self.hist.get(k, ()))  # (): the item did not exist yet
+            self.hist[k] = tuple(dict.fromkeys(h))[: self.cfg.replica_history]
+        self.table[k] = freeze(it)  # type: ignore[assignment]
+
+    def replicas(self, key: str, region: str) -> list[tuple[str, list[Mapping]]]:
+        """The other regions' mappings of ``key`` as a daemon of ``region`` reads them from
+        its replica: the current version, or (with ``replica_history``) an earlier one."""
+        per: list[list[tuple[str, Mapping | None]]] = []
+        for other in self.cfg.all_regions:
+            if other == region:
+                continue
+            k = mkey(key, other)
+            cur = self.table.get(k)
+            opts: list[tuple[str, Mapping | None]] = [("", None if cur is None else _map_of(cur))]
+            for i, f in enumerate(self.hist.get(k, ())):
+                opts.append((f" (replica of {other} {i + 1} behind)", _map_of(f) if f else None))
+            per.append(opts)
+        out: list[tuple[str, list[Mapping]]] = [("", [])]
+        for opts in per:
+            out = [
+                (lab + lab2, [*ms, *([] if m is None else [m])])
+                for lab, ms in out
+                for lab2, m in opts
+            ]
+        return out
+
+    def land(self, w: Write) -> bool:
+        old = self.get(w.key)
+        new = apply(old, w)
+        if new is None:
+            return False
+        self.put(w.key, new)
+        if (
+            self.cfg.makers
+            and w.key[0] == CLIENT
+            and new.get("key") is not None
+            and (old is None or old.get("key") is None)
+        ):  # a claim: a new lease
+            self.made_by(str(new["resource"]), "paper" if w.kind == "paper_claim" else "rasd")
+        return True
+
+    def made_by(self, res: str, maker: str) -> None:
+        """``res`` was just claimed (a new lease), by ``maker``."""
+        seq = 1 + max((m[1] for m in (*self.made, *self.made_of)), default=0)
+        mine = ((res, seq, maker),)
+        self.made = tuple(sorted((*(m for m in self.made if m[0] != res), *mine)))
+
+    def pool(self) -> Pool:
+        """The pool as the daemons read it (at their pool refresh: here, at once)."""
+        f = self.table.get((META_CLIENT, f"pool#{CLIENT}#{POOL}"))
+        if f is None:
+            return POOL_
+        return Pool(CLIENT, POOL, int(float(dict(f)["max_lease"]) * US))
+
+    def mapping(self, key: str, region: str = REGION) -> Mapping | None:
+        f = self.table.get(mkey(key, region))
+        return None if f is None else _map_of(f)
+
+    def resource(self, res: str) -> ResourceItem | None:
+        f = self.table.get(rkey(res))
+        return None if f is None else _res_of(f)  # None too for a tombstone
+
+    # ---------------------------------------------------------------- daemons
+    def set_daemon(self, d: Daemon) -> None:
+        ds = list(self.daemons)
+        ds[d.idx] = d
+        self.daemons = tuple(ds)
+
+    def new_token(self) -> str:
+        self.tokens += 1
+        return f"t{self.tokens}"
+
+    # ---------------------------------------------------------- the invariants
+    def _end(self, a: Answer, quarantine: bool) -> int:
+        """When answer ``a`` stops being valid (docs/design.md, I1 and I2).
+
+        I1 (``quarantine``): at its lease end, or, once its lease's release has completed,
+        Q - max_clock_skew after it (the quarantine, as the most advanced clock sees it).
+        I2: at its lease end, when an app calls release(key) after the lease's first answer,
+        whatever that call answers (an app that asked to release stops using it), or when a
+        release of the key applied to this lease, whenever it was called (release is per
+        key: it ends whatever lease the key holds when it applies, docs/protocol.md)."""
+        if quarantine:
+            rel = next((t for tok, t in self.released if tok == a.token), None)
+            if rel is None:
+                return a.exp
+            return min(a.exp, rel + self.inv_q - self.cfg.rules().grace_us)
+        # per lease (its token), not per answer: a cached copy served after the release by
+        # another daemon belongs to the released lease (stale for at most S, I3)
+        first = min((b.at for b in self.answers if b.token == a.token), default=a.at)
+        first = min(first, a.at)
+        call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
+        applied = next((t for tok, t in self.released if tok == a.token), None)
+        return min(t for t in (a.exp, call, applied) if t is not None)
+
+    def answer(self, d: Daemon, key: str, lease: Lease) -> None:
+        """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
+        now = self.true_us()
+        new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now)
+        if self.cfg.makers and all(m[0] != new.token for m in self.made_of):
+            made = next((m for m in self.made if m[0] == new.resource), None)
+            if made is not None:
+                self.made_of = tuple(sorted((*self.made_of, (new.token, made[1], made[2]))))
+        self.notes.append(
+            f"ANSWER d{d.idx} {key} -> {lease.resource} tok={lease.token} "
+            f"exp={_tick(lease.expires_us)}"
+        )
+        for a in self.answers:
+            if a.resource == new.resource and a.key != key and self._end(a, True) > now:
+                self.violation = Violation(
+                    "I1",
+                    f"{new.resource} answered to {a.key} (tok {a.token}, valid until "
+                    f"{_tick(self._end(a, True))}) and now to {key} (tok {new.token}) at "
+                    f"t={self.t}",
+                )
+            if (
+                a.key == key
+                and a.resource != new.resource
+                and self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
+                and self._end(a, False) > now
+                and self._end(new, False) > now
+                and not self._paper_made_second(a, new)
+            ):
+                self.violation = Violation(
+                    "I2",
+                    f"{key} answered {a.resource} (tok {a.token}, valid until "
+                    f"{_tick(self._end(a, False))}) and now {new.resource} (tok {new.token}) "
+                    f"at t={self.t}",
+                )
+        self.answers = self.answers | {new}
+
+    def _paper_made_second(self, a: Answer, b: Answer) -> bool:
+        """With ``legacy_agents``: of the two leases of one key ``a`` and ``b`` answer, the
+        later made is the paper's agent's (its race: it decides from the index alone, and
+        no agent beside it can stop that; docs/design.md, "Two agents acquiring one key at
+        once"). A tie or an unknown order counts as rasd's."""
+        if not self.cfg.makers:
+            return False
+        ma = next((m for m in self.made_of if m[0] == a.token), None)
+        mb = next((m for m in self.made_of if m[0] == b.token), None)
+        if ma is None or mb is None or ma[1] == mb[1]:
+            return False
+        return (ma if ma[1] > mb[1] else mb)[2] == "paper"
+
+    def release_called(self, key: str) -> None:
+        self.release_calls = (*self.release_calls, (key, self.true_us()))
+
+    def release_done(self, token: str) -> None:
+        self.notes.append(f"RELEASED tok={token}")
+        self.released = (*self.released, (token, self.true_us()))
+
+    def prune(self) -> None:
+        now = self.true_us()
+        live = frozenset(a for a in self.answers if self._end(a, True) > now)
+        self.answers = live
+        # A release matters to answers given until rel + Q (later ones have empty intervals),
+        # including answers for its token given after it (a reader that read before it).
+        self.released = tuple(sorted((tk, t) for tk, t in self.released if t + self.inv_q > now))
+        # A release call ends (for I2) only answers given before it: older calls matter to
+        # no live answer and to no later one.
+        first = min((a.at for a in live), default=now)
+        self.release_calls = tuple(sorted((k, t) for k, t in self.release_calls if t >= first))
+
+    def check_state(self) -> None:
+        """Cheap state invariant: a live mapping never outlives its resource's lease."""
+        for key, region in ((k, g) for k in self.cfg.keys for g in self.cfg.all_regions):
+            m = self.mapping(key, region)
+            if m is None or m.state != LIVE or m.resource is None:
+                continue
+            r = self.resource(m.resource)
+            if (
+                r is not None
+                and r.holder == m.token
+                and r.lease_expires_us is not None
+                and m.expires_us is not None
+                and m.expires_us > r.lease_expires_us
+            ):
+                self.violation = Violation(
+                    "M<=R", f"mapping of {key} ends after its resource {m.resource}"
+                )
+
+
+def _tick(us: int) -> int:
+    return us // US - T0
+
+
+# ------------------------------------------------------------------------------ the jobs
+def scans(w: World) -> list[list[ResourceItem]]:
+    """Every scan the lagging index may return: for each item, its current held version or an
+    earlier held one (or nothing, if no version in the history is held)."""
+    per: list[list[ResourceItem | None]] = []
+    for k in sorted(w.table):
+        if k[0] != CLIENT:
+            continue
+        vs: list[ResourceItem | None] = []
+        for f in (w.table[k], *w.hist.get(k, ())):
+            it = _res_of(f)
+            if it is not None and it.key is not None and it.holder is not None and it not in vs:
+                vs.append(it)
+        cur = _res_of(w.table[k])
+        if not vs or cur is None or cur.key is None:
+            vs.append(None)
+        per.append(vs)
+    out: list[list[ResourceItem]] = [[]]
+    for vs in per:
+        out = [[*sc, *([] if v is None else [v])] for sc in out for v in vs]
+    return out
