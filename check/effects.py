@@ -59,8 +59,8 @@ from rasd.steps import (
     Tail,
     Together,
     Trace,
+    WriteResult,
 )
-from rasd.store import WriteResult
 
 from .procs import Proc, replace
 

@@ -10,7 +10,7 @@ a job scans (its pages are the programs' inputs), hands each item or group to a 
 * a read (``GetItem``, the index queries) returns plain items; a failed read is thrown into
   the program as a :class:`rasd.core.errors.RasdError` whose ``__cause__`` is boto3's exception;
 * a write (``Send``: a conditional UpdateItem rendered by ``rasd.core.writes.render``; ``Put``;
-  ``Delete``) returns a ``rasd.store.WriteResult``: APPLIED with the item as written,
+  ``Delete``) returns a ``rasd.steps.WriteResult``: APPLIED with the item as written,
   REJECTED when its condition failed (a lost race, a value), UNKNOWN with ``error`` when the
   call failed otherwise (botocore has retried it already; a ``readback`` given with the
   write resolves it by a consistent read, as the daemon does);
@@ -55,9 +55,9 @@ from rasd.steps import (
     Send,
     Sleep,
     Together,
+    WriteResult,
     drive_sync,
 )
-from rasd.store import WriteResult
 
 from . import common
 

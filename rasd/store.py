@@ -28,7 +28,6 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -49,21 +48,13 @@ from .dynamo.retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
 from .dynamo.retry import request_id as _rid
 from .limits import CircuitBreaker
 from .observe.metrics import Counters
+from .steps import WriteResult
 
 log = structlog.get_logger("rasd.store")
 
 #: An attempt may use at most this share of the time left before the deadline (all of it when
 #: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
 ATTEMPT_SHARE = 0.6
-
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    outcome: Outcome
-    #: the item as written (APPLIED), as a plain dict (``rasd.core.writes.item_from_av``)
-    item: dict[str, Value] | None = None
-    #: why the outcome is not APPLIED, when an error (not a condition) decided it
-    error: RasdError | None = None
 
 
 Sleep = Callable[[float], Awaitable[object]]

@@ -46,8 +46,9 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..core.decide import Outcome
 from ..core.errors import RasdError
-from ..core.writes import ItemKey, Write
+from ..core.writes import ItemKey, Value, Write
 
 R = TypeVar("R")
 
@@ -88,8 +89,21 @@ class QueryLeased:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a write returned (:class:`Send`), in every driver: APPLIED (``item`` as
+    written, a plain dict), REJECTED (its condition failed, or it was never sent: then
+    ``error`` says why), or UNKNOWN (sent, no answer: ``error``)."""
+
+    outcome: Outcome
+    #: the item as written (APPLIED), as a plain dict (``rasd.core.writes.item_from_av``)
+    item: dict[str, Value] | None = None
+    #: why the outcome is not APPLIED, when an error (not a condition) decided it
+    error: RasdError | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Send:
-    """One conditional write. Result: ``rasd.store.WriteResult`` (outcome, item as written,
+    """One conditional write. Result: ``rasd.steps.WriteResult`` (outcome, item as written,
     error). A write never raises into the program: an error is an outcome (``UNKNOWN``, or
     ``REJECTED`` with ``error`` set when the table refused it for another reason).
     ``readback`` resolves an unknown outcome by a consistent read, where the driver can."""
@@ -123,7 +137,7 @@ class At:
 class Put:
     """A whole item written with PutItem (a new resource, a pool definition), as DynamoDB
     attribute values. ``only_new``: conditional on no item under its key. Result: a
-    ``rasd.store.WriteResult`` (REJECTED: the key was taken), as for :class:`Send`."""
+    ``rasd.steps.WriteResult`` (REJECTED: the key was taken), as for :class:`Send`."""
 
     key: ItemKey
     item: dict[str, Any] = field(compare=False)
@@ -133,7 +147,7 @@ class Put:
 @dataclass(frozen=True, slots=True)
 class Delete:
     """DeleteItem, unconditional (a pool definition: nothing is claimed through it).
-    Result: a ``rasd.store.WriteResult``."""
+    Result: a ``rasd.steps.WriteResult``."""
 
     key: ItemKey
 

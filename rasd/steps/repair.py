@@ -79,7 +79,7 @@ OPS = Ops()
 
 # --------------------------------------------------------------------------- helpers
 def applied(res: Any) -> bool:
-    """A write's ``rasd.store.WriteResult`` as the jobs take it: True when APPLIED, False
+    """A write's ``rasd.steps.WriteResult`` as the jobs take it: True when APPLIED, False
     when its condition failed (a lost race); an error or an unknown outcome is raised (the
     job counts it; the next run looks again)."""
     if res.outcome is D.Outcome.APPLIED:

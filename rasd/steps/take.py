@@ -21,7 +21,19 @@ from ..core.decide import Outcome
 from ..core.errors import Busy, NoCapacity, Timeout
 from ..core.lease import PENDING, Lease, Mapping, Pool, ResourceItem, map_pk
 from ..core.map_builders import holds, map_acquire, names_claim
-from . import Mono, Note, Now, Program, QueryLeased, QueryMappings, Send, Spawn, Together, goto
+from . import (
+    Mono,
+    Note,
+    Now,
+    Program,
+    QueryLeased,
+    QueryMappings,
+    Send,
+    Spawn,
+    Together,
+    WriteResult,
+    goto,
+)
 from .daemon import (
     WAIT_FIRST,
     CachePut,
@@ -165,7 +177,7 @@ class Speculated:
     cand: Any
     token: str
     now: int
-    res: Any  # the write's ``rasd.store.WriteResult``
+    res: WriteResult
 
 
 def read_speculating(

@@ -15,9 +15,8 @@ from rasd.core.lease import US, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.map_builders import map_acquire, map_confirm
 from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply, item_from_av
-from rasd.steps import At, Delete, GetItem, Note, Put, Send, drive_sync
+from rasd.steps import At, Delete, GetItem, Note, Put, Send, WriteResult, drive_sync
 from rasd.steps import repair as RP
-from rasd.store import WriteResult
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US

@@ -22,10 +22,9 @@ from rasd.core.lease import FREE, LIVE, PENDING, US, Mapping, ResourceItem, fmt_
 from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.verdicts import outlasts, served_end
 from rasd.core.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
-from rasd.steps import Program, Send
+from rasd.steps import Program, Send, WriteResult
 from rasd.steps import admin as A
 from rasd.steps import repair as R
-from rasd.store import WriteResult
 from rasd_jobs import leases
 
 C, P, K, REGION = "c", "p", "k1", "r1"

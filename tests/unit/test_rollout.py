@@ -19,8 +19,7 @@ from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
 from rasd.observe.metrics import Counters
-from rasd.steps import GetItem
-from rasd.store import WriteResult
+from rasd.steps import GetItem, WriteResult
 from tests.doubles.clock import FakeClock
 
 NOW = 1_700_000_000 * 1_000_000

@@ -42,6 +42,7 @@ from rasd.steps import (
     Send,
     Sleep,
     Spawn,
+    WriteResult,
     drive_sync,
 )
 from rasd.steps import give_back as GB
@@ -58,7 +59,6 @@ from rasd.steps.daemon import (
     Ops,
     RelistLater,
 )
-from rasd.store import WriteResult
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US

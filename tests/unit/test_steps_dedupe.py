@@ -13,10 +13,9 @@ from rasd.core.errors import RasdError, Unavailable
 from rasd.core.lease import FREE, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.verdicts import Orphan
 from rasd.core.writes import Write
-from rasd.steps import At, GetItem
+from rasd.steps import At, GetItem, WriteResult
 from rasd.steps import dedupe as DD
 from rasd.steps import repair as RP
-from rasd.store import WriteResult
 from tests.helpers.scripted import EAST, HOUR, NOW, WEST, G, M, Q, Rec, Table
 
 EU = "eu-west-1"

@@ -18,9 +18,8 @@ from rasd.core.lease import FREE, US, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.map_builders import map_acquire
 from rasd.core.verdicts import Orphan
 from rasd.core.writes import Cond, Write, apply
-from rasd.steps import GetItem
+from rasd.steps import GetItem, WriteResult
 from rasd.steps import repair as RP
-from rasd.store import WriteResult
 from tests.helpers.scripted import EAST, HOUR, NOW, RUN, G, Q, Rec, Table
 
 HELD = ("key", "lease_expires", "lease_acquired", "holder", "mver", "hver")

@@ -32,6 +32,7 @@ from rasd.steps import (
     Spawn,
     Tail,
     Together,
+    WriteResult,
 )
 from rasd.steps.daemon import (
     WAIT_FIRST,
@@ -55,7 +56,6 @@ from rasd.steps.daemon import (
     resource,
 )
 from rasd.steps.take import acquire, resolve
-from rasd.store import WriteResult
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US

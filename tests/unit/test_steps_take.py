@@ -9,7 +9,7 @@ from typing import Any
 from rasd.config import Config
 from rasd.core.decide import Outcome
 from rasd.core.lease import Pool, ResourceItem
-from rasd.steps import Mono, Note, Now, Send, Spawn, Together, drive_sync
+from rasd.steps import Mono, Note, Now, Send, Spawn, Together, WriteResult, drive_sync
 from rasd.steps.daemon import (
     CachePut,
     Daemon,
@@ -21,7 +21,6 @@ from rasd.steps.daemon import (
     Untake,
 )
 from rasd.steps.take import acquire
-from rasd.store import WriteResult
 
 POOL = Pool("c", "p", 3600 * 10**6)
 RULES = Config().validate().rules()
