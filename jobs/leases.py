@@ -10,10 +10,15 @@ a job scans (its pages are the programs' inputs), hands each item or group to a 
 * a read (``GetItem``, the index queries) returns plain items; a failed read is thrown into
   the program as a :class:`rasd.core.errors.RasdError` whose ``__cause__`` is boto3's exception;
 * a write (``Send``: a conditional UpdateItem rendered by ``rasd.core.writes.render``; ``Put``;
-  ``Delete``) returns a ``rasd.steps.WriteResult``: APPLIED with the item as written,
-  REJECTED when its condition failed (a lost race, a value), UNKNOWN with ``error`` when the
-  call failed otherwise (botocore has retried it already; a ``readback`` given with the
-  write resolves it by a consistent read, as the daemon does);
+  ``Delete``) returns a ``rasd.steps.WriteResult``, as the daemon's store does: APPLIED with
+  the item as written; REJECTED when its condition failed (a lost race, a value) or when it
+  failed and no attempt of it can have applied (then with ``error``); UNKNOWN with ``error``
+  when an attempt may have applied (botocore retries inside one call: every attempt is
+  judged, :func:`_watch`, by the daemon's own rules, ``rasd.dynamo.retry``); a
+  ``readback`` given with the write resolves an unknown one by a consistent read, and a
+  lost race after an attempt that may have applied too (that attempt may be why);
+* ``Together``'s calls are sent at once (threads), their results in order; a read in it
+  that fails fails the whole effect;
 * ``At(region, call)`` makes ``call`` in ``region``'s replica (``peers``); a write to a
   region with no endpoint is refused (the programs never ask for one: they check first);
 * a ``Note`` with no level is counted under its event name (the job's summary), one with a
@@ -26,9 +31,11 @@ A program that ends with a RasdError it did not catch re-raises boto3's own exce
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping as MappingT
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -40,6 +47,7 @@ from rasd.core.lease import ResourceItem, partition_name
 from rasd.core.reads import available_query, leased_query
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import ItemKey, item_from_av, key_av, render
+from rasd.dynamo.retry import attempt_failed, classify_code, classify_exception, never_sent
 from rasd.steps import (
     At,
     Delete,
@@ -67,6 +75,45 @@ _log = structlog.get_logger("rasd_jobs")
 WRITES = (Send, Put, Delete)
 
 
+class _Call(threading.local):
+    """The call under way in this thread: did a failed attempt of it possibly apply?"""
+
+    ambiguous = False
+
+
+_CALL = _Call()
+_WATCHED: set[int] = set()
+_WATCH_LOCK = threading.Lock()
+
+
+def _attempt(response: Any = None, caught_exception: BaseException | None = None, **_: Any) -> None:
+    """botocore's ``needs-retry`` event, after every attempt of a call: record an attempt
+    that failed in a way that may have applied (a 5xx, a read timeout, a connection lost
+    after the request went out), as the daemon's store judges its own attempts."""
+    if caught_exception is not None:
+        failure = classify_exception(caught_exception)
+        sent = not never_sent(caught_exception)
+    elif response is not None:
+        http, parsed = response
+        code = (parsed or {}).get("Error", {}).get("Code", "")
+        if not code and http.status_code < 300:
+            return
+        failure, sent = classify_code(code, http.status_code), True
+    else:
+        return
+    if failure.may_have_applied and sent:
+        _CALL.ambiguous = True
+
+
+def _watch(ddb: Any) -> None:
+    """Judge every attempt of ``ddb``'s calls (:func:`_attempt`); once per client."""
+    with _WATCH_LOCK:
+        if id(ddb) in _WATCHED or not hasattr(ddb, "meta"):
+            return
+        _WATCHED.add(id(ddb))
+    ddb.meta.events.register("needs-retry.dynamodb", _attempt)
+
+
 class Driver:
     """Performs programs' effects against ``table`` through ``ddb`` (and ``peers``: region ->
     client of that region's replica). ``counts`` collects the notes' counts."""
@@ -82,6 +129,8 @@ class Driver:
         self.ddb = ddb
         self.table = table
         self.peers = dict(peers or {})
+        for c in (ddb, *self.peers.values()):
+            _watch(c)
         self.log = log or _log
         self.counts: Counter[str] = Counter() if counts is None else counts
         #: DynamoDB calls made, by operation
@@ -138,7 +187,7 @@ class Driver:
             part = partition_name(eff.client_id, eff.pool_id, eff.region, eff.partition)
             return self.query(ddb, available_query(part, eff.limit))
         if isinstance(eff, Together):
-            return tuple(self.perform(c, ddb) for c in eff.calls)
+            return self.together(eff, ddb)
         if isinstance(eff, Now):
             return time.time_ns() // 1000
         if isinstance(eff, Mono):
@@ -147,6 +196,15 @@ class Driver:
             time.sleep(eff.seconds)
             return None
         raise TypeError(f"the jobs' driver cannot perform {eff!r}")
+
+    def together(self, eff: Together, ddb: Any) -> tuple[Any, ...]:
+        """The calls at once, as the daemon sends them (boto3's clients are thread-safe);
+        their results in order. A read that fails fails the effect, once every call ended."""
+        if len(eff.calls) < 2:
+            return tuple(self.perform(c, ddb) for c in eff.calls)
+        with ThreadPoolExecutor(max_workers=len(eff.calls)) as pool:
+            futures = [pool.submit(self.perform, c, ddb) for c in eff.calls]
+        return tuple(f.result() for f in futures)
 
     def get(self, ddb: Any, ident: ItemKey) -> dict[str, Any] | None:
         """One strongly consistent GetItem, as a plain dict (None: no item)."""
@@ -163,19 +221,27 @@ class Driver:
         return [item_from_ddb(it) for it in resp.get("Items", [])]
 
     def send(self, ddb: Any, eff: Send) -> WriteResult:
-        res = self._write(
+        res, ambiguous = self._attempted(
             "UpdateItem",
             lambda: ddb.update_item(
                 TableName=self.table, ReturnValues="ALL_NEW", **render(eff.write)
             ),
         )
-        if res.outcome is Outcome.UNKNOWN and eff.readback is not None:
-            try:
-                cur = self.get(ddb, eff.write.key)
-            except RasdError:
+        if res.outcome is Outcome.APPLIED or not ambiguous:
+            return res
+        # An attempt may have applied; a lost race then may be our own attempt that won.
+        race = res.error is None
+        if eff.readback is None:
+            if not race:
                 return res
-            if cur is not None and eff.readback(cur):
-                return WriteResult(Outcome.APPLIED, cur)
+            why = "a retry lost its condition after an attempt that may have applied"
+            return WriteResult(Outcome.UNKNOWN, error=Unavailable(f"DynamoDB UpdateItem: {why}"))
+        try:
+            cur = self.get(ddb, eff.write.key)
+        except RasdError as exc:
+            return WriteResult(Outcome.UNKNOWN, error=res.error or exc)
+        if cur is not None and eff.readback(cur):
+            return WriteResult(Outcome.APPLIED, cur)
         return res
 
     def _read(self, op: str, call: Any) -> Any:
@@ -186,17 +252,27 @@ class Driver:
             raise Unavailable(f"DynamoDB {op}: {exc!r}") from exc
 
     def _write(self, op: str, call: Any) -> WriteResult:
+        return self._attempted(op, call)[0]
+
+    def _attempted(self, op: str, call: Any) -> tuple[WriteResult, bool]:
+        """One write call: its outcome by the store's rules (the module docstring), and
+        whether an attempt of it may have applied. A lost race is REJECTED with no error;
+        after such an attempt it may be our own earlier attempt that won (:meth:`send`
+        reads the write back)."""
         self.calls[op] += 1
+        _CALL.ambiguous = False
         try:
             resp = call()
         except Exception as exc:  # noqa: BLE001 - an outcome: the program decides
+            failure, unsent, *_ = attempt_failed(exc, "")  # the last attempt, judged again
+            ambiguous = _CALL.ambiguous or (failure.may_have_applied and not unsent)
             if common.is_lost_race(exc):
-                return WriteResult(Outcome.REJECTED)
+                return WriteResult(Outcome.REJECTED), ambiguous
             err = Unavailable(f"DynamoDB {op}: {exc!r}")
             err.__cause__ = exc
-            return WriteResult(Outcome.UNKNOWN, error=err)
+            return WriteResult(Outcome.UNKNOWN if ambiguous else Outcome.REJECTED, error=err), True
         attrs = resp.get("Attributes") if isinstance(resp, dict) else None
-        return WriteResult(Outcome.APPLIED, item_from_av(attrs) if attrs else None)
+        return WriteResult(Outcome.APPLIED, item_from_av(attrs) if attrs else None), False
 
 
 def run(ddb: Any, table: str, prog: Program[R], peers: MappingT[str, Any] | None = None) -> R:

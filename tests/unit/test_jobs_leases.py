@@ -15,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from rasd.config import Config
 from rasd.core.lease import FREE, LIVE, PENDING, US, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.verdicts import outlasts, served_end
 from rasd.core.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
-from rasd.steps import Program, Send, WriteResult
+from rasd.steps import Program, Send, Together, WriteResult
 from rasd.steps import admin as A
 from rasd.steps import repair as R
 from rasd_jobs import leases
@@ -374,6 +374,76 @@ def test_the_driver_tells_applied_from_a_lost_race_from_unknown() -> None:
 
     res = leases.run(Down(free()), "t", send(w))
     assert res.outcome.value == "unknown" and res.error is not None
+
+
+def _send(write: Write, readback: Any = None) -> Program[WriteResult]:
+    return (yield Send(write, readback))  # type: ignore[no-any-return]
+
+
+def test_the_driver_says_rejected_when_no_attempt_can_have_applied() -> None:
+    """As the daemon's store: a write DynamoDB refused outright (validation, access) or one
+    that never left (connection refused) did not apply: REJECTED, with the error."""
+    w = Write(RES_ID, (), set=(("x", 1),))
+
+    class Refused(Table):
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
+            raise ClientError({"Error": {"Code": "ValidationException"}}, "UpdateItem")
+
+    class Unreachable(Table):
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
+            raise EndpointConnectionError(
+                endpoint_url="http://x", error=ConnectionRefusedError("refused")
+            )
+
+    for table in (Refused(free()), Unreachable(free())):
+        res = leases.run(table, "t", _send(w))
+        assert res.outcome.value == "rejected" and res.error is not None, table
+
+
+def test_a_lost_race_after_an_attempt_that_may_have_applied_is_read_back() -> None:
+    """botocore retries inside a call: when an attempt may have applied (a 500) and the
+    retry loses its condition, our own first attempt may be why. With a read-back the
+    driver reads the item; without one the outcome is UNKNOWN, never REJECTED."""
+    w = Write(RES_ID, (Cond("version", "=", 3),), set=(("x", 1), ("version", 4)))
+
+    class LandedThenLost(Table):
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
+            super().update_item(TableName=TableName, Write=Write)  # applied ...
+            leases._attempt(response=(_Http(500), {"Error": {"Code": "InternalServerError"}}))
+            return super().update_item(TableName=TableName, Write=Write)  # ... retry lost
+
+    ours = leases.run(LandedThenLost(free()), "t", _send(w, lambda it: it.get("x") == 1))
+    assert ours.outcome.value == "applied"
+    theirs = leases.run(LandedThenLost(free()), "t", _send(w, lambda it: it.get("x") == 2))
+    assert theirs.outcome.value == "rejected" and theirs.error is None
+    blind = leases.run(LandedThenLost(free()), "t", _send(w))
+    assert blind.outcome.value == "unknown" and blind.error is not None
+
+
+class _Http:
+    def __init__(self, status: int) -> None:
+        self.status_code = status
+
+
+def test_together_sends_its_calls_at_once() -> None:
+    """As the daemon does: the second call goes out before the first is answered."""
+    import threading
+
+    both = threading.Barrier(2, timeout=5)
+
+    class Meeting(Table):
+        def update_item(self, *, TableName: str, Write: Write, **_: Any) -> Any:
+            both.wait()  # breaks (and fails the test) unless both calls are under way
+            return super().update_item(TableName=TableName, Write=Write)
+
+    a = Write(RES_ID, (), set=(("x", 1),))
+    b = Write(RES_ID, (), set=(("y", 2),))
+
+    def prog() -> Program[Any]:
+        return (yield Together((Send(a), Send(b))))
+
+    res = leases.run(Meeting(free()), "t", prog())
+    assert [r.outcome.value for r in res] == ["applied", "applied"]
 
 
 # ---------------------------------------------------------------- dedupe's decisions
