@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping as MappingT
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, assert_never
 
 import structlog
 from botocore.exceptions import BotoCoreError, ClientError
@@ -50,8 +50,10 @@ from rasd.core.writes import ItemKey, item_from_av, key_av, render
 from rasd.dynamo.retry import attempt_failed, classify_code, classify_exception, never_sent
 from rasd.steps import (
     At,
+    Common,
     Delete,
     GetItem,
+    Join,
     Mono,
     Note,
     Now,
@@ -59,9 +61,11 @@ from rasd.steps import (
     Put,
     QueryAvailable,
     QueryLeased,
+    QueryMappings,
     R,
     Send,
     Sleep,
+    Spawn,
     Together,
     WriteResult,
     drive_sync,
@@ -147,55 +151,59 @@ class Driver:
             raise
 
     # ------------------------------------------------------------------------- effects
-    def perform(self, eff: Any, ddb: Any = None) -> Any:
+    def perform(self, eff: Common, ddb: Any = None) -> Any:
+        """Perform one effect; ``match`` over every effect a job's program may yield, so an
+        effect added without a handler here fails mypy (``assert_never``)."""
         ddb = ddb or self.ddb
-        if isinstance(eff, At):
-            peer = self.peers.get(eff.region)
-            if peer is None and isinstance(eff.call, WRITES):
-                raise Unavailable(f"no endpoint for region {eff.region}: its items are not written")
-            return self.perform(eff.call, peer or ddb)
-        if isinstance(eff, Note):
-            if eff.level:
-                getattr(self.log, eff.level)(eff.event, **dict(eff.fields))
-            else:
-                self.counts[eff.event] += 1
-            return None
-        if isinstance(eff, GetItem):
-            return self.get(ddb, eff.key)
-        if isinstance(eff, Send):
-            return self.send(ddb, eff)
-        if isinstance(eff, Put):
-            return self._write(
-                "PutItem",
-                lambda: ddb.put_item(
-                    TableName=self.table,
-                    Item=eff.item,
-                    **(
-                        {"ConditionExpression": "attribute_not_exists(client_id)"}
-                        if eff.only_new
-                        else {}
+        match eff:
+            case At():
+                peer = self.peers.get(eff.region)
+                if peer is None and isinstance(eff.call, WRITES):
+                    raise Unavailable(
+                        f"no endpoint for region {eff.region}: its items are not written"
+                    )
+                return self.perform(eff.call, peer or ddb)
+            case Note():
+                if eff.level:
+                    getattr(self.log, eff.level)(eff.event, **dict(eff.fields))
+                else:
+                    self.counts[eff.event] += 1
+                return None
+            case GetItem():
+                return self.get(ddb, eff.key)
+            case Send():
+                return self.send(ddb, eff)
+            case Put():
+                only_new = {"ConditionExpression": "attribute_not_exists(client_id)"}
+                return self._write(
+                    "PutItem",
+                    lambda: ddb.put_item(
+                        TableName=self.table, Item=eff.item, **(only_new if eff.only_new else {})
                     ),
-                ),
-            )
-        if isinstance(eff, Delete):
-            return self._write(
-                "DeleteItem", lambda: ddb.delete_item(TableName=self.table, Key=key_av(eff.key))
-            )
-        if isinstance(eff, QueryLeased):
-            return self.query(ddb, leased_query(eff.key, eff.pool_id))
-        if isinstance(eff, QueryAvailable):
-            part = partition_name(eff.client_id, eff.pool_id, eff.region, eff.partition)
-            return self.query(ddb, available_query(part, eff.limit))
-        if isinstance(eff, Together):
-            return self.together(eff, ddb)
-        if isinstance(eff, Now):
-            return time.time_ns() // 1000
-        if isinstance(eff, Mono):
-            return time.monotonic()
-        if isinstance(eff, Sleep):
-            time.sleep(eff.seconds)
-            return None
-        raise TypeError(f"the jobs' driver cannot perform {eff!r}")
+                )
+            case Delete():
+                return self._write(
+                    "DeleteItem",
+                    lambda: ddb.delete_item(TableName=self.table, Key=key_av(eff.key)),
+                )
+            case QueryLeased():
+                return self.query(ddb, leased_query(eff.key, eff.pool_id))
+            case QueryAvailable():
+                part = partition_name(eff.client_id, eff.pool_id, eff.region, eff.partition)
+                return self.query(ddb, available_query(part, eff.limit))
+            case Together():
+                return self.together(eff, ddb)
+            case Now():
+                return time.time_ns() // 1000
+            case Mono():
+                return time.monotonic()
+            case Sleep():
+                time.sleep(eff.seconds)
+                return None
+            case QueryMappings() | Spawn() | Join():
+                raise TypeError(f"the jobs' driver cannot perform {eff!r}")
+            case _:
+                assert_never(eff)
 
     def together(self, eff: Together, ddb: Any) -> tuple[Any, ...]:
         """The calls at once, as the daemon sends them (boto3's clients are thread-safe);

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from random import Random
-from typing import Any
+from typing import Any, assert_never
 
 import structlog
 
@@ -43,12 +43,16 @@ from .limits import BucketTable
 from .observe.metrics import Counters
 from .prefetch import Prefetcher
 from .steps import (
+    At,
+    Delete,
     GetItem,
     Join,
     Mono,
     Note,
     Now,
     Program,
+    Put,
+    QueryAvailable,
     QueryLeased,
     QueryMappings,
     R,
@@ -196,95 +200,108 @@ class Run:
         self.deadline = deadline
         self.refill: Pool | None = None  # RefillSoon: behind the next round trip's calls
 
-    async def perform(self, eff: Any) -> Any:
+    async def perform(self, eff: S.DaemonEffect) -> Any:
+        """Perform one effect; ``match`` over every effect a daemon's program may yield, so
+        an effect added without a handler here fails mypy (``assert_never``). Ordered by how
+        often each comes (a new lease's calls first)."""
         drv = self.drv
-        t = type(eff)
-        if t is QueryMappings:
-            return await drv.store.query_mappings(
-                eff.client_id, eff.pool_id, eff.key, self.deadline
-            )
-        if t is GetItem:
-            got = await drv.store.get_item(eff.key, self.deadline)
-            if (
-                got is not None
-                and "key" in got
-                and not drv.rollout.on
-                and eff.key[0] != META_CLIENT
-                and not eff.key[0].startswith(MAP_PREFIX)
-                and paper_lease(resource_from(got))
-            ):
-                drv.paper_lease_seen(got)
-            return got
-        if t is Send:
-            if self.refill is None:
-                return await drv.store.write(eff.write, self.deadline, eff.readback)
-            sending = asyncio.ensure_future(drv.store.write(eff.write, self.deadline, eff.readback))
-            self._refill()
-            return await sending
-        if t is Now:
-            return drv.clock.now_us()
-        if t is Mono:
-            return drv.clock.mono()
-        if t is Note:
-            if eff.level:
-                getattr(log, eff.level)(eff.event, **dict(eff.fields))
-            else:
-                drv.counters.inc(eff.event)
-            return None
-        if t is S.CachePut:
-            drv.cache.put(eff.lease, eff.sent)
-            return None
-        if t is S.CacheDrop:
-            drv.cache.drop(eff.key)
-            return None
-        if t is Together:
-            # every call sent at once (one round trip); a failed read fails the effect
-            calls = asyncio.gather(*(self.perform(c) for c in eff.calls), return_exceptions=True)
-            if self.refill is not None:
+        match eff:
+            case QueryMappings():
+                return await drv.store.query_mappings(
+                    eff.client_id, eff.pool_id, eff.key, self.deadline
+                )
+            case GetItem():
+                got = await drv.store.get_item(eff.key, self.deadline)
+                if (
+                    got is not None
+                    and "key" in got
+                    and not drv.rollout.on
+                    and eff.key[0] != META_CLIENT
+                    and not eff.key[0].startswith(MAP_PREFIX)
+                    and paper_lease(resource_from(got))
+                ):
+                    drv.paper_lease_seen(got)
+                return got
+            case Send():
+                if self.refill is None:
+                    return await drv.store.write(eff.write, self.deadline, eff.readback)
+                sending = asyncio.ensure_future(
+                    drv.store.write(eff.write, self.deadline, eff.readback)
+                )
                 self._refill()
-            results = await calls
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-            return tuple(results)
-        if t is Spawn:
-            return drv.tasks.spawn(drv.run_bg(eff.fn(*eff.args)))
-        if t is S.TakeCandidate:
-            if not eff.wait:
-                return drv.prefetch.at_hand(eff.pool)
-            return await drv.prefetch.candidate(eff.pool, self.deadline)
-        if t is S.RefillSoon:
-            self.refill = eff.pool
-            return None
-        if t is S.Untake:
-            drv.prefetch.untake(eff.pool, eff.cand)
-            return None
-        if t is S.LostCandidate:
-            drv.prefetch.lost(eff.pool, eff.cand)
-            return None
-        if t is S.RateLimit:
-            return drv.buckets.try_take((eff.pool.client_id, eff.pool.pool_id), drv.clock.mono())
-        if t is S.NewToken:
-            return drv.new_token()
-        if t is Sleep:
-            if eff.bounded and time.monotonic() + eff.seconds >= self.deadline:
-                raise Timeout("another daemon is acquiring this key; deadline passed")
-            await asyncio.sleep(eff.seconds)
-            return None
-        if t is S.Deadline:
-            self.deadline = time.monotonic() + eff.seconds
-            return None
-        if t is Join:
-            left = self.deadline - time.monotonic()
-            if left > 0:
-                await asyncio.wait({eff.handle}, timeout=left)
-            return None
-        if t is QueryLeased:
-            return await drv.store.query_leased(eff.client_id, eff.pool_id, eff.key, self.deadline)
-        role = drv.local.get(t)
-        if role is not None:
-            return role(eff)
-        raise TypeError(f"no such effect: {eff!r}")
+                return await sending
+            case Now():
+                return drv.clock.now_us()
+            case Mono():
+                return drv.clock.mono()
+            case Note():
+                if eff.level:
+                    getattr(log, eff.level)(eff.event, **dict(eff.fields))
+                else:
+                    drv.counters.inc(eff.event)
+                return None
+            case S.CachePut():
+                drv.cache.put(eff.lease, eff.sent)
+                return None
+            case S.CacheDrop():
+                drv.cache.drop(eff.key)
+                return None
+            case Together():
+                # every call sent at once (one round trip); a failed read fails the effect
+                calls = asyncio.gather(
+                    *(self.perform(c) for c in eff.calls), return_exceptions=True
+                )
+                if self.refill is not None:
+                    self._refill()
+                results = await calls
+                for r in results:
+                    if isinstance(r, BaseException):
+                        raise r
+                return tuple(results)
+            case Spawn():
+                return drv.tasks.spawn(drv.run_bg(eff.fn(*eff.args)))
+            case S.TakeCandidate():
+                if not eff.wait:
+                    return drv.prefetch.at_hand(eff.pool)
+                return await drv.prefetch.candidate(eff.pool, self.deadline)
+            case S.RefillSoon():
+                self.refill = eff.pool
+                return None
+            case S.Untake():
+                drv.prefetch.untake(eff.pool, eff.cand)
+                return None
+            case S.LostCandidate():
+                drv.prefetch.lost(eff.pool, eff.cand)
+                return None
+            case S.RateLimit():
+                return drv.buckets.try_take(
+                    (eff.pool.client_id, eff.pool.pool_id), drv.clock.mono()
+                )
+            case S.NewToken():
+                return drv.new_token()
+            case Sleep():
+                if eff.bounded and time.monotonic() + eff.seconds >= self.deadline:
+                    raise Timeout("another daemon is acquiring this key; deadline passed")
+                await asyncio.sleep(eff.seconds)
+                return None
+            case S.Deadline():
+                self.deadline = time.monotonic() + eff.seconds
+                return None
+            case Join():
+                left = self.deadline - time.monotonic()
+                if left > 0:
+                    await asyncio.wait({eff.handle}, timeout=left)
+                return None
+            case QueryLeased():
+                return await drv.store.query_leased(
+                    eff.client_id, eff.pool_id, eff.key, self.deadline
+                )
+            case S.Refresh() | S.Miss() | S.RelistLater():
+                return drv.local[type(eff)](eff)  # the roles' (``Acquirer`` wires them)
+            case QueryAvailable() | At() | Put() | Delete():
+                raise TypeError(f"a daemon's program yielded a job's effect: {eff!r}")
+            case _:
+                assert_never(eff)
 
     def _refill(self) -> None:
         pool, self.refill = self.refill, None

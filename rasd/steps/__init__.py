@@ -350,3 +350,12 @@ class Trace:
     def then(self, result: Any) -> Trace:
         """This program after its pending effect returned ``result``."""
         return Trace(self.name, self.start, self.args, (*self.sent, result))
+
+
+#: The effects every driver knows: DynamoDB's calls, the clock, notes, spawning. A driver
+#: dispatches with ``match`` ending in ``assert_never``, so one that lacks a handler fails
+#: mypy (the daemon's own effects are :data:`rasd.steps.daemon.DaemonEffect`).
+DdbCall = (
+    GetItem | QueryMappings | QueryLeased | QueryAvailable | Send | Together | At | Put | Delete
+)
+Common = DdbCall | Now | Mono | Sleep | Note | Spawn | Join

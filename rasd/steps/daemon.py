@@ -65,7 +65,7 @@ from ..core.errors import RasdError
 from ..core.lease import US, Lease, Mapping, Pool, ResourceItem
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey, Write
-from . import GetItem, Note, Program, QueryLeased, QueryMappings, Send, Sleep, Together
+from . import Common, GetItem, Note, Program, QueryLeased, QueryMappings, Send, Sleep, Together
 
 #: (client_id, pool_id, key): a lease's place in the daemon's cache
 CacheKey = tuple[str, str, str]
@@ -178,6 +178,24 @@ class RelistLater:
 
     ident: ItemKey
     until_us: int
+
+
+#: Every effect a daemon's program yields (:data:`rasd.steps.Common` and the daemon's own).
+DaemonEffect = (
+    Common
+    | Deadline
+    | CachePut
+    | CacheDrop
+    | Refresh
+    | RateLimit
+    | NewToken
+    | TakeCandidate
+    | RefillSoon
+    | Untake
+    | LostCandidate
+    | Miss
+    | RelistLater
+)
 
 
 # ------------------------------------------------------------------------ what they use
