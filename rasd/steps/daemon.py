@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..core import builders as B
 from ..core import decide as D
@@ -203,6 +203,20 @@ def _quarantine(rules: Rules, give_back: bool) -> int:
     return rules.quarantine_us
 
 
+class FreeClaim(Protocol):
+    """The early free's write (``rasd.core.builders.free_claim``)."""
+
+    def __call__(
+        self,
+        ident: ItemKey,
+        key: str,
+        token: str,
+        now_us: int,
+        available_us: int,
+        expires_us: int | None = None,
+    ) -> Write: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Ops:
     """The pure functions the programs decide and write with (:mod:`rasd.core.decide`,
@@ -210,25 +224,41 @@ class Ops:
     identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
-    on_read: Callable[..., D.Decision] = field(default=D.on_read, repr=False)
-    on_resource: Callable[..., D.Decision] = field(default=D.on_resource, repr=False)
-    after_acquire: Callable[..., D.AcquireStep] = field(default=D.after_acquire, repr=False)
-    after_extend: Callable[..., D.ExtendStep] = field(default=D.after_extend, repr=False)
-    on_extend_check: Callable[..., D.ExtendStep] = field(default=D.on_extend_check, repr=False)
-    on_release_read: Callable[..., D.Decision] = field(default=D.on_release_read, repr=False)
-    on_release_resource: Callable[..., D.Decision] = field(
+    on_read: Callable[[Mapping | None, list[Mapping], int, Rules], D.Decision] = field(
+        default=D.on_read, repr=False
+    )
+    on_resource: Callable[[Mapping, ResourceItem | None, int, Rules], D.Decision] = field(
+        default=D.on_resource, repr=False
+    )
+    after_acquire: Callable[[Outcome, Outcome, int], D.AcquireStep] = field(
+        default=D.after_acquire, repr=False
+    )
+    after_extend: Callable[[Outcome, Outcome | None], D.ExtendStep] = field(
+        default=D.after_extend, repr=False
+    )
+    on_extend_check: Callable[[Mapping | None, Lease], D.ExtendStep] = field(
+        default=D.on_extend_check, repr=False
+    )
+    on_release_read: Callable[[Mapping | None, int, Rules], D.Decision] = field(
+        default=D.on_release_read, repr=False
+    )
+    on_release_resource: Callable[[Mapping, ResourceItem | None, int, Rules], D.Decision] = field(
         default=D.on_release_resource, repr=False
     )
     #: with ``legacy_agents``: a pending mapping whose claim landed is settled, not served
-    beside_legacy: Callable[..., D.Decision | LG.Settle] = field(
+    beside_legacy: Callable[[D.Decision | LG.Settle], D.Decision | LG.Settle] = field(
         default=LG.beside_legacy, repr=False
     )
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
-    on_settle: Callable[..., LG.Confirm | LG.YieldTo] = field(default=LG.on_settle, repr=False)
+    on_settle: Callable[[Mapping, list[ResourceItem], int], LG.Confirm | LG.YieldTo] = field(
+        default=LG.on_settle, repr=False
+    )
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
-    on_lapsed: Callable[..., D.Extend | LG.EndLapsed] = field(default=LG.on_lapsed, repr=False)
+    on_lapsed: Callable[[Mapping, ResourceItem | None, int], D.Extend | LG.EndLapsed] = field(
+        default=LG.on_lapsed, repr=False
+    )
     #: the early free's write (``rasd.core.builders.free_claim``)
-    free_claim: Callable[..., Write] = field(default=B.free_claim, repr=False)
+    free_claim: FreeClaim = field(default=B.free_claim, repr=False)
     #: how long an early free stays unclaimable: (rules, a lost claim) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
     #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
