@@ -74,7 +74,7 @@ def calibrate(env: Env, n: int) -> dict[str, Any]:
         proxied = BaselineAgent(table, REGION, env.endpoint)
         exp = int((time.time() + 3600) * 1e6)
         direct.get_lease(CLIENT, POOL, "cal", exp)
-        out = {}
+        out: dict[str, Any] = {}
         for name, ag in (("direct", direct), ("proxied", proxied)):
             ag.lookup(CLIENT, POOL, "cal", 0)
             xs = []
@@ -313,7 +313,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def rows_for(name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     if "rows" in s:
-        return s["rows"]
+        rows: list[dict[str, Any]] = s["rows"]
+        return rows
     if "rasd" in s and "baseline" in s:
         what = s["title"].split(") ", 1)[-1]
         rows = [

@@ -35,7 +35,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -118,7 +118,7 @@ class BaselineAgent:
     def _query(self, **kw: Any) -> dict[str, Any]:
         self.calls["Query"] += 1
         self.last_calls += 1
-        return self.ddb.query(TableName=self.table, **kw)  # type: ignore[no-any-return]
+        return cast(dict[str, Any], self.ddb.query(TableName=self.table, **kw))
 
     def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
         resp = self._query(**leased_query(key, pool_id))
@@ -160,7 +160,7 @@ class BaselineAgent:
                 except self.ddb.exceptions.ConditionalCheckFailedException:
                     self.conflicts += 1
                     continue
-                it = S.item_from_ddb(r["Attributes"])
+                it = S.item_from_ddb(cast(dict[str, Any], r["Attributes"]))
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
 

@@ -37,7 +37,7 @@ from .baseline import BaselineAgent
 from .harness import CLIENT, LOG_DIR, POOL, REGION, Env, lease_until, rasd_bin
 
 
-def _windows(trace: list[dict[str, Any]], calls: list[tuple[float, float]]) -> list[dict]:
+def _windows(trace: list[dict[str, Any]], calls: list[tuple[float, float]]) -> list[dict[str, Any]]:
     out = []
     for t0, t1 in calls:
         recs = sorted((r for r in trace if t0 <= r["in"] <= t1), key=lambda r: r["in"])
@@ -68,7 +68,7 @@ def _windows(trace: list[dict[str, Any]], calls: list[tuple[float, float]]) -> l
     return out
 
 
-def _summary(ws: list[dict]) -> dict[str, Any]:
+def _summary(ws: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ["total", "pre", "query", "query_backend", "gap", "writes", "post"]
     s: dict[str, Any] = {k: round(statistics.median(w[k] for w in ws), 3) for k in keys}
     s["n"] = len(ws)

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 _CLOSE = object()
 _KEEPALIVE_RE = re.compile(rb"(?im)^connection:[ \t]*close[ \t]*(?=\r?$)")
@@ -248,6 +248,7 @@ class DelayProxy:
                 t_back = time.perf_counter()
                 due = t_back + self.delay_s
                 if close:  # the upstream closes: we do not, the client keeps its connection
+                    assert up is not None
                     up.close()
                     up, uin = None, None
                     rhead = _KEEPALIVE_RE.sub(b"Connection: keep-alive", rhead)
@@ -317,7 +318,7 @@ class DelayProxy:
                     item = q.get()
                     if item is _CLOSE:
                         break
-                    due, data = item  # type: ignore[misc]
+                    due, data = cast(tuple[float, bytes], item)
                     wait = due - time.perf_counter()
                     if wait > 0:
                         time.sleep(wait)
@@ -412,10 +413,13 @@ def _http_echo() -> tuple[Any, tuple[str, int]]:
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, srv.server_address[:2]
+    host, port = srv.server_address[:2]
+    return srv, (str(host), int(port))
 
 
-def http_self_test(delay_s: float = 0.0035, handshake_rtts: float = 2.0, n: int = 100) -> dict:
+def http_self_test(
+    delay_s: float = 0.0035, handshake_rtts: float = 2.0, n: int = 100
+) -> dict[str, Any]:
     """HTTP mode: keep-alive client, upstream closing after every response."""
     import http.client
 
@@ -452,7 +456,7 @@ def http_self_test(delay_s: float = 0.0035, handshake_rtts: float = 2.0, n: int 
     }
 
 
-def self_test(delay_s: float = 0.0035, handshake_rtts: float = 2.0, n: int = 200) -> dict:
+def self_test(delay_s: float = 0.0035, handshake_rtts: float = 2.0, n: int = 200) -> dict[str, Any]:
     """Measure what the proxy adds over a direct loopback echo. Returns a dict of ms figures."""
     echo = _Echo()
     try:

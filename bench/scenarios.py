@@ -93,7 +93,7 @@ def latency_abc(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     base_calls_b: Counter[str] = Counter()
     base_new = 0
     b_reqs = 0
-    cpu_c: Counter[str] = Counter()  # CPU seconds in (c): the daemon, the client, the baseline
+    cpu_c = {"rasd_daemon": 0.0, "rasd_client": 0.0, "baseline": 0.0}  # CPU seconds in (c)
     bad: list[str] = []
     #: per scenario: the store-boundary view of each rasd request; the baseline's calls
     store: dict[str, list[dict[str, Any]]] = {s: [] for s in ("a", "b", "c")}

@@ -56,7 +56,8 @@ def _label(op: str, kw: dict[str, Any]) -> str:
         if kw.get("IndexName"):
             return "available" if kw["IndexName"] == "available_resources" else kw["IndexName"]
         vals = kw.get("ExpressionAttributeValues", {})
-        pk = next(iter(vals.values()), {}).get("S", "") if vals else ""
+        first: dict[str, Any] = next(iter(vals.values()), {}) if vals else {}
+        pk = first.get("S", "")
         return "mappings" if pk.startswith("#map#") else "meta"
     pk = kw.get("Key", {}).get("client_id", {}).get("S", "")
     if pk.startswith("#map#"):

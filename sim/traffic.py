@@ -90,7 +90,7 @@ def diurnal(minute: float, profile: RegionProfile, sharpness: float = 2.0) -> fl
     """Relative demand of one region before spikes and evacuations: ``weight`` at the peak
     hour, ``weight * night`` twelve hours away, a smooth raised-cosine bump in between."""
     x = (minute / 60.0 - profile.peak_hour) / 24.0 * 2.0 * math.pi
-    bump = ((1.0 + math.cos(x)) / 2.0) ** sharpness
+    bump = float(((1.0 + math.cos(x)) / 2.0) ** sharpness)
     return profile.weight * (profile.night + (1.0 - profile.night) * bump)
 
 

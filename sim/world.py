@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -31,10 +32,9 @@ from botocore.config import Config as BotoConfig
 
 from rasd.config import Config
 from rasd.core import schema
-from rasd.core.builders import new_resource_item
+from rasd.core.builders import miss_report_update, new_resource_item
 from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk
 from rasd.core.serialize import mapping_from_ddb
-from rasd_jobs import balance_model as bm
 
 from . import capacity, replicator, traffic
 
@@ -566,16 +566,17 @@ class World:
             if n <= 0:
                 continue
             sent[r] += n
-            kw = bm.miss_report_update(CLIENT, POOL, r, "sim-driver", n, time.time_ns() // 1000)
+            kw = miss_report_update(CLIENT, POOL, r, "sim-driver", n, time.time_ns() // 1000)
             ddb = self._ddb(r)
             await loop.run_in_executor(
-                None, lambda ddb=ddb, kw=kw: ddb.update_item(TableName=self.p.table, **kw)
+                None, functools.partial(ddb.update_item, TableName=self.p.table, **kw)
             )
 
     def _ddb(self, r: str) -> Any:
-        cache = getattr(self, "_ddbs", None)
+        cache: dict[str, Any] | None = getattr(self, "_ddbs", None)
         if cache is None:
-            cache = self._ddbs = {}
+            cache = {}
+            self._ddbs = cache
         if r not in cache:
             cache[r] = _client("dynamodb", self.endpoints[r], r)
         return cache[r]
