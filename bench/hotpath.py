@@ -67,8 +67,8 @@ def _setup(n: int) -> tuple[Connection, list[bytes]]:
     daemon = Daemon(cfg)
     # What bring_up() does, minus DynamoDB: a store that is never started (a hit never uses
     # it), the acquirer, and "up".
-    from rasd.acquire import Acquirer
-    from rasd.store import Store
+    from rasd.daemon.acquire import Acquirer
+    from rasd.dynamo.store import Store
 
     daemon.store = Store(cfg, daemon.counters)
     daemon.acquirer = Acquirer(cfg, daemon.store, daemon.clock, daemon.counters)

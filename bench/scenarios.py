@@ -46,7 +46,7 @@ def _delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in sorted(keys) if after[k] - before[k]}
 
 
-#: the daemon's counters of DynamoDB calls (rasd.store counts every attempt as ``ddb.<op>``);
+#: the daemon's counters of DynamoDB calls (rasd.dynamo.store counts every attempt as ``ddb.<op>``);
 #: the other ``ddb.*`` counters (conditional_failed, timeouts...) are outcomes, not calls
 DDB_CALLS = ("ddb.Query", "ddb.GetItem", "ddb.UpdateItem")
 
@@ -882,7 +882,7 @@ def import_time(runs: int) -> dict[str, Any]:
 
 _CACHE_SNIPPET = """
 import gc, json, sys, time, tracemalloc
-from rasd.cache import LeaseCache
+from rasd.daemon.cache import LeaseCache
 from rasd.core.clock import Clock
 from rasd.core.lease import Lease
 n = int(sys.argv[1])
@@ -908,7 +908,7 @@ print(json.dumps({"leases": len(cache), "traced_bytes_per_lease": cur / n,
 
 
 def cache_only_memory(n: int) -> dict[str, Any]:
-    """Bytes per lease of rasd.cache.LeaseCache alone (no daemon, no DynamoDB)."""
+    """Bytes per lease of rasd.daemon.cache.LeaseCache alone (no daemon, no DynamoDB)."""
     import json
 
     out = subprocess.run(

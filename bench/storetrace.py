@@ -2,7 +2,7 @@
 
     python -m bench.storetrace TRACE_PATH serve --socket ... (the ``rasd`` command's arguments)
 
-runs the ordinary daemon (``rasd.cli.main``) with ``rasd.store.Store._call`` wrapped: every
+runs the ordinary daemon (``rasd.cli.main``) with ``rasd.dynamo.store.Store._call`` wrapped: every
 DynamoDB call (one ``_call``, retries included) appends one JSON line to ``TRACE_PATH``:
 
 * ``op`` (Query, GetItem, UpdateItem) and ``what``: the write's ``kind`` (``claim``,
@@ -67,7 +67,8 @@ def _label(op: str, kw: dict[str, Any]) -> str:
 
 def install(path: str) -> None:
     """Wrap the daemon's store (and tag its background work) before it starts."""
-    from rasd import acquire, prefetch, releaser, store, tasks
+    from rasd.daemon import acquire, prefetch, releaser, tasks
+    from rasd.dynamo import store
 
     fh = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     orig_call = store.Store._call

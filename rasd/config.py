@@ -122,8 +122,8 @@ class Config:
     flush_misses_timeout: float = 1.0
 
     # --- DynamoDB client -----------------------------------------------------------------
-    #: "lean": rasd.ddb (httptools + orjson + SigV4 with a cached signing key, a small fraction
-    #: of the CPU per call, no aioboto3 import at start). "botocore": aioboto3's client.
+    #: "lean": rasd.dynamo.ddb (httptools + orjson + SigV4 with a cached signing key, a small
+    #: fraction of the CPU per call, no aioboto3 import at start). "botocore": aioboto3's client.
     ddb_client: str = "lean"
     #: Connections kept to DynamoDB.
     ddb_max_connections: int = 32

@@ -10,8 +10,8 @@ reverse (:func:`keeps_current`). Past half of S a hit asks for a re-confirmation
 that asks for a later end than the lease has may ask for an extension
 (:func:`hit_wants_refresh`, then :func:`refresh_of`).
 
-The lease cache (``rasd.cache``) and the renewer (``rasd.renewer``) run these; so does the
-protocol checker's model of a daemon (``check.model``), which keeps no copy of them.
+The lease cache (``rasd.daemon.cache``) and the renewer (``rasd.daemon.renewer``) run these;
+so does the protocol checker's model of a daemon (``check.model``), which keeps no copy.
 """
 
 from __future__ import annotations

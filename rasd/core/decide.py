@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A daemon resolving ``get_lease(k)`` or ``release(k)`` reads, decides, writes, and reads again
 until a decision ends the request. Every decision is a function here, with time passed in;
-``rasd.driver`` is the driver that does the I/O a decision asks for, and the protocol checker
+``rasd.daemon.driver`` is the driver that does the I/O a decision asks for, and the protocol checker
 (``check/``) drives the same functions against a model of DynamoDB. The invariants these
 rules keep, and why, are in docs/design.md ("Invariants").
 

@@ -3,7 +3,7 @@ indexes (docs/schema.md), without ``TableName``. Pure: no I/O.
 
 Theory of operation
 -------------------
-Both indexes are read by two callers: the daemon (``rasd.store.Store``, async, on the request
+Both indexes are read by two callers: the daemon (``rasd.dynamo.store.Store``, async, on the request
 path) and the jobs' boto3 driver (``rasd_jobs.leases.Driver``), with the balancer and the
 benchmark's baseline. Each builds its Query here and adds its table and its client: the key
 condition, the placeholder names and the index name are written once, as ``rasd.core.writes``

@@ -165,7 +165,7 @@ def resolve(endpoint_url: str | None, region: str, account_id: str | None = None
     try:
         session = botocore.session.Session()
         profile: dict[str, Any] = session.get_scoped_config()
-        # keys are not needed to resolve anything (rasd.ddb resolves them); the account is
+        # keys are not needed to resolve anything (rasd.dynamo.ddb resolves them); the account is
         if str(session.get_config_variable("endpoint_discovery_enabled")).lower() == "true":
             raise AwsSettingsError(
                 "AWS settings rasd cannot honour: endpoint_discovery_enabled = true (rasd does "

@@ -10,8 +10,8 @@
 ``diagnostics``    what a failed start-up says: the root cause, a probe of the endpoint
 =================  ==========================================================================
 
-The request protocol itself (fields, answers) is rasd.protocol; what a request does is
-rasd.acquire.
+The request protocol itself (fields, answers) is rasd.wire; what a request does is
+rasd.daemon.acquire.
 """
 
 from .connection import Connection

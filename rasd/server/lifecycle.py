@@ -63,8 +63,8 @@ from .routing import Routing
 from .sdnotify import Notifier, run_watchdog, watchdog_interval
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
-    from ..acquire import Acquirer
-    from ..store import Store
+    from ..daemon.acquire import Acquirer
+    from ..dynamo.store import Store
 
 log = structlog.get_logger("rasd.server")
 
@@ -231,8 +231,8 @@ class Daemon(Routing):
         """Import the store (in a thread: the loop keeps accepting), warm DynamoDB, load pools."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.startup_deadline
-        acquire_mod = await asyncio.to_thread(importlib.import_module, ".acquire", "rasd")
-        store_mod = importlib.import_module(".store", "rasd")
+        acquire_mod = await asyncio.to_thread(importlib.import_module, "rasd.daemon.acquire")
+        store_mod = importlib.import_module("rasd.dynamo.store")
         store = self._given_store or store_mod.Store(cfg, self.counters)
         try:
             await store.start()

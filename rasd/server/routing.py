@@ -20,7 +20,7 @@ the rest     every frame ``lease_fields`` refuses (:meth:`_walk`): ``protocol.pa
 ``_slow``    what needs DynamoDB must get a slot in the in-flight gate before its deadline or
              is shed with ``BUSY`` at once, never queued, and then runs as a task: it waits for
              the store if the daemon is still starting (:meth:`wait_up`), calls the role of the
-             acquirer that answers the verb (``rasd.acquire``: the taker, the releaser, the
+             acquirer that answers the verb (``rasd.daemon.acquire``: the taker, the releaser, the
              reporter) within the request's deadline, and writes the answer with its ``id``.
 
 Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
@@ -43,7 +43,7 @@ import structlog
 
 from rasd_client.wire import BadFrame, error_payload
 
-from .. import protocol
+from .. import wire as protocol
 from ..config import Config
 from ..core.errors import (
     BadRequest,
@@ -58,11 +58,11 @@ from ..limits import InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
-from ..protocol import LeaseFields, lease_fields
+from ..wire import LeaseFields, lease_fields
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
-    from ..acquire import Acquirer
-    from ..store import Store
+    from ..daemon.acquire import Acquirer
+    from ..dynamo.store import Store
     from .connection import Connection
 
 log = structlog.get_logger("rasd.server")

@@ -1,8 +1,8 @@
 """A fault-injecting DynamoDB client around the real Store.
 
 Faults are injected *below* ``Store._call``: the DynamoDB client the store talks to
-(``rasd.ddb``'s or aiobotocore's, by ``ddb_client``) is wrapped, and a planned fault raises
-the exception botocore itself would raise, which ``rasd.ddb`` raises for the same condition
+(``rasd.dynamo.ddb``'s or aiobotocore's, by ``ddb_client``) is wrapped, and a planned fault raises
+the exception botocore itself would raise, which ``rasd.dynamo.ddb`` raises for the same condition
 too: ``ClientError`` with the real error-code shape, ``ReadTimeoutError``,
 ``EndpointConnectionError``. So the store's own retry, backoff, deadline and counting logic
 (``ddb.throttles``, ``ddb.errors``, ``Unavailable``...) runs exactly as in production, and
@@ -54,8 +54,8 @@ from typing import Any, Literal, get_args
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from rasd.config import Config
+from rasd.dynamo.store import OPERATIONS, Store
 from rasd.observe.metrics import Counters
-from rasd.store import OPERATIONS, Store
 
 FaultKind = Literal[
     "throttle", "server_error", "timeout", "down", "slow", "condition", "validation", "lost_reply"

@@ -31,8 +31,8 @@ class _TableStore:
 
 
 def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:
+    from rasd.daemon.prefetch import Prefetcher
     from rasd.observe.metrics import Counters
-    from rasd.prefetch import Prefetcher
 
     class Clock:
         t = 100.0

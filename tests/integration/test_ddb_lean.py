@@ -1,4 +1,4 @@
-"""rasd.ddb against moto's server over HTTP: the lean client's responses and errors equal
+"""rasd.dynamo.ddb against moto's server over HTTP: the lean client's responses and errors equal
 botocore's for every operation the daemon uses (and PutItem/DeleteItem)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from rasd.ddb import LeanDynamoDB
+from rasd.dynamo.ddb import LeanDynamoDB
 
 pytestmark = [pytest.mark.integration]
 

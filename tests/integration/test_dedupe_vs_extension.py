@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core import schema
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av
-from rasd.store import Store
+from rasd.daemon.acquire import Acquirer
+from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
 from tests.helpers.hooked import Hooked

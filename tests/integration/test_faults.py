@@ -23,8 +23,6 @@ import structlog
 from structlog.testing import capture_logs
 
 import rasd_client
-from rasd import renewer
-from rasd.candidates import Candidate
 from rasd.config import Config
 from rasd.core import builders as B
 from rasd.core import lease as L
@@ -33,6 +31,8 @@ from rasd.core import serialize as S
 from rasd.core import writes as W
 from rasd.core.clock import Clock
 from rasd.core.writes import item_from_av, key_av, render
+from rasd.daemon import renewer
+from rasd.daemon.candidates import Candidate
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
 from tests.doubles.clock import FakeClock
@@ -280,7 +280,7 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
         faults.add("validation", ops={"UpdateItem"}, times=1)
         with capture_logs() as logs:
             # a fresh logger proxy, so a logger cached by an earlier test cannot bypass capture
-            monkeypatch.setattr(renewer, "log", structlog.get_logger("rasd.renewer"))
+            monkeypatch.setattr(renewer, "log", structlog.get_logger("rasd.daemon.renewer"))
             hit = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
             assert hit.resource == first.resource and hit.version == first.version
             await wait_for(lambda: d.counters["lease.extend_errors"] == 1, "failed extension")

@@ -1,6 +1,6 @@
 """Every actor that writes the table keeps I1: the adversarial scenarios of the jobs and
 ``rasadmin``, replayed deterministically against moto's server with the real daemons' driver
-(``rasd.acquire.Acquirer`` on one FakeClock) and the real commands.
+(``rasd.daemon.acquire.Acquirer`` on one FakeClock) and the real commands.
 
 Each test asks one question of I1 (a resource is never answered to two keys while a lease on
 it runs): can a job or command make a resource claimable while a daemon still answers it to
@@ -22,7 +22,6 @@ import pytest
 import structlog
 from botocore.exceptions import ClientError
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import builders as B
 from rasd.core import lease as L
@@ -31,7 +30,8 @@ from rasd.core import schema
 from rasd.core import serialize as S
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
-from rasd.store import Store
+from rasd.daemon.acquire import Acquirer
+from rasd.dynamo.store import Store
 from rasd_jobs import balancer, dedupe, liberator
 from tests.doubles.clock import FakeClock
 from tests.helpers.tables import hold

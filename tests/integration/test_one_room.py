@@ -31,7 +31,7 @@ C, P = "demo", "default"
 SERVICES = ("rasd.core.", "rasd.observe.", "rasd.limits")
 #: where the way in ends: the request written to DynamoDB's connection
 DYNAMODB = "rasd.dynamo.http1"
-DRIVER = "rasd.driver"
+DRIVER = "rasd.daemon.driver"
 _YIELDS = {dis.opmap["YIELD_VALUE"]}
 
 #: an event of the trace: ("enter" or "leave", module, task, caller module or None)
@@ -66,29 +66,32 @@ def test_the_rule_catches_validation_done_twice() -> None:
     t = 1
     seq: list[Event] = [
         ("enter", "rasd.server.routing", t, None),
-        ("enter", "rasd.protocol", t, "rasd.server.routing"),
-        ("leave", "rasd.protocol", t, None),
-        ("enter", "rasd.acquire", t, "rasd.server.routing"),
-        ("leave", "rasd.acquire", t, None),
-        ("enter", "rasd.protocol", t, "rasd.server.routing"),
+        ("enter", "rasd.wire", t, "rasd.server.routing"),
+        ("leave", "rasd.wire", t, None),
+        ("enter", "rasd.daemon.acquire", t, "rasd.server.routing"),
+        ("leave", "rasd.daemon.acquire", t, None),
+        ("enter", "rasd.wire", t, "rasd.server.routing"),
     ]
-    assert reentries(seq) == ["rasd.protocol entered again from rasd.server.routing"]
+    assert reentries(seq) == ["rasd.wire entered again from rasd.server.routing"]
 
 
 def test_the_rule_allows_the_drivers_calls_out_and_back() -> None:
     """driver -> steps -> driver -> store, twice: the driver's own calls, not re-entries."""
     t = 1
-    seq: list[Event] = [("enter", "rasd.acquire", t, None), ("enter", DRIVER, t, "rasd.acquire")]
+    seq: list[Event] = [
+        ("enter", "rasd.daemon.acquire", t, None),
+        ("enter", DRIVER, t, "rasd.daemon.acquire"),
+    ]
     for _ in range(2):
         seq += [
             ("enter", "rasd.steps.take", t, DRIVER),
             ("leave", "rasd.steps.take", t, None),
-            ("enter", "rasd.store", t, DRIVER),
-            ("leave", "rasd.store", t, None),
+            ("enter", "rasd.dynamo.store", t, DRIVER),
+            ("leave", "rasd.dynamo.store", t, None),
         ]
     assert reentries(seq) == []
-    seq += [("leave", DRIVER, t, None), ("enter", DRIVER, t, "rasd.acquire")]
-    assert reentries(seq) == [f"{DRIVER} entered again from rasd.acquire"]
+    seq += [("leave", DRIVER, t, None), ("enter", DRIVER, t, "rasd.daemon.acquire")]
+    assert reentries(seq) == [f"{DRIVER} entered again from rasd.daemon.acquire"]
 
 
 class _Tracer:
@@ -170,9 +173,9 @@ async def test_a_new_lease_enters_each_module_once_from_the_taker_down(
         tracer = await _traced(d.acquirer.get_lease(C, P, "k", requested, deadline))
         mods = [m for k, m, _, _ in tracer.events if k == "enter"]
         # a real path: it went all the way down, through the rooms named here
-        for room in ("rasd.acquire", "rasd.pools", "rasd.tasks", DRIVER):
+        for room in ("rasd.daemon.acquire", "rasd.daemon.pools", "rasd.daemon.tasks", DRIVER):
             assert room in mods, room
-        assert "rasd.steps.take" in mods and "rasd.store" in mods and DYNAMODB in mods
+        assert "rasd.steps.take" in mods and "rasd.dynamo.store" in mods and DYNAMODB in mods
         assert reentries(tracer.events) == [], mods
         _no_client_module(tracer, None)
 
@@ -206,8 +209,8 @@ async def test_a_new_lease_enters_each_module_once_from_the_socket(
 
         tracer = await _traced(asyncio.to_thread(client))
         mods = [m for k, m, _, _ in tracer.events if k == "enter"]
-        for room in ("rasd.server.connection", "rasd.server.routing", "rasd.protocol"):
+        for room in ("rasd.server.connection", "rasd.server.routing", "rasd.wire"):
             assert room in mods, room
-        assert "rasd.cache" in mods and "rasd.acquire" in mods and DYNAMODB in mods
+        assert "rasd.daemon.cache" in mods and "rasd.daemon.acquire" in mods and DYNAMODB in mods
         _no_client_module(tracer, "rasd.server.connection")
         assert reentries(tracer.events) == [], mods

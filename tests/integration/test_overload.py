@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core.errors import RasdError
+from rasd.daemon.acquire import Acquirer
 from tests.doubles.store import Faults, FaultyStore
 from tests.helpers.fleet import audit
 from tests.helpers.tables import seed_pool

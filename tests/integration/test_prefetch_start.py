@@ -12,7 +12,7 @@ import pytest
 
 from rasd.config import Config
 from rasd.core.lease import partition_of
-from rasd.store import Store
+from rasd.dynamo.store import Store
 from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import builders as B
 from rasd.core import lease as L
 from rasd.core import serialize as S
 from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
-from rasd.store import Store
+from rasd.daemon.acquire import Acquirer
+from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
 from tests.helpers.hooked import Hooked
@@ -152,7 +152,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
     no claim, tests/unit/test_steps_take.py)."""
     seed_pool(ddb, table, count=2, prefix="res-")
     async with daemons(moto_endpoint, table, 3, legacy_agents=False) as (d1, d2, d3):
-        from rasd.candidates import Candidate
+        from rasd.daemon.candidates import Candidate
 
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})

@@ -128,8 +128,7 @@ def test_account_based_endpoint_as_botocore_sends(
 async def test_the_daemons_credentials_choose_the_account_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rasd import ddb
-    from rasd.dynamo import sigv4
+    from rasd.dynamo import ddb, sigv4
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SK")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.cache import NEVER, LeaseCache
 from rasd.core import cache_rules as CR
 from rasd.core.errors import BadRequest
 from rasd.core.lease import US, Lease, Pool
-from rasd.protocol import ID_MAX, lease_response
+from rasd.daemon.cache import NEVER, LeaseCache
+from rasd.wire import ID_MAX, lease_response
 from rasd_client.wire import FrameDecoder, encode
 from tests.doubles.clock import FakeClock
 

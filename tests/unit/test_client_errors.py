@@ -174,7 +174,7 @@ def test_bad_timeout_names_the_argument_not_the_wire_field(value: Any) -> None:
 
 
 def test_the_longest_timeout_is_the_wires_longest_deadline() -> None:
-    from rasd.protocol import MAX_DEADLINE_MS
+    from rasd.wire import MAX_DEADLINE_MS
     from rasd_client._common import MAX_TIMEOUT
 
     assert MAX_TIMEOUT * 1000 == MAX_DEADLINE_MS

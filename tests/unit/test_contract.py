@@ -121,8 +121,8 @@ CONTRACT_CONSTANTS = {
     "rasd_client.wire.HEADER_SIZE",
     "rasd_client.wire.MAX_FRAME",
     "rasd.config.Config.max_pending_per_conn",
-    "rasd.protocol.MAX_DEADLINE_MS",
-    "rasd.protocol.MAX_ID_LEN",
+    "rasd.wire.MAX_DEADLINE_MS",
+    "rasd.wire.MAX_ID_LEN",
     "rasd.core.lease.MAX_KEY_LEN",
 }
 
@@ -156,7 +156,7 @@ def test_documented_limits_are_enforced() -> None:
     """The documented values are the ones parse() and the decoder apply."""
     import pytest
 
-    from rasd import protocol
+    from rasd import wire as protocol
     from rasd.core.errors import BadRequest
 
     good = {

@@ -1,5 +1,5 @@
-"""rasd.ddb without DynamoDB: SigV4 equal to botocore's, serialization, error mapping, and the
-connection pool's behaviour against tiny local servers (loopback only)."""
+"""rasd.dynamo.ddb without DynamoDB: SigV4 equal to botocore's, serialization, error mapping,
+and the connection pool's behaviour against tiny local servers (loopback only)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from rasd import ddb
 from rasd.config import Config
-from rasd.dynamo import http1, sigv4
+from rasd.dynamo import ddb, http1, sigv4
 from rasd.dynamo.retry import never_sent as _never_sent
 
 WHEN = datetime.datetime(2024, 3, 9, 23, 59, 58, tzinfo=datetime.timezone.utc)

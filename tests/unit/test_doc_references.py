@@ -232,7 +232,7 @@ def test_the_allow_list_is_used() -> None:
             "see `rasd.steps.take.acquire` and ``jobs.rollout``",
             ["rasd.steps.take.acquire", "jobs.rollout"],
         ),
-        ("the renewer (rasd.renewer). Then `rasd`", ["rasd.renewer"]),
+        ("the renewer (rasd.daemon.renewer). Then `rasd`", ["rasd.daemon.renewer"]),
         (":meth:`Driver.run` and `ddb.Query`, `take.py`", ["Driver.run"]),
     ],
 )
@@ -247,7 +247,7 @@ def test_a_stale_reference_does_not_resolve() -> None:
     assert resolves("rasd.steps.take.acquire") and resolves("jobs.rollout")
     assert resolves("Renewer._extend_after")  # an instance attribute
     assert resolves("rasd.core.decide.pick()")
-    assert not resolves("rasd.store._never_sent")
+    assert not resolves("rasd.dynamo.store._never_sent")
     assert not resolves("chaos.proxy.claim_of")
     assert not resolves("Acquirer._extend_after")
     assert not resolves("rasd.check")

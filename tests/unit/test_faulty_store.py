@@ -14,7 +14,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-import rasd.store
+import rasd.dynamo.store
 from rasd.config import Config
 from rasd.core.errors import Timeout, Unavailable
 from tests.doubles.store import Faults, FaultyClient, FaultyStore, fault_exception, install
@@ -148,8 +148,8 @@ class FakeClient:
 
 
 @pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> tuple[rasd.store.Store, FakeClient, Faults]:
-    s = rasd.store.Store(Config(table="t"), rng=lambda: 0.0)  # retries without backoff waits
+def store(monkeypatch: pytest.MonkeyPatch) -> tuple[rasd.dynamo.store.Store, FakeClient, Faults]:
+    s = rasd.dynamo.store.Store(Config(table="t"), rng=lambda: 0.0)  # retries without backoff waits
     fake = FakeClient()
     s._client = fake
     faults = install(s, Faults(seed=1))
@@ -161,7 +161,7 @@ def far() -> float:
 
 
 async def test_store_retries_injected_throttles_and_counts_them(
-    store: tuple[rasd.store.Store, FakeClient, Faults],
+    store: tuple[rasd.dynamo.store.Store, FakeClient, Faults],
 ) -> None:
     """Throttles injected below _call are retried by the store and counted as throttles;
     every attempt counts as a call (ddb.Query)."""
@@ -175,7 +175,7 @@ async def test_store_retries_injected_throttles_and_counts_them(
 
 @pytest.mark.parametrize("kind", ["server_error", "timeout", "down"])
 async def test_store_retries_server_and_network_faults(
-    store: tuple[rasd.store.Store, FakeClient, Faults], kind: Any
+    store: tuple[rasd.dynamo.store.Store, FakeClient, Faults], kind: Any
 ) -> None:
     """5xx, read timeouts and refused connections are retried within the deadline and
     counted as errors."""
@@ -188,7 +188,7 @@ async def test_store_retries_server_and_network_faults(
 
 
 async def test_store_turns_injected_condition_failure_into_lost_race(
-    store: tuple[rasd.store.Store, FakeClient, Faults],
+    store: tuple[rasd.dynamo.store.Store, FakeClient, Faults],
 ) -> None:
     """A conditional-check failure is a value (None), not an exception, and is not retried."""
     s, fake, faults = store
@@ -199,7 +199,7 @@ async def test_store_turns_injected_condition_failure_into_lost_race(
 
 
 async def test_store_raises_unavailable_on_non_retryable_error(
-    store: tuple[rasd.store.Store, FakeClient, Faults],
+    store: tuple[rasd.dynamo.store.Store, FakeClient, Faults],
 ) -> None:
     """A non-retryable DynamoDB error surfaces at once as UNAVAILABLE."""
     s, _, faults = store
@@ -210,7 +210,7 @@ async def test_store_raises_unavailable_on_non_retryable_error(
 
 
 async def test_store_gives_up_when_the_deadline_passes(
-    store: tuple[rasd.store.Store, FakeClient, Faults],
+    store: tuple[rasd.dynamo.store.Store, FakeClient, Faults],
 ) -> None:
     """A deadline already passed: the store makes no call and raises TIMEOUT (the
     request's deadline passed; no wall time is spent)."""
@@ -249,7 +249,7 @@ async def test_other_client_methods_pass_through() -> None:
 
 def test_install_needs_a_started_store_and_is_idempotent() -> None:
     """install() on an unstarted store is a clear error; twice does not double-wrap."""
-    s = rasd.store.Store(Config(table="t"))
+    s = rasd.dynamo.store.Store(Config(table="t"))
     with pytest.raises(RuntimeError, match="started"):
         install(s, Faults())
     s._client = FakeClient()
@@ -264,10 +264,10 @@ def test_install_needs_a_started_store_and_is_idempotent() -> None:
 async def test_faulty_store_wraps_its_client_on_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """FaultyStore.start() = Store.start() + install(): the plan applies from the first call."""
 
-    async def fake_start(self: rasd.store.Store) -> None:
+    async def fake_start(self: rasd.dynamo.store.Store) -> None:
         self._client = FakeClient()
 
-    monkeypatch.setattr(rasd.store.Store, "start", fake_start)
+    monkeypatch.setattr(rasd.dynamo.store.Store, "start", fake_start)
     faults = Faults()
     s = FaultyStore(Config(table="t"), faults=faults)
     await s.start()

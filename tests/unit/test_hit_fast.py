@@ -14,14 +14,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from rasd.acquire import Acquirer
-from rasd.cache import LeaseCache
 from rasd.config import Config
 from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
-from rasd.protocol import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
+from rasd.daemon.acquire import Acquirer
+from rasd.daemon.cache import LeaseCache
+from rasd.dynamo.store import Store
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
-from rasd.store import Store
+from rasd.wire import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
 from rasd_client.wire import BadFrame, FrameDecoder
 from tests.doubles.clock import FakeClock
 

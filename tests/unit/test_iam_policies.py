@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rasd.store import OPERATIONS
+from rasd.dynamo.store import OPERATIONS
 
 parliament = pytest.importorskip("parliament", reason="parliament is in the [dev] extra")
 
@@ -47,7 +47,7 @@ def test_parliament_finds_nothing(name: str) -> None:
 
 
 def test_the_daemon_policy_grants_exactly_what_the_store_calls() -> None:
-    """A new operation in rasd/store.py without the policy would fail in production with
+    """A new operation in rasd/dynamo/store.py without the policy would fail in production with
     AccessDenied; a stale one in the policy is privilege the daemon does not need."""
     granted = {
         a.removeprefix("dynamodb:")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rasd.candidates import UNCLAIMABLE_MAX, why_empty
 from rasd.config import Config
 from rasd.core.decide import Rules
 from rasd.core.errors import NoCapacity, Unavailable
 from rasd.core.lease import US, Pool, ResourceItem, fmt_time, partition_of
+from rasd.daemon.candidates import UNCLAIMABLE_MAX, why_empty
+from rasd.daemon.prefetch import QUARANTINE_READ, Prefetcher
 from rasd.observe.metrics import Counters
-from rasd.prefetch import QUARANTINE_READ, Prefetcher
 from rasd.steps import Note
 from rasd.steps.daemon import Daemon, Miss, NewToken, RateLimit, TakeCandidate
 from rasd.steps.take import acquire

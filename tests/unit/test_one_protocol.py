@@ -1,7 +1,7 @@
 """One source for the daemon's protocol: the checker runs the driver's programs.
 
-The protocol checker (check/) and the daemon's driver (rasd/driver.py, for the roles of
-rasd/acquire.py) must not be able to diverge: both run the daemon's programs
+The protocol checker (check/) and the daemon's driver (rasd/daemon/driver.py, for the roles of
+rasd/daemon/acquire.py) must not be able to diverge: both run the daemon's programs
 (rasd.steps.daemon and the modules beside it: take, settle, renew, give_back), and nothing in
 check/ builds the daemon's writes itself.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from check.model import Config, World, initial, successors
 from check.procs import Proc
 from check.rulesets import BAD_A, REAL
-from rasd import acquire, driver, releaser, renewer, reporter
+from rasd.daemon import acquire, driver, releaser, renewer, reporter
 from rasd.steps import daemon as S
 from rasd.steps import give_back, renew, settle, take
 
@@ -87,9 +87,10 @@ def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
 
 
 def test_the_driver_runs_the_same_programs() -> None:
-    """The roles of rasd/acquire.py drive the daemon's programs through rasd/driver.py, and
-    decide nothing themselves: every program a daemon runs is started by a role (or spawned
-    by another program), and no role names a write builder or a decision."""
+    """The roles of rasd/daemon/acquire.py drive the daemon's programs through
+    rasd/daemon/driver.py, and decide nothing themselves: every program a daemon runs is
+    started by a role (or spawned by another program), and no role names a write builder or
+    a decision."""
     src = "\n".join(inspect.getsource(m) for m in ROLES)
     for name in ("resolve", "release", "extend_bg", "reconfirm", "relist"):
         assert f"{name}(" in src, name
@@ -164,9 +165,9 @@ def test_the_cache_and_refresh_rules_are_the_cache_rules() -> None:
     model = _uses(CHECK / "model.py", "CR")
     assert rules | {"hit_wants_refresh"} <= model
     assert {"valid_until", "keeps_current", "serves", "stale", "extend_from"} <= _uses(
-        rasd_dir / "cache.py", "CR"
+        rasd_dir / "daemon" / "cache.py", "CR"
     )
-    assert {"refresh_of", "Refresh"} <= _uses(rasd_dir / "renewer.py", "CR")
+    assert {"refresh_of", "Refresh"} <= _uses(rasd_dir / "daemon" / "renewer.py", "CR")
     names = {
         n.id
         for n in ast.walk(ast.parse((CHECK / "model.py").read_text()))

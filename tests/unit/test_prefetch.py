@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from rasd.candidates import (
+from rasd.config import Config
+from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
+from rasd.daemon.candidates import (
     BURST_HALF_LIFE,
     CONTENDED_MEMORY,
     DEMAND_HALF_LIFE,
@@ -25,8 +27,6 @@ from rasd.candidates import (
     Read,
     host_seed,
 )
-from rasd.config import Config
-from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
 from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
 
@@ -660,8 +660,8 @@ async def test_a_cold_pool_reads_both_ends_at_once_then_a_lane() -> None:
     round trip), then the first lane read; nothing from the ends is kept in the background."""
     import asyncio
 
+    from rasd.daemon.prefetch import Prefetcher
     from rasd.observe.metrics import Counters
-    from rasd.prefetch import Prefetcher
 
     idx = sorted_index(200)
     calls: list[tuple[int, bool, bool]] = []  # (in flight when sent, forward, after given)
@@ -759,8 +759,8 @@ async def test_stop_cancels_refills_before_the_store_closes() -> None:
     through the closed store afterwards (it would fail outside any caller: log noise)."""
     import asyncio
 
+    from rasd.daemon.prefetch import Prefetcher
     from rasd.observe.metrics import Counters
-    from rasd.prefetch import Prefetcher
 
     started = asyncio.Event()
     reads_after_close: list[str] = []

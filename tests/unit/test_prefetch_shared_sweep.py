@@ -1,5 +1,6 @@
-"""Requests that find a pool's candidate buffer empty share the sweep under way (rasd.prefetch):
-a burst that outruns the buffer costs one sweep at a time, not one per waiting request."""
+"""Requests that find a pool's candidate buffer empty share the sweep under way
+(rasd.daemon.prefetch): a burst that outruns the buffer costs one sweep at a time, not one per
+waiting request."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 
 from rasd.core.errors import BadRequest
 from rasd.core.lease import MAX_KEY_LEN, US, Lease
-from rasd.protocol import (
+from rasd.wire import (
     ID_MAX,
     ID_PACK,
     MAX_DEADLINE_MS,

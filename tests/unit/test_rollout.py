@@ -12,12 +12,12 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core import rollout as RO
 from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
+from rasd.daemon.acquire import Acquirer
 from rasd.observe.metrics import Counters
 from rasd.steps import GetItem, WriteResult
 from tests.doubles.clock import FakeClock
@@ -106,7 +106,7 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
     drv = acq.driver
 
     async def read_it() -> None:
-        from rasd.driver import Run
+        from rasd.daemon.driver import Run
 
         await Run(drv, 1e12).perform(GetItem(("c", "rp")))
         await drv.tasks.drain(5.0)
@@ -125,6 +125,6 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
 
 
 async def _read(acq: Acquirer, key: tuple[str, str]) -> None:
-    from rasd.driver import Run
+    from rasd.daemon.driver import Run
 
     await Run(acq.driver, 1e12).perform(GetItem(key))

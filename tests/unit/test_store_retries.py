@@ -26,13 +26,13 @@ import structlog
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError, NoCredentialsError
 
-import rasd.ddb
-import rasd.store
+import rasd.dynamo.ddb
+import rasd.dynamo.store
 from rasd.config import Config
 from rasd.core.decide import Outcome
 from rasd.core.errors import Unavailable
 from rasd.core.writes import Cond, Write
-from rasd.store import Store
+from rasd.dynamo.store import Store
 
 pytestmark = pytest.mark.usefixtures("one_botocore_loader")
 
@@ -122,7 +122,7 @@ class FakeTime:
 @pytest.fixture
 def fake_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTime]:
     ft = FakeTime()
-    monkeypatch.setattr(rasd.store, "time", types.SimpleNamespace(monotonic=ft.monotonic))
+    monkeypatch.setattr(rasd.dynamo.store, "time", types.SimpleNamespace(monotonic=ft.monotonic))
     yield ft
 
 
@@ -309,7 +309,7 @@ async def test_request_id_in_messages_and_log_lines(
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         cache_logger_on_first_use=False,
     )
-    monkeypatch.setattr(rasd.store, "log", structlog.get_logger("rasd.store"))
+    monkeypatch.setattr(rasd.dynamo.store, "log", structlog.get_logger("rasd.dynamo.store"))
     script = Script([Answer(500, "InternalServerError")] * 3)
     try:
         async with scripted(script) as url, store_on(url, fake_time) as (store, _):
@@ -347,7 +347,7 @@ async def test_expired_token_forces_a_refresh_and_one_more_attempt(
         def no_credentials() -> None:
             raise NoCredentialsError()
 
-        monkeypatch.setattr(rasd.ddb, "resolve_credentials", no_credentials)
+        monkeypatch.setattr(rasd.dynamo.ddb, "resolve_credentials", no_credentials)
         script.answers[:] = [Answer(400, "ExpiredTokenException")]
         with pytest.raises(Unavailable, match=r"could not be refreshed: NoCredentialsError"):
             await store._call("GetItem", fake_time.monotonic() + 60.0)

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from rasd.acquire import Acquirer
 from rasd.config import Config
 from rasd.core.errors import UnknownPool
+from rasd.daemon.acquire import Acquirer
+from rasd.daemon.pools import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL
 from rasd.observe.metrics import Counters
-from rasd.pools import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL
 from tests.doubles.clock import FakeClock
 
 

@@ -7,7 +7,7 @@ import struct
 import msgpack
 import pytest
 
-from rasd import protocol
+from rasd import wire as protocol
 from rasd.core.errors import BadRequest
 from rasd_client import wire
 

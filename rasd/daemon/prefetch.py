@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``rasd.candidates.CandidateBuffer`` (pure, time passed in) decides which free items of the
+``rasd.daemon.candidates.CandidateBuffer`` (pure, time passed in) decides which free items of the
 ``available_resources`` index are candidates, which sub-partition and lane to read next and
 when a pool counts as exhausted; its docstring gives the whole argument. :class:`Prefetcher`
 does the I/O around the buffers: it reads the index pages a buffer plans, in the background
@@ -25,16 +25,16 @@ import time
 
 import structlog
 
+from ..config import Config
+from ..core.clock import Clock
+from ..core.errors import RasdError
+from ..core.lease import Pool, fmt_time, partition_name
+from ..dynamo.store import Store
+from ..observe.metrics import Counters
 from .candidates import END_KEEP, CandidateBuffer, Read, host_seed, why_empty
 from .candidates import Candidate as Candidate
-from .config import Config
-from .core.clock import Clock
-from .core.errors import RasdError
-from .core.lease import Pool, fmt_time, partition_name
-from .observe.metrics import Counters
-from .store import Store
 
-log = structlog.get_logger("rasd.prefetch")
+log = structlog.get_logger("rasd.daemon.prefetch")
 
 SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
 #: After an empty sweep, one Query of the client's items (at most this many) looks for the
@@ -126,7 +126,7 @@ class Prefetcher:
 
     def why_empty(self, pool: Pool) -> str | None:
         """What NO_CAPACITY says about the pool's free items that are not claimable, while
-        the pool is exhausted (see ``rasd.candidates.why_empty``), or None."""
+        the pool is exhausted (see ``rasd.daemon.candidates.why_empty``), or None."""
         buf = self.buffers.get((pool.client_id, pool.pool_id))
         if buf is None or not buf.exhausted(self.clock.mono()):
             return None

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import structlog
 
+from ..core import cache_rules as CR
+from ..core.errors import RasdError
+from ..core.lease import US, Lease
+from ..steps import daemon as S
+from ..steps.renew import extend_bg, reconfirm
 from .cache import CacheKey
-from .core import cache_rules as CR
-from .core.errors import RasdError
-from .core.lease import US, Lease
 from .driver import Driver
 from .pools import PoolTable
-from .steps import daemon as S
-from .steps.renew import extend_bg, reconfirm
 
-log = structlog.get_logger("rasd.renewer")
+log = structlog.get_logger("rasd.daemon.renewer")
 
 
 class Renewer:

@@ -1,5 +1,5 @@
 """The only module of the daemon that talks to DynamoDB, through one long-lived client: the lean
-one (``rasd.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
+one (``rasd.dynamo.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
 
 Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
 engine serves them). Failed attempts are retried as botocore's standard mode retries them
@@ -36,21 +36,21 @@ from botocore.exceptions import (
     ClientError,
 )
 
-from .config import Config
-from .core.decide import Outcome
-from .core.errors import RasdError, Timeout, Unavailable
-from .core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
-from .core.reads import available_query, leased_query
-from .core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
-from .core.writes import ItemKey, Value, Write, item_from_av, key_av, render
-from .dynamo.aws import AwsSettings
-from .dynamo.retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
-from .dynamo.retry import request_id as _rid
-from .limits import CircuitBreaker
-from .observe.metrics import Counters
-from .steps import WriteResult
+from ..config import Config
+from ..core.decide import Outcome
+from ..core.errors import RasdError, Timeout, Unavailable
+from ..core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
+from ..core.reads import available_query, leased_query
+from ..core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
+from ..core.writes import ItemKey, Value, Write, item_from_av, key_av, render
+from ..limits import CircuitBreaker
+from ..observe.metrics import Counters
+from ..steps import WriteResult
+from .aws import AwsSettings
+from .retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
+from .retry import request_id as _rid
 
-log = structlog.get_logger("rasd.store")
+log = structlog.get_logger("rasd.dynamo.store")
 
 #: An attempt may use at most this share of the time left before the deadline (all of it when
 #: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
@@ -93,7 +93,7 @@ class Store:
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Raises ``rasd.dynamo.aws.AwsSettingsError`` for an AWS setting rasd cannot honour."""
-        from .dynamo import aws
+        from . import aws
 
         cfg = self.config
         region = os.environ.get("AWS_REGION") or cfg.region
@@ -155,7 +155,7 @@ class Store:
 
     @property
     def client(self) -> Any:
-        """The DynamoDB client in use: ``rasd.ddb.LeanDynamoDB`` or aiobotocore's, by
+        """The DynamoDB client in use: ``rasd.dynamo.ddb.LeanDynamoDB`` or aiobotocore's, by
         ``ddb_client`` (None before ``start()``)."""
         return self._client
 

@@ -17,12 +17,12 @@ import asyncio
 
 from cachetools import TTLCache
 
-from .core.clock import Clock
-from .core.errors import UnknownPool
-from .core.lease import Pool
-from .core.rollout import ROLLOUT_KEY, rollout_from
+from ..core.clock import Clock
+from ..core.errors import UnknownPool
+from ..core.lease import Pool
+from ..core.rollout import ROLLOUT_KEY, rollout_from
+from ..dynamo.store import Store
 from .driver import RolloutMode
-from .store import Store
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
 UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)

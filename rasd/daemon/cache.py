@@ -32,8 +32,8 @@ more may need an extension) and INT64_MAX for another region's (never extended h
 The cached hit: :meth:`LeaseCache.answer` decides whether the cache answers a get_lease, for
 the server, which asks it once per request (``Routing.handle``); a miss goes on to
 DynamoDB without asking again. What it needs besides the entries is injected by the taker
-(``rasd.acquire``): the pool table's dict (the pool's maximum lease), the renewer's set of keys
-being refreshed and its ``maybe_refresh`` (the background work a hit calls for). The wall
+(``rasd.daemon.acquire``): the pool table's dict (the pool's maximum lease), the renewer's set
+of keys being refreshed and its ``maybe_refresh`` (the background work a hit calls for). The wall
 clock is read again once WALL_RESYNC has passed (:meth:`LeaseCache.wall_us`), so a hit reads
 no clock but the one its request read.
 
@@ -55,12 +55,12 @@ import msgpack
 
 from rasd_client.wire import HEADER_SIZE
 
-from .core import cache_rules as CR
-from .core.clock import Clock
-from .core.decide import check_expiry
-from .core.errors import BadRequest
-from .core.lease import US, Lease, Pool
-from .protocol import ID_PACK, answer_head, answer_wide
+from ..core import cache_rules as CR
+from ..core.clock import Clock
+from ..core.decide import check_expiry
+from ..core.errors import BadRequest
+from ..core.lease import US, Lease, Pool
+from ..wire import ID_PACK, answer_head, answer_wide
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)
 #: see the module docstring
@@ -149,7 +149,7 @@ class LeaseCache:
         #: client_id -> pool_id -> key -> entry (the server's hot path reads it directly)
         self.entries: dict[str, dict[str, _Pool]] = {}
         self._n = 0  # entries held, expired ones included until they are dropped
-        # Injected by the taker (rasd.acquire): see the module docstring, "The cached hit".
+        # Injected by the taker (rasd.daemon.acquire): see the module docstring, "The cached hit".
         #: (client_id, pool_id) -> Pool: the pool table's dict, read in place
         self.pools: dict[tuple[str, str], Pool] = {}
         #: keys with a refresh under way (the renewer's set)

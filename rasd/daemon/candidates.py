@@ -65,7 +65,7 @@ index (the prefetcher's one bounded read after the sweep).
 A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
 is never the answer while the last sweep found something.
 
-``rasd.prefetch.Prefetcher`` does the I/O around the buffers.
+``rasd.daemon.prefetch.Prefetcher`` does the I/O around the buffers.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 
-from .config import Config
-from .core.lease import PARTITIONS, ResourceItem, partition_of
+from ..config import Config
+from ..core.lease import PARTITIONS, ResourceItem, partition_of
 
 REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
 DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull

@@ -12,10 +12,10 @@ what is left.
 
 from __future__ import annotations
 
+from ..steps import daemon as S
+from ..steps.give_back import release, relist
 from .driver import Driver
 from .pools import PoolTable
-from .steps import daemon as S
-from .steps.give_back import release, relist
 
 
 class Releaser:

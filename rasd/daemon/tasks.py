@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import structlog
 
-from .observe.metrics import Counters
+from ..observe.metrics import Counters
 
-log = structlog.get_logger("rasd.tasks")
+log = structlog.get_logger("rasd.daemon.tasks")
 
 R = TypeVar("R")
 

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 The daemon's verbs are divided among roles, as KCL divides a lease coordinator's work (its
 LeaseTaker, LeaseRenewer): :class:`Acquirer`, the taker, answers ``get_lease``; the renewer
-(``rasd.renewer``) extends and re-confirms what is served; the releaser (``rasd.releaser``)
-gives leases back and re-lists what it quarantined; the reporter (``rasd.reporter``) answers
-``headroom`` and reports unmet demand. They share one driver (``rasd.driver``: the store,
-the cache, the prefetcher, the one task group) and one pool table (``rasd.pools``). The
-Acquirer composes them: the server holds it, and calls each role for its verbs.
+(``rasd.daemon.renewer``) extends and re-confirms what is served; the releaser
+(``rasd.daemon.releaser``) gives leases back and re-lists what it quarantined; the reporter
+(``rasd.daemon.reporter``) answers ``headroom`` and reports unmet demand. They share one
+driver (``rasd.daemon.driver``: the store, the cache, the prefetcher, the one task group) and
+one pool table (``rasd.daemon.pools``). The Acquirer composes them: the server holds it, and
+calls each role for its verbs.
 
 The cached hit is the cache's to answer (``LeaseCache.answer``, asked once per request by the
 server): the Acquirer injects what it needs (the pool table's dict, the renewer's
@@ -40,21 +41,21 @@ from __future__ import annotations
 import asyncio
 import random
 
+from ..config import Config
+from ..core.clock import Clock
+from ..core.decide import check_expiry
+from ..core.errors import BadRequest
+from ..core.lease import Lease, Pool
+from ..dynamo.store import Store
+from ..observe.metrics import Counters
+from ..steps import daemon as S
+from ..steps.take import resolve
 from .cache import CacheKey
-from .config import Config
-from .core.clock import Clock
-from .core.decide import check_expiry
-from .core.errors import BadRequest
-from .core.lease import Lease, Pool
 from .driver import Driver
-from .observe.metrics import Counters
 from .pools import PoolTable
 from .releaser import Releaser
 from .renewer import Renewer
 from .reporter import Reporter
-from .steps import daemon as S
-from .steps.take import resolve
-from .store import Store
 
 
 class Acquirer:

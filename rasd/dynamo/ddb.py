@@ -71,9 +71,9 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from .dynamo.aws import AwsSettings
-from .dynamo.http1 import Conn, ConnectFailed, ProxyRefused, ReadTimedOut, Tunnel, expire
-from .dynamo.sigv4 import (
+from .aws import AwsSettings
+from .http1 import Conn, ConnectFailed, ProxyRefused, ReadTimedOut, Tunnel, expire
+from .sigv4 import (
     CONTENT_TYPE,
     AmzDate,
     Credentials,
@@ -179,7 +179,7 @@ class LeanDynamoDB:
         ask IMDS), then the AWS settings unless given (``rasd.dynamo.awscache``: from an earlier
         start with the same inputs, else botocore's; the endpoint may depend on the
         credentials' account). Settings from the cache: see :meth:`confirm_settings`."""
-        from .dynamo import awscache
+        from . import awscache
 
         creds = await asyncio.to_thread(resolve_credentials)
         s = settings or await awscache.settings(endpoint_url, region, creds.account_id)
@@ -201,7 +201,7 @@ class LeanDynamoDB:
         low priority): None when it agrees, else what botocore decided. Raises
         ``AwsSettingsError`` when botocore refuses them, ``awscache.Unconfirmed`` without a
         verdict."""
-        from .dynamo import awscache
+        from . import awscache
 
         if self.settings.cache_key is None:
             return None

@@ -18,15 +18,15 @@ import time
 
 import structlog
 
-from .core.builders import miss_report_update
-from .core.errors import RasdError
-from .core.lease import US, headroom_resource, partition_name
-from .core.serialize import headroom_from_ddb
+from ..core.builders import miss_report_update
+from ..core.errors import RasdError
+from ..core.lease import US, headroom_resource, partition_name
+from ..core.serialize import headroom_from_ddb
+from ..steps import daemon as S
 from .driver import Driver
 from .pools import PoolTable
-from .steps import daemon as S
 
-log = structlog.get_logger("rasd.reporter")
+log = structlog.get_logger("rasd.daemon.reporter")
 
 HEADROOM_TTL = 10.0
 HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs

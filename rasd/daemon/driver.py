@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 The daemon's verbs are programs (``rasd.steps.daemon`` and the modules beside it) that decide
 everything and perform nothing. :class:`Driver` performs them for the daemon's roles
-(``rasd.acquire``: the taker; ``rasd.renewer``, ``rasd.releaser``, ``rasd.reporter``), which
-share its state: the store, the clocks, the lease cache, the prefetcher, the rate limits, the
-owner name, and ``tasks`` (``rasd.tasks``), the one task group every role starts its tasks in.
+(``rasd.daemon.acquire``: the taker; ``rasd.daemon.renewer``, ``rasd.daemon.releaser``,
+``rasd.daemon.reporter``), which share its state: the store, the clocks, the lease cache, the
+prefetcher, the rate limits, the owner name, and ``tasks`` (``rasd.daemon.tasks``), the one
+task group every role starts its tasks in.
 
 :meth:`Driver.run` runs one of the daemon's programs with a request's deadline or in the
 background, :meth:`Driver.run_bg` a program made already with a background program's own
@@ -30,19 +31,18 @@ from typing import Any, assert_never
 
 import structlog
 
-from .cache import LeaseCache
-from .config import Config
-from .core.clock import Clock
-from .core.decide import Outcome
-from .core.errors import RasdError, Timeout
-from .core.lease import MAP_PREFIX, META_CLIENT, US, Pool
-from .core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
-from .core.serialize import resource_from
-from .core.writes import Value
-from .limits import BucketTable
-from .observe.metrics import Counters
-from .prefetch import Prefetcher
-from .steps import (
+from ..config import Config
+from ..core.clock import Clock
+from ..core.decide import Outcome
+from ..core.errors import RasdError, Timeout
+from ..core.lease import MAP_PREFIX, META_CLIENT, US, Pool
+from ..core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
+from ..core.serialize import resource_from
+from ..core.writes import Value
+from ..dynamo.store import Store
+from ..limits import BucketTable
+from ..observe.metrics import Counters
+from ..steps import (
     At,
     Delete,
     GetItem,
@@ -62,11 +62,12 @@ from .steps import (
     Together,
     drive,
 )
-from .steps import daemon as S
-from .store import Store
+from ..steps import daemon as S
+from .cache import LeaseCache
+from .prefetch import Prefetcher
 from .tasks import Tasks
 
-log = structlog.get_logger("rasd.driver")
+log = structlog.get_logger("rasd.daemon.driver")
 
 
 class RolloutMode:

@@ -1,0 +1,1 @@
+"""The daemon: its roles, its runtime and its state."""
