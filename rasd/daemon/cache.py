@@ -185,8 +185,8 @@ class LeaseCache:
         Starts the background work a hit calls for: a re-confirmation past S/2, an extension
         when the caller asks for more than the lease has (``refresh``); the Lease is rebuilt
         only then. Otherwise allocates only the answer. Never awaits. The entry is read by
-        :meth:`read`, the one reader of the cache (inlining it measured no faster: the hit
-        bench's medians were 3.48 µs inlined and 3.45 µs with the call, load 1-2)."""
+        :meth:`read`, the one reader of the cache (inlining it measured no faster;
+        docs/performance-history.md)."""
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None
