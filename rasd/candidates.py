@@ -96,7 +96,8 @@ FLEET_MEMORY = 5.0  # seconds a read's count of a sub-partition's free items sta
 AGE_WEIGHT = 0.25  # EWMA weight of one read's mean age of its claimable items
 MIN_AGE = 0.05  # seconds: floor of that age (clock skew, items freed just now)
 MIN_RATE = 0.05  # takes per second: floor of a daemon's own demand (an idle daemon)
-DIRECT_SHARE = 3  # a fair share below this: no buffer; a miss reads, then claims (direct)
+DIRECT_SHARE = 4  # a fair share below this: no buffer; a miss reads, then claims (direct)
+WHOLE_FREE = 40  # free items below which sub-partitions are read whole, from the head
 DIRECT_MAX_AGE = 2.0  # seconds a candidate is kept in direct mode (others take it soon)
 
 #: (lease_available, resource): with the partition and client_id, an index position
@@ -142,13 +143,16 @@ def size_buffer(
     the refill's time ``refill_s``, clamped to ``lo..hi``. Supply: when the free items are
     known (``free``, this region's, shared by ``daemons``), never more than the fair share
     free / daemons (at least 1), the floor ``lo`` included: a floor every daemon keeps would
-    hold the same few items in every buffer of a nearly full pool."""
+    hold the same few items in every buffer of a nearly full pool. A share below
+    ``DIRECT_SHARE`` is direct: a miss reads and claims one, as the paper's agent does."""
     want = math.ceil(rate * (REFILL_HORIZON + 2 * refill_s))
     target = max(lo, min(hi, want))
     if free is None:
         return Sizing(target, None, False)
     fair = max(1, int(free / max(1.0, daemons)))
-    return Sizing(max(1, min(target, fair)), fair, fair < DIRECT_SHARE)
+    if fair < DIRECT_SHARE:
+        return Sizing(1, fair, True)  # the candidate a miss claims at once, nothing ahead
+    return Sizing(min(target, fair), fair, False)
 
 
 class FleetView:
@@ -353,10 +357,10 @@ class CandidateBuffer:
         return self.sizing().direct
 
     def whole(self) -> bool:
-        """The pool's sub-partitions each fit in a page: reads take one whole, from its head
-        (a lane's random start would only skip some of its few items)."""
+        """The pool's sub-partitions hold a few free items each: reads take one whole, from
+        its head (a lane's random start would only skip some of them)."""
         free = self.fleet.free(self.now)
-        return free is not None and free < PARTITIONS * MIN_PAGE
+        return free is not None and free < WHOLE_FREE
 
     def note_refill(self, seconds: float) -> None:
         """A refill read took ``seconds`` (EWMA, weight 1/4: a few reads to follow a change)."""

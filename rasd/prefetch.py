@@ -227,6 +227,7 @@ class Prefetcher:
         others = [n for n in buf.partitions() if n != first.n]
         waves = [others]
         if buf.direct():
+            self.counters.inc("prefetch.sweeps_direct")
             cuts = [0, *DIRECT_WAVES, len(others)]
             waves = [others[a:b] for a, b in itertools.pairwise(cuts) if others[a:b]]
         for wave in waves:

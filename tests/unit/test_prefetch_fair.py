@@ -51,6 +51,13 @@ def test_a_short_pool_caps_the_buffer_at_a_fair_share_floor_included() -> None:
     """16 daemons on 100 free items: 6 each, below the floor of 12."""
     s = size_buffer(0.7, 0.01, 100.0, 16.0, 12, 64)
     assert (s.target, s.fair, s.direct) == (6, 6, False)
+    s = size_buffer(0.7, 0.01, 64.0, 16.0, 12, 64)
+    assert (s.target, s.fair, s.direct) == (4, 4, False)
+
+
+def test_a_share_below_four_keeps_no_buffer() -> None:
+    s = size_buffer(5.0, 0.01, 60.0, 16.0, 12, 64)
+    assert (s.target, s.fair, s.direct) == (1, 3, True)
 
 
 def test_a_nearly_full_pool_is_direct_with_a_share_of_at_least_one() -> None:
@@ -182,7 +189,7 @@ def test_direct_candidates_go_stale_sooner() -> None:
 
 
 def test_a_lost_claim_drops_the_rest_of_its_whole_read() -> None:
-    b = short_buffer(per_partition=4)
+    b = short_buffer(per_partition=3)
     b.fleet.age = 100.0  # few daemons: a share of several
     names = [f"z{i}" for i in range(300) if partition_of(f"z{i}") == 2][:3]
     page = [free_item(x, 100.0) for x in names]
