@@ -93,6 +93,7 @@ TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates agai
 CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 UNCLAIMABLE_MAX = 256  # items with a lease_available ahead remembered per sweep
 FLEET_MEMORY = 5.0  # seconds a read's count of a sub-partition's free items stands for it
+FLEET_MIN_SEEN = 2  # sub-partitions read lately before their counts stand for the pool
 AGE_WEIGHT = 0.25  # EWMA weight of one read's mean age of its claimable items
 MIN_AGE = 0.05  # seconds: floor of that age (clock skew, items freed just now)
 MIN_RATE = 0.05  # takes per second: floor of a daemon's own demand (an idle daemon)
@@ -160,9 +161,10 @@ class FleetView:
     is made for it. Pure: time passed in.
 
     * Free items: per sub-partition, the claimable items its last read returned (not those
-      this daemon just took). A page that came back full says only "at least a page": the
-      pool is not short (None). The sub-partitions not read within ``FLEET_MEMORY`` count as
-      the mean of those read.
+      this daemon just took), twice that for a read after a position (a lane's or a random
+      start: half the sub-partition on average). A page that came back full says only "at
+      least a page": the pool is not short (None). With at least ``FLEET_MIN_SEEN`` read
+      within ``FLEET_MEMORY``, those not read count as the mean of those read.
     * Daemons drawing on them: Little's law. The free items are claimed at the fleet's rate
       free / age, where age is how long the claimable items read had been claimable (their
       ``lease_available``, an EWMA); over this daemon's own rate, that is how many daemons
@@ -185,7 +187,7 @@ class FleetView:
 
     def free(self, now: float) -> float | None:
         fresh = [(c, full) for c, full, at in self.counts.values() if now - at <= FLEET_MEMORY]
-        if not fresh or any(full for _, full in fresh):
+        if len(fresh) < FLEET_MIN_SEEN or any(full for _, full in fresh):
             return None
         seen = sum(c for c, _ in fresh)
         return seen + seen / len(fresh) * (PARTITIONS - len(fresh))
@@ -618,10 +620,12 @@ class CandidateBuffer:
         now_us: int | None,
     ) -> None:
         full = len(raw) >= read.limit
-        if read.after is not None and not full:
-            return  # the rest of a sub-partition after a position: no count of all of it
         taken = self._taken
         free = [it for it in claimable if (it.resource, it.version) not in taken]
+        count = len(free)
+        if read.after is not None and not full:
+            # the rest of a sub-partition after a position, about half of it on average
+            count *= 2
         ages = []
         if now_us is not None:
             for it in free:
@@ -630,7 +634,7 @@ class CandidateBuffer:
                         ages.append((now_us - parse_time(it.lease_available)) / 1e6)
                     except ValueError:
                         continue
-        self.fleet.observe(read.n, len(free), full, ages, now)
+        self.fleet.observe(read.n, count, full, ages, now)
 
     def _note_unclaimable(self, raw: list[ResourceItem], claimable: list[ResourceItem]) -> None:
         ok = {it.resource for it in claimable}

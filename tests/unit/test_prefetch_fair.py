@@ -82,6 +82,8 @@ def test_free_is_unknown_until_a_read_and_after_fleet_memory() -> None:
     f = FleetView()
     assert f.free(0.0) is None
     f.observe(3, 2, False, [], 0.0)
+    assert f.free(0.0) is None  # one sub-partition does not stand for the pool
+    f.observe(4, 2, False, [], 0.0)
     assert f.free(FLEET_MEMORY) == 2 * PARTITIONS
     assert f.free(FLEET_MEMORY + 0.01) is None
 
@@ -91,6 +93,15 @@ def test_free_extrapolates_the_sub_partitions_not_read() -> None:
     f.observe(0, 1, False, [], 0.0)
     f.observe(1, 3, False, [], 0.0)
     assert f.free(1.0) == 4 + 2 * (PARTITIONS - 2)
+
+
+def test_a_read_after_a_position_counts_twice() -> None:
+    """A lane's short page is the rest of its sub-partition after a random start."""
+    b = CandidateBuffer(Config().validate(), random.Random(1), seed=5, pool="c/p")
+    page = [free_item(f"a{i}", 1.0) for i in range(3)]
+    b.read_done(Read(1, ("t", "r"), True, 8, 0), page, page, 1.0, NOW_US)
+    b.read_done(Read(2, None, True, 8, 0), page, page, 1.0, NOW_US)
+    assert b.fleet.counts[1][0] == 6 and b.fleet.counts[2][0] == 3
 
 
 def test_a_full_page_says_the_pool_is_not_short() -> None:
