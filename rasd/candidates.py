@@ -164,7 +164,9 @@ class FleetView:
       this daemon just took), twice that for a read after a position (a lane's or a random
       start: half the sub-partition on average). A page that came back full says only "at
       least a page": the pool is not short (None). With at least ``FLEET_MIN_SEEN`` read
-      within ``FLEET_MEMORY``, those not read count as the mean of those read.
+      within ``FLEET_MEMORY`` of the latest read, those not read count as the mean of
+      those read. The estimate stands until the next read, however old: a daemon whose
+      buffer makes it read seldom must not fall back to a full-size buffer for that.
     * Daemons drawing on them: Little's law. The free items are claimed at the fleet's rate
       free / age, where age is how long the claimable items read had been claimable (their
       ``lease_available``, an EWMA); over this daemon's own rate, that is how many daemons
@@ -186,7 +188,10 @@ class FleetView:
             self.age = mean if self.age is None else self.age + AGE_WEIGHT * (mean - self.age)
 
     def free(self, now: float) -> float | None:
-        fresh = [(c, full) for c, full, at in self.counts.values() if now - at <= FLEET_MEMORY]
+        # the reads within FLEET_MEMORY of the latest one: a daemon that reads less often (a
+        # bigger buffer) keeps its last estimate until it reads again
+        newest = max((at for _, _, at in self.counts.values()), default=now)
+        fresh = [(c, full) for c, full, at in self.counts.values() if newest - at <= FLEET_MEMORY]
         if len(fresh) < FLEET_MIN_SEEN or any(full for _, full in fresh):
             return None
         seen = sum(c for c, _ in fresh)

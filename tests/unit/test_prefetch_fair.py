@@ -78,14 +78,18 @@ def test_one_daemon_holds_at_most_what_is_free() -> None:
 
 
 # ------------------------------------------------------------------------------ FleetView
-def test_free_is_unknown_until_a_read_and_after_fleet_memory() -> None:
+def test_free_is_unknown_until_two_reads_then_stands_until_the_next() -> None:
     f = FleetView()
     assert f.free(0.0) is None
     f.observe(3, 2, False, [], 0.0)
     assert f.free(0.0) is None  # one sub-partition does not stand for the pool
     f.observe(4, 2, False, [], 0.0)
     assert f.free(FLEET_MEMORY) == 2 * PARTITIONS
-    assert f.free(FLEET_MEMORY + 0.01) is None
+    assert f.free(100.0) == 2 * PARTITIONS  # no read since: the last estimate
+    f.observe(5, 4, False, [], 100.0)  # the older reads are past FLEET_MEMORY of this one
+    assert f.free(100.0) is None
+    f.observe(6, 6, False, [], 100.0 + FLEET_MEMORY)
+    assert f.free(100.0 + FLEET_MEMORY) == 5 * PARTITIONS
 
 
 def test_free_extrapolates_the_sub_partitions_not_read() -> None:
