@@ -98,7 +98,7 @@ AGE_WEIGHT = 0.25  # EWMA weight of one read's mean age of its claimable items
 MIN_AGE = 0.05  # seconds: floor of that age (clock skew, items freed just now)
 MIN_RATE = 0.05  # takes per second: floor of a daemon's own demand (an idle daemon)
 DIRECT_SHARE = 4  # a fair share below this: no buffer; a miss reads, then claims (direct)
-WHOLE_FREE = 40  # free items below which sub-partitions are read whole, from the head
+WHOLE_FREE = 60  # free items below which sub-partitions are read whole, from the head
 DIRECT_MAX_AGE = 2.0  # seconds a candidate is kept in direct mode (others take it soon)
 
 #: (lease_available, resource): with the partition and client_id, an index position
@@ -170,7 +170,10 @@ class FleetView:
     * Daemons drawing on them: Little's law. The free items are claimed at the fleet's rate
       free / age, where age is how long the claimable items read had been claimable (their
       ``lease_available``, an EWMA); over this daemon's own rate, that is how many daemons
-      of its demand share the pool. A claim lost lately says there is at least one other.
+      of its demand share the pool. A claim lost lately says there is at least one other,
+      and in a short pool (under ``WHOLE_FREE``) that the share held was too big: a share
+      of 1. (The age of the items read over-weights those that linger, so this count errs
+      low.)
       Items read at their seeding time are old, so a fresh pool counts few daemons."""
 
     __slots__ = ("age", "counts", "lost_at")
@@ -203,6 +206,10 @@ class FleetView:
             d = max(1.0, free / self.age / max(own_rate, MIN_RATE))
         if now - self.lost_at <= FLEET_MEMORY:
             d = max(d, 2.0)
+            if free is not None and free < WHOLE_FREE:
+                # a lost race in a short pool: others claim what this daemon holds, however
+                # few the age says they are; a share of 1 (direct) until the races stop
+                d = max(d, free)
         return d
 
 

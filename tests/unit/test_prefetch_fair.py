@@ -134,6 +134,10 @@ def test_a_lost_claim_says_there_is_another_daemon() -> None:
     f.lost_at = 10.0
     assert f.daemons(10.0 + FLEET_MEMORY, 1.0, None) == 2.0
     assert f.daemons(10.1 + FLEET_MEMORY, 1.0, None) == 1.0
+    # in a short pool: a share of 1 until the races stop
+    assert f.daemons(11.0, 1.0, 30.0) == 30.0
+    assert size_buffer(1.0, 0.0, 30.0, f.daemons(11.0, 1.0, 30.0), 12, 64).direct
+    assert f.daemons(11.0, 1.0, 500.0) == 2.0
 
 
 # --------------------------------------------------------------------------- spread_order
@@ -204,7 +208,7 @@ def test_direct_candidates_go_stale_sooner() -> None:
 
 
 def test_a_lost_claim_drops_the_rest_of_its_whole_read() -> None:
-    b = short_buffer(per_partition=3)
+    b = short_buffer(per_partition=5)
     b.fleet.age = 100.0  # few daemons: a share of several
     names = [f"z{i}" for i in range(300) if partition_of(f"z{i}") == 2][:3]
     page = [free_item(x, 100.0) for x in names]
