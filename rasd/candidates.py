@@ -51,12 +51,25 @@ it follows has been sent, when the buffer falls below half of the target (the lo
 and reads the room left (at least ``MIN_PAGE``, at most ``prefetch_page``). Candidates older
 than ``candidate_max_age`` are dropped: by then another daemon has likely taken them.
 
+A short pool caps the target at a fair share, its free items over the daemons drawing on them
+(:func:`size_buffer`), both estimated from this daemon's own reads (:class:`FleetView`); the
+floor ``prefetch_min`` does not hold under that cap, since 16 daemons keeping 12 each of 20
+free items would all hold the same ones. Under ``WHOLE_FREE`` free items a read takes a
+sub-partition whole from its head (no lanes: a random start would skip some of its few
+items); under a share of ``DIRECT_SHARE`` the daemon is direct: a target of 1, no refill
+ahead of demand, a miss reads and claims, candidates left over go stale after
+``DIRECT_MAX_AGE``, a lost claim drops the rest of its read.
+
+Spread: sweeps and whole reads visit the sub-partitions in :func:`spread_order`, a
+permutation by (daemon, pool, round) that changes every round, so two daemons rarely start
+on the same sub-partition and no sub-partition is everyone's start.
+
 Only items claimable now are kept: an early free (release, give-back, dedupe) sets
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
 conditional on ``lease_available <= now``.
 
-When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
-stale copies of items this daemon has just claimed), the pool is marked exhausted for
+When a sweep of all ten sub-partitions finds no candidate, kept or not (nothing claimable,
+or only the stale copies of items this daemon has just claimed), the pool is marked exhausted for
 ``exhausted_backoff`` seconds from the sweep's start (what it read is that old) and NO_CAPACITY
 is answered without reading DynamoDB at all. Those answers say what the daemon knows of the
 pool's items that are free but not claimable (:func:`why_empty`): the ones the sweep read with
