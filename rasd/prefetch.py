@@ -38,7 +38,7 @@ from .store import Store
 log = structlog.get_logger("rasd.prefetch")
 
 SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
-#: direct mode: where a sweep's reads after its first are cut into waves (2, then 3, then
+#: a short pool: where a sweep's reads after its first are cut into waves (2, then 3, then
 #: the other 4 sub-partitions): at most four round trips, fewer reads than all at once
 DIRECT_WAVES = (2, 5)
 #: After an empty sweep, one Query of the client's items (at most this many) looks for the
@@ -211,8 +211,9 @@ class Prefetcher:
 
     async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> int:
         """The buffer is empty: read the lane (or a new one), then, unless that kept a
-        candidate, every other sub-partition: at once, or in direct mode in waves of
-        ``DIRECT_WAVES`` (most misses end at the first few, as the paper's agent's do).
+        candidate, every other sub-partition: at once, or in a short pool (direct, or read
+        whole) in waves of ``DIRECT_WAVES`` (most misses end at the first few, as the paper's
+        agent's do).
         Marks the pool exhausted when no read found a claimable item (kept or not), from the
         moment the sweep began: its reads are that old, and a slow sweep (a loaded backend)
         must not stretch the time NO_CAPACITY is answered without reading. Returns how many
@@ -226,7 +227,7 @@ class Prefetcher:
             return kept
         others = [n for n in buf.partitions() if n != first.n]
         waves = [others]
-        if buf.direct():
+        if buf.direct() or buf.whole():
             self.counters.inc("prefetch.sweeps_direct")
             cuts = [0, *DIRECT_WAVES, len(others)]
             waves = [others[a:b] for a, b in itertools.pairwise(cuts) if others[a:b]]
