@@ -1,4 +1,4 @@
-"""python -m bench --quick|--full [--scenarios a,...,g,s] [--delay-ms 3.5] [--backend moto|dynalite]
+"""python -m bench --quick|--full [--scenarios a,...,h,s] [--delay-ms 3.5] [--backend moto|dynalite]
 
 Runs rasd and the baseline (the paper's in-process boto3 agent) against a DynamoDB stand-in
 behind a delay proxy, prints a table, writes ``bench/results/<stamp>-<mode>.json`` (and
@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from . import report, scenarios, spawn
+from . import highuse, report, scenarios, spawn
 from .backends import BackendUnavailable, dynalite_status, install_dynalite
 from .harness import CLIENT, POOL, REGION, Env
 from .proxy import self_test
@@ -41,6 +41,12 @@ QUICK: dict[str, Any] = {
     "import_runs": 10,
     "s_runs": 5,
     "s_leases": 200,
+    # (h), a pool near full: run only when named (--scenarios h), on dynalite
+    "h_daemons": [8, 16],
+    "h_uses": [50, 90, 98],
+    "h_pool": 200,
+    "h_warm": 9,
+    "h_measure": 15,
 }
 FULL: dict[str, Any] = {
     **QUICK,
@@ -58,6 +64,8 @@ FULL: dict[str, Any] = {
     "import_runs": 30,
     "s_runs": 7,
     "s_leases": 500,
+    "h_daemons": [8, 16, 32],
+    "h_measure": 40,
 }
 
 
@@ -496,6 +504,13 @@ def main(argv: list[str] | None = None) -> int:
             f_env = env_for(f_kind)
             doc["scenarios"]["f"] = run("f", scenarios.contention_f, f_env, opts)
             doc["scenarios"]["f"]["backend"] = f_kind
+        if "h" in wanted:
+            # many daemons' index Queries: moto's walks the table under one GIL, dynalite's not
+            if dyn_why:
+                doc["skipped"]["h"] = dyn_why
+                print(f"scenario h skipped: {dyn_why}", file=sys.stderr)
+            else:
+                doc["scenarios"]["h"] = run("h", highuse.highuse_h, env_for("dynalite"), opts)
         if "g" in wanted:
             # 100K leases need a backend whose index Query does not walk the table: dynalite
             g_env, g_opts = main_env, dict(opts)
@@ -521,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["verdicts"] = verdicts(doc)
     doc["targets"] = targets(doc)
     rows: list[dict[str, Any]] = []
-    for name in "abcdefg":
+    for name in "abcdefgh":
         s = doc["scenarios"].get(name)
         if s and "error" not in s:
             rows += rows_for(name, s)
@@ -533,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"scenario {name} FAILED: {s['error']}")
     for name, why in doc["skipped"].items():
         print(f"scenario {name} skipped: {why}")
+    h = doc["scenarios"].get("h")
+    if h and "table" in h:
+        print("(h) a pool near full:")
+        print(h["table"])
+        print()
     if doc.get("abc_problems"):
         print("problems seen in a-c:", doc["abc_problems"][:10])
     print()

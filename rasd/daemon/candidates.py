@@ -51,12 +51,25 @@ it follows has been sent, when the buffer falls below half of the target (the lo
 and reads the room left (at least ``MIN_PAGE``, at most ``prefetch_page``). Candidates older
 than ``candidate_max_age`` are dropped: by then another daemon has likely taken them.
 
+A short pool caps the target at a fair share, its free items over the daemons drawing on them
+(:func:`size_buffer`), both estimated from this daemon's own reads (:class:`FleetView`); the
+floor ``prefetch_min`` does not hold under that cap, since 16 daemons keeping 12 each of 20
+free items would all hold the same ones. Under ``WHOLE_FREE`` free items a read takes a
+sub-partition whole from its head (no lanes: a random start would skip some of its few
+items); under a share of ``DIRECT_SHARE`` the daemon is direct: a target of 1, no refill
+ahead of demand, a miss reads and claims, candidates left over go stale after
+``DIRECT_MAX_AGE``, a lost claim drops the rest of its read.
+
+Spread: sweeps and whole reads visit the sub-partitions in :func:`spread_order`, a
+permutation by (daemon, pool, round) that changes every round, so two daemons rarely start
+on the same sub-partition and no sub-partition is everyone's start.
+
 Only items claimable now are kept: an early free (release, give-back, dedupe) sets
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
 conditional on ``lease_available <= now``.
 
-When a sweep of all ten sub-partitions keeps no candidate (nothing claimable, or only the
-stale copies of items this daemon has just claimed), the pool is marked exhausted for
+When a sweep of all ten sub-partitions finds no candidate, kept or not (nothing claimable,
+or only the stale copies of items this daemon has just claimed), the pool is marked exhausted for
 ``exhausted_backoff`` seconds from the sweep's start (what it read is that old) and NO_CAPACITY
 is answered without reading DynamoDB at all. Those answers say what the daemon knows of the
 pool's items that are free but not claimable (:func:`why_empty`): the ones the sweep read with
@@ -79,7 +92,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..config import Config
-from ..core.lease import PARTITIONS, ResourceItem, partition_of
+from ..core.lease import PARTITIONS, ResourceItem, parse_time, partition_of
 
 REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
 DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull
@@ -92,6 +105,14 @@ END_KEEP = 4  # items kept from a read from an end (where every cold daemon read
 TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
 CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 UNCLAIMABLE_MAX = 256  # items with a lease_available ahead remembered per sweep
+FLEET_MEMORY = 5.0  # seconds a read's count of a sub-partition's free items stands for it
+FLEET_MIN_SEEN = 2  # sub-partitions read lately before their counts stand for the pool
+AGE_WEIGHT = 0.25  # EWMA weight of one read's mean age of its claimable items
+MIN_AGE = 0.05  # seconds: floor of that age (clock skew, items freed just now)
+MIN_RATE = 0.05  # takes per second: floor of a daemon's own demand (an idle daemon)
+DIRECT_SHARE = 4  # a fair share below this: no buffer; a miss reads, then claims (direct)
+WHOLE_FREE = 60  # free items below which sub-partitions are read whole, from the head
+DIRECT_MAX_AGE = 2.0  # seconds a candidate is kept in direct mode (others take it soon)
 
 #: (lease_available, resource): with the partition and client_id, an index position
 StartKey = tuple[str, str]
@@ -116,6 +137,99 @@ def why_empty(ahead: list[str], quarantined: list[str], all_read: bool, now: str
         n, first = len(ahead), min(ahead)
         parts.append(f"{n}{'+' if n >= UNCLAIMABLE_MAX else ''} not claimable before {first}")
     return "; ".join(parts) or None
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """How many candidates a buffer holds (``target``); ``fair``, the pool's free items over
+    the daemons drawing on them (None: not known to be short); ``direct``: the share is too
+    small for a buffer, so a miss reads and claims at once and nothing refills ahead."""
+
+    target: int
+    fair: int | None
+    direct: bool
+
+
+def size_buffer(
+    rate: float, refill_s: float, free: float | None, daemons: float, lo: int, hi: int
+) -> Sizing:
+    """The buffer's size. Demand: ``rate`` takes per second over REFILL_HORIZON plus twice
+    the refill's time ``refill_s``, clamped to ``lo..hi``. Supply: when the free items are
+    known (``free``, this region's, shared by ``daemons``), never more than the fair share
+    free / daemons (at least 1), the floor ``lo`` included: a floor every daemon keeps would
+    hold the same few items in every buffer of a nearly full pool. A share below
+    ``DIRECT_SHARE`` is direct: a miss reads and claims one, as the paper's agent does."""
+    want = math.ceil(rate * (REFILL_HORIZON + 2 * refill_s))
+    target = max(lo, min(hi, want))
+    if free is None:
+        return Sizing(target, None, False)
+    fair = max(1, int(free / max(1.0, daemons)))
+    if fair < DIRECT_SHARE:
+        return Sizing(1, fair, True)  # the candidate a miss claims at once, nothing ahead
+    return Sizing(min(target, fair), fair, False)
+
+
+class FleetView:
+    """What a daemon's own index reads say about one pool, for :func:`size_buffer`; no read
+    is made for it. Pure: time passed in.
+
+    * Free items: per sub-partition, the claimable items its last read returned (not those
+      this daemon just took), twice that for a read after a position (a lane's or a random
+      start: half the sub-partition on average). A page that came back full says only "at
+      least a page": the pool is not short (None). With at least ``FLEET_MIN_SEEN`` read
+      within ``FLEET_MEMORY`` of the latest read, those not read count as the mean of
+      those read. The estimate stands until the next read, however old: a daemon whose
+      buffer makes it read seldom must not fall back to a full-size buffer for that.
+    * Daemons drawing on them: Little's law. The free items are claimed at the fleet's rate
+      free / age, where age is how long the claimable items read had been claimable (their
+      ``lease_available``, an EWMA); over this daemon's own rate, that is how many daemons
+      of its demand share the pool. A claim lost lately says there is at least one other,
+      and in a short pool (under ``WHOLE_FREE``) that the share held was too big: a share
+      of 1. (The age of the items read over-weights those that linger, so this count errs
+      low.)
+      Items read at their seeding time are old, so a fresh pool counts few daemons."""
+
+    __slots__ = ("age", "counts", "lost_at")
+
+    def __init__(self) -> None:
+        #: sub-partition -> (claimable items read, the page was full, when: monotonic)
+        self.counts: dict[int, tuple[int, bool, float]] = {}
+        self.age: float | None = None
+        self.lost_at = -math.inf
+
+    def observe(self, n: int, claimable: int, full: bool, ages: list[float], now: float) -> None:
+        self.counts[n] = (claimable, full, now)
+        if ages:
+            mean = max(MIN_AGE, sum(ages) / len(ages))
+            self.age = mean if self.age is None else self.age + AGE_WEIGHT * (mean - self.age)
+
+    def free(self, now: float) -> float | None:
+        # the reads within FLEET_MEMORY of the latest one: a daemon that reads less often (a
+        # bigger buffer) keeps its last estimate until it reads again
+        newest = max((at for _, _, at in self.counts.values()), default=now)
+        fresh = [(c, full) for c, full, at in self.counts.values() if newest - at <= FLEET_MEMORY]
+        if len(fresh) < FLEET_MIN_SEEN or any(full for _, full in fresh):
+            return None
+        seen = sum(c for c, _ in fresh)
+        return seen + seen / len(fresh) * (PARTITIONS - len(fresh))
+
+    def daemons(self, now: float, own_rate: float, free: float | None) -> float:
+        d = 1.0
+        if free is not None and self.age is not None:
+            d = max(1.0, free / self.age / max(own_rate, MIN_RATE))
+        if now - self.lost_at <= FLEET_MEMORY:
+            d = max(d, 2.0)
+            if free is not None and free < WHOLE_FREE:
+                # a lost race in a short pool: others claim what this daemon holds, however
+                # few the age says they are; a share of 1 (direct) until the races stop
+                d = max(d, free)
+        return d
+
+
+def spread_order(seed: int, pool: str, round_: int) -> list[int]:
+    """Every sub-partition once, ranked by a hash of (daemon, pool, round): two daemons
+    rarely rank the same one first, and each round ranks them anew."""
+    return random.Random(f"{seed}:{pool}:{round_}").sample(range(PARTITIONS), PARTITIONS)
 
 
 def host_seed() -> int:
@@ -167,6 +281,7 @@ class Candidate:
     item: ResourceItem
     fetched: float  # monotonic seconds
     lane: int = 0  # the lane it was read from (0: a sampled read, no lane)
+    batch: int = 0  # the read it came from
 
 
 @dataclass(slots=True, frozen=True)
@@ -186,10 +301,19 @@ class Read:
 class CandidateBuffer:
     """Candidates of one pool. Pure: every method takes ``now`` (monotonic seconds)."""
 
-    def __init__(self, cfg: Config, rng: random.Random, seed: int = 0) -> None:
+    def __init__(self, cfg: Config, rng: random.Random, seed: int = 0, pool: str = "") -> None:
         self.cfg = cfg
         self.rng = rng
+        self.seed = seed
+        self.pool = pool
         self.home = seed % PARTITIONS
+        self.now = 0.0  # the latest time passed in (monotonic)
+        self.fleet = FleetView()
+        self.round = 0  # spread_order's round: one per sweep, or per pass of whole reads
+        self._order: list[int] = []  # what is left of this round's order
+        self._batches = 0  # reads that kept candidates
+        #: fresh claimable items reads found, kept or not (a sweep that found none: exhausted)
+        self.found = 0
         self.q: deque[Candidate] = deque()
         self.exhausted_until = 0.0
         self.rate = 0.0  # takes per second: max(fast, slow)
@@ -241,19 +365,39 @@ class CandidateBuffer:
         self.slow += math.log(2) / DEMAND_HALF_LIFE
         self.rate = max(self.fast, self.slow)
 
+    def sizing(self) -> Sizing:
+        """:func:`size_buffer` from this buffer's demand and what its reads saw of the pool."""
+        free = self.fleet.free(self.now)
+        daemons = self.fleet.daemons(self.now, self.rate, free)
+        return size_buffer(
+            self.rate, self.refill_s, free, daemons, self.cfg.prefetch_min, self.cfg.prefetch_max
+        )
+
     def target(self) -> int:
         """REFILL_HORIZON seconds of demand, plus twice what a refill takes (a slow or loaded
-        DynamoDB must not empty the buffer while its refill is on the way)."""
-        want = math.ceil(self.rate * (REFILL_HORIZON + 2 * self.refill_s))
-        return max(self.cfg.prefetch_min, min(self.cfg.prefetch_max, want))
+        DynamoDB must not empty the buffer while its refill is on the way); never more than
+        a fair share of a short pool (:func:`size_buffer`)."""
+        return self.sizing().target
+
+    def direct(self) -> bool:
+        """The fair share is too small for a buffer: nothing refills ahead of demand."""
+        return self.sizing().direct
+
+    def whole(self) -> bool:
+        """The pool's sub-partitions hold a few free items each: reads take one whole, from
+        its head (a lane's random start would only skip some of them)."""
+        free = self.fleet.free(self.now)
+        return free is not None and free < WHOLE_FREE
 
     def note_refill(self, seconds: float) -> None:
         """A refill read took ``seconds`` (EWMA, weight 1/4: a few reads to follow a change)."""
         self.refill_s += 0.25 * (seconds - self.refill_s)
 
     def needs_refill(self) -> bool:
-        """Below the low watermark, half the target: the refill lands before the rest is used."""
-        return len(self.q) < max(1, self.target() // 2)
+        """Below the low watermark, half the target: the refill lands before the rest is used.
+        Never in direct mode: a miss reads for itself."""
+        sz = self.sizing()
+        return not sz.direct and len(self.q) < max(1, sz.target // 2)
 
     def page(self) -> int:
         """How many items a lane read asks for: the room left, within MIN_PAGE..prefetch_page."""
@@ -262,11 +406,15 @@ class CandidateBuffer:
 
     # -- candidates ----------------------------------------------------------------------
     def take(self, now: float) -> Candidate | None:
-        """The next fresh candidate, dropping stale ones."""
+        """The next fresh candidate, dropping stale ones (sooner in direct mode)."""
+        self.now = max(self.now, now)
         self._note_take(now)
+        max_age = self.cfg.candidate_max_age
+        if self.q and self.direct():
+            max_age = min(max_age, DIRECT_MAX_AGE)
         while self.q:
             c = self.q.popleft()
-            if now - c.fetched <= self.cfg.candidate_max_age:
+            if now - c.fetched <= max_age:
                 self._remember_taken(c.item, now)
                 return c
         return None
@@ -298,12 +446,16 @@ class CandidateBuffer:
         """Keep candidates from a page of claimable ``items``: all of a lane's page, in index
         order (up to prefetch_max); of any other read a random sample up to the target (and
         up to ``keep`` if given). Returns how many were kept."""
+        self.now = max(self.now, now)
         self._forget_taken(now)
         held = {c.item.resource for c in self.q}
         taken = self._taken
         fresh = [
             it for it in items if it.resource not in held and (it.resource, it.version) not in taken
         ]
+        self.found += len(fresh)
+        self._batches += 1
+        batch = self._batches
         if lane:
             fresh = fresh[: max(0, self.cfg.prefetch_max - len(self.q))]
         else:
@@ -313,7 +465,7 @@ class CandidateBuffer:
             if len(fresh) > room:
                 fresh = self.rng.sample(fresh, room)
         for it in fresh:
-            self.q.append(Candidate(it, now, lane))
+            self.q.append(Candidate(it, now, lane, batch))
         return len(fresh)
 
     def lost(self, cand: Candidate) -> int:
@@ -321,11 +473,17 @@ class CandidateBuffer:
         index. End the lane, drop its other candidates (they are that daemon's next claims
         too) and note the sub-partition as contended. Returns how many were dropped."""
         n = partition_of(cand.item.resource)
+        self.fleet.lost_at = self.now
         self.contended[n] = self.contended.get(n, 0) + 1
         if sum(self.contended.values()) > CONTENDED_MEMORY:  # forget slowly: halve them all
             self.contended = {i: c // 2 for i, c in self.contended.items() if c > 1}
         if not cand.lane:
-            return 0
+            if not self.whole():
+                return 0
+            # a whole sub-partition read: the winner read it too, and claims the rest next
+            before = len(self.q)
+            self.q = deque(c for c in self.q if c.batch != cand.batch)
+            return before - len(self.q)
         if cand.lane == self.lane_id:
             self._end_lane()
         self._lost_lanes.append(cand.lane)  # a read of it still in flight keeps nothing
@@ -388,7 +546,11 @@ class CandidateBuffer:
         """The next refill read: the current lane, or a new one (mostly in the home
         sub-partition) after a random position, or from an end when the pool's two ends are
         not known yet. A read from an end keeps nothing in the background (a lane read
-        follows), and ``END_KEEP`` items when a request waits (``urgent``)."""
+        follows), and ``END_KEEP`` items when a request waits (``urgent``). In a pool whose
+        sub-partitions fit in a page (:meth:`whole`): the next sub-partition of this
+        daemon's spread order, whole, from its head."""
+        if self.whole():
+            return Read(self.next_partition(), None, True, self.cfg.prefetch_page)
         if (
             self.lane_id
             and self.lane_id not in self._busy
@@ -420,20 +582,39 @@ class CandidateBuffer:
                 )
         return n
 
+    def next_partition(self) -> int:
+        """The next sub-partition of this round's :func:`spread_order` (a new round once
+        every one was read)."""
+        if not self._order:
+            self.round += 1
+            self._order = spread_order(self.seed, self.pool, self.round)
+        return self._order.pop(0)
+
     def probe(self, n: int) -> Read:
         """A read of sub-partition ``n`` that starts no lane (a sweep of the others, a
-        fallback to the head): a whole page from a random position or an end, sampled."""
+        fallback to the head): a whole page from a random position or an end, sampled; from
+        the head when the sub-partitions fit in a page."""
+        if self.whole():
+            return Read(n, None, True, self.cfg.prefetch_page)
         start = self.start_key(n)
         forward = self.rng.random() < 0.5 if start is not None else self.end_direction()
         return Read(n, start, forward, self.cfg.prefetch_page)
 
     def read_done(
-        self, read: Read, raw: list[ResourceItem], claimable: list[ResourceItem], now: float
+        self,
+        read: Read,
+        raw: list[ResourceItem],
+        claimable: list[ResourceItem],
+        now: float,
+        now_us: int | None = None,
     ) -> int:
-        """Take in what ``read`` returned (``claimable``: those claimable now): move the lane
-        on past the page (or end it), learn where items are, keep candidates. Returns how
+        """Take in what ``read`` returned (``claimable``: those claimable now, at ``now_us``
+        on the wall clock if given): move the lane on past the page (or end it), learn where
+        items are and what the pool holds (:class:`FleetView`), keep candidates. Returns how
         many were kept."""
+        self.now = max(self.now, now)
         self._busy.discard(read.lane)
+        self._observe(read, raw, claimable, now, now_us)
         if len(claimable) < len(raw):
             self._note_unclaimable(raw, claimable)
         if read.lane and read.lane == self.lane_id:
@@ -454,6 +635,31 @@ class CandidateBuffer:
         if read.lane and read.lane in self._lost_lanes:
             return 0
         return self.add(claimable, now, read.lane, read.keep)
+
+    def _observe(
+        self,
+        read: Read,
+        raw: list[ResourceItem],
+        claimable: list[ResourceItem],
+        now: float,
+        now_us: int | None,
+    ) -> None:
+        full = len(raw) >= read.limit
+        taken = self._taken
+        free = [it for it in claimable if (it.resource, it.version) not in taken]
+        count = len(free)
+        if read.after is not None and not full:
+            # the rest of a sub-partition after a position, about half of it on average
+            count *= 2
+        ages = []
+        if now_us is not None:
+            for it in free:
+                if it.lease_available is not None:
+                    try:
+                        ages.append((now_us - parse_time(it.lease_available)) / 1e6)
+                    except ValueError:
+                        continue
+        self.fleet.observe(read.n, count, full, ages, now)
 
     def _note_unclaimable(self, raw: list[ResourceItem], claimable: list[ResourceItem]) -> None:
         ok = {it.resource for it in claimable}
@@ -486,11 +692,8 @@ class CandidateBuffer:
         self.why_empty = None
 
     def partitions(self) -> list[int]:
-        """Sub-partitions in the order to read them: mostly the home one first, then the
-        others in random order."""
-        order = list(range(PARTITIONS))
-        self.rng.shuffle(order)
-        if self.rng.random() < HOME_SHARE:
-            order.remove(self.home)
-            order.insert(0, self.home)
-        return order
+        """Sub-partitions in the order a sweep reads them: every one, ranked by
+        :func:`spread_order` for a new round."""
+        self.round += 1
+        self._order = []
+        return spread_order(self.seed, self.pool, self.round)

@@ -20,6 +20,7 @@ request's deadline may be nearer than ours).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -37,6 +38,9 @@ from .candidates import Candidate as Candidate
 log = structlog.get_logger("rasd.daemon.prefetch")
 
 SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
+#: a short pool: where a sweep's reads after its first are cut into waves (2, then 3, then
+#: the other 4 sub-partitions): at most four round trips, fewer reads than all at once
+DIRECT_WAVES = (2, 5)
 #: After an empty sweep, one Query of the client's items (at most this many) looks for the
 #: pool's items in quarantine, which no index shows, for what NO_CAPACITY says
 QUARANTINE_READ = 100
@@ -70,7 +74,9 @@ class Prefetcher:
         k = (pool.client_id, pool.pool_id)
         buf = self.buffers.get(k)
         if buf is None:
-            buf = self.buffers[k] = CandidateBuffer(self.cfg, self.rng, self.seed)
+            buf = self.buffers[k] = CandidateBuffer(
+                self.cfg, self.rng, self.seed, f"{pool.client_id}/{pool.pool_id}"
+            )
         return buf
 
     def depth(self) -> int:
@@ -205,25 +211,37 @@ class Prefetcher:
 
     async def _sweep(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> int:
         """The buffer is empty: read the lane (or a new one), then, unless that kept a
-        candidate, every other sub-partition at once. Marks the pool exhausted when no read
-        kept anything, from the moment the sweep began: its reads are that old, and a slow
-        sweep (a loaded backend) must not stretch the time NO_CAPACITY is answered without
-        reading. Returns how many candidates were kept."""
+        candidate, every other sub-partition: at once, or in a short pool (direct, or read
+        whole) in waves of ``DIRECT_WAVES`` (most misses end at the first few, as the paper's
+        agent's do).
+        Marks the pool exhausted when no read found a claimable item (kept or not), from the
+        moment the sweep began: its reads are that old, and a slow sweep (a loaded backend)
+        must not stretch the time NO_CAPACITY is answered without reading. Returns how many
+        candidates were kept (or, if none, found)."""
         began = self.clock.mono()
         buf.sweep_began()
+        found = buf.found
         first = buf.plan(urgent=True)
         kept = await self._read_plan(pool, buf, first, deadline)
         if kept:
             return kept
         others = [n for n in buf.partitions() if n != first.n]
-        kept = sum(
-            await asyncio.gather(*(self._read(pool, buf, buf.probe(n), deadline) for n in others))
-        )
-        if not kept:
+        waves = [others]
+        if buf.direct() or buf.whole():
+            self.counters.inc("prefetch.sweeps_direct")
+            cuts = [0, *DIRECT_WAVES, len(others)]
+            waves = [others[a:b] for a, b in itertools.pairwise(cuts) if others[a:b]]
+        for wave in waves:
+            reads = (self._read(pool, buf, buf.probe(n), deadline) for n in wave)
+            kept = sum(await asyncio.gather(*reads))
+            if kept:
+                return kept
+        if buf.found == found:
             buf.mark_exhausted(began)
             self.counters.inc("prefetch.exhausted")
             await self._explain(pool, buf, deadline)
-        return kept
+        # found but not kept (no room): not nothing, so the caller sweeps again
+        return kept or buf.found - found
 
     async def _explain(self, pool: Pool, buf: CandidateBuffer, deadline: float) -> None:
         """After an empty sweep: what NO_CAPACITY will say, from what the sweep read (items
@@ -252,9 +270,10 @@ class Prefetcher:
         self, pool: Pool, buf: CandidateBuffer, read: Read, deadline: float
     ) -> int:
         """``read``; when it is the pool's first read from an end, the other end at the same
-        time (one round trip, not two, before lanes can start: start-up waits for it).
-        Returns how many candidates were kept."""
-        if read.after is None and not read.lane and not buf.ends_known():
+        time (one round trip, not two, before lanes can start: start-up waits for it; not
+        when sub-partitions are read whole, with no lanes). Returns how many candidates were
+        kept."""
+        if read.after is None and not read.lane and not buf.ends_known() and not buf.whole():
             other = buf.plan(urgent=bool(read.keep))
             kept = await asyncio.gather(
                 self._read(pool, buf, read, deadline), self._read(pool, buf, other, deadline)
@@ -290,7 +309,7 @@ class Prefetcher:
         self.counters.inc("prefetch.items_read", len(items))
         now_us = self.clock.now_us()
         ok = [it for it in items if it.claimable(now_us)]
-        kept = buf.read_done(read, items, ok, self.clock.mono())
+        kept = buf.read_done(read, items, ok, self.clock.mono(), now_us)
         found = kept if read.keep != 0 else len(ok)  # a read from an end may keep nothing
         if not found and (read.after is not None or not read.forward):
             # Nothing kept past the start (nothing claimable, or only what this daemon has
@@ -302,5 +321,5 @@ class Prefetcher:
             self.counters.inc("prefetch.items_read", len(items))
             now_us = self.clock.now_us()
             ok = [it for it in items if it.claimable(now_us)]
-            kept = buf.read_done(head, items, ok, self.clock.mono())
+            kept = buf.read_done(head, items, ok, self.clock.mono(), now_us)
         return kept

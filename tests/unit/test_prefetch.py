@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -26,6 +27,7 @@ from rasd.daemon.candidates import (
     NameModel,
     Read,
     host_seed,
+    spread_order,
 )
 from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
@@ -365,14 +367,15 @@ def test_name_model_is_bounded() -> None:
     assert len(m.names) == NAMES_MAX and m.n == 10_000
 
 
-def test_home_partition_comes_first_most_of_the_time() -> None:
-    """Daemons are spread over sub-partitions by their host identity, plus randomness."""
-    b = CandidateBuffer(Config().validate(), random.Random(5), seed=13)
-    firsts = [b.partitions()[0] for _ in range(400)]
-    home = firsts.count(13 % PARTITIONS) / len(firsts)
-    assert 0.65 < home < 0.9
-    assert len(set(firsts)) == PARTITIONS
-    assert all(sorted(b.partitions()) == list(range(PARTITIONS)) for _ in range(5))
+def test_sweeps_follow_the_daemons_spread_order() -> None:
+    """Daemons are spread over sub-partitions by a hash of their identity, the pool and the
+    round: each sweep reads every sub-partition, in an order that changes every round."""
+    b = CandidateBuffer(Config().validate(), random.Random(5), seed=13, pool="c/p")
+    orders = [b.partitions() for _ in range(400)]
+    assert all(sorted(o) == list(range(PARTITIONS)) for o in orders)
+    assert orders[0] == spread_order(13, "c/p", 1) and orders[-1] == spread_order(13, "c/p", 400)
+    firsts = Counter(o[0] for o in orders)
+    assert len(firsts) == PARTITIONS and max(firsts.values()) < 0.2 * len(orders)
 
 
 def test_host_seed_is_stable() -> None:
