@@ -65,7 +65,7 @@ def hit_wants_refresh(
     """Does a hit call for background work: stale, or asking for a later end than the lease
     has (``extend_from_us``: the lease's end, or never for another region's)? Then
     :func:`refresh_of` says which."""
-    return now - confirmed > confirm_s / 2 or requested_us > extend_from_us  # stale, inlined
+    return stale(confirmed, now, confirm_s) or requested_us > extend_from_us
 
 
 class Refresh(enum.Enum):
