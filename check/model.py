@@ -2,11 +2,8 @@
 
 Theory of operation
 -------------------
-A :class:`World` is one global state: the table (plain dicts, every write through
-``rasd.core.writes.apply`` with the very ``Write`` production sends), a short history of each
-resource item (the lagging ``available_resources`` index and the liberator's scan read from
-it), the daemons (clock offset, request process, background processes, lease cache), writes
-still in flight, the answers given to apps that may still be valid, and the fault budget.
+A world (``check.world.World``: the table, its recent history, the daemons' state, writes in
+flight, the answers apps hold, the fault budget) is one global state.
 
 :func:`successors` lists every step any process may take from a world, each as
 ``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
