@@ -77,10 +77,18 @@ DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, At, QueryAvail
 
 
 class FrozenItem(dict[str, Any]):
-    """An item as a program is sent it: a dict, hashable by value (never changed)."""
+    """An item as a program is sent it: a dict, hashable by value (never changed, so its
+    hash is kept once made)."""
+
+    __slots__ = ("_hash",)
+    _hash: int
 
     def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
+        try:
+            return self._hash
+        except AttributeError:
+            h = self._hash = hash(tuple(sorted(self.items())))
+            return h
 
 
 def frozen(it: dict[str, Any] | None) -> FrozenItem | None:

@@ -98,25 +98,25 @@ def _bfs(
     w0 = _start(cfg, proto, prefix, ops_after_prefix)
     k0 = w0.key()
     parent: dict[object, tuple[object, str, int]] = {k0: (None, "", 0)}
-    queue: deque[tuple[World, int]] = deque([(w0, 0)])
+    # Each state's key is made once and hashed once (setdefault): the keys are deep tuples
+    # whose hashes Python does not keep.
+    queue: deque[tuple[World, object, int]] = deque([(w0, k0, 0)])
     while queue:
-        w, depth = queue.popleft()
-        kw = w.key()
+        w, kw, depth = queue.popleft()
         for label, nxt in successors(w):
             res.transitions += 1
             kn = nxt.key()
+            seen = (kw, label, depth + 1)
+            if parent.setdefault(kn, seen) is not seen and nxt.violation is None:
+                continue
             if nxt.violation is not None:
-                parent.setdefault(kn, (kw, label, depth + 1))
                 res.violation = nxt.violation
                 res.trace = _trace(cfg, proto, parent, kn, prefix, ops_after_prefix)
                 res.states = len(parent)
                 res.seconds = time.monotonic() - start
                 return res
-            if kn in parent:
-                continue
-            parent[kn] = (kw, label, depth + 1)
             res.max_depth = max(res.max_depth, depth + 1)
-            queue.append((nxt, depth + 1))
+            queue.append((nxt, kn, depth + 1))
         if (max_states is not None and len(parent) >= max_states) or (
             max_seconds is not None and time.monotonic() - start > max_seconds
         ):

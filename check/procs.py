@@ -26,10 +26,21 @@ class Proc:
     #: the step effect it waits on (its trace's, kept to spare a replay)
     eff: Any = field(default=None, compare=False, repr=False)
 
+    def __hash__(self) -> int:
+        # Kept once made: a process that does not step is hashed again in every state that
+        # follows, and its trace's results make a deep tuple.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.trace, self.label, self.offset, self.started, self.bound,
+                      self.calls, self.order, self.partial))  # fmt: skip
+            self.__dict__["_hash"] = h
+        return h
+
 
 def replace(p: Proc, **kw: Any) -> Proc:
     """``dataclasses.replace`` for a :class:`Proc`, fast (the checker makes millions)."""
     new = object.__new__(Proc)
     new.__dict__.update(p.__dict__)
+    new.__dict__.pop("_hash", None)
     new.__dict__.update(kw)
     return new

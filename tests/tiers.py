@@ -23,8 +23,8 @@ moto server, tables named by pid, sockets in its own temporary directories).
     python -m tests.tiers all                                  every tier (ALL), then the check
     python -m tests.tiers check                                the check alone
 
-``all`` runs fast, property and integration in one xdist run, the searches in another, then
-serial alone (see ALL). Each run records what each of its tiers ran, and how it ended, in
+``all`` runs fast, property and integration in one xdist run, then serial and the searches
+at the same time (see ALL). Each run records what each of its tiers ran, and how it ended, in
 build/tiers/TIER.txt; the check collects the whole suite once and compares. pytest's exit
 code 5 (nothing selected, say by a ``-k`` given after ``--``) is a tier that ran nothing, not a
 failure. ``all`` runs every tier even after one failed, then ends with one line that counts
@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -67,11 +66,19 @@ TIERS = {
         Tier("serial", ("tests/integration",), xdist=False),
     )
 }
-#: what ``all`` (make test) runs: fast, property and integration in one xdist run (the pure
-#: tests fill the cores while integration tests wait on I/O), the searches in another (a search
-#: leaves millions of objects that make its process's next garbage collections take seconds:
-#: no daemon may run beside that), then serial alone
-ALL = (("fast", "property", "integration"), ("search",), ("serial",))
+#: what ``all`` (make test) runs, stage by stage; the runs of a stage at the same time. First
+#: fast, property and integration in one xdist run (the pure tests fill the cores while
+#: integration tests wait on I/O). Then serial beside the searches: the searches at a lower
+#: CPU priority (:data:`BESIDE_NICE`), so that the serial tier has the machine whenever it
+#: wants it and the searches use what it leaves (its processes wait on each other much of the
+#: time). A search leaves millions of objects that make its process's next garbage
+#: collections take seconds, so no daemon or property runs in a search's process.
+ALL: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("fast", "property", "integration"),),
+    (("serial",), ("search",)),
+)
+#: the niceness of a tier's run beside another's (0: as the runner's)
+BESIDE_NICE = {"search": 15}
 #: the tiers a test of each directory may be in
 BY_DIR = {
     "tests/unit": ("fast", "search", "property"),
@@ -148,12 +155,10 @@ class Recorder:
 
 
 # ---------------------------------------------------------------------------- the runner
-def run(names: tuple[str, ...], extra: list[str]) -> tuple[int, float, float]:
-    """One pytest run of the tiers ``names``: its exit code (5, nothing selected, as 0), its
-    seconds and the CPU seconds of its processes (pytest's and every one under it that ended)."""
+def command(names: tuple[str, ...], extra: list[str], beside: bool = False) -> list[str]:
+    """The pytest command of one run of the tiers ``names`` (``beside``: in a stage with
+    another run)."""
     tiers = [TIERS[n] for n in names]
-    for n in names:
-        (RECORDS / f"{n}.txt").unlink(missing_ok=True)
     paths = list(dict.fromkeys(p for t in tiers for p in t.paths))
     args = [sys.executable, "-m", "pytest", *paths, "--tier", ",".join(names)]
     args += ["--tier-records", str(RECORDS)]
@@ -161,19 +166,47 @@ def run(names: tuple[str, ...], extra: list[str]) -> tuple[int, float, float]:
         # as many workers as cores (PYTEST_XDIST_AUTO_NUM_WORKERS overrides); worksteal
         # evens out tests of very different lengths
         args += ["-n", "auto", "--dist", "worksteal"]
-    print(f"== {' '.join(args[3:] + extra)}", flush=True)
-    t0, cpu0 = time.monotonic(), _children_cpu()
-    rc = subprocess.call([*args, *extra], cwd=ROOT)
-    took, cpu = time.monotonic() - t0, _children_cpu() - cpu0
-    if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
-        print(f"== {'+'.join(names)}: no test selected", flush=True)
-        rc = 0
-    return rc, took, cpu
+    nice = max((BESIDE_NICE.get(n, 0) for n in names), default=0) if beside else 0
+    return [*(["nice", "-n", str(nice)] if nice else []), *args, *extra]
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def run_stage(
+    stage: tuple[tuple[str, ...], ...], extra: list[str]
+) -> list[tuple[tuple[str, ...], int, float, float]]:
+    """The runs of one stage at the same time; for each: its exit code (5, nothing selected,
+    as 0), its seconds and the CPU seconds of its processes (pytest's and every one under it
+    that ended). A run beside another writes to build/tiers/TIERS.log, printed when it ends."""
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    beside = len(stage) > 1
+    started = {}
+    for names in stage:
+        for n in names:
+            (RECORDS / f"{n}.txt").unlink(missing_ok=True)
+        args = command(names, extra, beside)
+        nice = f" (nice {args[2]})" if args[0] == "nice" else ""
+        print(f"== {' '.join(args[args.index('-m') + 2 :])}{nice}", flush=True)
+        log = open(RECORDS / f"{'+'.join(names)}.log", "wb") if beside else None  # noqa: SIM115
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
+        started[proc.pid] = (names, proc, log, time.monotonic())
+    out = []
+    while started:
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in started:
+            continue
+        names, proc, log, t0 = started.pop(pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        took, cpu = time.monotonic() - t0, usage.ru_utime + usage.ru_stime
+        if log is not None:
+            log.close()
+            print(f"\n== {'+'.join(names)} (its output):", flush=True)
+            sys.stdout.buffer.write((RECORDS / f"{'+'.join(names)}.log").read_bytes())
+            sys.stdout.flush()
+        rc = proc.returncode
+        if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
+            print(f"== {'+'.join(names)}: no test selected", flush=True)
+            rc = 0
+        out.append((names, rc, took, cpu))
+    return out
 
 
 def read_records() -> dict[str, dict[str, str]]:
@@ -247,9 +280,9 @@ def main(argv: list[str]) -> int:
         print("tiers: each test run by exactly one tier" if not problems else "tiers: FAILED")
         return 1 if problems else 0
     every = names == ["all"]
-    runs = ALL if every else tuple((n,) for n in names)
+    stages = ALL if every else tuple(((n,),) for n in names)
     unknown = [n for n in names if n not in TIERS] if not every else []
-    if not runs or unknown:
+    if not stages or unknown:
         print(__doc__)
         print(f"tiers: unknown {unknown}; one of {', '.join(TIERS)}, all, check")
         return 2
@@ -258,12 +291,12 @@ def main(argv: list[str]) -> int:
             path.unlink()
     failed = []
     times: dict[str, tuple[float, float]] = {}
-    for group in runs:
-        rc, secs, cpu = run(group, extra)
-        times["+".join(group)] = (secs, cpu)
-        if rc != 0:
-            failed.append(f"{'+'.join(group)} (exit {rc})")
-    tiers = [n for group in runs for n in group]
+    for stage in stages:
+        for group, rc, secs, cpu in run_stage(stage, extra):
+            times["+".join(group)] = (secs, cpu)
+            if rc != 0:
+                failed.append(f"{'+'.join(group)} (exit {rc})")
+    tiers = [n for stage in stages for group in stage for n in group]
     records = read_records()
     counts: Counter[str] = Counter()
     for name in tiers:

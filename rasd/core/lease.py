@@ -97,7 +97,27 @@ def fmt_time_plain(us: int) -> str:
 
 
 def parse_time(s: str) -> int:
-    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` -> epoch microseconds."""
+    """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` -> epoch microseconds. The part up to the second is
+    parsed once per second seen (a small cache, as :func:`fmt_time` keeps)."""
+    frac = s[20:26]
+    if len(s) != 27 or s[-1] != "Z" or s[19] != "." or not (frac.isascii() and frac.isdigit()):
+        raise ValueError(f"not a fixed-width UTC time: {s!r}")
+    head = s[:19]
+    sec = _PARSED.get(head)
+    if sec is None:
+        if len(_PARSED) >= 1024:
+            _PARSED.clear()
+        dt = datetime.fromisoformat(head).replace(tzinfo=UTC)
+        sec = _PARSED[head] = (dt - _EPOCH) // _ONE_SECOND
+    return sec * 1_000_000 + int(frac)
+
+
+_PARSED: dict[str, int] = {}
+_ONE_SECOND = timedelta(seconds=1)
+
+
+def parse_time_plain(s: str) -> int:
+    """:func:`parse_time` without its cache (the reference in tests)."""
     if len(s) != 27 or s[-1] != "Z":
         raise ValueError(f"not a fixed-width UTC time: {s!r}")
     dt = datetime.fromisoformat(s[:-1]).replace(tzinfo=UTC)

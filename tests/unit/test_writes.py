@@ -80,6 +80,32 @@ def test_fmt_time_equals_formatting_from_scratch(us: int) -> None:
 
 
 @pytest.mark.property
+@settings(max_examples=300)
+@given(st.integers(-(10**16), 10**17))
+def test_parse_time_equals_parsing_from_scratch(us: int) -> None:
+    s = L.fmt_time_plain(us)
+    assert L.parse_time(s) == L.parse_time_plain(s) == us
+    s1 = L.fmt_time_plain(us + 1)
+    assert L.parse_time(s1) == L.parse_time_plain(s1) == us + 1  # same second, from the cache
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "2023-11-14T22:13:50.000000",
+        "2023-11-14T22:13:50,000000Z",
+        "2023-11-14T22:13:50.00000xZ",
+        "2023-11-14T22:13:50.0000\u00b2Z",
+        "2023-13-14T22:13:50.000000Z",
+        "2023-11-14T22:13:50.000000ZZ",
+    ],
+)
+def test_parse_time_refuses_what_is_not_a_fixed_width_utc_time(bad: str) -> None:
+    with pytest.raises(ValueError):
+        L.parse_time(bad)
+
+
+@pytest.mark.property
 @given(st.dictionaries(st.sampled_from(ATTRS), st.one_of(values, st.binary(max_size=3))))
 def test_item_from_av_keeps_strings_and_numbers_only(plain: dict[str, Any]) -> None:
     raw = {k: ({"B": v} if isinstance(v, bytes) else W.to_av(v)) for k, v in plain.items()}
