@@ -66,17 +66,18 @@ def _setup(n: int) -> tuple[Connection, list[bytes]]:
     cfg = cfg.validate()
     daemon = Daemon(cfg)
     # What bring_up() does, minus DynamoDB: a store that is never started (a hit never uses
-    # it), the acquirer, and "up".
-    from rasd.daemon.acquire import Acquirer
+    # it), the roles, and "up".
+    from rasd.daemon.coordinator import Coordinator
     from rasd.dynamo.store import Store
 
-    daemon.store = Store(cfg, daemon.counters)
-    daemon.acquirer = Acquirer(cfg, daemon.store, daemon.clock, daemon.counters)
+    store = Store(cfg, daemon.counters)
+    roles = Coordinator(cfg, store, daemon.clock, daemon.counters)
+    daemon.attach(store, roles)
     daemon.up.set()
-    daemon.acquirer.pools[("bench", "p")] = Pool("bench", "p", 86400 * 1_000_000)
-    now = daemon.acquirer.clock.mono()
+    roles.pools[("bench", "p")] = Pool("bench", "p", 86400 * 1_000_000)
+    now = roles.clock.mono()
     for i in range(50):
-        daemon.acquirer.cache.put(
+        roles.cache.put(
             Lease(
                 "bench",
                 "p",
@@ -90,7 +91,7 @@ def _setup(n: int) -> tuple[Connection, list[bytes]]:
             ),
             now,
         )
-    conn = Connection(daemon)
+    conn = Connection(daemon.router)
     t = _FakeTransport()
     conn.connection_made(t)  # type: ignore[arg-type]
     return conn, _frames(n, exp_us)
@@ -98,7 +99,7 @@ def _setup(n: int) -> tuple[Connection, list[bytes]]:
 
 def measure(n: int = 50_000) -> dict[str, Any]:
     conn, frames = _setup(n)
-    daemon = conn.daemon
+    router = conn.server
     echo = EchoConn()
     echo.connection_made(_FakeTransport())  # type: ignore[arg-type]
     res: dict[str, Any] = {}
@@ -112,7 +113,7 @@ def measure(n: int = 50_000) -> dict[str, Any]:
                 target.data_received(f)
             best = min(best, (time.perf_counter_ns() - t0) / n / 1000)
         res[f"{name}_us_per_request"] = best
-    hits = daemon.counters["cache.hit"]
+    hits = router.counters["cache.hit"]
     res["rasd_cache_hits"] = hits
     prof = cProfile.Profile()
     prof.enable()
@@ -159,7 +160,7 @@ def rounds(k: int = 15, n: int = 20_000, timed: int = 5_000) -> dict[str, Any]:
         "cpu_us_per_hit_max": max(cpu_us),
         "call_ns_p50": call_ns[len(call_ns) // 2],
         "call_ns_p99": call_ns[int(len(call_ns) * 0.99)],
-        "hits": conn.daemon.counters["cache.hit"],
+        "hits": conn.server.counters["cache.hit"],
     }
 
 

@@ -207,7 +207,7 @@ def liberator(w0: World) -> Out:
 
 
 def relister(w0: World) -> Out:
-    """``Acquirer``'s re-listing and the liberator's: an item whose quarantine is over goes
+    """The releaser's re-listing and the liberator's: an item whose quarantine is over goes
     back to the available index (``relist_item``), on the clock furthest ahead."""
     out: Out = []
     off = max((*w0.cfg.offsets, w0.cfg.liberator_offset))

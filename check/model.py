@@ -8,7 +8,7 @@ flight, the answers apps hold, the fault budget) is one global state.
 :func:`successors` lists every step any process may take from a world, each as
 ``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
 the daemon's programs (``rasd.steps.daemon`` and the modules beside it, the ones the roles of
-``rasd.daemon.acquire`` drive), run by the interpreter of ``check/effects.py``: each step is one
+``rasd.daemon.coordinator`` drive), run by the interpreter of ``check/effects.py``: each step is one
 DynamoDB call, and :class:`DaemonHost` gives their local effects (cache, tokens, candidates
 from the lagging index, spawning) their meaning in the model. Decisions are the real
 ``rasd.core.decide`` functions, reached through the programs' ``Ops``; a known-bad rule set

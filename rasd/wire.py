@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 A ``get_lease`` frame's fields are checked by one function, :func:`lease_fields`: one pass, one
 exact type check per field and the names' lengths, nothing allocated but the tuple of values.
-The server calls it once per frame (``Routing.handle``): the cached hit and the miss that goes
+The server calls it once per frame (``Router.handle``): the cached hit and the miss that goes
 on to DynamoDB both use its tuple. A frame it refuses is never accepted: :func:`parse` then
 walks its fields one by one only to name the first one that is wrong (``BadRequest``). Every
 other op is checked by that walk.

@@ -1,24 +1,23 @@
-"""get_lease: the taker, and the daemon's roles composed over one driver.
+"""get_lease: the taker.
 
 Theory of operation
 -------------------
 The daemon's verbs are divided among roles, as KCL divides a lease coordinator's work (its
-LeaseTaker, LeaseRenewer): :class:`Acquirer`, the taker, answers ``get_lease``; the renewer
+LeaseTaker, LeaseRenewer): :class:`Taker` answers ``get_lease``; the renewer
 (``rasd.daemon.renewer``) extends and re-confirms what is served; the releaser
 (``rasd.daemon.releaser``) gives leases back and re-lists what it quarantined; the reporter
 (``rasd.daemon.reporter``) answers ``headroom`` and reports unmet demand. They share one
-driver (``rasd.daemon.driver``: the store, the cache, the prefetcher, the one task group) and
-one pool table (``rasd.daemon.pools``). The Acquirer composes them: the server holds it, and
-calls each role for its verbs.
+driver (``rasd.daemon.driver``: the store, the prefetcher, the one task group) and one pool
+table (``rasd.daemon.pools``); ``rasd.daemon.coordinator`` makes them, each given what it
+needs when made.
 
 The cached hit is the cache's to answer (``LeaseCache.answer``, asked once per request by the
-server): the Acquirer injects what it needs (the pool table's dict, the renewer's
-``maybe_refresh``). The cache holds each answer at most ``confirm_interval`` (S) after it was
-last confirmed; a hit past S/2 asks the renewer for a background re-confirmation (one
-consistent read), and a hit whose sliding ``lease_expires`` calls for it
-(``decide.should_extend``) for a background extension.
+server). The cache holds each answer at most ``confirm_interval`` (S) after it was last
+confirmed; a hit past S/2 asks the renewer for a background re-confirmation (one consistent
+read), and a hit whose sliding ``lease_expires`` calls for it (``decide.should_extend``) for a
+background extension.
 
-A miss goes through :meth:`Acquirer.get_lease`, which does not ask the cache again (the server
+A miss goes through :meth:`Taker.get_lease`, which does not ask the cache again (the server
 just did; the resolution reads the table, the truth): it reads the pool, refuses a lease end
 the pool does not allow, and makes concurrent requests for one (client, pool, key) share one
 resolution (single-flight). The resolution
@@ -39,62 +38,23 @@ region's lease is served as it is.
 from __future__ import annotations
 
 import asyncio
-import random
 
-from ..config import Config
-from ..core.clock import Clock
 from ..core.decide import check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import Lease, Pool
-from ..dynamo.store import Store
-from ..observe.metrics import Counters
-from ..steps import daemon as S
 from ..steps.take import resolve
 from .cache import CacheKey
 from .driver import Driver
 from .pools import PoolTable
-from .releaser import Releaser
-from .renewer import Renewer
-from .reporter import Reporter
 
 
-class Acquirer:
-    """The taker (``get_lease``: single-flight, the resolution), and the roles beside it:
-    ``renewer``, ``releaser``, ``reporter``, over one ``driver``."""
+class Taker:
+    """``get_lease`` on a miss: the pool's check, single-flight, the resolution."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        store: Store,
-        clock: Clock | None = None,
-        counters: Counters | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        counters = counters or store.counters
-        self.driver = drv = Driver(cfg, store, clock or Clock(), counters, rng or random.Random())
-        self.pool_table = pools = PoolTable(store, drv.clock, drv.rollout)
-        self.renewer = Renewer(drv, pools)
-        self.releaser = Releaser(drv, pools)
-        self.reporter = Reporter(drv, pools)
-        drv.local.update(
-            {
-                S.Refresh: self.renewer.refresh,
-                S.Miss: self.reporter.miss,
-                S.RelistLater: self.releaser.relist_later,
-            }
-        )
-        self.cfg = cfg
-        self.store = store
-        self.counters = counters
-        self.clock = drv.clock
-        self.cache = cache = drv.cache
-        self.prefetch = drv.prefetch
-        self.pools = pools.by_id
-        # What the cached hit (LeaseCache.answer) reads besides the entries: the same objects
-        # as the pool table's and the renewer's, so that a hit takes no hop through them.
-        cache.pools = pools.by_id
-        cache.refreshing = self.renewer.refreshing
-        cache.refresh = self.renewer.maybe_refresh
+    def __init__(self, driver: Driver, pools: PoolTable) -> None:
+        self.driver = driver
+        self.pools = pools
+        self.clock = driver.clock
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
@@ -102,14 +62,13 @@ class Acquirer:
         if why:
             raise BadRequest(why)
 
-    # --------------------------------------------------------------------- a miss
     async def get_lease(
         self, client_id: str, pool_id: str, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
         """The lease for ``key`` and whether this call acquired it: a miss (the cache, asked
         by the server, had no answer), resolved from the table. Raises BadRequest when the
         pool refuses the lease end."""
-        pool = await self.pool_table.get(client_id, pool_id, deadline)
+        pool = await self.pools.get(client_id, pool_id, deadline)
         self._check(pool, requested_us, self.clock.now_us())
         k = (client_id, pool_id, key)
         flight = self._flights.get(k)
@@ -131,8 +90,3 @@ class Acquirer:
         self, pool: Pool, key: str, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
         return await self.driver.run(resolve, pool, key, requested_us, deadline=deadline)
-
-    # ------------------------------------------------------------------- the roles
-    async def drain(self, timeout: float) -> None:
-        """Shutdown: every role's tasks (the one task group), waited for at most ``timeout``."""
-        await self.driver.tasks.drain(timeout)

@@ -30,10 +30,11 @@ more may need an extension) and INT64_MAX for another region's (never extended h
 ``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
 
 The cached hit: :meth:`LeaseCache.answer` decides whether the cache answers a get_lease, for
-the server, which asks it once per request (``Routing.handle``); a miss goes on to
-DynamoDB without asking again. What it needs besides the entries is injected by the taker
-(``rasd.daemon.acquire``): the pool table's dict (the pool's maximum lease), the renewer's set
-of keys being refreshed and its ``maybe_refresh`` (the background work a hit calls for). The wall
+the server, which asks it once per request (``Router.handle``); a miss goes on to
+DynamoDB without asking again. What it needs besides the entries it is given when made, by the
+renewer (``rasd.daemon.renewer``), which keeps the cache: the pool table's dict (the pool's
+maximum lease), the renewer's set of keys being refreshed and its ``maybe_refresh`` (the
+background work a hit calls for); the hit reads each as an attribute of its own. The wall
 clock is read again once WALL_RESYNC has passed (:meth:`LeaseCache.wall_us`), so a hit reads
 no clock but the one its request read.
 
@@ -81,7 +82,7 @@ Refresh = Callable[[CacheKey, Lease, int, int], None]
 
 
 def _no_refresh(k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
-    """A cache with no renewer injected (tests): a hit asks for nothing."""
+    """A cache made without a renewer (tests): a hit asks for nothing."""
 
 
 def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
@@ -138,6 +139,10 @@ class LeaseCache:
         skew_margin_us: int,
         confirm_s: float,
         region: str = "",
+        *,
+        pools: dict[tuple[str, str], Pool] | None = None,
+        refreshing: set[CacheKey] | None = None,
+        refresh: Refresh = _no_refresh,
     ) -> None:
         self.clock = clock
         self.maxsize = maxsize
@@ -149,13 +154,13 @@ class LeaseCache:
         #: client_id -> pool_id -> key -> entry (the server's hot path reads it directly)
         self.entries: dict[str, dict[str, _Pool]] = {}
         self._n = 0  # entries held, expired ones included until they are dropped
-        # Injected by the taker (rasd.daemon.acquire): see the module docstring, "The cached hit".
+        # What the hit reads besides the entries: see the module docstring, "The cached hit".
         #: (client_id, pool_id) -> Pool: the pool table's dict, read in place
-        self.pools: dict[tuple[str, str], Pool] = {}
+        self.pools: dict[tuple[str, str], Pool] = {} if pools is None else pools
         #: keys with a refresh under way (the renewer's set)
-        self.refreshing: set[CacheKey] = set()
+        self.refreshing: set[CacheKey] = set() if refreshing is None else refreshing
         #: the background work a hit calls for (``Renewer.maybe_refresh``)
-        self.refresh: Refresh = _no_refresh
+        self.refresh: Refresh = refresh
         self._wall_synced = -math.inf
         self._wall_offset_us = 0
 

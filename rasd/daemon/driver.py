@@ -5,17 +5,19 @@ Theory of operation
 The daemon's verbs are programs (``rasd.steps.daemon`` and the modules beside it) that decide
 everything and perform nothing. :class:`Driver` performs them for the daemon's roles
 (``rasd.daemon.acquire``: the taker; ``rasd.daemon.renewer``, ``rasd.daemon.releaser``,
-``rasd.daemon.reporter``), which share its state: the store, the clocks, the lease cache, the
-prefetcher, the rate limits, the owner name, and ``tasks`` (``rasd.daemon.tasks``), the one
-task group every role starts its tasks in.
+``rasd.daemon.reporter``; ``rasd.daemon.coordinator`` composes them), which share its state:
+the store, the clocks, the prefetcher, the rate limits, the owner name, and ``tasks``
+(``rasd.daemon.tasks``), the one task group every role starts its tasks in.
 
 :meth:`Driver.run` runs one of the daemon's programs with a request's deadline or in the
 background, :meth:`Driver.run_bg` a program made already with a background program's own
 deadline (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
 effects: the DynamoDB calls through the store, the cache and the prefetcher, clocks, notes,
-sleeps and spawns. The few local effects that are a role's own (``Refresh``: the renewer's;
-``Miss``: the reporter's; ``RelistLater``: the releaser's) are performed by the function the
-composition registers for them in :attr:`Driver.local`, so the driver imports no role.
+sleeps and spawns. The local effects that are a role's own (``Refresh``, ``CachePut``,
+``CacheDrop``: the renewer's, which keeps the lease cache; ``Miss``: the reporter's;
+``RelistLater``: the releaser's) are performed through :class:`Local`, a table of one function
+per effect that the driver is given and each role's constructor fills with its own, so the
+driver imports no role.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..config import Config
 from ..core.clock import Clock
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Timeout
-from ..core.lease import MAP_PREFIX, META_CLIENT, US, Pool
+from ..core.lease import MAP_PREFIX, META_CLIENT, Lease, Pool
 from ..core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
 from ..core.serialize import resource_from
 from ..core.writes import Value
@@ -63,7 +65,7 @@ from ..steps import (
     drive,
 )
 from ..steps import daemon as S
-from .cache import LeaseCache
+from .cache import CacheKey
 from .prefetch import Prefetcher
 from .tasks import Tasks
 
@@ -100,11 +102,42 @@ class RolloutMode:
             )
 
 
+def _unfilled(eff: Any, *more: Any) -> Any:
+    raise TypeError(f"no role performs this daemon's local effect: {eff!r}")
+
+
+class Local:
+    """The local effects the roles perform, one function each: made empty before the driver
+    and the roles (the driver runs the roles' programs, and the roles perform these of its
+    effects), and each slot filled by the constructor of the role that owns the effect."""
+
+    __slots__ = ("cache_drop", "cache_put", "miss", "refresh", "relist_later")
+
+    def __init__(self) -> None:
+        #: ``Refresh``: a lease was just served from the table (``Renewer.refresh``)
+        self.refresh: Callable[[S.Refresh], None] = _unfilled
+        #: ``CachePut``: the lease and when its confirmation was sent (``LeaseCache.put``)
+        self.cache_put: Callable[[Lease, float], None] = _unfilled
+        #: ``CacheDrop`` (``LeaseCache.drop``)
+        self.cache_drop: Callable[[CacheKey], None] = _unfilled
+        #: ``Miss``: what the answer may add about the pool (``Reporter.miss``)
+        self.miss: Callable[[S.Miss], str | None] = _unfilled
+        #: ``RelistLater`` (``Releaser.relist_later``)
+        self.relist_later: Callable[[S.RelistLater], None] = _unfilled
+
+
 class Driver:
     """What the daemon's roles share, and the running of their programs."""
 
     def __init__(
-        self, cfg: Config, store: Store, clock: Clock, counters: Counters, rng: Random
+        self,
+        cfg: Config,
+        store: Store,
+        clock: Clock,
+        counters: Counters,
+        rng: Random,
+        rollout: RolloutMode,
+        local: Local,
     ) -> None:
         self.cfg = cfg
         self.rules = cfg.rules()
@@ -113,20 +146,14 @@ class Driver:
         self.clock = clock
         self.counters = counters
         self.rng = rng
-        self.cache = LeaseCache(
-            self.clock,
-            cfg.cache_max_leases,
-            int(cfg.skew_margin * US),
-            cfg.confirm_interval,
-            cfg.region,
-        )
         self.prefetch = Prefetcher(cfg, store, self.clock, self.counters, self.rng)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self.tasks = Tasks(self.counters)
-        self.rollout = RolloutMode(cfg.legacy_agents)
-        #: the local effects a role performs (its type -> the role's function: the result)
-        self.local: dict[type, Callable[[Any], Any]] = {}
+        #: the table's rollout record, shared with the pool table that reads it
+        self.rollout = rollout
+        #: the local effects the roles perform (their constructors fill it)
+        self.local = local
 
     def steps_daemon(self) -> S.Daemon:
         """This daemon as its programs see it (read at each program's start: tests rename
@@ -242,10 +269,10 @@ class Run:
                     drv.counters.inc(eff.event)
                 return None
             case S.CachePut():
-                drv.cache.put(eff.lease, eff.sent)
+                drv.local.cache_put(eff.lease, eff.sent)
                 return None
             case S.CacheDrop():
-                drv.cache.drop(eff.key)
+                drv.local.cache_drop(eff.key)
                 return None
             case Together():
                 # every call sent at once (one round trip); a failed read fails the effect
@@ -297,8 +324,12 @@ class Run:
                 return await drv.store.query_leased(
                     eff.client_id, eff.pool_id, eff.key, self.deadline
                 )
-            case S.Refresh() | S.Miss() | S.RelistLater():
-                return drv.local[type(eff)](eff)  # the roles' (``Acquirer`` wires them)
+            case S.Refresh():
+                return drv.local.refresh(eff)
+            case S.Miss():
+                return drv.local.miss(eff)
+            case S.RelistLater():
+                return drv.local.relist_later(eff)
             case QueryAvailable() | At() | Put() | Delete():
                 raise TypeError(f"a daemon's program yielded a job's effect: {eff!r}")
             case _:

@@ -10,6 +10,11 @@ sliding lease has and ``rasd.core.decide.should_extend`` calls for it
 read, ``steps.renew.reconfirm``). A failed extension is retried on a later hit after a
 backoff (1, 2, 4 ... 30 s), and logged as at risk once the lease gets close to its end. The
 programs decide; the renewer only says when to run them, in the driver's task group.
+
+The renewer makes the lease cache (``rasd.daemon.cache``) and keeps it: the cached hit calls
+its ``maybe_refresh`` and reads its set of keys being refreshed, and it reads the cache's
+staleness, so the two are made together; the driver puts and drops entries through the
+``CachePut`` and ``CacheDrop`` slots the renewer fills (``rasd.daemon.driver.Local``).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from ..core.errors import RasdError
 from ..core.lease import US, Lease
 from ..steps import daemon as S
 from ..steps.renew import extend_bg, reconfirm
-from .cache import CacheKey
-from .driver import Driver
+from .cache import CacheKey, LeaseCache
+from .driver import Driver, Local
 from .pools import PoolTable
 
 log = structlog.get_logger("rasd.daemon.renewer")
@@ -31,19 +36,33 @@ log = structlog.get_logger("rasd.daemon.renewer")
 class Renewer:
     """Extensions and re-confirmations of the leases this daemon serves."""
 
-    def __init__(self, driver: Driver, pools: PoolTable) -> None:
+    def __init__(self, driver: Driver, pools: PoolTable, local: Local) -> None:
+        cfg = driver.cfg
         self.driver = driver
         self.pools = pools.by_id
-        self.cfg = driver.cfg
+        self.cfg = cfg
         self.region = driver.region
         self.clock = driver.clock
-        self.cache = driver.cache
         self.counters = driver.counters
         # Each daemon extends at a slightly different point, so a fleet does not write at once.
-        self.extend_fraction = driver.cfg.extend_fraction * driver.rng.uniform(0.9, 1.0)
+        self.extend_fraction = cfg.extend_fraction * driver.rng.uniform(0.9, 1.0)
         #: keys with a refresh under way (read by the hit path before it asks for another)
         self.refreshing: set[CacheKey] = set()
         self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
+        #: the leases this daemon serves; the hit reads the pools, this set, maybe_refresh
+        self.cache = cache = LeaseCache(
+            self.clock,
+            cfg.cache_max_leases,
+            int(cfg.skew_margin * US),
+            cfg.confirm_interval,
+            cfg.region,
+            pools=self.pools,
+            refreshing=self.refreshing,
+            refresh=self.maybe_refresh,
+        )
+        local.refresh = self.refresh
+        local.cache_put = cache.put
+        local.cache_drop = cache.drop
 
     def refresh(self, eff: S.Refresh) -> None:
         """The ``Refresh`` effect: a lease was just served from the table."""

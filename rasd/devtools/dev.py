@@ -66,7 +66,7 @@ def _socket_path(workdir: str) -> str:
 async def fill_candidates(daemon: Any, want: int, timeout: float) -> int:
     """Prefetch the demo pool's claim candidates until ``want`` are held (or ``timeout``
     passed); returns how many are held."""
-    acq = daemon.acquirer
+    acq = daemon.coordinator
     pool = acq.pools.get((DEMO_CLIENT, DEMO_POOL))
     if pool is None:
         return 0

@@ -4,14 +4,15 @@
 ``lifecycle``      ``Daemon`` and ``run_daemon``: start, serve, reload, hand over, stop; read
                    it top to bottom
 ``connection``     ``Connection``: frames in, answers out, back-pressure, the peer's grant
-``routing``        ``Routing`` (a part of ``Daemon``): one entry per frame, ``handle``: the
-                   cached hit, a miss, the other ops, the slow path that waits for DynamoDB
+``routing``        ``Router`` (made and held by ``Daemon``): one entry per frame, ``handle``:
+                   the cached hit, a miss, the other ops, the slow path that waits for DynamoDB
 ``handover``       SIGUSR2: a successor takes the listening socket over without a gap
+``exporter``       the metrics on ``metrics_port``, read from the router
 ``diagnostics``    what a failed start-up says: the root cause, a probe of the endpoint
 =================  ==========================================================================
 
-The request protocol itself (fields, answers) is rasd.wire; what a request does is
-rasd.daemon.acquire.
+The request protocol itself (fields, answers) is rasd.wire; what a request does is the
+roles' that rasd.daemon.coordinator composes.
 """
 
 from .connection import Connection

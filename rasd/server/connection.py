@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Each connection is an ``asyncio.Protocol``. Frames are decoded as bytes arrive and each is
-handed to the daemon's routing once (``Daemon.handle``, rasd.server.routing): it returns a
+handed to the daemon's router once (``Router.handle``, rasd.server.routing): it returns a
 cache hit's answer, which the connection writes at once, inside ``data_received``, without a
 task; anything else it answers itself, at once or from a task that writes its answer (with the
 request's ``id``) when done, so one connection may carry many requests at once.
@@ -46,9 +46,10 @@ from .peercred import Acl, Grant, peer_credentials, peer_gids
 
 
 class Server(Protocol):
-    """What a connection needs of the daemon it serves: the set of open connections it joins
-    and leaves, counters, the access list its peer is judged by, and the handling of each
-    frame (``Routing.handle``: an answer frame to write, or None when it answers otherwise)."""
+    """What a connection needs of the daemon it serves (its ``Router``): the set of open
+    connections it joins and leaves, counters, the access list its peer is judged by, and the
+    handling of each frame (``Router.handle``: an answer frame to write, or None when it
+    answers otherwise)."""
 
     connections: set[Connection]
     counters: Counters
@@ -80,16 +81,17 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "batch",
         "closed",
-        "daemon",
         "decoder",
         "draining",
         "grant",
         "pending",
+        "server",
         "transport",
     )
 
-    def __init__(self, daemon: Server) -> None:
-        self.daemon = daemon
+    def __init__(self, server: Server) -> None:
+        #: the frame handler this connection serves (the daemon's router)
+        self.server = server
         #: the frames of a read that was not exactly one (None while it holds nothing)
         self.decoder: FrameDecoder | None = None
         self.pending = 0
@@ -108,14 +110,14 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        daemon = self.daemon
-        daemon.connections.add(self)
-        daemon.counters.inc("conn.opened")
-        self.grant = grant_for(daemon.acl, transport)
+        server = self.server
+        server.connections.add(self)
+        server.counters.inc("conn.opened")
+        self.grant = grant_for(server.acl, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.daemon.connections.discard(self)
+        self.server.connections.discard(self)
 
     def pause_writing(self) -> None:
         # The peer is not reading its answers (its socket and our write buffer are full):
@@ -130,7 +132,7 @@ class Connection(asyncio.Protocol):
 
     def quiesce(self) -> None:
         """Shutdown: read no more requests; close now if none is waiting for its answer, else
-        once the last one is answered (``Daemon._slow``). Never read-and-dropped: what the
+        once the last one is answered (``Router._slow``). Never read-and-dropped: what the
         peer sends from now on stays unread, and the close makes its client see the connection
         closed before any reply, which it retries on a new connection, answered by the next
         process from the listening socket's backlog (docs/protocol.md, "Restarts")."""
@@ -141,14 +143,14 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def data_received(self, data: bytes) -> None:
-        daemon = self.daemon
+        server = self.server
         n = len(data)
         if n > HEADER_SIZE and self.decoder is None:
             # The usual case: exactly one whole frame, nothing buffered. Decoded in place.
             (length,) = length_prefix.unpack_from(data, 0)
             if length == n - HEADER_SIZE and length <= MAX_FRAME:
                 frame = decode_body(memoryview(data)[HEADER_SIZE:])  # type: ignore[arg-type]
-                out = daemon.handle(self, frame)
+                out = server.handle(self, frame)
                 if out is not None and not self.closed:
                     self.transport.write(out)  # type: ignore[union-attr]
                 return
@@ -163,12 +165,12 @@ class Connection(asyncio.Protocol):
         too_large: FrameTooLarge | None = None
         try:
             for frame in decoder.frames():
-                out = daemon.handle(self, frame)
+                out = server.handle(self, frame)
                 if out is not None:
                     batch.append(out)
         except FrameTooLarge as exc:
             too_large = exc
-            daemon.counters.inc("req.bad_frame")
+            server.counters.inc("req.bad_frame")
             batch.append(encode(error_payload(None, "BAD_REQUEST", str(exc))))
         finally:
             self.batch = None

@@ -26,7 +26,7 @@ Theory of operation
 
 The other jobs live beside this file: each connection's framing in rasd.server.connection,
 what a request frame leads to (the hit, a miss, the other ops, the slow path) in
-rasd.server.routing (``Daemon`` inherits its request paths from ``Routing``), the SIGUSR2
+rasd.server.routing (``Router``, which ``Daemon`` makes and its connections serve), the SIGUSR2
 hand-over in rasd.server.handover, and what a failed start-up logs in
 rasd.server.diagnostics.
 """
@@ -54,16 +54,16 @@ from ..limits import InflightGate
 from ..observe import log as logsetup
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
-from ..observe.prom import LatencyHistograms
-from . import handover, socketfile
-from .connection import Connection, grant_for
+from ..observe.prom import LatencyHistograms, MetricsServer
+from . import exporter, handover, socketfile
+from .connection import Connection
 from .diagnostics import close_quietly, describe_cause, is_boto, loop_exception, probe_endpoint
 from .peercred import Acl
-from .routing import Routing
+from .routing import Router, Status
 from .sdnotify import Notifier, run_watchdog, watchdog_interval
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
-    from ..daemon.acquire import Acquirer
+    from ..daemon.coordinator import Coordinator
     from ..dynamo.store import Store
 
 log = structlog.get_logger("rasd.server")
@@ -80,8 +80,9 @@ LISTEN_BACKLOG = 4096
 AWS_CONFIRM_DELAY = 1.0
 
 
-class Daemon(Routing):
-    """One daemon process: its socket, its store once up, its connections and tasks."""
+class Daemon:
+    """One daemon process: its socket, its store and roles once up, its router, its
+    connections and tasks."""
 
     def __init__(
         self,
@@ -94,26 +95,22 @@ class Daemon(Routing):
     ) -> None:
         self.cfg = cfg
         self.reloader = reloader
-        self.acl = Acl.from_config(cfg.acl)
         self.gate = InflightGate(cfg.max_inflight)
         self.latency = LatencyHistograms()
         self.pool_metrics = PoolMetrics()
         self.notifier = Notifier()
         self.clock = clock or Clock()
-        #: the monotonic clock of the request path (Clock.mono without a method call)
-        self._mono: Callable[[], float] = (
-            time.monotonic if type(self.clock) is Clock else self.clock.mono
-        )
         self.counters = counters or (store.counters if store else Counters())
         #: Given by tests (a FaultyStore); else made by bring_up() after the heavy import.
         self._given_store = store
-        # Both exist once the store is up (self.up is set); nothing reads them before.
+        # Both exist once the store is up (self.up is set; :meth:`attach`); nothing reads
+        # them before.
         self.store: Store
-        self.acquirer: Acquirer
+        self.coordinator: Coordinator
         #: Set once DynamoDB answered and the pools are loaded; requests wait on it.
         self.up = asyncio.Event()
-        #: Why the daemon is degraded (DynamoDB unreachable at start), or None.
-        self.degraded: str | None = None
+        #: ready; why degraded (DynamoDB unreachable at start), or None; when started
+        self.status = Status()
         #: The process's exit status: 2 when the start is refused (an AWS setting that cannot
         #: be honoured, a socket path another live process serves on).
         self.exit_status = 0
@@ -123,13 +120,26 @@ class Daemon(Routing):
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
         self.inflight: set[asyncio.Task[None]] = set()
-        self.started = time.time()
-        self.ready = False
+        #: what each connection serves: every frame's handling (rasd.server.routing)
+        self.router = Router(
+            cfg,
+            self.counters,
+            acl=Acl.from_config(cfg.acl),
+            gate=self.gate,
+            latency=self.latency,
+            pool_metrics=self.pool_metrics,
+            status=self.status,
+            up=self.up,
+            connections=self.connections,
+            inflight=self.inflight,
+            # the monotonic clock of the request path (Clock.mono without a method call)
+            mono=time.monotonic if type(self.clock) is Clock else self.clock.mono,
+        )
         self._stop = asyncio.Event()
         self._bound_path: str | None = None
         self._bound_id: socketfile.Identity | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._metrics: Any = None
+        self._metrics: MetricsServer | None = None
         self._socket_name = cfg.socket
         self._watchdog_started = False
         #: The inherited listening socket (fd 3 under socket activation), for a hand-over.
@@ -137,6 +147,17 @@ class Daemon(Routing):
         self.handover = handover.Handover(self)
         #: A hand-over's successor, until it accepts (its predecessor holds the metrics port).
         self._taking_over = False
+
+    # ------------------------------------------------------------------ state
+    def stats(self) -> dict[str, Any]:
+        """What ``rasd stats`` reports (``Router.stats``)."""
+        return self.router.stats()
+
+    def attach(self, store: Store, coordinator: Coordinator) -> None:
+        """The store is up and the roles made: the router serves with them (``up`` is set
+        by the caller, once the rest of the start-up is done)."""
+        self.store, self.coordinator = store, coordinator
+        self.router.serve(store, coordinator)
 
     # ------------------------------------------------------------------ start
     @property
@@ -157,7 +178,7 @@ class Daemon(Routing):
             # asyncio and uvloop call listen() on a socket they are given, inherited ones too:
             # without the backlog they would cut systemd's Backlog= down to their default 100.
             self.server = await loop.create_unix_server(
-                lambda: Connection(self), sock=sock, backlog=LISTEN_BACKLOG
+                lambda: Connection(self.router), sock=sock, backlog=LISTEN_BACKLOG
             )
         else:
             # Our own socket file: never one another live process serves on (SocketInUse),
@@ -170,7 +191,7 @@ class Daemon(Routing):
             try:
                 os.chmod(path, self.cfg.socket_mode)
                 self.server = await loop.create_unix_server(
-                    lambda: Connection(self), sock=own, backlog=LISTEN_BACKLOG
+                    lambda: Connection(self.router), sock=own, backlog=LISTEN_BACKLOG
                 )
             except BaseException:
                 own.close()
@@ -180,7 +201,7 @@ class Daemon(Routing):
         self._socket_name = self.cfg.socket if sock is None else "inherited"
         if self.cfg.metrics_port:
             try:
-                self._metrics = self._start_metrics(self.cfg.metrics_port)
+                self._metrics = exporter.serve(self.cfg.metrics_port, self.router)
             except OSError as exc:
                 if not (self._taking_over and exc.errno == errno.EADDRINUSE):
                     raise
@@ -231,7 +252,7 @@ class Daemon(Routing):
         """Import the store (in a thread: the loop keeps accepting), warm DynamoDB, load pools."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.startup_deadline
-        acquire_mod = await asyncio.to_thread(importlib.import_module, "rasd.daemon.acquire")
+        roles_mod = await asyncio.to_thread(importlib.import_module, "rasd.daemon.coordinator")
         store_mod = importlib.import_module("rasd.dynamo.store")
         store = self._given_store or store_mod.Store(cfg, self.counters)
         try:
@@ -239,19 +260,19 @@ class Daemon(Routing):
             if store.aws is not None:
                 self._endpoint = store.aws.endpoint_url
             await store.warm(cfg.startup_deadline)
-            acquirer = acquire_mod.Acquirer(cfg, store, self.clock, self.counters)
-            n: int = await acquirer.pool_table.load(deadline)
+            coordinator = roles_mod.Coordinator(cfg, store, self.clock, self.counters)
+            n: int = await coordinator.pool_table.load(deadline)
         except BaseException:
             if store is not self._given_store:
                 await close_quietly(store)
             raise
-        await acquirer.prefetch.warm(list(acquirer.pools.values()), timeout=cfg.prefetch_warm)
-        self.store, self.acquirer = store, acquirer
+        await coordinator.prefetch.warm(list(coordinator.pools.values()), timeout=cfg.prefetch_warm)
+        self.attach(store, coordinator)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._refresh_pools()))
-        self._tasks.append(loop.create_task(acquirer.reporter.report_misses_forever()))
-        self.ready = True
-        self.degraded = None
+        self._tasks.append(loop.create_task(coordinator.reporter.report_misses_forever()))
+        self.status.ready = True
+        self.status.degraded = None
         self.up.set()
         if store.aws is not None and store.aws.cache_key is not None:
             self._tasks.append(loop.create_task(self._confirm_aws(store)))
@@ -264,9 +285,9 @@ class Daemon(Routing):
             pools=n,
             endpoint=self.endpoint(),
             aws=store.aws.public() if store.aws is not None else None,
-            acl="open" if self.acl.open else "enforced",
+            acl="open" if self.router.acl.open else "enforced",
             metrics_port=self._metrics.port if self._metrics else None,
-            startup_s=round(time.time() - self.started, 3),
+            startup_s=round(time.time() - self.status.started, 3),
         )
         return n
 
@@ -279,7 +300,7 @@ class Daemon(Routing):
         try:
             fresh = await store.confirm_aws()
         except AwsSettingsError as exc:
-            self.degraded = str(exc)
+            self.status.degraded = str(exc)
             log.error("startup_refused", cause=str(exc))
             self.exit_status = 2
             self.stop()
@@ -314,7 +335,7 @@ class Daemon(Routing):
             except asyncio.CancelledError:
                 raise
             except AwsSettingsError as exc:  # retrying cannot help: refuse to start
-                self.degraded = str(exc)
+                self.status.degraded = str(exc)
                 log.error("startup_refused", cause=str(exc))
                 self.exit_status = 2
                 self.stop()
@@ -324,7 +345,7 @@ class Daemon(Routing):
                 if "circuit breaker" in cause or "no answer" in cause:
                     # The store's error hides the network's: ask the network directly.
                     cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
-                self.degraded = self._why_degraded(cause)
+                self.status.degraded = self._why_degraded(cause)
                 expected = isinstance(exc, RasdError | OSError | TimeoutError) or is_boto(exc)
                 log.error(
                     "startup_failed",
@@ -337,7 +358,7 @@ class Daemon(Routing):
                     **({} if expected else {"exc_info": exc}),
                 )
                 self.counters.inc("startup.failed")
-                self._announce(f"degraded: {self.degraded}; retry {attempt} in {delay:.1f}s")
+                self._announce(f"degraded: {self.status.degraded}; retry {attempt} in {delay:.1f}s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, cfg.startup_retry_max)
 
@@ -402,13 +423,10 @@ class Daemon(Routing):
             return
         from ..limits import BucketTable
 
-        self.acl = acl
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.grant = grant_for(acl, conn.transport)
+        self.router.regrant(acl)
         self.gate.limit = new.max_inflight
         if self.up.is_set():
-            self.acquirer.driver.buckets = BucketTable(new.rate_limit, new.rate_burst)
+            self.coordinator.driver.buckets = BucketTable(new.rate_limit, new.rate_burst)
         logsetup.configure(new.log_level)
         self.cfg = dataclasses.replace(
             self.cfg,
@@ -440,7 +458,7 @@ class Daemon(Routing):
         3. In-flight requests finish within their own deadlines (bounded by ``drain``);
            then background writes are drained and the store closed, with no client waiting.
         """
-        self.ready = False
+        self.status.ready = False
         if not self.handover.handed_over:  # after one the successor is the main process
             self.notifier.stopping(status="draining")
         log.info(
@@ -469,14 +487,14 @@ class Daemon(Routing):
         for conn in list(self.connections):
             conn.close()
         if self.up.is_set():
-            await self.acquirer.drain(timeout=drain)
+            await self.coordinator.drain(timeout=drain)
             try:
-                await self.acquirer.reporter.flush_misses(
+                await self.coordinator.reporter.flush_misses(
                     time.monotonic() + self.cfg.flush_misses_timeout
                 )
             except RasdError:
                 pass
-            await self.acquirer.prefetch.stop()
+            await self.coordinator.prefetch.stop()
             await self.store.close()
         if self._bound_path:
             socketfile.remove_if_ours(self._bound_path, self._bound_id)
@@ -488,7 +506,7 @@ class Daemon(Routing):
         while True:
             await asyncio.sleep(self.cfg.pool_refresh)
             try:
-                await self.acquirer.pool_table.load(
+                await self.coordinator.pool_table.load(
                     time.monotonic() + self.cfg.pool_refresh_timeout
                 )
             except RasdError as exc:
@@ -503,7 +521,7 @@ class Daemon(Routing):
         while True:
             await asyncio.sleep(0.1)
             try:
-                self._metrics = self._start_metrics(port)
+                self._metrics = exporter.serve(port, self.router)
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     log.error("metrics_unavailable", port=port, cause=str(exc))
@@ -514,42 +532,6 @@ class Daemon(Routing):
                 continue
             log.info("metrics_serving", port=port)
             return
-
-    def _start_metrics(self, port: int) -> Any:
-        from .. import __version__
-        from ..observe.prom import Gauge, build_registry, start_http
-
-        def cache_leases() -> int:
-            return self.acquirer.cache.size() if self.up.is_set() else 0
-
-        def prefetch() -> dict[str, int]:
-            if not self.up.is_set():
-                return {}
-            bufs = self.acquirer.prefetch.buffers
-            return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
-
-        def claimable() -> dict[tuple[str, str], int]:
-            if not self.up.is_set():
-                return {}
-            return {k: len(b) for k, b in list(self.acquirer.prefetch.buffers.items())}
-
-        registry = build_registry(
-            self.counters,
-            self.latency,
-            {
-                "cache_leases": Gauge("Leases in the daemon's cache", cache_leases),
-                "prefetch_candidates": Gauge("Prefetched claim candidates per pool", prefetch),
-                "up": Gauge(
-                    "1 once DynamoDB answered and pools are loaded, 0 while starting or degraded",
-                    lambda: int(self.up.is_set()),
-                ),
-                "inflight": Gauge("Requests doing DynamoDB work", lambda: self.gate.inflight),
-            },
-            version=__version__,
-            pools=self.pool_metrics,
-            claimable=claimable,
-        )
-        return start_http(port, registry=registry)
 
 
 async def run_daemon(

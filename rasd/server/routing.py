@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The connection (rasd.server.connection) hands every frame to one entry, :meth:`Routing.handle`,
+The connection (rasd.server.connection) hands every frame to one entry, :meth:`Router.handle`,
 which follows it through once:
 
 the hit      a well-formed ``get_lease`` (``protocol.lease_fields``, called once: types, values,
@@ -10,25 +10,27 @@ the hit      a well-formed ``get_lease`` (``protocol.lease_fields``, called once
              (``LeaseCache.answer``, once the store is up), answered inside ``data_received``:
              no task, no ``Request``, one clock reading, nothing allocated but the answer frame,
              which ``handle`` returns for the connection to write.
-a miss       the same get_lease goes on with its fields tuple (:meth:`_lease`), never parsed
-             or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded, else
-             admission (:meth:`_admit`); the taker (``Acquirer.get_lease``) resolves it from
-             the table.
-the rest     every frame ``lease_fields`` refuses (:meth:`_walk`): ``protocol.parse`` names
-             what is wrong (``BAD_REQUEST``), the ACL, ``ping`` and ``stats`` answered at once,
-             ``release`` and ``headroom`` to admission.
+a miss       the same get_lease goes on with its fields tuple (:meth:`Router._lease`), never
+             parsed or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded,
+             else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
+             from the table.
+the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
+             names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` and ``stats`` answered at
+             once, ``release`` and ``headroom`` to admission.
 ``_slow``    what needs DynamoDB must get a slot in the in-flight gate before its deadline or
              is shed with ``BUSY`` at once, never queued, and then runs as a task: it waits for
-             the store if the daemon is still starting (:meth:`wait_up`), calls the role of the
-             acquirer that answers the verb (``rasd.daemon.acquire``: the taker, the releaser, the
+             the store if the daemon is still starting (:meth:`Router.wait_up`), calls the role
+             that answers the verb (``rasd.daemon.coordinator``: the taker, the releaser, the
              reporter) within the request's deadline, and writes the answer with its ``id``.
 
 Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
 per connection) against the ACL -> ``FORBIDDEN``; a cache hit is answered at once; anything
 that needs DynamoDB must get a slot in the in-flight gate before its deadline -> ``BUSY``.
 
-:class:`Routing` is a part of ``Daemon`` (rasd.server.lifecycle), which provides the state
-declared below; it is a class of its own so that the lifecycle reads in one file.
+:class:`Router` is what a connection serves (``connection.Server``): ``Daemon``
+(rasd.server.lifecycle) makes it with the few things the request paths read, and hands it the
+store and the coordinator once they exist (:meth:`Router.serve`, before ``up`` is set), which
+binds the cache's ``answer`` once for the hit.
 """
 
 from __future__ import annotations
@@ -59,11 +61,15 @@ from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from ..wire import LeaseFields, lease_fields
+from .connection import Connection, grant_for
+from .peercred import Acl
 
 if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
-    from ..daemon.acquire import Acquirer
+    from ..daemon.acquire import Taker
+    from ..daemon.coordinator import Coordinator
+    from ..daemon.releaser import Releaser
+    from ..daemon.reporter import Reporter
     from ..dynamo.store import Store
-    from .connection import Connection
 
 log = structlog.get_logger("rasd.server")
 
@@ -72,25 +78,86 @@ HIT_SAMPLE = 16
 HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
-class Routing:
-    """The request paths of ``Daemon``: :meth:`handle` (the hit, a miss, the rest),
-    :meth:`_slow`."""
+#: what the cache answers a get_lease (``LeaseCache.answer``)
+Answer = Callable[[str, str, str, int, float, int], bytes | None]
 
-    # The daemon's state the request paths read (set by Daemon.__init__ and bring_up).
-    cfg: Config
-    counters: Counters
-    gate: InflightGate
-    latency: LatencyHistograms
-    pool_metrics: PoolMetrics
-    up: asyncio.Event
-    degraded: str | None
-    ready: bool
-    started: float
-    store: Store
-    acquirer: Acquirer
-    connections: set[Connection]
-    inflight: set[asyncio.Task[None]]
-    _mono: Callable[[], float]
+
+def _not_up(c: str, p: str, k: str, e: int, now: float, rid: int) -> bytes | None:
+    raise AssertionError("the cache was asked before the store was up")
+
+
+class Status:
+    """What the daemon says of itself, which it changes as it starts and stops and the request
+    paths read: ``ready``, why it is ``degraded`` (None: it is not), when it ``started``."""
+
+    __slots__ = ("degraded", "ready", "started")
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.degraded: str | None = None
+        self.started = time.time()
+
+
+class Router:
+    """The request paths: :meth:`handle` (the hit, a miss, the rest), :meth:`_slow`; and the
+    frame handler a connection serves (``connection.Server``: ``connections``, ``counters``,
+    ``acl``, ``handle``)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        counters: Counters,
+        *,
+        acl: Acl,
+        gate: InflightGate,
+        latency: LatencyHistograms,
+        pool_metrics: PoolMetrics,
+        status: Status,
+        up: asyncio.Event,
+        connections: set[Connection],
+        inflight: set[asyncio.Task[None]],
+        mono: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.counters = counters
+        #: the access list new connections are granted by (:meth:`regrant` changes it)
+        self.acl = acl
+        self.gate = gate
+        self.latency = latency
+        self.pool_metrics = pool_metrics
+        self.status = status
+        #: set once the store is up (after :meth:`serve`); requests wait on it
+        self.up = up
+        #: the open connections and the requests in flight: the daemon's, read and joined here
+        self.connections = connections
+        self.inflight = inflight
+        #: the monotonic clock of the request path (``Clock.mono`` without a method call)
+        self._mono = mono
+        # What exists once the store is up (:meth:`serve`); nothing reads them before.
+        self.store: Store
+        self.coordinator: Coordinator
+        self.taker: Taker
+        self.releaser: Releaser
+        self.reporter: Reporter
+        #: the hit: the cache's ``answer``, bound once
+        self.answer: Answer = _not_up
+
+    def serve(self, store: Store, coordinator: Coordinator) -> None:
+        """The store is up: the roles that answer what needs it, and the cache's ``answer``
+        for the hit. Called once, before ``up`` is set."""
+        self.store = store
+        self.coordinator = coordinator
+        self.taker = coordinator.taker
+        self.releaser = coordinator.releaser
+        self.reporter = coordinator.reporter
+        self.answer = coordinator.cache.answer
+
+    def regrant(self, acl: Acl) -> None:
+        """A new access list (SIGHUP): for new connections, and every open one granted again."""
+        self.acl = acl
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.grant = grant_for(acl, conn.transport)
 
     def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
         """Every frame: a cache hit as its answer frame (the connection writes it); None when
@@ -105,7 +172,7 @@ class Routing:
                 if (grant.all or c in grant.client_ids) and self.up.is_set():
                     now = self._mono()  # the request's one clock reading
                     try:
-                        out = self.acquirer.cache.answer(c, p, k, e, now, rid)
+                        out = self.answer(c, p, k, e, now, rid)
                     except BadRequest as exc:  # a lease end the pool refuses
                         self.counters.inc("req.total")
                         self._send_error(conn, rid, exc)
@@ -140,8 +207,9 @@ class Routing:
                     conn, rid, Forbidden(f"this process may not use client_id {f[1]!r}")
                 )
                 return
-            if self.degraded is not None and not self.up.is_set():
-                self._send_error(conn, rid, Unavailable(f"{self.degraded}; retrying"))
+            degraded = self.status.degraded
+            if degraded is not None and not self.up.is_set():
+                self._send_error(conn, rid, Unavailable(f"{degraded}; retrying"))
                 return
         else:
             counters.inc("cache.miss")
@@ -167,7 +235,7 @@ class Routing:
             )
             return
         if req.op == "ping":
-            conn.send(protocol.ok(req.id, ready=self.ready, region=self.cfg.region))
+            conn.send(protocol.ok(req.id, ready=self.status.ready, region=self.cfg.region))
             return
         if req.op == "stats":
             conn.send(protocol.ok(req.id, **self.stats()))
@@ -226,21 +294,20 @@ class Routing:
                     # Time spent waiting for start-up is not service time: counting it would
                     # make the gate shed every request right after a restart.
                     served_from = time.monotonic()
-                acq = self.acquirer
                 if op == "get_lease":
                     c, p, k, e = args
-                    lease, new = await acq.get_lease(c, p, k, e, deadline)
+                    lease, new = await self.taker.get_lease(c, p, k, e, deadline)
                     resp = protocol.lease_response(rid, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
                     if new:
                         self.pool_metrics.new_lease(c, p)
                 elif op == "release":
                     c, p, k = args
-                    n = await acq.releaser.release(c, p, k, deadline)
+                    n = await self.releaser.release(c, p, k, deadline)
                     resp = protocol.ok(rid, released=n)
                 elif op == "headroom":
                     c, p = args
-                    h = await acq.reporter.headroom(c, p, deadline)
+                    h = await self.reporter.headroom(c, p, deadline)
                     resp = protocol.ok(rid, headroom=h)
                 else:  # pragma: no cover - parse() admits only known ops
                     raise Internal(f"op {op} has no handler")
@@ -268,16 +335,17 @@ class Routing:
         little before the deadline so that it reaches the caller in time."""
         if self.up.is_set():
             return
-        if self.degraded is not None:
-            raise Unavailable(f"{self.degraded}; retrying in the background")
+        status = self.status
+        if status.degraded is not None:
+            raise Unavailable(f"{status.degraded}; retrying in the background")
         self.counters.inc("req.waited_for_startup")
         left = deadline - time.monotonic()
         try:
             async with asyncio.timeout(max(0.0, left - min(0.05, left * 0.1))):
                 await self.up.wait()
         except TimeoutError:
-            if self.degraded is not None:
-                raise Unavailable(f"{self.degraded}; retrying in the background") from None
+            if status.degraded is not None:
+                raise Unavailable(f"{status.degraded}; retrying in the background") from None
             raise Unavailable(
                 "daemon still starting (connecting to DynamoDB); retry shortly", retry_after=0.1
             ) from None
@@ -288,21 +356,22 @@ class Routing:
 
     def stats(self) -> dict[str, Any]:
         up = self.up.is_set()
-        acq = self.acquirer if up else None
+        co = self.coordinator if up else None
+        status = self.status
         return {
-            "ready": self.ready,
-            "degraded": self.degraded,
+            "ready": status.ready,
+            "degraded": status.degraded,
             "region": self.cfg.region,
-            "uptime_s": round(time.time() - self.started, 3),
+            "uptime_s": round(time.time() - status.started, 3),
             "pid": os.getpid(),
-            "cache_leases": len(acq.cache) if acq else 0,
-            "pools": len(acq.pools) if acq else 0,
-            "prefetch_depth": acq.prefetch.depth() if acq else 0,
+            "cache_leases": len(co.cache) if co else 0,
+            "pools": len(co.pools) if co else 0,
+            "prefetch_depth": co.prefetch.depth() if co else 0,
             "connections": len(self.connections),
             "inflight": len(self.inflight),
             "breaker": self.store.breaker.state if up else "starting",
             # the rules it runs: the table's rollout record as last read (None: starting)
-            "rollout": acq.driver.rollout.on if acq else None,
+            "rollout": co.driver.rollout.on if co else None,
             "retry_quota": self.store.retry.quota.available if up else None,
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),

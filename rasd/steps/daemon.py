@@ -6,7 +6,7 @@ Every verb of the daemon that touches the table is a program (:mod:`rasd.steps`)
 generator that yields effects and decides, through :mod:`rasd.core.decide`, from what they return.
 Two interpreters run them, and nothing else states the protocol:
 
-* the daemon's driver (``rasd.daemon.driver``, for the roles of ``rasd.daemon.acquire``)
+* the daemon's driver (``rasd.daemon.driver``, for the roles ``rasd.daemon.coordinator`` composes)
   performs each effect for real (the store's calls with the request's deadline, the lease cache, the
   prefetcher, background tasks, counters and logs);
 * the protocol checker (``check/effects.py``) performs each DynamoDB effect as one atomic

@@ -71,9 +71,9 @@ async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> 
         assert L.parse_time(row["lease_expires"]["S"]) == int(first.lease_expires.timestamp() * 1e6)
         # the new lease's background work (its confirmation, a prefetch refill queued behind
         # the claim) is not the hit's: let it finish before counting
-        await d.acquirer.prefetch.idle()
+        await d.coordinator.prefetch.idle()
         await wait_for(
-            lambda: not d.acquirer.driver.tasks.background, "the new lease's background writes"
+            lambda: not d.coordinator.driver.tasks.background, "the new lease's background writes"
         )
         before = ddb_calls(d)
         again = await rasd_aio.get_lease(C, P, "k1", timedelta(hours=1), socket_path=sock)
@@ -100,7 +100,7 @@ async def test_expiry_relet_refresh_ahead_and_release(
     async with make_daemon(
         clock=clock, skew_margin=5.0, extend_fraction=0.5, legacy_agents=False
     ) as d:
-        d.acquirer.renewer.extend_fraction = 0.5  # remove the per-daemon jitter for exact numbers
+        d.coordinator.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
         a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         # refresh-ahead: 60 s later, asking for now+100 s (40 s left < 50 s) -> background write
@@ -123,7 +123,7 @@ async def test_expiry_relet_refresh_ahead_and_release(
         # release: the item is free again, out of the available index until the quarantine
         # is over (re-listed then)
         await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
         row = item_of(ddb, table, e.resource)
         assert "key" not in row and "lease_available" not in row
         q = int(d.cfg.quarantine * L.US)
@@ -299,13 +299,13 @@ async def test_headroom_from_balancer_metadata_or_count(
         s = d.cfg.socket
         assert await rasd_aio.headroom(C, P, socket_path=s) == 12  # counted
         put_headroom(7, clock.now_us())
-        d.acquirer.reporter._headroom.clear()
+        d.coordinator.reporter._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 7
         put_headroom(-3, clock.now_us())
-        d.acquirer.reporter._headroom.clear()
+        d.coordinator.reporter._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 0
         put_headroom(7, clock.now_us() - 3600 * L.US)  # stale: count again
-        d.acquirer.reporter._headroom.clear()
+        d.coordinator.reporter._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 12
 
 

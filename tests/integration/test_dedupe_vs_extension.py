@@ -24,7 +24,7 @@ from rasd.core import lease as L
 from rasd.core import schema
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
@@ -69,20 +69,20 @@ class _DedupeClient:
         return self._inner.update_item(**kw)
 
 
-async def _daemon(url: str, table: str, clock: FakeClock, legacy: bool) -> Acquirer:
+async def _daemon(url: str, table: str, clock: FakeClock, legacy: bool) -> Coordinator:
     cfg = Config(
         table=table, endpoint_url=url, region=WEST, socket="/nonexistent/x.sock",
         legacy_agents=legacy,
     )  # fmt: skip
     store = Store(cfg.validate())
     await store.start()
-    acq = Acquirer(cfg, store, clock=clock)
+    acq = Coordinator(cfg, store, clock=clock)
     await acq.pool_table.load(time.monotonic() + 5)
     acq.renewer.extend_fraction = 0.5  # no jitter
     return acq
 
 
-async def _close(*ds: Acquirer) -> None:
+async def _close(*ds: Coordinator) -> None:
     for d in ds:
         await d.drain(2.0)
         await d.prefetch.stop()
@@ -105,9 +105,9 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
     schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * L.US)
     schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * L.US)
     d1 = await _daemon(moto_endpoint, table, clock, legacy)
-    d2: Acquirer | None = None
+    d2: Coordinator | None = None
     try:
-        first, new = await d1.get_lease(C, P, "k1", t0 + 100 * L.US, time.monotonic() + 5)
+        first, new = await d1.taker.get_lease(C, P, "k1", t0 + 100 * L.US, time.monotonic() + 5)
         assert (first.resource, new) == ("rb", True)
         await d1.drain(2.0)
         clock.advance(16)
@@ -186,7 +186,7 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
         )
         d2 = await _daemon(moto_endpoint, table, clock, legacy)
         try:
-            other, _ = await d2.get_lease(
+            other, _ = await d2.taker.get_lease(
                 C, P, "k2", clock.now_us() + 600 * L.US, time.monotonic() + 5
             )
             got = other.resource

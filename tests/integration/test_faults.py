@@ -136,9 +136,9 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
     async with faulty_daemon(faults, **cfg) as d:
         s = d.cfg.socket
         cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
-        await d.acquirer.prefetch.idle()  # a refill succeeding later would reset the count
+        await d.coordinator.prefetch.idle()  # a refill succeeding later would reset the count
         await wait_for(
-            lambda: not d.acquirer.driver.tasks.background, "the mapping's confirmation"
+            lambda: not d.coordinator.driver.tasks.background, "the mapping's confirmation"
         )  # likewise
         faults.add("down")  # every operation: connection refused
         seen = faults.calls()
@@ -268,13 +268,13 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
     clock = real_clock_fake()
     faults = Faults(seed=6)
     async with faulty_daemon(faults, clock=clock, skew_margin=5.0) as d:
-        d.acquirer.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
+        d.coordinator.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
         first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
         # the new lease's background writes (map_confirm) first: on a loaded machine one could
         # otherwise take the injected fault meant for the extension (seen in a CI run)
         await wait_for(
-            lambda: not d.acquirer.driver.tasks.background, "the new lease's background work"
+            lambda: not d.coordinator.driver.tasks.background, "the new lease's background work"
         )
         clock.advance(60)  # 40 s left of the 100 asked for: below half -> extend
         faults.add("validation", ops={"UpdateItem"}, times=1)
@@ -362,7 +362,7 @@ async def test_a_young_pending_mapping_is_waited_for_and_adopted(
         got = await task
         assert got.resource == "res-00001" and not got.new
         await wait_for(
-            lambda: not d.acquirer.driver.tasks.background, "background work", tries=1000
+            lambda: not d.coordinator.driver.tasks.background, "background work", tries=1000
         )
         assert d.counters["lease.new"] == 0
     m = S.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
@@ -404,14 +404,14 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
         mine = S.resource_from(item(ddb, table, "res-00000") or {})
 
         async def candidate(pool: Any, deadline: float) -> Candidate:
-            return Candidate(mine, d.acquirer.clock.mono())
+            return Candidate(mine, d.coordinator.clock.mono())
 
-        d.acquirer.prefetch.candidate = candidate  # type: ignore[method-assign]
+        d.coordinator.prefetch.candidate = candidate  # type: ignore[method-assign]
         faults.history.clear()
         got = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
         assert got.resource == state["won"]
         await wait_for(
-            lambda: not d.acquirer.driver.tasks.background, "background work", tries=1000
+            lambda: not d.coordinator.driver.tasks.background, "background work", tries=1000
         )
         assert d.counters["acq.gave_back"] == 1
         q = int(d.cfg.quarantine * L.US)
@@ -492,7 +492,7 @@ async def test_request_ids_in_answers(ddb: Any, table: str, faulty_daemon: Any) 
     seed_pool(ddb, table, count=10)
     faults = Faults(seed=3)
     async with faulty_daemon(faults, breaker_failures=1000) as d:
-        await d.acquirer.prefetch.idle()
+        await d.coordinator.prefetch.idle()
         faults.add("server_error", ops={"Query"})
         with pytest.raises(rasd_client.Unavailable) as err:
             await rasd_aio.get_lease(C, P, "rid", HOUR, socket_path=d.cfg.socket, timeout=5)

@@ -1,6 +1,6 @@
 """Every actor that writes the table keeps I1: the adversarial scenarios of the jobs and
 ``rasadmin``, replayed deterministically against moto's server with the real daemons' driver
-(``rasd.daemon.acquire.Acquirer`` on one FakeClock) and the real commands.
+(``rasd.daemon.coordinator.Coordinator`` on one FakeClock) and the real commands.
 
 Each test asks one question of I1 (a resource is never answered to two keys while a lease on
 it runs): can a job or command make a resource claimable while a daemon still answers it to
@@ -30,7 +30,7 @@ from rasd.core import schema
 from rasd.core import serialize as S
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from rasd_jobs import balancer, dedupe, liberator
 from tests.doubles.clock import FakeClock
@@ -55,11 +55,11 @@ def _one_table_for_all_regions(monkeypatch: pytest.MonkeyPatch) -> Any:
 @asynccontextmanager
 async def daemon(
     url: str, table: str, name: str, clock: FakeClock, region: str = EAST
-) -> AsyncIterator[Acquirer]:
+) -> AsyncIterator[Coordinator]:
     cfg = Config(table=table, endpoint_url=url, region=region, socket=f"/nonexistent/{name}.sock")
     store = Store(cfg.validate())
     await store.start()
-    acq = Acquirer(cfg, store, clock=clock)
+    acq = Coordinator(cfg, store, clock=clock)
     acq.driver.owner = name
     try:
         await acq.pool_table.load(time.monotonic() + 5)
@@ -75,10 +75,12 @@ async def daemon(
         await store.close()
 
 
-async def get_lease(d: Acquirer, key: str, clock: FakeClock, secs: float = 3600) -> L.Lease | None:
+async def get_lease(
+    d: Coordinator, key: str, clock: FakeClock, secs: float = 3600
+) -> L.Lease | None:
     """get_lease(key) asking for now + secs; None on NO_CAPACITY."""
     try:
-        lease, _ = await d.get_lease(
+        lease, _ = await d.taker.get_lease(
             C, P, key, clock.now_us() + int(secs * L.US), time.monotonic() + 5
         )
     except NoCapacity:

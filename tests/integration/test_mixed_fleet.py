@@ -96,7 +96,7 @@ async def test_rasd_serves_what_the_paper_agent_leased(
         assert d1.counters["lease.adopted"] == len(theirs)
         assert d2.counters["lease.adopted"] == 0  # d2 found the mappings d1 wrote
         assert d1.counters["lease.new"] == 0 and d2.counters["lease.new"] == 0
-        await d1.acquirer.drain(2.0)
+        await d1.coordinator.drain(2.0)
     for key, res in theirs.items():
         again = agent.get_lease(C, P, key, now_us() + 3600 * L.US)
         assert again.resource == res and not again.new
@@ -139,7 +139,7 @@ async def test_paper_agent_cannot_take_a_quarantined_resource(
         s = d.cfg.socket
         mine = await rasd_aio.get_lease(C, P, "rasd-key", timedelta(hours=1), socket_path=s)
         await rasd_aio.release(C, P, "rasd-key", socket_path=s)
-        await d.acquirer.drain(2.0)  # the quarantining write; its re-listing is cancelled
+        await d.coordinator.drain(2.0)  # the quarantining write; its re-listing is cancelled
     q = resource(ddb, table, mine.resource)
     assert q.key is None and q.lease_available is None and q.quarantine_until is not None
     taken = set()
@@ -192,7 +192,7 @@ async def test_both_liberators_free_nothing_early(
         got = await rasd_aio.get_lease(
             C, P, "rasd-key", (clock.now_us() + 10 * L.US) / L.US, socket_path=d.cfg.socket
         )
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
     t = clock.now_us()
     # neither liberator frees the running rasd lease
     assert paper_liberate(ddb, table, t)["freed"] == 0
@@ -303,7 +303,7 @@ async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
         theirs = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
         assert theirs.resource == mine.resource and not theirs.new
         await rasd_aio.release(C, P, "k", socket_path=s)
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
         skew = int(d.cfg.max_clock_skew * L.US)
         q = int(d.cfg.quarantine * L.US)
     r = resource(ddb, table, mine.resource)
@@ -385,7 +385,7 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
             rec = Recorder(d.store.client)
             d.store.wrap_client(lambda _c, rec=rec: rec)
             recs.append(rec)
-            await d.acquirer.prefetch.idle()
+            await d.coordinator.prefetch.idle()
 
         async def path(
             d: Any, rec: Recorder, key: str, trips: int | None, after: str = ""
@@ -395,7 +395,7 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
             may still end before the client has read the answer. ``trips`` None: a new
             lease's, 3 when the mapping write went with the first read (a candidate was at
             hand), else 4, and then the daemon had none: it read the index for one."""
-            await d.acquirer.prefetch.idle()
+            await d.coordinator.prefetch.idle()
             rec.calls.clear()
             before = d.counters.snapshot()
             t0 = time.perf_counter()
@@ -431,11 +431,11 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
         )
         then = ["update_item:R", "leased_resources"]
         assert new[head:] == (then if spec else ["update_item:M", *then]), new
-        await d1.acquirer.drain(2.0)
+        await d1.coordinator.drain(2.0)
         await path(d2, recs[1], "fresh", 1)
         adopted = await path(d1, recs[0], "old", 5)
         assert adopted[-4:] == ["get_item:R", "update_item:M", "update_item:R", "map_confirm"]
-        await d1.acquirer.drain(2.0)
+        await d1.coordinator.drain(2.0)
         await path(d2, recs[1], "old", 1)
 
 
@@ -477,7 +477,7 @@ async def test_a_release_beside_the_paper_agent_answers_once_the_resource_is_fre
     async with make_daemon() as d:
         s = d.cfg.socket
         mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
         await rasd_aio.release(C, P, "k", socket_path=s, timeout=5)
         released = resource(ddb, table, mine.resource)  # read as the answer arrives
         assert released.key is None and released.holder is None, released
@@ -520,7 +520,7 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
         # our claim had left the leased index before the adoption's write: the paper's
         # lookups never find it beside the adopted lease with its refreshed lease_acquired
         assert at_adoption == [{"k": theirs}]
-        await d.acquirer.drain(2.0)  # the give-back of our claim
+        await d.coordinator.drain(2.0)  # the give-back of our claim
     assert held_by(ddb, table) == {"k": theirs}
     again = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
     assert again.resource == theirs[0] and not again.new
@@ -541,7 +541,7 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
         mine = await rasd_aio.get_lease(
             C, P, "k", (clock.now_us() + 3 * L.US) / L.US, socket_path=s
         )
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
         clock.advance(4)  # 1 s past its end, within the 2 s grace
         theirs = agent.get_lease(C, P, "k", clock.now_us() + 3600 * L.US, now_us=clock.now_us())
         assert theirs.new and theirs.resource != mine.resource
@@ -550,7 +550,7 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
         )
         assert got.resource == theirs.resource, (mine.resource, theirs.resource, got.resource)
         assert d.counters["lease.ended_lapsed"] == 1 and d.counters["lease.adopted"] == 1
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
     assert held_by(ddb, table) == {"k": [theirs.resource]}
     ended = resource(ddb, table, mine.resource)
     assert ended.key is None and ended.holder is None
@@ -590,7 +590,7 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
         got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
         assert got.resource == lost[0] and not got.new
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
-        await d.acquirer.drain(2.0)
+        await d.coordinator.drain(2.0)
     assert held_by(ddb, table) == {"k": lost}
     theirs = paper().get_lease(C, P, "k", now_us() + 3600 * L.US)
     assert theirs.resource == lost[0] and not theirs.new

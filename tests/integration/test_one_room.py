@@ -167,10 +167,10 @@ async def test_a_new_lease_enters_each_module_once_from_the_taker_down(
     the lean client: each entered once; and nothing of rasd_client."""
     seed_pool(ddb, table, count=5)
     async with make_daemon() as d:
-        await d.acquirer.prefetch.idle()
+        await d.coordinator.prefetch.idle()
         deadline = time.monotonic() + 5
         requested = d.clock.now_us() + 3600 * 10**6
-        tracer = await _traced(d.acquirer.get_lease(C, P, "k", requested, deadline))
+        tracer = await _traced(d.coordinator.taker.get_lease(C, P, "k", requested, deadline))
         mods = [m for k, m, _, _ in tracer.events if k == "enter"]
         # a real path: it went all the way down, through the rooms named here
         for room in ("rasd.daemon.acquire", "rasd.daemon.pools", "rasd.daemon.tasks", DRIVER):
@@ -187,7 +187,7 @@ async def test_a_new_lease_enters_each_module_once_from_the_socket(
     the taker down."""
     seed_pool(ddb, table, count=5)
     async with make_daemon() as d:
-        await d.acquirer.prefetch.idle()
+        await d.coordinator.prefetch.idle()
         req = wire.encode(
             {
                 "v": 1,

@@ -24,7 +24,7 @@ import pytest
 from rasd.config import Config
 from rasd.core import lease as L
 from rasd.core.errors import RasdError
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from tests.doubles.store import Faults, FaultyStore
 from tests.helpers.fleet import audit
 from tests.helpers.tables import seed_pool
@@ -50,7 +50,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
 ) -> None:
     seed_pool(ddb, table, count=RESOURCES)
     rng = random.Random(7)
-    daemons: list[Acquirer] = []
+    daemons: list[Coordinator] = []
     try:
         for i in range(DAEMONS):
             cfg = Config(
@@ -58,7 +58,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
             ).validate()
             store = FaultyStore(cfg, faults=Faults())
             await store.start()
-            acq = Acquirer(cfg, store, rng=random.Random(i))
+            acq = Coordinator(cfg, store, rng=random.Random(i))
             await acq.pool_table.load(time.monotonic() + 10)
             store.faults.rules = plan(i).rules  # faults from here on
             daemons.append(acq)
@@ -72,7 +72,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
             async with sem:
                 exp = int(time.time() * L.US) + 3600 * L.US
                 try:
-                    lease, new = await d.get_lease(C, P, key, exp, time.monotonic() + 1.0)
+                    lease, new = await d.taker.get_lease(C, P, key, exp, time.monotonic() + 1.0)
                 except RasdError as exc:
                     errors[exc.code] += 1
                     return

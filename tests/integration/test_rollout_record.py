@@ -55,7 +55,7 @@ async def test_a_new_table_runs_the_fast_rules_until_adopt_turns_rollout_on(
     seed_pool(ddb, table, count=4)
     assert common.read_rollout(ddb, table).paper_agents is False  # no record: rasd alone
     async with make_daemon(pool_refresh=0.1) as d:
-        drv = d.acquirer.driver
+        drv = d.coordinator.driver
         assert drv.rollout.on is False and drv.steps_daemon().legacy_agents is False
         rc, out = rasadmin(capsys, moto_endpoint, table, "adopt")
         assert rc == 0 and out["rollout"] is True and out["paper_agents_may_start_at"]
@@ -78,10 +78,10 @@ async def test_a_forced_config_keeps_rollout_mode_whatever_the_table_says(
     before the record) is no longer a way to run the fast rules beside the paper's agent."""
     seed_pool(ddb, table, count=2)
     async with make_daemon(legacy_agents=True) as d:
-        assert d.acquirer.driver.rollout.on is True
+        assert d.coordinator.driver.rollout.on is True
     common.write_rollout(ddb, table, True, common.read_rollout(ddb, table), "t", "t")
     async with make_daemon(legacy_agents=False) as d:
-        assert d.acquirer.driver.rollout.on is True  # the table decides
+        assert d.coordinator.driver.rollout.on is True  # the table decides
 
 
 async def test_end_rollout_refuses_while_a_paper_lease_is_in_the_table(
@@ -124,7 +124,7 @@ async def test_the_liberator_turns_rollout_mode_on_when_it_finds_a_paper_lease(
     finally:
         agent.ddb.close()
     async with make_daemon(pool_refresh=0.1) as d:
-        drv = d.acquirer.driver
+        drv = d.coordinator.driver
         assert drv.rollout.on is False
         opts = liberator.Options(table=table, region=EAST, now_us=now_us() + 120 * L.US, segments=1)
         s = liberator.run(ddb, opts)

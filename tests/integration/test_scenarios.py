@@ -24,7 +24,7 @@ from rasd.core import lease as L
 from rasd.core import serialize as S
 from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
@@ -54,14 +54,14 @@ def is_claim(kw: dict[str, Any]) -> bool:
 @asynccontextmanager
 async def daemons(
     url: str, table: str, n: int, clock: Clock | None = None, **overrides: Any
-) -> AsyncIterator[list[Acquirer]]:
-    out: list[Acquirer] = []
+) -> AsyncIterator[list[Coordinator]]:
+    out: list[Coordinator] = []
     try:
         for i in range(n):
             cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock", **overrides)
             store = Store(cfg.validate())
             await store.start()
-            acq = Acquirer(cfg, store, clock=clock)
+            acq = Coordinator(cfg, store, clock=clock)
             acq.driver.owner = f"d{i + 1}"
             await acq.pool_table.load(time.monotonic() + 5)
             out.append(acq)
@@ -96,10 +96,10 @@ def holders(ddb: Any, table: str) -> dict[str, str | None]:
     }
 
 
-async def try_get(d: Acquirer, key: str, clock: Clock | None = None) -> str | None:
+async def try_get(d: Coordinator, key: str, clock: Clock | None = None) -> str | None:
     exp, dl = req(clock)
     try:
-        lease, _ = await d.get_lease(C, P, key, exp, dl)
+        lease, _ = await d.taker.get_lease(C, P, key, exp, dl)
     except NoCapacity:
         return None
     return lease.resource
@@ -124,7 +124,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
                 state["lost"] = await real(**kw)  # APPLIED
                 await landed.wait()
                 exp, dl = req(deadline=4.0)
-                lease, _ = await d2.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 await asyncio.sleep(30)  # the reply is lost
             return await real(**kw)
@@ -132,7 +132,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            got1: str | None = (await d1.get_lease(C, P, "k23", exp, dl))[0].resource
+            got1: str | None = (await d1.taker.get_lease(C, P, "k23", exp, dl))[0].resource
         except RasdError:
             got1 = None
         assert state["d2"] == "res-A00000"
@@ -158,7 +158,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
             item = S.item_from_ddb(raw["Item"])
 
-            async def cand(pool: Any, deadline: float, d: Acquirer = d, item: Any = item) -> Any:
+            async def cand(pool: Any, deadline: float, d: Coordinator = d, item: Any = item) -> Any:
                 return Candidate(item, d.clock.mono())
 
             d.prefetch.candidate = cand  # type: ignore[method-assign]
@@ -169,7 +169,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
             if name == "update_item" and is_map_acquire(kw) and "race" not in state:
                 state["race"] = True
                 exp, dl = req(deadline=4.0)  # d2 misses the same new key at once and wins
-                lease, _ = await d2.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 d2_done.set()
                 return await real(**kw)  # d1's mapping write: condition fails
@@ -183,14 +183,14 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            await d1.get_lease(C, P, "k23", exp, dl)
+            await d1.taker.get_lease(C, P, "k23", exp, dl)
         except RasdError:
             pass
         assert state["d2"] == "res-00001"
         d1.store._client = d1.store.client._inner  # heal: unwrap
         await d1.drain(3.0)
         exp, dl = req()
-        l1, _ = await d1.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
+        l1, _ = await d1.taker.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
         assert l1.resource == "res-00001", "d1 must serve the mapping's lease, not its orphan"
         now = int(time.time() * L.US)
         dedupe.run(ddb, dedupe.Options(table=table, region="us-east-1", now_us=now))

@@ -104,12 +104,14 @@ async def test_the_daemon_names_the_table_it_cannot_find(
     task = asyncio.create_task(d.run())
     try:
         for _ in range(400):
-            if d.degraded is not None:
+            if d.status.degraded is not None:
                 break
             await asyncio.sleep(0.025)
-        assert d.degraded is not None
-        assert f"has no table {table!r}" in d.degraded, d.degraded
-        assert f"(region {WEST})" in d.degraded and moto_endpoint in d.degraded, d.degraded
+        assert d.status.degraded is not None
+        assert f"has no table {table!r}" in d.status.degraded, d.status.degraded
+        assert f"(region {WEST})" in d.status.degraded and moto_endpoint in d.status.degraded, (
+            d.status.degraded
+        )
         with pytest.raises(rasd_client.Unavailable, match=f"has no table '{table}'"):
             await asyncio.to_thread(
                 rasd_client.get_lease,

@@ -1,9 +1,9 @@
-"""The server's one entry per frame (Daemon.handle): a plain cached hit is answered at once,
+"""The server's one entry per frame (Router.handle): a plain cached hit is answered at once,
 in the one answer layout; every frame that is not one is answered otherwise: a bad field,
 another op, the ACL, a lease end the pool refuses at once, a miss goes on to admission with
 its fields (asked of the cache once, never parsed). The field check is protocol.lease_fields,
 the cache decision LeaseCache.answer. Time is a FakeClock; no DynamoDB, no event loop:
-admission (Daemon._admit, which starts a task) is recorded instead.
+admission (Router._admit, which starts a task) is recorded instead.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import pytest
 
 from rasd.config import Config
 from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
-from rasd.daemon.acquire import Acquirer
-from rasd.daemon.cache import LeaseCache
+from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
@@ -52,17 +51,17 @@ def make(clock: FakeClock) -> Daemon:
         table="t", socket="/nonexistent/x.sock", region="us-east-1", confirm_interval=S
     ).validate()
     d = Daemon(cfg, clock=clock)
-    d.store = Store(cfg, d.counters)  # never started: a hit never uses it
-    d.acquirer = Acquirer(cfg, d.store, clock, d.counters)
+    store = Store(cfg, d.counters)  # never started: a hit never uses it
+    d.attach(store, Coordinator(cfg, store, clock, d.counters))
     d.up.set()
-    d.acquirer.pools[("c", "p")] = Pool("c", "p", MAX_LEASE_S * US)
+    d.coordinator.pools[("c", "p")] = Pool("c", "p", MAX_LEASE_S * US)
     d.admitted = []  # type: ignore[attr-defined]
-    d._admit = lambda *a: d.admitted.append(a)  # type: ignore[attr-defined,method-assign]
+    d.router._admit = lambda *a: d.admitted.append(a)  # type: ignore[attr-defined,method-assign]
     return d
 
 
 def connect(d: Daemon, grant: Grant | None = None) -> tuple[Connection, FakeTransport]:
-    conn = Connection(d)
+    conn = Connection(d.router)
     t = FakeTransport()
     conn.connection_made(t)  # type: ignore[arg-type]
     if grant is not None:
@@ -73,7 +72,7 @@ def connect(d: Daemon, grant: Grant | None = None) -> tuple[Connection, FakeTran
 def cache(d: Daemon, clock: FakeClock, key: str = "k", region: str = "us-east-1") -> Lease:
     exp = clock.now_us() + 1800 * US
     lease = Lease("c", "p", key, f"res-{key}", region, exp, 7, exp - 60 * US, "0123456789abcdef")
-    d.acquirer.cache.put(lease, clock.mono())
+    d.coordinator.cache.put(lease, clock.mono())
     return lease
 
 
@@ -106,7 +105,7 @@ def route(d: Daemon, f: Any, grant: Grant | None = None) -> bytes | dict[str, An
     once (decoded), or ADMITTED when it went on to admission."""
     conn, t = connect(d, grant)
     before = len(d.admitted)  # type: ignore[attr-defined]
-    out = d.handle(conn, f)
+    out = d.router.handle(conn, f)
     if out is not None:
         assert not t.out and len(d.admitted) == before  # type: ignore[attr-defined]
         return out
@@ -150,13 +149,13 @@ def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
     d = make(clock)
     cache(d, clock)
     asked: list[tuple[Any, ...]] = []
-    answer = LeaseCache.answer
+    answer = d.router.answer  # the cache's, bound once
 
-    def counted(self: LeaseCache, *a: Any) -> bytes | None:
+    def counted(*a: Any) -> bytes | None:
         asked.append(a)
-        return answer(self, *a)
+        return answer(*a)
 
-    monkeypatch.setattr(LeaseCache, "answer", counted)
+    monkeypatch.setattr(d.router, "answer", counted)
 
     def no_parse(frame: Any) -> None:
         raise AssertionError("parsed again")
@@ -253,7 +252,7 @@ def test_before_the_store_is_up_the_cache_is_not_asked() -> None:
     cache(d, clock)
     d.up.clear()
     assert route(d, frame(clock)) == ADMITTED  # the slow path waits for the store
-    d.degraded = "no table"
+    d.status.degraded = "no table"
     got = route(d, frame(clock))
     assert isinstance(got, dict) and got["code"] == "UNAVAILABLE"
     assert d.counters["cache.miss"] == 0
@@ -264,7 +263,7 @@ def test_past_s_is_not_served_and_the_entry_goes() -> None:
     d = make(clock)
     cache(d, clock)
     clock.advance(S - 0.01)
-    acq = d.acquirer
+    acq = d.coordinator
     acq.cache.refresh = lambda *a: None  # past S/2: no loop
     assert isinstance(route(d, frame(clock)), bytes)
     clock.advance(0.02)
@@ -277,7 +276,7 @@ def test_background_work_is_asked_for_by_a_hit() -> None:
     renewer's maybe_refresh with the cached Lease."""
     clock = FakeClock()
     d = make(clock)
-    acq = d.acquirer
+    acq = d.coordinator
     assert acq.cache.refresh == acq.renewer.maybe_refresh
     own = cache(d, clock, "k")
     other = cache(d, clock, "o", region="eu-west-1")

@@ -1,7 +1,7 @@
 """One source for the daemon's protocol: the checker runs the driver's programs.
 
-The protocol checker (check/) and the daemon's driver (rasd/daemon/driver.py, for the roles of
-rasd/daemon/acquire.py) must not be able to diverge: both run the daemon's programs
+The protocol checker (check/) and the daemon's driver (rasd/daemon/driver.py, for the roles
+rasd/daemon/coordinator.py composes) must not be able to diverge: both run the daemon's programs
 (rasd.steps.daemon and the modules beside it: take, settle, renew, give_back), and nothing in
 check/ builds the daemon's writes itself.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from check.model import Config, World, initial, successors
 from check.procs import Proc
 from check.rulesets import BAD_A, REAL
-from rasd.daemon import acquire, driver, releaser, renewer, reporter
+from rasd.daemon import acquire, coordinator, driver, releaser, renewer, reporter
 from rasd.steps import daemon as S
 from rasd.steps import give_back, renew, settle, take
 
@@ -24,7 +24,7 @@ PROGRAMS = {f.__qualname__: f for f in take.PROGRAMS}
 #: the modules that hold the daemon's programs
 STEPS = (S, give_back, renew, settle, take)
 #: the driver and the roles that run them
-ROLES = (acquire, driver, releaser, renewer, reporter)
+ROLES = (acquire, coordinator, driver, releaser, renewer, reporter)
 
 CHECK = Path(__file__).resolve().parents[2] / "check"
 
@@ -87,7 +87,7 @@ def test_the_checkers_daemon_processes_run_the_drivers_programs() -> None:
 
 
 def test_the_driver_runs_the_same_programs() -> None:
-    """The roles of rasd/daemon/acquire.py drive the daemon's programs through
+    """The roles rasd/daemon/coordinator.py composes drive the daemon's programs through
     rasd/daemon/driver.py, and decide nothing themselves: every program a daemon runs is
     started by a role (or spawned by another program), and no role names a write builder or
     a decision."""

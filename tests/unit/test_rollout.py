@@ -17,7 +17,7 @@ from rasd.core import rollout as RO
 from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from rasd.observe.metrics import Counters
 from rasd.steps import GetItem, WriteResult
 from tests.doubles.clock import FakeClock
@@ -49,9 +49,9 @@ class _Store:
         return WriteResult(Outcome.APPLIED, item=new)
 
 
-def _daemon(store: _Store, **cfg: Any) -> Acquirer:
+def _daemon(store: _Store, **cfg: Any) -> Coordinator:
     c = Config(table="t", socket="/nonexistent/x.sock", region="us-east-1", **cfg).validate()
-    return Acquirer(c, store, FakeClock(now_us=NOW))  # type: ignore[arg-type]
+    return Coordinator(c, store, FakeClock(now_us=NOW))  # type: ignore[arg-type]
 
 
 def test_the_record_reads_off_when_absent_and_writes_conditionally() -> None:
@@ -124,7 +124,7 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
     assert not acq2.driver.rollout.on and RO.ROLLOUT_KEY not in store2.items
 
 
-async def _read(acq: Acquirer, key: tuple[str, str]) -> None:
+async def _read(acq: Coordinator, key: tuple[str, str]) -> None:
     from rasd.daemon.driver import Run
 
     await Run(acq.driver, 1e12).perform(GetItem(key))

@@ -10,7 +10,7 @@ import pytest
 
 from rasd.config import Config
 from rasd.core.errors import UnknownPool
-from rasd.daemon.acquire import Acquirer
+from rasd.daemon.coordinator import Coordinator
 from rasd.daemon.pools import UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL
 from rasd.observe.metrics import Counters
 from tests.doubles.clock import FakeClock
@@ -28,7 +28,7 @@ class _PoolStore:
         return None
 
 
-def _unknown(acq: Acquirer, pool_id: str) -> None:
+def _unknown(acq: Coordinator, pool_id: str) -> None:
     with pytest.raises(UnknownPool):
         asyncio.run(acq.pool_table.get("c", pool_id, deadline=1e12))
 
@@ -36,7 +36,7 @@ def _unknown(acq: Acquirer, pool_id: str) -> None:
 def test_a_pool_miss_is_remembered_for_its_ttl_then_asked_again() -> None:
     clock, store = FakeClock(), _PoolStore()
     cfg = Config(table="t", socket="/nonexistent/x.sock", region="us-east-1").validate()
-    acq = Acquirer(cfg, store, clock)  # type: ignore[arg-type]
+    acq = Coordinator(cfg, store, clock)  # type: ignore[arg-type]
     _unknown(acq, "nope")
     _unknown(acq, "nope")
     assert store.lookups == 1
@@ -48,7 +48,7 @@ def test_a_pool_miss_is_remembered_for_its_ttl_then_asked_again() -> None:
 def test_made_up_pool_names_stay_bounded() -> None:
     clock, store = FakeClock(), _PoolStore()
     cfg = Config(table="t", socket="/nonexistent/x.sock", region="us-east-1").validate()
-    acq = Acquirer(cfg, store, clock)  # type: ignore[arg-type]
+    acq = Coordinator(cfg, store, clock)  # type: ignore[arg-type]
     for i in range(UNKNOWN_POOL_MAX + 50):
         _unknown(acq, f"p{i}")
     assert len(acq.pool_table._unknown) == UNKNOWN_POOL_MAX

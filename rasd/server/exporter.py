@@ -1,0 +1,50 @@
+"""The daemon's metrics on ``metrics_port``: its counters, latencies and gauges.
+
+Everything the exporter reads is the router's (``rasd.server.routing.Router``): the counters,
+the latency histograms, the pools' metrics, the in-flight gate, ``up``, and once up the
+coordinator's cache and prefetcher. ``rasd.observe.prom`` turns them into metric families
+when scraped and serves them from a thread, so each gauge only reads.
+"""
+
+from __future__ import annotations
+
+from .. import __version__
+from ..observe.prom import Gauge, MetricsServer, build_registry, start_http
+from .routing import Router
+
+
+def serve(port: int, router: Router) -> MetricsServer:
+    """Serve the daemon's metrics on ``port`` (loopback; prometheus_client is imported now)."""
+    up = router.up
+
+    def cache_leases() -> int:
+        return router.coordinator.cache.size() if up.is_set() else 0
+
+    def prefetch() -> dict[str, int]:
+        if not up.is_set():
+            return {}
+        bufs = router.coordinator.prefetch.buffers
+        return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
+
+    def claimable() -> dict[tuple[str, str], int]:
+        if not up.is_set():
+            return {}
+        return {k: len(b) for k, b in list(router.coordinator.prefetch.buffers.items())}
+
+    registry = build_registry(
+        router.counters,
+        router.latency,
+        {
+            "cache_leases": Gauge("Leases in the daemon's cache", cache_leases),
+            "prefetch_candidates": Gauge("Prefetched claim candidates per pool", prefetch),
+            "up": Gauge(
+                "1 once DynamoDB answered and pools are loaded, 0 while starting or degraded",
+                lambda: int(up.is_set()),
+            ),
+            "inflight": Gauge("Requests doing DynamoDB work", lambda: router.gate.inflight),
+        },
+        version=__version__,
+        pools=router.pool_metrics,
+        claimable=claimable,
+    )
+    return start_http(port, registry=registry)
