@@ -50,9 +50,10 @@ test-integration: $(STAMP)
 test-serial: $(STAMP)
 	$(TIERS) serial -- $(ARGS)
 
-# Every tier (fast, property and integration in one xdist run, the searches in another, then
-# serial alone; each even after one failed), then the check that they ran every test of the
-# suite exactly once; ends with one line counting them all (tests/tiers.py's ALL).
+# Every tier (fast, property and integration in one xdist run, then serial; the searches
+# beside them at a low CPU priority; each even after one failed), then the check that they ran
+# every test of the suite exactly once; ends with one line counting them all (tests/tiers.py's
+# ALL).
 test-tiers: $(STAMP)
 	$(TIERS) all
 
@@ -118,12 +119,13 @@ systemd-test: $(STAMP)
 	else echo "systemd-test: not building the .deb (needs root, apt-get, unshare, systemd)"; fi
 	bash tests/systemd/run.sh
 
-# Everything CI runs: the tools some tests use, lint, types, the real-systemd test (which
-# skips, saying why, where the machine cannot boot systemd), then every test tier (as
-# test-tiers: fast, properties and integration, the protocol checker's searches, then the
-# serial tier: many daemons, chaos, the simulation) and the check that each ran exactly once.
-test: $(STAMP) tools lint typecheck systemd-test
-	$(TIERS) all
+# Everything CI runs: the tools some tests use, lint, types, then the real-systemd test (which
+# skips, saying why, where the machine cannot boot systemd) and every test tier, as
+# test-tiers runs them (fast, properties and integration, then the serial tier: many daemons,
+# chaos, the simulation; the protocol checker's searches beside, at a low CPU priority), and
+# the check that each ran exactly once.
+test: $(STAMP) tools lint typecheck
+	$(TIERS) all --first '$(MAKE) -s systemd-test'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

@@ -20,15 +20,15 @@ figures are compared. Every other test may run beside another (each xdist worker
 moto server, tables named by pid, sockets in its own temporary directories).
 
     python -m tests.tiers fast [search ...] [-- PYTEST_ARGS]   the tiers named, each in turn
-    python -m tests.tiers all                                  every tier (ALL), then the check
+    python -m tests.tiers all [--first CMD]                    every tier (ALL), then the check
     python -m tests.tiers check                                the check alone
 
-``all`` runs fast, property and integration in one xdist run, then serial and the searches
-at the same time (see ALL). Each run records what each of its tiers ran, and how it ended, in
-build/tiers/TIER.txt; the check collects the whole suite once and compares. pytest's exit
-code 5 (nothing selected, say by a ``-k`` given after ``--``) is a tier that ran nothing, not a
-failure. ``all`` runs every tier even after one failed, then ends with one line that counts
-every tier's tests.
+``all`` runs fast, property and integration in one xdist run and then serial, with the
+searches beside them at a low CPU priority (see ALL). Each run records what each of its
+tiers ran, and how it ended, in build/tiers/TIER.txt; the check collects the whole suite
+once and compares. pytest's exit code 5 (nothing selected, say by a ``-k`` given after
+``--``) is a tier that ran nothing, not a failure. ``all`` runs every tier even after one
+failed, then ends with one line that counts every tier's tests.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -66,19 +67,19 @@ TIERS = {
         Tier("serial", ("tests/integration",), xdist=False),
     )
 }
-#: what ``all`` (make test) runs, stage by stage; the runs of a stage at the same time. First
-#: fast, property and integration in one xdist run (the pure tests fill the cores while
-#: integration tests wait on I/O). Then serial beside the searches: the searches at a lower
-#: CPU priority (:data:`BESIDE_NICE`), so that the serial tier has the machine whenever it
-#: wants it and the searches use what it leaves (its processes wait on each other much of the
+#: what ``all`` (make test) runs: lanes at the same time, each a sequence of runs. The first
+#: lane: fast, property and integration in one xdist run (the pure tests fill the cores while
+#: integration tests wait on I/O), then serial. Beside it, the searches at a low CPU priority
+#: (:data:`NICE`): the first lane has the machine whenever it wants it, as if alone, and the
+#: searches use what it leaves (its processes wait on sockets and on each other much of the
 #: time). A search leaves millions of objects that make its process's next garbage
 #: collections take seconds, so no daemon or property runs in a search's process.
 ALL: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (("fast", "property", "integration"),),
-    (("serial",), ("search",)),
+    (("fast", "property", "integration"), ("serial",)),
+    (("search",),),
 )
-#: the niceness of a tier's run beside another's (0: as the runner's)
-BESIDE_NICE = {"search": 15}
+#: the niceness of a tier's run in any lane but the first (0: as the runner's)
+NICE = {"search": 15}
 #: the tiers a test of each directory may be in
 BY_DIR = {
     "tests/unit": ("fast", "search", "property"),
@@ -156,8 +157,8 @@ class Recorder:
 
 # ---------------------------------------------------------------------------- the runner
 def command(names: tuple[str, ...], extra: list[str], beside: bool = False) -> list[str]:
-    """The pytest command of one run of the tiers ``names`` (``beside``: in a stage with
-    another run)."""
+    """The pytest command of one run of the tiers ``names`` (``beside``: beside the first
+    lane)."""
     tiers = [TIERS[n] for n in names]
     paths = list(dict.fromkeys(p for t in tiers for p in t.paths))
     args = [sys.executable, "-m", "pytest", *paths, "--tier", ",".join(names)]
@@ -166,47 +167,76 @@ def command(names: tuple[str, ...], extra: list[str], beside: bool = False) -> l
         # as many workers as cores (PYTEST_XDIST_AUTO_NUM_WORKERS overrides); worksteal
         # evens out tests of very different lengths
         args += ["-n", "auto", "--dist", "worksteal"]
-    nice = max((BESIDE_NICE.get(n, 0) for n in names), default=0) if beside else 0
+    nice = max((NICE.get(n, 0) for n in names), default=0) if beside else 0
     return [*(["nice", "-n", str(nice)] if nice else []), *args, *extra]
 
 
-def run_stage(
-    stage: tuple[tuple[str, ...], ...], extra: list[str]
-) -> list[tuple[tuple[str, ...], int, float, float]]:
-    """The runs of one stage at the same time; for each: its exit code (5, nothing selected,
-    as 0), its seconds and the CPU seconds of its processes (pytest's and every one under it
-    that ended). A run beside another writes to build/tiers/TIERS.log, printed when it ends."""
+Ran = tuple[tuple[str, ...], int, float, float]
+
+
+def run_lanes(
+    lanes: tuple[tuple[tuple[str, ...], ...], ...], extra: list[str], first: str | None = None
+) -> list[Ran]:
+    """The lanes at the same time, each its runs in turn; for each run: its tiers, its exit
+    code (5, nothing selected, as 0), its seconds and the CPU seconds of its processes
+    (pytest's and every one under it that ended). ``first``, a shell command, runs at the
+    head of the first lane (make test's real-systemd test). The first lane prints as it goes;
+    each run of another writes to build/tiers/TIERS.log, printed when it ends."""
     RECORDS.mkdir(parents=True, exist_ok=True)
-    beside = len(stage) > 1
-    started = {}
-    for names in stage:
+    out: list[Ran] = []
+    printing = threading.Lock()
+    threads = [
+        threading.Thread(target=_lane, args=(lane, extra, i > 0, out, printing, first))
+        for i, lane in enumerate(lanes)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _lane(
+    runs: tuple[tuple[str, ...], ...],
+    extra: list[str],
+    beside: bool,
+    out: list[Ran],
+    printing: threading.Lock,
+    first: str | None,
+) -> None:
+    if first and not beside:
+        with printing:
+            print(f"== {first}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(first, shell=True, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.append(
+            ((first,), proc.returncode, time.monotonic() - t0, usage.ru_utime + usage.ru_stime)
+        )
+    for names in runs:
         for n in names:
             (RECORDS / f"{n}.txt").unlink(missing_ok=True)
         args = command(names, extra, beside)
-        nice = f" (nice {args[2]})" if args[0] == "nice" else ""
-        print(f"== {' '.join(args[args.index('-m') + 2 :])}{nice}", flush=True)
-        log = open(RECORDS / f"{'+'.join(names)}.log", "wb") if beside else None  # noqa: SIM115
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
-        started[proc.pid] = (names, proc, log, time.monotonic())
-    out = []
-    while started:
-        pid, status, usage = os.wait4(-1, 0)
-        if pid not in started:
-            continue
-        names, proc, log, t0 = started.pop(pid)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        nice = f" (nice {args[2]}, beside the first lane)" if args[0] == "nice" else ""
+        with printing:
+            print(f"== {' '.join(args[args.index('-m') + 2 :])}{nice}", flush=True)
+        path = RECORDS / f"{'+'.join(names)}.log"
+        t0 = time.monotonic()
+        with open(path, "wb") if beside else contextlib.nullcontext() as log:
+            proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
+            _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
         took, cpu = time.monotonic() - t0, usage.ru_utime + usage.ru_stime
-        if log is not None:
-            log.close()
-            print(f"\n== {'+'.join(names)} (its output):", flush=True)
-            sys.stdout.buffer.write((RECORDS / f"{'+'.join(names)}.log").read_bytes())
-            sys.stdout.flush()
-        rc = proc.returncode
-        if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
-            print(f"== {'+'.join(names)}: no test selected", flush=True)
-            rc = 0
+        with printing:
+            if beside:
+                print(f"\n== {'+'.join(names)}, its output:", flush=True)
+                sys.stdout.buffer.write(path.read_bytes())
+                sys.stdout.flush()
+            if rc == pytest.ExitCode.NO_TESTS_COLLECTED:
+                print(f"== {'+'.join(names)}: no test selected", flush=True)
+                rc = 0
         out.append((names, rc, took, cpu))
-    return out
 
 
 def read_records() -> dict[str, dict[str, str]]:
@@ -272,6 +302,10 @@ def check(records: dict[str, dict[str, str]]) -> list[str]:
 def main(argv: list[str]) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     names, extra = argv[:cut], argv[cut + 1 :]
+    first = None
+    if "--first" in names[:-1]:
+        i = names.index("--first")
+        first, names = names[i + 1], names[:i] + names[i + 2 :]
     os.chdir(ROOT)
     if names == ["check"]:
         problems = check(read_records())
@@ -280,9 +314,9 @@ def main(argv: list[str]) -> int:
         print("tiers: each test run by exactly one tier" if not problems else "tiers: FAILED")
         return 1 if problems else 0
     every = names == ["all"]
-    stages = ALL if every else tuple(((n,),) for n in names)
+    lanes = ALL if every else (tuple((n,) for n in names),)
     unknown = [n for n in names if n not in TIERS] if not every else []
-    if not stages or unknown:
+    if not names or unknown:
         print(__doc__)
         print(f"tiers: unknown {unknown}; one of {', '.join(TIERS)}, all, check")
         return 2
@@ -291,12 +325,11 @@ def main(argv: list[str]) -> int:
             path.unlink()
     failed = []
     times: dict[str, tuple[float, float]] = {}
-    for stage in stages:
-        for group, rc, secs, cpu in run_stage(stage, extra):
-            times["+".join(group)] = (secs, cpu)
-            if rc != 0:
-                failed.append(f"{'+'.join(group)} (exit {rc})")
-    tiers = [n for stage in stages for group in stage for n in group]
+    for group, rc, secs, cpu in run_lanes(lanes, extra, first):
+        times["+".join(group)] = (secs, cpu)
+        if rc != 0:
+            failed.append(f"{'+'.join(group)} (exit {rc})")
+    tiers = [n for lane in lanes for group in lane for n in group]
     records = read_records()
     counts: Counter[str] = Counter()
     for name in tiers:
