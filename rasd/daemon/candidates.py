@@ -5,64 +5,22 @@ Theory of operation
 ``CandidateBuffer`` (pure, time passed in) holds free items read from the
 ``available_resources`` index. A new lease takes the first fresh candidate and makes the single
 conditional claim; losing the race just means taking the next one. Prefetch only chooses
-candidates: the claim's condition decides.
+candidates: the claim's condition decides. Where the reads go is rasd.daemon.lanes (lanes,
+the ends of the index, the spread order); how many candidates to hold is rasd.daemon.sizing
+(demand, a fair share of a short pool).
 
-Lanes: spreading daemons over different items, so that their claims rarely meet. A pool
-seeded in one batch has the same ``lease_available`` on every item, so a start *time* cannot
-spread readers: the index orders such items by the base table's keys. A daemon therefore reads
-a *lane*: it starts after a random position of the index, an ``ExclusiveStartKey``
-(partition, lease_available, client_id, resource) that need not exist, and every later refill
-continues forward after the last item it read, keeping every claimable item of the page in
-index order. Each daemon thus consumes its own stretch of the index, and another daemon's
-candidates overlap it only where two lanes run into each other, instead of at every refill
-(when every refill started at a fresh random point, each start could land among another
-daemon's candidates). The start position:
+A claim that loses the race drops the other candidates of its lane (``lost``): the winner is
+reading the same stretch, and its next claims are those. In a pool read whole (few free
+items) it drops the rest of its read instead, and in direct mode candidates left over go
+stale after ``DIRECT_MAX_AGE``. An item this daemon took lately is not a candidate again *at
+the version it was taken at* (``TAKEN_MAX``, ``candidate_max_age``): two lanes may cross and
+an index read may lag behind a claim, but once the item is freed again (any free writes a new
+version) it is a candidate like any other.
 
-* ``lease_available``: one of the values seen claimable in that sub-partition (a reservoir, so
-  dense times are picked as often as they occur), or in the pool when none is known there;
-* ``resource``: a random name drawn per character position from the names seen in the pool
-  (``NameModel``), so the start falls anywhere in the range of names.
-
-At the end of its sub-partition (a short page) or at an item not claimable yet (the
-quarantined tail) a lane wraps to the head; it ends when the head has nothing either, or when
-a claim from it loses the race: the winner is reading the same stretch, so the daemon drops
-the lane's other candidates (``lost``; a read of that lane still in flight keeps nothing),
-counts the sub-partition as contended and starts a new lane at a new random position, in one
-of the least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of
-its host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read
-still in flight is never read twice (a sweep next to a refill starts another lane), and an
-item this daemon took lately is not a candidate again *at the version it was taken at*
-(``TAKEN_MAX``, ``candidate_max_age``): two lanes may cross and an index read may lag behind a
-claim, but once the item is freed again (any free writes a new version) it is a candidate
-like any other. Until both ends of
-the pool have been read (the first two reads from an end go opposite ways, so the NameModel
-spans the range of names; starting lanes from one end's names would crowd them into a part
-of it), reads are from an end and keep nothing in the background, ``END_KEEP`` random items
-when a request waits: every cold daemon reads there. When a lane's random start finds nothing
-claimable, a sample of the head is read (the start may lie past the last item, or a backend
-may ignore the key).
-
-Sizing: demand is the larger of two decaying counts of takes (half-lives ``BURST_HALF_LIFE``
-and ``DEMAND_HALF_LIFE``): a burst after a pause is seen within a few takes, a steady rate is
-not forgotten in a short lull. The target is ``REFILL_HORIZON`` seconds of demand plus twice
-the time a refill read takes (an EWMA), clamped to ``prefetch_min..prefetch_max``; the floor
-is what a burst after a pause starts from. A refill starts in the background, after the claim
-it follows has been sent, when the buffer falls below half of the target (the low watermark),
-and reads the room left (at least ``MIN_PAGE``, at most ``prefetch_page``). Candidates older
-than ``candidate_max_age`` are dropped: by then another daemon has likely taken them.
-
-A short pool caps the target at a fair share, its free items over the daemons drawing on them
-(:func:`size_buffer`), both estimated from this daemon's own reads (:class:`FleetView`); the
-floor ``prefetch_min`` does not hold under that cap, since 16 daemons keeping 12 each of 20
-free items would all hold the same ones. Under ``WHOLE_FREE`` free items a read takes a
-sub-partition whole from its head (no lanes: a random start would skip some of its few
-items); under a share of ``DIRECT_SHARE`` the daemon is direct: a target of 1, no refill
-ahead of demand, a miss reads and claims, candidates left over go stale after
-``DIRECT_MAX_AGE``, a lost claim drops the rest of its read.
-
-Spread: sweeps and whole reads visit the sub-partitions in :func:`spread_order`, a
-permutation by (daemon, pool, round) that changes every round, so two daemons rarely start
-on the same sub-partition and no sub-partition is everyone's start.
+A refill starts in the background, after the claim it follows has been sent, when the buffer
+falls below half of the target (the low watermark), and reads the room left (at least
+``MIN_PAGE``, at most ``prefetch_page``). Candidates older than ``candidate_max_age`` are
+dropped: by then another daemon has likely taken them.
 
 Only items claimable now are kept: an early free (release, give-back, dedupe) sets
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
@@ -76,7 +34,9 @@ pool's items that are free but not claimable (:func:`why_empty`): the ones the s
 a ``lease_available`` ahead (``unclaimable``), and the ones in quarantine, which are in no
 index (the prefetcher's one bounded read after the sweep).
 A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
-is never the answer while the last sweep found something.
+is never the answer while the last sweep found something. When a lane's random start finds
+nothing claimable, a sample of the head is read (the start may lie past the last item, or a
+backend may ignore the key).
 
 ``rasd.daemon.prefetch.Prefetcher`` does the I/O around the buffers.
 """
@@ -84,38 +44,19 @@ is never the answer while the last sweep found something.
 from __future__ import annotations
 
 import math
-import os
 import random
-import socket
-import zlib
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import Config
-from ..core.lease import PARTITIONS, ResourceItem, parse_time, partition_of
+from ..core.lease import ResourceItem, parse_time, partition_of
+from .lanes import Lanes, Read
+from .sizing import BURST_HALF_LIFE, DEMAND_HALF_LIFE, WHOLE_FREE, FleetView, Sizing, size_buffer
 
-REFILL_HORIZON = 1.0  # seconds of demand a buffer should hold (plus the refill's time)
-DEMAND_HALF_LIFE = 3.0  # seconds: the steady demand, kept through a short lull
-BURST_HALF_LIFE = 0.5  # seconds: a burst after a pause is seen within a few takes
-HOME_SHARE = 0.75  # share of lanes that start in the daemon's home sub-partition
-SEEN_MAX = 32  # lease_available values remembered per sub-partition
-NAMES_MAX = 64  # resource names remembered per pool (NameModel)
 MIN_PAGE = 8  # smallest page a refill reads
-END_KEEP = 4  # items kept from a read from an end (where every cold daemon reads)
 TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
-CONTENDED_MEMORY = 32  # lost claims remembered per pool (then halved) to steer new lanes
 UNCLAIMABLE_MAX = 256  # items with a lease_available ahead remembered per sweep
-FLEET_MEMORY = 5.0  # seconds a read's count of a sub-partition's free items stands for it
-FLEET_MIN_SEEN = 2  # sub-partitions read lately before their counts stand for the pool
-AGE_WEIGHT = 0.25  # EWMA weight of one read's mean age of its claimable items
-MIN_AGE = 0.05  # seconds: floor of that age (clock skew, items freed just now)
-MIN_RATE = 0.05  # takes per second: floor of a daemon's own demand (an idle daemon)
-DIRECT_SHARE = 4  # a fair share below this: no buffer; a miss reads, then claims (direct)
-WHOLE_FREE = 60  # free items below which sub-partitions are read whole, from the head
 DIRECT_MAX_AGE = 2.0  # seconds a candidate is kept in direct mode (others take it soon)
-
-#: (lease_available, resource): with the partition and client_id, an index position
-StartKey = tuple[str, str]
 
 
 def why_empty(ahead: list[str], quarantined: list[str], all_read: bool, now: str) -> str | None:
@@ -139,143 +80,6 @@ def why_empty(ahead: list[str], quarantined: list[str], all_read: bool, now: str
     return "; ".join(parts) or None
 
 
-@dataclass(frozen=True, slots=True)
-class Sizing:
-    """How many candidates a buffer holds (``target``); ``fair``, the pool's free items over
-    the daemons drawing on them (None: not known to be short); ``direct``: the share is too
-    small for a buffer, so a miss reads and claims at once and nothing refills ahead."""
-
-    target: int
-    fair: int | None
-    direct: bool
-
-
-def size_buffer(
-    rate: float, refill_s: float, free: float | None, daemons: float, lo: int, hi: int
-) -> Sizing:
-    """The buffer's size. Demand: ``rate`` takes per second over REFILL_HORIZON plus twice
-    the refill's time ``refill_s``, clamped to ``lo..hi``. Supply: when the free items are
-    known (``free``, this region's, shared by ``daemons``), never more than the fair share
-    free / daemons (at least 1), the floor ``lo`` included: a floor every daemon keeps would
-    hold the same few items in every buffer of a nearly full pool. A share below
-    ``DIRECT_SHARE`` is direct: a miss reads and claims one, as the paper's agent does."""
-    want = math.ceil(rate * (REFILL_HORIZON + 2 * refill_s))
-    target = max(lo, min(hi, want))
-    if free is None:
-        return Sizing(target, None, False)
-    fair = max(1, int(free / max(1.0, daemons)))
-    if fair < DIRECT_SHARE:
-        return Sizing(1, fair, True)  # the candidate a miss claims at once, nothing ahead
-    return Sizing(min(target, fair), fair, False)
-
-
-class FleetView:
-    """What a daemon's own index reads say about one pool, for :func:`size_buffer`; no read
-    is made for it. Pure: time passed in.
-
-    * Free items: per sub-partition, the claimable items its last read returned (not those
-      this daemon just took), twice that for a read after a position (a lane's or a random
-      start: half the sub-partition on average). A page that came back full says only "at
-      least a page": the pool is not short (None). With at least ``FLEET_MIN_SEEN`` read
-      within ``FLEET_MEMORY`` of the latest read, those not read count as the mean of
-      those read. The estimate stands until the next read, however old: a daemon whose
-      buffer makes it read seldom must not fall back to a full-size buffer for that.
-    * Daemons drawing on them: Little's law. The free items are claimed at the fleet's rate
-      free / age, where age is how long the claimable items read had been claimable (their
-      ``lease_available``, an EWMA); over this daemon's own rate, that is how many daemons
-      of its demand share the pool. A claim lost lately says there is at least one other,
-      and in a short pool (under ``WHOLE_FREE``) that the share held was too big: a share
-      of 1. (The age of the items read over-weights those that linger, so this count errs
-      low.)
-      Items read at their seeding time are old, so a fresh pool counts few daemons."""
-
-    __slots__ = ("age", "counts", "lost_at")
-
-    def __init__(self) -> None:
-        #: sub-partition -> (claimable items read, the page was full, when: monotonic)
-        self.counts: dict[int, tuple[int, bool, float]] = {}
-        self.age: float | None = None
-        self.lost_at = -math.inf
-
-    def observe(self, n: int, claimable: int, full: bool, ages: list[float], now: float) -> None:
-        self.counts[n] = (claimable, full, now)
-        if ages:
-            mean = max(MIN_AGE, sum(ages) / len(ages))
-            self.age = mean if self.age is None else self.age + AGE_WEIGHT * (mean - self.age)
-
-    def free(self, now: float) -> float | None:
-        # the reads within FLEET_MEMORY of the latest one: a daemon that reads less often (a
-        # bigger buffer) keeps its last estimate until it reads again
-        newest = max((at for _, _, at in self.counts.values()), default=now)
-        fresh = [(c, full) for c, full, at in self.counts.values() if newest - at <= FLEET_MEMORY]
-        if len(fresh) < FLEET_MIN_SEEN or any(full for _, full in fresh):
-            return None
-        seen = sum(c for c, _ in fresh)
-        return seen + seen / len(fresh) * (PARTITIONS - len(fresh))
-
-    def daemons(self, now: float, own_rate: float, free: float | None) -> float:
-        d = 1.0
-        if free is not None and self.age is not None:
-            d = max(1.0, free / self.age / max(own_rate, MIN_RATE))
-        if now - self.lost_at <= FLEET_MEMORY:
-            d = max(d, 2.0)
-            if free is not None and free < WHOLE_FREE:
-                # a lost race in a short pool: others claim what this daemon holds, however
-                # few the age says they are; a share of 1 (direct) until the races stop
-                d = max(d, free)
-        return d
-
-
-def spread_order(seed: int, pool: str, round_: int) -> list[int]:
-    """Every sub-partition once, ranked by a hash of (daemon, pool, round): two daemons
-    rarely rank the same one first, and each round ranks them anew."""
-    return random.Random(f"{seed}:{pool}:{round_}").sample(range(PARTITIONS), PARTITIONS)
-
-
-def host_seed() -> int:
-    """A stable number for this daemon (hostname and pid): its home sub-partition."""
-    return zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
-
-
-class NameModel:
-    """Random resource names shaped like the ones seen: per character position, any character
-    between the lowest and the highest seen there (names read at both ends of an index thus
-    span its whole range). Pure; bounded (a reservoir of ``NAMES_MAX`` names)."""
-
-    __slots__ = ("_chars", "_dirty", "n", "names")
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.n = 0  # names offered so far (reservoir sampling)
-        self._chars: list[str] = []
-        self._dirty = False
-
-    def learn(self, name: str, rng: random.Random) -> None:
-        self.n += 1
-        if len(self.names) < NAMES_MAX:
-            self.names.append(name)
-        else:
-            j = rng.randrange(self.n)
-            if j >= NAMES_MAX:
-                return
-            self.names[j] = name
-        self._dirty = True
-
-    def draw(self, rng: random.Random) -> str | None:
-        if not self.names:
-            return None
-        if self._dirty:
-            width = max(len(x) for x in self.names)
-            chars = []
-            for i in range(width):
-                seen = [ord(x[i]) for x in self.names if len(x) > i]
-                chars.append("".join(map(chr, range(min(seen), max(seen) + 1))))
-            self._chars = chars
-            self._dirty = False
-        length = len(rng.choice(self.names))
-        return "".join(rng.choice(self._chars[i]) for i in range(length))
-
-
 @dataclass(slots=True)
 class Candidate:
     item: ResourceItem
@@ -284,33 +88,16 @@ class Candidate:
     batch: int = 0  # the read it came from
 
 
-@dataclass(slots=True, frozen=True)
-class Read:
-    """One Query of sub-partition ``n``: ``after`` a position, or from an end (None)."""
-
-    n: int
-    after: StartKey | None
-    forward: bool
-    limit: int
-    #: the lane this read continues or starts (keeps the page in order); 0: keep a sample
-    lane: int = 0
-    #: the most a sampled read keeps (None: up to the target)
-    keep: int | None = None
-
-
 class CandidateBuffer:
-    """Candidates of one pool. Pure: every method takes ``now`` (monotonic seconds)."""
+    """Candidates of one pool. Pure: every method takes ``now`` (monotonic seconds).
+    ``lanes``: where its reads go; ``fleet``: what they saw of the pool, for its size."""
 
     def __init__(self, cfg: Config, rng: random.Random, seed: int = 0, pool: str = "") -> None:
         self.cfg = cfg
         self.rng = rng
-        self.seed = seed
-        self.pool = pool
-        self.home = seed % PARTITIONS
         self.now = 0.0  # the latest time passed in (monotonic)
+        self.lanes = Lanes(rng, cfg.prefetch_page, seed, pool)
         self.fleet = FleetView()
-        self.round = 0  # spread_order's round: one per sweep, or per pass of whole reads
-        self._order: list[int] = []  # what is left of this round's order
         self._batches = 0  # reads that kept candidates
         #: fresh claimable items reads found, kept or not (a sweep that found none: exhausted)
         self.found = 0
@@ -322,22 +109,6 @@ class CandidateBuffer:
         self._last_take: float | None = None
         #: EWMA of how long a refill read took (seconds): the buffer must outlast it
         self.refill_s = 0.0
-        #: per sub-partition: lease_available values seen claimable (a reservoir)
-        self.seen: dict[int, list[str]] = {}
-        self._seen_n: dict[int, int] = {}
-        self.names = NameModel()
-        self._ends: set[bool] = set()  # directions of reads from an end so far
-        #: the current lane: its sub-partition, the position after which it continues, its id
-        self.lane_n = 0
-        self.lane_after: StartKey | None = None
-        self.lane_id = 0
-        self.lane_wrap = False  # the lane reached the end: it goes on from the head
-        #: sub-partitions where claims lost lately (how many; halved past CONTENDED_MEMORY):
-        #: new lanes avoid them
-        self.contended: dict[int, int] = {}
-        self._lanes = 0  # lane ids handed out
-        self._busy: set[int] = set()  # lanes with a read in flight
-        self._lost_lanes: deque[int] = deque(maxlen=8)  # lanes ended by a lost claim
         #: (resource, version) this daemon took lately, and when (monotonic): not a candidate
         #: again at that version (a new lane may cross an old one, two reads may return the
         #: same item, an index read may lag behind the claim); insertion order is time order
@@ -472,11 +243,8 @@ class CandidateBuffer:
         """A claim of ``cand`` lost the race: another daemon reads the same stretch of the
         index. End the lane, drop its other candidates (they are that daemon's next claims
         too) and note the sub-partition as contended. Returns how many were dropped."""
-        n = partition_of(cand.item.resource)
         self.fleet.lost_at = self.now
-        self.contended[n] = self.contended.get(n, 0) + 1
-        if sum(self.contended.values()) > CONTENDED_MEMORY:  # forget slowly: halve them all
-            self.contended = {i: c // 2 for i, c in self.contended.items() if c > 1}
+        self.lanes.contend(partition_of(cand.item.resource))
         if not cand.lane:
             if not self.whole():
                 return 0
@@ -484,121 +252,27 @@ class CandidateBuffer:
             before = len(self.q)
             self.q = deque(c for c in self.q if c.batch != cand.batch)
             return before - len(self.q)
-        if cand.lane == self.lane_id:
-            self._end_lane()
-        self._lost_lanes.append(cand.lane)  # a read of it still in flight keeps nothing
+        self.lanes.leave(cand.lane)
         before = len(self.q)
         self.q = deque(c for c in self.q if c.lane != cand.lane)
         return before - len(self.q)
 
-    def learn(self, n: int, items: list[ResourceItem]) -> None:
-        """Remember where claimable items of sub-partition ``n`` are (``items``: claimable)."""
-        seen = self.seen.setdefault(n, [])
-        count = self._seen_n.get(n, 0)
-        for it in items:
-            if it.lease_available is None:
-                continue
-            count += 1
-            if len(seen) < SEEN_MAX:
-                seen.append(it.lease_available)
-            else:
-                j = self.rng.randrange(count)
-                if j < SEEN_MAX:
-                    seen[j] = it.lease_available
-            self.names.learn(it.resource, self.rng)
-        self._seen_n[n] = count
-        if not seen:
-            del self.seen[n]
-
-    def start_key(self, n: int) -> StartKey | None:
-        """A random position to read sub-partition ``n`` after (None: nothing known yet).
-        The time is one seen in ``n``, or in another sub-partition of the pool when none is
-        known there (a pool seeded in one batch has one time everywhere). None too until
-        both ends of the pool have been read: the names seen at one end span only a part of
-        the range, and every daemon would start its lanes in that part."""
-        if not self.ends_known():
-            return None
-        seen = self.seen.get(n)
-        if not seen:
-            pools = [s for s in self.seen.values() if s]
-            if not pools:
-                return None
-            seen = self.rng.choice(pools)
-        name = self.names.draw(self.rng)
-        if name is None:
-            return None
-        return self.rng.choice(seen), name
-
-    def ends_known(self) -> bool:
-        """Both ends of the pool have been read (lanes can start)."""
-        return len(self._ends) == 2
-
-    def end_direction(self) -> bool:
-        """The direction of a read from an end of the index (True: forward, from the head).
-        The pool's first two go opposite ways, so names from both ends feed the NameModel."""
-        left = [d for d in (True, False) if d not in self._ends]
-        forward = self.rng.choice(left) if left else self.rng.random() < 0.5
-        self._ends.add(forward)
-        return forward
-
     # -- what to read ----------------------------------------------------------------------
     def plan(self, urgent: bool = False) -> Read:
-        """The next refill read: the current lane, or a new one (mostly in the home
-        sub-partition) after a random position, or from an end when the pool's two ends are
-        not known yet. A read from an end keeps nothing in the background (a lane read
-        follows), and ``END_KEEP`` items when a request waits (``urgent``). In a pool whose
-        sub-partitions fit in a page (:meth:`whole`): the next sub-partition of this
-        daemon's spread order, whole, from its head."""
+        """The next refill read: in a pool whose sub-partitions fit in a page
+        (:meth:`whole`), the next sub-partition of this daemon's spread order, whole, from
+        its head; else the lanes' next read (:meth:`Lanes.plan`), a lane read asking for the
+        room left (:meth:`page`)."""
         if self.whole():
-            return Read(self.next_partition(), None, True, self.cfg.prefetch_page)
-        if (
-            self.lane_id
-            and self.lane_id not in self._busy
-            and (self.lane_after is not None or self.lane_wrap)
-        ):
-            self._busy.add(self.lane_id)
-            return Read(self.lane_n, self.lane_after, True, self.page(), self.lane_id)
-        # no lane, or its read is still in flight (a sweep next to a refill): a new lane
-        n = self.lane_partition()
-        start = self.start_key(n)
-        if start is None:
-            keep = END_KEEP if urgent else 0
-            return Read(n, None, self.end_direction(), self.cfg.prefetch_page, keep=keep)
-        self._lanes += 1
-        self.lane_n, self.lane_after, self.lane_id = n, start, self._lanes
-        self.lane_wrap = False
-        self._busy.add(self.lane_id)
-        return Read(n, start, True, self.page(), self.lane_id)
-
-    def lane_partition(self) -> int:
-        """Where a new lane starts: mostly the home sub-partition, else one at random; either
-        way one of those where claims lost least often."""
-        n = self.home if self.rng.random() < HOME_SHARE else self.rng.randrange(PARTITIONS)
-        if self.contended.get(n):
-            least = min(self.contended.get(i, 0) for i in range(PARTITIONS))
-            if self.contended[n] > least:
-                n = self.rng.choice(
-                    [i for i in range(PARTITIONS) if self.contended.get(i, 0) == least]
-                )
-        return n
-
-    def next_partition(self) -> int:
-        """The next sub-partition of this round's :func:`spread_order` (a new round once
-        every one was read)."""
-        if not self._order:
-            self.round += 1
-            self._order = spread_order(self.seed, self.pool, self.round)
-        return self._order.pop(0)
+            return Read(self.lanes.next_partition(), None, True, self.cfg.prefetch_page)
+        return self.lanes.plan(self.page, urgent)
 
     def probe(self, n: int) -> Read:
-        """A read of sub-partition ``n`` that starts no lane (a sweep of the others, a
-        fallback to the head): a whole page from a random position or an end, sampled; from
-        the head when the sub-partitions fit in a page."""
+        """A read of sub-partition ``n`` that starts no lane (:meth:`Lanes.probe`); from the
+        head when the sub-partitions fit in a page."""
         if self.whole():
             return Read(n, None, True, self.cfg.prefetch_page)
-        start = self.start_key(n)
-        forward = self.rng.random() < 0.5 if start is not None else self.end_direction()
-        return Read(n, start, forward, self.cfg.prefetch_page)
+        return self.lanes.probe(n)
 
     def read_done(
         self,
@@ -609,30 +283,13 @@ class CandidateBuffer:
         now_us: int | None = None,
     ) -> int:
         """Take in what ``read`` returned (``claimable``: those claimable now, at ``now_us``
-        on the wall clock if given): move the lane on past the page (or end it), learn where
-        items are and what the pool holds (:class:`FleetView`), keep candidates. Returns how
-        many were kept."""
+        on the wall clock if given): learn what the pool holds (:class:`FleetView`), move the
+        lane on (:meth:`Lanes.read_done`), keep candidates. Returns how many were kept."""
         self.now = max(self.now, now)
-        self._busy.discard(read.lane)
         self._observe(read, raw, claimable, now, now_us)
         if len(claimable) < len(raw):
             self._note_unclaimable(raw, claimable)
-        if read.lane and read.lane == self.lane_id:
-            last = claimable[-1] if claimable else None
-            if last is None or last.lease_available is None:
-                self._end_lane()  # nothing claimable at all: another lane, elsewhere
-            elif len(raw) < read.limit or len(claimable) < len(raw):
-                # the end of the sub-partition, or its quarantined tail: on from the head,
-                # unless this read was from the head already
-                if read.after is None:
-                    self._end_lane()
-                else:
-                    self.lane_after, self.lane_wrap = None, True
-            else:
-                self.lane_after = (last.lease_available, last.resource)
-                self.lane_wrap = False
-        self.learn(read.n, claimable)
-        if read.lane and read.lane in self._lost_lanes:
+        if not self.lanes.read_done(read, raw, claimable):
             return 0
         return self.add(claimable, now, read.lane, read.keep)
 
@@ -672,13 +329,6 @@ class CandidateBuffer:
                     room -= 1
                 self.unclaimable[it.resource] = it.lease_available
 
-    def _end_lane(self) -> None:
-        self.lane_id, self.lane_after, self.lane_wrap = 0, None, False
-
-    def read_failed(self, read: Read) -> None:
-        """``read`` raised: its lane may be read again."""
-        self._busy.discard(read.lane)
-
     # -- exhaustion ----------------------------------------------------------------------
     def exhausted(self, now: float) -> bool:
         return now < self.exhausted_until
@@ -690,10 +340,3 @@ class CandidateBuffer:
         """A sweep starts: what NO_CAPACITY will say is what it reads."""
         self.unclaimable.clear()
         self.why_empty = None
-
-    def partitions(self) -> list[int]:
-        """Sub-partitions in the order a sweep reads them: every one, ranked by
-        :func:`spread_order` for a new round."""
-        self.round += 1
-        self._order = []
-        return spread_order(self.seed, self.pool, self.round)

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 ``rasd.daemon.candidates.CandidateBuffer`` (pure, time passed in) decides which free items of the
-``available_resources`` index are candidates, which sub-partition and lane to read next and
-when a pool counts as exhausted; its docstring gives the whole argument. :class:`Prefetcher`
+``available_resources`` index are candidates and when a pool counts as exhausted, its
+``rasd.daemon.lanes.Lanes`` which sub-partition and lane to read next, and rasd.daemon.sizing
+how many to hold; their docstrings give the whole argument. :class:`Prefetcher`
 does the I/O around the buffers: it reads the index pages a buffer plans, in the background
 after a claim was sent (``refill_soon``) or while a request waits (``candidate``), and sweeps
 all ten sub-partitions before it answers that a pool has nothing free. Prefetch only chooses
@@ -32,8 +33,9 @@ from ..core.errors import RasdError
 from ..core.lease import Pool, fmt_time, partition_name
 from ..dynamo.store import Store
 from ..observe.metrics import Counters
-from .candidates import END_KEEP, CandidateBuffer, Read, host_seed, why_empty
 from .candidates import Candidate as Candidate
+from .candidates import CandidateBuffer, why_empty
+from .lanes import END_KEEP, Read, host_seed
 
 log = structlog.get_logger("rasd.daemon.prefetch")
 
@@ -225,7 +227,7 @@ class Prefetcher:
         kept = await self._read_plan(pool, buf, first, deadline)
         if kept:
             return kept
-        others = [n for n in buf.partitions() if n != first.n]
+        others = [n for n in buf.lanes.partitions() if n != first.n]
         waves = [others]
         if buf.direct() or buf.whole():
             self.counters.inc("prefetch.sweeps_direct")
@@ -273,7 +275,7 @@ class Prefetcher:
         time (one round trip, not two, before lanes can start: start-up waits for it; not
         when sub-partitions are read whole, with no lanes). Returns how many candidates were
         kept."""
-        if read.after is None and not read.lane and not buf.ends_known() and not buf.whole():
+        if read.after is None and not read.lane and not buf.lanes.ends_known() and not buf.whole():
             other = buf.plan(urgent=bool(read.keep))
             kept = await asyncio.gather(
                 self._read(pool, buf, read, deadline), self._read(pool, buf, other, deadline)
@@ -303,7 +305,7 @@ class Prefetcher:
                     after=(lease_available, pool.client_id, resource),
                 )
         except BaseException:
-            buf.read_failed(read)
+            buf.lanes.read_failed(read)
             raise
         buf.note_refill(time.monotonic() - t0)
         self.counters.inc("prefetch.items_read", len(items))

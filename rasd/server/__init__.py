@@ -1,8 +1,10 @@
 """The daemon: a Unix-socket server speaking msgpack frames, one module per job.
 
 =================  ==========================================================================
-``lifecycle``      ``Daemon`` and ``run_daemon``: start, serve, reload, hand over, stop; read
-                   it top to bottom
+``lifecycle``      ``Daemon``: start, serve, hand over, stop; read it top to bottom
+``startup``        ``BringUp``: the store brought up, retried while DynamoDB fails, the cached
+                   AWS settings confirmed
+``signals``        ``run_daemon``: the process's signals wired (stop, SIGHUP's reload)
 ``connection``     ``Connection``: frames in, answers out, back-pressure, the peer's grant
 ``routing``        ``Router`` (made and held by ``Daemon``): one entry per frame, ``handle``:
                    the cached hit, a miss, the other ops, the slow path that waits for DynamoDB
@@ -17,7 +19,8 @@ roles' that rasd.daemon.coordinator composes.
 
 from .connection import Connection
 from .diagnostics import describe_cause
-from .lifecycle import LISTEN_BACKLOG, Daemon, run_daemon
+from .lifecycle import LISTEN_BACKLOG, Daemon
 from .routing import HIT_SAMPLE
+from .signals import run_daemon
 
 __all__ = ["HIT_SAMPLE", "LISTEN_BACKLOG", "Connection", "Daemon", "describe_cause", "run_daemon"]

@@ -64,7 +64,7 @@ from ..wire import LeaseFields, lease_fields
 from .connection import Connection, grant_for
 from .peercred import Acl
 
-if TYPE_CHECKING:  # imported at run time by bring_up(), after the socket already serves
+if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
     from ..daemon.acquire import Taker
     from ..daemon.coordinator import Coordinator
     from ..daemon.releaser import Releaser

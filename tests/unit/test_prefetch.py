@@ -12,23 +12,19 @@ import pytest
 
 from rasd.config import Config
 from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
-from rasd.daemon.candidates import (
-    BURST_HALF_LIFE,
+from rasd.daemon.candidates import MIN_PAGE, TAKEN_MAX, Candidate, CandidateBuffer
+from rasd.daemon.lanes import (
     CONTENDED_MEMORY,
-    DEMAND_HALF_LIFE,
     END_KEEP,
-    MIN_PAGE,
     NAMES_MAX,
-    REFILL_HORIZON,
     SEEN_MAX,
-    TAKEN_MAX,
-    Candidate,
-    CandidateBuffer,
+    Lanes,
     NameModel,
     Read,
     host_seed,
     spread_order,
 )
+from rasd.daemon.sizing import BURST_HALF_LIFE, DEMAND_HALF_LIFE, REFILL_HORIZON
 from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
 
@@ -281,23 +277,23 @@ def test_adding_candidates_does_not_clear_exhaustion() -> None:
 # ------------------------------------------------------------------------------ spreading
 def test_partitions_are_a_shuffled_permutation() -> None:
     b = buf()
-    orders = [b.partitions() for _ in range(5)]
+    orders = [b.lanes.partitions() for _ in range(5)]
     assert all(sorted(o) == list(range(PARTITIONS)) for o in orders)
     assert len({tuple(o) for o in orders}) > 1
 
 
 def test_learn_keeps_a_bounded_reservoir_per_partition() -> None:
     b = buf()
-    b.learn(0, items(500))
-    assert len(b.seen[0]) == SEEN_MAX
-    assert set(b.seen[0]) <= {fmt_time(i) for i in range(500)}
-    b.learn(1, [replace(it, lease_available=None) for it in items(3)])
-    assert 1 not in b.seen
+    b.lanes.learn(0, items(500))
+    assert len(b.lanes.seen[0]) == SEEN_MAX
+    assert set(b.lanes.seen[0]) <= {fmt_time(i) for i in range(500)}
+    b.lanes.learn(1, [replace(it, lease_available=None) for it in items(3)])
+    assert 1 not in b.lanes.seen
 
 
 def test_no_start_key_before_anything_was_seen() -> None:
     b = buf()
-    assert all(b.start_key(3) is None for _ in range(20))
+    assert all(b.lanes.start_key(3) is None for _ in range(20))
 
 
 def same_time_items(n: int, t: int = 7, part: int = 0) -> list[ResourceItem]:
@@ -317,8 +313,8 @@ def same_time_items(n: int, t: int = 7, part: int = 0) -> list[ResourceItem]:
 
 
 def both_ends_read(b: CandidateBuffer) -> CandidateBuffer:
-    b.end_direction()
-    b.end_direction()
+    b.lanes.end_direction()
+    b.lanes.end_direction()
     return b
 
 
@@ -326,8 +322,8 @@ def test_start_keys_spread_when_all_times_are_equal() -> None:
     """The start key's resource varies even when every lease_available is the same, and
     stays shaped like the names seen (so it falls inside their range)."""
     b = both_ends_read(buf())
-    b.learn(0, same_time_items(64))
-    keys = [b.start_key(0) for _ in range(200)]
+    b.lanes.learn(0, same_time_items(64))
+    keys = [b.lanes.start_key(0) for _ in range(200)]
     got = [k for k in keys if k is not None]
     assert len(got) == 200
     assert {t for t, _ in got} == {fmt_time(7)}
@@ -355,8 +351,8 @@ def test_first_reads_from_an_end_cover_both_ends() -> None:
     """Before any start key is known, a pool's second read from an end goes the other way."""
     for seed in range(10):
         b = CandidateBuffer(Config().validate(), random.Random(seed))
-        first = b.end_direction()
-        assert b.end_direction() is not first
+        first = b.lanes.end_direction()
+        assert b.lanes.end_direction() is not first
 
 
 def test_name_model_is_bounded() -> None:
@@ -371,7 +367,7 @@ def test_sweeps_follow_the_daemons_spread_order() -> None:
     """Daemons are spread over sub-partitions by a hash of their identity, the pool and the
     round: each sweep reads every sub-partition, in an order that changes every round."""
     b = CandidateBuffer(Config().validate(), random.Random(5), seed=13, pool="c/p")
-    orders = [b.partitions() for _ in range(400)]
+    orders = [b.lanes.partitions() for _ in range(400)]
     assert all(sorted(o) == list(range(PARTITIONS)) for o in orders)
     assert orders[0] == spread_order(13, "c/p", 1) and orders[-1] == spread_order(13, "c/p", 400)
     firsts = Counter(o[0] for o in orders)
@@ -427,7 +423,7 @@ def known(b: CandidateBuffer, n: int = 0) -> CandidateBuffer:
     """A buffer that has read both ends of sub-partition ``n`` (res-00000 .. res-00199)."""
     both_ends_read(b)
     idx = sorted_index(200, part=n)
-    b.learn(n, idx[:8] + idx[-8:])
+    b.lanes.learn(n, idx[:8] + idx[-8:])
     return b
 
 
@@ -468,7 +464,7 @@ def test_a_lane_wraps_to_the_head_at_the_end_and_ends_if_the_head_is_short() -> 
     idx = sorted_index(20)
     r1 = b.plan()
     r1 = Read(r1.n, (idx[-3].lease_available or "", idx[-3].resource), True, 8, r1.lane)
-    b.lane_after = r1.after
+    b.lanes.lane_after = r1.after
     tail = serve(idx, r1)
     assert len(tail) == 2
     b.read_done(r1, tail, tail, 0.0)
@@ -487,7 +483,7 @@ def test_a_quarantined_tail_ends_the_page_like_the_end_of_the_index() -> None:
         idx = sorted_index(200)
         r = b.plan()
         r = Read(r.n, (fmt_time(7), "res-00050"), True, 8, r.lane)
-        b.lane_after = r.after
+        b.lanes.lane_after = r.after
         page = serve(idx, r)
         assert len(page) == 8
         b.read_done(r, page, page if claimable_all else page[:-1], 0.0)
@@ -514,7 +510,7 @@ def test_a_lost_claim_ends_the_lane_and_drops_its_candidates() -> None:
     dropped = b.lost(c)
     assert dropped == r1.limit - 1
     assert [x.item.resource for x in b.q] == ["zz-other"]  # another read's candidate stays
-    assert b.contended == {partition_of(c.item.resource): 1}
+    assert b.lanes.contended == {partition_of(c.item.resource): 1}
     late = serve(idx, inflight)
     assert b.read_done(inflight, late, late, 1.0) == 0
     assert b.plan().lane not in (0, r1.lane)
@@ -526,17 +522,17 @@ def test_a_second_read_while_the_lanes_read_is_in_flight_starts_another_lane() -
     first = b.plan()
     second = b.plan()
     assert first.lane and second.lane and first.lane != second.lane
-    b.read_failed(second)
+    b.lanes.read_failed(second)
     assert b.plan().lane == second.lane  # a failed read frees the lane for the next one
 
 
 def test_new_lanes_avoid_contended_sub_partitions() -> None:
     b = CandidateBuffer(Config().validate(), random.Random(3), seed=4)
     for n in range(PARTITIONS):
-        b.contended[n] = 1
-    b.contended[4] = 3  # the home sub-partition lost most
-    b.contended[7] = 0
-    assert {b.lane_partition() for _ in range(50)} == {7}
+        b.lanes.contended[n] = 1
+    b.lanes.contended[4] = 3  # the home sub-partition lost most
+    b.lanes.contended[7] = 0
+    assert {b.lanes.lane_partition() for _ in range(50)} == {7}
 
 
 def test_contention_is_forgotten_slowly() -> None:
@@ -547,9 +543,9 @@ def test_contention_is_forgotten_slowly() -> None:
     n = partition_of(c.item.resource)
     for _ in range(CONTENDED_MEMORY):
         b.lost(c)
-    assert b.contended == {n: CONTENDED_MEMORY}
+    assert b.lanes.contended == {n: CONTENDED_MEMORY}
     b.lost(c)
-    assert b.contended == {n: (CONTENDED_MEMORY + 1) // 2}
+    assert b.lanes.contended == {n: (CONTENDED_MEMORY + 1) // 2}
 
 
 def test_an_item_taken_is_not_a_candidate_again_at_that_version() -> None:
@@ -649,12 +645,12 @@ def test_daemons_on_a_same_time_pool_rarely_lose_claims() -> None:
     the simulation can tell the two apart."""
     spread = [simulate(20, 200, 30, s) for s in range(3)]
     assert max(spread) < 0.05
-    orig = CandidateBuffer.start_key
+    orig = Lanes.start_key
     try:
-        CandidateBuffer.start_key = lambda self, n: (fmt_time(7), "res-")  # type: ignore[method-assign]
+        Lanes.start_key = lambda self, n: (fmt_time(7), "res-")  # type: ignore[method-assign]
         crowded = simulate(20, 200, 30, 0)
     finally:
-        CandidateBuffer.start_key = orig  # type: ignore[method-assign]
+        Lanes.start_key = orig  # type: ignore[method-assign]
     assert crowded > 3 * max(spread) and crowded > 0.1
 
 

@@ -9,16 +9,9 @@ from dataclasses import replace
 
 from rasd.config import Config
 from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
-from rasd.daemon.candidates import (
-    DIRECT_MAX_AGE,
-    FLEET_MEMORY,
-    MIN_PAGE,
-    CandidateBuffer,
-    FleetView,
-    Read,
-    size_buffer,
-    spread_order,
-)
+from rasd.daemon.candidates import DIRECT_MAX_AGE, MIN_PAGE, CandidateBuffer
+from rasd.daemon.lanes import Read, spread_order
+from rasd.daemon.sizing import FLEET_MEMORY, FleetView, size_buffer
 from tests.helpers.prefetch import _free, _prefetcher, _TableStore
 
 NOW_US = 10**12  # the wall clock of these buffers (µs)
@@ -184,7 +177,7 @@ def test_a_nearly_full_pool_reads_whole_sub_partitions_in_spread_order() -> None
     reads = [b.plan() for _ in range(PARTITIONS)]
     assert all(r.after is None and r.forward and not r.lane for r in reads)
     assert sorted(r.n for r in reads) == list(range(PARTITIONS))  # a round covers all
-    assert [r.n for r in reads] == spread_order(5, "c/p", b.round)
+    assert [r.n for r in reads] == spread_order(5, "c/p", b.lanes.round)
 
 
 def test_a_plentiful_pool_keeps_its_lanes() -> None:
