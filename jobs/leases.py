@@ -86,8 +86,6 @@ class _Call(threading.local):
 
 
 _CALL = _Call()
-_WATCHED: set[int] = set()
-_WATCH_LOCK = threading.Lock()
 
 
 def _attempt(response: Any = None, caught_exception: BaseException | None = None, **_: Any) -> None:
@@ -110,12 +108,14 @@ def _attempt(response: Any = None, caught_exception: BaseException | None = None
 
 
 def _watch(ddb: Any) -> None:
-    """Judge every attempt of ``ddb``'s calls (:func:`_attempt`); once per client."""
-    with _WATCH_LOCK:
-        if id(ddb) in _WATCHED or not hasattr(ddb, "meta"):
-            return
-        _WATCHED.add(id(ddb))
-    ddb.meta.events.register("needs-retry.dynamodb", _attempt)
+    """Judge every attempt of ``ddb``'s calls (:func:`_attempt`). Once per client: botocore
+    keeps one handler per ``unique_id`` (a set of ids kept here would miss a new client that
+    reuses a collected one's id)."""
+    if hasattr(ddb, "meta"):
+        ddb.meta.events.register("needs-retry.dynamodb", _attempt, unique_id=_ATTEMPT_ID)
+
+
+_ATTEMPT_ID = "rasd-jobs-judge-attempt"
 
 
 class Driver:

@@ -14,8 +14,10 @@ candidates: the claim's condition decides.
 Requests that find a pool's buffer empty while a sweep of it is under way wait for that sweep
 and take from what it kept, instead of each sweeping: a burst of new keys that outruns the
 buffer then costs a sweep at a time, not one per waiting request (each of ten reads). A
-request sweeps itself when what the sweep kept went to others, or when the sweep failed (its
-request's deadline may be nearer than ours).
+request sweeps itself when what the sweep kept went to others, when the sweep failed (its
+request's deadline may be nearer than ours), or when the sweep found nothing but began more
+than ``exhausted_backoff`` before the request came (its reads are older than an exhausted
+mark may be).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Prefetcher:
         self.buffers: dict[tuple[str, str], CandidateBuffer] = {}
         self._refills: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._sweeps: dict[tuple[str, str], asyncio.Task[int]] = {}
+        #: when each sweep under way began (monotonic), for the requests that join it
+        self._sweep_began: dict[asyncio.Task[int], float] = {}
 
     def buffer(self, pool: Pool) -> CandidateBuffer:
         k = (pool.client_id, pool.pool_id)
@@ -112,17 +116,26 @@ class Prefetcher:
             if c is not None:
                 return c
         k = (pool.client_id, pool.pool_id)
+        # An empty sweep answers for a request only if it began at most exhausted_backoff
+        # before the request came, as the exhausted mark does: a slow sweep (a loaded
+        # backend) joined late read the pool too long ago.
+        oldest = now - self.cfg.exhausted_backoff
         for _ in range(SWEEPS_MAX):
             sweep = self._sweeps.get(k)
             if sweep is not None and not sweep.done():
                 self.counters.inc("prefetch.sweeps_joined")
+                began = self._sweep_began.get(sweep, oldest)
                 try:
                     kept = await asyncio.shield(sweep)
                 except RasdError:
                     kept = 1  # that sweep's deadline, not ours: sweep ourselves
+                if not kept and began < oldest:
+                    self.counters.inc("prefetch.sweeps_too_old")
+                    continue  # sweep ourselves
             else:
                 sweep = asyncio.ensure_future(self._sweep(pool, buf, deadline))
                 self._sweeps[k] = sweep
+                self._sweep_began[sweep] = self.clock.mono()
                 sweep.add_done_callback(self._sweep_done)
                 kept = await asyncio.shield(sweep)
             c = buf.take(self.clock.mono())
@@ -141,6 +154,7 @@ class Prefetcher:
         return buf.why_empty
 
     def _sweep_done(self, task: asyncio.Task[int]) -> None:
+        self._sweep_began.pop(task, None)
         for k, t in list(self._sweeps.items()):
             if t is task:
                 del self._sweeps[k]

@@ -168,8 +168,6 @@ def jobs_ddb(moto_endpoint: str) -> Any:
         region_name="us-east-1",
         config=BotoConfig(retries={"max_attempts": 2, "mode": "standard"}, read_timeout=5),
     )
-    # The driver watches a client once, by id: one collected earlier may have had this id.
-    leases._WATCHED.discard(id(client))
     return client
 
 

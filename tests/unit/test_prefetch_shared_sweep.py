@@ -69,3 +69,45 @@ async def test_a_failed_sweep_makes_the_waiting_requests_sweep_themselves() -> N
     done = await asyncio.gather(first, *others, return_exceptions=True)
     assert isinstance(done[0], Timeout)
     assert all(c is not None and not isinstance(c, BaseException) for c in done[1:])
+
+
+class GatedStore(_TableStore):
+    """The first read answers what the index showed when it was sent, but only once
+    ``gate`` opens: a sweep slowed down by its first read (a stalled backend)."""
+
+    def __init__(self, parts: dict[int, list[ResourceItem]]) -> None:
+        super().__init__(parts)
+        self.gate = asyncio.Event()
+        self.first_sent = asyncio.Event()
+
+    async def query_available(
+        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+    ) -> list[ResourceItem]:
+        items = await super().query_available(part, limit, forward, deadline, after)
+        if len(self.reads) == 1:
+            self.first_sent.set()
+            await self.gate.wait()
+        return items
+
+
+async def test_an_empty_sweep_begun_too_long_before_a_request_does_not_answer_it() -> None:
+    """A request that joins a sweep begun more than ``exhausted_backoff`` before it came
+    sweeps again when that sweep finds nothing, as the exhausted mark would have expired:
+    here an item was freed in the sub-partition the slow sweep had already read."""
+    store = GatedStore({})
+    p: Any
+    p, pool = _prefetcher(store)
+    first = asyncio.ensure_future(p.candidate(pool, 1e9))
+    await store.first_sent.wait()
+    n = store.reads[0]
+    name = next(f"r{i:04d}" for i in range(10_000) if partition_of(f"r{i:04d}") == n)
+    store.parts[n] = [_free(name, 0)]
+    p.clock.t += p.cfg.exhausted_backoff + 1.0
+    second = asyncio.ensure_future(p.candidate(pool, 1e9))
+    await asyncio.sleep(0)
+    store.gate.set()
+    got_first, got_second = await asyncio.gather(first, second)
+    assert got_first is None  # its own sweep began when it came: the pool was empty then
+    assert got_second is not None and got_second.item.resource == name
+    assert p.counters["prefetch.sweeps_joined"] == 1
+    assert p.counters["prefetch.sweeps_too_old"] == 1
