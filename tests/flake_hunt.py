@@ -87,6 +87,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stalls", default="0.01:0.3", help="RASD_MOTO_STALLS: share:seconds")
     args = ap.parse_args(argv)
     env = {**os.environ, "RASD_MOTO_DELAY": args.delay, "RASD_MOTO_STALLS": args.stalls}
+    # the burners run at the default priority: searches niced below them would never end
+    env["RASD_TIERS_NICE"] = "0"
     hunt = OUT / time.strftime("%Y%m%d-%H%M%S")
     print(
         f"flake hunt: {args.runs} runs, {args.burners} burners, "

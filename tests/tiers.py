@@ -78,7 +78,9 @@ ALL: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("fast", "property", "integration"), ("serial",)),
     (("search",),),
 )
-#: the niceness of a tier's run in any lane but the first (0: as the runner's)
+#: the niceness of a tier's run in any lane but the first (0: as the runner's);
+#: RASD_TIERS_NICE overrides it (the flake hunt: 0, so that its CPU burners, at 0, leave the
+#: searches their share instead of starving them)
 NICE = {"search": 15}
 #: the tiers a test of each directory may be in
 BY_DIR = {
@@ -168,6 +170,7 @@ def command(names: tuple[str, ...], extra: list[str], beside: bool = False) -> l
         # evens out tests of very different lengths
         args += ["-n", "auto", "--dist", "worksteal"]
     nice = max((NICE.get(n, 0) for n in names), default=0) if beside else 0
+    nice = int(os.environ.get("RASD_TIERS_NICE", nice)) if nice else 0
     return [*(["nice", "-n", str(nice)] if nice else []), *args, *extra]
 
 
