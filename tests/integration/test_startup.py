@@ -202,6 +202,14 @@ def test_a_restart_takes_the_aws_settings_from_the_cache(
 
     for n, origin in enumerate(["botocore", "cache"]):
         lines = one_start(n, confirmed=origin == "cache")
-        ready = [e for e in lines if e.get("event") == "ready"]
-        assert ready and ready[0]["aws"]["origin"] == origin, lines
+        events = [e.get("event") for e in lines]
+        assert "ready" in events, lines
+        ready = lines[events.index("ready")]
+        origins = {origin}
+        if n == 0 and "startup_failed" in events[: events.index("ready")]:
+            # An attempt that failed after botocore answered (DynamoDB unanswered within the
+            # start-up deadline, on a loaded machine) had written the entry: the next attempt
+            # of the same start reads it, and botocore confirms it in the background.
+            origins.add("cache")
+        assert ready["aws"]["origin"] in origins, lines
     assert len(list(cache.glob("aws-*.json"))) == 1
