@@ -74,9 +74,12 @@ class Serve:
 
 @dataclass(frozen=True, slots=True)
 class Extend:
-    """Our region's lease is too close to its end to serve: extend it first (R, then M)."""
+    """Our region's lease is too close to its end to serve: extend it first (R, then M).
+    ``pending``: the mapping was pending and its claim landed (``mapping`` is it as live):
+    beside the paper's agent it is settled before anything extends it (``legacy``)."""
 
     mapping: Mapping
+    pending: Mapping | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +183,7 @@ def on_resource(m: Mapping, r: ResourceItem | None, now_us: int, rules: Rules) -
     if claim_landed(m, r):
         live = replace(m, state=LIVE)
         if not servable(live, now_us, rules):
-            return Extend(live)  # landed, but too close to its end to serve as it is
+            return Extend(live, pending=m)  # landed, but too close to its end to serve
         return Serve(lease_from_mapping(m), confirm=m)
     if now_us - m.since_us < rules.pending_hold_us:
         return Wait("another daemon is acquiring this key")

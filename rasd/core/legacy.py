@@ -72,12 +72,16 @@ class YieldTo:
 
 def beside_legacy(d: Decision | Settle) -> Decision | Settle:
     """With ``legacy_agents``: what to do instead of serving a pending mapping whose claim
-    landed (``Serve`` with ``confirm``): settle it, whoever reads it, its acquirer or another
-    daemon (``on_settle``; a settle's writes are conditional on the pending mapping's
-    version, so of two that race one wins, and nothing is answered before it won). Every
-    other decision is unchanged (a Settle too)."""
+    landed (``Serve`` with ``confirm``), or extending it (``Extend`` with ``pending``):
+    settle it, whoever reads it, its acquirer or another daemon (``on_settle``; a settle's
+    writes are conditional on the pending mapping's version, so of two that race one wins,
+    and nothing is answered before it won). Every other decision is unchanged (a Settle
+    too)."""
     if isinstance(d, Serve) and d.confirm is not None:
         return Settle(d.confirm)
+    if isinstance(d, Extend) and d.pending is not None:
+        # Extending writes the mapping live: that confirms it too, so it is settled first.
+        return Settle(d.pending)
     return d
 
 

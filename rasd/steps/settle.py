@@ -96,6 +96,8 @@ def adopt_paper_lease(
             # Settled already: the lease is the paper agent's own. Confirmed before it is
             # served, as a settled claim is (readers wait for it meanwhile).
             return (yield from confirm_now(dec.confirm))
+        if isinstance(dec, D.Extend):
+            return D.Extend(dec.mapping)  # settled already, as above: extended, not settled
         return dec
     if isinstance(step, D.NextCandidate):
         yield Note("lease.adopt_lost")
@@ -111,7 +113,9 @@ def beside_legacy(
 ) -> Program[D.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
     (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
-    and served, or the paper's agent's lease adopted instead. None: read again.
+    and served, or the paper's agent's lease adopted instead. None: read again, as after
+    settling a mapping the request would have extended (its lease too close to its end):
+    the next round extends what the settling left live.
     ``answer_first``: the mapping is the acquisition this call just made (see :func:`settle`)."""
     while True:
         b = d.ops.beside_legacy(dec)
@@ -119,7 +123,7 @@ def beside_legacy(
             return b
         settled = yield from settle(d, pool, key, b.mapping, answer_first)
         answer_first = False
-        if settled is None:
+        if settled is None or isinstance(dec, D.Extend):
             return None
         dec = settled
 

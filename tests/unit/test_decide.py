@@ -83,6 +83,7 @@ def test_pending_whose_claim_landed_near_its_end_is_extended() -> None:
     p = m(state=L.PENDING, exp=NOW + 1 * S)
     d = D.on_resource(p, r(), NOW, RULES)
     assert isinstance(d, D.Extend) and d.mapping.state == L.LIVE
+    assert d.pending == p  # beside the paper's agent, settled before it is extended
 
 
 def test_young_pending_waits_for_its_acquirer() -> None:
@@ -250,6 +251,8 @@ def test_beside_legacy_settles_a_landed_claim_instead_of_serving_it() -> None:
     live = D.Serve(D.lease_from_mapping(m()))
     assert LG.beside_legacy(live) is live
     assert LG.beside_legacy(D.Extend(m())) == D.Extend(m())
+    extending = D.Extend(replace(mine, state=L.LIVE), pending=mine)
+    assert LG.beside_legacy(extending) == LG.Settle(mine)
     assert LG.beside_legacy(LG.Settle(mine)) == LG.Settle(mine)
 
 

@@ -266,6 +266,44 @@ def test_settling_confirms_a_landed_claim_the_leased_index_shows_no_rival_of() -
     assert t.counts == Counter({"acq.confirm_applied": 1})
 
 
+def extending(t: Table) -> D.Extend:
+    """Our pending mapping whose claim of ``ra`` landed, as ``on_resource`` decides it for a
+    request that wants a longer lease than it has: extend it (writing it live)."""
+    m = t.pending("ra", "k1", NOW + HOUR, "t1")
+    return D.Extend(replace(m, state=LIVE), pending=m)
+
+
+def test_extending_a_pending_mapping_beside_the_paper_agent_yields_to_its_lease_first() -> None:
+    """Extending writes the mapping live, which confirms it: beside the paper's agent a
+    pending mapping is settled first, here yielding to the paper's lease of the key made
+    while our claim was in flight; nothing of ours is extended, and the call reads again."""
+    t = Table()
+    dec = extending(t)
+    t.paper("rp", "k1", NOW + HOUR)
+    got = t.run(S.beside_legacy(daemon(True), POOL, "k1", dec))
+    assert got is None  # read again: the next round extends what is live
+    assert t.writes() == ["map_acquire", "free_claim", "adopt", "map_confirm"] and t.bare == []
+    m = t.mapping("k1")
+    assert (m.state, m.resource) == (LIVE, "rp")
+    assert t.res("ra").key is None
+
+
+def test_extending_a_pending_mapping_beside_the_paper_agent_settles_it_then_reads_again() -> None:
+    t = Table()
+    dec = extending(t)
+    assert t.run(S.beside_legacy(daemon(True), POOL, "k1", dec)) is None
+    assert t.of(QueryLeased) == [QueryLeased("c", "p", "k1")]
+    assert t.writes() == ["map_confirm"] and t.bare == []
+    assert t.mapping("k1").state == LIVE
+
+
+def test_extending_a_live_mapping_beside_the_paper_agent_is_left_as_it_is() -> None:
+    t = Table()
+    live = D.Extend(extending(t).mapping)
+    assert t.run(S.beside_legacy(daemon(True), POOL, "k1", live)) == live
+    assert t.calls == []
+
+
 def test_settling_leaves_other_decisions_as_they_are() -> None:
     t = Table()
     served = settling(t)
