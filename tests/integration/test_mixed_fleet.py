@@ -514,7 +514,9 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
 
         monkeypatch.setattr(take, "acquire", paper_first)
         monkeypatch.setattr(d.store, "write", adopt_seen)
-        got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
+        got = await rasd_aio.get_lease(
+            C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket, timeout=WAIT
+        )
         assert theirs and got.resource == theirs[0] and not got.new
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
         # our claim had left the leased index before the adoption's write: the paper's
