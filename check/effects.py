@@ -329,7 +329,9 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
     request is in flight and lands at any later step (at once: a lost reply; never: a lost
     request) while the caller is told UNKNOWN; REPLY LOST, retry rejected, read-back:
     applied, the retry's condition fails, the item is read back with ``mine``; DELAYED,
-    retry rejected, read-back: the same while the first attempt is still in flight.
+    retry rejected, read-back: the same while the first attempt is still in flight. Without
+    ``mine`` a retry rejected after a lost reply is UNKNOWN, as DELAYED/LOST landing at once
+    is, so it is that branch.
     """
     out: list[tuple[str, World, Reply]] = []
     a = w.clone()
@@ -354,17 +356,17 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
     x = faulty()
     x.inflight = (*x.inflight, wr)
     out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
-    x = faulty()
-    landed = x.land(wr)
-    out.append(
-        (
-            f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
-            "read-back",
-            x,
-            _readback(x, wr, mine),
-        )
-    )
     if mine is not None:
+        x = faulty()
+        landed = x.land(wr)
+        out.append(
+            (
+                f"{wr.kind} {'applied' if landed else 'rejected'}, REPLY LOST, retry rejected, "
+                "read-back",
+                x,
+                _readback(x, wr, mine),
+            )
+        )
         x = faulty()
         x.inflight = (*x.inflight, wr)
         if apply(x.get(wr.key), wr) is None:  # the retry's condition fails now
@@ -373,8 +375,6 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
 
 
 def _readback(x: World, wr: Write, mine: Any) -> Reply:
-    if mine is None:
-        return Reply(Outcome.REJECTED, False)
     cur = x.get(wr.key)
     return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
 

@@ -419,9 +419,12 @@ class Store:
     ) -> WriteResult:
         """One conditional write; never raises for DynamoDB's or the network's failures.
 
-        A retry after an ambiguous attempt may fail its condition because the *first*
-        attempt applied. Then, if ``mine`` is given, the item is read back (strongly
-        consistent) and the write counts as APPLIED when ``mine(item)`` says it carries it.
+        After an attempt that may have applied (``ambiguous``), a retry's failed condition
+        may be that attempt's own doing, and a write whose every answer was lost may have
+        landed. Then, if ``mine`` is given, the item is read back (strongly consistent, while
+        the deadline allows) and the write counts as APPLIED when ``mine(item)`` says it
+        carries it. Otherwise the outcome is UNKNOWN, never REJECTED: a write that applied
+        must not be reported as one that will not.
         """
         ambiguous: list[bool] = []
         try:
@@ -429,14 +432,31 @@ class Store:
                 "UpdateItem", deadline, ambiguous, ReturnValues="ALL_NEW", **render(w)
             )
         except RasdError as exc:
-            if ambiguous:
-                self.counters.inc("ddb.unknown_writes")
-                return WriteResult(Outcome.UNKNOWN, error=exc)
-            return WriteResult(Outcome.REJECTED, error=exc)  # nothing that could apply was sent
+            if not ambiguous:
+                return WriteResult(Outcome.REJECTED, error=exc)  # nothing that could apply sent
+            return await self._read_back(w, deadline, mine, exc)
         if resp is not None:
             return WriteResult(Outcome.APPLIED, item_from_av(resp["Attributes"]))
-        if ambiguous and mine is not None:
-            self.counters.inc("ddb.ambiguous_writes")
+        if not ambiguous:
+            return WriteResult(Outcome.REJECTED)  # a lost race
+        lost = Unavailable(
+            "DynamoDB UpdateItem: a retry lost its condition after an attempt that may have applied"
+        )
+        return await self._read_back(w, deadline, mine, lost, race=True)
+
+    async def _read_back(
+        self,
+        w: Write,
+        deadline: float,
+        mine: Callable[[dict[str, Value]], bool] | None,
+        error: RasdError,
+        race: bool = False,
+    ) -> WriteResult:
+        """The outcome of a write an attempt of which may have applied: APPLIED when the
+        item read back carries it (``mine``); else UNKNOWN with ``error``, or REJECTED for
+        a lost race (``race``) the read-back shows was not our own attempt's."""
+        if mine is not None:
+            self.counters.inc("ddb.ambiguous_writes")  # a read-back
             try:
                 cur = await self.get_item(w.key, deadline)
             except RasdError as exc:
@@ -445,7 +465,10 @@ class Store:
             if cur is not None and mine(cur):
                 self.counters.inc("ddb.ambiguous_applied")
                 return WriteResult(Outcome.APPLIED, cur)
-        return WriteResult(Outcome.REJECTED)
+            if race:
+                return WriteResult(Outcome.REJECTED)
+        self.counters.inc("ddb.unknown_writes")
+        return WriteResult(Outcome.UNKNOWN, error=error)
 
     async def update_raw(self, upd: Update, deadline: float) -> bool:
         """A conditional UpdateItem on a meta item (miss counters): did it apply?"""
