@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fleet import tables
 from rasd.core.serialize import is_tombstone, item_from_ddb
 
 from .children import ddb_client
@@ -69,23 +70,20 @@ class Admin(Commands):
         now_us = time.time_ns() // 1000
         claimable: list[str] = []
         quarantined: list[str] = []
-        kw: dict[str, Any] = {
-            "TableName": self.p.table,
-            "KeyConditionExpression": "client_id = :c",
-            "ExpressionAttributeValues": {":c": {"S": CLIENT}},
-            "ConsistentRead": True,
-        }
-        while True:
-            resp = self.ddb[region].query(**kw)
-            for raw in resp["Items"]:
-                if is_tombstone(raw):
-                    continue
-                it = item_from_ddb(raw)
-                if it.region == region and not it.leased:
-                    (claimable if it.claimable(now_us) else quarantined).append(it.resource)
-            if "LastEvaluatedKey" not in resp:
-                return sorted(claimable), sorted(quarantined)
-            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        for raw in tables.items(
+            self.ddb[region],
+            "query",
+            TableName=self.p.table,
+            KeyConditionExpression="client_id = :c",
+            ExpressionAttributeValues={":c": {"S": CLIENT}},
+            ConsistentRead=True,
+        ):
+            if is_tombstone(raw):
+                continue
+            it = item_from_ddb(raw)
+            if it.region == region and not it.leased:
+                (claimable if it.claimable(now_us) else quarantined).append(it.resource)
+        return sorted(claimable), sorted(quarantined)
 
     def delete(self, region: str, quarantined: bool) -> None:
         """Delete a claimable item of ``region``, or (``quarantined``) one in quarantine,

@@ -12,7 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .children import kill_group, popen
+from fleet.procs import kill_group
+
+from .children import popen
 from .params import BUCKET, Params
 
 

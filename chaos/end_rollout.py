@@ -8,9 +8,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from fleet.procs import kill_group
 from rasd.core.rollout import Rollout
 
-from .children import Daemon, daemon_rollout, kill_group
+from .children import Daemon, daemon_rollout
 from .commands import Commands, Jobs, last_json
 from .params import Params, say
 from .proxy import FaultProxy

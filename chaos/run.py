@@ -53,6 +53,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fleet import tables
+from fleet.backends import Moto
+from fleet.procs import kill_group
 from rasd_jobs import common as jobs_common
 from sim import replicator
 
@@ -65,12 +68,9 @@ from .children import (
     daemon_rollout,
     daemon_stats,
     ddb_client,
-    kill_group,
     popen,
-    scan,
     seed_table,
     start_daemon,
-    start_moto,
     start_replicator,
     stop_replicator,
     wait_ready,
@@ -89,7 +89,7 @@ def run(p: Params) -> dict[str, Any]:
     env = child_env(one_table=not p.replicated())
     denv = daemon_env(p, env)
     work = Path(tempfile.mkdtemp(prefix="rasd-chaos-"))  # short: AF_UNIX paths <= 107 bytes
-    motos: list[subprocess.Popen[bytes]] = []
+    motos: list[Moto] = []
     rep: subprocess.Popen[str] | None = None
     proxies: list[FaultProxy] = []
     daemons: list[Daemon] = []
@@ -104,8 +104,9 @@ def run(p: Params) -> dict[str, Any]:
     try:
         endpoints: dict[str, str] = {}
         for r in p.regions if p.replicated() else p.regions[:1]:
-            proc, endpoints[r] = start_moto(env)
-            motos.append(proc)
+            moto = Moto(env, group=True, stderr=subprocess.DEVNULL)
+            motos.append(moto)
+            endpoints[r] = moto.endpoint
         if not p.replicated():
             endpoints = {r: endpoints[p.regions[0]] for r in p.regions}
         ddbs = {
@@ -257,12 +258,12 @@ def run(p: Params) -> dict[str, Any]:
                             records.append(json.loads(line))
         scanned_at = time.time()
         if rep is not None:
-            scans = {r: scan(ddbs[r], p.table) for r in p.regions}
+            scans = {r: tables.scan(ddbs[r], p.table) for r in p.regions}
             table = A.replica_checks(scans, CLIENT, scanned_at)
             table["settled"] = settled
             replication = stop_replicator(rep)
         else:
-            table = A.table_checks(scan(ddbs[home], p.table), CLIENT, scanned_at)
+            table = A.table_checks(tables.scan(ddbs[home], p.table), CLIENT, scanned_at)
             replication = None
         made = creations(p, proxies)
         if made is not None:  # kept beside the result, for digging into a finding
@@ -315,9 +316,9 @@ def run(p: Params) -> dict[str, Any]:
             kill_group(rep)
         for moto in motos:
             with contextlib.suppress(OSError):
-                if moto.stdin is not None:
-                    moto.stdin.close()
-            kill_group(moto)
+                if moto.proc.stdin is not None:
+                    moto.proc.stdin.close()
+            moto.kill()
         if p.keep_workdir or p.trace:
             say(p, f"work directory kept: {work}")
         else:
