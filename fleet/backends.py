@@ -79,7 +79,8 @@ class Child:
 class Moto(Child):
     """``rasd.devtools.motoserver`` with ``env`` (default: :func:`fleet.procs.child_env`);
     ``group``: in a process group of its own; ``stderr``: where its log goes (default:
-    ours). It serves until its stdin closes."""
+    ours). It serves until its stdin closes. ``wait=False``: started, not waited for (several
+    start at once); :meth:`ready` waits."""
 
     name = "moto"
 
@@ -89,8 +90,10 @@ class Moto(Child):
         group: bool = False,
         stderr: int | None = None,
         timeout: float = 60.0,
+        wait: bool = True,
     ) -> None:
         self.group = group
+        self.timeout = timeout
         self.proc = popen(
             [sys.executable, "-m", "rasd.devtools.motoserver"],
             child_env() if env is None else env,
@@ -99,8 +102,17 @@ class Moto(Child):
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-        self.port = self._port(timeout)
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.endpoint = ""
+        if wait:
+            self.ready()
+
+    def ready(self) -> Moto:
+        """Once it has announced its port (``endpoint`` set)."""
+        if not self.port:
+            self.port = self._port(self.timeout)
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+        return self
 
 
 # --------------------------------------------------------------------------------- dynalite

@@ -68,7 +68,8 @@ def kill_group(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGKILL) ->
 
 def stop(proc: subprocess.Popen[Any], grace: float = 0.0) -> None:
     """Close the child's stdin (the signal to stop of the children that serve until it
-    closes), give it ``grace`` seconds to exit, then SIGTERM, then SIGKILL."""
+    closes), give it ``grace`` seconds to exit, then SIGTERM, then SIGKILL; then close its
+    stdout, whatever is left in it unread."""
     with contextlib.suppress(OSError, ValueError):
         if proc.stdin:
             proc.stdin.close()
@@ -81,6 +82,9 @@ def stop(proc: subprocess.Popen[Any], grace: float = 0.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdout:
+            proc.stdout.close()
 
 
 def announced_port(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
