@@ -13,8 +13,8 @@ def start_replicator(
     cmd: list[str], env: dict[str, str], log: Path, group: bool = False
 ) -> subprocess.Popen[str]:
     """Run ``cmd`` (``sim.replicator.command``: text pipes for stdin and stdout, its log
-    appended to ``log``) until it says READY; RuntimeError when it exits first. ``group``: in
-    a process group of its own."""
+    appended to ``log``) until it says READY; RuntimeError when it closes its stdout first
+    (then it is stopped). ``group``: in a process group of its own."""
     with open(log, "ab") as err:
         proc: subprocess.Popen[str] = popen(
             cmd, env, group=group, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
@@ -24,6 +24,7 @@ def start_replicator(
     while True:
         line = proc.stdout.readline()
         if not line:
+            stop(proc)
             raise RuntimeError(f"replicator did not start; see {log}")
         if line.startswith("READY"):
             return proc
