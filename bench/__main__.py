@@ -17,8 +17,9 @@ import time
 import traceback
 from typing import Any
 
+from fleet.backends import BackendUnavailable, dynalite_status, install_dynalite
+
 from . import highuse, report, scenarios, spawn
-from .backends import BackendUnavailable, dynalite_status, install_dynalite
 from .harness import CLIENT, POOL, REGION, Env
 from .proxy import self_test
 

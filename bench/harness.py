@@ -1,5 +1,6 @@
 """The pieces scenarios are built from: a backend behind the delay proxy, tables and pools,
-daemons (``rasd serve`` processes), the echo server, load generators and RSS readings."""
+daemons (``rasd serve`` processes), the echo server, load generators and RSS readings; the
+backends, the proxy, the table and the daemons' processes are the shared harness's (fleet/)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,33 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
-import rasd_client
+from fleet import backends, daemons, procs, tables
+from fleet.backends import Proxy
 from rasd.core import schema
-from rasd.core.rollout import Rollout
-from rasd_jobs import common as jobs_common
-
-from .backends import BENCH_DIR, Proxy, aws_env, start_backend
 
 CLIENT = "bench"
 POOL = "p"
 REGION = "us-east-1"
+BENCH_DIR = Path(__file__).resolve().parent
 LOG_DIR = BENCH_DIR / ".cache" / "logs"  # gitignored
+#: the developer's settings that would point the children elsewhere than the backend
+NOT_INHERITED = ("AWS_PROFILE", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB")
+
+
+def aws_env() -> dict[str, str]:
+    """The children's environment: ours (rasd's settings too) but :data:`NOT_INHERITED`, with
+    credentials moto and dynalite accept, a session token and a default region."""
+    return procs.child_env(
+        drop_prefixes=(),
+        drop=NOT_INHERITED,
+        AWS_SESSION_TOKEN="testing",
+        AWS_DEFAULT_REGION=REGION,
+    )
+
+
+def start_backend(kind: str) -> backends.Moto | backends.Dynalite:
+    """The backend ``kind`` (``moto``, ``dynalite``), moto with :func:`aws_env`."""
+    return backends.start_backend(kind, aws_env())
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
@@ -79,50 +93,24 @@ class Daemon:
         penv = aws_env()
         for k, v in (settings or {}).items():
             penv[f"RASD_{k.upper()}"] = str(v)
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                *cmd,
-                "serve",
-                "--socket",
-                self.socket,
-                "--table",
-                table,
-                "--region",
-                REGION,
-                "--endpoint-url",
-                env.endpoint,
-                "--log-level",
-                "warning",
-            ],
-            env=penv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-            cwd=str(BENCH_DIR.parent),  # bench.storetrace is importable from here
+        # run in the repository, where bench.storetrace is importable
+        self.proc = daemons.start_daemon(
+            self.socket, table, REGION, env.endpoint, penv, self.log_path, cmd=cmd, append=False
         )
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"daemon {self.name} exited ({self.proc.returncode}); see {self.log_path}:\n"
-                    + self.log_path.read_text()[-2000:]
-                )
-            if os.path.exists(self.socket):
-                try:
-                    r = rasd_client.call_raw("ping", socket_path=self.socket, timeout=1.0)
-                    if r.get("ready"):
-                        return
-                except rasd_client.RasdError:
-                    pass
-            time.sleep(0.05)
+        if daemons.wait_ready(self.socket, self.proc, timeout, poll=0.05):
+            return
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"daemon {self.name} exited ({self.proc.returncode}); see {self.log_path}:\n"
+                + self.log_path.read_text()[-2000:]
+            )
         raise RuntimeError(f"daemon {self.name} not ready after {timeout}s; see {self.log_path}")
 
     def stats(self) -> dict[str, Any]:
-        return rasd_client.call_raw("stats", socket_path=self.socket, timeout=5.0)
+        return daemons.stats(self.socket, timeout=5.0)
 
     def counters(self) -> Counter[str]:
         return Counter(self.stats().get("counters", {}))
@@ -144,7 +132,6 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        self._log.close()
 
 
 class Echo:
@@ -152,11 +139,11 @@ class Echo:
 
     def __init__(self, env: Env) -> None:
         self.socket = os.path.join(env.tmp, "echo.sock")
-        self.proc = subprocess.Popen(
+        self.proc = procs.popen(
             [sys.executable, "-m", "bench.echo", "--socket", self.socket],
+            None,
             stdout=subprocess.PIPE,
             text=True,
-            cwd=str(BENCH_DIR.parent),
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -197,20 +184,15 @@ class Env:
         self.daemon_cmd = daemon_cmd or [rasd_bin()]
         self.endpoint = self.proxy.endpoint  # what daemons and the baseline use
         #: provisioning and audits go straight to the backend (no modelled delay)
-        self.direct = boto3.client(
-            "dynamodb",
-            endpoint_url=self.backend.endpoint,
-            region_name=REGION,
-            config=BotoConfig(max_pool_connections=16, retries={"max_attempts": 5}),
+        self.direct = tables.client(
+            self.backend.endpoint, REGION, max_pool_connections=16, retries={"max_attempts": 5}
         )
         self.daemons: list[Daemon] = []
 
     def new_table(self, resources: int, prefix: str = "r", max_lease_s: int = 86400) -> str:
         name = f"bench{os.getpid()}x{next(self._ids)}"
-        schema.create_table(self.direct, name)
-        schema.put_pool(self.direct, name, CLIENT, POOL, max_lease_s)
-        if self.rollout:
-            jobs_common.write_rollout(self.direct, name, True, Rollout(), "bench", "--rollout")
+        rollout = ("bench", "--rollout") if self.rollout else None
+        tables.seed_table(self.direct, name, CLIENT, POOL, max_lease_s=max_lease_s, rollout=rollout)
         if resources:
             self.add_resources(name, resources, prefix)
         return name
@@ -273,12 +255,7 @@ class Env:
 
 
 def _seed(endpoint: str, table: str, names: list[str]) -> None:
-    ddb = boto3.client(
-        "dynamodb",
-        endpoint_url=endpoint,
-        region_name=REGION,
-        config=BotoConfig(retries={"max_attempts": 10}),
-    )
+    ddb = tables.client(endpoint, REGION, retries={"max_attempts": 10})
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as ex:

@@ -39,8 +39,7 @@ import boto3
 import rasd_client
 from rasd.core import schema
 
-from .backends import start_backend
-from .harness import cpu_split
+from .harness import cpu_split, start_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUR = timedelta(hours=1)

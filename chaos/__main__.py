@@ -1,5 +1,5 @@
-"""``python -m chaos``: see chaos/run.py."""
+"""``python -m chaos``: see chaos/cli.py."""
 
-from chaos.run import main
+from chaos.cli import main
 
 raise SystemExit(main())

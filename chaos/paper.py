@@ -33,7 +33,7 @@ from rasd.core.lease import US
 
 from .app import DURATIONS
 
-#: the DynamoDB region of the run's one table (chaos.run.child_env pins it for every child)
+#: the DynamoDB region of the run's one table (chaos.children.child_env pins it for every child)
 TABLE_REGION = "us-east-1"
 
 

@@ -20,10 +20,9 @@ import threading
 import time
 from typing import Any
 
+from fleet.tables import client
 from rasd_jobs import balance_model as bm
 from rasd_jobs import balancer, common, liberator
-
-from .world import _client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     endpoints: dict[str, str] = dict(e.split("=", 1) for e in args.endpoint)
     regions = list(endpoints)
     home = regions[0]
-    ddb = {r: _client("dynamodb", u, r) for r, u in endpoints.items()}
+    ddb = {r: client(u, r) for r, u in endpoints.items()}
     clients = balancer.Clients(
         ddb=ddb[home],
-        streams=_client("dynamodbstreams", endpoints[home], home),
-        s3=_client("s3", endpoints[home], home),
+        streams=client(endpoints[home], home, "dynamodbstreams"),
+        s3=client(endpoints[home], home, "s3"),
         peers={r: c for r, c in ddb.items() if r != home},
     )
     params = bm.Params(

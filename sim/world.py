@@ -14,7 +14,6 @@ import contextlib
 import functools
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -27,19 +26,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
+from fleet import procs, tables
+from fleet import replicator as fleet_replicator
+from fleet.backends import Moto
+from fleet.daemons import counters, start_daemon, wait_ready
 from rasd.config import Config
-from rasd.core import schema
-from rasd.core.builders import miss_report_update, new_resource_item
+from rasd.core.builders import miss_report_update
 from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk
 from rasd.core.serialize import mapping_from_ddb
 
 from . import capacity, replicator, traffic
 
 CLIENT, POOL = "sim", "default"
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -99,79 +97,6 @@ class RunResult:
     wall_s: float = 0.0
 
 
-# ------------------------------------------------------------------------------- children
-# moto with atomic conditional writes (rasd.devtools.motoserver), in its own process: plain moto
-# lets two concurrent conditional writes on one item both succeed, which DynamoDB never does.
-_MOTO_CMD = ["-m", "rasd.devtools.motoserver"]
-
-
-def aws_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for k in list(env):
-        if k.startswith("AWS_") or k.startswith("RASD_"):
-            del env[k]
-    env.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
-    return env
-
-
-def _popen(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen[str]:
-    err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=err,
-        text=True,
-        env=env,
-        cwd=str(REPO),
-    )
-
-
-def _readline(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child {proc.args!r} exited ({proc.poll()})")
-        if line.startswith(prefix):
-            return line.strip()
-    raise RuntimeError(f"child did not say {prefix!r}")
-
-
-def _close(proc: subprocess.Popen[str], timeout: float = 10.0) -> str:
-    """Close the child's stdin (its signal to stop) and return the rest of its stdout."""
-    with contextlib.suppress(OSError, ValueError):
-        if proc.stdin:
-            proc.stdin.close()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    out = ""
-    with contextlib.suppress(OSError, ValueError):
-        if proc.stdout:
-            out = proc.stdout.read()
-            proc.stdout.close()
-    return out
-
-
-def _client(service: str, url: str, region: str) -> Any:
-    return boto3.client(  # type: ignore[call-overload]
-        service,
-        endpoint_url=url,
-        region_name=region,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        config=BotoConfig(retries={"max_attempts": 8, "mode": "standard"}),
-    )
-
-
 def daemon_reports_misses() -> bool:
     """Whether this checkout's daemon writes ``misses#`` counters (config setting
     ``miss_report_interval``). If not, the simulation's driver writes them for it, from the
@@ -186,47 +111,42 @@ class World:
         self.scn = scn
         self.regions = list(scn.names)
         self.dir = workdir
-        self.children: list[subprocess.Popen[str]] = []
-        self.daemons: list[subprocess.Popen[str]] = []
+        self.children: list[subprocess.Popen[Any]] = []
+        self.daemons: list[subprocess.Popen[Any]] = []
         self._sock_dir: Path | None = None
         self.endpoints: dict[str, str] = {}
         self.sockets: dict[str, list[str]] = {}
-        self.env = aws_env()
+        self.env = procs.child_env()
 
     # -- set-up
     def start_backends(self) -> None:
-        procs = {r: _popen([sys.executable, *_MOTO_CMD], self.env, None) for r in self.regions}
-        for r, proc in procs.items():
-            self.children.append(proc)
-            port = int(_readline(proc, "PORT").split()[1])
-            self.endpoints[r] = f"http://127.0.0.1:{port}"
+        """One moto server per region (its replica), all started at once; they stop when
+        their stdin closes."""
+        motos = {r: Moto(self.env, stderr=subprocess.DEVNULL, wait=False) for r in self.regions}
+        self.children += [moto.proc for moto in motos.values()]
+        for r, moto in motos.items():
+            self.endpoints[r] = moto.ready().endpoint
 
     def seed(self, split: dict[str, int]) -> None:
         """The same items in every replica (a global table's state): the pool, and the
         resources with their initial regions, with identical timestamps."""
         now = time.time_ns() // 1000
-        items = []
+        names: dict[str, list[str]] = {}
         n = 0
         for r in self.regions:
-            for _ in range(split[r]):
-                items.append(new_resource_item(CLIENT, POOL, r, f"res-{n:05d}", now))
-                n += 1
+            names[r] = [f"res-{i:05d}" for i in range(n, n + split[r])]
+            n += split[r]
         for r, url in self.endpoints.items():
-            ddb = _client("dynamodb", url, r)
-            schema.create_table(ddb, self.p.table)
-            schema.put_pool(ddb, self.p.table, CLIENT, POOL, 3600)
-            schema.batch_write(ddb, self.p.table, items)
-        _client("s3", self.endpoints[self.regions[0]], self.regions[0]).create_bucket(
-            Bucket="sim-balancer"
-        )
+            tables.seed_table(tables.client(url, r), self.p.table, CLIENT, POOL, names, now_us=now)
+        home = self.regions[0]
+        tables.client(self.endpoints[home], home, "s3").create_bucket(Bucket="sim-balancer")
 
     def start_replicator(self) -> subprocess.Popen[str]:
         cmd = replicator.command(
             self.endpoints, self.p.table, self.p.lag_s, str(self.dir / "audit.jsonl")
         )
-        proc = _popen(cmd, self.env, self.dir / "replicator.log")
+        proc = fleet_replicator.start_replicator(cmd, self.env, self.dir / "replicator.log")
         self.children.append(proc)
-        _readline(proc, "READY")
         return proc
 
     def start_daemons(self) -> None:
@@ -244,30 +164,22 @@ class World:
             env["RASD_MISS_REPORT_INTERVAL"] = "0.5"
         sock_dir = Path(tempfile.mkdtemp(prefix="rasd-sim-"))
         self._sock_dir = sock_dir
+        started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for r in self.regions:
             self.sockets[r] = []
             for i in range(self.p.daemons_per_region):
                 sock = str(sock_dir / f"{r}-{i}.sock")
-                cmd = [sys.executable, "-m", "rasd", "serve", "--socket", sock]
-                cmd += ["--table", self.p.table, "--region", r]
-                cmd += ["--endpoint-url", self.endpoints[r], "--log-level", "warning"]
-                proc = _popen(cmd, env, self.dir / f"rasd-{r}-{i}.log")
+                log = self.dir / f"rasd-{r}-{i}.log"
+                proc = start_daemon(sock, self.p.table, r, self.endpoints[r], env, log)
                 self.children.append(proc)
                 self.daemons.append(proc)
                 self.sockets[r].append(sock)
-        import rasd_client
-
+                started.append((sock, proc))
+        # every daemon answering (it may still be starting), all within a minute
         deadline = time.monotonic() + 60
-        for socks in self.sockets.values():
-            for s in socks:
-                while True:
-                    try:
-                        rasd_client.call_raw("stats", socket_path=s, timeout=1.0)
-                        break
-                    except Exception:  # noqa: BLE001 - not up yet
-                        if time.monotonic() > deadline:
-                            raise RuntimeError(f"daemon {s} did not start") from None
-                        time.sleep(0.1)
+        for sock, proc in started:
+            if not wait_ready(sock, proc, deadline - time.monotonic(), ready=False):
+                raise RuntimeError(f"daemon {sock} did not start")
 
     def start_jobs(self) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "sim.jobs", "--table", self.p.table]
@@ -280,7 +192,11 @@ class World:
             cmd += ["--no-balancer"]
         for r, u in self.endpoints.items():
             cmd += ["--endpoint", f"{r}={u}"]
-        proc = _popen(cmd, self.env, self.dir / "jobs.log")
+        with open(self.dir / "jobs.log", "a") as log:
+            proc: subprocess.Popen[str] = procs.popen(
+                cmd, self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                text=True,
+            )  # fmt: skip
         self.children.append(proc)
         return proc
 
@@ -296,36 +212,30 @@ class World:
                     proc.terminate()
         for proc in reversed(self.children):
             if proc.poll() is None:
-                _close(proc, 10)
+                procs.stop(proc, 10)
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 
     # -- reading the replicas
     def resource_items(self, region: str) -> dict[str, dict[str, Any]]:
-        ddb = _client("dynamodb", self.endpoints[region], region)
         out: dict[str, dict[str, Any]] = {}
-        kw: dict[str, Any] = {
-            "TableName": self.p.table,
-            "ConsistentRead": True,
-            "FilterExpression": "client_id = :c",
-            "ExpressionAttributeValues": {":c": {"S": CLIENT}},
-        }
-        while True:
-            resp = ddb.scan(**kw)
-            for it in resp.get("Items", []):
-                out[it["resource"]["S"]] = {
-                    "region": it.get("region", {}).get("S"),
-                    "key": it.get("key", {}).get("S"),
-                    "version": int(it.get("version", {}).get("N", "0")),
-                    "pool_id": it.get("pool_id", {}).get("S"),
-                    "lease_acquired": it.get("lease_acquired", {}).get("S"),
-                    "lease_expires": it.get("lease_expires", {}).get("S"),
-                    "holder": it.get("holder", {}).get("S"),
-                    "lease_available": it.get("lease_available", {}).get("S"),
-                }
-            if "LastEvaluatedKey" not in resp:
-                return out
-            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        for it in tables.scan(
+            self._ddb(region),
+            self.p.table,
+            FilterExpression="client_id = :c",
+            ExpressionAttributeValues={":c": {"S": CLIENT}},
+        ):
+            out[it["resource"]["S"]] = {
+                "region": it.get("region", {}).get("S"),
+                "key": it.get("key", {}).get("S"),
+                "version": int(it.get("version", {}).get("N", "0")),
+                "pool_id": it.get("pool_id", {}).get("S"),
+                "lease_acquired": it.get("lease_acquired", {}).get("S"),
+                "lease_expires": it.get("lease_expires", {}).get("S"),
+                "holder": it.get("holder", {}).get("S"),
+                "lease_available": it.get("lease_available", {}).get("S"),
+            }
+        return out
 
     def leases_by_mapping(
         self, region: str, items: dict[str, dict[str, Any]]
@@ -333,27 +243,20 @@ class World:
         """key -> the resources its mapping items name (one per region at most) in this
         replica, counting only mappings whose claim holds (the resource is held by the
         mapping's token): the leases as daemons see them (docs/design.md)."""
-        ddb = _client("dynamodb", self.endpoints[region], region)
         out: dict[str, list[str]] = {}
-        pfx = map_pk(CLIENT, POOL, "")
-        kw: dict[str, Any] = {
-            "TableName": self.p.table,
-            "ConsistentRead": True,
-            "FilterExpression": "begins_with(client_id, :m)",
-            "ExpressionAttributeValues": {":m": {"S": pfx}},
-        }
-        while True:
-            resp = ddb.scan(**kw)
-            for raw in resp.get("Items", []):
-                m = mapping_from_ddb(raw)
-                if m.state not in (PENDING, LIVE) or m.resource is None:
-                    continue
-                it = items.get(m.resource)
-                if it and it["holder"] == m.token and it["key"] == m.key:
-                    out.setdefault(m.key, []).append(m.resource)
-            if "LastEvaluatedKey" not in resp:
-                return out
-            kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        for raw in tables.scan(
+            self._ddb(region),
+            self.p.table,
+            FilterExpression="begins_with(client_id, :m)",
+            ExpressionAttributeValues={":m": {"S": map_pk(CLIENT, POOL, "")}},
+        ):
+            m = mapping_from_ddb(raw)
+            if m.state not in (PENDING, LIVE) or m.resource is None:
+                continue
+            it = items.get(m.resource)
+            if it and it["holder"] == m.token and it["key"] == m.key:
+                out.setdefault(m.key, []).append(m.resource)
+        return out
 
     def duplicate_keys(self, items: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
         by_key: dict[str, list[str]] = {}
@@ -392,14 +295,13 @@ class World:
             )
             res.end["no_capacity_while_claimable"] = len(wrong)
             res.end["no_capacity_while_claimable_examples"] = wrong[:5]
-            _close(jobs, 30)
+            procs.stop(jobs, 30)
             res.jobs = _read_jsonl(self.dir / "jobs.jsonl")
             res.daemon_stats = self.daemon_stats()
             self.settle(rep, max(1.0, self.p.lag_s + 0.5))
             res.end |= self.check_and_dedupe(rep)
-            out = _close(rep, 30)
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            res.replicator = json.loads(lines[-1]) if lines else {}
+            out = fleet_replicator.stop_replicator(rep, 30)
+            res.replicator = procs.summary_line(out or "") or {}
             res.audit = _read_jsonl(self.dir / "audit.jsonl")
         finally:
             self.stop_all()
@@ -407,17 +309,12 @@ class World:
         return res
 
     def daemon_stats(self) -> dict[str, dict[str, Any]]:
-        import rasd_client
-
         out: dict[str, dict[str, Any]] = {}
         for r, socks in self.sockets.items():
             total: Counter[str] = Counter()
             for s in socks:
-                with contextlib.suppress(Exception):
-                    c = rasd_client.call_raw("stats", socket_path=s, timeout=2.0)
-                    total.update(
-                        {k: v for k, v in c.get("counters", {}).items() if isinstance(v, int)}
-                    )
+                c = counters(s)
+                total.update({k: v for k, v in c.items() if isinstance(v, int)})
             keep = ("lease.no_capacity", "err.NO_CAPACITY", "lease.new", "req.total")
             out[r] = {k: total[k] for k in keep if k in total} | {
                 k: v for k, v in total.items() if k.startswith(("lease.", "err.", "misses."))
@@ -578,7 +475,7 @@ class World:
             cache = {}
             self._ddbs = cache
         if r not in cache:
-            cache[r] = _client("dynamodb", self.endpoints[r], r)
+            cache[r] = tables.client(self.endpoints[r], r)
         return cache[r]
 
     async def probe(self) -> dict[str, Any]:

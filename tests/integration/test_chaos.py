@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import Params, run, table
+from chaos.params import Params
+from chaos.run import run
+from chaos.summary import table
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 

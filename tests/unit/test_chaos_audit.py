@@ -504,7 +504,7 @@ def test_calls_refused_past_a_redefined_max_lease_are_counted() -> None:
 def test_rasadmin_refusals_are_told_apart() -> None:
     """The chaos run counts rasadmin's refusals by reason, from its messages (a quarantine's
     message speaks of the key that *released* it: not a lease)."""
-    from chaos.run import admin_summary
+    from chaos.admin import admin_summary
 
     def deleted(code: int, error: str = "") -> dict[str, Any]:
         return {"action": "delete", "region": E, "resources": ["r1"], "exit": code, "error": error}

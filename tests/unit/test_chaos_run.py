@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from chaos import paper
-from chaos.run import Params, end_rollout_attempt, end_rollout_result, params
+from chaos.cli import params
+from chaos.end_rollout import end_rollout_attempt, end_rollout_result
+from chaos.params import Params
 from rasd.core.rollout import Rollout
 
 

@@ -5,7 +5,7 @@ What is checked
 ---------------
 A *reference* is a dotted name whose first part is one of our top-level packages (``rasd``,
 ``rasd_client``, ``rasd_jobs``, ``jobs``, ``check``, ``chaos``, ``bench``, ``sim``,
-``tests``: :data:`PACKAGES`), such as ``rasd.steps.take.acquire``, found
+``fleet``, ``tests``: :data:`PACKAGES`), such as ``rasd.steps.take.acquire``, found
 
 * in backticks, single or double (markdown and reST), or bare in running text, in README.md
   and docs/*.md (fenced code blocks skipped), and in every docstring, bare string statement
@@ -61,6 +61,7 @@ PACKAGES = {
     "chaos": "chaos",
     "bench": "bench",
     "sim": "sim",
+    "fleet": "fleet",
     "tests": "tests",
 }
 #: what a reference's first part is imported as

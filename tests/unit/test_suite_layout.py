@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: every directory of Python the repository runs: the packages, the tools, the tests
-SCANNED = ("rasd", "client", "jobs", "check", "chaos", "bench", "sim", "tests")
+SCANNED = ("rasd", "client", "jobs", "check", "chaos", "bench", "sim", "fleet", "tests")
 #: what the wheel and the .deb ship (pyproject's packages)
 SHIPPED = ("rasd", "client", "jobs")
 

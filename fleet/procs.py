@@ -1,0 +1,120 @@
+"""Child processes: their environment, each in its own process group or not, stopping them,
+the lines they announce themselves with."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+#: the repository: the children's working directory, so that ``python -m`` finds every tool
+REPO = Path(__file__).resolve().parents[1]
+
+#: credentials moto and dynalite accept; nothing here may ever reach real AWS
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def child_env(
+    drop_prefixes: Iterable[str] = ("AWS_", "RASD_"),
+    drop: Iterable[str] = (),
+    repo_on_path: bool = False,
+    **settings: str,
+) -> dict[str, str]:
+    """This process's environment for a child: without the variables whose names start with
+    one of ``drop_prefixes`` (by default every AWS and rasd setting: no profile, region or
+    endpoint of the developer's leaks in) or are in ``drop``, with the fake credentials,
+    ``settings`` on top. ``repo_on_path``: the repository first on PYTHONPATH."""
+    prefixes, names = tuple(drop_prefixes), set(drop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env.update(FAKE_CREDENTIALS)
+    if repo_on_path:
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(settings)
+    return env
+
+
+def popen(
+    cmd: list[str],
+    env: dict[str, str] | None,
+    group: bool = False,
+    cwd: Path | None = REPO,
+    **kw: Any,
+) -> subprocess.Popen[Any]:
+    """Start ``cmd`` in ``cwd`` with ``env`` (None: this process's). ``group``: the child
+    leads a process group of its own (a new session), so that :func:`kill_group` reaches
+    whatever it starts, and a terminal's Ctrl-C reaches only this process."""
+    return subprocess.Popen(
+        cmd, env=env, cwd=None if cwd is None else str(cwd), start_new_session=group, **kw
+    )
+
+
+def kill_group(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGKILL) -> None:
+    """Signal the child's whole process group (it leads one: ``popen(group=True)``). A child
+    already reaped is left alone: its pid, and so its group id, may belong to another now."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def stop(proc: subprocess.Popen[Any], grace: float = 0.0) -> None:
+    """Close the child's stdin (the signal to stop of the children that serve until it
+    closes), give it ``grace`` seconds to exit, then SIGTERM, then SIGKILL; then close its
+    stdout, whatever is left in it unread."""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin:
+            proc.stdin.close()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def announced_port(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
+    """The port in the child's first ``PORT n`` line on stdout (a pipe read no more after
+    this). RuntimeError, with what it printed, when it exits or stays silent ``timeout``
+    seconds first."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+                if line.startswith("PORT "):
+                    return int(line.split()[1])
+        if proc.poll() is not None:
+            break
+    raise RuntimeError(f"{proc.args!r} announced no port (exit {proc.poll()}): {buf!r}")
+
+
+def summary_line(out: str) -> dict[str, Any] | None:
+    """The last line of ``out`` that starts with ``{``, as JSON (a child's summary); None
+    without one."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if not lines:
+        return None
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return summary
