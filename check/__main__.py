@@ -16,7 +16,20 @@ from pathlib import Path
 
 from .explore import Result, bfs, format_trace, walks
 from .model import Config
-from .rulesets import BAD, BAD_C, BAD_D1, BAD_D2, BAD_E, BAD_M, BAD_R, BAD_S, REAL, Protocol
+from .rulesets import (
+    BAD,
+    BAD_C,
+    BAD_D1,
+    BAD_D2,
+    BAD_E,
+    BAD_L,
+    BAD_M,
+    BAD_P,
+    BAD_R,
+    BAD_S,
+    REAL,
+    Protocol,
+)
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -280,6 +293,27 @@ MIXED = Config(
     paper_key="k1",
     legacy_agents=True,
 )
+#: ``legacy_agents`` with two daemons a tick of skew apart, two-tick leases (within a tick of
+#: their end, by the margin), the paper's agent acquiring k1 once: d0 has written k1's
+#: pending mapping for ra, and the paper's call has begun
+MIXED_TWO = replace(MIXED, daemons=2, max_ops=2, leases=(2, 2), history=0)
+_MIXED_CLAIMING = [
+    "d0 get_lease(k1) called",
+    "d0 get_lease(k1) candidate ra",
+    "paper get_lease(k1) called",
+    "d0 get_lease(k1) read mapping",
+    "d0 get_lease(k1) read leased index",
+    "d0 get_lease(k1) map_acquire APPLIED",
+]
+#: ... then d1's call, which may find the pending mapping too close to its end to serve (an
+#: extension would confirm it: settled first, or P)
+MIXED_EXTEND = (replace(MIXED_TWO, max_calls=5), _MIXED_CLAIMING)
+#: ... d0's claim landed and settled, k1 answered ra: d1, whose clock is a tick ahead, is
+#: asked at the lease's end on its clock, a tick before the true one (waits, or L)
+MIXED_LAPSED = (
+    MIXED_TWO,
+    [*_MIXED_CLAIMING, "d0 get_lease(k1) claim APPLIED", "d0 get_lease(k1) read leased index"],
+)
 #: the rollout record switched with daemons that have not yet seen it: two daemons, two keys
 #: over two resources, releases, two app calls, and the record's one change at any step, each
 #: daemon following it at a step of its own (programs already running keep their mode).
@@ -307,6 +341,8 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("admin", ADMIN_RELEASED[0], ADMIN_RELEASED[1], ADMIN_RELEASED[2], BAD_R),
     ("balancer", BALANCER, None, None, BAD_M),
     ("mixed", MIXED, None, None, BAD_S),
+    ("mixed-extend", MIXED_EXTEND[0], MIXED_EXTEND[1], 1, BAD_P),
+    ("mixed-lapsed", MIXED_LAPSED[0], MIXED_LAPSED[1], 1, BAD_L),
 )
 #: deep mode: the same actors from the initial state, wider (each bounded by --budget)
 ADMIN_DEEP = replace(ADMIN, max_ops=3, max_faults=1, ticks=(1, 5), horizon=6)

@@ -8,9 +8,10 @@ short of the clock skew, the survivor judged in the wrong replica, an orphan fre
 quarantine only, an orphan that became a lease released as one); Q and H are beside the
 paper's agent (a quarantine inside the available index, a stale holder taken as current);
 R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
-balancer's (a move written in the wrong replica), S the settling beside the paper's agent
-(a won claim served unsettled). The jobs' programs read them through their ``ops``. They
-live here, never in production code: a checker that cannot find them proves nothing
+balancer's (a move written in the wrong replica), S, P and L beside the paper's agent (a
+won claim served unsettled; a pending mapping extended unsettled; a lapsed lease ended on
+the reader's clock alone). The jobs' programs read them through their ``ops``. They live
+here, never in production code: a checker that cannot find them proves nothing
 (tests/unit/test_check.py).
 """
 
@@ -94,6 +95,12 @@ class Protocol:
     #: whatever the leased index shows after it landed, so rasd may make a key's second
     #: lease beside the paper's agent's
     settle_never_yields: bool = False
+    #: P (with ``legacy_agents``): a reader that finds a pending mapping whose claim landed
+    #: too close to its end to serve extends it, writing it live, without settling it first
+    extend_unsettled: bool = False
+    #: L (with ``legacy_agents``): a lease past its end on the reader's clock is ended and
+    #: the key acquired anew at once, though a host whose clock is behind still serves it
+    lapsed_own_clock: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -134,6 +141,16 @@ class Protocol:
         if self.settle_never_yields:
             return LG.Confirm(m)
         return LG.on_settle(m, held, now_us)
+
+    def beside_legacy(self, d: D.Decision | LG.Settle) -> D.Decision | LG.Settle:
+        if self.extend_unsettled and isinstance(d, D.Extend):
+            return d
+        return LG.beside_legacy(d)
+
+    def on_lapsed(
+        self, m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int
+    ) -> D.Extend | D.Wait | LG.EndLapsed:
+        return LG.on_lapsed(m, r, now_us, 0 if self.lapsed_own_clock else grace_us)
 
     def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:
         return D.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
@@ -193,6 +210,8 @@ BAD_R = Protocol("R-admin-readd-at-once", admin_delete_quarantined=True, admin_n
 BAD_M = Protocol("M-balancer-no-peers", balancer_no_peers=True)
 BAD_S = Protocol("S-settle-never-yields", settle_never_yields=True)
 BAD_E = Protocol("E-unreleased-quarantine-only", unreleased_quarantine_only=True)
+BAD_P = Protocol("P-extend-unsettled", extend_unsettled=True)
+BAD_L = Protocol("L-lapsed-on-own-clock", lapsed_own_clock=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -214,6 +233,8 @@ PROTOCOLS = {
         BAD_M,
         BAD_S,
         BAD_E,
+        BAD_P,
+        BAD_L,
     )
 }
 
@@ -300,6 +321,8 @@ def ops_of(proto: Protocol) -> Ops:
         quarantine_us=proto.quarantine_us,
         holds_to_end=proto.holds_to_end,
         on_settle=proto.on_settle,
+        beside_legacy=proto.beside_legacy,
+        on_lapsed=proto.on_lapsed,
     )
 
 

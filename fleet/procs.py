@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
+#: settings of the embedded moto server itself (rasd.devtools.motoserver: the flake hunt's
+#: slowed DynamoDB), not of rasd: every child keeps them, so a moto a tool starts obeys them
+MOTO_SETTINGS = ("RASD_MOTO_DELAY", "RASD_MOTO_STALLS")
+
+
 def child_env(
     drop_prefixes: Iterable[str] = ("AWS_", "RASD_"),
     drop: Iterable[str] = (),
@@ -28,11 +33,16 @@ def child_env(
     **settings: str,
 ) -> dict[str, str]:
     """This process's environment for a child: without the variables whose names start with
-    one of ``drop_prefixes`` (by default every AWS and rasd setting: no profile, region or
-    endpoint of the developer's leaks in) or are in ``drop``, with the fake credentials,
-    ``settings`` on top. ``repo_on_path``: the repository first on PYTHONPATH."""
+    one of ``drop_prefixes`` (by default every AWS and rasd setting but :data:`MOTO_SETTINGS`:
+    no profile, region or endpoint of the developer's leaks in) or are in ``drop``, with the
+    fake credentials, ``settings`` on top. ``repo_on_path``: the repository first on
+    PYTHONPATH."""
     prefixes, names = tuple(drop_prefixes), set(drop)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (k in MOTO_SETTINGS or not k.startswith(prefixes)) and k not in names
+    }
     env.update(FAKE_CREDENTIALS)
     if repo_on_path:
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

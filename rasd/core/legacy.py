@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decide import Decision, Extend, Serve, pick
+from .decide import Decision, Extend, Serve, Wait, pick
 from .lease import Mapping, ResourceItem
 
 
@@ -142,7 +142,9 @@ class EndLapsed:
     mapping: Mapping
 
 
-def on_lapsed(m: Mapping, r: ResourceItem | None, now_us: int) -> Extend | EndLapsed:
+def on_lapsed(
+    m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int
+) -> Extend | Wait | EndLapsed:
     """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m`` already past its
     end (on the mapping), and ``r`` is its resource item, read consistently after.
 
@@ -150,9 +152,16 @@ def on_lapsed(m: Mapping, r: ResourceItem | None, now_us: int) -> Extend | EndLa
     claims another resource for the key. Extending ours then would make it run again beside
     that one. The item, not the mapping, says whether it is over: an extension writes the
     item first (the mapping can lag it), and both agents answer at most the item's end. An
-    item that still runs is extended as before; one whose end has passed, or that no longer
-    carries our claim, is ended."""
+    item that still runs is extended as before; one that no longer carries our claim is
+    ended. One whose end has passed on this host's clock is ended only once it has passed
+    on every host's, ``grace_us`` (the clock-skew bound) later: until then an app another
+    host answered may still use it, and the key's next lease would run beside it. The
+    request waits meanwhile."""
     held = r is not None and r.holder == m.token and r.key == m.key
-    if held and r is not None and r.lease_expires_us is not None and r.lease_expires_us > now_us:
+    if not held or r is None or r.lease_expires_us is None:
+        return EndLapsed(m)
+    if r.lease_expires_us > now_us:
         return Extend(m)
+    if now_us < r.lease_expires_us + grace_us:
+        return Wait("the lease is at its end on this host's clock, not yet on every host's")
     return EndLapsed(m)

@@ -125,10 +125,11 @@ def resolve(
         and dec.mapping.expires_us <= (yield Now())
     ):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
-        lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()))
+        lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()), d.rules.grace_us)
         if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
             return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
+        dec = lapsed
     if isinstance(dec, D.Extend):
         lease = yield from extend_now(d, dec.mapping, requested_us)
         if lease is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+import rasd_client.errors
 from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
 from rasd.config import Config
 from rasd.core import builders as B
@@ -533,29 +534,41 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
 ) -> None:
     """rasd's lease ends; within the liberator's grace the paper's agent, which takes the end
     as final, leases the key another resource. rasd, asked again, must not extend its ended
-    lease beside that one: the item shows it over, so rasd ends it and adopts the paper's.
-    (Before: rasd extended it, and both leases ran on in one region.)"""
+    lease beside that one: the item shows it over. (Before: rasd extended it, and both
+    leases ran on in one region.) Nor may it acquire anew before the end has passed on every
+    host's clock (``max_clock_skew`` after it on its own): until then a host whose clock is
+    behind may still serve the old lease, and the request waits. Then the key acquires anew,
+    adopting the paper's lease; the ended one is the liberator's."""
     seed_pool(ddb, table, count=6)
     clock = FakeClock(now_us=now_us())
     agent = paper()
     async with make_daemon(clock=clock) as d:
         s = d.cfg.socket
+        skew = d.cfg.max_clock_skew
         mine = await rasd_aio.get_lease(
-            C, P, "k", (clock.now_us() + 3 * L.US) / L.US, socket_path=s
+            C, P, "k", (clock.now_us() + 3 * L.US) / L.US, socket_path=s, timeout=WAIT
         )
         await d.coordinator.drain(2.0)
-        clock.advance(4)  # 1 s past its end, within the 2 s grace
+        clock.advance(4)  # 1 s past its end, within the grace and the skew bound
         theirs = agent.get_lease(C, P, "k", clock.now_us() + 3600 * L.US, now_us=clock.now_us())
         assert theirs.new and theirs.resource != mine.resource
+        # the daemon's clock stands still: the request waits out its deadline, ending nothing
+        with pytest.raises(rasd_client.errors.Timeout):
+            await rasd_aio.get_lease(
+                C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s, timeout=0.5
+            )
+        assert d.counters["lease.ended_lapsed"] == 0
+        assert resource(ddb, table, mine.resource).key == "k"
+        clock.advance(skew)  # past its end by the skew bound: over on every host's clock
         got = await rasd_aio.get_lease(
-            C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s
+            C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s, timeout=WAIT
         )
         assert got.resource == theirs.resource, (mine.resource, theirs.resource, got.resource)
-        assert d.counters["lease.ended_lapsed"] == 1 and d.counters["lease.adopted"] == 1
+        assert d.counters["lease.adopted"] == 1 and d.counters["lease.new"] == 1
         await d.coordinator.drain(2.0)
-    assert held_by(ddb, table) == {"k": [theirs.resource]}
     ended = resource(ddb, table, mine.resource)
-    assert ended.key is None and ended.holder is None
+    assert ended.lease_expires_us is not None and ended.lease_expires_us < clock.now_us()
+    assert sorted(held_by(ddb, table)["k"]) == sorted([mine.resource, theirs.resource])
 
 
 async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answer(

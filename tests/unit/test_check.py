@@ -20,6 +20,8 @@ from check.__main__ import (
     DEDUPE_LIVE,
     DEDUPE_PENDING,
     MIXED,
+    MIXED_EXTEND,
+    MIXED_LAPSED,
     QUICK_BFS,
     SWITCH_OFF,
     SWITCH_ON,
@@ -41,7 +43,9 @@ from check.rulesets import (
     BAD_D6,
     BAD_E,
     BAD_H,
+    BAD_L,
     BAD_M,
+    BAD_P,
     BAD_Q,
     BAD_R,
     BAD_S,
@@ -707,6 +711,49 @@ def test_a_release_ends_the_lease_it_applied_to_whenever_it_was_called() -> None
     answer, the key's next acquisition counted as a second resource.)"""
     res = walk(WALK3, REAL, 1140, 200)
     assert res.violation is None, format_trace(res)
+
+
+def test_bad_p_extending_a_pending_mapping_unsettled_is_caught() -> None:
+    """P: a second daemon finds k1's pending mapping, whose claim landed, within the margin of
+    its end, and extends it (writing it live) without settling it, while the paper's agent
+    leased k1 another resource as the claim was in flight: rasd made k1's second lease."""
+    cfg, prefix = MIXED_EXTEND
+    res = bfs(cfg, BAD_P, prefix=prefix, ops_after_prefix=1)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("paper get_lease(k1) paper_claim APPLIED" in lab for lab in labels), labels
+    assert any("d1 get_lease(k1) extend_resource APPLIED" in lab for lab in labels), labels
+
+
+def test_real_rules_settle_a_pending_mapping_before_extending_it() -> None:
+    """Every interleaving of d1's call with d0's acquisition of k1 and the paper agent's:
+    the extension of a pending mapping settles it first, so rasd never makes the second
+    lease."""
+    cfg, prefix = MIXED_EXTEND
+    res = bfs(cfg, REAL, prefix=prefix, ops_after_prefix=1)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 20_000
+
+
+def test_bad_l_a_lapsed_lease_ended_on_the_readers_clock_is_caught() -> None:
+    """L: d1, whose clock is a tick ahead, finds k1's lease past its end on its clock (a tick
+    before the true end, while d0's app still uses it), ends it and acquires k1 anew; the
+    paper's agent answers the new lease from the leased index: k1 holds two resources."""
+    cfg, prefix = MIXED_LAPSED
+    res = bfs(cfg, BAD_L, prefix=prefix, ops_after_prefix=1)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("d1 get_lease(k1) map_release APPLIED" in lab for lab in labels), labels
+
+
+@pytest.mark.parametrize("faults", [0, 1])
+def test_real_rules_end_a_lapsed_lease_once_every_clock_has_passed_it(faults: int) -> None:
+    """The same with the real rules: d1 waits until the end has passed by the skew bound,
+    with no fault and with one (lost replies, delayed writes, read errors)."""
+    cfg, prefix = MIXED_LAPSED
+    res = bfs(dataclasses.replace(cfg, max_faults=faults), REAL, prefix=prefix, ops_after_prefix=1)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > (30_000 if faults else 5_000)
 
 
 def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:

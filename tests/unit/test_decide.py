@@ -307,15 +307,29 @@ def test_on_settle_ignores_a_young_claim_of_rasd_being_given_back() -> None:
     assert LG.on_settle(p, [old], NOW + 30 * S) == LG.YieldTo(p, old)
 
 
-def test_on_lapsed_ends_a_lease_whose_item_has_ended() -> None:
+def test_on_lapsed_ends_a_lease_whose_item_has_ended_on_every_clock() -> None:
     """Past its end on the mapping: extended only if the item shows it still running (an
-    extension the mapping lags), else ended, so that the key acquires anew."""
-    lapsed = m(exp=NOW - 1 * S)
-    item = replace(r(), lease_expires_us=NOW - 1 * S)
-    assert LG.on_lapsed(lapsed, item, NOW) == LG.EndLapsed(lapsed)
-    assert LG.on_lapsed(lapsed, replace(item, lease_expires_us=NOW), NOW) == LG.EndLapsed(lapsed)
+    extension the mapping lags); ended once the item's end has passed by the clock-skew
+    bound (every host's clock past it), so that the key acquires anew; waited for between."""
+    grace = 2 * S
+    lapsed = m(exp=NOW - 3 * S)
+    item = replace(r(), lease_expires_us=NOW - grace)
+    assert LG.on_lapsed(lapsed, item, NOW, grace) == LG.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, replace(item, lease_expires_us=NOW - 3 * S), NOW, grace) == (
+        LG.EndLapsed(lapsed)
+    )
+    # past its end here, but a host whose clock is behind by up to the bound may still serve it
+    for end in (NOW, NOW - 1, NOW - grace + 1):
+        got = LG.on_lapsed(lapsed, replace(item, lease_expires_us=end), NOW, grace)
+        assert isinstance(got, D.Wait), end
     extended = replace(item, lease_expires_us=NOW + 30 * S)
-    assert LG.on_lapsed(lapsed, extended, NOW) == D.Extend(lapsed)
-    # no longer our claim (liberated, freed, taken): ended as well
-    assert LG.on_lapsed(lapsed, None, NOW) == LG.EndLapsed(lapsed)
-    assert LG.on_lapsed(lapsed, replace(extended, holder="other"), NOW) == LG.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, extended, NOW, grace) == D.Extend(lapsed)
+    assert LG.on_lapsed(lapsed, replace(item, lease_expires_us=NOW + 1), NOW, grace) == (
+        D.Extend(lapsed)
+    )
+    # no longer our claim (liberated, freed, taken): ended at once
+    assert LG.on_lapsed(lapsed, None, NOW, grace) == LG.EndLapsed(lapsed)
+    assert LG.on_lapsed(lapsed, replace(extended, holder="other"), NOW, grace) == (
+        LG.EndLapsed(lapsed)
+    )
+    assert LG.on_lapsed(lapsed, replace(item, holder="other"), NOW, grace) == LG.EndLapsed(lapsed)

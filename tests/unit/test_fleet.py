@@ -18,9 +18,11 @@ def test_the_childs_environment_drops_the_developers_settings(
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://elsewhere")
     monkeypatch.setenv("RASD_POOL_REFRESH", "1")
     monkeypatch.setenv("KEPT", "yes")
+    monkeypatch.setenv("RASD_MOTO_DELAY", "0.002")  # the embedded moto's, kept (the flake hunt)
     env = procs.child_env(AWS_REGION="eu-west-1")
     assert "AWS_PROFILE" not in env and "AWS_ENDPOINT_URL_S3" not in env
     assert "RASD_POOL_REFRESH" not in env
+    assert env["RASD_MOTO_DELAY"] == "0.002"
     assert env["KEPT"] == "yes" and env["AWS_REGION"] == "eu-west-1"
     assert env["AWS_ACCESS_KEY_ID"] == env["AWS_SECRET_ACCESS_KEY"] == "testing"
 

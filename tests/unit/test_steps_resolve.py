@@ -581,11 +581,33 @@ def test_a_mapping_at_its_end_whose_item_runs_on_is_extended(legacy: bool) -> No
     assert h.of(GetItem) == ([GetItem(("c", "r1"))] if legacy else [])
 
 
-def test_beside_the_paper_agent_a_lease_at_its_end_is_ended_not_extended() -> None:
+def test_beside_the_paper_agent_a_lease_at_its_end_waits_for_every_clock_then_acquires_anew() -> (
+    None
+):
+    """At its end on this host's clock: neither extended (the paper's agent takes the end as
+    final) nor ended (a host whose clock is behind by up to the skew bound may still serve
+    it). The call waits until the end has passed on every clock, then the key acquires anew
+    (nothing free here); the lapsed item is the liberator's."""
     h = Host(legacy=True)
     h.ours("r1", NOW)
+    got = resolve_k(h, WAIT_FIRST)
+    assert isinstance(got, NoCapacity)
+    waits = h.waits()
+    assert sum(int(w * US) for w in waits[:-1]) < RULES.grace_us <= sum(int(w * US) for w in waits)
+    assert h.writes() == []
+    assert h.of(GetItem) == [GetItem(("c", "r1"))] * len(waits)  # the item, each round
+    assert h.notes() == {"acq.waits": len(waits), "lease.no_capacity": 1}
+    assert h.res("r1").key == "k" and h.mapping().resource == "r1"
+
+
+def test_beside_the_paper_agent_a_lease_at_its_end_no_longer_on_its_item_is_ended() -> None:
+    """The item no longer carries our claim (freed, taken): the lease is over on every clock,
+    so the mapping is released at once and the key acquires anew."""
+    h = Host(legacy=True)
+    h.ours("r1", NOW)
+    h.free("r1")
     got = resolve_k(h)
-    assert isinstance(got, NoCapacity)  # the key acquires anew: nothing free
+    assert isinstance(got, NoCapacity)  # the key acquires anew: nothing at hand
     assert h.writes() == ["map_release"]
     assert h.of(GetItem) == [GetItem(("c", "r1"))]
     assert h.notes() == {"lease.ended_lapsed": 1, "lease.no_capacity": 1}
