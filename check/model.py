@@ -55,13 +55,13 @@ from .world import (
     Config,
     Daemon,
     Entry,
+    Out,
     World,
     _res_of,
     replace,
 )
 
 # ------------------------------------------------------------------------ the daemon
-Out = list[tuple[str, World]]
 
 
 @dataclass(frozen=True)

@@ -583,6 +583,10 @@ class World:
                 )
 
 
+#: the steps a process may take from a world: each step's label and the world after it
+Out = list[tuple[str, World]]
+
+
 def _tick(us: int) -> int:
     return us // US - T0
 
