@@ -33,11 +33,9 @@ from rasd.steps import Spawn
 from rasd.steps.admin import add_resource, adopt_lease, define_pool, delete_resource, move_free
 
 from .effects import start, step
-from .jobs import HOST, _res, _res_keys, _versions
+from .jobs import HOST, _res_keys, _versions
 from .rulesets import admin_ops
-from .world import CLIENT, POOL, World
-
-Out = list[tuple[str, World]]
+from .world import CLIENT, POOL, Out, World, _res_of
 
 #: the command names of the model's rasadmin processes (their labels begin with these)
 KINDS = ("rasadmin", "balancer")
@@ -69,7 +67,7 @@ def actions(w0: World) -> Out:
     now = w0.now_us(off)
     real = cfg.rules()
     for k in _res_keys(w0):
-        it = _res(w0.table[k])
+        it = _res_of(w0.table[k])
         name = k[1]
         if it is None:
             if "add" in cfg.admin:  # a deleted name, added again

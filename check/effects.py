@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from itertools import permutations
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Timeout, Unavailable
@@ -63,9 +63,7 @@ from rasd.steps import (
 )
 
 from .procs import Proc, replace
-
-if TYPE_CHECKING:
-    from .world import World
+from .world import Out, World
 
 #: the errors the model's calls fail with (one instance each: a state is compared by value)
 NOT_SENT = Unavailable("not sent (the model's fault)")
@@ -136,9 +134,6 @@ class Host:
         own (the driver has no endpoint for ``region``); None: ``region``'s (the model's
         one table, where the write is ordered with that region's own writes)."""
         return None
-
-
-Out = list[tuple[str, "World"]]
 
 
 # ------------------------------------------------------------------------- starting, running

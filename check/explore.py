@@ -1,7 +1,7 @@
 """Exhaustive breadth-first exploration with state hashing, and seeded random walks.
 
 BFS visits every state reachable within the configuration's bounds once (a state is its
-canonical :meth:`check.model.World.key`), checks the invariants on every transition and stops
+canonical :meth:`check.world.World.key`), checks the invariants on every transition and stops
 at the first violation, which it returns as the shortest trace to it. A random walk follows
 one seeded path; the same seed replays the same path.
 """

@@ -31,7 +31,6 @@ from typing import Any
 
 from rasd.core.builders import liberate, paper_free, relist
 from rasd.core.lease import US, Lease, ResourceItem, fmt_time
-from rasd.core.serialize import is_tombstone, resource_from
 from rasd.core.writes import apply
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups
@@ -41,15 +40,7 @@ from rasd.steps.repair import LiberatorRun, check_orphan, liberate_item, relist_
 from .effects import Host, frozen, start, step
 from .procs import Proc
 from .rulesets import job_ops
-from .world import CLIENT, POOL, REGION, Daemon, World, scans
-
-Out = list[tuple[str, World]]
-
-
-def _res(f: Any) -> ResourceItem | None:
-    """The resource item ``f`` is (None: a deleted name's tombstone)."""
-    it = dict(f)
-    return None if is_tombstone(it) else resource_from(it)
+from .world import CLIENT, POOL, REGION, Daemon, Out, World, _res_of, scans
 
 
 def _versions(w: World, k: Any) -> list[ResourceItem]:
@@ -57,7 +48,7 @@ def _versions(w: World, k: Any) -> list[ResourceItem]:
     (a tombstone is in neither index)."""
     out: list[ResourceItem] = []
     for f in (w.table[k], *w.hist.get(k, ())):
-        it = _res(f)
+        it = _res_of(f)
         if it is not None and it not in out:
             out.append(it)
     return out
@@ -213,7 +204,7 @@ def relister(w0: World) -> Out:
     off = max((*w0.cfg.offsets, w0.cfg.liberator_offset))
     now = w0.now_us(off)
     for k in _res_keys(w0):
-        it = _res(w0.table[k])
+        it = _res_of(w0.table[k])
         if it is None or it.quarantine_until is None or it.quarantine_until > fmt_time(now):
             continue
         if apply(w0.get(k), relist(it, now)) is None:

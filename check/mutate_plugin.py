@@ -39,8 +39,11 @@ import jobs
 
 # Point the installed name at the mutated package before any test imports it.
 sys.modules["rasd_jobs"] = jobs
-for _info in pkgutil.iter_modules(jobs.__path__):
-    sys.modules[f"rasd_jobs.{_info.name}"] = importlib.import_module(f"jobs.{_info.name}")
+for _info in pkgutil.walk_packages(jobs.__path__, "jobs."):
+    if _info.name.endswith(".__main__"):  # a command line run as a program, not imported
+        continue
+    _name = _info.name.removeprefix("jobs.")
+    sys.modules[f"rasd_jobs.{_name}"] = importlib.import_module(_info.name)
 
 
 def _durations() -> dict[str, float]:

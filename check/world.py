@@ -10,9 +10,12 @@ it), the daemons (clock offset, request process, background processes, lease cac
 still in flight, the answers given to apps that may still be valid, and the fault budget.
 Every answer is checked against I1 and I2 when it is given.
 
-What may happen next is :mod:`check.model`'s (the daemons and app calls) and
-:mod:`check.jobs`' (the jobs); both import this module and neither imports the other's
-state from anywhere else, so the checker's modules form no import cycle.
+What may happen next is :func:`check.model.successors`'s: the steps of the daemons
+(:mod:`check.daemon_host`, the app calls of :mod:`check.model`), of the jobs
+(:mod:`check.jobs`), of rasadmin and the balancer (:mod:`check.admin`) and of the rollout
+switch (:mod:`check.rollout`). Each of them, and the interpreter (:mod:`check.effects`),
+takes the state from this module, which imports none of them, so the checker's modules form
+no import cycle.
 """
 
 from __future__ import annotations
@@ -581,6 +584,10 @@ class World:
                 self.violation = Violation(
                     "M<=R", f"mapping of {key} ends after its resource {m.resource}"
                 )
+
+
+#: the steps a process may take from a world: each step's label and the world after it
+Out = list[tuple[str, World]]
 
 
 def _tick(us: int) -> int:

@@ -11,7 +11,8 @@ that asks for a later end than the lease has may ask for an extension
 (:func:`hit_wants_refresh`, then :func:`refresh_of`).
 
 The lease cache (``rasd.daemon.cache``) and the renewer (``rasd.daemon.renewer``) run these;
-so does the protocol checker's model of a daemon (``check.model``), which keeps no copy.
+so does the protocol checker's model of a daemon (``check.daemon_host``, and the cache hit of
+``check.model.app_calls``), which keeps no copy.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from rasd.core.serialize import is_tombstone, item_from_ddb, mapping_from_ddb
 from rasd.core.verdicts import Orphan, orphan_verdict
 from rasd.core.writes import ItemKey, Write, key_av, render
 from rasd_jobs import admin, common, dedupe, liberator
+from rasd_jobs.admin import cli
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
@@ -803,7 +804,7 @@ def test_rasadmin_pool_and_resource_lifecycle(
     r = call(admin.main, ["create-table", *b], capsys)
     assert r.code == 0 and r.summary["created"] is False, r  # the fixture made it: idempotent
     r = call(admin.main, ["add-pool", *b, "--client", "acme", "--pool", "ads"], capsys)
-    assert r.code == 0 and r.summary["max_lease"] == admin.DEFAULT_MAX_LEASE_S, r
+    assert r.code == 0 and r.summary["max_lease"] == cli.DEFAULT_MAX_LEASE_S, r
 
     r = call(admin.main, ["add-resources", *b, "--client", "acme", "--pool", "ads",
                           "--count", "30", "--region", EAST], capsys)  # fmt: skip

@@ -13,6 +13,7 @@ import structlog
 from rasd.core.decide import pick
 from rasd.core.lease import US, ResourceItem, fmt_time
 from rasd_jobs import admin, common, dedupe, liberator
+from rasd_jobs.admin import listing, resources
 
 NOW = 1_800_000_000 * US
 
@@ -176,30 +177,30 @@ def test_parse_peer() -> None:
 
 def test_admin_state_of() -> None:
     """free / leased / expired (leased, past lease_expires, not yet liberated)."""
-    assert admin.state_of(item("a", key=None), NOW) == "free"
-    assert admin.state_of(item("a", expires=NOW + 1), NOW) == "leased"
-    assert admin.state_of(item("a", expires=NOW), NOW) == "expired"
+    assert listing.state_of(item("a", key=None), NOW) == "free"
+    assert listing.state_of(item("a", expires=NOW + 1), NOW) == "leased"
+    assert listing.state_of(item("a", expires=NOW), NOW) == "expired"
 
 
 def test_admin_resource_names_never_reuse_an_existing_name() -> None:
     """--count skips names that exist (they might be leased); --file skips them and its own
     repeats, and ignores blank lines."""
     args = argparse.Namespace(count=3, prefix="r-", pool="p", file=None)
-    names, skipped = admin.resource_names(args, {"r-000000", "r-000002"})
+    names, skipped = resources.resource_names(args, {"r-000000", "r-000002"})
     assert names == ["r-000001", "r-000003", "r-000004"] and skipped == 0
     args = argparse.Namespace(count=None, prefix=None, pool="p", file="-")
     stdin = io.StringIO("a\n\n b \na\nexists\n")
     mp = pytest.MonkeyPatch()
     mp.setattr("sys.stdin", stdin)
     try:
-        names, skipped = admin.resource_names(args, {"exists"})
+        names, skipped = resources.resource_names(args, {"exists"})
     finally:
         mp.undo()
     assert names == ["a", "b"] and skipped == 2
 
 
 def test_render_table() -> None:
-    out = admin.render_table([{"a": 1, "bb": None}, {"a": 22, "bb": "x"}], ["a", "bb"])
+    out = listing.render_table([{"a": 1, "bb": None}, {"a": 22, "bb": "x"}], ["a", "bb"])
     assert out.splitlines() == ["A   BB", "1   -", "22  x"]
 
 

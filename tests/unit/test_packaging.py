@@ -6,6 +6,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: each installed top-level package and its directory (pyproject's package-dir)
+DIRS = {"rasd": "rasd", "rasd_client": "client/rasd_client", "rasd_jobs": "jobs"}
 
 
 def test_every_package_of_the_tree_is_listed() -> None:
@@ -15,8 +17,9 @@ def test_every_package_of_the_tree_is_listed() -> None:
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
     tree = {
-        ".".join(p.parent.relative_to(ROOT).parts)
-        for p in (ROOT / "rasd").rglob("__init__.py")
+        ".".join((name, *p.parent.relative_to(ROOT / d).parts))
+        for name, d in DIRS.items()
+        for p in (ROOT / d).rglob("__init__.py")
         if "__pycache__" not in p.parts
     }
     assert tree <= listed, sorted(tree - listed)
