@@ -264,8 +264,8 @@ class Note:
 # --------------------------------------------------------------------------- interpreters
 @dataclass(frozen=True, slots=True)
 class Raised:
-    """A failure to send into a program: :func:`advance` throws ``error`` into it (a trace
-    records a failed effect's result as one)."""
+    """A failed effect's result: :func:`advance` throws ``error`` into the program (a
+    trace records a failure as one)."""
 
     error: RasdError
 
