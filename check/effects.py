@@ -56,10 +56,10 @@ from rasd.steps import (
     Send,
     Sleep,
     Spawn,
-    Tail,
     Together,
     Trace,
     WriteResult,
+    advance,
 )
 
 from .procs import Proc, replace
@@ -139,15 +139,9 @@ class Host:
 # ------------------------------------------------------------------------- starting, running
 def start(w: World, host: Host, trace: Trace, label: str, **kw: Any) -> None:
     """Start a process: run it through its local effects to its first step effect."""
-    p = Proc(trace, label, started=w.t, **kw)
-    gen = trace.start()
-    try:
-        eff = gen.send(None)
-    except StopIteration as stop:
-        host.finished(w, p, Done(stop.value))
-        return
-    except RasdError as exc:
-        host.finished(w, p, Done(error=exc))
+    p, gen, eff = _advance(Proc(trace, label, started=w.t, **kw), trace.start(), None)
+    if isinstance(eff, Done):  # ended before its first effect: never placed
+        host.finished(w, p, eff)
         return
     _settle(w, host, None, p, gen, eff)
 
@@ -155,19 +149,12 @@ def start(w: World, host: Host, trace: Trace, label: str, **kw: Any) -> None:
 def _settle(w: World, host: Host, old: Proc | None, p: Proc, gen: Program[Any], eff: Any) -> None:
     """Run ``gen`` (at ``p.trace``, waiting on ``eff``) through its local effects."""
     while not (isinstance(eff, DDB_CALLS) or host.chooses(eff)):
-        result: Any = None
-        if isinstance(eff, Tail):  # the program goes on as a new one: forget its history
-            gen.close()
-            trace = Trace(eff.fn.__qualname__, partial(eff.fn, *eff.args), eff.args)
-            p = replace(p, trace=trace)
-            gen = trace.start()
-        else:
-            try:
-                result = _local(w, host, p, eff)
-            except RasdError as exc:
-                result = Raised(exc)
-            p = replace(p, trace=p.trace.then(result))
-        eff = _advance(gen, result)
+        result: Any
+        try:
+            result = _local(w, host, p, eff)
+        except RasdError as exc:
+            result = Raised(exc)
+        p, gen, eff = _advance(replace(p, trace=p.trace.then(result)), gen, result)
         if isinstance(eff, Done):
             host.place(w, old, None)
             host.finished(w, p, eff)
@@ -195,8 +182,7 @@ def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
     """``result`` is the pending effect's: send it in (replayed) and run on."""
     gen, _ = p.trace.resume()
     assert gen is not None
-    p = replace(p, trace=p.trace.then(result))
-    eff = _advance(gen, result)
+    p, gen, eff = _advance(replace(p, trace=p.trace.then(result)), gen, result)
     if isinstance(eff, Done):
         host.place(w, old, None)
         host.finished(w, p, eff)
@@ -204,15 +190,15 @@ def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
     _settle(w, host, old, p, gen, eff)
 
 
-def _advance(gen: Program[Any], result: Any) -> Any:
-    """Send ``result`` into ``gen`` (throw it, for a :class:`Raised`): its next effect, or
-    :class:`Done` with what it returned or the error it raised."""
-    try:
-        return gen.throw(result.error) if isinstance(result, Raised) else gen.send(result)
-    except StopIteration as stop:
-        return Done(stop.value)
-    except RasdError as exc:
-        return Done(error=exc)
+def _advance(p: Proc, gen: Program[Any], sent: Any) -> tuple[Proc, Program[Any], Any]:
+    """``rasd.steps.advance`` for process ``p`` (whose trace records ``sent`` already): its
+    next effect or :class:`Done`. Where the program went on as another (``Tail``), ``p``
+    gets a fresh trace of that one: a state holds a loop's arguments, not its history."""
+    gen, eff, tail = advance(gen, sent)
+    if tail is not None:
+        trace = Trace(tail.fn.__qualname__, partial(tail.fn, *tail.args), tail.args)
+        p = replace(p, trace=trace)
+    return p, gen, eff
 
 
 # ---------------------------------------------------------------------------- one step

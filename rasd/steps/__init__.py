@@ -20,14 +20,18 @@ straight-line code:
 
 Two kinds of interpreter run the same programs:
 
-* **drivers** (:func:`drive` for the daemon's asyncio tasks, :func:`run` for the jobs'
-  blocking code) perform each effect for real and send back its result; a failed call is
-  thrown into the program as the :class:`rasd.core.errors.RasdError` the store raised;
+* **drivers** (:func:`drive` for the daemon's asyncio tasks, :func:`drive_sync` for the
+  jobs' blocking code) perform each effect for real and send back its result; a failed call
+  is thrown into the program as the :class:`rasd.core.errors.RasdError` the store raised;
 * the **protocol checker** (``check/``) performs each effect against its model of DynamoDB,
   one effect per step, branching on every outcome the real call could have (applied, refused,
   lost reply, error). Generators cannot be copied, so the checker keeps a program as the
   :class:`Trace` of results it was sent and rebuilds it by replaying them (:meth:`Trace.resume`):
   programs are deterministic in what they are sent, which is what makes the replay exact.
+
+Every one of them steps a program with :func:`advance`: send a result (or throw an error) in,
+follow a ``Tail``, and get the program now running and its next effect, or ``Done`` with what
+it returned or the ``RasdError`` it raised.
 
 Effects that touch DynamoDB are one call each; the others (``Now``, ``Sleep``, ``Spawn``,
 ``Note``, and the daemon's cache and prefetcher effects in :mod:`rasd.steps.daemon`) are
@@ -171,20 +175,21 @@ CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, Put, Delete, Query
 
 def in_region(region: str | None, prog: Program[R]) -> Program[R]:
     """``prog`` with every DynamoDB call it makes sent to ``region``'s replica (:class:`At`);
-    ``None``: the driver's own. Results and errors pass through unchanged."""
+    ``None``: the driver's own. Results and errors pass through unchanged; a :class:`Tail`
+    of ``prog`` goes on inside, in ``region`` too."""
     if region is None:
         return (yield from prog)
-    result: Any = None
-    error: RasdError | None = None
+    sent: Any = None
     while True:
+        prog, eff, _ = advance(prog, sent)
+        if isinstance(eff, Done):
+            if eff.error is not None:
+                raise eff.error
+            return eff.value  # type: ignore[no-any-return]
         try:
-            eff = prog.send(result) if error is None else prog.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = (yield At(region, eff) if isinstance(eff, CALLS) else eff), None
+            sent = yield At(region, eff) if isinstance(eff, CALLS) else eff
         except RasdError as exc:
-            result, error = None, exc
+            sent = Raised(exc)
 
 
 # ------------------------------------------------------------------------------ local
@@ -257,56 +262,10 @@ class Note:
 
 
 # --------------------------------------------------------------------------- interpreters
-def _advance(prog: Program[Any], result: Any, error: BaseException | None) -> Done | Effect:
-    """Send ``result`` (or throw ``error``) into ``prog``: its next effect, or :class:`Done`."""
-    try:
-        return prog.send(result) if error is None else prog.throw(error)
-    except StopIteration as stop:
-        return Done(stop.value)
-
-
-def _next(
-    prog: Program[Any], result: Any, error: BaseException | None
-) -> tuple[Program[Any], Effect | Done]:
-    """:func:`_advance`, following a :class:`Tail` to the program that goes on: the program
-    now running and its next effect (or :class:`Done`)."""
-    eff = _advance(prog, result, error)
-    while type(eff) is Tail:
-        prog.close()
-        prog = eff.fn(*eff.args)
-        eff = _advance(prog, None, None)
-    return prog, eff
-
-
-def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
-    """Run ``prog`` to its end, performing each effect with ``perform`` (blocking)."""
-    cur, eff = _next(prog, None, None)
-    while not isinstance(eff, Done):
-        try:
-            result = perform(eff)
-        except RasdError as exc:
-            cur, eff = _next(cur, None, exc)
-        else:
-            cur, eff = _next(cur, result, None)
-    return eff.value  # type: ignore[no-any-return]
-
-
-async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
-    """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver)."""
-    cur, eff = _next(prog, None, None)
-    while not isinstance(eff, Done):
-        try:
-            result = await perform(eff)
-        except RasdError as exc:
-            cur, eff = _next(cur, None, exc)
-        else:
-            cur, eff = _next(cur, result, None)
-    return eff.value  # type: ignore[no-any-return]
-
-
 @dataclass(frozen=True, slots=True)
 class Raised:
-    """A recorded failure: on replay, ``error`` is thrown into the program."""
+    """A failed effect's result: :func:`advance` throws ``error`` into the program (a
+    trace records a failure as one)."""
 
     error: RasdError
 
@@ -317,6 +276,65 @@ class Done:
 
     value: Any = None
     error: BaseException | None = None
+
+
+#: What :func:`advance` returns: the program now running, its next effect (or
+#: :class:`Done`), and the last :class:`Tail` it followed (None: the same program goes on).
+Stepped = tuple[Program[Any], Effect | Done, Tail | None]
+
+
+def advance(prog: Program[Any], sent: Any = None) -> Stepped:
+    """Send ``sent`` into ``prog`` (throw its error, for a :class:`Raised`) and run it to
+    its next effect: the one stepping loop every driver and the checker use.
+
+    A :class:`Tail` is followed at once: the program is closed and ``fn(*args)`` goes on,
+    started with None, and the returned :class:`Tail` says so (the checker starts a fresh
+    trace there). A program that returns ends as ``Done(value)``; one that raises a
+    :class:`rasd.core.errors.RasdError` ends as ``Done(error=...)``, and a driver raises it
+    to its own caller. Any other exception propagates, as a bug."""
+    tail: Tail | None = None
+    while True:
+        try:
+            eff = prog.throw(sent.error) if type(sent) is Raised else prog.send(sent)
+        except StopIteration as stop:
+            return prog, Done(stop.value), tail
+        except RasdError as exc:
+            return prog, Done(error=exc), tail
+        if type(eff) is not Tail:
+            return prog, eff, tail
+        prog.close()
+        tail, prog, sent = eff, eff.fn(*eff.args), None
+
+
+def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
+    """Run ``prog`` to its end, performing each effect with ``perform`` (blocking). A
+    :class:`rasd.core.errors.RasdError` that ``perform`` raises is thrown into the program;
+    one the program raises is raised here."""
+    prog, eff, _ = advance(prog)
+    while not isinstance(eff, Done):
+        try:
+            sent = perform(eff)
+        except RasdError as exc:
+            sent = Raised(exc)
+        prog, eff, _ = advance(prog, sent)
+    if eff.error is not None:
+        raise eff.error
+    return eff.value  # type: ignore[no-any-return]
+
+
+async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
+    """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver);
+    errors as in :func:`drive_sync`."""
+    prog, eff, _ = advance(prog)
+    while not isinstance(eff, Done):
+        try:
+            sent = await perform(eff)
+        except RasdError as exc:
+            sent = Raised(exc)
+        prog, eff, _ = advance(prog, sent)
+    if eff.error is not None:
+        raise eff.error
+    return eff.value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -334,18 +352,14 @@ class Trace:
     sent: tuple[Any, ...] = ()
 
     def resume(self) -> tuple[Program[Any] | None, Effect | Done]:
-        """Replay the results sent so far. Returns the live generator and the effect it is
-        waiting on, or ``(None, Done(...))`` if it has ended."""
-        gen = self.start()
-        try:
-            eff = gen.send(None)
-            for r in self.sent:
-                eff = gen.throw(r.error) if isinstance(r, Raised) else gen.send(r)
-        except StopIteration as stop:
-            return None, Done(stop.value)
-        except RasdError as exc:
-            return None, Done(error=exc)
-        return gen, eff
+        """Replay the results sent so far (:func:`advance`). Returns the live generator and
+        the effect it is waiting on, or ``(None, Done(...))`` if it has ended."""
+        gen, eff, _ = advance(self.start())
+        for r in self.sent:
+            if isinstance(eff, Done):
+                break
+            gen, eff, _ = advance(gen, r)
+        return (None, eff) if isinstance(eff, Done) else (gen, eff)
 
     def then(self, result: Any) -> Trace:
         """This program after its pending effect returned ``result``."""

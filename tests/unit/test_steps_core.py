@@ -18,6 +18,7 @@ from rasd.steps import (
     Send,
     Spawn,
     Tail,
+    advance,
     drive,
     drive_sync,
     goto,
@@ -105,10 +106,39 @@ def test_tail_goes_on_as_the_next_round() -> None:
         return 8
 
     assert asyncio.run(drive(rounds(0, 2), perform)) == "round 2 at 8"
-    # the checker sees the Tail itself: the rest of the program is the next round's call
+    # the program yields the Tail itself: the rest of the program is the next round's call
     gen = rounds(0, 1)
     assert isinstance(gen.send(None), Now)
     assert gen.send(5) == Tail(rounds, (1, 1))
+
+
+def test_advance_follows_a_tail_and_says_which() -> None:
+    """What the checker starts a fresh trace from: the last Tail one step followed."""
+    gen, eff, tail = advance(rounds(0, 2))
+    assert isinstance(eff, Now) and tail is None
+    gen2, eff, tail = advance(gen, 5)
+    assert isinstance(eff, Now) and tail == Tail(rounds, (1, 2)) and gen2 is not gen
+    assert gen.gi_frame is None  # the round it left is closed
+    gen3, eff, tail = advance(gen2, 6)
+    assert isinstance(eff, Now) and tail == Tail(rounds, (2, 2))
+    assert advance(gen3, 7)[1:] == (Done("round 2 at 7"), None)
+    # a replay runs across a Tail as a driver does
+    t = Spawn(rounds, (0, 2)).trace()
+    assert t.then(5).then(6).then(7).resume() == (None, Done("round 2 at 7"))
+
+
+def test_advance_ends_a_program_that_raises_with_its_error() -> None:
+    gen, _, _ = advance(rounds(0, 1))
+    _, done, tail = advance(gen, Raised(Timeout("t")))
+    assert isinstance(done, Done) and isinstance(done.error, Timeout) and tail is None
+
+    def broken() -> Program[None]:
+        yield Now()
+        raise KeyError("x")
+
+    gen, _, _ = advance(broken())
+    with pytest.raises(KeyError):  # anything else is a bug: it propagates
+        advance(gen, 1)
 
 
 def test_in_region_sends_only_the_calls_to_the_region_and_passes_errors_through() -> None:
@@ -130,3 +160,15 @@ def test_in_region_sends_only_the_calls_to_the_region_and_passes_errors_through(
     seen.clear()
     assert drive_sync(in_region(None, prog(("c", "r"))), perform) == "wrote 9"
     assert seen == [Now(), GetItem(("c", "r")), Send(Write(("c", "r"), (), set=(("x", 1),)))]
+
+
+def test_in_region_keeps_a_tail_in_the_region() -> None:
+    from rasd.steps import At, in_region
+
+    def reads(n: int) -> Program[int]:
+        yield GetItem(("c", str(n)))
+        return n if n == 2 else (yield from goto(reads, n + 1))
+
+    seen: list[Any] = []
+    assert drive_sync(in_region("r2", reads(0)), lambda eff: seen.append(eff)) == 2
+    assert seen == [At("r2", GetItem(("c", str(n)))) for n in range(3)]
