@@ -116,7 +116,7 @@ def actions(w0: World) -> Out:
 
 def _moves(w0: World) -> Out:
     """The balancer moves one free item of another region to its own: any the donor
-    region's lagging available index shows (``jobs/balancer.py`` ``candidates``)."""
+    region's lagging available index shows (``jobs/rasd_jobs/balancer.py`` ``candidates``)."""
     cfg = w0.cfg
     out: Out = []
     seen: set[Any] = set()

@@ -7,11 +7,10 @@ mutmut runs the tests from its copy of the tree (``mutants/``), first on its ``s
 runs each mutant with only the tests that called the mutated function (``pytest -x`` on their
 ids). Three things keep that honest and fast:
 
-* **One ``jobs`` package.** The tests import the jobs as ``rasd_jobs`` (the installed name,
-  which the editable install maps to the original ``jobs/``); mutmut copies ``jobs/`` beside
-  the mutated ``rasd/`` in ``mutants/``. ``rasd_jobs`` and its modules are made aliases of
-  that copy, so a test never holds two copies of a job's module. (The jobs' protocol is in
-  ``rasd/steps/``, which is mutated; ``jobs/`` keeps the drivers, which are not.)
+* **The jobs as installed.** mutmut copies and mutates ``rasd/`` only (the jobs' protocol is
+  in ``rasd/steps/``; ``jobs/rasd_jobs/`` keeps the drivers). ``mutants/`` is first on
+  ``sys.path``, so ``rasd`` is the mutated copy, and ``rasd_jobs``, which is not there, is the
+  editable install's: the original drivers, over the mutated protocol.
 * **The checker last, and only where it is needed.** With ``RASD_MUTATE_FAST`` set (the first
   phase of ``python -m check.mutate``), the checker's searches (``tests/unit/test_check*.py``)
   are deselected whenever mutmut runs tests for a mutant or its clean run, though not while
@@ -27,23 +26,10 @@ ids). Three things keep that honest and fast:
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pkgutil
-import sys
 from pathlib import Path
 from typing import Any
-
-import jobs
-
-# Point the installed name at the mutated package before any test imports it.
-sys.modules["rasd_jobs"] = jobs
-for _info in pkgutil.walk_packages(jobs.__path__, "jobs."):
-    if _info.name.endswith(".__main__"):  # a command line run as a program, not imported
-        continue
-    _name = _info.name.removeprefix("jobs.")
-    sys.modules[f"rasd_jobs.{_name}"] = importlib.import_module(_info.name)
 
 
 def _durations() -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The job's driver (``jobs/dedupe.py``) scans the leased index and groups its items by key;
+The job's driver (``jobs/rasd_jobs/dedupe.py``) scans the leased index and groups its items by key;
 that grouping is a hint (the index lags). :func:`dedupe_key` decides, for one group, on
 strongly consistent reads:
 

@@ -7,7 +7,7 @@ Theory of operation
 The jobs (``ras-liberator``, ``ras-dedupe``, ``rasadmin``) write the table with the daemon's
 rules (:mod:`rasd.core.verdicts`, :mod:`rasd.core.builders`) in the daemon's order (docs/design.md,
 "Invariants"). Each per-item step is a program here (:mod:`rasd.steps`): the job's driver
-(``jobs/leases.py``) performs its reads and writes against DynamoDB, the protocol checker
+(``jobs/rasd_jobs/leases.py``) performs its reads and writes against DynamoDB, the protocol checker
 (``check/``) against its model, so both run one text.
 
 * :func:`release_held`: give back a held resource the way a daemon does, mapping first, then

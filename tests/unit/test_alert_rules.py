@@ -52,7 +52,7 @@ def test_every_alert_has_a_firing_test_and_a_runbook_line() -> None:
 def published_job_metrics() -> set[str]:
     """The jobs' fixed families, and ras_job_<field> for the summary fields the kit uses."""
     names = set(jobmetrics._HELP)
-    for src in (ROOT / "jobs").glob("*.py"):
+    for src in (ROOT / "jobs" / "rasd_jobs").rglob("*.py"):
         for field in re.findall(r'"(\w+)": (?:total|counts)\[', src.read_text()):
             names.add(f"ras_job_{field}")
     return names

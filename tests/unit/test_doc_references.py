@@ -4,7 +4,7 @@ resolve to something that exists, and docs/performance.md holds no history.
 What is checked
 ---------------
 A *reference* is a dotted name whose first part is one of our top-level packages (``rasd``,
-``rasd_client``, ``rasd_jobs``, ``jobs``, ``check``, ``chaos``, ``bench``, ``sim``,
+``rasd_client``, ``rasd_jobs``, ``check``, ``chaos``, ``bench``, ``sim``,
 ``fleet``, ``tests``: :data:`PACKAGES`), such as ``rasd.steps.take.acquire``, found
 
 * in backticks, single or double (markdown and reST), or bare in running text, in README.md
@@ -13,8 +13,7 @@ A *reference* is a dotted name whose first part is one of our top-level packages
 * in backticks only, when its first part is the name of one of our classes:
   ``Renewer.maybe_refresh``, ``:meth:`Driver.run``` (the *Class.attr* form).
 
-A trailing ``()`` is dropped. ``jobs.<module>`` is imported as ``rasd_jobs.<module>``
-(pyproject.toml maps jobs/ to that package). A dotted name whose first part is a module's
+A trailing ``()`` is dropped. A dotted name whose first part is a module's
 last name (``decide.should_extend``) is not checked: the same form names counters
 (``ddb.Query``, ``cache.hit``) and fields of JSON answers.
 
@@ -56,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
     "rasd": "rasd",
     "rasd_client": "client/rasd_client",
-    "rasd_jobs": "jobs",
+    "rasd_jobs": "jobs/rasd_jobs",
     "check": "check",
     "chaos": "chaos",
     "bench": "bench",
@@ -65,7 +64,7 @@ PACKAGES = {
     "tests": "tests",
 }
 #: what a reference's first part is imported as
-ALIASES = {"jobs": "rasd_jobs"}
+ALIASES: dict[str, str] = {}
 
 #: pages of history, not read: each names the code as it was when it was written
 HISTORY = {
@@ -230,8 +229,8 @@ def test_the_allow_list_is_used() -> None:
     ("text", "expected"),
     [
         (
-            "see `rasd.steps.take.acquire` and ``jobs.rollout``",
-            ["rasd.steps.take.acquire", "jobs.rollout"],
+            "see `rasd.steps.take.acquire` and ``rasd_jobs.rollout``",
+            ["rasd.steps.take.acquire", "rasd_jobs.rollout"],
         ),
         ("the renewer (rasd.daemon.renewer). Then `rasd`", ["rasd.daemon.renewer"]),
         (":meth:`Driver.run` and `ddb.Query`, `take.py`", ["Driver.run"]),
@@ -245,7 +244,7 @@ def test_the_scan_finds(text: str, expected: list[str]) -> None:
 
 def test_a_stale_reference_does_not_resolve() -> None:
     """The resolver says no to what is gone, and yes to each form that exists."""
-    assert resolves("rasd.steps.take.acquire") and resolves("jobs.rollout")
+    assert resolves("rasd.steps.take.acquire") and resolves("rasd_jobs.rollout")
     assert resolves("Renewer._extend_after")  # an instance attribute
     assert resolves("rasd.core.decide.pick()")
     assert not resolves("rasd.dynamo.store._never_sent")

@@ -1,5 +1,6 @@
 """The jobs' release, repair and delete programs (``rasd.steps.repair``, ``rasd.steps.admin``)
-run by the jobs' driver (``jobs/leases.py``), and dedupe's decisions, on an in-memory table.
+run by the jobs' driver (``rasd_jobs.leases``), and dedupe's decisions, on an in-memory
+table.
 
 The writes are the real ``rasd.core.writes.Write`` values the jobs build, applied with
 ``rasd.core.writes.apply`` (the checker's semantics, compared with moto's in

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: each installed top-level package and its directory (pyproject's package-dir)
-DIRS = {"rasd": "rasd", "rasd_client": "client/rasd_client", "rasd_jobs": "jobs"}
+DIRS = {"rasd": "rasd", "rasd_client": "client/rasd_client", "rasd_jobs": "jobs/rasd_jobs"}
 
 
 def test_every_package_of_the_tree_is_listed() -> None:

@@ -1,6 +1,6 @@
 """rasadmin's programs (rasd.steps.admin) and the paper's agent's (rasd.steps.paper), each
 status and result they return, the writes they send and the notes they count, on the plain
-items of ``tests.helpers.scripted.Table`` with time passed in. ``jobs/admin/`` prints the
+items of ``tests.helpers.scripted.Table`` with time passed in. ``jobs/rasd_jobs/admin/`` prints the
 statuses, the item read and the detail; ``rasadmin delete-pool`` sums the notes."""
 
 from __future__ import annotations
