@@ -14,6 +14,7 @@ index; spawning a background program. The daemon's request is started by the app
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, assert_never
 
 from rasd.core import cache_rules as CR
 from rasd.core.lease import US, Lease, ResourceItem
@@ -91,22 +92,29 @@ class DaemonHost(Host):
             return f"resource {eff.key[1]}" if eff.key[0] == CLIENT else "mapping"
         return "leased index" if isinstance(eff, QueryLeased) else "mapping"
 
-    def local(self, w: World, p: Proc, eff: object) -> object:
-        if isinstance(eff, S.CachePut):
-            _cache_put(w, self.di, eff.lease, int(eff.sent))
-        elif isinstance(eff, S.CacheDrop):
-            _cache_drop(w, self.di, eff.key[2])
-        elif isinstance(eff, S.Refresh):
-            _maybe_refresh(w, self.di, eff.lease.key, eff.lease, eff.requested_us)
-        elif isinstance(eff, S.NewToken):
-            return w.new_token()
-        elif isinstance(eff, S.RateLimit):
-            return 0.0  # no rate limit in the model
-        elif not isinstance(
-            eff,
-            (S.Deadline, S.RefillSoon, S.Untake, S.LostCandidate, S.Miss, S.RelistLater),
-        ):  # RelistLater: the relister process re-lists, on any host's clock
-            raise TypeError(f"no such effect: {eff!r}")
+    def local(self, w: World, p: Proc, eff: Any) -> object:
+        """The daemon's own effects (``rasd.steps.daemon.DaemonOwn``), each handled: one
+        added without a case here fails mypy (``assert_never``), as in the daemon's driver."""
+        own: S.DaemonOwn = eff
+        match own:
+            case S.CachePut():
+                _cache_put(w, self.di, own.lease, int(own.sent))
+            case S.CacheDrop():
+                _cache_drop(w, self.di, own.key[2])
+            case S.Refresh():
+                _maybe_refresh(w, self.di, own.lease.key, own.lease, own.requested_us)
+            case S.NewToken():
+                return w.new_token()
+            case S.RateLimit():
+                return 0.0  # no rate limit in the model
+            case S.Deadline() | S.RefillSoon() | S.Untake() | S.LostCandidate() | S.Miss():
+                pass
+            case S.RelistLater():
+                pass  # the relister process re-lists, on any host's clock
+            case S.TakeCandidate():
+                raise TypeError("a candidate is a step of its own (chooses), not local")
+            case _:
+                assert_never(own)
         return None
 
     def spawn(self, w: World, p: Proc, eff: Spawn) -> None:

@@ -33,13 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from itertools import permutations
-from typing import Any
+from typing import Any, assert_never
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Timeout, Unavailable
 from rasd.core.writes import Write, apply, from_av
 from rasd.steps import (
     At,
+    DdbCall,
     Delete,
     Done,
     GetItem,
@@ -163,19 +164,22 @@ def _settle(w: World, host: Host, old: Proc | None, p: Proc, gen: Program[Any], 
 
 
 def _local(w: World, host: Host, p: Proc, eff: Any) -> Any:
-    if isinstance(eff, Now):
-        return w.now_us(p.offset)
-    if isinstance(eff, Mono):
-        return w.t
-    if isinstance(eff, (Sleep, Join)):
-        return None
-    if isinstance(eff, Note):
-        host.note(w, p, eff)
-        return None
-    if isinstance(eff, Spawn):
-        host.spawn(w, p, eff)
-        return None
-    return host.local(w, p, eff)
+    """A local effect: the ones every program may yield here, the host's kind's by the host."""
+    match eff:
+        case Now():
+            return w.now_us(p.offset)
+        case Mono():
+            return w.t
+        case Sleep() | Join():
+            return None
+        case Note():
+            host.note(w, p, eff)
+            return None
+        case Spawn():
+            host.spawn(w, p, eff)
+            return None
+        case _:
+            return host.local(w, p, eff)
 
 
 def _send(w: World, host: Host, old: Proc, p: Proc, result: Any) -> None:
@@ -256,31 +260,46 @@ def _past_deadline(eff: Any) -> Any:
 def _call(
     w0: World, host: Host, p: Proc, eff: Any, late: bool = False
 ) -> list[tuple[str, World, Any]]:
-    """One DynamoDB call's ways to end: (label, world, result or Raised)."""
-    if isinstance(eff, At) and isinstance(eff.call, Send):  # one table holds every region
-        elsewhere = host.written_in(w0, p, eff)
-        if elsewhere is not None:
-            return lww_branches(w0, eff.call.write, elsewhere)
-        eff = eff.call
-    if isinstance(eff, At) and isinstance(eff.call, (Put, Delete)):
-        eff = eff.call
-    if isinstance(eff, (Put, Delete)):
-        return whole_item_branches(w0, eff)
-    if isinstance(eff, Send):
-        wr = eff.write
-        if late:  # sent in time, answered after the deadline: it may still land
-            x = w0.clone()
-            x.inflight = (*x.inflight, wr)
-            res = WriteResult(Outcome.UNKNOWN, error=UNANSWERED)
-            return [(f"{wr.kind} answered after the deadline", x, res)]
-        out = []
-        for lab, w, rep in write_branches(w0, wr, eff.readback):
-            item = frozen(w.get(wr.key)) if rep.outcome is Outcome.APPLIED else None
-            error = None
-            if rep.error:
-                error = UNANSWERED if rep.outcome is Outcome.UNKNOWN else NOT_SENT
-            out.append((lab, w, WriteResult(rep.outcome, item, error)))
-        return out
+    """One DynamoDB call's ways to end: (label, world, result or Raised). Every call is
+    handled: one added to ``rasd.steps.DdbCall`` without a case here fails mypy."""
+    call: DdbCall = eff
+    match call:
+        case At(call=Send() as sent):  # one table holds every region
+            elsewhere = host.written_in(w0, p, call)
+            if elsewhere is not None:
+                return lww_branches(w0, sent.write, elsewhere)
+            return _call(w0, host, p, sent, late)
+        case At(call=Put() | Delete() as whole) | (Put() | Delete() as whole):
+            return whole_item_branches(w0, whole)
+        case Send():
+            return _write(w0, call, late)
+        case Together():
+            raise TypeError("a Together's calls land one at a time (step)")
+        case GetItem() | QueryMappings() | QueryLeased() | QueryAvailable() | At():
+            return _read(w0, host, p, call)
+        case _:
+            assert_never(call)
+
+
+def _write(w0: World, eff: Send, late: bool) -> list[tuple[str, World, Any]]:
+    wr = eff.write
+    if late:  # sent in time, answered after the deadline: it may still land
+        x = w0.clone()
+        x.inflight = (*x.inflight, wr)
+        res = WriteResult(Outcome.UNKNOWN, error=UNANSWERED)
+        return [(f"{wr.kind} answered after the deadline", x, res)]
+    out = []
+    for lab, w, rep in write_branches(w0, wr, eff.readback):
+        item = frozen(w.get(wr.key)) if rep.outcome is Outcome.APPLIED else None
+        error = None
+        if rep.error:
+            error = UNANSWERED if rep.outcome is Outcome.UNKNOWN else NOT_SENT
+        out.append((lab, w, WriteResult(rep.outcome, item, error)))
+    return out
+
+
+def _read(w0: World, host: Host, p: Proc, eff: Any) -> list[tuple[str, World, Any]]:
+    """A read (a GetItem, a Query, or one of them in another region's replica)."""
     what = host.describe(eff)
     reads: list[tuple[str, World, Any]] = []
     for lab, w, ok in read_branches(w0):

@@ -180,10 +180,9 @@ class RelistLater:
     until_us: int
 
 
-#: Every effect a daemon's program yields (:data:`rasd.steps.Common` and the daemon's own).
-DaemonEffect = (
-    Common
-    | Deadline
+#: The daemon's own effects: what a daemon's driver gives meaning beyond :data:`Common`.
+DaemonOwn = (
+    Deadline
     | CachePut
     | CacheDrop
     | Refresh
@@ -196,6 +195,8 @@ DaemonEffect = (
     | Miss
     | RelistLater
 )
+#: Every effect a daemon's program yields (:data:`rasd.steps.Common` and the daemon's own).
+DaemonEffect = Common | DaemonOwn
 
 
 # ------------------------------------------------------------------------ what they use
