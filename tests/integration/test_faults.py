@@ -136,7 +136,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
     cfg = {"breaker_failures": 3, "breaker_window": 30.0, "breaker_cooldown": 1.0}
     async with faulty_daemon(faults, **cfg) as d:
         s = d.cfg.socket
-        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s, timeout=WAIT)
         await d.coordinator.prefetch.idle()  # a refill succeeding later would reset the count
         await wait_for(
             lambda: not d.coordinator.driver.tasks.background, "the mapping's confirmation"
@@ -194,7 +194,7 @@ async def test_slow_dynamodb_beyond_the_client_timeout_gives_timeout(
     faults = Faults(seed=3)
     async with faulty_daemon(faults) as d:
         s = d.cfg.socket
-        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s)
+        cached = await rasd_aio.get_lease(C, P, "cached", HOUR, socket_path=s, timeout=WAIT)
         faults.add("slow", delay=1.0)
         with pytest.raises(rasd_client.Timeout):
             await rasd_aio.get_lease(C, P, "slow-key", HOUR, socket_path=s, timeout=0.2)
@@ -243,7 +243,7 @@ async def test_acquisition_rate_limit_busy_with_retry_after(
     async with faulty_daemon(Faults(), clock=clock, rate_limit=1.0, rate_burst=3.0) as d:
         s = d.cfg.socket
         got = [
-            await rasd_aio.get_lease(C, P, f"run-{i}", at(clock, 3600), socket_path=s)
+            await rasd_aio.get_lease(C, P, f"run-{i}", at(clock, 3600), socket_path=s, timeout=WAIT)
             for i in range(3)
         ]
         assert all(x.new for x in got)
@@ -258,7 +258,7 @@ async def test_acquisition_rate_limit_busy_with_retry_after(
         held = await rasd_aio.get_lease(C, P, "run-0", at(clock, 3600), socket_path=s)
         assert held.resource == got[0].resource and not held.new
         clock.advance(1.0)  # one token back
-        more = await rasd_aio.get_lease(C, P, "run-3", at(clock, 3600), socket_path=s)
+        more = await rasd_aio.get_lease(C, P, "run-3", at(clock, 3600), socket_path=s, timeout=WAIT)
         assert more.new
 
 
@@ -274,7 +274,7 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
     async with faulty_daemon(faults, clock=clock, skew_margin=5.0) as d:
         d.coordinator.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
-        first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s)
+        first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s, timeout=WAIT)
         # the new lease's background writes (map_confirm) first: on a loaded machine one could
         # otherwise take the injected fault meant for the extension (seen in a CI run)
         await wait_for(
