@@ -31,7 +31,7 @@ import structlog
 
 from ..config import Config
 from ..core.clock import Clock
-from ..core.errors import RasdError
+from ..core.errors import RasdError, Timeout
 from ..core.lease import Pool, fmt_time, partition_name
 from ..dynamo.store import Store
 from ..observe.metrics import Counters
@@ -41,7 +41,6 @@ from .lanes import END_KEEP, Read, host_seed
 
 log = structlog.get_logger("rasd.daemon.prefetch")
 
-SWEEPS_MAX = 4  # sweeps one request makes when concurrent requests take what it found
 #: a short pool: where a sweep's reads after its first are cut into waves (2, then 3, then
 #: the other 4 sub-partitions): at most four round trips, fewer reads than all at once
 DIRECT_WAVES = (2, 5)
@@ -120,7 +119,7 @@ class Prefetcher:
         # before the request came, as the exhausted mark does: a slow sweep (a loaded
         # backend) joined late read the pool too long ago.
         oldest = now - self.cfg.exhausted_backoff
-        for _ in range(SWEEPS_MAX):
+        while True:
             sweep = self._sweeps.get(k)
             if sweep is not None and not sweep.done():
                 self.counters.inc("prefetch.sweeps_joined")
@@ -141,9 +140,13 @@ class Prefetcher:
             c = buf.take(self.clock.mono())
             if c is not None or not kept:
                 return c
-            # what this sweep kept went to concurrent requests first: sweep again
+            # What this sweep kept went to concurrent requests first: sweep again, until a
+            # sweep finds nothing (NO_CAPACITY) or the deadline passes. The pool had free
+            # items, so giving up with NO_CAPACITY after a number of sweeps would be wrong
+            # (a burst of misses in direct mode, where a sweep keeps one candidate).
             self.counters.inc("prefetch.sweeps_again")
-        return None
+            if time.monotonic() >= deadline:
+                raise Timeout("every candidate the sweeps found went to concurrent requests")
 
     def why_empty(self, pool: Pool) -> str | None:
         """What NO_CAPACITY says about the pool's free items that are not claimable, while

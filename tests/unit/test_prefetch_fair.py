@@ -3,6 +3,7 @@ sub-partitions spread over daemons, and NO_CAPACITY still only after a whole swe
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from dataclasses import replace
@@ -239,6 +240,45 @@ async def test_direct_no_capacity_only_after_every_sub_partition_was_read() -> N
         c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
         assert c is not None and c.item == item
         assert len(store.reads) <= PARTITIONS
+
+
+class _SlowTable(_TableStore):
+    """Every read takes a moment, so that concurrent misses meet a sweep in flight."""
+
+    async def query_available(
+        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+    ) -> list[ResourceItem]:
+        await asyncio.sleep(0.005)
+        return await super().query_available(part, limit, forward, deadline, after)
+
+
+def one_per_partition(n: int) -> dict[int, list[ResourceItem]]:
+    """``n`` free items (at most ten), each in a sub-partition of its own."""
+    parts: dict[int, list[ResourceItem]] = {}
+    i = 0
+    while len(parts) < n:
+        item = _free(f"b{i}", 0)
+        parts.setdefault(partition_of(item.resource), [item])
+        i += 1
+    return parts
+
+
+async def test_a_burst_of_direct_misses_gets_every_free_item_and_no_capacity_only_past_it() -> None:
+    """Direct mode keeps one candidate per sweep, so a burst of misses sweeps again and
+    again as the others take what each sweep kept. No request answers NO_CAPACITY while the
+    pool has an item it has not taken: only the requests past the pool's ten items get none
+    (a fixed number of sweeps per request used to give up while items were free)."""
+    store = _SlowTable(one_per_partition(10))
+    p, pool = direct_prefetcher(store)
+    got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(9)))  # type: ignore[attr-defined]
+    assert None not in got
+    assert len({c.item.resource for c in got}) == 9
+
+    store = _SlowTable(one_per_partition(10))
+    p, pool = direct_prefetcher(store)
+    got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(13)))  # type: ignore[attr-defined]
+    assert len({c.item.resource for c in got if c is not None}) == 10
+    assert got.count(None) == 3
 
 
 async def test_a_taken_copy_is_not_free_and_the_sweep_goes_on() -> None:
