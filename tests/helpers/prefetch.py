@@ -3,9 +3,11 @@ shows, changeable between reads, and a prefetcher over it on a clock that stands
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from rasd.config import Config
+from rasd.core.errors import Timeout
 from rasd.core.lease import ResourceItem, fmt_time, partition_of
 
 
@@ -28,6 +30,22 @@ class _TableStore:
 
     async def query_quarantined(self, *args: object) -> tuple[list[str], bool]:
         return [], True  # after an empty sweep: no item in quarantine
+
+
+class SlowStore(_TableStore):
+    """Every read takes a moment, so that concurrent requests meet a sweep in flight;
+    ``fail_next`` reads fail with Timeout."""
+
+    fail_next = 0
+
+    async def query_available(
+        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
+    ) -> list[ResourceItem]:
+        await asyncio.sleep(0.01)
+        if self.fail_next:
+            self.fail_next -= 1
+            raise Timeout("deadline passed")
+        return await super().query_available(part, limit, forward, deadline, after)
 
 
 def _prefetcher(store: _TableStore, **kw: object) -> tuple[object, object]:

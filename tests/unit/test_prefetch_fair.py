@@ -9,11 +9,12 @@ from collections import Counter
 from dataclasses import replace
 
 from rasd.config import Config
+from rasd.core.errors import Timeout
 from rasd.core.lease import PARTITIONS, ResourceItem, fmt_time, partition_of
-from rasd.daemon.candidates import DIRECT_MAX_AGE, MIN_PAGE, CandidateBuffer
+from rasd.daemon.candidates import DIRECT_MAX_AGE, MIN_PAGE, Candidate, CandidateBuffer
 from rasd.daemon.lanes import Read, spread_order
 from rasd.daemon.sizing import FLEET_MEMORY, FleetView, size_buffer
-from tests.helpers.prefetch import _free, _prefetcher, _TableStore
+from tests.helpers.prefetch import SlowStore, _free, _prefetcher, _TableStore
 
 NOW_US = 10**12  # the wall clock of these buffers (µs)
 
@@ -242,16 +243,6 @@ async def test_direct_no_capacity_only_after_every_sub_partition_was_read() -> N
         assert len(store.reads) <= PARTITIONS
 
 
-class _SlowTable(_TableStore):
-    """Every read takes a moment, so that concurrent misses meet a sweep in flight."""
-
-    async def query_available(
-        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
-    ) -> list[ResourceItem]:
-        await asyncio.sleep(0.005)
-        return await super().query_available(part, limit, forward, deadline, after)
-
-
 def one_per_partition(n: int) -> dict[int, list[ResourceItem]]:
     """``n`` free items (at most ten), each in a sub-partition of its own."""
     parts: dict[int, list[ResourceItem]] = {}
@@ -268,17 +259,30 @@ async def test_a_burst_of_direct_misses_gets_every_free_item_and_no_capacity_onl
     again as the others take what each sweep kept. No request answers NO_CAPACITY while the
     pool has an item it has not taken: only the requests past the pool's ten items get none
     (a fixed number of sweeps per request used to give up while items were free)."""
-    store = _SlowTable(one_per_partition(10))
+    store = SlowStore(one_per_partition(10))
     p, pool = direct_prefetcher(store)
     got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(9)))  # type: ignore[attr-defined]
     assert None not in got
     assert len({c.item.resource for c in got}) == 9
 
-    store = _SlowTable(one_per_partition(10))
+    store = SlowStore(one_per_partition(10))
     p, pool = direct_prefetcher(store)
     got = await asyncio.gather(*(p.candidate(pool, 1e9) for _ in range(13)))  # type: ignore[attr-defined]
     assert len({c.item.resource for c in got if c is not None}) == 10
     assert got.count(None) == 3
+
+
+async def test_sweeping_again_stops_at_the_deadline_with_timeout_not_no_capacity() -> None:
+    """Past its deadline a request whose sweeps' candidates all went to others gets
+    TIMEOUT: the pool had free items, so NO_CAPACITY would be wrong."""
+    store = SlowStore(one_per_partition(10))
+    p, pool = direct_prefetcher(store)
+    got = await asyncio.gather(
+        *(p.candidate(pool, 0.0) for _ in range(3)),  # type: ignore[attr-defined]
+        return_exceptions=True,
+    )
+    assert sum(isinstance(g, Candidate) for g in got) == 1
+    assert sum(isinstance(g, Timeout) for g in got) == 2
 
 
 async def test_a_taken_copy_is_not_free_and_the_sweep_goes_on() -> None:

@@ -9,22 +9,7 @@ from typing import Any
 
 from rasd.core.errors import Timeout
 from rasd.core.lease import PARTITIONS, ResourceItem, partition_of
-from tests.helpers.prefetch import _free, _prefetcher, _TableStore
-
-
-class SlowStore(_TableStore):
-    """Every read takes a moment, so that concurrent requests meet a sweep in flight."""
-
-    fail_next = 0
-
-    async def query_available(
-        self, part: str, limit: int, forward: bool, deadline: float, after: object = None
-    ) -> list[ResourceItem]:
-        await asyncio.sleep(0.01)
-        if self.fail_next:
-            self.fail_next -= 1
-            raise Timeout("deadline passed")
-        return await super().query_available(part, limit, forward, deadline, after)
+from tests.helpers.prefetch import SlowStore, _free, _prefetcher, _TableStore
 
 
 def pool_items(n: int) -> dict[int, list[ResourceItem]]:
