@@ -80,7 +80,9 @@ class Moto(Child):
     """``rasd.devtools.motoserver`` with ``env`` (default: :func:`fleet.procs.child_env`);
     ``group``: in a process group of its own; ``stderr``: where its log goes (default:
     ours). It serves until its stdin closes. ``wait=False``: started, not waited for (several
-    start at once); :meth:`ready` waits."""
+    start at once); :meth:`ready` waits. ``fast``: Queries cost what their partition holds
+    (``rasd.devtools.motoserver.fast_queries``: the same answers, tested); ``count_file``:
+    where it writes the requests it served by operation (JSON) once it stops."""
 
     name = "moto"
 
@@ -91,11 +93,16 @@ class Moto(Child):
         stderr: int | None = None,
         timeout: float = 60.0,
         wait: bool = True,
+        fast: bool = False,
+        count_file: str | None = None,
     ) -> None:
         self.group = group
         self.timeout = timeout
+        argv = [sys.executable, "-m", "rasd.devtools.motoserver"]
+        argv += ["--fast"] if fast else []
+        argv += ["--count-file", count_file] if count_file else []
         self.proc = popen(
-            [sys.executable, "-m", "rasd.devtools.motoserver"],
+            argv,
             child_env() if env is None else env,
             group=group,
             stdin=subprocess.PIPE,

@@ -10,7 +10,7 @@ from typing import Any
 from rasd.core.lease import parse_time
 
 from . import traffic
-from .world import RunResult
+from .world import PROBE, SKEW_MARGIN_S, Outcome, RunResult
 
 
 def _rate(n: int, d: int) -> float | None:
@@ -56,11 +56,81 @@ def duplicates_from_audit(
     }
 
 
+#: the share of requests that may fail for reasons other than capacity (an overloaded
+#: backend: TIMEOUT, UNAVAILABLE, BUSY...) in a run that measures the protocol
+MAX_BACKEND_ERROR_RATE = 0.01
+#: how far the achieved replication lag (p99) may exceed the configured one in a valid run
+MAX_LAG_FACTOR = 1.5
+
+
+def predict_duplicates(
+    outcomes: list[Outcome], lease_s: float, lag_lo_s: float, lag_hi_s: float, margin_s: float
+) -> dict[str, Any]:
+    """How many keys the traffic itself maps twice, from the requests as they were made:
+    a pure function of the outcomes, the lease and the lag.
+
+    A key is mapped twice when its second region's request (answered OK, after a first one
+    answered OK) either
+
+    * **races replication**: it is sent before the first region's lease has replicated there,
+      so the second region sees no lease and acquires its own. The first lease is written
+      between the first request's send and its answer, and reaches the second region that
+      write plus the lag later: certain within ``lag_lo_s`` of the first request's send, possible
+      within ``lag_hi_s`` of its answer; or
+    * **meets a lease about to end**: it comes with less than ``margin_s`` (the daemons'
+      ``skew_margin``) left on the first lease, which the second region then does not serve
+      (it never extends another region's lease) and acquires its own, overlapping the first
+      for under ``margin_s``.
+
+    Returns the low and high predictions (keys) and each key's reason."""
+    first: dict[str, Outcome] = {}
+    for o in outcomes:
+        if o.first and o.code == "OK":
+            first[o.key] = o
+    lo = hi = 0
+    why: dict[str, str] = {}
+    for o in outcomes:
+        f = first.get(o.key)
+        if o.first or o.code != "OK" or f is None:
+            continue
+        since_sent, since_done = o.sent - f.sent, o.sent - f.done
+        if since_sent >= lease_s - margin_s:
+            lo, hi, why[o.key] = lo + 1, hi + 1, "lease_end"
+        elif since_sent < lag_lo_s:
+            lo, hi, why[o.key] = lo + 1, hi + 1, "replication"
+        elif since_done < lag_hi_s:
+            hi, why[o.key] = hi + 1, "replication?"
+    return {"low": lo, "high": hi, "why": why}
+
+
+def validity(run: dict[str, Any], lag_s: float) -> dict[str, Any]:
+    """Whether a run measured the protocol rather than an overloaded backend: the achieved
+    replication lag within MAX_LAG_FACTOR of the configured one at p99, and fewer than
+    MAX_BACKEND_ERROR_RATE of the requests failed for another reason than capacity."""
+    p99 = run["replicator"].get("achieved_lag_p99_s")
+    errors = _other(run)
+    reqs = run["requests"]
+    limit = round(lag_s * MAX_LAG_FACTOR, 3)
+    why = []
+    if p99 is None or p99 > limit:
+        why.append(f"replication lag p99 {p99} s > {limit} s")
+    if not reqs or errors >= MAX_BACKEND_ERROR_RATE * reqs:
+        why.append(f"{errors} of {reqs} requests failed for another reason than capacity")
+    return {
+        "lag_p99_s": p99,
+        "lag_limit_s": limit,
+        "backend_errors": errors,
+        "requests": reqs,
+        "backend_error_rate": _rate(errors, reqs),
+        "valid": not why,
+        "why": why,
+    }
+
+
 def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[str, Any]:
     p = res.params
     regions = list(scn.names)
-    probe = "probe-"
-    outs = [o for o in res.outcomes if not o.key.startswith(probe)]
+    outs = [o for o in res.outcomes if not o.key.startswith(PROBE)]
     per: dict[str, dict[str, Any]] = {}
     for r in regions:
         mine = [o for o in outs if o.region == r]
@@ -95,9 +165,12 @@ def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[st
     audit_d = duplicates_from_audit(res.audit)
     gaps_dup = sorted(o.gap for o in dup_driver)
     gaps_nodup = sorted(o.gap for o in eligible if o not in dup_driver and o.code == "OK")
+    lag_s = float(p["lag_s"])
+    rep_p99 = (res.replicator or {}).get("achieved_lag_p99_s") or lag_s
+    pred = predict_duplicates(outs, lease_s, lag_s, max(lag_s, rep_p99), SKEW_MARGIN_S)
     moves_audit = [e for e in res.audit if e["ev"] == "move"]
     leased_moves = [e for e in moves_audit if e["leased"]]
-    return {
+    out: dict[str, Any] = {
         "mode": "balancer" if p["balancer"] else "static",
         "wall_s": res.wall_s,
         "resources": res.resources,
@@ -155,10 +228,18 @@ def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[st
             "gap_s_of_duplicates_max": round(gaps_dup[-1], 3) if gaps_dup else None,
             "gap_s_of_non_duplicates_min": round(gaps_nodup[0], 3) if gaps_nodup else None,
             "second_requests_within_1s": sum(1 for o in eligible if o.gap < 1.0),
+            "predicted_low": pred["low"],
+            "predicted_high": pred["high"],
+            "predicted_why": pred["why"],
+            "driver_keys_by_reason": dict(
+                Counter(pred["why"].get(o.key, "unpredicted") for o in dup_driver)
+            ),
         },
         "end": res.end,
         "timeline": timeline(res, regions, buckets),
     }
+    out["validity"] = validity(out, lag_s)
+    return out
 
 
 def timeline(res: RunResult, regions: list[str], buckets: int) -> dict[str, Any]:
@@ -201,24 +282,30 @@ def timeline(res: RunResult, regions: list[str], buckets: int) -> dict[str, Any]
 
 # --------------------------------------------------------------------------------- output
 def verdicts(bal: dict[str, Any], static: dict[str, Any] | None, lag: float) -> dict[str, Any]:
-    d = bal["duplicates"]
     out: dict[str, Any] = {}
-    rate = d["rate_of_new_keys"]
-    out["duplicates_le_0.1pct_at_lag"] = {
-        "lag_s": lag,
-        "measured": rate,
-        "met": rate is not None and rate <= 0.001,
-    }
-    after = bal["end"].get("duplicate_keys_after_dedupe", {})
-    # ras-dedupe keeps an extra whose survivor ends first (releasing it would make its region
-    # acquire a third resource while apps still use it): those are left on purpose
-    kept = bal["end"].get("dedupe", {}).get("kept_until_survivor_outlasts", 0)
-    out["zero_after_one_dedupe"] = {
-        "before": bal["end"].get("duplicate_keys_before_dedupe"),
-        "after": after,
-        "kept_on_purpose": kept,
-        "met": bool(after) and all(v <= kept for v in after.values()),
-    }
+    for name, run in (("balancer", bal), ("static", static)):
+        if run is not None:
+            v = run["validity"]
+            out[f"valid_run_{name}"] = {
+                "lag_p99_s": v["lag_p99_s"],
+                "limit_s": v["lag_limit_s"],
+                "backend_errors": v["backend_errors"],
+                "requests": v["requests"],
+                "met": v["valid"],
+            }
+    for name, run in (("balancer", bal), ("static", static)):
+        if run is None:
+            continue
+        d = run["duplicates"]
+        measured = d["duplicate_keys_audit"]
+        out[f"duplicates_within_prediction_{name}"] = {
+            "measured": measured,
+            "predicted_low": d["predicted_low"],
+            "predicted_high": d["predicted_high"],
+            "rate_of_new_keys": d["rate_of_new_keys"],
+            "met": d["predicted_low"] <= measured <= d["predicted_high"],
+        }
+    out["one_dedupe_leaves_only_explained"] = _dedupe_verdict(bal["end"])
     if static is not None:
         sb, ss = bal["no_capacity"], static["no_capacity"]
         out["misses_balancer_le_one_fifth_static"] = {
@@ -243,6 +330,64 @@ def verdicts(bal: dict[str, Any], static: dict[str, Any] | None, lag: float) -> 
         "met": bal["leased_items_moved"] == 0 and bal["replicator"].get("leased_moves", 0) == 0,
     }
     return out
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdicts over several seeds (each ``runs`` entry: one seed's ``verdicts``,
+    ``balancer`` and ``static``): every run valid; the balancer's NO_CAPACITY answers, summed,
+    at most a fifth of the static split's; and every per-seed verdict met in every seed."""
+    out: dict[str, Any] = {}
+    valid = all(r[m]["validity"]["valid"] for r in runs for m in ("balancer", "static") if r[m])
+    statics = [r for r in runs if r["static"] is not None]
+    if statics:
+        sb = sum(r["balancer"]["no_capacity"] for r in statics)
+        ss = sum(r["static"]["no_capacity"] for r in statics)
+        out["misses_balancer_le_one_fifth_static"] = {
+            "balancer": sb,
+            "static": ss,
+            "ratio": round(sb / ss, 4) if ss else None,
+            "per_seed": [
+                r["verdicts"]["misses_balancer_le_one_fifth_static"]["ratio"] for r in statics
+            ],
+            "met": ss > 0 and sb * 5 <= ss,
+        }
+    names = [k for k in runs[0]["verdicts"] if k != "misses_balancer_le_one_fifth_static"]
+    for k in names:
+        missed = [r["params"]["seed"] for r in runs if not r["verdicts"][k]["met"]]
+        out[k] = {"seeds_missed": missed, "met": not missed}
+    for m in ("balancer", "static"):
+        ds = [r[m]["duplicates"] for r in runs if r[m] is not None]
+        if ds:
+            out[f"duplicates_{m}_totals"] = {
+                "measured": sum(d["duplicate_keys_audit"] for d in ds),
+                "predicted_low": sum(d["predicted_low"] for d in ds),
+                "predicted_high": sum(d["predicted_high"] for d in ds),
+                "new_keys": sum(d["new_keys"] for d in ds),
+                "met": all(
+                    d["predicted_low"] <= d["duplicate_keys_audit"] <= d["predicted_high"]
+                    for d in ds
+                ),
+            }
+    return {"valid": valid, "verdicts": out}
+
+
+def _dedupe_verdict(end: dict[str, Any]) -> dict[str, Any]:
+    """One ``ras-dedupe`` run leaves only extras it keeps on purpose, each explained
+    (``sim.world.explain_left``: its survivor does not outlast it by what dedupe requires),
+    in every replica. The staggered probe keys make it release some (``released``)."""
+    after = end.get("duplicate_keys_after_dedupe", {})
+    rows = end.get("left_explained", [])
+    left_keys = {r["key"] for r in rows}
+    return {
+        "before": end.get("duplicate_keys_before_dedupe"),
+        "released": end.get("dedupe", {}).get("released"),
+        "after": after,
+        "left_explained": sum(1 for r in rows if r["explained"]),
+        "left_unexplained": sum(1 for r in rows if not r["explained"]),
+        "met": bool(after)
+        and all(n == len(left_keys) for n in after.values())
+        and all(r["explained"] for r in rows),
+    }
 
 
 def _other(run: dict[str, Any]) -> int:
@@ -297,11 +442,22 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
         f"moved by the balancer: {bal['balancer']['moved']} in {bal['balancer']['runs']} runs; "
         f"leased items moved: {bal['leased_items_moved']}"
     )
+    for name, run in (("balancer", bal), ("static split", static)):
+        if run is None:
+            continue
+        dd = run["duplicates"]
+        lines.append(
+            f"duplicates, {name}: {dd['duplicate_keys_audit']} of {dd['new_keys']} new keys "
+            f"({(dd['rate_of_new_keys'] or 0) * 100:.3f}%), driver view "
+            f"{dd['duplicate_keys_driver']}; the traffic predicts "
+            f"{dd['predicted_low']}-{dd['predicted_high']}"
+        )
+    kept = [r for r in bal["end"].get("left_explained", []) if r["explained"]]
     lines.append(
-        f"duplicates: {d['duplicate_keys_audit']} of {d['new_keys']} new keys "
-        f"({(d['rate_of_new_keys'] or 0) * 100:.3f}%), driver view {d['duplicate_keys_driver']}; "
-        f"end of run: {bal['end'].get('duplicate_keys_before_dedupe')} before ras-dedupe, "
-        f"{bal['end'].get('duplicate_keys_after_dedupe')} after"
+        f"end of run: {bal['end'].get('duplicate_keys_before_dedupe')} duplicate keys before "
+        f"ras-dedupe, {bal['end'].get('duplicate_keys_after_dedupe')} after "
+        f"({len(kept)} extras kept on purpose: survivor outlasts them by less than "
+        f"{kept[0]['needs_s'] if kept else '-'} s)"
     )
     lines.append(
         f"as daemons see leases (mapping items): "
@@ -317,6 +473,16 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
         f"p99 {rep.get('achieved_lag_p99_s')} s, applied {rep.get('applied')}, "
         f"conflicts {rep.get('conflicts')}, converged {bal['end'].get('converged_after_dedupe')}"
     )
+    for name, run in (("balancer", bal), ("static split", static)):
+        if run is None:
+            continue
+        v = run["validity"]
+        lines.append(
+            f"{'VALID' if v['valid'] else 'INVALID'} run, {name}: replication p99 "
+            f"{v['lag_p99_s']} s (limit {v['lag_limit_s']}), {v['backend_errors']} of "
+            f"{v['requests']} requests failed for another reason than capacity"
+            + (f": {'; '.join(v['why'])}" if v["why"] else "")
+        )
     return "\n".join(lines)
 
 

@@ -32,12 +32,16 @@ from fleet.backends import Moto
 from fleet.daemons import counters, start_daemon, wait_ready
 from rasd.config import Config
 from rasd.core.builders import miss_report_update
-from rasd.core.lease import LIVE, PENDING, fmt_time, map_pk
+from rasd.core.lease import LIVE, PENDING, US, fmt_time, map_pk, parse_time
 from rasd.core.serialize import mapping_from_ddb
 
 from . import capacity, replicator, traffic
 
 CLIENT, POOL = "sim", "default"
+#: the daemons' ``skew_margin``: a lease read with less than this left is not served
+SKEW_MARGIN_S = 0.5
+#: the end-of-run probe's keys (:meth:`World.probe`): not part of the day's figures
+PROBE = "probe-"
 
 
 @dataclass
@@ -122,7 +126,16 @@ class World:
     def start_backends(self) -> None:
         """One moto server per region (its replica), all started at once; they stop when
         their stdin closes."""
-        motos = {r: Moto(self.env, stderr=subprocess.DEVNULL, wait=False) for r in self.regions}
+        motos = {
+            r: Moto(
+                self.env,
+                stderr=subprocess.DEVNULL,
+                wait=False,
+                fast=True,
+                count_file=str(self.dir / f"moto-{r}.requests.json"),
+            )
+            for r in self.regions
+        }
         self.children += [moto.proc for moto in motos.values()]
         for r, moto in motos.items():
             self.endpoints[r] = moto.ready().endpoint
@@ -153,7 +166,7 @@ class World:
         env = dict(self.env)
         env.update(
             {
-                "RASD_SKEW_MARGIN": "0.5",
+                "RASD_SKEW_MARGIN": str(SKEW_MARGIN_S),
                 "RASD_EXHAUSTED_BACKOFF": "0.25",
                 "RASD_DDB_WARM_CONNECTIONS": "1",
                 # compressed time: a pending mapping is left to its acquirer for 1 s, not 2
@@ -218,11 +231,16 @@ class World:
 
     # -- reading the replicas
     def resource_items(self, region: str) -> dict[str, dict[str, Any]]:
+        """The pool's resource items in ``region``'s replica: one strongly consistent Query
+        of their partition (a Scan would walk every mapping and meta item too, once a second
+        per replica, and slow the backend the daemons use)."""
         out: dict[str, dict[str, Any]] = {}
-        for it in tables.scan(
+        for it in tables.items(
             self._ddb(region),
-            self.p.table,
-            FilterExpression="client_id = :c",
+            "query",
+            TableName=self.p.table,
+            ConsistentRead=True,
+            KeyConditionExpression="client_id = :c",
             ExpressionAttributeValues={":c": {"S": CLIENT}},
         ):
             out[it["resource"]["S"]] = {
@@ -305,6 +323,12 @@ class World:
             res.audit = _read_jsonl(self.dir / "audit.jsonl")
         finally:
             self.stop_all()
+        # what each backend served, per operation, over the whole run (set-up included)
+        res.end["backend_requests"] = {
+            r: json.loads(f.read_text())
+            for r in self.regions
+            if (f := self.dir / f"moto-{r}.requests.json").exists()
+        }
         res.wall_s = round(time.monotonic() - t_wall, 1)
         return res
 
@@ -373,6 +397,14 @@ class World:
             ),
             "items_per_region_end": dict(Counter(it["region"] for it in first2.values())),
         }
+        # every duplicate one dedupe left, with why: kept on purpose (its survivor does not
+        # outlast it by what dedupe requires), or not explained (should have been released)
+        need_s = Config().skew_margin + Config().max_clock_skew
+        out["left_explained"] = [
+            {"key": k, **row}
+            for k, v in sorted(left.items())
+            for row in explain_left({r: first2[r] for r in v}, need_s)
+        ]
         if left:  # keep what is needed to understand it, and see whether a second run helps
             out["left_after_dedupe"] = {k: {r: first2[r] for r in v} for k, v in left.items()}
             out["left_before_dedupe"] = {
@@ -479,20 +511,31 @@ class World:
         return cache[r]
 
     async def probe(self) -> dict[str, Any]:
-        """``probe_keys`` keys requested in every region at the same instant (a global
-        experiment launched everywhere at once): the worst case for duplicates, so that the
-        dedupe check at the end has something to clean."""
+        """``probe_keys`` keys requested in every region within the replication lag (a global
+        experiment launched everywhere at once), so that the end-of-run dedupe check has
+        duplicates of both kinds to decide:
+
+        * **staggered** (the first half): the first region asks first, for 120 s; the others
+          ``stagger`` later, for 60 s. The first region's lease is usually the survivor
+          (the earliest acquisition: not when its request was slower than the stagger) and
+          then outlasts the extras by a minute: one ``ras-dedupe`` releases them.
+        * **together** (the rest): every region at the same instant, for 120 s. The survivor
+          ends within milliseconds of its extras, and ``ras-dedupe`` keeps an extra until its
+          survivor outlasts it (releasing it would make its region acquire a third resource
+          while apps still use the extra): kept on purpose, each explained in the report."""
         from rasd_client import RasdError, aio
 
         got: Counter[str] = Counter()
 
-        async def one(key: str, region: str) -> None:
+        async def one(key: str, region: str, lease_s: float, delay: float = 0.0) -> None:
+            if delay:
+                await asyncio.sleep(delay)
             try:
                 lease = await aio.get_lease(
                     CLIENT,
                     POOL,
                     key,
-                    timedelta(seconds=120),
+                    timedelta(seconds=lease_s),
                     timeout=2.0,
                     socket_path=self.sockets[region][0],
                 )
@@ -500,9 +543,22 @@ class World:
             except RasdError as exc:
                 got[exc.code] += 1
 
-        keys = [f"probe-{self.p.seed}-{i}" for i in range(self.p.probe_keys)]
-        await asyncio.gather(*(one(k, r) for k in keys for r in self.regions))
-        return {"keys": len(keys), "requests": len(keys) * len(self.regions), **dict(got)}
+        n = self.p.probe_keys
+        staggered = [f"{PROBE}{self.p.seed}-s{i}" for i in range(n // 2)]
+        together = [f"{PROBE}{self.p.seed}-t{i}" for i in range(n - n // 2)]
+        stagger = min(0.2, self.p.lag_s / 4)
+        first, rest = self.regions[0], self.regions[1:]
+        calls = [one(k, first, 120.0) for k in staggered]
+        calls += [one(k, r, 60.0, stagger) for k in staggered for r in rest]
+        calls += [one(k, r, 120.0) for k in together for r in self.regions]
+        await asyncio.gather(*calls)
+        return {
+            "keys": n,
+            "staggered": staggered,
+            "together": together,
+            "requests": n * len(self.regions),
+            **dict(got),
+        }
 
 
 class Sampler:
@@ -565,6 +621,36 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ helpers
+def explain_left(items: dict[str, dict[str, Any]], need_s: float) -> list[dict[str, Any]]:
+    """Why ``ras-dedupe`` left one key's held ``items`` (resource -> item, as
+    :meth:`World.resource_items` reads them): the survivor is the earliest acquisition (then
+    region, then resource: ``rasd.core.decide.pick``), and dedupe releases an extra only when
+    the survivor outlasts it by ``need_s`` (the daemons' skew margin plus the clock-skew
+    bound). One row per extra: ``explained`` False means it should have been released."""
+    order = sorted(
+        items.items(),
+        key=lambda kv: (kv[1]["lease_acquired"] or "", kv[1]["region"] or "", kv[0]),
+    )
+    (sres, surv), extras = order[0], order[1:]
+    send = parse_time(surv["lease_expires"]) if surv["lease_expires"] else 0
+    rows = []
+    for res, it in extras:
+        eend = parse_time(it["lease_expires"]) if it["lease_expires"] else 0
+        outlasts = round((send - eend) / US, 3)
+        rows.append(
+            {
+                "survivor": sres,
+                "survivor_region": surv["region"],
+                "extra": res,
+                "extra_region": it["region"],
+                "survivor_outlasts_s": outlasts,
+                "needs_s": need_s,
+                "explained": outlasts < need_s,
+            }
+        )
+    return rows
+
+
 def size_pool(sched: traffic.Schedule, p: Params, regions: list[str]) -> tuple[int, dict[str, int]]:
     """Resources and their static equal split: ``capacity_factor`` x the most leases the
     whole traffic holds at once (lease + half a liberator period), rounded up to a multiple

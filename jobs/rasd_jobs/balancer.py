@@ -42,6 +42,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,15 +182,22 @@ def read_miss_counters(ddb: Any, table: str) -> dict[str, int]:
     return out
 
 
+#: COUNT queries in flight at once (step 5): a run with many pools is not a chain of round trips
+COUNT_THREADS = 8
+
+
+def count_part(ddb: Any, table: str, part: str) -> int:
+    """Free items of one sub-partition: Select=COUNT, every page."""
+    kw = {"TableName": table, **available_query(part, count=True)}
+    return sum(int(page.get("Count", 0)) for page in common.scan_pages(ddb, kw))
+
+
 def count_free(ddb: Any, table: str, client_id: str, pool_id: str, region: str) -> int:
     """Free items of one (client, pool, region): Select=COUNT over the 10 sub-partitions."""
-    total = 0
-    for n in range(PARTITIONS):
-        part = partition_name(client_id, pool_id, region, n)
-        kw = {"TableName": table, **available_query(part, count=True)}
-        for page in common.scan_pages(ddb, kw):
-            total += int(page.get("Count", 0))
-    return total
+    return sum(
+        count_part(ddb, table, partition_name(client_id, pool_id, region, n))
+        for n in range(PARTITIONS)
+    )
 
 
 def candidates(
@@ -448,8 +456,17 @@ def _observe(
 
 
 def _count_free(opts: Options, clients: Clients, keys: set[bm.Key]) -> dict[bm.Key, int]:
-    """Step 5: free items per (client, pool, region), each read from its region's replica."""
-    return {k: count_free(clients.for_region(k[2]), opts.table, *k) for k in sorted(keys)}
+    """Step 5: free items per (client, pool, region), each read from its region's replica,
+    COUNT_THREADS sub-partitions at a time (boto3's clients are thread-safe)."""
+    parts = [(k, partition_name(*k, n)) for k in sorted(keys) for n in range(PARTITIONS)]
+    with ThreadPoolExecutor(max_workers=COUNT_THREADS, thread_name_prefix="count") as pool:
+        counts = pool.map(
+            lambda kp: count_part(clients.for_region(kp[0][2]), opts.table, kp[1]), parts
+        )
+        out = dict.fromkeys(sorted(keys), 0)
+        for (k, _), n in zip(parts, counts, strict=True):
+            out[k] += n
+    return out
 
 
 def _plan(

@@ -32,6 +32,7 @@ waits that long more (a stalled reply, which the daemons' attempt timeouts cut s
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import random
@@ -142,6 +143,24 @@ class Delayed:
         return result
 
 
+class Counted:
+    """A WSGI app that counts its requests by operation (the ``X-Amz-Target`` header's
+    action, else the HTTP method: S3), for a harness to tell what keeps a backend busy."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        op = target.rpartition(".")[2] or environ.get("REQUEST_METHOD", "?")
+        with self._lock:
+            self.counts[op] = self.counts.get(op, 0) + 1
+        result: Iterable[bytes] = self.app(environ, start_response)
+        return result
+
+
 def delay_from_env(env: dict[str, str] | None = None) -> tuple[float, float, float] | None:
     """(mean, stall_p, stall) as ``RASD_MOTO_DELAY`` and ``RASD_MOTO_STALLS`` ask; None when
     both are unset."""
@@ -164,10 +183,15 @@ def delay_from_env(env: dict[str, str] | None = None) -> tuple[float, float, flo
 
 
 def start(
-    host: str = "127.0.0.1", port: int = 0, log_file: str | None = None, fast: bool = False
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_file: str | None = None,
+    fast: bool = False,
+    counted: Counted | None = None,
 ) -> tuple[Any, str]:
     """Start moto's server in a thread; returns (server, endpoint_url). ``server.stop()``.
-    ``fast``: :func:`fast_queries` too."""
+    ``fast``: :func:`fast_queries` too; ``counted``: a :class:`Counted` (its ``app`` unset)
+    that every request goes through."""
     from moto.server import ThreadedMotoServer
 
     make_writes_atomic()
@@ -186,22 +210,33 @@ def start(
     wsgi = server._server
     if delay is not None and wsgi is not None:
         wsgi.app = Delayed(wsgi.app, *delay)  # werkzeug's handler reads it on each request
+    if counted is not None and wsgi is not None:
+        counted.app, wsgi.app = wsgi.app, counted
     h, p = server.get_host_and_port()
     return server, f"http://{h}:{p}"
 
 
 def serve_forever(
-    host: str = "127.0.0.1", port: int = 0, log_file: str | None = None, fast: bool = False
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_file: str | None = None,
+    fast: bool = False,
+    count_file: str | None = None,
 ) -> None:
-    """``python -m rasd.devtools.motoserver [--fast] [--log-file F]``: print ``PORT n`` and
-    serve until stdin closes (for harnesses that want moto in its own process, away from
-    their GIL). Ctrl-C in a terminal reaches the whole process group: the parent decides
+    """``python -m rasd.devtools.motoserver [--fast] [--log-file F] [--count-file F]``: print
+    ``PORT n`` and serve until stdin closes (for harnesses that want moto in its own process,
+    away from their GIL), then write the requests it served by operation to ``count_file``
+    (JSON). Ctrl-C in a terminal reaches the whole process group: the parent decides
     when this one stops (it closes our stdin), so SIGINT is ignored here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    server, url = start(host, port, log_file=log_file, fast=fast)
+    counted = Counted(None) if count_file else None
+    server, url = start(host, port, log_file=log_file, fast=fast, counted=counted)
     print("PORT", url.rsplit(":", 1)[1], flush=True)
     sys.stdin.read()
     server.stop()
+    if counted is not None and count_file:
+        with open(count_file, "w") as f:
+            json.dump(dict(sorted(counted.counts.items())), f)
 
 
 class Spawned:
@@ -246,5 +281,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m rasd.devtools.motoserver")
     p.add_argument("--fast", action="store_true", help="fast_queries(): see the module")
     p.add_argument("--log-file", default=None, help="moto's request log (default: none)")
+    p.add_argument(
+        "--count-file", default=None, help="write the requests served, by operation (JSON)"
+    )
     a = p.parse_args()
-    serve_forever(log_file=a.log_file, fast=a.fast)
+    serve_forever(log_file=a.log_file, fast=a.fast, count_file=a.count_file)

@@ -1,14 +1,16 @@
-"""The global simulation, tiny: structure and kinds of outcome, not figures (no timing
-thresholds).
+"""The global simulation, tiny: structure and kinds of outcome, not figures.
 
 Three moto servers, the replicator, one real daemon per region, the liberator and the balancer;
 a pair of 20-second days on lopsided traffic (one region asks for almost everything, the pool
 is split equally): with the balancer, then with the static split. Checks the balancer run's
-report (fields, replication happened and converged, the jobs ran, ras-dedupe leaves no
-duplicate, no leased item was ever moved); that no NO_CAPACITY was answered in either run while
-its region held an item claimable all along (``sim.capacity``); and that the balancer beats the
-static split.
-"""
+report (fields, replication happened and converged, the jobs ran, ras-dedupe leaves only the
+duplicates it keeps on purpose, each explained, no leased item was ever moved); that no
+NO_CAPACITY was answered in either run while its region held an item claimable all along
+(``sim.capacity``); that the balancer beats the static split; and that both runs were valid.
+
+Validity is the one time bound here, and it bounds the harness, not rasd: a run whose
+replicator fell behind (p99 past 1.5x the lag) or whose backends failed 1 % of requests
+measured an overloaded machine, and every global figure would be wrong (docs/global.md)."""
 
 from __future__ import annotations
 
@@ -58,18 +60,18 @@ def check_structure(
     assert bal["balancer"]["runs"] >= 1 and bal["balancer"]["errors"] == []
     assert bal["liberator"]["runs"] >= 1 and bal["liberator"]["errors"] == 0
 
-    # ras-dedupe ran once; a duplicate is left only where it kept an extra on purpose (its
-    # survivor ends first: releasing the extra would make its region acquire a third)
+    # ras-dedupe ran once and left only extras kept on purpose, each explained (the survivor
+    # does not outlast it: releasing it would make its region acquire a third)
     assert bal["end"]["dedupe"]["exit"] == 0
-    kept = bal["end"]["dedupe"].get("kept_until_survivor_outlasts", 0)
-    assert all(v <= kept for v in bal["end"]["duplicate_keys_after_dedupe"].values())
+    left = bal["end"]["left_explained"]
+    assert all(r["explained"] for r in left), left
 
     # no leased item was ever moved (stream audit and replicator)
     assert bal["leased_items_moved"] == 0
     assert rep["leased_moves"] == 0
 
     v = report.verdicts(bal, None, lag_s)
-    assert v["no_leased_item_moved"]["met"] and v["zero_after_one_dedupe"]["met"]
+    assert v["no_leased_item_moved"]["met"] and v["one_dedupe_leaves_only_explained"]["met"]
     assert report.table(bal, None)
 
 
@@ -89,13 +91,17 @@ def test_tiny_simulation_pair() -> None:
     """One pair of runs (balancer, then the static split) on lopsided traffic."""
     scn = lopsided()
     params = replace(
-        Params(seed=3, lag_s=0.5, **PRESETS["tiny"]),
+        Params(seed=3, lag_s=1.0, **PRESETS["tiny"]),
         day_s=20.0,
         lease_s=3.0,
         keys_per_s=4.0,
     )
     bal, static, info = run_pair(params, scn, static=True, log=lambda _msg: None)
     assert static is not None
+    # both runs measured the protocol, not an overloaded backend: replication kept within
+    # 1.5x its lag (p99) and under 1 % of requests failed for another reason than capacity
+    assert bal["validity"]["valid"], bal["validity"]
+    assert static["validity"]["valid"], static["validity"]
     assert info["new_keys"] > 0 and info["resources"] > 0
     check_structure(bal, scn, info, params.lag_s)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from sim import traffic
 from sim.capacity import ClaimableSample, no_capacity_while_claimable
 from sim.replicator import audit_events, image_hash, stamp_of, wins
+from sim.report import predict_duplicates, summary, validity
+from sim.world import Outcome, explain_left
 
 SCN = traffic.default_scenario()
 
@@ -215,3 +218,95 @@ def test_no_capacity_is_right_when_the_item_changed_or_the_window_is_not_covered
     samples = [_sample(0.0, ("a", 1)), _sample(5.0, ("a", 1))]
     assert no_capacity_while_claimable([_Answer("OK", 3.0, 3.2)], samples, 1.0) == []
     assert no_capacity_while_claimable([_Answer("NO_CAPACITY", 3.0, 6.0)], samples, 1.0) == []
+
+
+# ------------------------------------------------------------------- the report's judgements
+def _o(key: str, first: bool, sent: float, done: float, code: str = "OK") -> Outcome:
+    return Outcome(t=sent, region="r", key=key, first=first, gap=0.0, code=code, sent=sent,
+                   done=done)  # fmt: skip
+
+
+def test_duplicates_predicted_from_the_requests_as_made() -> None:
+    outs = [
+        # sent 0.3 s after the first: before any 1 s replication (certain)
+        _o("a", True, 0.0, 0.01), _o("a", False, 0.3, 0.31),
+        # 1.2 s after its send, 1.15 s after its answer: possible with a 1.4 s p99 lag only
+        _o("b", True, 10.0, 10.05), _o("b", False, 11.2, 11.21),
+        # 3 s later: replicated by then
+        _o("c", True, 20.0, 20.01), _o("c", False, 23.0, 23.01),
+        # 7.6 s into an 8 s lease: under the 0.5 s margin left (certain)
+        _o("d", True, 30.0, 30.01), _o("d", False, 37.6, 37.61),
+        # the second request failed, or the first did: nothing to duplicate
+        _o("e", True, 40.0, 40.01), _o("e", False, 40.1, 40.2, "NO_CAPACITY"),
+        _o("f", True, 50.0, 50.01, "TIMEOUT"), _o("f", False, 50.1, 50.2),
+    ]  # fmt: skip
+    got = predict_duplicates(outs, lease_s=8.0, lag_lo_s=1.0, lag_hi_s=1.4, margin_s=0.5)
+    assert (got["low"], got["high"]) == (2, 3)
+    assert got["why"] == {"a": "replication", "b": "replication?", "d": "lease_end"}
+    # with the lag achieved exactly as configured, b is not a possible duplicate
+    assert predict_duplicates(outs, 8.0, 1.0, 1.0, 0.5)["high"] == 2
+
+
+def _run(p99: float | None, requests: int, errors: dict[str, int]) -> dict[str, Any]:
+    return {
+        "replicator": {"achieved_lag_p99_s": p99},
+        "requests": requests,
+        "regions": {"r": {"other_errors": errors}},
+    }
+
+
+def test_a_run_is_valid_only_with_replication_and_backends_keeping_up() -> None:
+    assert validity(_run(1.49, 1000, {"TIMEOUT": 9}), 1.0)["valid"]
+    slow = validity(_run(1.51, 1000, {}), 1.0)
+    assert not slow["valid"] and "replication lag p99 1.51 s > 1.5 s" in slow["why"]
+    # 1 % of requests failing for another reason than capacity is too many
+    assert not validity(_run(1.0, 1000, {"TIMEOUT": 6, "UNAVAILABLE": 4}), 1.0)["valid"]
+    assert not validity(_run(None, 1000, {}), 1.0)["valid"]  # nothing replicated: no figure
+    assert validity(_run(7.4, 1000, {"BUSY": 1}), 5.0)["valid"]
+
+
+def _item(acquired: str, expires: str, region: str) -> dict[str, Any]:
+    return {
+        "lease_acquired": f"2026-11-27T00:00:{acquired}Z",
+        "lease_expires": f"2026-11-27T00:{expires}Z",
+        "region": region,
+    }
+
+
+def test_dedupe_leftovers_are_explained_by_their_survivor_not_outlasting_them() -> None:
+    items = {
+        "res-2": _item("01.000000", "02:00.000000", "eu-west-1"),  # the survivor: earliest
+        "res-1": _item("01.100000", "01:59.000000", "us-east-1"),  # ends 1 s before it: kept
+        "res-3": _item("01.200000", "01:00.000000", "us-west-2"),  # 60 s before: release it
+    }
+    rows = {r["extra"]: r for r in explain_left(items, need_s=7.0)}
+    assert {r["survivor"] for r in rows.values()} == {"res-2"}
+    assert rows["res-1"]["survivor_outlasts_s"] == 1.0 and rows["res-1"]["explained"]
+    assert rows["res-3"]["survivor_outlasts_s"] == 60.0 and not rows["res-3"]["explained"]
+
+
+def _seed(seed: int, bal: int, static: int, valid: bool = True) -> dict[str, Any]:
+    def run(nc: int) -> dict[str, Any]:
+        d = {"duplicate_keys_audit": 2, "predicted_low": 1, "predicted_high": 3, "new_keys": 99}
+        return {"no_capacity": nc, "validity": {"valid": valid}, "duplicates": d}
+
+    ratio = {"ratio": bal / static, "met": bal * 5 <= static}
+    return {
+        "params": {"seed": seed},
+        "verdicts": {"misses_balancer_le_one_fifth_static": ratio, "no_leased_item_moved": {
+            "met": seed != 3}},
+        "balancer": run(bal),
+        "static": run(static),
+    }  # fmt: skip
+
+
+def test_over_seeds_the_misses_are_summed_and_every_other_verdict_holds_in_each() -> None:
+    # seed 1 alone misses the fifth (0.3), the sum does not (12 / 70)
+    got = summary([_seed(1, 6, 20), _seed(2, 6, 50)])
+    assert got["valid"]
+    assert got["verdicts"]["misses_balancer_le_one_fifth_static"]["met"]
+    assert got["verdicts"]["misses_balancer_le_one_fifth_static"]["ratio"] == round(12 / 70, 4)
+    assert got["verdicts"]["duplicates_balancer_totals"]["measured"] == 4
+    bad = summary([_seed(1, 1, 50), _seed(3, 1, 50, valid=False)])
+    assert not bad["valid"]
+    assert bad["verdicts"]["no_leased_item_moved"] == {"seeds_missed": [3], "met": False}
