@@ -40,6 +40,9 @@ from . import capacity, replicator, traffic
 CLIENT, POOL = "sim", "default"
 #: the daemons' ``skew_margin``: a lease read with less than this left is not served
 SKEW_MARGIN_S = 0.5
+#: the daemons' ``exhausted_backoff``: how long an empty sweep answers for later requests,
+#: so the window in which a NO_CAPACITY may have been decided (``sim.capacity``)
+EXHAUSTED_BACKOFF_S = 0.25
 #: the end-of-run probe's keys (:meth:`World.probe`): not part of the day's figures
 PROBE = "probe-"
 
@@ -167,7 +170,7 @@ class World:
         env.update(
             {
                 "RASD_SKEW_MARGIN": str(SKEW_MARGIN_S),
-                "RASD_EXHAUSTED_BACKOFF": "0.25",
+                "RASD_EXHAUSTED_BACKOFF": str(EXHAUSTED_BACKOFF_S),
                 "RASD_DDB_WARM_CONNECTIONS": "1",
                 # compressed time: a pending mapping is left to its acquirer for 1 s, not 2
                 "RASD_PENDING_HOLD": "1.0",
@@ -309,7 +312,7 @@ class World:
             res.samples = sampler.rows
             res.claimable = sampler.claimable
             wrong = capacity.no_capacity_while_claimable(
-                res.outcomes, res.claimable, Config().exhausted_backoff
+                res.outcomes, res.claimable, EXHAUSTED_BACKOFF_S
             )
             res.end["no_capacity_while_claimable"] = len(wrong)
             res.end["no_capacity_while_claimable_examples"] = wrong[:5]
