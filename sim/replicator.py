@@ -3,7 +3,7 @@
 One reader thread per source region polls that backend's DynamoDB stream (moto: one shard per
 table) and queues every *local* write for the other regions; applier threads apply them in each
 destination ``lag`` seconds after they were read (so the effective lag is ``lag`` plus the poll
-period, up to 50 ms, plus the apply time). A destination has four applier lanes and an item
+period, up to 50 ms, plus the apply time). A destination has eight applier lanes and an item
 always takes the same one: one item's writes stay in order, and a burst of writes of different
 items (a liberator run, a balancer's moves) is applied in parallel, not queued behind one
 another. Like global tables, nothing orders writes of different items. The achieved lag is
@@ -196,7 +196,7 @@ class Replicator:
         lag: float,
         audit_path: str | None = None,
         poll_s: float = 0.05,
-        appliers: int = 4,
+        appliers: int = 8,
     ) -> None:
         import boto3
         from botocore.config import Config as BotoConfig

@@ -51,7 +51,8 @@ def duplicates_from_audit(
     return {
         "keys_acquired": len(by_key),
         "duplicate_keys": len(dup_keys),
-        "examples": dup_keys[:5],
+        "keys": sorted(dup_keys),
+        "intervals": {k: sorted(v) for k, v in by_key.items()},
         "claims_never_named": len(claims) - len(acqs),
     }
 
@@ -224,10 +225,32 @@ def analyze(res: RunResult, scn: traffic.Scenario, buckets: int = 48) -> dict[st
             "duplicate_keys_driver": len(dup_driver),
             "duplicate_keys_audit": audit_d["duplicate_keys"],
             "claims_never_named": audit_d["claims_never_named"],
-            "rate_of_new_keys": _rate(audit_d["duplicate_keys"], new_keys),
+            "rate_of_new_keys": _rate(
+                len(set(audit_d["keys"]) | {o.key for o in dup_driver}), new_keys
+            ),
             "gap_s_of_duplicates_max": round(gaps_dup[-1], 3) if gaps_dup else None,
             "gap_s_of_non_duplicates_min": round(gaps_nodup[0], 3) if gaps_nodup else None,
             "second_requests_within_1s": sum(1 for o in eligible if o.gap < 1.0),
+            # a key mapped twice by either witness: the table's audit or the clients' answers
+            "duplicate_keys": len(set(audit_d["keys"]) | {o.key for o in dup_driver}),
+            "audit_only": sorted(set(audit_d["keys"]) - {o.key for o in dup_driver}),
+            "driver_only": [
+                {
+                    "key": o.key,
+                    "region": o.region,
+                    "gap": round(o.gap, 3),
+                    "resource": o.resource,
+                    "claims": audit_d["intervals"].get(o.key),
+                    "first": [
+                        (f.region, f.resource, round(f.sent, 3), round(f.done, 3))
+                        for f in outs
+                        if f.first and f.key == o.key
+                    ],
+                    "second_sent": round(o.sent, 3),
+                }
+                for o in dup_driver
+                if o.key not in set(audit_d["keys"])
+            ],
             "predicted_low": pred["low"],
             "predicted_high": pred["high"],
             "predicted_why": pred["why"],
@@ -297,7 +320,7 @@ def verdicts(bal: dict[str, Any], static: dict[str, Any] | None, lag: float) -> 
         if run is None:
             continue
         d = run["duplicates"]
-        measured = d["duplicate_keys_audit"]
+        measured = d["duplicate_keys"]
         out[f"duplicates_within_prediction_{name}"] = {
             "measured": measured,
             "predicted_low": d["predicted_low"],
@@ -359,13 +382,12 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ds = [r[m]["duplicates"] for r in runs if r[m] is not None]
         if ds:
             out[f"duplicates_{m}_totals"] = {
-                "measured": sum(d["duplicate_keys_audit"] for d in ds),
+                "measured": sum(d["duplicate_keys"] for d in ds),
                 "predicted_low": sum(d["predicted_low"] for d in ds),
                 "predicted_high": sum(d["predicted_high"] for d in ds),
                 "new_keys": sum(d["new_keys"] for d in ds),
                 "met": all(
-                    d["predicted_low"] <= d["duplicate_keys_audit"] <= d["predicted_high"]
-                    for d in ds
+                    d["predicted_low"] <= d["duplicate_keys"] <= d["predicted_high"] for d in ds
                 ),
             }
     return {"valid": valid, "verdicts": out}
@@ -447,10 +469,10 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
             continue
         dd = run["duplicates"]
         lines.append(
-            f"duplicates, {name}: {dd['duplicate_keys_audit']} of {dd['new_keys']} new keys "
-            f"({(dd['rate_of_new_keys'] or 0) * 100:.3f}%), driver view "
-            f"{dd['duplicate_keys_driver']}; the traffic predicts "
-            f"{dd['predicted_low']}-{dd['predicted_high']}"
+            f"duplicates, {name}: {dd['duplicate_keys']} of {dd['new_keys']} new keys "
+            f"({(dd['rate_of_new_keys'] or 0) * 100:.3f}%; table audit "
+            f"{dd['duplicate_keys_audit']}, clients {dd['duplicate_keys_driver']}); "
+            f"the traffic predicts {dd['predicted_low']}-{dd['predicted_high']}"
         )
     kept = [r for r in bal["end"].get("left_explained", []) if r["explained"]]
     lines.append(
