@@ -234,17 +234,24 @@ def test_duplicates_predicted_from_the_requests_as_made() -> None:
         _o("b", True, 10.0, 10.05), _o("b", False, 11.2, 11.21),
         # 3 s later: replicated by then
         _o("c", True, 20.0, 20.01), _o("c", False, 23.0, 23.01),
-        # 7.6 s into an 8 s lease: under the 0.5 s margin left (certain)
+        # 7.6 s into an 8 s lease: under the 0.5 s margin left, answered before its end
+        # (certain); 7.95 s in, answered after its end: the claims may not overlap (possible)
         _o("d", True, 30.0, 30.01), _o("d", False, 37.6, 37.61),
+        _o("g", True, 60.0, 60.01), _o("g", False, 67.95, 68.07),
         # the second request failed, or the first did: nothing to duplicate
         _o("e", True, 40.0, 40.01), _o("e", False, 40.1, 40.2, "NO_CAPACITY"),
         _o("f", True, 50.0, 50.01, "TIMEOUT"), _o("f", False, 50.1, 50.2),
     ]  # fmt: skip
     got = predict_duplicates(outs, lease_s=8.0, lag_lo_s=1.0, lag_hi_s=1.4, margin_s=0.5)
-    assert (got["low"], got["high"]) == (2, 3)
-    assert got["why"] == {"a": "replication", "b": "replication?", "d": "lease_end"}
+    assert (got["low"], got["high"]) == (2, 4)
+    assert got["why"] == {
+        "a": "replication",
+        "b": "replication?",
+        "d": "lease_end",
+        "g": "lease_end?",
+    }
     # with the lag achieved exactly as configured, b is not a possible duplicate
-    assert predict_duplicates(outs, 8.0, 1.0, 1.0, 0.5)["high"] == 2
+    assert predict_duplicates(outs, 8.0, 1.0, 1.0, 0.5)["high"] == 3
 
 
 def _run(p99: float | None, requests: int, errors: dict[str, int]) -> dict[str, Any]:
@@ -287,7 +294,7 @@ def test_dedupe_leftovers_are_explained_by_their_survivor_not_outlasting_them() 
 
 def _seed(seed: int, bal: int, static: int, valid: bool = True) -> dict[str, Any]:
     def run(nc: int) -> dict[str, Any]:
-        d = {"duplicate_keys_audit": 2, "predicted_low": 1, "predicted_high": 3, "new_keys": 99}
+        d = {"duplicate_keys": 2, "predicted_low": 1, "predicted_high": 3, "new_keys": 99}
         return {"no_capacity": nc, "validity": {"valid": valid}, "duplicates": d}
 
     ratio = {"ratio": bal / static, "met": bal * 5 <= static}
