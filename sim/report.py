@@ -470,16 +470,6 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
         f"moved by the balancer: {bal['balancer']['moved']} in {bal['balancer']['runs']} runs; "
         f"leased items moved: {bal['leased_items_moved']}"
     )
-    for name, run in (("balancer", bal), ("static split", static)):
-        if run is None:
-            continue
-        dd = run["duplicates"]
-        lines.append(
-            f"duplicates, {name}: {dd['duplicate_keys']} of {dd['new_keys']} new keys "
-            f"({(dd['rate_of_new_keys'] or 0) * 100:.3f}%; table audit "
-            f"{dd['duplicate_keys_audit']}, clients {dd['duplicate_keys_driver']}); "
-            f"the traffic predicts {dd['predicted_low']}-{dd['predicted_high']}"
-        )
     kept = [r for r in bal["end"].get("left_explained", []) if r["explained"]]
     lines.append(
         f"end of run: {bal['end'].get('duplicate_keys_before_dedupe')} duplicate keys before "
@@ -504,7 +494,13 @@ def table(bal: dict[str, Any], static: dict[str, Any] | None) -> str:
     for name, run in (("balancer", bal), ("static split", static)):
         if run is None:
             continue
-        v = run["validity"]
+        dd, v = run["duplicates"], run["validity"]
+        lines.append(
+            f"duplicates, {name}: {dd['duplicate_keys']} of {dd['new_keys']} new keys "
+            f"({(dd['rate_of_new_keys'] or 0) * 100:.3f}%; table audit "
+            f"{dd['duplicate_keys_audit']}, clients {dd['duplicate_keys_driver']}); "
+            f"the traffic predicts {dd['predicted_low']}-{dd['predicted_high']}"
+        )
         lines.append(
             f"{'VALID' if v['valid'] else 'INVALID'} run, {name}: replication p99 "
             f"{v['lag_p99_s']} s (limit {v['lag_limit_s']}), {v['backend_errors']} of "
