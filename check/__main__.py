@@ -22,6 +22,7 @@ from .rulesets import (
     BAD_D1,
     BAD_D2,
     BAD_E,
+    BAD_G,
     BAD_L,
     BAD_M,
     BAD_P,
@@ -335,6 +336,34 @@ SWITCH = Config(
 )
 SWITCH_OFF = replace(SWITCH, legacy_agents=True)
 SWITCH_ON = replace(SWITCH, paper_calls=1, paper_key="k1", history=0)
+#: a strict pool (home r1) in two regions (d0 in r1, d1 in r2, d1's clock a tick ahead), one
+#: key, ra in r1 and rb in r2, another region's mapping read one version behind (replication
+#: lag), one fault: both regions ask for k1 at once. I2 then holds across regions (docs/
+#: global.md, "Strict pools"); with the agreement skipped (G) each region answers its own.
+STRICT = Config(
+    daemons=2,
+    regions=("r1", "r2"),
+    offsets=(0, 1),
+    keys=("k1",),
+    resources=("ra", "rb"),
+    resource_regions=("r1", "r2"),
+    max_faults=1,
+    max_crashes=0,
+    max_ops=2,
+    horizon=0,
+    liberator=False,
+    release=False,
+    replica_history=1,
+    strict_home="r1",
+)
+#: ... with ``strict_home_down = "local"``: a fault on the home region's calls answers the
+#: region's own lease unagreed (exempt from I2 across regions, still held to I1 and to I2
+#: within its region)
+STRICT_LOCAL = replace(STRICT, home_down="local")
+#: deep mode: with time (6 s leases, extensions, their end), releases and three app calls
+STRICT_TIME = replace(
+    STRICT, max_ops=3, release=True, ticks=(1, 5), horizon=6, leases=(6, 6), max_faults=0
+)
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
@@ -343,6 +372,8 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("mixed", MIXED, None, None, BAD_S),
     ("mixed-extend", MIXED_EXTEND[0], MIXED_EXTEND[1], 1, BAD_P),
     ("mixed-lapsed", MIXED_LAPSED[0], MIXED_LAPSED[1], 1, BAD_L),
+    ("strict", STRICT, None, None, BAD_G),
+    ("strict-local", STRICT_LOCAL, None, None, BAD_G),
 )
 #: deep mode: the same actors from the initial state, wider (each bounded by --budget)
 ADMIN_DEEP = replace(ADMIN, max_ops=3, max_faults=1, ticks=(1, 5), horizon=6)
@@ -358,6 +389,8 @@ DEEP_ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], .
     ("admin-deep", ADMIN_DEEP, None, None, REAL),
     ("balancer-deep", BALANCER_DEEP, None, None, REAL),
     ("adopt", ADOPT, None, None, REAL),
+    ("strict-time", STRICT_TIME, None, None, REAL),
+    ("strict-time-local", replace(STRICT_TIME, home_down="local"), None, None, REAL),
 )
 
 

@@ -18,12 +18,12 @@ from typing import Any, assert_never
 
 from rasd.core import cache_rules as CR
 from rasd.core.lease import US, Lease, ResourceItem
-from rasd.steps import Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
+from rasd.steps import At, Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
 from rasd.steps import daemon as S
 from rasd.steps.give_back import fence_own_claim, free_claim
 from rasd.steps.renew import confirm, extend_bg, reconfirm
 
-from .effects import Host, start
+from .effects import Host, frozen, start
 from .procs import Proc
 from .world import CLIENT, POOL_, Entry, World, _res_of, replace
 
@@ -73,6 +73,9 @@ class DaemonHost(Host):
 
     def query(self, w: World, p: Proc, eff: object) -> list[tuple[str, object]]:
         region = w.cfg.region(self.di)
+        if isinstance(eff, At) and isinstance(eff.call, GetItem):
+            # a strict pool's agreement, read in its home region (where alone it is written)
+            return [(f" in {eff.region}", frozen(w.get(eff.call.key)))]
         if isinstance(eff, QueryMappings):
             own = w.mapping(eff.key, region)
             mine = () if own is None else (own,)
@@ -88,6 +91,8 @@ class DaemonHost(Host):
         return [("", held)]
 
     def describe(self, eff: object) -> str:
+        if isinstance(eff, At):
+            return "agreement"
         if isinstance(eff, GetItem):
             return f"resource {eff.key[1]}" if eff.key[0] == CLIENT else "mapping"
         return "leased index" if isinstance(eff, QueryLeased) else "mapping"
@@ -123,6 +128,8 @@ class DaemonHost(Host):
     def note(self, w: World, p: Proc, eff: Note) -> None:
         if eff.event == "lease.released":  # the mapping's release applied (I1's clock starts)
             w.release_done(str(dict(eff.fields)["token"]))
+        elif eff.event == "strict_fallback":  # answered unagreed: may be a duplicate
+            w.fallbacks = w.fallbacks | {str(dict(eff.fields)["token"])}
 
     def finished(self, w: World, p: Proc, done: Done) -> None:
         name, args = p.trace.name, p.trace.args

@@ -10,9 +10,9 @@ paper's agent (a quarantine inside the available index, a stale holder taken as 
 R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
 balancer's (a move written in the wrong replica), S, P and L beside the paper's agent (a
 won claim served unsettled; a pending mapping extended unsettled; a lapsed lease ended on
-the reader's clock alone). The jobs' programs read them through their ``ops``. They live
-here, never in production code: a checker that cannot find them proves nothing
-(tests/unit/test_check.py).
+the reader's clock alone); G is a strict pool's (its agreement skipped). The jobs'
+programs read them through their ``ops``. They live here, never in production code: a
+checker that cannot find them proves nothing (tests/unit/test_check.py).
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ class Protocol:
     #: L (with ``legacy_agents``): a lease past its end on the reader's clock is ended and
     #: the key acquired anew at once, though a host whose clock is behind still serves it
     lapsed_own_clock: bool = False
+    #: G (a strict pool without its agreement): the daemons answer their region's claim
+    #: without agreeing it in the home region, as in a normal pool
+    skip_agreement: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -212,6 +215,7 @@ BAD_S = Protocol("S-settle-never-yields", settle_never_yields=True)
 BAD_E = Protocol("E-unreleased-quarantine-only", unreleased_quarantine_only=True)
 BAD_P = Protocol("P-extend-unsettled", extend_unsettled=True)
 BAD_L = Protocol("L-lapsed-on-own-clock", lapsed_own_clock=True)
+BAD_G = Protocol("G-agreement-skipped", skip_agreement=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -227,6 +231,7 @@ PROTOCOLS = {
         BAD_D4,
         BAD_D5,
         BAD_D6,
+        BAD_G,
         BAD_Q,
         BAD_H,
         BAD_R,
@@ -310,7 +315,7 @@ def ops_of(proto: Protocol) -> Ops:
     identity)."""
     if proto == REAL:
         return REAL_OPS
-    return Ops(
+    ops = Ops(
         name=proto.name,
         on_read=proto.on_read,
         on_resource=proto.on_resource,
@@ -324,6 +329,11 @@ def ops_of(proto: Protocol) -> Ops:
         beside_legacy=proto.beside_legacy,
         on_lapsed=proto.on_lapsed,
     )
+    return replace(ops, strict_home=_no_home) if proto.skip_agreement else ops
+
+
+def _no_home(d: object, client_id: str, pool_id: str) -> None:
+    return None
 
 
 def _never_quarantined(r: ResourceItem, now_us: int) -> bool:

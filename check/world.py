@@ -141,6 +141,12 @@ class Config:
     #: ``balancer_region``, where the balancer runs
     balancer_moves: int = 0
     balancer_region: str = "r2"
+    #: a strict pool (docs/global.md, "Strict pools"): its home region ("": a normal pool).
+    #: A key then holds one resource at a time across regions too (I2 across regions), but
+    #: for a lease answered unagreed by the home-down fallback
+    strict_home: str = ""
+    #: the daemons' ``strict_home_down``: "fail" or "local"
+    home_down: str = "fail"
 
     def region(self, daemon: int) -> str:
         return self.regions[daemon] if self.regions else REGION
@@ -262,6 +268,7 @@ class World:
         "crashes",
         "daemons",
         "dedupe_done",
+        "fallbacks",
         "faults",
         "hist",
         "inflight",
@@ -316,6 +323,8 @@ class World:
                 legacy_agents=cfg.legacy_agents,
                 free_claim_attempts=cfg.free_claim_attempts,
                 ops=ops_of(proto),
+                homes=((CLIENT, POOL, cfg.strict_home),) if cfg.strict_home else (),
+                home_down=cfg.home_down,
             )
             for i in range(cfg.daemons)
         )
@@ -326,6 +335,8 @@ class World:
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
         self.release_calls: tuple[tuple[str, int], ...] = ()  # (key, true us of the call)
         self.faults = 0
+        #: tokens of leases answered unagreed (a strict pool's home-down fallback)
+        self.fallbacks: frozenset[str] = frozenset()
         self.crashes = 0
         self.ops = 0
         self.tokens = 0
@@ -372,6 +383,7 @@ class World:
             self.released,
             self.release_calls,
             self.faults,
+            self.fallbacks,
             self.crashes,
             self.ops,
             self.tokens,
@@ -522,7 +534,14 @@ class World:
             if (
                 a.key == key
                 and a.resource != new.resource
-                and self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
+                and (
+                    self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
+                    or (
+                        bool(self.cfg.strict_home)
+                        and a.token not in self.fallbacks
+                        and new.token not in self.fallbacks
+                    )
+                )
                 and self._end(a, False) > now
                 and self._end(new, False) > now
                 and not self._paper_made_second(a, new)

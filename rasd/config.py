@@ -59,6 +59,15 @@ class Config:
     #: instead of fencing it. Longer than an acquisition, short enough that a crashed acquirer
     #: blocks a key only briefly.
     pending_hold: float = 2.0
+    #: Strict pools (a pool defined with a home region): what a new key does when the home
+    #: region does not answer. "fail": UNAVAILABLE (the claim waits for a later request to
+    #: agree it); "local": answer this region's lease unagreed, counted as strict.fallback
+    #: (it may duplicate the key in another region, as a normal pool would). docs/global.md.
+    strict_home_down: str = "fail"
+    #: DynamoDB endpoints of other regions' replicas (a strict pool's home), as
+    #: REGION=URL[,REGION=URL...] or a TOML table; a region not listed: botocore resolves
+    #: its endpoint from the region name.
+    peer_endpoints: dict[str, str] = field(default_factory=dict)
 
     #: Force rollout mode: keep the rules that are safe beside the paper's in-process agent
     #: whatever the table says. Otherwise (the default) the table's rollout record decides
@@ -189,6 +198,10 @@ class Config:
             problems.append("ddb_connection_max_age: must be > 0")
         if self.ddb_max_connections < 1:
             problems.append("ddb_max_connections: must be >= 1")
+        if self.strict_home_down not in ("fail", "local"):
+            problems.append(
+                f"strict_home_down: {self.strict_home_down!r} is not one of 'fail', 'local'"
+            )
         if self.ddb_client not in ("lean", "botocore"):
             problems.append(f"ddb_client: {self.ddb_client!r} is not one of 'lean', 'botocore'")
         if problems:
@@ -250,6 +263,24 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True}
 _BOOLS.update({"false": False, "no": False, "off": False, "0": False})
 
 
+def _peers(raw: Any) -> dict[str, str]:
+    if isinstance(raw, dict):
+        pairs = [(str(k), str(v)) for k, v in raw.items()]
+    elif isinstance(raw, str):
+        pairs = []
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            region, sep, url = part.partition("=")
+            if not sep or not region or not url:
+                raise ValueError(f"{part!r} is not REGION=URL")
+            pairs.append((region.strip(), url.strip()))
+    else:
+        raise TypeError("expected REGION=URL[,REGION=URL...] or a table")
+    for region, _ in pairs:
+        if not REGION_RE.match(region):
+            raise ValueError(f"{region!r} is not a region name")
+    return dict(pairs)
+
+
 def _acl(raw: Any) -> dict[str, list[str]]:
     if not isinstance(raw, dict):
         raise TypeError("expected a table")
@@ -271,6 +302,8 @@ CONVERTERS: dict[str, Converter] = {
     "max_clock_skew": float,
     "replication_lag": float,
     "pending_hold": float,
+    "strict_home_down": str,
+    "peer_endpoints": _peers,
     "legacy_agents": _bool,
     "prefetch_min": int,
     "prefetch_max": int,

@@ -57,6 +57,9 @@ META_CLIENT = "#meta"
 #: Partition key prefix of mapping items: ``#map#{client_id}#{pool_id}#{key}``. Mapping items
 #: have no ``key``, ``pool_id``, ``partition`` or ``lease_available`` attribute: no index.
 MAP_PREFIX = "#map#"
+#: Partition key prefix of a strict pool's agreement items: ``#agree#{client}#{pool}#{key}``
+#: (sort key ``#``), written only in the pool's home region (:mod:`rasd.core.agree`).
+AGREE_PREFIX = "#agree#"
 #: Mapping items are reaped by DynamoDB's TTL this long after their lease ends or is freed;
 #: far longer than any request can stay in flight (a signed request is refused after minutes).
 MAP_TTL_S = 24 * 3600
@@ -167,6 +170,9 @@ class Pool:
     client_id: str
     pool_id: str
     max_lease_us: int
+    #: a strict pool's home region: a key's first lease is agreed there (docs/global.md,
+    #: "Strict pools"); None: a key may hold one lease per region, as in the paper
+    home: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,9 +107,11 @@ def pool_meta_key(client_id: str, pool_id: str) -> Item:
 
 
 def pool_from_ddb(item: Item) -> Pool:
-    """A pool definition (``#meta`` / ``pool#{client}#{pool}``, ``max_lease`` in seconds)."""
+    """A pool definition (``#meta`` / ``pool#{client}#{pool}``, ``max_lease`` in seconds,
+    ``home``: a strict pool's home region)."""
     _, client_id, pool_id = item["resource"]["S"].split("#", 2)
-    return Pool(client_id, pool_id, int(float(item.get("max_lease", {"N": "0"})["N"]) * US))
+    home = item.get("home", {}).get("S") or None
+    return Pool(client_id, pool_id, int(float(item.get("max_lease", {"N": "0"})["N"]) * US), home)
 
 
 def headroom_from_ddb(item: Item) -> tuple[int, int | None]:

@@ -55,6 +55,7 @@ class Coordinator:
         self.driver = drv = Driver(
             cfg, store, clock, counters, rng or random.Random(), rollout, local
         )
+        pools.driver = drv
         self.renewer = Renewer(drv, pools, local)
         self.releaser = Releaser(drv, pools, local)
         self.reporter = Reporter(drv, pools, local)

@@ -36,7 +36,7 @@ import structlog
 from ..config import Config
 from ..core.clock import Clock
 from ..core.decide import Outcome
-from ..core.errors import RasdError, Timeout
+from ..core.errors import RasdError, Timeout, Unavailable
 from ..core.lease import MAP_PREFIX, META_CLIENT, Lease, Pool
 from ..core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
 from ..core.serialize import resource_from
@@ -154,11 +154,49 @@ class Driver:
         self.rollout = rollout
         #: the local effects the roles perform (their constructors fill it)
         self.local = local
+        #: the strict pools known, (client_id, pool_id, home) each (the pool table sets it)
+        self.homes: tuple[tuple[str, str, str], ...] = ()
+        #: other regions' replicas this daemon has written to (a strict pool's home)
+        self.peers: dict[str, Store] = {}
+        self._peer_lock = asyncio.Lock()
 
     def steps_daemon(self) -> S.Daemon:
         """This daemon as its programs see it (read at each program's start: tests rename
         the owner)."""
-        return S.Daemon(self.region, self.owner, self.rules, self.rollout.on)
+        return S.Daemon(
+            self.region,
+            self.owner,
+            self.rules,
+            self.rollout.on,
+            homes=self.homes,
+            home_down=self.cfg.strict_home_down,
+        )
+
+    async def peer(self, region: str) -> Store:
+        """The store of ``region``'s replica (a strict pool's home): ours for our region,
+        else opened at first use, at ``peer_endpoints[region]`` or where botocore resolves
+        it."""
+        if region == self.region:
+            return self.store
+        store = self.peers.get(region)
+        if store is not None:
+            return store
+        async with self._peer_lock:
+            store = self.peers.get(region)
+            if store is None:
+                cfg = replace(self.cfg, endpoint_url=self.cfg.peer_endpoints.get(region))
+                store = Store(cfg, self.counters, region=region)
+                try:
+                    await store.start()
+                except Exception as exc:  # AWS settings refused, endpoint unresolvable
+                    raise Unavailable(f"region {region}'s replica: {exc}") from exc
+                self.peers[region] = store
+        return store
+
+    async def close_peers(self) -> None:
+        peers, self.peers = list(self.peers.values()), {}
+        for store in peers:
+            await store.close()
 
     async def run(
         self, fn: Callable[..., Program[R]], *args: Any, deadline: float | None = None
@@ -330,6 +368,12 @@ class Run:
                 return drv.local.miss(eff)
             case S.RelistLater():
                 return drv.local.relist_later(eff)
+            case At(call=GetItem() as get):
+                peer = await drv.peer(eff.region)
+                return await peer.get_item(get.key, self.deadline)
+            case At(call=Send() as sent):
+                peer = await drv.peer(eff.region)
+                return await peer.write(sent.write, self.deadline, sent.readback)
             case QueryAvailable() | At() | Put() | Delete():
                 raise TypeError(f"a daemon's program yielded a job's effect: {eff!r}")
             case _:

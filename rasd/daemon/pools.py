@@ -22,7 +22,7 @@ from ..core.errors import UnknownPool
 from ..core.lease import Pool
 from ..core.rollout import ROLLOUT_KEY, rollout_from
 from ..dynamo.store import Store
-from .driver import RolloutMode
+from .driver import Driver, RolloutMode
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
 UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
@@ -36,6 +36,8 @@ class PoolTable:
         #: the table's rollout record, read with the pools
         self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
+        #: the driver told of strict pools (the coordinator sets it)
+        self.driver: Driver | None = None
         self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
             UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=clock.mono
         )
@@ -50,7 +52,15 @@ class PoolTable:
         by_id = self.by_id
         by_id.clear()  # in place: the roles and the cached hit hold this dict
         by_id.update({(p.client_id, p.pool_id): p for p in pools})
+        self._strict_changed()
         return len(pools)
+
+    def _strict_changed(self) -> None:
+        """Tell the driver which pools are strict (its programs' ``Daemon.homes``)."""
+        if self.driver is not None:
+            self.driver.homes = tuple(
+                sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home)
+            )
 
     async def get(self, client_id: str, pool_id: str, deadline: float) -> Pool:
         """The pool, read from the table if this daemon does not know it yet; raises
@@ -66,4 +76,6 @@ class PoolTable:
             self._unknown[k] = True
             raise UnknownPool(f"no pool {pool_id!r} for client {client_id!r}")
         self.by_id[k] = p
+        if p.home:
+            self._strict_changed()
         return p

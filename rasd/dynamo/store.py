@@ -72,8 +72,12 @@ class Store:
         *,
         rng: Callable[[], float] = random.random,
         sleep: Sleep = asyncio.sleep,
+        region: str | None = None,
     ) -> None:
         self.config = config
+        #: the replica's region, when it is another region's (a strict pool's home): it
+        #: decides the endpoint and the signature, whatever AWS_REGION says
+        self.peer_region = region
         self.table = config.table
         self.counters = counters or Counters()
         self._client: Any = None
@@ -96,7 +100,7 @@ class Store:
         from . import aws
 
         cfg = self.config
-        region = os.environ.get("AWS_REGION") or cfg.region
+        region = self.peer_region or os.environ.get("AWS_REGION") or cfg.region
         if cfg.ddb_client == "lean":
             from .ddb import LeanDynamoDB
 

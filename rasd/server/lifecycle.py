@@ -338,6 +338,7 @@ class Daemon:
             except RasdError:
                 pass
             await self.coordinator.prefetch.stop()
+            await self.coordinator.driver.close_peers()
             await self.store.close()
         if self._bound_path:
             socketfile.remove_if_ours(self._bound_path, self._bound_id)

@@ -214,10 +214,15 @@ def delete_pool(p: PoolDelete) -> Program[AdminResult]:
 
 
 def define_pool(
-    client_id: str, pool_id: str, max_lease_s: float, only_new: bool = False
+    client_id: str,
+    pool_id: str,
+    max_lease_s: float,
+    only_new: bool = False,
+    home: str | None = None,
 ) -> Program[bool]:
     """``rasadmin add-pool``: define the pool, or redefine its longest lease (daemons read it
-    at their next pool refresh; a lease already given keeps its end). ``only_new``
+    at their next pool refresh; a lease already given keeps its end). ``home``: a strict
+    pool's home region (docs/global.md, "Strict pools"). ``only_new``
     (``rasadmin adopt``): only if it is not defined. True: written."""
     item: dict[str, Any] = {
         "client_id": {"S": META_CLIENT},
@@ -225,6 +230,8 @@ def define_pool(
         "kind": {"S": "pool"},
         "max_lease": {"N": str(max_lease_s)},
     }
+    if home is not None:
+        item["home"] = {"S": home}
     return applied((yield Put(pool_key(client_id, pool_id), item, only_new=only_new)))
 
 

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..core import agree as A
 from ..core import builders as B
 from ..core import decide as D
 from ..core import legacy as LG
@@ -260,6 +261,13 @@ class Ops:
     ] = field(default=LG.on_lapsed, repr=False)
     #: the early free's write (``rasd.core.builders.free_claim``)
     free_claim: FreeClaim = field(default=B.free_claim, repr=False)
+    #: a strict pool's home region, where its keys' leases are agreed (None: the pool is not
+    #: strict); (daemon, client_id, pool_id) -> region
+    strict_home: Callable[[Daemon, str, str], str | None] = field(
+        default=lambda d, client_id, pool_id: d.home_of(client_id, pool_id), repr=False
+    )
+    #: the agreement's decision (``rasd.core.agree.on_agreement``)
+    on_agreement: Callable[..., A.AgreeStep] = field(default=A.on_agreement, repr=False)
     #: how long an early free stays unclaimable: (rules, a lost claim) -> microseconds
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
     #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
@@ -280,6 +288,17 @@ class Daemon:
     legacy_agents: bool = False
     free_claim_attempts: int = FREE_CLAIM_ATTEMPTS
     ops: Ops = REAL
+    #: the strict pools this daemon knows: (client_id, pool_id, home region) each
+    homes: tuple[tuple[str, str, str], ...] = ()
+    #: a strict pool's home region unreachable: "fail" new keys (UNAVAILABLE), or "local":
+    #: answer the region's own lease unagreed, counted (``strict.fallback``)
+    home_down: str = "fail"
+
+    def home_of(self, client_id: str, pool_id: str) -> str | None:
+        for c, p, home in self.homes:
+            if c == client_id and p == pool_id:
+                return home
+        return None
 
 
 # ----------------------------------------------------------------------------- reading

@@ -21,9 +21,10 @@ from ..core.errors import RasdError, Timeout
 from ..core.lease import Lease, Mapping, Pool, fmt_time, map_pk
 from ..core.map_builders import extended_to, map_confirm, map_extend, map_extended_to, map_release
 from ..core.serialize import mapping_from
-from . import GetItem, Mono, Note, Now, Program, Send, Spawn
+from . import GetItem, Mono, Note, Now, Program, Send, Spawn, WriteResult
 from .daemon import BACKGROUND_DEADLINE, CacheDrop, CachePut, Daemon, Deadline, read, resource
 from .give_back import free_claim
+from .strict import extend_agreement
 
 
 def confirm(m: Mapping, drop: bool = False) -> Program[None]:
@@ -41,6 +42,18 @@ def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.Extend
     """The resource first, then the mapping: the mapping's end never passes the
     resource's. Returns the step and the last write's result."""
     want = fmt_time(requested_us)
+    home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
+    if home is not None and lease.region == d.region and not d.legacy_agents:
+        # a strict pool: the agreement first, so it never ends before the lease
+        try:
+            agreed = yield from extend_agreement(d, home, lease, requested_us)
+        except RasdError as exc:
+            return D.Forget(f"home region unreachable: {exc}"), WriteResult(
+                Outcome.UNKNOWN, error=exc
+            )
+        if not agreed:
+            yield Note("strict.extend_refused")
+            return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
     res = yield Send(extend_resource(lease, requested_us), extended_to(lease.token, want))
     mres = None
     if res.outcome is Outcome.APPLIED:

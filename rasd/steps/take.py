@@ -54,6 +54,7 @@ from .daemon import (
 from .give_back import fence_own_claim, free_claim, release, relist
 from .renew import confirm, extend_bg, extend_now, reconfirm
 from .settle import adopt_paper_lease, beside_legacy, end_lapsed
+from .strict import agree, withdraw
 
 
 def resolve(
@@ -100,6 +101,19 @@ def resolve(
     if isinstance(dec, D.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
+        home = None if d.legacy_agents else ops.strict_home(d, pool.client_id, pool.pool_id)
+        landed = (
+            dec.confirm
+            if isinstance(dec, D.Serve)
+            else dec.pending
+            if isinstance(dec, D.Extend)
+            else None
+        )
+        if home is not None and landed is not None:
+            # a strict pool: a claim is answered only once agreed in the home region
+            other = yield from agree(d, pool, home, landed, (landed, *others))
+            if other is not None:
+                dec = D.Serve(other, foreign=True)
     if isinstance(dec, D.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:
@@ -136,7 +150,7 @@ def resolve(
             return lease, lease.token in mine
         return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
     if isinstance(dec, D.Acquire):
-        got = yield from acquire(d, pool, key, requested_us, dec.expect_ver)
+        got = yield from acquire(d, pool, key, requested_us, dec.expect_ver, None, tuple(others))
         return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
     # FenceResource, or Wait: another daemon of this region is acquiring this key.
     wait = yield from fence_or_wait(dec, wait)
@@ -166,7 +180,7 @@ def _acquired(
         mine = (*mine, got.token) if got.token is not None else mine
         return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
     if got is not None:
-        return got, True
+        return got, got.region == d.region  # another region's: a strict pool's agreement
     return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
 
 
@@ -221,6 +235,7 @@ def acquire(
     requested_us: int,
     expect_ver: int,
     spec: Speculated | None = None,
+    others: tuple[Mapping, ...] = (),
 ) -> Program[Lease | Mapping | None]:
     """Claim a candidate and name it in the key's mapping, both in one round trip.
     None: re-read (someone else wrote the mapping first). With ``legacy_agents`` the claim
@@ -228,7 +243,10 @@ def acquire(
     returned as its pending mapping, for the caller to settle: a daemon that loses the key's
     mapping to another never writes the item, so the paper's agent, which answers whatever
     the leased index shows, never sees (and answers) a claim about to be given back.
-    ``spec``: that first mapping write was already made, and applied (:func:`read_speculating`)."""
+    ``spec``: that first mapping write was already made, and applied (:func:`read_speculating`).
+    ``others``: the other regions' mappings of the key as read (a strict pool's agreement
+    judges the lease it names by them); a strict pool's won claim is answered once agreed, or
+    the lease the agreement names instead (:func:`rasd.steps.strict.agree`)."""
     wait = 0.0 if spec is not None else (yield RateLimit(pool))
     if wait > 0:
         yield Note("shed.rate_limited")
@@ -289,6 +307,13 @@ def acquire(
             )
             if d.legacy_agents:
                 return pending
+            home = d.ops.strict_home(d, pool.client_id, pool.pool_id)
+            if home is not None:
+                other = yield from agree(d, pool, home, pending, (pending, *others))
+                if other is not None:
+                    yield CachePut(other, sent)
+                    yield Note("lease.existing")
+                    return other
             lease = Lease(
                 pool.client_id,
                 pool.pool_id,
@@ -337,4 +362,6 @@ PROGRAMS = (
     fence_own_claim,
     extend_bg,
     reconfirm,
+    agree,
+    withdraw,
 )

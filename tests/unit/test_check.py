@@ -23,6 +23,8 @@ from check.__main__ import (
     MIXED_EXTEND,
     MIXED_LAPSED,
     QUICK_BFS,
+    STRICT,
+    STRICT_LOCAL,
     SWITCH_OFF,
     SWITCH_ON,
     WALK,
@@ -42,6 +44,7 @@ from check.rulesets import (
     BAD_D5,
     BAD_D6,
     BAD_E,
+    BAD_G,
     BAD_H,
     BAD_L,
     BAD_M,
@@ -822,3 +825,31 @@ def test_the_paper_agent_reading_an_index_from_before_adopt_splits_a_key() -> No
     res = bfs(dataclasses.replace(SWITCH_ON, history=2), REAL)
     assert res.violation is not None and res.violation.name == "I2", format_trace(res)
     assert any(lab.endswith("rasadmin adopt") for lab, _ in res.trace), format_trace(res)
+
+
+# ------------------------------------------------------------------------- strict pools
+def test_strict_pool_keeps_one_resource_per_key_across_regions() -> None:
+    """Both regions ask for k1 of a strict pool at once, another region's mapping read a
+    version behind, one fault anywhere: every interleaving answers k1 one resource (I2 across
+    regions), with either home-down setting."""
+    for cfg in (STRICT, STRICT_LOCAL):
+        res = bfs(cfg, REAL)
+        assert res.complete
+        assert res.violation is None, format_trace(res)
+
+
+def test_bad_g_agreement_skipped_is_caught() -> None:
+    """G: without the agreement each region answers its own claim: k1 holds ra and rb."""
+    res = bfs(STRICT, BAD_G)
+    assert res.violation is not None and res.violation.name == "I2", format_trace(res)
+    labels = " | ".join(lab for lab, _ in res.trace)
+    for d in ("d0", "d1"):
+        assert f"{d} get_lease(k1) claim APPLIED" in labels, format_trace(res)
+
+
+def test_strict_local_fallback_is_exempt_only_when_the_home_region_failed() -> None:
+    """With "local", a lease answered unagreed is one whose home-region call failed (a
+    fault): the fault-free interleavings of STRICT_LOCAL are those of STRICT."""
+    a = bfs(dataclasses.replace(STRICT, max_faults=0), REAL)
+    b = bfs(dataclasses.replace(STRICT_LOCAL, max_faults=0), REAL)
+    assert a.states == b.states and a.violation is None and b.violation is None

@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"longest lease a client may ask for (default {DEFAULT_MAX_LEASE_S})",
     )
+    sp.add_argument(
+        "--home",
+        metavar="REGION",
+        help="make the pool strict: each key's lease is agreed in this region, so no key holds "
+        "resources in two regions at once (new keys pay one round trip to it; docs/global.md, "
+        "'Strict pools'). Without it the pool is normal (and a redefinition makes it so)",
+    )
 
     sp = add("list-pools", cmd_list_pools, "list pool definitions", [out])
     sp.add_argument("--client", help="only this client's pools")

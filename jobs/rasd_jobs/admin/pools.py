@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from rasd.core import schema
-from rasd.core.lease import ResourceItem
+from rasd.core.lease import REGION_RE, ResourceItem
 from rasd.steps import Note
 from rasd.steps import admin as steps
 
@@ -35,14 +35,18 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
     common.check_name("pool", args.pool)
     if not 0 < args.max_lease <= 366 * 86_400:
         raise common.UsageError(f"bad --max-lease {args.max_lease:g}: 1 s to 366 days")
+    if args.home is not None and not REGION_RE.match(args.home):
+        raise common.UsageError(f"bad --home {args.home!r}: not a region name")
     existed = get_pool(ddb, args.table, args.client, args.pool) is not None
-    leases.run(ddb, args.table, steps.define_pool(args.client, args.pool, args.max_lease))
+    define = steps.define_pool(args.client, args.pool, args.max_lease, home=args.home)
+    leases.run(ddb, args.table, define)
     common.emit(
         {
             "command": "add-pool",
             "client_id": args.client,
             "pool_id": args.pool,
             "max_lease": args.max_lease,
+            "home": args.home,
             "updated": existed,
         }
     )
@@ -56,7 +60,7 @@ def cmd_list_pools(ddb: Any, args: argparse.Namespace) -> int:
     )
     if args.client:
         rows = [r for r in rows if r["client_id"] == args.client]
-    show(args, rows, ["client_id", "pool_id", "max_lease"])
+    show(args, rows, ["client_id", "pool_id", "max_lease", "home"])
     return 0
 
 

@@ -27,6 +27,7 @@ def pool_row(item: dict[str, Any]) -> dict[str, Any]:
         "client_id": pool.client_id,
         "pool_id": pool.pool_id,
         "max_lease": _number(str(pool.max_lease_us / US)),
+        "home": pool.home,
     }
 
 

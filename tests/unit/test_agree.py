@@ -1,0 +1,90 @@
+"""Strict pools' agreement (rasd.core.agree): its writes as applied to an item, and its
+decisions, with time passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from rasd.config import ConfigError, load
+from rasd.core import agree as A
+from rasd.core.lease import LIVE, PENDING, US, Mapping, fmt_time
+from rasd.core.writes import apply
+
+NOW = 1_700_000_000 * US
+MARGIN, GRACE = 5 * US, 2 * US
+IDENT = A.agree_key("c", "p", "k")
+
+
+def pending(
+    region: str = "r2", token: str = "t2", ver: int = 1, exp: int = NOW + 60 * US
+) -> Mapping:
+    return Mapping("c", "p", "k", region, ver, PENDING, token, f"res-{region}", 4, exp, NOW, "o")
+
+
+def agreed(m: Mapping, ver: int = 0) -> A.Agreement:
+    item = apply(None, A.agree_write(IDENT, ver, m))
+    got = A.agreement_from(item)
+    assert got is not None
+    return got
+
+
+def test_a_new_keys_agreement_applies_once() -> None:
+    first = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
+    assert first is not None and first["token"] == "t1" and first["ver"] == 1
+    assert apply(first, A.agree_write(IDENT, 0, pending("r2", "t2"))) is None  # lost: A exists
+    taken = apply(first, A.agree_write(IDENT, 1, pending("r2", "t2")))
+    assert taken is not None and taken["token"] == "t2" and taken["ver"] == 2
+
+
+def test_an_agreement_names_the_lease_it_was_written_for() -> None:
+    a = agreed(pending("r1", "t1"))
+    lease = A.lease_of(a, "c", "p", "k")
+    assert (lease.region, lease.resource, lease.token, lease.version) == ("r1", "res-r1", "t1", 5)
+    assert lease.expires_us == NOW + 60 * US
+
+
+def test_extension_only_for_its_own_token_and_only_later() -> None:
+    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
+    assert apply(item, A.agree_extend(IDENT, "t2", NOW + 90 * US)) is None
+    assert apply(item, A.agree_extend(IDENT, "t1", NOW + 30 * US)) is None  # not later
+    ext = apply(item, A.agree_extend(IDENT, "t1", NOW + 90 * US))
+    assert ext is not None and ext["exp"] == fmt_time(NOW + 90 * US) and ext["ver"] == 2
+    assert A.agreed_to("t1", fmt_time(NOW + 90 * US))(ext)
+    assert not A.agreed_to("t1", fmt_time(NOW + 91 * US))(ext)
+
+
+def decide(a: A.Agreement | None, mine: Mapping, seen: list[Mapping], now: int = NOW) -> object:
+    return A.on_agreement(a, mine, seen, now, MARGIN, GRACE)
+
+
+def test_on_agreement() -> None:
+    mine = pending("r2", "t2")
+    other = agreed(pending("r1", "t1"))
+    assert decide(None, mine, [mine]) == A.Propose(0)
+    assert decide(agreed(mine), mine, [mine]) == A.Agreed()
+    deferred = decide(other, mine, [mine])
+    assert isinstance(deferred, A.Defer) and deferred.lease.token == "t1"
+    # too close to its end to answer: wait; over for every clock: take it over
+    assert isinstance(decide(other, mine, [mine], NOW + 56 * US), A.AwaitEnd)
+    assert decide(other, mine, [mine], NOW + 63 * US) == A.Propose(other.ver)
+
+
+def test_an_agreement_whose_lease_its_region_moved_past_is_taken_over() -> None:
+    mine = pending("r2", "t2")
+    other = agreed(pending("r1", "t1", ver=3))
+    live = Mapping("c", "p", "k", "r1", 4, LIVE, "t1", "res-r1", 4, NOW + 60 * US, NOW, "o")
+    freed = Mapping("c", "p", "k", "r1", 5, "free")
+    older = Mapping("c", "p", "k", "r1", 2, "free")
+    assert isinstance(decide(other, mine, [mine, live]), A.Defer)  # confirmed: still its lease
+    assert isinstance(decide(other, mine, [mine, older]), A.Defer)  # our replica lags
+    assert decide(other, mine, [mine, freed]) == A.Propose(other.ver)  # released
+
+
+def test_peer_endpoints_and_home_down_settings() -> None:
+    cfg = load(None, env={"RASD_PEER_ENDPOINTS": "us-east-1=http://a:1, eu-west-1=http://b:2"})
+    assert cfg.peer_endpoints == {"us-east-1": "http://a:1", "eu-west-1": "http://b:2"}
+    assert cfg.strict_home_down == "fail"
+    assert load(None, env={"RASD_STRICT_HOME_DOWN": "local"}).strict_home_down == "local"
+    for bad in ({"RASD_PEER_ENDPOINTS": "us-east-1"}, {"RASD_STRICT_HOME_DOWN": "maybe"}):
+        with pytest.raises(ConfigError):
+            load(None, env=bad)
