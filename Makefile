@@ -147,6 +147,11 @@ sim: $(STAMP)
 sim-full: $(STAMP)
 	$(BIN)/python -m sim --full --seeds 1,2,3
 
+# A strict pool beside a normal one, at 1 s and 5 s replication lag (docs/global.md).
+sim-strict: $(STAMP)
+	$(BIN)/python -m sim --quick --strict --seeds 1,2,3 --lag 1
+	$(BIN)/python -m sim --quick --strict --seeds 1,2,3 --lag 5
+
 # The protocol model checker (docs/checker.md): deep mode; CI runs `python -m check --quick`.
 check-protocol: $(STAMP)
 	$(BIN)/python -m check

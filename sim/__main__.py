@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import report, traffic
+from . import report, strict, traffic
 from .world import Params, World, size_pool
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -132,6 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N[,N...]",
         help="the traffic's seeds, one pair of runs each (default 1; make sim: 1,2,3)",
     )
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="a strict pool beside the normal one, one run per seed (balancer on): keys "
+        "mapped twice per pool and new-key latency (docs/global.md, 'Strict pools')",
+    )
+    ap.add_argument(
+        "--one-way-ms",
+        type=float,
+        default=35.0,
+        help="with --strict: delay added each way to the home region's calls from the other "
+        "regions (35: a 70 ms cross-region round trip)",
+    )
     ap.add_argument("--out", default="sim/results")
     ap.add_argument("--no-static", action="store_true", help="skip the static-split run")
     ap.add_argument("--no-plot", action="store_true")
@@ -156,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sim {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
+    if args.strict:
+        return _strict(args, preset, seeds, scn, log, t0)
     runs = []
     for seed in seeds:
         log(f"seed {seed}")
@@ -178,6 +193,43 @@ def main(argv: list[str] | None = None) -> int:
     _print(out)
     print(f"wrote {outdir / (name + '.json')}" + ("" if args.no_plot else f", {name}.png"))
     return 0 if out["summary"]["valid"] else 3
+
+
+def _strict(
+    args: argparse.Namespace,
+    preset: str,
+    seeds: list[int],
+    scn: traffic.Scenario,
+    log: Any,
+    t0: float,
+) -> int:
+    runs = []
+    for seed in seeds:
+        log(f"seed {seed} (strict)")
+        params = Params(seed=seed, lag_s=args.lag, **PRESETS[preset])
+        runs.append(strict.run(params, scn, args.one_way_ms, log))
+        print(f"--- seed {seed}")
+        print(strict.table(runs[-1]))
+    out = {
+        "preset": preset,
+        "lag_s": args.lag,
+        "one_way_ms": args.one_way_ms,
+        "seeds": seeds,
+        "valid": all(r["validity"]["valid"] for r in runs),
+        "strict_keys_mapped_twice": sum(r["pools"]["strict"]["duplicate_keys"] for r in runs),
+        "runs": runs,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / f"{preset}-strict-lag{args.lag:g}.json"
+    report.write(out, path)
+    print(
+        f"strict pool: {out['strict_keys_mapped_twice']} keys mapped twice over seeds {seeds}; "
+        + ("VALID" if out["valid"] else "INVALID")
+    )
+    print(f"wrote {path}")
+    return 0 if out["valid"] else 3
 
 
 def _print(saved: dict[str, Any]) -> None:

@@ -69,6 +69,7 @@ from typing import Any
 Stamp = tuple[int, int, str, int]
 
 MAP_PREFIX = "#map#"
+AGREE_PREFIX = "#agree#"
 
 
 # ------------------------------------------------------------------------------------ pure
@@ -131,6 +132,7 @@ def audit_events(record: dict[str, Any], region: str) -> list[dict[str, Any]]:
             {
                 "ev": "map",
                 "key": key,
+                "pool": client[len(MAP_PREFIX) :].split("#", 2)[1],
                 "region": resource,
                 "state": state,
                 "token": token,
@@ -139,6 +141,11 @@ def audit_events(record: dict[str, Any], region: str) -> list[dict[str, Any]]:
                 "in": region,
             }
         ]
+    if client.startswith(AGREE_PREFIX):  # a strict pool's agreement: the lease it names
+        token = _s(new, "token")
+        if token is None:
+            return []
+        return [{"ev": "agree", "token": token, "res": _s(new, "res"), "t": t, "in": region}]
     if client.startswith("#"):
         return []
     ok, nk = _s(old, "key"), _s(new, "key")
@@ -164,6 +171,7 @@ def audit_events(record: dict[str, Any], region: str) -> list[dict[str, Any]]:
                 "ev": "acq",
                 "res": resource,
                 "key": nk,
+                "pool": _s(new, "pool_id"),
                 "t": t,
                 "exp": _s(new, "lease_expires"),
                 "region": nr,

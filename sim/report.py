@@ -18,7 +18,10 @@ def _rate(n: int, d: int) -> float | None:
 
 
 def duplicates_from_audit(
-    audit: list[dict[str, Any]], exclude_prefix: str = "probe-"
+    audit: list[dict[str, Any]],
+    exclude_prefix: str = "probe-",
+    pool: str | None = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """Keys that held two different resources at the same time, from the stream audit of
     every region's local writes (acquisitions, releases, mapping writes).
@@ -26,9 +29,25 @@ def duplicates_from_audit(
     A lease is a claim some mapping item named (docs/design.md: the mapping is the truth); a
     claim that lost the race for its key's mapping is never served and is given back, so it
     is not a duplicate (``claims_never_named`` counts them). Claims without a ``holder``
-    (none in this simulation) are all counted, as before the mapping items existed."""
-    named = {(e["token"], e["res"]) for e in audit if e["ev"] == "map"}
-    claims = [e for e in audit if e["ev"] == "acq" and not e["key"].startswith(exclude_prefix)]
+    (none in this simulation) are all counted, as before the mapping items existed.
+
+    ``pool``: that pool's claims only (None: all). ``strict``: a strict pool's, where a claim
+    is answered only once an agreement names it (or, by the home-down fallback, once its
+    mapping is confirmed live): a pending mapping names claims that may lose the agreement
+    and are given back unanswered."""
+    maps = [e for e in audit if e["ev"] == "map"]
+    if strict:
+        named = {(e["token"], e["res"]) for e in audit if e["ev"] == "agree"}
+        named |= {(e["token"], e["res"]) for e in maps if e["state"] == "live"}
+    else:
+        named = {(e["token"], e["res"]) for e in maps}
+    claims = [
+        e
+        for e in audit
+        if e["ev"] == "acq"
+        and not e["key"].startswith(exclude_prefix)
+        and (pool is None or e.get("pool") == pool)
+    ]
     acqs = [e for e in claims if e.get("holder") is None or (e["holder"], e["res"]) in named]
     rels: dict[str, list[int]] = defaultdict(list)
     for e in audit:

@@ -84,6 +84,7 @@ class Outcome:
     #: monotonic seconds when the request was sent and answered (the sampler's clock)
     sent: float = 0.0
     done: float = 0.0
+    pool: str = "default"
 
 
 @dataclass
@@ -154,8 +155,20 @@ class World:
             n += split[r]
         for r, url in self.endpoints.items():
             tables.seed_table(tables.client(url, r), self.p.table, CLIENT, POOL, names, now_us=now)
+        self.seed_more(split, now)
         home = self.regions[0]
         tables.client(self.endpoints[home], home, "s3").create_bucket(Bucket="sim-balancer")
+
+    def seed_more(self, split: dict[str, int], now_us: int) -> None:
+        """More pools beside ``sim/default`` (none here)."""
+
+    def pool_of(self, key: str) -> str:
+        """The pool a key's requests ask (one pool here)."""
+        return POOL
+
+    def region_env(self, region: str) -> dict[str, str]:
+        """Settings of ``region``'s daemons beside the common ones (none here)."""
+        return {}
 
     def start_replicator(self) -> subprocess.Popen[str]:
         cmd = replicator.command(
@@ -186,7 +199,8 @@ class World:
             for i in range(self.p.daemons_per_region):
                 sock = str(sock_dir / f"{r}-{i}.sock")
                 log = self.dir / f"rasd-{r}-{i}.log"
-                proc = start_daemon(sock, self.p.table, r, self.endpoints[r], env, log)
+                renv = env | self.region_env(r)
+                proc = start_daemon(sock, self.p.table, r, self.endpoints[r], renv, log)
                 self.children.append(proc)
                 self.daemons.append(proc)
                 self.sockets[r].append(sock)
@@ -344,7 +358,9 @@ class World:
                 total.update({k: v for k, v in c.items() if isinstance(v, int)})
             keep = ("lease.no_capacity", "err.NO_CAPACITY", "lease.new", "req.total")
             out[r] = {k: total[k] for k in keep if k in total} | {
-                k: v for k, v in total.items() if k.startswith(("lease.", "err.", "misses."))
+                k: v
+                for k, v in total.items()
+                if k.startswith(("lease.", "err.", "misses.", "strict."))
             }
         return out
 
@@ -448,11 +464,12 @@ class World:
             rr[req.region] += 1
             t0 = time.perf_counter()
             o = Outcome(req.t, req.region, req.key, req.first, req.gap, "OK")
+            o.pool = self.pool_of(req.key)
             o.sent = time.monotonic()
             try:
                 lease = await aio.get_lease(
                     CLIENT,
-                    POOL,
+                    o.pool,
                     req.key,
                     timedelta(seconds=self.p.lease_s),
                     timeout=2.0,

@@ -71,15 +71,23 @@ def create_table(ddb: Any, name: str, wait: bool = True) -> bool:
     return True
 
 
-def put_pool(ddb: Any, table: str, client_id: str, pool_id: str, max_lease_s: float) -> None:
-    ddb.put_item(
-        TableName=table,
-        Item={
-            **pool_meta_key(client_id, pool_id),
-            "kind": {"S": "pool"},
-            "max_lease": {"N": str(max_lease_s)},
-        },
-    )
+def put_pool(
+    ddb: Any,
+    table: str,
+    client_id: str,
+    pool_id: str,
+    max_lease_s: float,
+    home: str | None = None,
+) -> None:
+    """Define a pool; ``home``: a strict pool's home region (docs/global.md)."""
+    item = {
+        **pool_meta_key(client_id, pool_id),
+        "kind": {"S": "pool"},
+        "max_lease": {"N": str(max_lease_s)},
+    }
+    if home is not None:
+        item["home"] = {"S": home}
+    ddb.put_item(TableName=table, Item=item)
 
 
 def list_pool_items(ddb: Any, table: str) -> list[dict[str, Any]]:

@@ -29,7 +29,10 @@ def exported_metric_names() -> set[str]:
     names: set[str] = set()
     for src in (ROOT / "rasd").rglob("*.py"):
         text = src.read_text()
-        for counter in re.findall(r'counters\.inc\(\s*f?"([a-zA-Z_.]+)', text):
+        # counters.inc(...), and the programs' Note("a.b") (the driver counts each one)
+        incs = re.findall(r'counters\.inc\(\s*f?"([a-zA-Z_.]+)', text)
+        notes = re.findall(r'\bNote\(\s*"([a-z_]+\.[a-z_.]+)"', text)
+        for counter in incs + notes:
             # f"ddb.{op}", f"err.{code}": a prefix; any upper-case value stands for them
             family, _label, _value = counter_family(
                 counter + "X" if counter.endswith(".") else counter

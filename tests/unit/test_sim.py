@@ -317,3 +317,31 @@ def test_over_seeds_the_misses_are_summed_and_every_other_verdict_holds_in_each(
     bad = summary([_seed(1, 1, 50), _seed(3, 1, 50, valid=False)])
     assert not bad["valid"]
     assert bad["verdicts"]["no_leased_item_moved"] == {"seeds_missed": [3], "met": False}
+
+
+def test_a_strict_pools_duplicates_count_only_answered_claims() -> None:
+    """In a strict pool a claim named by its pending mapping may lose the agreement and be
+    given back unanswered: only agreed (or confirmed live) claims count as leases."""
+    from rasd.core.lease import fmt_time
+    from sim.report import duplicates_from_audit
+
+    end = fmt_time(10 * 1_000_000)
+    audit = [
+        {"ev": "acq", "res": "r1", "key": "k", "t": 0, "exp": end, "region": "a",
+         "holder": "t1", "pool": "strict"},
+        {"ev": "map", "key": "k", "pool": "strict", "region": "a", "state": "pending",
+         "token": "t1", "res": "r1", "t": 0},
+        {"ev": "acq", "res": "r2", "key": "k", "t": 100, "exp": end, "region": "b",
+         "holder": "t2", "pool": "strict"},
+        {"ev": "map", "key": "k", "pool": "strict", "region": "b", "state": "pending",
+         "token": "t2", "res": "r2", "t": 100},
+        {"ev": "agree", "token": "t1", "res": "r1", "t": 50},
+        {"ev": "rel", "res": "r2", "key": "k", "t": 300},
+    ]  # fmt: skip
+    assert duplicates_from_audit(audit)["duplicate_keys"] == 1  # as a normal pool counts
+    strict = duplicates_from_audit(audit, pool="strict", strict=True)
+    assert strict["duplicate_keys"] == 0 and strict["claims_never_named"] == 1
+    assert duplicates_from_audit(audit, pool="default")["keys_acquired"] == 0
+    # a fallback's claim, confirmed live without an agreement, is a lease
+    live = {**audit[3], "state": "live", "t": 120}
+    assert duplicates_from_audit([*audit, live], strict=True)["duplicate_keys"] == 1
