@@ -121,7 +121,7 @@ def fast_queries() -> None:
 
 
 def _hash_match(item: Any, name: str, value: Any) -> bool:
-    """moto's Query test of one index hash key condition (``Table.query``: present, equal)."""
+    """moto's Query test of one index hash key condition (in moto's own query: present, equal)."""
     got = item.attrs.get(name)
     return got is not None and bool(got == value)
 
