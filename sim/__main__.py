@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import report, strict, traffic
-from .world import Params, World, size_pool
+from .world import Params, World, schedule_of, size_pool
 
 PRESETS: dict[str, dict[str, Any]] = {
     # about 4 minutes on 2 idle cores: two runs of a 100 s day plus set-up and checks.
@@ -64,15 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 def run_pair(
     params: Params, scn: traffic.Scenario, static: bool = True, log: Any = print
 ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
-    sched = traffic.schedule(
-        scn,
-        params.seed,
-        params.day_s,
-        params.keys_per_s,
-        params.lease_s,
-        params.p_global,
-        params.gap_mean_s,
-    )
+    sched = schedule_of(params, scn)
     total, split = size_pool(sched, params, list(scn.names))
     info = {
         "new_keys": sched.new_keys,

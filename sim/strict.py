@@ -32,7 +32,17 @@ from fleet import procs, tables
 from rasd.core import schema
 
 from . import report, traffic
-from .world import CLIENT, POOL, PROBE, SKEW_MARGIN_S, Params, RunResult, World, size_pool
+from .world import (
+    CLIENT,
+    POOL,
+    PROBE,
+    SKEW_MARGIN_S,
+    Params,
+    RunResult,
+    World,
+    schedule_of,
+    size_pool,
+)
 
 STRICT_POOL = "strict"
 #: the end-of-run probe of the strict pool: counted with its duplicates (there must be none)
@@ -165,15 +175,7 @@ def pool_report(res: RunResult, pool: str, strict: bool) -> dict[str, Any]:
 
 def run(params: Params, scn: traffic.Scenario, one_way_ms: float, log: Any) -> dict[str, Any]:
     """One strict run (the balancer on): both pools' figures, and the run's validity."""
-    sched = traffic.schedule(
-        scn,
-        params.seed,
-        params.day_s,
-        params.keys_per_s,
-        params.lease_s,
-        params.p_global,
-        params.gap_mean_s,
-    )
+    sched = schedule_of(params, scn)
     total, split = size_pool(sched, params, list(scn.names))
     p = replace(params, balancer=True, resources=total)
     log(f"strict run: {sched.new_keys} new keys, {total} resources per pool, {one_way_ms} ms")

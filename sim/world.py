@@ -671,6 +671,11 @@ def explain_left(items: dict[str, dict[str, Any]], need_s: float) -> list[dict[s
     return rows
 
 
+def schedule_of(p: Params, scn: traffic.Scenario) -> traffic.Schedule:
+    """The requests of the run ``p`` describes (its seed, day, rate, lease, global keys)."""
+    return traffic.schedule(scn, p.seed, p.day_s, p.keys_per_s, p.lease_s, p.p_global, p.gap_mean_s)
+
+
 def size_pool(sched: traffic.Schedule, p: Params, regions: list[str]) -> tuple[int, dict[str, int]]:
     """Resources and their static equal split: ``capacity_factor`` x the most leases the
     whole traffic holds at once (lease + half a liberator period), rounded up to a multiple
