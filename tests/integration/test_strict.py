@@ -143,15 +143,21 @@ async def test_home_region_down_fails_new_keys_or_falls_back(
     unagreed; "local" answers the region's own lease, counted."""
     strict_pool(ddb, table, count=3)
     peers = {HOME: dead_endpoint()}
-    async with make_daemon(region=OTHER, peer_endpoints=peers, default_deadline=1.0) as b:
+    # deadlines long enough for a loaded CI machine's moto: the home region's failure (a
+    # refused connection, retried) must decide the answer, not the deadline
+    async with make_daemon(region=OTHER, peer_endpoints=peers, default_deadline=5.0) as b:
         with pytest.raises(rasd_client.Unavailable, match="home region us-east-1"):
-            await rasd_aio.get_lease(C, P, "k1", timedelta(hours=1), socket_path=b.cfg.socket)
+            await rasd_aio.get_lease(
+                C, P, "k1", timedelta(hours=1), timeout=5.0, socket_path=b.cfg.socket
+            )
         assert b.counters["strict.home_unreachable"] >= 1
         assert b.counters["strict.fallback"] == 0
     async with make_daemon(
-        region=OTHER, peer_endpoints=peers, default_deadline=1.0, strict_home_down="local"
+        region=OTHER, peer_endpoints=peers, default_deadline=5.0, strict_home_down="local"
     ) as c:
-        lease = await rasd_aio.get_lease(C, P, "k2", timedelta(hours=1), socket_path=c.cfg.socket)
+        lease = await rasd_aio.get_lease(
+            C, P, "k2", timedelta(hours=1), timeout=5.0, socket_path=c.cfg.socket
+        )
         assert lease.region == OTHER and lease.new
         assert c.counters["strict.fallback"] == 1
     assert agreement(ddb, table, "k2") is None
