@@ -40,6 +40,7 @@ from .world import (
     Params,
     RunResult,
     World,
+    resource_names,
     schedule_of,
     size_pool,
 )
@@ -67,11 +68,7 @@ class StrictWorld(World):
         self.proxy_url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
 
     def seed_more(self, split: dict[str, int], now_us: int) -> None:
-        names: dict[str, list[str]] = {}
-        n = 0
-        for r in self.regions:
-            names[r] = [f"str-{i:05d}" for i in range(n, n + split[r])]
-            n += split[r]
+        names = resource_names(split, "str-")
         for r, url in self.endpoints.items():
             ddb = tables.client(url, r)
             schema.put_pool(ddb, self.p.table, CLIENT, STRICT_POOL, 3600, home=self.home)
@@ -96,6 +93,7 @@ class StrictWorld(World):
 
         out = await super().probe()
         got: Counter[str] = Counter()
+        answered: dict[str, set[str]] = {}
 
         async def one(key: str, region: str) -> None:
             try:
@@ -108,19 +106,16 @@ class StrictWorld(World):
                     socket_path=self.sockets[region][0],
                 )
                 got["new" if lease.new else "existing"] += 1
-                got[f"resource:{key}:{lease.resource}"] += 1
+                answered.setdefault(key, set()).add(lease.resource)
             except RasdError as exc:
                 got[exc.code] += 1
 
         keys = [f"{STRICT_PROBE}{self.p.seed}-{i}" for i in range(self.p.probe_keys)]
         await asyncio.gather(*(one(k, r) for k in keys for r in self.regions))
-        answered = {
-            k: {n.split(":", 2)[2] for n in got if n.startswith(f"resource:{k}:")} for k in keys
-        }
         out["strict"] = {
             "keys": keys,
             "requests": len(keys) * len(self.regions),
-            "codes": {k: v for k, v in got.items() if not k.startswith("resource:")},
+            "codes": dict(got),
             "keys_answered_two_resources": sorted(k for k, v in answered.items() if len(v) > 1),
         }
         return out

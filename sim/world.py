@@ -148,11 +148,7 @@ class World:
         """The same items in every replica (a global table's state): the pool, and the
         resources with their initial regions, with identical timestamps."""
         now = time.time_ns() // 1000
-        names: dict[str, list[str]] = {}
-        n = 0
-        for r in self.regions:
-            names[r] = [f"res-{i:05d}" for i in range(n, n + split[r])]
-            n += split[r]
+        names = resource_names(split, "res-")
         for r, url in self.endpoints.items():
             tables.seed_table(tables.client(url, r), self.p.table, CLIENT, POOL, names, now_us=now)
         self.seed_more(split, now)
@@ -669,6 +665,16 @@ def explain_left(items: dict[str, dict[str, Any]], need_s: float) -> list[dict[s
             }
         )
     return rows
+
+
+def resource_names(split: dict[str, int], prefix: str) -> dict[str, list[str]]:
+    """The names of the resources each region starts with (``split``), numbered in order."""
+    names: dict[str, list[str]] = {}
+    n = 0
+    for r, count in split.items():
+        names[r] = [f"{prefix}{i:05d}" for i in range(n, n + count)]
+        n += count
+    return names
 
 
 def schedule_of(p: Params, scn: traffic.Scenario) -> traffic.Schedule:

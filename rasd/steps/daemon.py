@@ -295,6 +295,10 @@ class Daemon:
     home_down: str = "fail"
 
     def home_of(self, client_id: str, pool_id: str) -> str | None:
+        """A strict pool's home region; None for a normal pool, and beside the paper's agent
+        (``legacy_agents``), which maps keys with no agreement (docs/global.md)."""
+        if self.legacy_agents:
+            return None
         for c, p, home in self.homes:
             if c == client_id and p == pool_id:
                 return home

@@ -43,7 +43,7 @@ def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.Extend
     resource's. Returns the step and the last write's result."""
     want = fmt_time(requested_us)
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
-    if home is not None and lease.region == d.region and not d.legacy_agents:
+    if home is not None and lease.region == d.region:
         # a strict pool: the agreement first, so it never ends before the lease
         try:
             agreed = yield from extend_agreement(d, home, lease, requested_us)

@@ -101,7 +101,7 @@ def resolve(
     if isinstance(dec, D.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
-        home = None if d.legacy_agents else ops.strict_home(d, pool.client_id, pool.pool_id)
+        home = ops.strict_home(d, pool.client_id, pool.pool_id)
         landed = (
             dec.confirm
             if isinstance(dec, D.Serve)
