@@ -88,3 +88,16 @@ def test_peer_endpoints_and_home_down_settings() -> None:
     for bad in ({"RASD_PEER_ENDPOINTS": "us-east-1"}, {"RASD_STRICT_HOME_DOWN": "maybe"}):
         with pytest.raises(ConfigError):
             load(None, env=bad)
+
+
+def test_no_agreement_beside_the_papers_agent() -> None:
+    """In rollout mode a strict pool is run as a normal one (the paper's agent maps keys with
+    no agreement): the one rule every program asks, ``Daemon.home_of``."""
+    from rasd.core.decide import Rules
+    from rasd.steps.daemon import Daemon
+
+    rules = Rules(MARGIN, GRACE, 2 * US, 57 * US, 30 * US)
+    homes = (("c", "p", "r1"),)
+    assert Daemon("r2", "o", rules, homes=homes).home_of("c", "p") == "r1"
+    assert Daemon("r2", "o", rules, homes=homes).home_of("c", "q") is None
+    assert Daemon("r2", "o", rules, legacy_agents=True, homes=homes).home_of("c", "p") is None
