@@ -62,6 +62,8 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
     "rasd/core/legacy.py": None,
     "rasd/core/verdicts.py": None,
     "rasd/core/writes.py": None,
+    # a strict pool's agreement: its writes and what a daemon decides from it
+    "rasd/core/agree.py": None,
     "rasd/steps/": None,
     # the predicates the items' types keep, and the TTL every reaped item gets
     "rasd/core/lease.py": (

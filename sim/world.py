@@ -243,10 +243,18 @@ class World:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 
     # -- reading the replicas
-    def resource_items(self, region: str) -> dict[str, dict[str, Any]]:
+    def resource_items(self, region: str, sampled: bool = False) -> dict[str, dict[str, Any]]:
         """The pool's resource items in ``region``'s replica: one strongly consistent Query
         of their partition (a Scan would walk every mapping and meta item too, once a second
-        per replica, and slow the backend the daemons use)."""
+        per replica, and slow the backend the daemons use). ``sampled``: only what the
+        sampler reads (``region``, ``key``, ``version``, ``lease_available``; the others are
+        None), which halves what boto3 parses, three times a second."""
+        only: dict[str, Any] = {}
+        if sampled:
+            only = {
+                "ProjectionExpression": "#r, #g, #k, version, lease_available",
+                "ExpressionAttributeNames": {"#r": "resource", "#g": "region", "#k": "key"},
+            }
         out: dict[str, dict[str, Any]] = {}
         for it in tables.items(
             self._ddb(region),
@@ -255,6 +263,7 @@ class World:
             ConsistentRead=True,
             KeyConditionExpression="client_id = :c",
             ExpressionAttributeValues={":c": {"S": CLIENT}},
+            **only,
         ):
             out[it["resource"]["S"]] = {
                 "region": it.get("region", {}).get("S"),
@@ -607,7 +616,7 @@ class Sampler:
                 start = time.monotonic()
                 now = fmt_time(time.time_ns() // 1000)
                 try:
-                    items = self.world.resource_items(r)
+                    items = self.world.resource_items(r, sampled=True)
                 except Exception:  # noqa: BLE001 - a missed sample is a gap in the plot
                     continue
                 mine = {n: it for n, it in items.items() if it["region"] == r}

@@ -19,7 +19,9 @@ key of the base table (a key's mapping items); with it a base-table Query lists 
 key's items, and an index Query gets the items unsorted (it sorts what matches itself), only
 those that pass moto's own test of the index's hash key (made once, in a plain loop, before
 moto's heavier one). The answers are the same; a base-table Query costs what its partition
-holds, not what the table does, and an index Query little more.
+holds, not what the table does, and an index Query little more. A base-table Scan with a
+FilterExpression (the liberator's, each run) copies only the items that pass the filter, where
+moto copies every item read: a fifth of the time at 6,000 items, with the same pages.
 
 :func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
 so that its Python does not share a GIL with a daemon's.
@@ -33,6 +35,7 @@ waits that long more (a stalled reply, which the daemons' attempt timeouts cut s
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -117,7 +120,65 @@ def fast_queries() -> None:
 
     Table.all_items = listed  # type: ignore[method-assign]
     Table.query = fast  # type: ignore[method-assign]
+    Table.scan = _fast_scan(Table.scan)  # type: ignore[method-assign]
     _FAST = True
+
+
+def _fast_scan(scan: Any) -> Any:
+    """moto's Scan of a base table with a FilterExpression, minus its waste: moto copies
+    every item it reads (``deepcopy``) and tests the filter on the copies afterwards, and
+    sizes each item twice. Here the filter is tested on the item itself (the copy has the same
+    attributes) and only the items that pass are copied; each item is sized once. The pages
+    (the 1 MB and ``Limit`` cuts, ``LastEvaluatedKey``) and ``ScannedCount`` are moto's, item
+    for item. Index Scans, legacy ``ScanFilter`` and Scans without a filter are moto's own."""
+    from moto.dynamodb.models.table import RESULT_SIZE_LIMIT
+
+    @functools.wraps(scan)
+    def fast(
+        self: Any,
+        filters: dict[str, Any],
+        limit: int,
+        exclusive_start_key: dict[str, Any],
+        filter_expression: Any = None,
+        index_name: str | None = None,
+        consistent_read: bool = False,
+        projection_expression: Any = None,
+        segments: Any = (None, None),
+    ) -> Any:
+        if filters or filter_expression is None or index_name:
+            return scan(
+                self, filters, limit, exclusive_start_key, filter_expression, index_name,
+                consistent_read, projection_expression, segments,
+            )  # fmt: skip
+        hash_attrs, range_attrs = [self.hash_key_attr], [self.range_key_attr]
+        results: list[Any] = []
+        last: Any = None  # the last item read: moto's LastEvaluatedKey
+        read = result_size = 0
+        last_evaluated_key = None
+        previous_page = exclusive_start_key is not None
+        for item in self.all_items():
+            if not item.is_within_segment(segments):
+                continue
+            if previous_page:
+                if self._item_comes_before_dct(
+                    item, exclusive_start_key, hash_attrs, range_attrs, True
+                ):
+                    continue
+                previous_page = False
+            size = item.size()
+            if read == limit or result_size + size > RESULT_SIZE_LIMIT:
+                last_evaluated_key = self._get_last_evaluated_key(last, None)
+                break
+            if filter_expression.expr(item):
+                results.append(copy.deepcopy(item))
+            result_size += size
+            read += 1
+            last = item
+        if projection_expression:
+            results = [r.project(projection_expression) for r in results]
+        return results, read, last_evaluated_key
+
+    return fast
 
 
 def _hash_match(item: Any, name: str, value: Any) -> bool:
