@@ -42,6 +42,14 @@ def same_time(x: Any) -> Any:
     return x
 
 
+def demo_table(ddb: Any, resources: int) -> None:
+    """Table ``t`` with the pool ``demo/default`` and its ``resources`` free in us-east-1."""
+    schema.create_table(ddb, "t")
+    schema.put_pool(ddb, "t", "demo", "default", 3600)
+    names = (f"r-{i:04d}" for i in range(resources))
+    schema.add_resources(ddb, "t", "demo", "default", "us-east-1", names)
+
+
 def test_fast_queries_answer_as_moto_does(two_servers: tuple[Any, Any]) -> None:
     queries: list[dict[str, Any]] = []
     for n in (0, 3):
@@ -64,11 +72,7 @@ def test_fast_queries_answer_as_moto_does(two_servers: tuple[Any, Any]) -> None:
     )
     answers = []
     for ddb in two_servers:
-        schema.create_table(ddb, "t")
-        schema.put_pool(ddb, "t", "demo", "default", 3600)
-        schema.add_resources(
-            ddb, "t", "demo", "default", "us-east-1", (f"r-{i:04d}" for i in range(60))
-        )
+        demo_table(ddb, 60)
         schema.add_resources(ddb, "t", "other", "p", "us-east-1", (f"o-{i}" for i in range(5)))
         got = []
         for q in queries:
@@ -122,11 +126,7 @@ def test_fast_scans_answer_as_moto_does(two_servers: tuple[Any, Any]) -> None:
     ]
     answers = []
     for ddb in two_servers:
-        schema.create_table(ddb, "t")
-        schema.put_pool(ddb, "t", "demo", "default", 3600)
-        schema.add_resources(
-            ddb, "t", "demo", "default", "us-east-1", (f"r-{i:04d}" for i in range(40))
-        )
+        demo_table(ddb, 40)
         for i in range(0, 300, 25):
             batch = []
             for j in range(i, i + 25):

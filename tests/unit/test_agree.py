@@ -101,3 +101,70 @@ def test_no_agreement_beside_the_papers_agent() -> None:
     assert Daemon("r2", "o", rules, homes=homes).home_of("c", "p") == "r1"
     assert Daemon("r2", "o", rules, homes=homes).home_of("c", "q") is None
     assert Daemon("r2", "o", rules, legacy_agents=True, homes=homes).home_of("c", "p") is None
+
+
+def test_the_writes_in_full() -> None:
+    """Every attribute an agreement's writes set, the item they name, and their kinds (the
+    checker's traces and the logs name writes by kind)."""
+    from rasd.core.lease import ttl_after
+
+    m = pending("r1", "t1", ver=3)
+    w = A.agree_write(IDENT, 0, m)
+    item = apply(None, w)
+    assert item is not None and w.kind == "agree"
+    assert (item["client_id"], item["resource"]) == IDENT == ("#agree#c#p#k", "#")
+    assert item["ttl"] == ttl_after(NOW + 60 * US) and item["mver"] == 3 and item["rver"] == 4
+    assert item["since"] == fmt_time(NOW) and item["areg"] == "r1" and item["res"] == "res-r1"
+    ext = A.agree_extend(IDENT, "t1", NOW + 90 * US)
+    after = apply(item, ext)
+    assert after is not None and ext.kind == "agree_extend"
+    assert after["ttl"] == ttl_after(NOW + 90 * US)
+    assert (after["client_id"], after["resource"]) == IDENT
+    for unfit in (
+        Mapping("c", "p", "k", "r1", 1, PENDING, None, "res-r1", 4, NOW, NOW, "o"),
+        Mapping("c", "p", "k", "r1", 1, PENDING, "t1", None, 4, NOW, NOW, "o"),
+        Mapping("c", "p", "k", "r1", 1, PENDING, "t1", "res-r1", 4, None, NOW, "o"),
+    ):
+        with pytest.raises(AssertionError):  # only a landed claim is agreed
+            A.agree_write(IDENT, 0, unfit)
+
+
+def test_an_agreement_read_back() -> None:
+    """What ``agreement_from`` makes of an item: every field, the defaults of the counters an
+    older item may lack, and None for an item that names no lease."""
+    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1", ver=3)))
+    assert item is not None
+    assert A.agreement_from(item) == A.Agreement(1, "r1", "t1", "res-r1", 4, NOW + 60 * US, NOW, 3)
+    bare = {k: v for k, v in item.items() if k not in ("ver", "rver", "mver")}
+    assert A.agreement_from(bare) == A.Agreement(0, "r1", "t1", "res-r1", 0, NOW + 60 * US, NOW, 0)
+    assert A.agreement_from(None) is None
+    assert A.agreement_from({k: v for k, v in item.items() if k != "token"}) is None
+
+
+def test_decisions_at_their_boundaries() -> None:
+    """The lease ``Defer`` answers is the key's; A's end, less the margin, still answers it
+    only strictly before; A's end plus the grace is over only strictly after; a mapping of
+    A's region at the version that named A (another token: our replica's older copy) does
+    not supersede it."""
+    mine = pending("r2", "t2")
+    other = agreed(pending("r1", "t1", ver=3))
+    end = NOW + 60 * US
+    deferred = decide(other, mine, [mine])
+    assert isinstance(deferred, A.Defer)
+    lease = deferred.lease
+    assert (lease.client_id, lease.pool_id, lease.key, lease.acquired_us) == ("c", "p", "k", NOW)
+    assert isinstance(decide(other, mine, [mine], end - MARGIN - 1), A.Defer)
+    waiting = decide(other, mine, [mine], end - MARGIN)
+    assert waiting == A.AwaitEnd("the key's agreed lease is ending")
+    assert isinstance(decide(other, mine, [mine], end), A.AwaitEnd)
+    assert isinstance(decide(other, mine, [mine], end + GRACE), A.AwaitEnd)
+    assert decide(other, mine, [mine], end + GRACE + 1) == A.Propose(other.ver)
+    same_ver = Mapping("c", "p", "k", "r1", 3, "free")
+    assert isinstance(decide(other, mine, [mine, same_ver]), A.Defer)
+
+
+def test_read_backs() -> None:
+    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
+    assert item is not None
+    assert A.names("t1")(item) and not A.names("t2")(item)
+    assert A.agree_extend(IDENT, "t1", NOW).key == IDENT
