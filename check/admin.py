@@ -11,6 +11,8 @@ way each call can end; the step that starts a command also makes its first call.
 * ``delete-resource`` (with and without ``--force``): any resource item of the table, in its
   region (``rasd.steps.admin.delete_resource``);
 * ``add-resources`` of a deleted name (its tombstone): the re-add (``add_resource``);
+* ``release-resource`` of any held item (``release_resource``): the key's lease ended by
+  the operator, not by its apps, so held to its end;
 * ``add-pool`` redefining the pool's longest lease (``define_pool``); the daemons' requests
   read the definition when they start (their pool refresh) and refuse a lease beyond it;
 * ``rasadmin adopt`` of any running lease, read strongly consistent (``adopt_lease``);
@@ -30,11 +32,18 @@ from typing import Any
 
 from rasd.core.lease import US
 from rasd.steps import Spawn
-from rasd.steps.admin import add_resource, adopt_lease, define_pool, delete_resource, move_free
+from rasd.steps.admin import (
+    add_resource,
+    adopt_lease,
+    define_pool,
+    delete_resource,
+    move_free,
+    release_resource,
+)
 
 from .effects import start, step
 from .jobs import HOST, _res_keys, _versions
-from .rulesets import admin_ops
+from .rulesets import admin_ops, job_ops
 from .world import CLIENT, POOL, Out, World, _res_of
 
 #: the command names of the model's rasadmin processes (their labels begin with these)
@@ -95,6 +104,13 @@ def actions(w0: World) -> Out:
                 w = w0.clone()
                 w.release_called(it.key)
             out += _start(w, Spawn(delete_resource, args), label, off)
+        if "release" in cfg.admin and it.key is not None:
+            # the operator ends the key's lease (I2: as if its app had released it); apps
+            # may still use it to its end (I1)
+            w = w0.clone()
+            w.release_called(it.key)
+            rel = (k, it.region, now, real.quarantine_us, real.grace_us, job_ops(w0.proto))
+            out += _start(w, Spawn(release_resource, rel), f"rasadmin release-resource {name}", off)
         if (
             "adopt" in cfg.admin
             and it.key is not None

@@ -37,6 +37,7 @@ from typing import Any, assert_never
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Timeout, Unavailable
+from rasd.core.map_builders import read_back
 from rasd.core.writes import Write, apply, from_av
 from rasd.steps import (
     At,
@@ -71,6 +72,20 @@ NOT_SENT = Unavailable("not sent (the model's fault)")
 UNANSWERED = Timeout("no answer within the deadline (the model's fault)")
 READ_FAILED = Unavailable("read failed (the model's fault)")
 DEADLINE = Timeout("deadline passed")
+
+
+class _Later:
+    """A call's result still to come: its write applied, its reply was lost, its retry was
+    refused, and the store's read-back of the item is a step of its own, made later (other
+    processes may write the item meanwhile)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = _Later()
 
 DDB_CALLS = (GetItem, QueryMappings, QueryLeased, Send, Together, At, QueryAvailable, Put, Delete)
 
@@ -210,6 +225,8 @@ def step(w0: World, host: Host, p: Proc) -> Out:
     """Every way process ``p``'s pending step effect can end, each as (label, world)."""
     eff = p.eff
     out: Out = []
+    if p.later is not None:  # a lost reply's read-back, made now
+        return _read_back_later(w0, host, p)
     if p.partial or p.order:  # a Together under way: its next call lands
         assert isinstance(eff, Together)
         i = p.order[len(p.partial)]
@@ -222,7 +239,10 @@ def step(w0: World, host: Host, p: Proc) -> Out:
                 got = dict(zip(q.order, q.partial, strict=True))
                 results = tuple(got[j] for j in range(len(eff.calls)))
                 fail = next((r for r in results if isinstance(r, Raised)), None)
-                _send(w, host, p, replace(q, order=(), partial=()), fail or results)
+                if fail is None and any(r is LATER for r in results):
+                    host.place(w, p, replace(q, order=(), partial=(), later=results))
+                else:
+                    _send(w, host, p, replace(q, order=(), partial=()), fail or results)
             out.append((f"{p.label} {lab}", w))
         return out
     if p.bound and (w0.t > p.started + w0.cfg.deadline or p.calls >= w0.cfg.max_calls):
@@ -243,8 +263,47 @@ def step(w0: World, host: Host, p: Proc) -> Out:
                 out.append((f"{p.label} {lab}", w))
         return out
     for lab, w, r in _call(w0, host, p1, eff):
-        _send(w, host, p, p1, r)
+        if r is LATER:
+            host.place(w, p, replace(p1, later=(r,)))
+        else:
+            _send(w, host, p, p1, r)
         out.append((f"{p.label} {lab}", w))
+    return out
+
+
+def _read_back_later(w0: World, host: Host, p: Proc) -> Out:
+    """The store reads back the item of each call of ``p`` whose reply was lost after it
+    applied (``LATER``), now, whatever was written since, and judges it by the drivers'
+    rule (:func:`_readback`); the read may fail (a fault), or come past the deadline."""
+    eff = p.eff
+    calls = eff.calls if isinstance(eff, Together) else (eff,)
+    assert p.later is not None
+    late = p.bound and w0.t > p.started + w0.cfg.deadline
+    out: Out = []
+    for _lab, w, ok in [("read", w0.clone(), False)] if late else read_branches(w0):
+        got = []
+        for c, r in zip(calls, p.later, strict=True):
+            if r is not LATER:
+                got.append(r)
+                continue
+            sent = c.call if isinstance(c, At) else c
+            assert isinstance(sent, Send) and sent.readback is not None
+            wr = sent.write
+            if not ok:
+                got.append(WriteResult(Outcome.UNKNOWN, error=UNANSWERED))
+                continue
+            rep = _readback(w, wr, sent.readback)
+            item = frozen(w.get(wr.key)) if rep.outcome is Outcome.APPLIED else None
+            got.append(WriteResult(rep.outcome, item, UNANSWERED if rep.error else None))
+        result = tuple(got) if isinstance(eff, Together) else got[0]
+        _send(w, host, p, replace(p, later=None), result)
+        what = "late" if late else ("FAILED" if not ok else "")
+        kinds = ", ".join(
+            f"{(c.call if isinstance(c, At) else c).write.kind} {g.outcome.value.upper()}"
+            for c, r, g in zip(calls, p.later, got, strict=True)
+            if r is LATER
+        )
+        out.append((f"{p.label} read back {what + ' ' if what else ''}-> {kinds}", w))
     return out
 
 
@@ -288,8 +347,11 @@ def _write(w0: World, eff: Send, late: bool) -> list[tuple[str, World, Any]]:
         x.inflight = (*x.inflight, wr)
         res = WriteResult(Outcome.UNKNOWN, error=UNANSWERED)
         return [(f"{wr.kind} answered after the deadline", x, res)]
-    out = []
+    out: list[tuple[str, World, Any]] = []
     for lab, w, rep in write_branches(w0, wr, eff.readback):
+        if rep is LATER_REPLY:
+            out.append((lab, w, LATER))
+            continue
         item = frozen(w.get(wr.key)) if rep.outcome is Outcome.APPLIED else None
         error = None
         if rep.error:
@@ -329,9 +391,11 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
     request is in flight and lands at any later step (at once: a lost reply; never: a lost
     request) while the caller is told UNKNOWN; REPLY LOST, retry rejected, read-back:
     applied, the retry's condition fails, the item is read back with ``mine``; DELAYED,
-    retry rejected, read-back: the same while the first attempt is still in flight. Without
-    ``mine`` a retry rejected after a lost reply is UNKNOWN, as DELAYED/LOST landing at once
-    is, so it is that branch.
+    retry rejected, read-back: the same while the first attempt is still in flight; applied,
+    REPLY LOST, read back later: the read-back is a step of its own (``LATER``), so other
+    processes may write the item between the write and it. Read-backs are judged by the
+    drivers' rule (:func:`_readback`). Without ``mine`` a retry rejected after a lost reply
+    is UNKNOWN, as DELAYED/LOST landing at once is, so it is that branch.
     """
     out: list[tuple[str, World, Reply]] = []
     a = w.clone()
@@ -351,12 +415,17 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
         x.faults += 1
         return x
 
-    x = faulty()
-    out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
-    x = faulty()
-    x.inflight = (*x.inflight, wr)
-    out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
-    if mine is not None:
+    kinds = w.cfg.faults
+    if "unsent" in kinds:
+        x = faulty()
+        out.append((f"{wr.kind} NOT SENT", x, Reply(Outcome.REJECTED, True)))
+    if "in_flight" in kinds:
+        x = faulty()
+        x.inflight = (*x.inflight, wr)
+        out.append((f"{wr.kind} DELAYED/LOST (in flight)", x, Reply(Outcome.UNKNOWN, True)))
+    if mine is None:
+        return out
+    if "reply_lost" in kinds:
         x = faulty()
         landed = x.land(wr)
         out.append(
@@ -367,16 +436,33 @@ def write_branches(w: World, wr: Write, mine: Any) -> list[tuple[str, World, Rep
                 _readback(x, wr, mine),
             )
         )
+    if "delayed_retry" in kinds:
         x = faulty()
         x.inflight = (*x.inflight, wr)
         if apply(x.get(wr.key), wr) is None:  # the retry's condition fails now
             out.append((f"{wr.kind} DELAYED, retry rejected, read-back", x, _readback(x, wr, mine)))
+    if "read_back_later" in kinds:
+        x = faulty()
+        if x.land(wr):
+            out.append((f"{wr.kind} applied, REPLY LOST, read back later", x, LATER_REPLY))
     return out
 
 
+#: :func:`write_branches`' reply for a read-back made at a later step (``LATER``)
+LATER_REPLY = Reply(Outcome.UNKNOWN, False)
+
+
 def _readback(x: World, wr: Write, mine: Any) -> Reply:
+    """The store's read-back of ``wr`` (``map_builders.read_back``, the drivers' rule):
+    APPLIED when the item shows it, REJECTED when it proves it never applied, UNKNOWN (an
+    error) otherwise; known-bad T1 takes an item that does not show it as a refusal."""
     cur = x.get(wr.key)
-    return Reply(Outcome.APPLIED if cur is not None and mine(cur) else Outcome.REJECTED, False)
+    seen = read_back(wr, cur, mine)
+    if seen is None and x.proto.readback_absent_rejects:
+        seen = False
+    if seen is None:
+        return Reply(Outcome.UNKNOWN, True)
+    return Reply(Outcome.APPLIED if seen else Outcome.REJECTED, False)
 
 
 def whole_item_branches(w0: World, eff: Put | Delete) -> list[tuple[str, World, Any]]:
@@ -394,7 +480,7 @@ def whole_item_branches(w0: World, eff: Put | Delete) -> list[tuple[str, World, 
     item = frozen(a.get(eff.key)) if ok else None
     res = WriteResult(Outcome.APPLIED if ok else Outcome.REJECTED, item)
     out: list[tuple[str, World, Any]] = [(f"{kind} {'APPLIED' if ok else 'REJECTED'}", a, res)]
-    if w0.faults < w0.cfg.max_faults:
+    if w0.faults < w0.cfg.max_faults and "unsent" in w0.cfg.faults:
         x = w0.clone()
         x.faults += 1
         out.append((f"{kind} NOT SENT", x, WriteResult(Outcome.REJECTED, error=NOT_SENT)))
@@ -446,7 +532,7 @@ def lww_branches(w0: World, wr: Write, replica: str) -> list[tuple[str, World, A
 def read_branches(w: World) -> list[tuple[str, World, bool]]:
     """A strongly consistent read: answered (True) or failed (False, a fault)."""
     out = [("read", w.clone(), True)]
-    if w.faults < w.cfg.max_faults:
+    if w.faults < w.cfg.max_faults and "read_failed" in w.cfg.faults:
         x = w.clone()
         x.faults += 1
         out.append(("read FAILED", x, False))

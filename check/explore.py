@@ -156,7 +156,8 @@ def _trace(
 
 
 def walk(cfg: Config, proto: Protocol, seed: int, max_steps: int = 200) -> Result:
-    """One seeded random walk (the same seed, config and rules replay it exactly)."""
+    """One seeded random walk (the same seed, config and rules replay it exactly); its
+    trace is the steps it took, up to the first violation."""
     start = time.monotonic()
     rng = random.Random(seed)
     res = Result(proto.name, "walk", seed=seed, walks=1)
@@ -172,8 +173,8 @@ def walk(cfg: Config, proto: Protocol, seed: int, max_steps: int = 200) -> Resul
         w = w2
         if w.violation is not None:
             res.violation = w.violation
-            res.trace = steps
             break
+    res.trace = steps
     res.states = res.transitions + 1
     res.max_depth = len(steps)
     res.seconds = time.monotonic() - start

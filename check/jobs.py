@@ -130,6 +130,12 @@ class JobHost(Host):
         return None
 
     def note(self, w: World, p: Proc, eff: Note) -> None:
+        if eff.event == "lease_ended" and p.label.startswith("rasadmin"):
+            # the operator ended the key's lease as its mapping's release applied: for I2,
+            # as if its app had released it (I1 still holds it to its end)
+            f = dict(eff.fields)
+            w.lease_ended(str(f["key"]), f.get("token"))
+            return
         if eff.level:
             said = " ".join(f"{k}={v}" for k, v in eff.fields if k in _SAID)
             w.notes.append(f"{p.label}: {eff.event} {said}".rstrip())

@@ -23,6 +23,9 @@ class Proc:
     calls: int = 0  # DynamoDB calls made
     order: tuple[int, ...] = ()  # a Together under way: the order its calls land in
     partial: tuple[Any, ...] = ()  # ... and the results of those landed so far
+    #: the results of its call (a Send's one, a Together's each) whose read-back is still
+    #: to be made: a write whose reply was lost and whose retry was refused, as ``LATER``
+    later: tuple[Any, ...] | None = None
     #: the step effect it waits on (its trace's, kept to spare a replay)
     eff: Any = field(default=None, compare=False, repr=False)
 
@@ -32,7 +35,7 @@ class Proc:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.trace, self.label, self.offset, self.started, self.bound,
-                      self.calls, self.order, self.partial))  # fmt: skip
+                      self.calls, self.order, self.partial, self.later))  # fmt: skip
             self.__dict__["_hash"] = h
         return h
 

@@ -10,9 +10,12 @@ paper's agent (a quarantine inside the available index, a stale holder taken as 
 R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
 balancer's (a move written in the wrong replica), S, P and L beside the paper's agent (a
 won claim served unsettled; a pending mapping extended unsettled; a lapsed lease ended on
-the reader's clock alone); G is a strict pool's (its agreement skipped). The jobs'
-programs read them through their ``ops``. They live here, never in production code: a
-checker that cannot find them proves nothing (tests/unit/test_check.py).
+the reader's clock alone); G is a strict pool's (its agreement skipped); T1 and T2 are a
+lost reply's read-back taken as a refusal and a claim given back with the quarantine only
+without proof that nobody was answered with it. The jobs' programs read them through their
+``ops``; T1 is the drivers' read-back rule, which the model's interpreter applies. They live
+here, never in production code: a checker that cannot find them proves nothing
+(tests/unit/test_check.py).
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ class Protocol:
     #: G (a strict pool without its agreement): the daemons answer their region's claim
     #: without agreeing it in the home region, as in a normal pool
     skip_agreement: bool = False
+    #: T1: a write whose reply was lost and whose retry was refused is taken as REJECTED
+    #: when the item read back does not show it, though it may have applied and been
+    #: written over since (a reader answered its claim, a job released it)
+    readback_absent_rejects: bool = False
+    #: T2: every claim of ours given back needs the quarantine only, proof or none (a
+    #: strict pool's withdrawn claim, which a reader may have answered by the fallback)
+    give_back_unproven: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -116,6 +126,12 @@ class Protocol:
         if self.unreleased_quarantine_only:
             return legacy_agents
         return D.holds_to_end(why, legacy_agents)
+
+    def given_back(self, proof: D.NeverNamed | None) -> D.Freed:
+        """Why a claim of ours is given back (``decide.given_back``)."""
+        if self.give_back_unproven:
+            return D.Freed.UNNAMED
+        return D.given_back(proof)
 
     def early_free(self, w: Write) -> Write:
         """An early free as this rule set writes it."""
@@ -163,7 +179,7 @@ class Protocol:
             if self.trust_own_claim:
                 return D.Won()
             if self.act_on_unknown and mapping is Outcome.UNKNOWN:
-                return D.GiveBack()
+                return D.GiveBack(D.NeverNamed("A: taken as never named"))
         return D.after_acquire(mapping, claim, expect_ver)
 
     def after_extend(self, resource: Outcome, mapping: Outcome | None) -> D.ExtendStep:
@@ -216,6 +232,8 @@ BAD_E = Protocol("E-unreleased-quarantine-only", unreleased_quarantine_only=True
 BAD_P = Protocol("P-extend-unsettled", extend_unsettled=True)
 BAD_L = Protocol("L-lapsed-on-own-clock", lapsed_own_clock=True)
 BAD_G = Protocol("G-agreement-skipped", skip_agreement=True)
+BAD_T1 = Protocol("T1-readback-absent-rejects", readback_absent_rejects=True)
+BAD_T2 = Protocol("T2-give-back-unproven", give_back_unproven=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -232,6 +250,8 @@ PROTOCOLS = {
         BAD_D5,
         BAD_D6,
         BAD_G,
+        BAD_T1,
+        BAD_T2,
         BAD_Q,
         BAD_H,
         BAD_R,
@@ -325,6 +345,7 @@ def ops_of(proto: Protocol) -> Ops:
         free_claim=proto.free_claim,
         quarantine_us=proto.quarantine_us,
         holds_to_end=proto.holds_to_end,
+        given_back=proto.given_back,
         on_settle=proto.on_settle,
         beside_legacy=proto.beside_legacy,
         on_lapsed=proto.on_lapsed,

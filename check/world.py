@@ -55,6 +55,10 @@ FrozenItem = tuple[tuple[str, Value], ...]
 _T = TypeVar("_T")
 
 
+#: every kind of fault the model injects (``Config.faults``)
+FAULTS = ("unsent", "in_flight", "reply_lost", "delayed_retry", "read_back_later", "read_failed")
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration to explore. Times in ticks (seconds)."""
@@ -120,7 +124,8 @@ class Config:
     #: rasadmin's commands the model runs (``check.admin``), one at a time, at most
     #: ``admin_runs`` in all: "delete" (delete-resource), "force" (delete-resource --force),
     #: "add" (add-resources of a deleted name: its re-add), "pool" (add-pool redefining the
-    #: longest lease to each of ``pool_leases``), "adopt" (rasadmin adopt of a running lease)
+    #: longest lease to each of ``pool_leases``), "adopt" (rasadmin adopt of a running lease),
+    #: "release" (release-resource of a held item)
     admin: tuple[str, ...] = ()
     #: the table's rollout record changes once, at any step (``rasadmin end-rollout`` when the
     #: run starts in rollout mode, ``rasadmin adopt`` otherwise); each daemon follows it at a
@@ -147,6 +152,15 @@ class Config:
     strict_home: str = ""
     #: the daemons' ``strict_home_down``: "fail" or "local"
     home_down: str = "fail"
+    #: the kinds of fault the run may inject (each costs one of ``max_faults``; crashes are
+    #: ``max_crashes``', replication lag ``replica_history``'s): a write "unsent" (refused
+    #: before it could apply: a throttle, a connection refused), "in_flight" (its request
+    #: or reply lost, a timeout: it lands at any later step, or never), "reply_lost" (it
+    #: applied, the retry is refused, read back at once), "delayed_retry" (the retry is
+    #: refused while the first attempt is still in flight, read back), "read_back_later"
+    #: (it applied, the reply was lost, read back at a later step of its own), and a read
+    #: "read_failed"
+    faults: tuple[str, ...] = FAULTS
 
     def region(self, daemon: int) -> str:
         return self.regions[daemon] if self.regions else REGION
@@ -215,6 +229,9 @@ class Answer:
     exp: int  # us
     token: str
     at: int = 0  # true us when it was given
+    #: the region of the lease it answered (whose mapping names it): I2 holds per region,
+    #: and a resource the balancer moved is another region's from then on
+    region: str = ""
 
 
 @dataclass(frozen=True)
@@ -268,6 +285,7 @@ class World:
         "crashes",
         "daemons",
         "dedupe_done",
+        "ended",
         "fallbacks",
         "faults",
         "hist",
@@ -333,6 +351,9 @@ class World:
         self.inflight: tuple[Write, ...] = ()
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
+        #: leases the operator ended (rasadmin release-resource, delete-resource --force) as
+        #: their mapping's release applied: for I2 only (apps may use them to their end, I1)
+        self.ended: tuple[tuple[str, int], ...] = ()  # (token, true us)
         self.release_calls: tuple[tuple[str, int], ...] = ()  # (key, true us of the call)
         self.faults = 0
         #: tokens of leases answered unagreed (a strict pool's home-down fallback)
@@ -381,6 +402,7 @@ class World:
             tuple(sorted(self.inflight, key=repr)),
             tuple(sorted((a.key, a.resource, a.exp, a.token) for a in self.answers)),
             self.released,
+            self.ended,
             self.release_calls,
             self.faults,
             self.fallbacks,
@@ -508,13 +530,13 @@ class World:
         first = min((b.at for b in self.answers if b.token == a.token), default=a.at)
         first = min(first, a.at)
         call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
-        applied = next((t for tok, t in self.released if tok == a.token), None)
+        applied = next((t for tok, t in (*self.released, *self.ended) if tok == a.token), None)
         return min(t for t in (a.exp, call, applied) if t is not None)
 
     def answer(self, d: Daemon, key: str, lease: Lease) -> None:
         """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
         now = self.true_us()
-        new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now)
+        new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now, lease.region)
         if self.cfg.makers and all(m[0] != new.token for m in self.made_of):
             made = next((m for m in self.made if m[0] == new.resource), None)
             if made is not None:
@@ -535,7 +557,7 @@ class World:
                 a.key == key
                 and a.resource != new.resource
                 and (
-                    self.cfg.res_region(a.resource) == self.cfg.res_region(new.resource)
+                    a.region == new.region
                     or (
                         bool(self.cfg.strict_home)
                         and a.token not in self.fallbacks
@@ -570,6 +592,12 @@ class World:
     def release_called(self, key: str) -> None:
         self.release_calls = (*self.release_calls, (key, self.true_us()))
 
+    def lease_ended(self, key: str, token: object) -> None:
+        """The operator ended ``key``'s lease (``token``'s, when it has one) now."""
+        self.release_called(key)
+        if isinstance(token, str):
+            self.ended = (*self.ended, (token, self.true_us()))
+
     def release_done(self, token: str) -> None:
         self.notes.append(f"RELEASED tok={token}")
         self.released = (*self.released, (token, self.true_us()))
@@ -581,6 +609,10 @@ class World:
         # A release matters to answers given until rel + Q (later ones have empty intervals),
         # including answers for its token given after it (a reader that read before it).
         self.released = tuple(sorted((tk, t) for tk, t in self.released if t + self.inv_q > now))
+        held = {a.token for a in live}
+        self.ended = tuple(
+            sorted((tk, t) for tk, t in self.ended if tk in held or t + self.inv_q > now)
+        )
         # A release call ends (for I2) only answers given before it: older calls matter to
         # no live answer and to no later one.
         first = min((a.at for a in live), default=now)

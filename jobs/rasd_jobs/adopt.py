@@ -23,6 +23,23 @@ only costs reads). ``--dry-run`` reads and counts, writes nothing.
 A key the paper's agent split (it holds a running lease while its mapping names another
 resource of the region) is counted in ``kept_split`` and left alone: rasd serves what the
 mapping names; the other runs to its end (or ``ras-dedupe`` releases it).
+
+The fast rules' leftovers (docs/design.md, "Rollout mode, in the table"): the paper's agent
+answers whatever the leased index shows for a key, so before it may start, no claim of
+rasd's that no mapping names may be left there, and no claim may still land beside a lease
+it makes. The same scan reaches both: a running claim of rasd's beside the key's lease is
+freed by the liberator's orphan repair, held to its end (``steps.free_orphan``: the
+``orphans_freed``), and a pending mapping whose claim may still land is fenced by the
+readers' rule (``steps.settle_pending``: ``pending_fenced``). A daemon that has not yet
+followed the record may leave such a leftover after the scan passed its key, until
+``fast_rules_until`` (the record's change plus the daemons' follow bound and the longest
+background program, plus the clock-skew bound): only a scan begun after that reaches them
+all (``swept_after_fast_rules``). ``paper_agents_may_start_at`` is therefore: that run's
+time when its scan was such a scan, else ``fast_rules_until`` plus the longest lease of any
+pool (when every leftover made until then has ended) and ``sweep_again_after`` says when a
+run again gives the earlier time; and in both cases no earlier than the end (plus the
+grace) of any leftover the run saw but could not settle (``unsettled``; a dry run settles
+none).
 """
 
 from __future__ import annotations
@@ -40,8 +57,15 @@ import structlog
 from rasd.config import Config
 from rasd.core import decide as D
 from rasd.core import schema
-from rasd.core.lease import ResourceItem
-from rasd.core.serialize import is_resource_item, pool_meta_key, resource_from
+from rasd.core.lease import META_CLIENT, PENDING, US, Mapping, ResourceItem, fmt_time, parse_time
+from rasd.core.serialize import (
+    is_mapping_pk,
+    is_resource_item,
+    mapping_from_ddb,
+    pool_meta_key,
+    resource_from,
+)
+from rasd.steps import Delete, Put, Send, WriteResult
 from rasd.steps import admin as steps
 
 from . import common, leases, rollout
@@ -117,13 +141,49 @@ def pool_defined(ddb: Any, table: str, client_id: str, pool_id: str) -> bool:
     return "Item" in got
 
 
+class _Writes(leases.Driver):
+    """The jobs' driver, counting the writes that applied (the summary's ``writes``)."""
+
+    applied = 0
+
+    def perform(self, eff: Any, ddb: Any = None) -> Any:
+        res = super().perform(eff, ddb)
+        if (
+            isinstance(eff, (Send, Put, Delete))
+            and isinstance(res, WriteResult)
+            and res.outcome is D.Outcome.APPLIED
+        ):
+            self.applied += 1
+        return res
+
+
 def adopt_lease(
-    ddb: Any, table: str, r: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
+    drv: leases.Driver, r: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
 ) -> str:
     """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does
-    (``rasd.steps.admin.adopt_lease``, with a fresh acquisition token)."""
+    (``rasd.steps.admin.adopt_lease``, with a fresh acquisition token), or free it if it is
+    a claim of rasd's beside the key's lease (``steps.free_orphan``)."""
     prog = steps.adopt_lease(r, now_us, rules, owner, secrets.token_hex(8), dry)
-    return leases.run(ddb, table, prog)
+    return drv.run(prog)
+
+
+def settle_item(
+    drv: leases.Driver, it: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
+) -> tuple[str, ResourceItem | None]:
+    """One running lease of the scan, read again strongly consistent: adopted, found rasd's,
+    freed as an orphan, ... (:func:`adopt_lease`). A lost race on a claim of rasd's (a
+    leftover being settled by someone else too) is read and judged again, a few times.
+    Returns the outcome and the item as last read."""
+    got, fresh = "lost_race", None
+    for _ in range(steps.ATTEMPTS):
+        raw = leases.get(drv.ddb, drv.table, it.ident)
+        fresh = resource_from(raw) if raw else None
+        if fresh is None or fresh.key != it.key:
+            return "ended", fresh
+        got = adopt_lease(drv, fresh, now_us, rules, owner, dry)
+        if got != "lost_race" or not (fresh.holder is not None and fresh.holder_current):
+            break
+    return got, fresh
 
 
 def run(
@@ -144,6 +204,41 @@ def run(
     c: Counter[str] = Counter()
     changes = ensure_schema(ddb, table, dry_run)
     c["writes"] += 0 if dry_run else len(changes)
+    drv = _Writes(ddb, table)
+    #: the latest end (plus the grace) of a leftover this run saw and could not settle
+    unsettled_until: int | None = None
+    #: the longest lease of any pool (its definition as scanned; ``max_lease_s`` for a pool
+    #: this run defines, or when the scan does not start at the table's beginning)
+    max_lease_us = int(max_lease_s * US) if resume_from else 0
+
+    def unsettled(end_us: int | None, what: str, **ctx: Any) -> None:
+        nonlocal unsettled_until
+        c["unsettled"] += 1
+        longest = max_lease_us or int(max_lease_s * US)
+        until = (end_us if end_us is not None else now_us + longest) + rules.grace_us
+        unsettled_until = max(unsettled_until or until, until)
+        log.warning("leftover_not_settled", what=what, until=fmt_time(until), **ctx)
+
+    def settle_mapping(raw: dict[str, Any]) -> None:
+        """A mapping item of the scan: a pending one is judged as a reader would."""
+        try:
+            m: Mapping = mapping_from_ddb(raw)
+        except (KeyError, ValueError):
+            return  # not ours to judge here
+        if m.state != PENDING or (region is not None and m.region != region):
+            return
+        c["pending"] += 1
+        try:
+            got = drv.run(steps.settle_pending(m, now_us, rules, dry_run))
+        except Exception as exc:  # noqa: BLE001 - counted; its claim may still land
+            c["errors"] += 1
+            log.error("pending_failed", key=m.key, resource=m.resource, error=repr(exc))
+            got = "error"
+        c["pending_" + got] += 1
+        if got in ("young", "would_fence", "lost_race", "error"):
+            # its claim may still land, to run at most to the mapping's end
+            unsettled(m.expires_us, "pending", key=m.key, resource=m.resource)
+
     pools: dict[tuple[str, str], bool] = {}
     kw: dict[str, Any] = {"TableName": table}
     if page_size:
@@ -156,6 +251,15 @@ def run(
             if c["scanned"] % PROGRESS_EVERY == 0:
                 log.info("progress", scanned=c["scanned"], adopted=c["adopted"])
             if not is_resource_item(raw):
+                pk = raw.get("client_id", {}).get("S", "")
+                if pk == META_CLIENT and "max_lease" in raw:
+                    try:
+                        lease_us = int(float(raw["max_lease"]["N"]) * US)
+                    except (KeyError, ValueError):
+                        lease_us = 0
+                    max_lease_us = max(max_lease_us, lease_us)
+                elif is_mapping_pk(pk):
+                    settle_mapping(raw)
                 continue
             it = common.parsed(raw, c, log)
             if it is None:
@@ -166,6 +270,7 @@ def run(
                 pools[pk] = pool_defined(ddb, table, *pk)
                 if not pools[pk]:
                     c["pools_added"] += 1
+                    max_lease_us = max(max_lease_us, int(max_lease_s * US))
                     if not dry_run and ensure_pool(ddb, table, *pk, max_lease_s):
                         c["writes"] += 1
                     pools[pk] = True
@@ -174,22 +279,25 @@ def run(
             if it.lease_expires_us is None or it.lease_expires_us <= now_us:
                 continue  # not running: the liberators free it
             c["leases"] += 1
+            rasd_claim = it.holder is not None and it.holder_current
             try:
-                raw = leases.get(ddb, table, it.ident)
-                fresh = resource_from(raw) if raw else None
-                got = (
-                    "ended"
-                    if fresh is None or fresh.key != it.key
-                    else adopt_lease(ddb, table, fresh, now_us, rules, owner, dry_run)
-                )
+                got, fresh = settle_item(drv, it, now_us, rules, owner, dry_run)
             except Exception as exc:  # noqa: BLE001 - counted; the next run retries
                 c["errors"] += 1
                 log.error("adopt_failed", resource=it.resource, key=it.key, error=repr(exc))
+                if rasd_claim:  # perhaps a leftover: the paper's agent may answer it to its end
+                    unsettled(it.lease_expires_us, "claim", resource=it.resource, key=it.key)
                 continue
             c[got] += 1
             if got == "adopted":
-                c["writes"] += 3
                 log.info("adopted", client_id=it.client_id, resource=it.resource, key=it.key)
+            elif got == "freed_orphan":
+                log.warning(
+                    "orphan_freed", client_id=it.client_id, resource=it.resource, key=it.key
+                )
+            elif got == "would_free_orphan" or (got == "lost_race" and rasd_claim):
+                end = (fresh or it).lease_expires_us
+                unsettled(end, "orphan", resource=it.resource, key=it.key)
         if "LastEvaluatedKey" in page:
             log.info(
                 "page_done",
@@ -209,13 +317,46 @@ def run(
         "adopted": c["would_adopt"] if dry_run else c["adopted"],
         "already_rasd": c["rasd"],
         "kept_split": c["kept_split"],
+        "orphans_freed": c["would_free_orphan"] if dry_run else c["freed_orphan"],
+        "pending_fenced": c["pending_would_fence"] if dry_run else c["pending_fenced"],
+        "unsettled": c["unsettled"],
         "ended": c["ended"],
-        "lost_races": c["lost_race"],
-        "writes": c["writes"],
+        "lost_races": c["lost_race"] + c["pending_lost_race"],
+        "writes": c["writes"] + drv.applied,
         "errors": c["errors"],
         "seconds": round(time.monotonic() - started, 3),
+        "unsettled_until": None if unsettled_until is None else fmt_time(unsettled_until),
+        "max_lease_s": (max_lease_us or int(max_lease_s * US)) / US,
     }
     return summary
+
+
+def start_at(
+    record_changed: str | None,
+    now_us: int,
+    cfg: Config,
+    max_lease_s: float,
+    unsettled_until: str | None,
+) -> dict[str, Any]:
+    """When the paper's agent may start, after a run whose scan began at ``now_us`` with the
+    rollout record on since ``record_changed`` (None: not on, a dry run: as if now). The
+    fast rules may still run until ``fast_rules_until``; a scan begun after it reached every
+    leftover they made, an earlier one only those made before it, and one made after it is
+    answered by the paper's agent at most to its end: ``fast_rules_until`` plus the longest
+    lease. Never before what the run could not settle ends (``unsettled_until``)."""
+    on_us = parse_time(record_changed) if record_changed else now_us
+    bound = rollout.follow_bound_s(cfg) + rollout.background_life_s() + cfg.max_clock_skew
+    fast_until = on_us + int(bound * US)
+    complete = record_changed is not None and now_us >= fast_until
+    at = now_us if complete else fast_until + int((max_lease_s + cfg.max_clock_skew) * US)
+    if unsettled_until is not None:
+        at = max(at, parse_time(unsettled_until))
+    return {
+        "fast_rules_until": fmt_time(fast_until),
+        "swept_after_fast_rules": complete,
+        "sweep_again_after": None if complete else fmt_time(fast_until),
+        "paper_agents_may_start_at": fmt_time(at),
+    }
 
 
 def add_parser(sp: argparse.ArgumentParser) -> None:
@@ -249,11 +390,12 @@ def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
     # Rollout mode first: every daemon and job keeps the rules that are safe beside the
     # paper's agent from now on (running daemons within the bound the summary gives).
     mode = rollout.begin(ddb, args.table, cfg, "rasadmin adopt", args.dry_run)
+    now = common.now_us(args)
     summary = run(
         ddb,
         args.table,
         region,
-        common.now_us(args),
+        now,
         args.max_lease,
         dry_run=args.dry_run,
         resume_from=resume,
@@ -261,7 +403,18 @@ def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
         rules=cfg.rules(),
     )
     summary["rollout"] = mode["rollout"]
-    summary["paper_agents_may_start_at"] = mode["paper_agents_may_start_at"]
+    rec = common.read_rollout(ddb, args.table)
+    changed = rec.changed if rec.paper_agents else None  # a dry run may leave it off
+    when = start_at(changed, now, cfg, summary.pop("max_lease_s"), summary["unsettled_until"])
+    summary.update(when)
+    if not when["swept_after_fast_rules"]:
+        log.warning(
+            "sweep_again",
+            why="daemons may run the fast rules until fast_rules_until: a leftover they make "
+            "after this scan is reached only by a run begun after it",
+            sweep_again_after=when["sweep_again_after"],
+            paper_agents_may_start_at=when["paper_agents_may_start_at"],
+        )
     common.emit(summary)
     return common.EXIT_ERRORS if summary["errors"] else common.EXIT_OK
 

@@ -16,7 +16,9 @@ a job scans (its pages are the programs' inputs), hands each item or group to a 
   when an attempt may have applied (botocore retries inside one call: every attempt is
   judged, :func:`_watch`, by the daemon's own rules, ``rasd.dynamo.retry``); a
   ``readback`` given with the write resolves an unknown one by a consistent read, and a
-  lost race after an attempt that may have applied too (that attempt may be why);
+  lost race after an attempt that may have applied too (that attempt may be why): APPLIED
+  when the item shows it, REJECTED only when the item proves it never applied, else UNKNOWN
+  (``rasd.core.map_builders.read_back``, the daemon's rule);
 * ``Together``'s calls are sent at once (threads), their results in order; a read in it
   that fails fails the whole effect;
 * ``At(region, call)`` makes ``call`` in ``region``'s replica (``peers``); a write to a
@@ -44,6 +46,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
 from rasd.core.lease import ResourceItem, partition_name
+from rasd.core.map_builders import read_back
 from rasd.core.reads import available_query, leased_query
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import ItemKey, item_from_av, key_av, render
@@ -239,6 +242,8 @@ class Driver:
             return res
         # An attempt may have applied; a lost race then may be our own attempt that won.
         race = res.error is None
+        if res.outcome is Outcome.REJECTED and not race:
+            return res  # nothing that could apply was sent
         if eff.readback is None:
             if not race:
                 return res
@@ -248,9 +253,16 @@ class Driver:
             cur = self.get(ddb, eff.write.key)
         except RasdError as exc:
             return WriteResult(Outcome.UNKNOWN, error=res.error or exc)
-        if cur is not None and eff.readback(cur):
+        seen = read_back(eff.write, cur, eff.readback)
+        if seen is True:
             return WriteResult(Outcome.APPLIED, cur)
-        return res
+        if seen is False:
+            return WriteResult(Outcome.REJECTED)
+        # not shown, not disproved: it may have applied and been written over since
+        why = "an attempt may have applied; the item read back neither shows nor disproves it"
+        return WriteResult(
+            Outcome.UNKNOWN, error=res.error or Unavailable(f"DynamoDB UpdateItem: {why}")
+        )
 
     def _read(self, op: str, call: Any) -> Any:
         self.calls[op] += 1

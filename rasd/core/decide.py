@@ -209,13 +209,18 @@ class NextCandidate:
 
 @dataclass(frozen=True, slots=True)
 class GiveBack:
-    """Our claim applied but the mapping write lost: no mapping names it, free it now."""
+    """Our claim applied but the mapping write lost: no mapping names it, free it now
+    (``given_back(proof)`` says for how long it stays unclaimable)."""
+
+    proof: NeverNamed | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FenceOwnClaim:
     """The mapping write lost and our claim's outcome is unknown: fence the resource (or free
     the claim if it landed) in the background, then re-read."""
+
+    proof: NeverNamed | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +249,11 @@ def after_acquire(mapping: Outcome, claim: Outcome, expect_ver: int) -> AcquireS
         case (Outcome.APPLIED, Outcome.REJECTED):
             return NextCandidate(expect_ver + 1)
         case (Outcome.REJECTED, Outcome.APPLIED):
-            return GiveBack()
+            return GiveBack(never_named(mapping))
         case (Outcome.REJECTED, Outcome.REJECTED):
             return Reread("another daemon wrote the mapping first")
         case (Outcome.REJECTED, Outcome.UNKNOWN):
-            return FenceOwnClaim()
+            return FenceOwnClaim(never_named(mapping))
     return GiveUp(f"DynamoDB's answer was lost (mapping {mapping.value}, claim {claim.value})")
 
 
@@ -315,13 +320,39 @@ class Freed(enum.Enum):
 
     #: an app released the lease: every copy of its answer lapses within the quarantine
     RELEASED = "released"
-    #: a claim no mapping names, nor ever will: nobody was answered with it
+    #: a claim of ours no mapping ever named, nor ever will: nobody was answered with it.
+    #: Only :func:`given_back` hands it out, on a :class:`NeverNamed` proof.
     UNNAMED = "unnamed"
-    #: the claim of an acquisition that lost the key's mapping (given back at once)
-    LOST = "lost"
     #: a lease apps may still use and that no app released (a mapping lost to ``ras-dedupe``
-    #: or to a reader's takeover, a lapsed lease beside the paper's agent)
+    #: or to a reader's takeover, a claim whose naming is unknown or that a reader may have
+    #: answered, a lapsed lease beside the paper's agent)
     UNRELEASED = "unreleased"
+
+
+@dataclass(frozen=True, slots=True)
+class NeverNamed:
+    """Proof that no mapping ever named a claim of ours, so no app was answered with it:
+    the only write that could name it (its acquisition's ``map_acquire``) was refused by
+    its condition. Made only by :func:`never_named`."""
+
+    write: str
+
+
+def never_named(mapping: Outcome) -> NeverNamed | None:
+    """The proof, from the outcome of the claim's ``map_acquire``: REJECTED (it did not and
+    will not apply: its condition failed, it was never sent, or the item read back after a
+    lost reply shows another write took the version it would have written,
+    ``map_builders.read_back``). Anything else, an unknown outcome above all, proves
+    nothing."""
+    return NeverNamed("map_acquire") if mapping is Outcome.REJECTED else None
+
+
+def given_back(proof: NeverNamed | None) -> Freed:
+    """The one rule for a claim of ours given back that no app released: with the
+    quarantine only when it was never named (``proof``); otherwise a reader may have
+    answered it, and it is held to its lease's end plus the skew (I1). Every give-back
+    of a claim the daemon acquired goes through here."""
+    return Freed.UNNAMED if isinstance(proof, NeverNamed) else Freed.UNRELEASED
 
 
 def holds_to_end(why: Freed, legacy_agents: bool) -> bool:

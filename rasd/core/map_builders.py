@@ -169,3 +169,29 @@ def map_extended_to(token: str | None, want: str) -> ReadBack:
 
 def _at_least(v: Value | None, want: str) -> bool:
     return isinstance(v, str) and v >= want
+
+
+def read_back(w: Write, cur: dict[str, Value] | None, mine: ReadBack) -> bool | None:
+    """What an item read back (strongly consistent) says of ``w``, an attempt of which may
+    have applied and whose answers were lost or whose retry's condition failed: True when
+    it carries the write (``mine``); False only when it proves the write never applied and
+    never will; None when it cannot tell (the write may have applied and been written over
+    since: another daemon served it, a job released it).
+
+    The proof: ``w`` moves a version attribute from ``n`` to ``n + 1``, conditioned on
+    ``n``, and the item shows ``n + 1`` without our write. Every write of a version
+    attribute is such a move or an atomic increment, so exactly one write takes an item
+    from ``n`` to ``n + 1``: another one did, and ours, conditioned on ``n``, never can."""
+    if cur is not None and mine(cur):
+        return True
+    if cur is None:
+        return None
+    for c in w.conds:
+        if c.attr not in ("ver", "version"):
+            continue
+        was = 0 if c.op == "not_exists" else c.value if c.op == "=" else None
+        if not isinstance(was, int):
+            continue
+        if (c.attr, was + 1) in w.set and cur.get(c.attr) == was + 1:
+            return False
+    return None

@@ -15,9 +15,10 @@ DynamoDB call.
 
 Writes (``write``) never guess (docs/design.md, I4): each returns an ``Outcome``. APPLIED
 carries the item as written. REJECTED means the write did not and will not apply: its
-condition failed (a lost race, a normal value), or nothing that could apply was ever sent.
-UNKNOWN means an attempt may have applied (a timeout, a lost reply, a 5xx) and no read-back
-could tell before the deadline. Each attempt gets at most ATTEMPT_SHARE of the time left, so
+condition failed (a lost race, a normal value), nothing that could apply was ever sent, or
+the item read back proves it never applied (``map_builders.read_back``). UNKNOWN means an
+attempt may have applied (a timeout, a lost reply, a 5xx) and no read-back could tell before
+the deadline. Each attempt gets at most ATTEMPT_SHARE of the time left, so
 an attempt that hangs leaves time for a retry or a read-back within the request's deadline.
 """
 
@@ -40,6 +41,7 @@ from ..config import Config
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Timeout, Unavailable
 from ..core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
+from ..core.map_builders import read_back
 from ..core.reads import available_query, leased_query
 from ..core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
 from ..core.writes import ItemKey, Value, Write, item_from_av, key_av, render
@@ -446,7 +448,7 @@ class Store:
         lost = Unavailable(
             "DynamoDB UpdateItem: a retry lost its condition after an attempt that may have applied"
         )
-        return await self._read_back(w, deadline, mine, lost, race=True)
+        return await self._read_back(w, deadline, mine, lost)
 
     async def _read_back(
         self,
@@ -454,11 +456,12 @@ class Store:
         deadline: float,
         mine: Callable[[dict[str, Value]], bool] | None,
         error: RasdError,
-        race: bool = False,
     ) -> WriteResult:
-        """The outcome of a write an attempt of which may have applied: APPLIED when the
-        item read back carries it (``mine``); else UNKNOWN with ``error``, or REJECTED for
-        a lost race (``race``) the read-back shows was not our own attempt's."""
+        """The outcome of a write an attempt of which may have applied, from the item read
+        back (``map_builders.read_back``): APPLIED when it carries the write, REJECTED only
+        when it proves the write never applied, else UNKNOWN with ``error``. A read-back that
+        merely does not show the write proves nothing: it may have applied and been written
+        over since (I1: its claim may have been answered)."""
         if mine is not None:
             self.counters.inc("ddb.ambiguous_writes")  # a read-back
             try:
@@ -466,10 +469,11 @@ class Store:
             except RasdError as exc:
                 self.counters.inc("ddb.unknown_writes")
                 return WriteResult(Outcome.UNKNOWN, error=exc)
-            if cur is not None and mine(cur):
+            seen = read_back(w, cur, mine)
+            if seen is True:
                 self.counters.inc("ddb.ambiguous_applied")
                 return WriteResult(Outcome.APPLIED, cur)
-            if race:
+            if seen is False:
                 return WriteResult(Outcome.REJECTED)
         self.counters.inc("ddb.unknown_writes")
         return WriteResult(Outcome.UNKNOWN, error=error)

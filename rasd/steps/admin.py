@@ -15,7 +15,13 @@ may still run.
 * :func:`add_resource`: a new name, or a tombstone's name again, claimable no earlier than
   the tombstone's hold (``rasd.core.builders.readd``); :func:`define_pool`: a pool's definition.
 * :func:`adopt_lease`: a running lease the paper's agent made becomes a rasd lease where it
-  is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``).
+  is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``); a claim of
+  rasd's that the key's mapping does not name (the fast rules' losing claim whose give-back
+  never went out) is freed by the liberator's orphan repair instead
+  (:func:`rasd.steps.repair.repair`, held to its end), since the paper's agent would answer
+  it from the leased index beside the key's lease (I2). :func:`settle_pending`: a pending
+  mapping whose claim may still land is fenced by the readers' rule
+  (``rasd.core.decide.on_resource``).
 * :func:`move_free`: the balancer's move of a free item to another region
   (``rasd.core.builders.move``, conditional on the version, free and region read).
 
@@ -35,13 +41,23 @@ from typing import Any
 from ..core import decide as D
 from ..core import legacy as LG
 from ..core import verdicts as V
-from ..core.builders import adopt, move, new_resource_item, readd, tombstone
+from ..core.builders import adopt, fence_resource, move, new_resource_item, readd, tombstone
 from ..core.lease import META_CLIENT, PENDING, Mapping, ResourceItem, fmt_time, map_pk
 from ..core.map_builders import map_acquire, map_confirm, map_drop_dead, map_release
-from ..core.serialize import is_tombstone, resource_from
+from ..core.serialize import is_tombstone, mapping_from, resource_from
 from ..core.writes import ItemKey
 from . import At, Delete, GetItem, Note, Program, Put, Send, in_region
-from .repair import OPS, Ops, applied, mapping_ident, read_mapping, release_held
+from .repair import (
+    OPS,
+    Ops,
+    applied,
+    fields,
+    mapping_ident,
+    read_mapping,
+    read_resource,
+    release_held,
+)
+from .repair import repair as repair_orphan
 
 #: how often a delete or an add re-reads an item a daemon keeps writing, before it gives up
 ATTEMPTS = 5
@@ -99,7 +115,9 @@ def release_resource(
         return AdminResult("not_leased", it)
     if it.holder is None:
         return AdminResult("no_holder", it)
-    got = yield from release_held(it, now_us, quarantine_us, grace_us, hold_to_end=True, ops=ops)
+    got = yield from release_held(
+        it, now_us, quarantine_us, grace_us, hold_to_end=True, ops=ops, by_operator=True
+    )
     if got == "lost_race":
         return AdminResult("lost_race", it)
     after = (yield GetItem(ident)) or {}
@@ -131,10 +149,13 @@ def delete_item(
                 return False
             if r.holder is not None:
                 applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
+                yield Note("lease_ended", fields(r, token=r.holder), "debug")
         elif not force and ops.in_quarantine(r, now_us):
             return False
         hold = ops.name_held_until(r, now_us, quarantine_us, grace_us)
         if applied((yield Send(tombstone(r, now_us, hold)))):
+            if r.key is not None:  # a lease of the paper's agent has no mapping to release
+                yield Note("lease_ended", fields(r), "debug")
             return True
     return False
 
@@ -265,8 +286,9 @@ def adopt_lease(
     """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does, with
     the acquisition token ``token``. Returns ``rasd`` (its mapping names it already),
     ``adopted`` (or ``would_adopt``), ``kept_split`` (the key's mapping names another lease
-    here), ``ended`` (not running any more) or ``lost_race`` (it changed under us: the next
-    run sees it again)."""
+    here: the paper's agent made this one), ``freed_orphan`` (or ``would_free_orphan``: a
+    claim of rasd's beside the key's lease, :func:`free_orphan`), ``ended`` (not running any
+    more) or ``lost_race`` (it changed under us: read it again)."""
     assert r.key is not None
     m = yield from read_mapping(r)
     if (
@@ -280,6 +302,8 @@ def adopt_lease(
         return "ended"
     d = D.on_read(m, [], now_us, rules)
     if not isinstance(d, D.Acquire):
+        if r.holder is not None and r.holder_current:
+            return (yield from free_orphan(r, m, now_us, rules, dry))
         return "kept_split"
     if dry:
         return "would_adopt"
@@ -313,6 +337,60 @@ def adopt_lease(
     return "adopted"
 
 
+def free_orphan(
+    r: ResourceItem, m: Mapping | None, now_us: int, rules: D.Rules, dry: bool
+) -> Program[str]:
+    """A running claim of rasd's (``holder`` current) held for a key whose mapping ``m`` (read
+    after ``r``, strongly consistent) does not name it: what the fast rules leave when a
+    losing claim's give-back never went out (a kill -9), or a crash between two writes. rasd
+    never serves it, but the paper's agent answers whatever the leased index shows for the
+    key, so beside the key's own lease it is a split (I2) as soon as that agent runs. Freed
+    by the liberator's orphan repair (:func:`rasd.steps.repair.repair`: the mapping fenced
+    first when the acquisition's write may still land; ``rasd.core.verdicts.orphan_free_at``),
+    held to its lease's end plus the grace as in rollout mode (an app may have been answered
+    it). Returns ``freed_orphan`` (``would_free_orphan``), ``rasd`` (a mapping names it
+    after all) or ``lost_race`` (it or the mapping changed: read both again)."""
+    verdict = V.orphan_verdict(r, m)
+    if verdict is V.Orphan.LEASE:
+        return "rasd"
+    if verdict is V.Orphan.FOREIGN:
+        return "kept_split"
+    if dry:
+        return "would_free_orphan"
+    got = yield from repair_orphan(
+        r, m, now_us, rules.quarantine_us, rules.grace_us, hold_to_end=True
+    )
+    return {"freed_orphan": "freed_orphan", "lease": "rasd"}.get(got, "lost_race")
+
+
+def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Program[str]:
+    """A pending mapping (as scanned): read it again strongly consistent, then its resource
+    item, and decide as every reader does (``rasd.core.decide.on_resource``). A claim that
+    may still land (its acquirer gave up or died, past ``pending_hold``) is fenced: the
+    resource's version moves past the one the claim is conditioned on, so it never lands
+    beside a lease the paper's agent makes for the key meanwhile. Returns ``fenced``
+    (``would_fence``), ``landed`` (the claim is there, named by the mapping: a lease,
+    settled by its readers), ``dead`` (it can never land), ``young`` (within
+    ``pending_hold``: its acquirer is still at it), ``moved`` (no longer pending) or
+    ``lost_race``."""
+    raw = yield GetItem(m.ident)
+    cur = mapping_from(raw) if raw else None
+    if cur is None or cur.state != PENDING or cur.resource is None:
+        return "moved"
+    r = yield from read_resource((cur.client_id, cur.resource))
+    dec = D.on_resource(cur, r, now_us, rules)
+    if isinstance(dec, D.FenceResource):
+        if dry:
+            return "would_fence"
+        res = yield Send(fence_resource(dec.resource.ident, dec.resource.version))
+        return "fenced" if applied(res) else "lost_race"
+    if isinstance(dec, D.Wait):
+        return "young"
+    if isinstance(dec, D.Acquire):
+        return "dead"
+    return "landed"
+
+
 # ---------------------------------------------------------------------------- balancer
 def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
     """The balancer moves a free item (read from its region's available index) to another
@@ -334,7 +412,9 @@ __all__ = [
     "delete_item",
     "delete_pool",
     "delete_resource",
+    "free_orphan",
     "move_free",
     "pool_key",
     "release_resource",
+    "settle_pending",
 ]

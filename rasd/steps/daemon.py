@@ -272,6 +272,8 @@ class Ops:
     quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
     #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
     holds_to_end: Callable[[D.Freed, bool], bool] = field(default=D.holds_to_end, repr=False)
+    #: why a claim of ours is given back, from the proof that no mapping named it
+    given_back: Callable[[D.NeverNamed | None], D.Freed] = field(default=D.given_back, repr=False)
 
 
 REAL = Ops()

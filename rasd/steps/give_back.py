@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..core import builders as B
 from ..core import decide as D
 from ..core.builders import fence_resource
-from ..core.decide import Freed, Outcome
+from ..core.decide import Freed, NeverNamed, Outcome
 from ..core.errors import NotHeld, RasdError, Timeout
 from ..core.lease import US, Pool, ResourceItem, fmt_time
 from ..core.map_builders import map_drop_dead, map_release, no_token, not_held_by
@@ -44,7 +44,8 @@ def free_claim(
     liberator's orphan repair frees it. ``why`` says what the free waits for
     (``decide.holds_to_end``): a lease no app released, or any free while the paper's agent
     may run, not before the lease's end plus the skew either (the end is read first, and the
-    free is conditional on it); the claim of an acquisition that lost may be freed sooner."""
+    free is conditional on it); a claim no mapping ever named (``decide.given_back``) may be
+    freed sooner."""
     if attempt >= d.free_claim_attempts:
         return
     yield Deadline(BACKGROUND_DEADLINE)
@@ -89,7 +90,7 @@ def free_once(
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
     now = yield Now()
-    available = now + d.ops.quarantine_us(d.rules, why is Freed.LOST)
+    available = now + d.ops.quarantine_us(d.rules, why is Freed.UNNAMED)
     ends: int | None = None
     outcome, error = Outcome.UNKNOWN, None
     to_end = d.ops.holds_to_end(why, d.legacy_agents)
@@ -138,16 +139,18 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
         yield Note("relist_failed", (("resource", ident[1]), ("error", str(exc))), "warning")
 
 
-def fence_own_claim(d: Daemon, item: ResourceItem, key: str, token: str) -> Program[None]:
+def fence_own_claim(
+    d: Daemon, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
+) -> Program[None]:
     """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
-    or give it back if it did."""
+    or give it back if it did (``proof``: that no mapping ever named it)."""
     yield Deadline(BACKGROUND_DEADLINE)
     res = yield Send(fence_resource(item.ident, item.version))
     if res.outcome is Outcome.APPLIED:
         return
     cur = yield from resource(item.client_id, item.resource)
     if cur is not None and cur.holder == token:
-        return (yield from free_claim(d, item.ident, key, token, Freed.UNNAMED))
+        return (yield from free_claim(d, item.ident, key, token, d.ops.given_back(proof)))
 
 
 def release(

@@ -127,6 +127,7 @@ def release_held(
     hold_to_end: bool = False,
     end_by_us: int | None = None,
     ops: Ops = OPS,
+    by_operator: bool = False,
 ) -> Program[Result]:
     """Release what ``r`` (read consistently, held) holds: mapping, then resource, claimable
     again after the quarantine. ``hold_to_end`` (``ras-dedupe``'s extras, ``rasadmin
@@ -139,7 +140,8 @@ def release_held(
     conditional on the version that end was read at: a daemon that extends the lease
     meanwhile (and answers apps with the later end) makes the release a lost race, so the
     key's region never goes without a servable lease while apps still use this one (I2).
-    ``"kept"``: it ends later than that."""
+    ``"kept"``: it ends later than that. ``by_operator`` (``rasadmin release-resource``):
+    the mapping's release is noted (``lease_ended``) as it applies."""
     assert r.key is not None and r.holder is not None
     m = yield from read_mapping(r)
     if ops.orphan_verdict(r, m) is not Orphan.LEASE:
@@ -152,6 +154,8 @@ def release_held(
         ver = m.ver
     if not applied((yield Send(ops.map_release(mapping_ident(r), r.holder, now_us, ver)))):
         return "lost_race"
+    if by_operator:
+        yield Note("lease_ended", fields(r, token=r.holder), "debug")
     available = now_us + quarantine_us
     if hold_to_end:
         # With the mapping released no extension of it can apply any more, so the resource's

@@ -14,7 +14,6 @@ argument is in docs/design.md, "Strict pools".
 from __future__ import annotations
 
 from ..core import agree as A
-from ..core import decide as D
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Unavailable
 from ..core.lease import Lease, Mapping, Pool, fmt_time
@@ -84,9 +83,11 @@ def home_down(
 
 
 def withdraw(d: Daemon, m: Mapping) -> Program[None]:
-    """Give back a claim that lost the agreement, never answered: its pending mapping freed
-    (only at the version it had, so a claim some daemon answered meanwhile, by the fallback,
-    stays), then the resource."""
+    """Give back a claim that lost the agreement: its pending mapping freed (only at the
+    version it had, so a claim some daemon confirmed meanwhile stays), then the resource.
+    Its mapping named it, so a reader may have answered it before the agreement was read
+    (the home-down fallback answers a pending claim before its confirmation lands): it
+    stays unclaimable to its lease's end plus the skew (``decide.given_back``)."""
     yield Deadline(BACKGROUND_DEADLINE)
     res = yield Send(map_drop_dead(m, (yield Now())))
     if res.outcome is not Outcome.APPLIED:
@@ -94,7 +95,8 @@ def withdraw(d: Daemon, m: Mapping) -> Program[None]:
         return
     assert m.token is not None and m.resource is not None
     yield Note("strict.withdrawn")
-    yield from free_claim(d, (m.client_id, m.resource), m.key, m.token, D.Freed.LOST)
+    why = d.ops.given_back(None)  # named: no proof that nobody answered it
+    yield from free_claim(d, (m.client_id, m.resource), m.key, m.token, why)
 
 
 def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> Program[bool]:

@@ -335,14 +335,15 @@ def acquire(
             expect_ver = step.expect_ver
             continue
         if isinstance(step, D.GiveBack):
-            # No mapping names this claim, so nobody serves it: give it back in the
+            # The mapping write lost, so no mapping names this claim: give it back in the
             # background (retried), and read again now.
             yield Note("acq.gave_back")
-            yield Spawn(free_claim, (d, item.ident, key, token, D.Freed.LOST))
+            why = d.ops.given_back(step.proof)
+            yield Spawn(free_claim, (d, item.ident, key, token, why))
             return None
         if isinstance(step, D.FenceOwnClaim):
             yield Note("acq.fence_own")
-            yield Spawn(fence_own_claim, (d, item, key, token))
+            yield Spawn(fence_own_claim, (d, item, key, token, step.proof))
             return None
         if isinstance(step, D.Reread):
             yield Note("acq.lost_mapping")

@@ -121,9 +121,9 @@ def test_claim_landed_needs_token_key_and_resource() -> None:
     [
         (A, A, D.Won()),
         (A, R, D.NextCandidate(4)),
-        (R, A, D.GiveBack()),
+        (R, A, D.GiveBack(D.NeverNamed("map_acquire"))),
         (R, R, D.Reread("another daemon wrote the mapping first")),
-        (R, U, D.FenceOwnClaim()),
+        (R, U, D.FenceOwnClaim(D.NeverNamed("map_acquire"))),
     ],
 )
 def test_after_acquire(mapping: D.Outcome, claim: D.Outcome, expected: D.AcquireStep) -> None:

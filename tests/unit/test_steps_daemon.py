@@ -580,7 +580,7 @@ def test_free_claim_passes_give_back_to_the_quarantine_rule() -> None:
     t = Table()
     ident = orphan(t)
     t.script["free_claim"] = [unknown(Unavailable("x"))]
-    t.run(GB.free_claim(daemon(ops=ops), ident, "k1", "t1", D.Freed.LOST))
+    t.run(GB.free_claim(daemon(ops=ops), ident, "k1", "t1", D.Freed.UNNAMED))
     r = t.res("ra")
     assert (r.lease_available, r.quarantine_until) == (fmt_time(NOW), None)
     t2 = Table()
@@ -764,12 +764,15 @@ def test_fence_own_claim_fences_a_claim_that_has_not_landed() -> None:
 
 
 def test_fence_own_claim_gives_back_a_claim_that_landed() -> None:
-    t = Table()
-    item = t.free("ra")
-    t.claimed("ra", "k1", NOW + HOUR, "t1")
-    t.run(GB.fence_own_claim(daemon(), item, "k1", "t1"))
-    assert t.writes() == ["fence_resource", "free_claim"]
-    assert t.res("ra").quarantine_until == fmt_time(NOW + Q)
+    """With the quarantine only when no mapping ever named it (its mapping write refused),
+    else held to its end plus the skew (``decide.given_back``)."""
+    for proof, until in ((D.NeverNamed("map_acquire"), NOW + Q), (None, NOW + HOUR + G)):
+        t = Table()
+        item = t.free("ra")
+        t.claimed("ra", "k1", NOW + HOUR, "t1")
+        t.run(GB.fence_own_claim(daemon(), item, "k1", "t1", proof))
+        assert "free_claim" in t.writes() and t.writes()[0] == "fence_resource"
+        assert t.res("ra").quarantine_until == fmt_time(until), proof
     for holder in ("t9", None):  # someone else's claim, or deleted
         t2 = Table()
         t2.claimed("ra", "k1", NOW + HOUR, "t9")
@@ -921,7 +924,7 @@ def test_only_a_lost_acquisitions_free_is_a_give_back_also_on_its_retries() -> N
     t = Table()
     ident = orphan(t)
     t.before[4] = lambda: t.set(ident, lease_expires=fmt_time(NOW + 2 * HOUR))
-    t.run(GB.free_claim(daemon(True, ops=ops), ident, "k1", "t1", D.Freed.LOST))
+    t.run(GB.free_claim(daemon(True, ops=ops), ident, "k1", "t1", D.Freed.UNNAMED))
     assert seen == [True, True] and t.res("ra").holder is None
     seen.clear()
     t2 = Table()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rasd.core.builders import claim, extend_resource, new_resource_item, paper_claim
-from rasd.core.decide import Freed, Outcome, Rules, lease_from_mapping
+from rasd.core.decide import Freed, NeverNamed, Outcome, Rules, lease_from_mapping
 from rasd.core.errors import Busy, NoCapacity, RasdError, Timeout, Unavailable
 from rasd.core.lease import LIVE, PENDING, US, Lease, Mapping, Pool, ResourceItem, map_pk
 from rasd.core.map_builders import map_acquire, map_confirm, map_release
@@ -459,7 +459,7 @@ def test_a_claim_whose_mapping_lost_is_given_back() -> None:
     assert acquire_k(h, ev) is None  # read again
     assert h.notes() == {"acq.gave_back": 1}
     assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
-        ("free_claim", (h.d, ("c", "r1"), "k", "t1", Freed.LOST))
+        ("free_claim", (h.d, ("c", "r1"), "k", "t1", Freed.UNNAMED))
     ]
     assert not h.of(Untake) and h.res("r1").holder == "t1"
     spawn = h.of(Spawn)[0]
@@ -484,7 +484,7 @@ def test_a_claim_of_unknown_outcome_whose_mapping_lost_is_fenced() -> None:
     assert acquire_k(h, ev) is None
     assert h.notes() == {"acq.fence_own": 1}
     assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
-        ("fence_own_claim", (h.d, cand, "k", "t1"))
+        ("fence_own_claim", (h.d, cand, "k", "t1", NeverNamed("map_acquire")))
     ]
     (untake,) = h.of(Untake)
     assert untake.pool == POOL and untake.cand.item == cand
