@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from rasd.core.builders import liberate, paper_free, relist
-from rasd.core.lease import US, Lease, ResourceItem, fmt_time
+from rasd.core.lease import LIVE, US, Lease, ResourceItem, fmt_time
 from rasd.core.writes import apply
 from rasd.steps import At, Done, GetItem, Note, QueryAvailable, QueryLeased, Spawn
 from rasd.steps.dedupe import DedupeRun, dedupe_groups
@@ -157,6 +157,10 @@ class JobHost(Host):
             )  # fmt: skip
             lease = Lease(CLIENT, POOL, key, it.resource, it.region, it.lease_expires_us,
                           ver, 0, tok)  # fmt: skip
+            if not done.value.new and it.holder is not None and it.holder_current:
+                m = w.mapping(key, it.region)
+                if m is None or m.state != LIVE or m.token != it.holder:
+                    w.unsettled = w.unsettled | {tok}
             w.answer(Daemon(9, w.cfg.paper_offset), key, lease)
 
 

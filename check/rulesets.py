@@ -155,11 +155,11 @@ class Protocol:
         return D.on_read(own, others, now_us, rules)
 
     def on_settle(
-        self, m: Mapping, held: list[ResourceItem], now_us: int
-    ) -> LG.Confirm | LG.YieldTo:
+        self, m: Mapping, held: list[ResourceItem], now_us: int, grace_us: int = 0
+    ) -> LG.Confirm | LG.YieldTo | D.Wait:
         if self.settle_never_yields:
             return LG.Confirm(m)
-        return LG.on_settle(m, held, now_us)
+        return LG.on_settle(m, held, now_us, grace_us)
 
     def beside_legacy(self, d: D.Decision | LG.Settle) -> D.Decision | LG.Settle:
         if self.extend_unsettled and isinstance(d, D.Extend):

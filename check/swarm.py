@@ -63,7 +63,8 @@ def draw(rng: random.Random) -> Config:
     # a strict pool is strict only while no daemon runs beside the paper's agent
     # (docs/global.md): never in rollout mode, nor across the switch
     strict = two and not legacy and not switch and rng.random() < 0.3
-    admin = tuple(a for a in ADMIN if rng.random() < 0.35)
+    # adopt runs once the table is in rollout mode (its first step turns it on)
+    admin = tuple(a for a in ADMIN if rng.random() < 0.35 and (a != "adopt" or legacy))
     lease = rng.choice((6, 8, 12))
     cfg = Config(
         daemons=daemons,
@@ -205,15 +206,18 @@ def lane(label: str) -> str:
     return m.group(1).rstrip(":") if m else label
 
 
-def pct_walk(cfg: Config, proto: Protocol, seed: int, max_steps: int, depth: int = 4) -> Result:
+def pct_walk(
+    cfg: Config, proto: Protocol, seed: int, max_steps: int, depth: int = 4, switch: float = 0.0
+) -> Result:
     """One seeded walk that schedules by priority, as probabilistic concurrency testing
     does: each lane (a process, writes in flight) gets a random priority when it first
     shows up, the highest enabled one steps (its branch, a fault or not, drawn at random),
     and at ``depth - 1`` random steps, or after a fault (its caller waits out a timeout),
-    the running lane drops to the lowest priority. Time passes at ``TIME_SHARE`` of the
-    steps. A bug that needs a few processes to be ordered just so is found with a
-    probability bounded below, where a uniform walk's shrinks with every other step
-    enabled. One step in ten is drawn uniformly, as :func:`check.explore.walk` does."""
+    the running lane drops to the lowest priority; after any other step its priority is
+    drawn again with probability ``switch``. Time passes at ``TIME_SHARE`` of the steps.
+    A bug that needs a few processes ordered just so is found with a probability bounded
+    below, where a uniform walk's shrinks with every other step enabled. One step in ten
+    is drawn uniformly, as :func:`check.explore.walk` does."""
     start = time.monotonic()
     rng = random.Random(seed)
     res = Result(proto.name, "pct", seed=seed, walks=1)
@@ -243,6 +247,8 @@ def pct_walk(cfg: Config, proto: Protocol, seed: int, max_steps: int, depth: int
                 # a lost reply, a request in flight, a failed call: its caller waits out a
                 # timeout while the others go on
                 prio[top] = -rng.random()
+            elif rng.random() < switch:
+                prio[top] = rng.random()  # a call's answer takes its time: others may go first
         res.transitions += 1
         steps.append((f"[t={w.t}] {label}", list(w2.notes)))
         w = w2
@@ -262,23 +268,24 @@ def run_one(seed: int, proto: Protocol = REAL, steps: int = 160) -> tuple[Config
     rng = random.Random(seed)
     cfg = draw(rng)
     if rng.random() < 0.5:
-        return cfg, pct_walk(cfg, proto, seed, steps, depth=rng.choice((2, 3, 4, 6)))
+        depth, switch = rng.choice((2, 3, 4, 6)), rng.choice((0.0, 0.2, 0.4))
+        return cfg, pct_walk(cfg, proto, seed, steps, depth, switch)
     return cfg, walk(cfg, proto, seed, steps)
 
 
 def shrink(cfg: Config, proto: Protocol, labels: list[str], budget_s: float = 60.0) -> list[str]:
     """A shorter list of steps that still breaks an invariant (removing chunks of steps,
     halving the chunk, as delta debugging does); every list tried is replayed step by step
-    through :func:`replay`, so the result is a real trace."""
+    through :func:`replay`, so the result is a real trace (cut at its violation)."""
     deadline = time.monotonic() + budget_s
     best = labels
     chunk = max(1, len(best) // 2)
     while chunk >= 1 and time.monotonic() < deadline:
         i, shrunk = 0, False
         while i < len(best) and time.monotonic() < deadline:
-            cand = best[:i] + best[i + chunk :]
-            if cand and _breaks(cfg, proto, cand):
-                best, shrunk = cand, True
+            got = _breaks(cfg, proto, best[:i] + best[i + chunk :])
+            if got is not None:
+                best, shrunk = got, True
             else:
                 i += chunk
         if not shrunk:
@@ -304,9 +311,12 @@ def replay(cfg: Config, proto: Protocol, labels: list[str]) -> Result | None:
     return res
 
 
-def _breaks(cfg: Config, proto: Protocol, labels: list[str]) -> bool:
-    res = replay(cfg, proto, labels)
-    return res is not None and res.violation is not None and len(res.trace) == len(labels)
+def _breaks(cfg: Config, proto: Protocol, labels: list[str]) -> list[str] | None:
+    """The steps of ``labels`` up to the violation they reach, or None."""
+    res = replay(cfg, proto, labels) if labels else None
+    if res is None or res.violation is None:
+        return None
+    return labels[: len(res.trace)]
 
 
 def _labels(res: Result) -> list[str]:

@@ -119,7 +119,38 @@ def rival(m: Mapping, held: list[ResourceItem], now_us: int) -> ResourceItem | N
     return pick(found)
 
 
-def on_settle(m: Mapping, held: list[ResourceItem], now_us: int) -> Confirm | YieldTo:
+def lapsing(
+    held: list[ResourceItem],
+    client_id: str,
+    pool_id: str,
+    key: str,
+    region: str,
+    now_us: int,
+    grace_us: int,
+) -> ResourceItem | None:
+    """A lease of ``key`` in ``held`` (the leased index) that has reached its end on this
+    host's clock but not on every host's (less than ``grace_us``, the clock-skew bound, ago):
+    an app answered with it on a host whose clock is behind may still use it, and the key's
+    next lease would run beside it (I2). The key's next lease waits, as :func:`on_lapsed`
+    waits for one of ours."""
+    return next(
+        (
+            r
+            for r in held
+            if r.key == key
+            and r.client_id == client_id
+            and r.pool_id == pool_id
+            and r.region == region
+            and r.lease_expires_us is not None
+            and r.lease_expires_us <= now_us < r.lease_expires_us + grace_us
+        ),
+        None,
+    )
+
+
+def on_settle(
+    m: Mapping, held: list[ResourceItem], now_us: int, grace_us: int = 0
+) -> Confirm | YieldTo | Wait:
     """A pending mapping ``m`` whose claim landed, and the leased index read after that.
 
     The paper's agent decides from the index alone and its claim is conditioned on nothing
@@ -127,9 +158,15 @@ def on_settle(m: Mapping, held: list[ResourceItem], now_us: int) -> Confirm | Yi
     lease. This rule makes it never rasd's answer: rasd serves its claim only if an index
     read made after the claim landed shows no rival; a rival that shows up later was made by
     the paper's agent after our lease was in the index (docs/design.md, "Two agents acquiring
-    one key at once")."""
+    one key at once"). A lease of the key past its end on this host's clock by less than
+    ``grace_us`` is neither a rival nor gone: wait (:func:`lapsing`)."""
     r = rival(m, held, now_us)
-    return Confirm(m) if r is None else YieldTo(m, r)
+    if r is not None:
+        return YieldTo(m, r)
+    others = [it for it in held if it.resource != m.resource]
+    if lapsing(others, m.client_id, m.pool_id, m.key, m.region, now_us, grace_us):
+        return Wait("another lease of the key is at its end here, not yet on every host")
+    return Confirm(m)
 
 
 @dataclass(frozen=True, slots=True)

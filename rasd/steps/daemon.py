@@ -252,9 +252,9 @@ class Ops:
         default=LG.beside_legacy, repr=False
     )
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
-    on_settle: Callable[[Mapping, list[ResourceItem], int], LG.Confirm | LG.YieldTo] = field(
-        default=LG.on_settle, repr=False
-    )
+    on_settle: Callable[
+        [Mapping, list[ResourceItem], int, int], LG.Confirm | LG.YieldTo | D.Wait
+    ] = field(default=LG.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
     on_lapsed: Callable[
         [Mapping, ResourceItem | None, int, int], D.Extend | D.Wait | LG.EndLapsed

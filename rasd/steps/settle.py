@@ -30,7 +30,7 @@ from ..core.map_builders import (
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
 from . import Note, Now, Program, QueryLeased, Send, Spawn
-from .daemon import Daemon, NewToken, error_of, resource
+from .daemon import WAIT_FIRST, Daemon, NewToken, error_of, resource, wait_for
 from .give_back import free_claim, give_back_now
 from .renew import confirm
 
@@ -144,7 +144,10 @@ def settle(
     one key at once")."""
     assert m.token is not None and m.resource is not None
     held = yield QueryLeased(pool.client_id, pool.pool_id, key)
-    s = d.ops.on_settle(m, list(held), (yield Now()))
+    s = d.ops.on_settle(m, list(held), (yield Now()), d.rules.grace_us)
+    if isinstance(s, D.Wait):
+        yield from wait_for(WAIT_FIRST)
+        return None  # read again
     if isinstance(s, LG.YieldTo):
         yield Note("lease.yielded")
         # The adoption's mapping write, at the pending version, names the other lease: our

@@ -114,6 +114,16 @@ def resolve(
             other = yield from agree(d, pool, home, landed, (landed, *others))
             if other is not None:
                 dec = D.Serve(other, foreign=True)
+    if (
+        isinstance(dec, D.Acquire)
+        and held
+        and LG.lapsing(
+            held, pool.client_id, pool.pool_id, key, d.region, (yield Now()), d.rules.grace_us
+        )
+    ):
+        # a lease of the key at its end here, not yet on every host: its apps may still
+        # use it, and the key's next lease would run beside it (I2)
+        dec = D.Wait("the key's lease is at its end on this host's clock, not on every host's")
     if isinstance(dec, D.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:
@@ -256,7 +266,13 @@ def acquire(
         )
     token = spec.token if spec is not None else (yield NewToken())
     ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
+    first = True
     while True:
+        if not first:
+            # A token names one claim: the mapping an earlier candidate's write left names
+            # the earlier token, so a reader never takes this claim for that one's.
+            token = yield NewToken()
+        first = False
         cand = spec.cand if spec is not None else (yield TakeCandidate(pool))
         if cand is None:
             yield Note("lease.no_capacity")
