@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol chaos chaos-short chaos-mixed clean systemd-test tools deb \
+.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
     test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -155,6 +155,14 @@ sim-strict: $(STAMP)
 # The protocol model checker (docs/checker.md): deep mode; CI runs `python -m check --quick`.
 check-protocol: $(STAMP)
 	$(BIN)/python -m check
+
+# The swarm (docs/checker.md "The swarm"): every actor and every fault in random worlds,
+# random and priority walks, for SWARM_SECONDS (an hour), printing progress and a closing
+# summary of what it covered; a violation is shrunk and printed with the seed that replays
+# it (exit 1). CI runs a fixed budget of it (tests/unit/test_check_swarm.py).
+SWARM_SECONDS ?= 3600
+swarm: $(STAMP)
+	$(BIN)/python -m check.swarm --seconds $(SWARM_SECONDS)
 
 # Mutation testing of the protocol's pure code (docs/checker.md "Mutation testing"): mutmut
 # on rasd/core/decide.py, legacy.py, verdicts.py (the decisions and the lease's rules),

@@ -159,7 +159,7 @@ class Protocol:
     ) -> LG.Confirm | LG.YieldTo | D.Wait:
         if self.settle_never_yields:
             return LG.Confirm(m)
-        return LG.on_settle(m, held, now_us, grace_us)
+        return LG.on_settle(m, held, now_us, 0 if self.lapsed_own_clock else grace_us)
 
     def beside_legacy(self, d: D.Decision | LG.Settle) -> D.Decision | LG.Settle:
         if self.extend_unsettled and isinstance(d, D.Extend):
@@ -170,6 +170,20 @@ class Protocol:
         self, m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int
     ) -> D.Extend | D.Wait | LG.EndLapsed:
         return LG.on_lapsed(m, r, now_us, 0 if self.lapsed_own_clock else grace_us)
+
+    def lapsing(
+        self,
+        held: list[ResourceItem],
+        client_id: str,
+        pool_id: str,
+        key: str,
+        region: str,
+        now_us: int,
+        grace_us: int,
+    ) -> ResourceItem | None:
+        """``legacy.lapsing``: L judges a lease's end on the reader's clock alone here too."""
+        grace = 0 if self.lapsed_own_clock else grace_us
+        return LG.lapsing(held, client_id, pool_id, key, region, now_us, grace)
 
     def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:
         return D.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
@@ -349,6 +363,7 @@ def ops_of(proto: Protocol) -> Ops:
         on_settle=proto.on_settle,
         beside_legacy=proto.beside_legacy,
         on_lapsed=proto.on_lapsed,
+        lapsing=proto.lapsing,
     )
     return replace(ops, strict_home=_no_home) if proto.skip_agreement else ops
 

@@ -252,6 +252,7 @@ class Ops:
         default=LG.beside_legacy, repr=False
     )
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
+    lapsing: Callable[..., ResourceItem | None] = field(default=LG.lapsing, repr=False)
     on_settle: Callable[
         [Mapping, list[ResourceItem], int, int], LG.Confirm | LG.YieldTo | D.Wait
     ] = field(default=LG.on_settle, repr=False)

@@ -117,7 +117,7 @@ def resolve(
     if (
         isinstance(dec, D.Acquire)
         and held
-        and LG.lapsing(
+        and ops.lapsing(
             held, pool.client_id, pool.pool_id, key, d.region, (yield Now()), d.rules.grace_us
         )
     ):
