@@ -131,8 +131,8 @@ class JobHost(Host):
 
     def note(self, w: World, p: Proc, eff: Note) -> None:
         if eff.event == "lease_ended" and p.label.startswith("rasadmin"):
-            # the operator ended the key's lease as its mapping's release applied: for I2,
-            # as if its app had released it (I1 still holds it to its end)
+            # the operator ends the key's lease as its mapping's release goes out: for I2,
+            # as if its app had asked to release it (I1 still holds it to its end)
             f = dict(eff.fields)
             w.lease_ended(str(f["key"]), f.get("token"))
             return

@@ -355,7 +355,7 @@ class World:
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
         #: leases the operator ended (rasadmin release-resource, delete-resource --force) as
-        #: their mapping's release applied: for I2 only (apps may use them to their end, I1)
+        #: their mapping's release went out: for I2 only (apps may use them to their end, I1)
         self.ended: tuple[tuple[str, int], ...] = ()  # (token, true us)
         self.release_calls: tuple[tuple[str, int], ...] = ()  # (key, true us of the call)
         self.faults = 0

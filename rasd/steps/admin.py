@@ -148,14 +148,14 @@ def delete_item(
             if not force and not r.expired(now_us):
                 return False
             if r.holder is not None:
-                applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
                 yield Note("lease_ended", fields(r, token=r.holder), "debug")
+                applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
         elif not force and ops.in_quarantine(r, now_us):
             return False
         hold = ops.name_held_until(r, now_us, quarantine_us, grace_us)
+        if r.key is not None and r.holder is None:  # the paper's agent's: no mapping
+            yield Note("lease_ended", fields(r), "debug")
         if applied((yield Send(tombstone(r, now_us, hold)))):
-            if r.key is not None:  # a lease of the paper's agent has no mapping to release
-                yield Note("lease_ended", fields(r), "debug")
             return True
     return False
 

@@ -141,7 +141,7 @@ def release_held(
     meanwhile (and answers apps with the later end) makes the release a lost race, so the
     key's region never goes without a servable lease while apps still use this one (I2).
     ``"kept"``: it ends later than that. ``by_operator`` (``rasadmin release-resource``):
-    the mapping's release is noted (``lease_ended``) as it applies."""
+    the operator's ending of the lease is noted (``lease_ended``) as the release goes out."""
     assert r.key is not None and r.holder is not None
     m = yield from read_mapping(r)
     if ops.orphan_verdict(r, m) is not Orphan.LEASE:
@@ -152,10 +152,10 @@ def release_held(
         if not V.ends_by(r, m, end_by_us):
             return "kept"
         ver = m.ver
+    if by_operator:  # the operator ends the key's lease as the release goes out
+        yield Note("lease_ended", fields(r, token=r.holder), "debug")
     if not applied((yield Send(ops.map_release(mapping_ident(r), r.holder, now_us, ver)))):
         return "lost_race"
-    if by_operator:
-        yield Note("lease_ended", fields(r, token=r.holder), "debug")
     available = now_us + quarantine_us
     if hold_to_end:
         # With the mapping released no extension of it can apply any more, so the resource's
