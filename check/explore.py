@@ -12,7 +12,7 @@ import gc
 import random
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -155,20 +155,33 @@ def _trace(
     return steps
 
 
-def walk(cfg: Config, proto: Protocol, seed: int, max_steps: int = 200) -> Result:
+#: how a walk picks its next step: (step number, the steps enabled) -> the one taken
+Choose = Callable[[int, list[tuple[str, World]]], tuple[str, World]]
+
+
+def walk(
+    cfg: Config,
+    proto: Protocol,
+    seed: int,
+    max_steps: int = 200,
+    chooser: Callable[[random.Random], Choose] | None = None,
+    mode: str = "walk",
+) -> Result:
     """One seeded random walk (the same seed, config and rules replay it exactly); its
-    trace is the steps it took, up to the first violation."""
+    trace is the steps it took, up to the first violation. ``chooser`` makes, from the
+    walk's random source, how it picks each step (default: weighted at random, ``_weight``)."""
     start = time.monotonic()
     rng = random.Random(seed)
-    res = Result(proto.name, "walk", seed=seed, walks=1)
+    choose = chooser(rng) if chooser is not None else _weighted(rng)
+    res = Result(proto.name, mode, seed=seed, walks=1)
     w = initial(cfg, proto)
     steps: list[Step] = []
-    for _ in range(max_steps):
+    for i in range(max_steps):
         nxt = successors(w)
         if not nxt:
             break
         res.transitions += 1
-        label, w2 = rng.choices(nxt, weights=[_weight(lab) for lab, _ in nxt])[0]
+        label, w2 = choose(i, nxt)
         steps.append((f"[t={w.t}] {label}", list(w2.notes)))
         w = w2
         if w.violation is not None:
@@ -179,6 +192,13 @@ def walk(cfg: Config, proto: Protocol, seed: int, max_steps: int = 200) -> Resul
     res.max_depth = len(steps)
     res.seconds = time.monotonic() - start
     return res
+
+
+def _weighted(rng: random.Random) -> Choose:
+    def choose(i: int, nxt: list[tuple[str, World]]) -> tuple[str, World]:
+        return rng.choices(nxt, weights=[_weight(lab) for lab, _ in nxt])[0]
+
+    return choose
 
 
 _FAULTS = ("NOT SENT", "REPLY LOST", "REQUEST LOST", "DELAYED", "FAILED", "CRASHES")

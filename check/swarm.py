@@ -29,9 +29,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from .explore import Result, _no_gc, format_trace, walk
+from .explore import Choose, Result, _no_gc, format_trace, walk
 from .model import initial, successors
 from .rulesets import PROTOCOLS, REAL, Protocol
 from .world import FAULTS, Config, World
@@ -218,17 +219,15 @@ def pct_walk(
     A bug that needs a few processes ordered just so is found with a probability bounded
     below, where a uniform walk's shrinks with every other step enabled. One step in ten
     is drawn uniformly, as :func:`check.explore.walk` does."""
-    start = time.monotonic()
-    rng = random.Random(seed)
-    res = Result(proto.name, "pct", seed=seed, walks=1)
+    return walk(cfg, proto, seed, max_steps, partial(_by_priority, depth, switch, max_steps), "pct")
+
+
+def _by_priority(depth: int, switch: float, steps: int, rng: random.Random) -> Choose:
+    """:func:`pct_walk`'s choice of each step, with its lanes' priorities."""
     prio: dict[str, float] = {}
-    drops = set(rng.sample(range(max_steps), min(max_steps, max(0, depth - 1))))
-    w = initial(cfg, proto)
-    steps: list[tuple[str, list[str]]] = []
-    for i in range(max_steps):
-        nxt = successors(w)
-        if not nxt:
-            break
+    drops = set(rng.sample(range(steps), min(steps, max(0, depth - 1))))
+
+    def choose(i: int, nxt: list[tuple[str, World]]) -> tuple[str, World]:
         lanes: dict[str, list[tuple[str, World]]] = {}
         for lab, x in nxt:
             lanes.setdefault(lane(lab), []).append((lab, x))
@@ -237,29 +236,20 @@ def pct_walk(
                 prio[ln] = rng.random()
         ticks = lanes.pop("time", None)
         if ticks and (not lanes or rng.random() < TIME_SHARE):
-            label, w2 = rng.choice(ticks)
-        elif rng.random() < 0.1:
-            label, w2 = rng.choice([x for ls in lanes.values() for x in ls])
-        else:
-            top = max(lanes, key=lambda ln: prio[ln])
-            label, w2 = rng.choice(lanes[top])
-            if i in drops or any(f in label for f in SLOW):
-                # a lost reply, a request in flight, a failed call: its caller waits out a
-                # timeout while the others go on
-                prio[top] = -rng.random()
-            elif rng.random() < switch:
-                prio[top] = rng.random()  # a call's answer takes its time: others may go first
-        res.transitions += 1
-        steps.append((f"[t={w.t}] {label}", list(w2.notes)))
-        w = w2
-        if w.violation is not None:
-            res.violation = w.violation
-            break
-    res.trace = steps
-    res.states = res.transitions + 1
-    res.max_depth = len(steps)
-    res.seconds = time.monotonic() - start
-    return res
+            return rng.choice(ticks)
+        if rng.random() < 0.1:
+            return rng.choice([x for ls in lanes.values() for x in ls])
+        top = max(lanes, key=lambda ln: prio[ln])
+        label, w2 = rng.choice(lanes[top])
+        if i in drops or any(f in label for f in SLOW):
+            # a lost reply, a request in flight, a failed call: its caller waits out a
+            # timeout while the others go on
+            prio[top] = -rng.random()
+        elif rng.random() < switch:
+            prio[top] = rng.random()  # a call's answer takes its time: others may go first
+        return label, w2
+
+    return choose
 
 
 def run_one(seed: int, proto: Protocol = REAL, steps: int = 160) -> tuple[Config, Result]:
