@@ -17,6 +17,7 @@ import io
 import json
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +158,17 @@ def error_code(exc: BaseException) -> str:
     """A botocore ClientError's code, else the exception's type."""
     code = getattr(exc, "response", {}).get("Error", {}).get("Code")
     return str(code) if code else type(exc).__name__
+
+
+async def noted(seen: list[str], what: str, call: Awaitable[Any]) -> Any:
+    """Make a hooked call and note in ``seen`` that ``what`` applied or was refused."""
+    try:
+        out = await call
+    except Exception as exc:
+        seen.append(f"{what} refused ({error_code(exc)})")
+        raise
+    seen.append(f"{what} applied")
+    return out
 
 
 @dataclass

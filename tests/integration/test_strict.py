@@ -4,7 +4,6 @@ stands for both replicas), the home region reached through ``peer_endpoints``.""
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +16,7 @@ from rasd.core.serialize import pool_meta_key
 from rasd.core.writes import item_from_av
 from rasd_client import aio as rasd_aio
 from tests.helpers.deadlines import WAIT, until
+from tests.helpers.races import dead_endpoint
 from tests.helpers.tables import seed_pool
 
 pytestmark = pytest.mark.integration
@@ -73,14 +73,6 @@ def strict_counts(*daemons: Any) -> str:
         str({k: v for k, v in sorted(d.counters.snapshot().items()) if k.startswith(keep)})
         for d in daemons
     )
-
-
-def dead_endpoint() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}"
 
 
 async def test_both_regions_answer_each_key_the_same_resource(
