@@ -665,7 +665,7 @@ class World:
                 )
 
     def _check_claimable(self) -> None:
-        skew = self.cfg.rules().grace_us
+        skew = self.cfg.skew * US  # the grace the rules give (``Config.rules``)
         now = self.true_us()
         for a in self.answers:
             f = self.table.get(rkey(a.resource))

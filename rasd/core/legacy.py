@@ -35,13 +35,15 @@ def adoptable(
     took it (or a crash left it, held for this same key). Adoption keeps it where it is."""
     return (
         r is not None
-        and r.key == key
-        and r.client_id == client_id
-        and r.pool_id == pool_id
-        and r.region == region
+        and _of_key(r, client_id, pool_id, key, region)
         and r.lease_expires_us is not None
         and r.lease_expires_us > now_us
     )
+
+
+def _of_key(r: ResourceItem, client_id: str, pool_id: str, key: str, region: str) -> bool:
+    """Is ``r`` held for ``key`` of that pool, in ``region``?"""
+    return r.key == key and r.client_id == client_id and r.pool_id == pool_id and r.region == region
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +139,7 @@ def lapsing(
         (
             r
             for r in held
-            if r.key == key
-            and r.client_id == client_id
-            and r.pool_id == pool_id
-            and r.region == region
+            if _of_key(r, client_id, pool_id, key, region)
             and r.lease_expires_us is not None
             and r.lease_expires_us <= now_us < r.lease_expires_us + grace_us
         ),

@@ -264,15 +264,11 @@ def acquire(
             f"acquisition rate limit of pool {pool.pool_id!r} reached",
             retry_after=round(wait, 3),
         )
-    token = spec.token if spec is not None else (yield NewToken())
     ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
-    first = True
     while True:
-        if not first:
-            # A token names one claim: the mapping an earlier candidate's write left names
-            # the earlier token, so a reader never takes this claim for that one's.
-            token = yield NewToken()
-        first = False
+        # A token names one claim: the mapping an earlier candidate's write left names the
+        # earlier token, so a reader never takes this claim for that one's.
+        token = spec.token if spec is not None else (yield NewToken())
         cand = spec.cand if spec is not None else (yield TakeCandidate(pool))
         if cand is None:
             yield Note("lease.no_capacity")
