@@ -25,6 +25,14 @@ import rasd_client
 DURATIONS = (3.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 
 
+def asked(max_asked: float | None) -> tuple[float, ...]:
+    """The lease lengths an app asks for: :data:`DURATIONS` up to ``max_asked`` seconds
+    (None: all of them; at least the shortest)."""
+    if max_asked is None:
+        return DURATIONS
+    return tuple(d for d in DURATIONS if d <= max_asked) or DURATIONS[:1]
+
+
 def parse_sockets(spec: str) -> list[tuple[int, str, str]]:
     """``IDX=REGION=PATH,...`` -> [(daemon index, region, socket path)]."""
     out = []
@@ -87,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=2.0, help="each call's deadline")
     p.add_argument("--client", default="demo")
     p.add_argument("--pool", default="default")
+    p.add_argument("--max-asked", type=float, default=None, help="longest lease asked for, seconds")
     args = p.parse_args(argv)
     rng = random.Random(f"{args.seed}/app/{args.app}")
+    durations = asked(args.max_asked)
     daemons = parse_sockets(args.sockets)
     n = 0
     with open(args.out, "a", buffering=1) as out:
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.app,
                 key,
                 rng.choice(daemons),
-                rng.choice(DURATIONS),
+                rng.choice(durations),
                 args.client,
                 args.pool,
                 args.timeout,

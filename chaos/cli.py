@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         "to 60 s)",
     )
     ap.add_argument(
+        "--app-max-lease",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the longest lease rasd's apps ask for (default: up to 60 s); end-rollout waits "
+        "out every lease held when it first runs",
+    )
+    ap.add_argument(
         "--end-rollout-at",
         type=float,
         default=None,
@@ -146,6 +154,7 @@ def params(argv: list[str] | None = None) -> Params:
         paper_faults=not args.no_paper_faults,
         paper_liberator_grace=args.paper_liberator_grace,
         paper_max_lease=args.paper_max_lease,
+        app_max_lease=args.app_max_lease,
         end_rollout_at=args.end_rollout_at,
         end_rollout_every=args.end_rollout_every,
         pool_refresh=pool_refresh,

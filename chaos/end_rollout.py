@@ -25,7 +25,8 @@ class EndRollout(Commands):
        started to stop then, each after the call under way, so every answer is in the audit;
     2. ``rasadmin end-rollout``, the CLI against the run's table, every ``end_rollout_every``
        seconds until it succeeds: it refuses while any item holds a lease of the paper's
-       agent, running or ended and not yet freed (``ras-liberator`` frees those on its loop);
+       agent, running or ended and not yet freed (``ras-liberator`` frees those on its loop),
+       then marks the record with the latest end of a lease held and succeeds after it;
     3. each daemon's ``stats`` every second, until every one has reported the fast rules.
 
     :attr:`out` is the record: times in seconds into the traffic (``_s``)."""
@@ -108,8 +109,9 @@ class EndRollout(Commands):
 def end_rollout_attempt(code: int | None, out: bytes, err: bytes) -> dict[str, Any]:
     """One ``rasadmin end-rollout`` as a record: its exit status, and why it refused:
     ``paper_leases`` (with how many running, how many ended and not yet freed, and a few
-    items), ``record_changed`` (a concurrent change of the record), or ``error`` (no summary:
-    its message on stderr)."""
+    items), ``answers_running`` (marked, or waiting for its mark: ``ends_at``),
+    ``record_changed`` (a concurrent change of the record), or ``error`` (no summary: its
+    message on stderr)."""
     summary = last_json(out, {})
     rec: dict[str, Any] = {"exit": code}
     if code == 0:
@@ -119,6 +121,8 @@ def end_rollout_attempt(code: int | None, out: bytes, err: bytes) -> dict[str, A
     if found.get("running") or found.get("ended"):
         rec.update(reason="paper_leases", running=found.get("running", 0))
         rec.update(ended=found.get("ended", 0), items=found.get("items", []))
+    elif summary.get("ends_at"):
+        rec.update(reason="answers_running", ends_at=summary["ends_at"])
     elif "refused" in summary:
         rec.update(reason="record_changed", message=str(summary["refused"]))
     else:

@@ -31,7 +31,7 @@ from botocore.config import Config as BotoConfig
 from bench.baseline import BaselineAgent, BaselineLease, NoCapacity, paper_liberate
 from rasd.core.lease import US
 
-from .app import DURATIONS
+from .app import asked
 
 #: the DynamoDB region of the run's one table (chaos.children.child_env pins it for every child)
 TABLE_REGION = "us-east-1"
@@ -90,14 +90,6 @@ def call(
     if agent.looked:
         rec["looked"] = agent.looked  # its lookup's answer arrived (wall clock)
     return rec
-
-
-def asked(max_asked: float | None) -> tuple[float, ...]:
-    """The lease lengths a worker asks for: the apps' (``chaos.app.DURATIONS``), up to
-    ``max_asked`` seconds (None: all of them; at least the shortest)."""
-    if max_asked is None:
-        return DURATIONS
-    return tuple(d for d in DURATIONS if d <= max_asked) or DURATIONS[:1]
 
 
 def run_agent(args: argparse.Namespace) -> int:

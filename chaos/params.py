@@ -53,6 +53,9 @@ class Params:
     paper_liberator_grace: float = 2.0
     #: the longest lease the paper's workers ask for (None: the apps' lengths, up to 60 s)
     paper_max_lease: float | None = None
+    #: the longest lease rasd's apps ask for (None: up to 60 s): ``end-rollout`` waits out
+    #: every lease held when it first runs
+    app_max_lease: float | None = None
     #: the end of the rollout, seconds into the traffic (mixed fleet only; None: never): the
     #: paper's workers and liberator stop, then ``rasadmin end-rollout`` runs every
     #: ``end_rollout_every`` seconds until it succeeds

@@ -163,6 +163,8 @@ def run(p: Params) -> dict[str, Any]:
                 "--release-rate", str(p.release_rate), "--think-ms", str(p.think_ms),
                 "--timeout", str(p.call_timeout),
             ]  # fmt: skip
+            if p.app_max_lease is not None:
+                cmd += ["--max-asked", f"{p.app_max_lease:g}"]
             with open(work / f"app{i}.err", "ab") as err:
                 apps.append(
                     popen(cmd, env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)

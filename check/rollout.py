@@ -4,22 +4,25 @@ daemon follows it.
 Theory of operation
 -------------------
 With ``Config.rollout_switch`` the record changes once: ``rasadmin end-rollout`` when the
-daemons start beside the paper's agent (``legacy_agents``), refused while an item holds a
-lease of that agent or one of its calls runs; ``rasadmin adopt`` otherwise. Then each daemon
+daemons start beside the paper's agent (``legacy_agents``), by the real command's decision
+(``rasd.core.rollout.on_end``): refused while an item holds a lease of that agent (or one of
+its calls runs), else, while a lease the table holds may have been answered, a mark with the
+latest end and the switch at a run after it; ``rasadmin adopt`` otherwise. Then each daemon
 follows it at a step of its own (its later programs run in the new mode; one already running
-keeps the old). The paper's agent calls only while the table is in rollout mode
-(:func:`paper_may_call`).
+keeps the old). The paper's agent calls only while the table is in rollout mode and, after
+``end-rollout``'s mark, not at all: the operator stopped its hosts (:func:`paper_may_call`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace as _dc_replace
 
-from rasd.core.rollout import paper_lease
+from rasd.core.lease import US, fmt_time
+from rasd.core.rollout import End, Rollout, answers_end, paper_lease
 from rasd.steps import daemon as S
 
 from . import jobs
-from .world import CLIENT, Out, World, _res_of
+from .world import CLIENT, Out, World, _res_of, _tick
 
 
 def _paper_held(w: World) -> bool:
@@ -50,12 +53,13 @@ def rollout_steps(w0: World) -> Out:
     switched, seen = w0.rollout
     out: Out = []
     if not switched:
-        if w0.cfg.legacy_agents and (_paper_held(w0) or _paper_running(w0)):
-            return out  # end-rollout refuses while the paper's agent holds a lease
-        w = w0.clone()
-        w.rollout = (True, seen)
-        out.append(("rasadmin " + ("end-rollout" if w0.cfg.legacy_agents else "adopt"), w))
-        return out
+        if not w0.cfg.legacy_agents:
+            w = w0.clone()
+            w.rollout = (True, seen)
+            return [("rasadmin adopt", w)]
+        if _paper_running(w0):
+            return out  # end-rollout is run once the paper's agent has stopped
+        return _end_rollout(w0)
     for i, follows in enumerate(seen):
         if follows:
             continue
@@ -66,6 +70,26 @@ def rollout_steps(w0: World) -> Out:
         w.setups = tuple(setups)
         out.append((f"d{i} follows the rollout record", w))
     return out
+
+
+def _end_rollout(w0: World) -> Out:
+    """``rasadmin end-rollout``, as the real command decides from the table (a run that
+    changes nothing is no step)."""
+    now, grace = w0.now_us(w0.cfg.admin_offset), w0.cfg.skew * US
+    items = [r for k, f in sorted(w0.table.items()) if k[0] == CLIENT and (r := _res_of(f))]
+    record = Rollout(paper_agents=True, ends_at=None)
+    if w0.rollout_mark is not None:
+        record = Rollout(paper_agents=True, ends_at=fmt_time(w0.rollout_mark))
+    until = answers_end(items, grace)
+    step = w0.proto.on_end(_paper_held(w0), record, until, now)
+    w = w0.clone()
+    if step is End.MARK:
+        w.rollout_mark = until
+        return [(f"rasadmin end-rollout marks {_tick(until)}", w)]
+    if step is End.TURN_OFF:
+        w.rollout = (True, w0.rollout[1])
+        return [("rasadmin end-rollout", w)]
+    return []
 
 
 def _paper_running(w: World) -> bool:
@@ -79,5 +103,5 @@ def paper_may_call(w: World) -> bool:
         return True
     switched, seen = w.rollout
     if w.cfg.legacy_agents:
-        return not switched
+        return not switched and w.rollout_mark is None
     return switched and all(seen) and not _old_mode_runs(w)

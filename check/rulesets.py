@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from rasd.core import builders as B
 from rasd.core import decide as D
 from rasd.core import legacy as LG
+from rasd.core import rollout as RO
 from rasd.core import verdicts as V
 from rasd.core.decide import Outcome, Rules, lease_from_mapping
 from rasd.core.lease import LIVE, PENDING, Lease, Mapping, ResourceItem
@@ -114,6 +115,11 @@ class Protocol:
     #: T2: every claim of ours given back needs the quarantine only, proof or none (a
     #: strict pool's withdrawn claim, which a reader may have answered by the fallback)
     give_back_unproven: bool = False
+    #: W (the rollout switch): ``end-rollout`` turns the record off once no lease of the
+    #: paper's agent is in the table, not waiting for the ends of the leases that agent may
+    #: have answered (its own that rasd adopted, rasd's it found by the key); the fast rules
+    #: then free them early while those answers run
+    end_rollout_undrained: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -132,6 +138,13 @@ class Protocol:
         if self.give_back_unproven:
             return D.Freed.UNNAMED
         return D.given_back(proof)
+
+    def on_end(self, paper_found: bool, seen: RO.Rollout, until_us: int, now_us: int) -> RO.End:
+        """``end-rollout``'s decision (``rollout.on_end``)."""
+        step = RO.on_end(paper_found, seen, until_us, now_us)
+        if self.end_rollout_undrained and step in (RO.End.MARK, RO.End.WAIT):
+            return RO.End.TURN_OFF
+        return step
 
     def early_free(self, w: Write) -> Write:
         """An early free as this rule set writes it."""
@@ -248,6 +261,7 @@ BAD_L = Protocol("L-lapsed-on-own-clock", lapsed_own_clock=True)
 BAD_G = Protocol("G-agreement-skipped", skip_agreement=True)
 BAD_T1 = Protocol("T1-readback-absent-rejects", readback_absent_rejects=True)
 BAD_T2 = Protocol("T2-give-back-unproven", give_back_unproven=True)
+BAD_W = Protocol("W-end-rollout-undrained", end_rollout_undrained=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -266,6 +280,7 @@ PROTOCOLS = {
         BAD_G,
         BAD_T1,
         BAD_T2,
+        BAD_W,
         BAD_Q,
         BAD_H,
         BAD_R,

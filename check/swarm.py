@@ -111,7 +111,7 @@ _ACTOR = (
     (re.compile(r"^d\d+ bg "), "daemon background"),
     (re.compile(r"^d\d+ CRASHES"), "crash"),
     (re.compile(r"^d\d+ follows"), "rollout follow"),
-    (re.compile(r"^rasadmin (end-rollout|adopt)$"), "rollout switch"),
+    (re.compile(r"^rasadmin (end-rollout|adopt)( marks \d+)?$"), "rollout switch"),
     (re.compile(r"^rasadmin ([a-z-]+)"), "rasadmin"),
     (re.compile(r"^balancer"), "balancer"),
     (re.compile(r"^liberator"), "liberator"),
@@ -315,6 +315,27 @@ WORLDS: dict[str, Config] = {
         ticks=(5,),
         horizon=5,
         max_ops=3,
+    ),
+    # beside the paper's agent: a daemon adopts its lease of k1 (or the agent answers k1
+    # with rasd's lease), end-rollout marks the record and later turns it off, a release
+    "adopt-then-end-rollout": Config(
+        daemons=1,
+        lease=6,
+        leases=(6, 6),
+        keys=("k1", "k2"),
+        resources=("ra", "rb"),
+        legacy_agents=True,
+        rollout_switch=True,
+        paper_calls=1,
+        paper_key="k1",
+        paper_liberator=False,
+        faults=(),
+        max_faults=0,
+        max_crashes=0,
+        liberator=False,
+        ticks=(1, 3, 5),
+        horizon=9,
+        max_ops=4,
     ),
 }
 

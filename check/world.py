@@ -304,6 +304,7 @@ class World:
         "released",
         "repair_done",
         "rollout",
+        "rollout_mark",
         "rules",
         "setups",
         "t",
@@ -351,6 +352,8 @@ class World:
         )
         #: (the record changed, which daemons follow it)
         self.rollout: tuple[bool, tuple[bool, ...]] = (False, (False,) * cfg.daemons)
+        #: ``end-rollout``'s mark on the record: it turns it off no earlier (rasadmin's clock)
+        self.rollout_mark: int | None = None
         self.inflight: tuple[Write, ...] = ()
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
@@ -425,6 +428,7 @@ class World:
             self.made,
             self.made_of,
             self.rollout,
+            self.rollout_mark,
         )
 
     # --------------------------------------------------------------------- clocks

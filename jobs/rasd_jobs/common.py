@@ -515,10 +515,12 @@ def read_rollout(ddb: Any, table: str) -> Rollout:
     return rollout_from(item_from_av(raw) if raw else None)
 
 
-def write_rollout(ddb: Any, table: str, on: bool, seen: Rollout, by: str, why: str) -> bool:
-    """Turn rollout mode on or off, conditional on the record ``seen``: False when someone
-    changed it since (read it again)."""
-    w = set_rollout(on, seen, int(time.time() * US), by, why)
+def write_rollout(
+    ddb: Any, table: str, on: bool, seen: Rollout, by: str, why: str, ends_at_us: int | None = None
+) -> bool:
+    """Turn rollout mode on or off (``rollout.set_rollout``), conditional on the record
+    ``seen``: False when someone changed it since (read it again)."""
+    w = set_rollout(on, seen, int(time.time() * US), by, why, ends_at_us)
     try:
         ddb.update_item(TableName=table, **render(w))
     except ClientError as exc:

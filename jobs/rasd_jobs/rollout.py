@@ -4,9 +4,12 @@ The record (``rasd.core.rollout``) says whether hosts running the paper's in-pro
 write the table. ``rasadmin adopt`` turns it on before the first rasd host starts; every rasd
 daemon follows a change within its ``pool_refresh`` plus ``pool_refresh_timeout`` (35 s with
 the defaults), every job at its next run. ``end-rollout`` turns it off once the paper's agent
-is gone: it scans the table and refuses while any item still holds a lease of that agent
-(running, or ended and not yet freed by a liberator), so that anything found later is proof
-that the agent still writes, and the daemons and jobs that find it turn the record on again.
+is gone (``rasd.core.rollout.on_end``): it scans the table and refuses while any item still
+holds a lease of that agent (running, or ended and not yet freed by a liberator), so that
+anything found later is proof that the agent still writes, and the daemons and jobs that
+find it turn the record on again. Then, unless every lease the table holds has ended, it
+marks the record with the latest end (an answer the agent gave, of its own lease or of one of
+rasd's, may be in use until then) and turns it off at a run after that time.
 docs/design.md ("Rollout mode, in the table") argues both directions of the switch.
 """
 
@@ -22,7 +25,7 @@ import structlog
 
 from rasd.config import Config
 from rasd.core.lease import US, fmt_time
-from rasd.core.rollout import paper_lease, running_paper_lease
+from rasd.core.rollout import End, answers_end, on_end, paper_lease, running_paper_lease
 from rasd.core.serialize import is_resource_item
 from rasd.steps.daemon import BACKGROUND_DEADLINE, FREE_CLAIM_ATTEMPTS
 
@@ -56,15 +59,17 @@ def status(ddb: Any, table: str, cfg: Config) -> dict[str, Any]:
         "by": r.by,
         "why": r.why,
         "version": r.version,
+        "ends_at": r.ends_at,
         "daemons_follow_within_s": follow_bound_s(cfg),
     }
 
 
 def begin(ddb: Any, table: str, cfg: Config, why: str, dry_run: bool) -> dict[str, Any]:
-    """Turn rollout mode on (``rasadmin adopt``'s first step). Idempotent."""
+    """Turn rollout mode on (``rasadmin adopt``'s first step), removing a mark of
+    ``end-rollout``'s. Idempotent."""
     for _ in range(3):
         seen = common.read_rollout(ddb, table)
-        if seen.paper_agents or dry_run:
+        if (seen.paper_agents and seen.ends_at is None) or dry_run:
             break
         if common.write_rollout(ddb, table, True, seen, _by(), why):
             break
@@ -78,15 +83,19 @@ def begin(ddb: Any, table: str, cfg: Config, why: str, dry_run: bool) -> dict[st
 
 def paper_leases(ddb: Any, table: str, now_us: int, grace_us: int) -> dict[str, Any]:
     """Every item holding a lease of the paper's agent (a Scan of the table): running, or
-    ended and not yet freed."""
+    ended and not yet freed; and ``answers_until``, the latest end plus ``grace_us`` of any
+    lease held (``rollout.answers_end``), in microseconds."""
     c: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
+    until = answers_end((), grace_us)
     for page in common.scan_pages(ddb, {"TableName": table}):
         for raw in page.get("Items", []):
             c["scanned"] += 1
             if not is_resource_item(raw):
                 continue
             it = common.parsed(raw, c, log)
+            if it is not None:
+                until = max(until, answers_end((it,), grace_us))
             if it is None or not paper_lease(it):
                 continue
             running = running_paper_lease(it, now_us, grace_us)
@@ -106,6 +115,7 @@ def paper_leases(ddb: Any, table: str, now_us: int, grace_us: int) -> dict[str, 
         "running": c["running"],
         "ended": c["ended"],
         "items": examples,
+        "answers_until_us": until,
     }
 
 
@@ -115,27 +125,64 @@ def end(
     """Turn rollout mode off, unless an item holds a lease of the paper's agent. Returns the
     exit status and the summary."""
     found = paper_leases(ddb, table, now_us, int(cfg.max_clock_skew * US))
+    until = found.pop("answers_until_us")
     out: dict[str, Any] = {"job": "end-rollout", "table": table, "dry_run": dry_run}
     out["paper_leases"] = found
-    if found["running"] or found["ended"]:
-        out["refused"] = (
-            f"{found['running']} running and {found['ended']} ended-but-not-freed leases of the "
-            "paper's agent are in the table: stop its hosts, wait for their leases to end and "
-            "for ras-liberator to free them (or run it now), then try again"
-        )
-        return common.EXIT_ERRORS, out
     seen = common.read_rollout(ddb, table)
     if not seen.paper_agents:
+        if found["running"] or found["ended"]:
+            out["refused"] = _paper_found(found)
+            return common.EXIT_ERRORS, out
         out["rollout"] = False
         out["changed"] = False
         return common.EXIT_OK, out
-    if not dry_run and not common.write_rollout(ddb, table, False, seen, _by(), "end-rollout"):
-        out["refused"] = "the rollout record changed while this ran: run end-rollout again"
+    step = on_end(bool(found["running"] or found["ended"]), seen, until, now_us)
+    out["rollout"] = step is not End.TURN_OFF or dry_run  # a dry run changes nothing
+    out["changed"] = False
+    if step is End.REFUSE:
+        out["refused"] = _paper_found(found)
+        if seen.ends_at is not None and not dry_run:  # the agent still writes: the mark is void
+            common.write_rollout(ddb, table, True, seen, _by(), "end-rollout: paper lease found")
         return common.EXIT_ERRORS, out
-    out["rollout"] = dry_run  # a dry run changes nothing
+    if step is End.MARK:
+        if not dry_run and not common.write_rollout(
+            ddb, table, True, seen, _by(), "end-rollout: waiting for answers", ends_at_us=until
+        ):
+            out["refused"] = _changed()
+            return common.EXIT_ERRORS, out
+        out["ends_at"] = common.iso(until)
+        out["refused"] = _wait(out["ends_at"])
+        return common.EXIT_ERRORS, out
+    if step is End.WAIT:
+        out["ends_at"] = seen.ends_at
+        out["refused"] = _wait(seen.ends_at)
+        return common.EXIT_ERRORS, out
+    if not dry_run and not common.write_rollout(ddb, table, False, seen, _by(), "end-rollout"):
+        out["refused"] = _changed()
+        return common.EXIT_ERRORS, out
     out["changed"] = not dry_run
     out["daemons_follow_within_s"] = follow_bound_s(cfg)
     return common.EXIT_OK, out
+
+
+def _paper_found(found: dict[str, Any]) -> str:
+    return (
+        f"{found['running']} running and {found['ended']} ended-but-not-freed leases of the "
+        "paper's agent are in the table: stop its hosts, wait for their leases to end and "
+        "for ras-liberator to free them (or run it now), then try again"
+    )
+
+
+def _wait(ends_at: str | None) -> str:
+    return (
+        "the paper's agent may have answered a lease the table holds (its own, or one of "
+        f"rasd's it found), in use until {ends_at}: the record stays on until then; run "
+        "end-rollout again after it (nothing else to do: its hosts must stay stopped)"
+    )
+
+
+def _changed() -> str:
+    return "the rollout record changed while this ran: run end-rollout again"
 
 
 def _by() -> str:

@@ -86,11 +86,14 @@ def test_chaos_mixed(tmp_path: Path) -> None:
 
     Then the end of the rollout, while the daemons serve: at 18 s the paper's workers (and
     the outage, at 8-16 s, before) and its liberator stop; their leases, at most 5 s long
-    here, end and ``ras-liberator`` frees them; ``rasadmin end-rollout`` then succeeds, and
-    the daemons (pool_refresh 5 s) switch to the fast rules for the rest of the run."""
+    here, end and ``ras-liberator`` frees them; ``rasadmin end-rollout`` then marks the
+    record with the latest end of a lease held (rasd's apps too ask for 5 s at most) and
+    succeeds after it, and the daemons (pool_refresh 5 s) switch to the fast rules for the
+    rest of the run."""
     p = Params(
         duration=45.0, seed=11, mixed=True, label="pytest-mixed", results_dir=str(tmp_path),
-        log=False, outage_at=8.0, end_rollout_at=18.0, paper_max_lease=5.0, pool_refresh=5.0,
+        log=False, outage_at=8.0, end_rollout_at=18.0, paper_max_lease=5.0, app_max_lease=5.0,
+        pool_refresh=5.0,
     )  # fmt: skip
     result = run(p)
     print(table(result))

@@ -2,9 +2,10 @@
 
 A table rasd creates has no record: daemons and jobs run the fast rules. ``rasadmin adopt``
 turns rollout mode on before the paper's agent (or the first rasd host beside it) writes;
-running daemons follow at their next pool refresh. ``rasadmin end-rollout`` turns it off, and
-refuses while any item holds a lease of the paper's agent. A liberator that finds such a
-lease while the record says none turns it on again, and says so.
+running daemons follow at their next pool refresh. ``rasadmin end-rollout`` turns it off: it
+refuses while any item holds a lease of the paper's agent, and waits out every lease that
+agent may have answered. A liberator that finds such a lease while the record says none
+turns it on again, and says so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from bench.baseline import BaselineAgent, paper_liberate
+from rasd.config import Config
 from rasd.core import lease as L
 from rasd_jobs import admin, common, liberator
 from tests.helpers.tables import seed_pool
@@ -109,6 +111,57 @@ async def test_end_rollout_refuses_while_a_paper_lease_is_in_the_table(
     rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout")
     assert rc == 0 and out["changed"] is True
     assert common.read_rollout(ddb, table).paper_agents is False
+
+
+async def test_end_rollout_waits_out_a_lease_the_paper_agent_answered_and_rasd_adopted(
+    ddb: Any, table: str, moto_endpoint: str, make_daemon: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The paper's agent answers pk; a daemon in rollout mode adopts that lease (the item is
+    rasd's now, no lease of the agent is left in the table). The agent's app still uses its
+    answer to its end, so ``end-rollout`` only marks the record with that end plus the skew
+    and turns it off at a run after it: with the record off earlier, a release would free the
+    resource after the quarantine alone."""
+    seed_pool(ddb, table, count=4)
+    rc, _ = rasadmin(capsys, moto_endpoint, table, "adopt")
+    assert rc == 0
+    agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
+    try:
+        got = agent.get_lease(C, P, "pk", now_us() + 30 * L.US)
+    finally:
+        agent.ddb.close()
+    async with make_daemon() as d:
+        assert d.coordinator.driver.rollout.on is True
+        lease, _ = await d.coordinator.taker.get_lease(
+            C, P, "pk", now_us() + 3600 * L.US, time.monotonic() + 10.0
+        )
+    assert lease.resource == got.resource  # adopted, not a second lease of pk
+    rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout")
+    assert rc == 1 and out["paper_leases"]["running"] == 0 and out["ends_at"], out
+    ends = L.parse_time(out["ends_at"])
+    assert ends >= got.expires_us + int(Config().max_clock_skew * L.US)
+    record = common.read_rollout(ddb, table)
+    assert record.paper_agents is True and record.ends_at == out["ends_at"]
+    before = (ends - L.US) / L.US
+    rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--now", str(before))
+    assert rc == 1 and out["ends_at"] == record.ends_at and out["changed"] is False
+    assert common.read_rollout(ddb, table).paper_agents is True
+    rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--now", str(ends / L.US))
+    assert rc == 0 and out["changed"] is True, out
+    assert common.read_rollout(ddb, table).paper_agents is False
+    assert common.read_rollout(ddb, table).ends_at is None
+
+
+async def test_adopt_again_removes_end_rollouts_mark(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The paper's agent came back after ``end-rollout`` marked the record: ``adopt`` (the
+    operator's answer to it) removes the mark, so a later end waits anew."""
+    seed_pool(ddb, table, count=4)
+    rasadmin(capsys, moto_endpoint, table, "adopt")
+    seen = common.read_rollout(ddb, table)
+    assert common.write_rollout(ddb, table, True, seen, "t", "t", ends_at_us=now_us())
+    rc, _ = rasadmin(capsys, moto_endpoint, table, "adopt")
+    assert rc == 0 and common.read_rollout(ddb, table).ends_at is None
 
 
 async def test_the_liberator_turns_rollout_mode_on_when_it_finds_a_paper_lease(

@@ -58,9 +58,11 @@ def test_the_swarm_finds_a_known_bad_rule_set(rules: str, seeds: range) -> None:
         ("release-vs-lost-reply", "T1-readback-absent-rejects", range(0, 400)),
         # a strict pool's withdrawn claim freed with the quarantine only (T2)
         ("strict-fallback", "T2-give-back-unproven", range(0, 1500)),
+        # end-rollout without waiting out the leases the paper's agent may have answered
+        ("adopt-then-end-rollout", "W-end-rollout-undrained", range(0, 400)),
     ],
 )
-def test_the_small_worlds_find_the_roots_of_the_lost_reply_races(
+def test_the_small_worlds_find_the_roots_they_were_drawn_for(
     world: str, rules: str, seeds: range
 ) -> None:
     """Each root is found by walks of a small world (its actors and one kind of fault), no
