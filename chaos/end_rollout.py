@@ -123,6 +123,8 @@ def end_rollout_attempt(code: int | None, out: bytes, err: bytes) -> dict[str, A
         rec.update(ended=found.get("ended", 0), items=found.get("items", []))
     elif summary.get("ends_at"):
         rec.update(reason="answers_running", ends_at=summary["ends_at"])
+        if summary.get("latest_lease"):
+            rec["latest_lease"] = summary["latest_lease"]
     elif "refused" in summary:
         rec.update(reason="record_changed", message=str(summary["refused"]))
     else:

@@ -87,35 +87,38 @@ def paper_leases(ddb: Any, table: str, now_us: int, grace_us: int) -> dict[str, 
     lease held (``rollout.answers_end``), in microseconds."""
     c: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
-    until = answers_end((), grace_us)
+    until, latest = answers_end((), grace_us), None
     for page in common.scan_pages(ddb, {"TableName": table}):
         for raw in page.get("Items", []):
             c["scanned"] += 1
             if not is_resource_item(raw):
                 continue
             it = common.parsed(raw, c, log)
-            if it is not None:
-                until = max(until, answers_end((it,), grace_us))
+            if it is not None and answers_end((it,), grace_us) > until:
+                until, latest = answers_end((it,), grace_us), it
             if it is None or not paper_lease(it):
                 continue
             running = running_paper_lease(it, now_us, grace_us)
             c["running" if running else "ended"] += 1
             if len(examples) < EXAMPLES:
-                examples.append(
-                    {
-                        "resource": it.resource,
-                        "region": it.region,
-                        "key": it.key,
-                        "lease_expires": common.iso(it.lease_expires_us),
-                        "running": running,
-                    }
-                )
+                examples.append(_example(it, now_us, grace_us))
     return {
         "scanned": c["scanned"],
         "running": c["running"],
         "ended": c["ended"],
         "items": examples,
         "answers_until_us": until,
+        "latest": None if latest is None else _example(latest, now_us, grace_us),
+    }
+
+
+def _example(it: Any, now_us: int, grace_us: int) -> dict[str, Any]:
+    return {
+        "resource": it.resource,
+        "region": it.region,
+        "key": it.key,
+        "lease_expires": common.iso(it.lease_expires_us),
+        "running": running_paper_lease(it, now_us, grace_us),
     }
 
 
@@ -125,7 +128,7 @@ def end(
     """Turn rollout mode off, unless an item holds a lease of the paper's agent. Returns the
     exit status and the summary."""
     found = paper_leases(ddb, table, now_us, int(cfg.max_clock_skew * US))
-    until = found.pop("answers_until_us")
+    until, latest = found.pop("answers_until_us"), found.pop("latest")
     out: dict[str, Any] = {"job": "end-rollout", "table": table, "dry_run": dry_run}
     out["paper_leases"] = found
     seen = common.read_rollout(ddb, table)
@@ -151,6 +154,7 @@ def end(
             out["refused"] = _changed()
             return common.EXIT_ERRORS, out
         out["ends_at"] = common.iso(until)
+        out["latest_lease"] = latest  # the lease held to the latest end: the one waited for
         out["refused"] = _wait(out["ends_at"])
         return common.EXIT_ERRORS, out
     if step is End.WAIT:
