@@ -20,11 +20,13 @@ figures are compared. Every other test may run beside another (each xdist worker
 moto server, tables named by pid, sockets in its own temporary directories).
 
     python -m tests.tiers fast [search ...] [-- PYTEST_ARGS]   the tiers named, each in turn
-    python -m tests.tiers all [--first CMD]                    every tier (ALL), then the check
+    python -m tests.tiers all [--first CMD] [--beside CMD]     every tier (ALL), then the check
     python -m tests.tiers check                                the check alone
 
 ``all`` runs fast, property and integration in one xdist run and then serial, with the
-searches beside them at a low CPU priority (see ALL). Each run records what each of its
+searches beside them at a low CPU priority (see ALL); ``--first`` runs a shell command at the
+head of the first lane, ``--beside`` one in a lane of its own at the usual priority (make
+test's lint, type check and real-systemd test, beside the tests). Each run records what each of its
 tiers ran, and how it ended, in build/tiers/TIER.txt; the check collects the whole suite
 once and compares. pytest's exit code 5 (nothing selected, say by a ``-k`` given after
 ``--``) is a tier that ran nothing, not a failure. ``all`` runs every tier even after one
@@ -178,13 +180,16 @@ Ran = tuple[tuple[str, ...], int, float, float]
 
 
 def run_lanes(
-    lanes: tuple[tuple[tuple[str, ...], ...], ...], extra: list[str], first: str | None = None
+    lanes: tuple[tuple[tuple[str, ...], ...], ...],
+    extra: list[str],
+    first: str | None = None,
+    beside: str | None = None,
 ) -> list[Ran]:
     """The lanes at the same time, each its runs in turn; for each run: its tiers, its exit
     code (5, nothing selected, as 0), its seconds and the CPU seconds of its processes
     (pytest's and every one under it that ended). ``first``, a shell command, runs at the
-    head of the first lane (make test's real-systemd test). The first lane prints as it goes;
-    each run of another writes to build/tiers/TIERS.log, printed when it ends."""
+    head of the first lane; ``beside``, one, in a lane of its own. The first lane prints as
+    it goes; each run of another writes to build/tiers/NAME.log, printed when it ends."""
     RECORDS.mkdir(parents=True, exist_ok=True)
     out: list[Ran] = []
     printing = threading.Lock()
@@ -192,6 +197,8 @@ def run_lanes(
         threading.Thread(target=_lane, args=(lane, extra, i > 0, out, printing, first))
         for i, lane in enumerate(lanes)
     ]
+    if beside:
+        threads.append(threading.Thread(target=_beside, args=(beside, out, printing)))
     for t in threads:
         t.start()
     for t in threads:
@@ -210,13 +217,7 @@ def _lane(
     if first and not beside:
         with printing:
             print(f"== {first}", flush=True)
-        t0 = time.monotonic()
-        proc = subprocess.Popen(first, shell=True, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.append(
-            ((first,), proc.returncode, time.monotonic() - t0, usage.ru_utime + usage.ru_stime)
-        )
+        out.append(_shell(first, None))
     for names in runs:
         for n in names:
             (RECORDS / f"{n}.txt").unlink(missing_ok=True)
@@ -240,6 +241,28 @@ def _lane(
                 print(f"== {'+'.join(names)}: no test selected", flush=True)
                 rc = 0
         out.append((names, rc, took, cpu))
+
+
+def _shell(cmd: str, log: Path | None) -> Ran:
+    """Run a shell command (its output to ``log``, else ours) and account for it as a run."""
+    t0 = time.monotonic()
+    with open(log, "wb") if log else contextlib.nullcontext() as f:
+        proc = subprocess.Popen(cmd, shell=True, cwd=ROOT, stdout=f, stderr=f)
+        _, status, usage = os.wait4(proc.pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    return ((cmd,), rc, time.monotonic() - t0, usage.ru_utime + usage.ru_stime)
+
+
+def _beside(cmd: str, out: list[Ran], printing: threading.Lock) -> None:
+    with printing:
+        print(f"== {cmd} (beside the tests)", flush=True)
+    path = RECORDS / "beside.log"
+    ran = _shell(cmd, path)
+    with printing:
+        print(f"\n== {cmd}, its output (exit {ran[1]}):", flush=True)
+        sys.stdout.buffer.write(path.read_bytes())
+        sys.stdout.flush()
+    out.append(ran)
 
 
 def read_records() -> dict[str, dict[str, str]]:
@@ -305,10 +328,13 @@ def check(records: dict[str, dict[str, str]]) -> list[str]:
 def main(argv: list[str]) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     names, extra = argv[:cut], argv[cut + 1 :]
-    first = None
+    first = beside = None
     if "--first" in names[:-1]:
         i = names.index("--first")
         first, names = names[i + 1], names[:i] + names[i + 2 :]
+    if "--beside" in names[:-1]:
+        i = names.index("--beside")
+        beside, names = names[i + 1], names[:i] + names[i + 2 :]
     os.chdir(ROOT)
     if names == ["check"]:
         problems = check(read_records())
@@ -328,7 +354,7 @@ def main(argv: list[str]) -> int:
             path.unlink()
     failed = []
     times: dict[str, tuple[float, float]] = {}
-    for group, rc, secs, cpu in run_lanes(lanes, extra, first):
+    for group, rc, secs, cpu in run_lanes(lanes, extra, first, beside):
         times["+".join(group)] = (secs, cpu)
         if rc != 0:
             failed.append(f"{'+'.join(group)} (exit {rc})")

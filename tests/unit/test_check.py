@@ -31,7 +31,7 @@ from check.__main__ import (
     WALK3,
     _acquired,
 )
-from check.explore import bfs, format_trace, script, walk, walks
+from check.explore import Result, bfs, format_trace, script, walk, walks
 from check.model import Config
 from check.rulesets import (
     BAD_A,
@@ -773,15 +773,30 @@ def test_beside_the_paper_agent_no_claim_is_given_back_under_a_fault() -> None:
     assert res.complete
 
 
+#: CI's bound on its widest searches, in states taken in breadth-first order (so every
+#: interleaving up to the depth the bound reaches, and the same states on every run); each
+#: of them runs to completion in ``make check-protocol`` (docs/checker.md, "Searches")
+WIDE = 90_000
+
+
+def assert_wide_and_clean(res: Result, bound: int = WIDE) -> None:
+    """No violation, and the search was as wide as its bound (or complete)."""
+    assert res.violation is None, format_trace(res)
+    assert res.complete or res.states >= bound, res.states
+
+
 # ------------------------------------------- ras-dedupe against the extra's extension
 @pytest.mark.parametrize("legacy", [False, True], ids=["after-rollout", "rollout"])
 def test_real_rules_hold_an_unreleased_give_back_to_its_end(legacy: bool) -> None:
     """A daemon's extension of a deduplicated extra loses its mapping to ras-dedupe and
     the daemon gives the resource back: with the real rules it stays unclaimable until the
-    end apps were answered, in either mode (every interleaving from the extension on)."""
+    end apps were answered, in either mode: every interleaving from the extension on after
+    the rollout, where E's break lies deeper than the bound; in rollout mode (every free
+    held to the lease's end whatever the give-back's reason) within :data:`WIDE`."""
     cfg, prefix = DEDUPE_EXTEND[legacy]
-    res = bfs(cfg, REAL, prefix=prefix, ops_after_prefix=1)
-    assert res.complete and res.violation is None, format_trace(res)
+    res = bfs(cfg, REAL, max_states=WIDE if legacy else None, prefix=prefix, ops_after_prefix=1)
+    assert_wide_and_clean(res)
+    assert res.complete or legacy
     assert res.states > 50_000  # the interleavings were there to explore
 
 
@@ -801,11 +816,10 @@ def test_bad_e_unreleased_give_back_with_the_quarantine_only_is_caught() -> None
 @pytest.mark.parametrize("cfg", [SWITCH_OFF, SWITCH_ON], ids=["end-rollout", "adopt"])
 def test_real_rules_hold_across_the_rollout_switch(cfg: Config) -> None:
     """The record changes at any step, each daemon follows at a step of its own, and the
-    programs it started before keep their mode: every interleaving keeps I1 and I2 (with
-    the paper's agent calling after ``adopt`` once its bound has passed)."""
-    res = bfs(cfg, REAL)
-    assert res.complete and res.violation is None, format_trace(res)
-    assert res.states > 50_000
+    programs it started before keep their mode: every interleaving within :data:`WIDE`
+    keeps I1 and I2 (with the paper's agent calling after ``adopt`` once its bound has
+    passed; the break the next test finds lies inside that bound)."""
+    assert_wide_and_clean(bfs(cfg, REAL, max_states=WIDE))
 
 
 def test_the_switch_is_explored_with_daemons_that_have_not_followed() -> None:
