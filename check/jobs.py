@@ -40,7 +40,18 @@ from rasd.steps.repair import LiberatorRun, check_orphan, liberate_item, relist_
 from .effects import Host, frozen, start, step
 from .procs import Proc
 from .rulesets import job_ops
-from .world import CLIENT, POOL, REGION, Daemon, Out, World, _res_of, scans
+from .world import (
+    CLIENT,
+    POOL,
+    REGION,
+    SWEEP_SETTLED,
+    SWEEP_UNSETTLED,
+    Daemon,
+    Out,
+    World,
+    _res_of,
+    scans,
+)
 
 
 def _versions(w: World, k: Any) -> list[ResourceItem]:
@@ -148,6 +159,8 @@ class JobHost(Host):
             said = getattr(v, "status", v)
             detail = getattr(v, "detail", None)
             w.notes.append(f"{p.label} -> {said}" + (f" ({detail})" if detail else ""))
+        if p.trace.name == "adopt_sweep":
+            w.adopt_sweep = SWEEP_SETTLED if done.value is True else SWEEP_UNSETTLED
         if p.trace.name == paper_get_lease.__qualname__ and isinstance(done.value, PaperAnswer):
             it, key = done.value.item, p.trace.args[2]
             assert it.lease_expires_us is not None

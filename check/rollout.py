@@ -11,18 +11,41 @@ latest end and the switch at a run after it; ``rasadmin adopt`` otherwise. Then 
 follows it at a step of its own (its later programs run in the new mode; one already running
 keeps the old). The paper's agent calls only while the table is in rollout mode and, after
 ``end-rollout``'s mark, not at all: the operator stopped its hosts (:func:`paper_may_call`).
+
+After ``adopt``, once every daemon follows and no program of the fast rules still runs (the
+bound the command waits out), its sweep (:func:`adopt_sweep`: the command's own per-item
+programs over a scan of the table) settles what the fast rules left; the paper's agent
+calls only after a sweep that settled everything (the real command then prints a later
+start, which the model does not wait for: it never calls).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace as _dc_replace
+from typing import Any
 
-from rasd.core.lease import US, fmt_time
+from rasd.core.errors import RasdError
+from rasd.core.lease import PENDING, US, Mapping, ResourceItem, fmt_time
 from rasd.core.rollout import End, Rollout, answers_end, paper_lease
+from rasd.core.serialize import mapping_from
+from rasd.steps import Program, Spawn
 from rasd.steps import daemon as S
+from rasd.steps.admin import ATTEMPTS, PENDING_UNSETTLED, settle_lease, settle_pending
 
 from . import jobs
-from .world import CLIENT, Out, World, _res_of, _tick
+from .effects import start
+from .rulesets import admin_ops
+from .world import (
+    CLIENT,
+    SWEEP_NOT_BEGUN,
+    SWEEP_RUNNING,
+    SWEEP_SETTLED,
+    Out,
+    World,
+    _res_of,
+    _tick,
+    mkey,
+)
 
 
 def _paper_held(w: World) -> bool:
@@ -60,6 +83,10 @@ def rollout_steps(w0: World) -> Out:
         if _paper_running(w0):
             return out  # end-rollout is run once the paper's agent has stopped
         return _end_rollout(w0)
+    # adopt's sweep once every daemon follows and no program of the fast rules runs
+    sweep = not w0.cfg.legacy_agents and w0.adopt_sweep == SWEEP_NOT_BEGUN
+    if sweep and all(seen) and not _old_mode_runs(w0):
+        out.append(_sweep(w0))
     for i, follows in enumerate(seen):
         if follows:
             continue
@@ -92,6 +119,57 @@ def _end_rollout(w0: World) -> Out:
     return []
 
 
+def adopt_sweep(
+    pendings: tuple[Mapping, ...],
+    leases: tuple[tuple[ResourceItem, tuple[str, ...]], ...],
+    now_us: int,
+    rules: Any,
+    ops: Any,
+) -> Program[bool]:
+    """``rasadmin adopt``'s sweep as its driver runs it (``rasd_jobs.adopt.run``): each pending
+    mapping of the scan (``settle_pending``), then each running lease with its tokens
+    (``settle_lease``), a failure of one counted and the next taken. True: every leftover
+    settled (the command's ``unsettled`` is 0)."""
+    settled = True
+    for m in pendings:
+        try:
+            got = yield from settle_pending(m, now_us, rules, False)
+        except RasdError:
+            got = "error"
+        settled = settled and got not in PENDING_UNSETTLED and got != "error"
+    for it, tokens in leases:
+        try:
+            swept = yield from settle_lease(it, now_us, rules, "rasadmin-adopt", tokens, False, ops)
+        except RasdError:
+            settled = settled and not (it.holder is not None and it.holder_current)
+            continue
+        settled = settled and not swept.unsettled
+    return settled
+
+
+def _sweep(w0: World) -> tuple[str, World]:
+    """Start ``adopt``'s sweep on the table as it is now (its scan)."""
+    w = w0.clone()
+    now = w.now_us(w.cfg.admin_offset)
+    pendings = []
+    for key in w.cfg.keys:
+        for region in w.cfg.all_regions:
+            raw = w.get(mkey(key, region))
+            m = mapping_from(raw) if raw else None
+            if m is not None and m.state == PENDING:
+                pendings.append(m)
+    leases = []
+    for k, f in sorted(w.table.items()):
+        r = _res_of(f) if k[0] == CLIENT else None
+        if r is not None and r.key is not None and (r.lease_expires_us or 0) > now:
+            leases.append((r, tuple(w.new_token() for _ in range(ATTEMPTS))))
+    w.adopt_sweep = SWEEP_RUNNING
+    args = (tuple(pendings), tuple(leases), now, w.rules, admin_ops(w.proto))
+    sweep = Spawn(adopt_sweep, args).trace()
+    start(w, jobs.HOST, sweep, "rasadmin adopt sweep", offset=w.cfg.admin_offset)
+    return ("rasadmin adopt sweeps", w)
+
+
 def _paper_running(w: World) -> bool:
     return any(jobs.is_paper_call(p) for p in w.jobs)
 
@@ -104,4 +182,4 @@ def paper_may_call(w: World) -> bool:
     switched, seen = w.rollout
     if w.cfg.legacy_agents:
         return not switched and w.rollout_mark is None
-    return switched and all(seen) and not _old_mode_runs(w)
+    return switched and all(seen) and not _old_mode_runs(w) and w.adopt_sweep == SWEEP_SETTLED

@@ -115,6 +115,10 @@ class Protocol:
     #: T2: every claim of ours given back needs the quarantine only, proof or none (a
     #: strict pool's withdrawn claim, which a reader may have answered by the fallback)
     give_back_unproven: bool = False
+    #: T3: ``rasadmin adopt`` takes a held item whose holder is current for rasd's lease
+    #: without reading that the key's mapping names it, so a losing claim the fast rules
+    #: left (its give-back never went out) stays in the leased index for the paper's agent
+    adopt_trusts_holder: bool = False
     #: W (the rollout switch): ``end-rollout`` turns the record off once no lease of the
     #: paper's agent is in the table, not waiting for the ends of the leases that agent may
     #: have answered (its own that rasd adopted, rasd's it found by the key); the fast rules
@@ -180,9 +184,9 @@ class Protocol:
         return LG.beside_legacy(d)
 
     def on_lapsed(
-        self, m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int
+        self, m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int, margin_us: int = 0
     ) -> D.Extend | D.Wait | LG.EndLapsed:
-        return LG.on_lapsed(m, r, now_us, 0 if self.lapsed_own_clock else grace_us)
+        return LG.on_lapsed(m, r, now_us, 0 if self.lapsed_own_clock else grace_us, margin_us)
 
     def lapsing(
         self,
@@ -235,6 +239,12 @@ class Protocol:
         return self.early_free(B.free_claim(ident, key, token, now_us, available_us, expires_us))
 
     def rules(self, real: Rules) -> Rules:
+        # Beside the paper's agent a lease is extended only while it ends more than the
+        # clock-skew bound after the extension is sent, as ``Config.rules`` ships it. With
+        # the model's margin equal to that bound, every lease too close to its end to serve
+        # is too close to extend: P, an unsettled extension of such a lease, is put back
+        # with the extension as it was when P was found (up to the lease's end).
+        real = replace(real, extend_margin_us=0 if self.extend_unsettled else real.grace_us)
         if self.no_quarantine:
             return replace(real, confirm_us=INFINITY_US)
         return real
@@ -261,6 +271,7 @@ BAD_L = Protocol("L-lapsed-on-own-clock", lapsed_own_clock=True)
 BAD_G = Protocol("G-agreement-skipped", skip_agreement=True)
 BAD_T1 = Protocol("T1-readback-absent-rejects", readback_absent_rejects=True)
 BAD_T2 = Protocol("T2-give-back-unproven", give_back_unproven=True)
+BAD_T3 = Protocol("T3-adopt-trusts-holder", adopt_trusts_holder=True)
 BAD_W = Protocol("W-end-rollout-undrained", end_rollout_undrained=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
@@ -280,6 +291,7 @@ PROTOCOLS = {
         BAD_G,
         BAD_T1,
         BAD_T2,
+        BAD_T3,
         BAD_W,
         BAD_Q,
         BAD_H,
@@ -395,13 +407,19 @@ def _held_until_now(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: 
     return now_us if r.key is None else V.name_held_until(r, now_us, quarantine_us, grace_us)
 
 
+def _holder_alone(m: Mapping | None, r: ResourceItem) -> bool:
+    return r.holder is not None and r.holder_current
+
+
 @functools.cache
 def admin_ops(p: Protocol) -> AdminOps:
     """What rasadmin's deletes (``rasd.steps.admin``) decide with under rule set ``p``
     (one instance per rule set: states compare it by identity)."""
-    if not (p.admin_delete_quarantined or p.admin_no_hold):
+    if not (p.admin_delete_quarantined or p.admin_no_hold or p.adopt_trusts_holder):
         return ADMIN_OPS
     ops = AdminOps()
+    if p.adopt_trusts_holder:
+        ops = replace(ops, names_claim=_holder_alone)
     if p.admin_delete_quarantined:
         ops = replace(ops, in_quarantine=_never_quarantined)
     if p.admin_no_hold:

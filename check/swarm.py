@@ -59,8 +59,11 @@ def draw(rng: random.Random) -> Config:
     keys = ("k1", "k2") if rng.random() < 0.8 else ("k1", "k2", "k3")
     faults = tuple(f for f in FAULTS if rng.random() < 0.5) or (rng.choice(FAULTS),)
     legacy = rng.random() < 0.25
-    paper = legacy and rng.random() < 0.7
     switch = rng.random() < 0.25
+    # the paper's agent beside rasd, or after adopt (and its sweep) from the fast rules
+    paper = (legacy or switch) and rng.random() < 0.7
+    # after adopt it calls minutes later (the bound adopt prints): the index has caught up
+    history = 0 if paper and not legacy else 2
     # a strict pool is strict only while no daemon runs beside the paper's agent
     # (docs/global.md): never in rollout mode, nor across the switch
     strict = two and not legacy and not switch and rng.random() < 0.3
@@ -84,6 +87,7 @@ def draw(rng: random.Random) -> Config:
         extend_fraction=rng.choice((0.5, 0.9)),
         liberator=rng.random() < 0.6,
         release=rng.random() < 0.7,
+        history=history,
         replica_history=rng.choice((0, 0, 1)) if two else 0,
         dedupe_runs=rng.choice((0, 1, 2)) if two else 0,
         repair_runs=rng.choice((0, 1, 2, 3)),
@@ -112,6 +116,7 @@ _ACTOR = (
     (re.compile(r"^d\d+ CRASHES"), "crash"),
     (re.compile(r"^d\d+ follows"), "rollout follow"),
     (re.compile(r"^rasadmin (end-rollout|adopt)( marks \d+)?$"), "rollout switch"),
+    (re.compile(r"^rasadmin adopt sweep"), "adopt sweep"),
     (re.compile(r"^rasadmin ([a-z-]+)"), "rasadmin"),
     (re.compile(r"^balancer"), "balancer"),
     (re.compile(r"^liberator"), "liberator"),
@@ -315,6 +320,27 @@ WORLDS: dict[str, Config] = {
         ticks=(5,),
         horizon=5,
         max_ops=3,
+    ),
+    # the fast rules: two daemons race for k1 and one may die before its losing claim is
+    # given back; rasadmin adopt, its sweep, then the paper's agent asks for k1 (minutes
+    # later: the index has caught up, as in SWITCH_ON)
+    "fast-leftover-then-adopt": Config(
+        daemons=2,
+        history=0,
+        keys=("k1",),
+        resources=("ra", "rb"),
+        rollout_switch=True,
+        paper_calls=1,
+        paper_key="k1",
+        paper_liberator=False,
+        faults=(),
+        max_faults=0,
+        max_crashes=1,
+        liberator=False,
+        release=False,
+        ticks=(5,),
+        horizon=5,
+        max_ops=2,
     ),
     # beside the paper's agent: a daemon adopts its lease of k1 (or the agent answers k1
     # with rasd's lease), end-rollout marks the record and later turns it off, a release

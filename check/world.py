@@ -268,6 +268,9 @@ def freeze(it: Item | None) -> FrozenItem | None:
     return None if it is None else tuple(sorted(it.items()))
 
 
+SWEEP_NOT_BEGUN, SWEEP_RUNNING, SWEEP_SETTLED, SWEEP_UNSETTLED = range(4)
+
+
 def mkey(key: str, region: str = REGION) -> ItemKey:
     return (map_pk(CLIENT, POOL, key), region)
 
@@ -282,6 +285,7 @@ class World:
 
     __slots__ = (
         "admin",
+        "adopt_sweep",
         "answers",
         "cfg",
         "crashes",
@@ -354,6 +358,9 @@ class World:
         self.rollout: tuple[bool, tuple[bool, ...]] = (False, (False,) * cfg.daemons)
         #: ``end-rollout``'s mark on the record: it turns it off no earlier (rasadmin's clock)
         self.rollout_mark: int | None = None
+        #: ``rasadmin adopt``'s sweep of the fast rules' leftovers: not begun, running, ended
+        #: with every leftover settled, or not (then the paper's agent never calls)
+        self.adopt_sweep = SWEEP_NOT_BEGUN
         self.inflight: tuple[Write, ...] = ()
         self.answers: frozenset[Answer] = frozenset()
         self.released: tuple[tuple[str, int], ...] = ()  # (token, true us)
@@ -429,6 +436,7 @@ class World:
             self.made_of,
             self.rollout,
             self.rollout_mark,
+            self.adopt_sweep,
         )
 
     # --------------------------------------------------------------------- clocks

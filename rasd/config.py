@@ -222,6 +222,7 @@ class Config:
             pending_hold_us=int(self.pending_hold * US),
             quarantine_us=int(self.quarantine * US),
             confirm_us=int(self.confirm_interval * US),
+            extend_margin_us=int(self.max_clock_skew * US),
         )
 
     def public(self) -> dict[str, Any]:

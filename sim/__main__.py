@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[1],
         epilog="Exit status: 0 every run valid, 3 a run measured an overloaded backend "
         "(replication lag p99 over 1.5x the configured lag, or 1 % of requests failed "
-        "for another reason than capacity), 2 bad usage. Missed targets are reported, "
-        "not an exit status.",
+        "for another reason than capacity), 2 bad usage; with --strict, 1 when the strict "
+        "pool answered a key two resources across regions (the table's audit, the clients' "
+        "answers or the probe), valid run or not. Missed targets are reported, not an exit "
+        "status.",
     )
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_const", dest="preset", const="quick")
@@ -150,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
+        if "strict_keys_mapped_twice" in saved:
+            return _strict_status(saved)
         _print(saved)
         return 0 if saved["summary"]["valid"] else 3
     try:
@@ -213,6 +217,10 @@ def _strict(
         "seeds": seeds,
         "valid": all(r["validity"]["valid"] for r in runs),
         "strict_keys_mapped_twice": sum(r["pools"]["strict"]["duplicate_keys"] for r in runs),
+        "strict_keys_mapped_twice_clients": sum(
+            r["pools"]["strict"]["duplicate_keys_clients"] for r in runs
+        ),
+        "strict_promise_broken": strict.promise_broken(runs),
         "runs": runs,
         "wall_s": round(time.monotonic() - t0, 1),
     }
@@ -220,11 +228,36 @@ def _strict(
     outdir.mkdir(parents=True, exist_ok=True)
     path = outdir / f"{preset}-strict-lag{args.lag:g}.json"
     report.write(out, path)
-    print(
-        f"strict pool: {out['strict_keys_mapped_twice']} keys mapped twice over seeds {seeds}; "
-        + ("VALID" if out["valid"] else "INVALID")
-    )
     print(f"wrote {path}")
+    return _strict_status(out, tables=False)
+
+
+def _strict_status(out: dict[str, Any], tables: bool = True) -> int:
+    """A strict run's verdict, printed, as the exit status: 1 when the strict pool answered a
+    key two resources (by either witness, valid run or not: its promise does not depend on
+    load), else 3 when a run was invalid, else 0."""
+    if tables:
+        for run in out["runs"]:
+            print(f"--- seed {run['params']['seed']}")
+            print(strict.table(run))
+    broken = strict.promise_broken(out["runs"])
+    print(
+        f"strict pool: {out['strict_keys_mapped_twice']} keys mapped twice (table audit), "
+        f"{sum(r['pools']['strict']['duplicate_keys_clients'] for r in out['runs'])} "
+        f"(clients) over seeds {out['seeds']}; " + ("VALID" if out["valid"] else "INVALID")
+    )
+    if broken:
+        print(
+            "FAILED: the strict pool answered a key two resources across regions while both "
+            "leases ran (its promise holds whatever the load, so an invalid run fails too):"
+        )
+        for b in broken:
+            print(
+                f"  seed {b['seed']} ({'valid' if b['valid'] else 'INVALID'}): table audit "
+                f"{b['audit']} {b['audit_keys']}; clients {b['clients']} {b['clients_keys']}; "
+                f"probe {b['probe_keys']}"
+            )
+        return 1
     return 0 if out["valid"] else 3
 
 

@@ -9,9 +9,12 @@ region through :mod:`sim.delayproxy`, which adds ``one_way_ms`` in each directio
 cross-region round trip a new key of a strict pool pays. At the end, the probe's keys are
 requested in every region at once in both pools.
 
-What it measures, per pool: keys mapped twice (the table's audit: claims answered, overlapping
-in time), next to what the traffic predicts for a normal pool; the latency of new keys and of
-second-region requests, per region; the daemons' ``strict.*`` counters.
+What it measures, per pool: keys mapped twice by two witnesses, the table's audit (claims
+answered, overlapping in time) and the clients (another resource answered in a second region
+while both leases ran), next to what the traffic predicts for a normal pool; the latency of
+new keys and of second-region requests, per region; the daemons' ``strict.*`` counters.
+A strict key answered twice by either witness, or by the probe, fails the run
+(:func:`promise_broken`), valid or not.
 """
 
 from __future__ import annotations
@@ -137,12 +140,7 @@ def pool_report(res: RunResult, pool: str, strict: bool) -> dict[str, Any]:
     rep_p99 = (res.replicator or {}).get("achieved_lag_p99_s") or lag_s
     pred = report.predict_duplicates(outs, lease_s, lag_s, max(lag_s, rep_p99), SKEW_MARGIN_S)
     audit = report.duplicates_from_audit(res.audit, pool=pool, strict=strict)
-    first_ok = {o.key for o in outs if o.first and o.code == "OK"}
-    driver = [
-        o
-        for o in outs
-        if not o.first and o.code == "OK" and o.new and o.key in first_ok and o.gap < lease_s
-    ]
+    clients = report.duplicates_from_clients(outs, lease_s)
     lat: dict[str, Any] = {}
     for r in sorted({o.region for o in outs}):
         mine = [o for o in outs if o.region == r and o.code == "OK"]
@@ -162,7 +160,11 @@ def pool_report(res: RunResult, pool: str, strict: bool) -> dict[str, Any]:
         "duplicate_keys_list": audit["keys"][:20],
         "probe_duplicate_keys": sum(1 for k in audit["keys"] if k.startswith(STRICT_PROBE)),
         "claims_never_answered": audit["claims_never_named"],
-        "duplicate_keys_clients": len(driver),
+        "duplicate_keys_clients": clients["duplicate_keys"],
+        "duplicate_keys_clients_list": clients["keys"][:20],
+        # every second-region answer of another resource, counted or not (after the first
+        # lease's end), with its times: what to read when the two witnesses disagree
+        "clients_other_resource": clients["rows"][:20],
         "predicted_for_a_normal_pool": [pred["low"], pred["high"]],
         "latency_ms": lat,
     }
@@ -193,6 +195,30 @@ def run(params: Params, scn: traffic.Scenario, one_way_ms: float, log: Any) -> d
         },
         "wall_s": res.wall_s,
     }
+
+
+def promise_broken(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every seed whose strict pool answered a key two resources across regions while both
+    leases ran, by either witness: the table's audit (agreed claims overlapping in time),
+    the clients' answers (``report.duplicates_from_clients``) or the probe (one key asked in
+    every region at once answered two resources). Whatever the run's validity: a strict
+    pool's promise does not depend on load."""
+    out = []
+    for r in runs:
+        v = r["pools"][STRICT_POOL]
+        probe = ((r.get("probe") or {}).get("strict") or {}).get("keys_answered_two_resources")
+        row = {
+            "seed": r["params"]["seed"],
+            "valid": r["validity"]["valid"],
+            "audit": v["duplicate_keys"],
+            "audit_keys": v.get("duplicate_keys_list", []),
+            "clients": v["duplicate_keys_clients"],
+            "clients_keys": v.get("duplicate_keys_clients_list", []),
+            "probe_keys": probe or [],
+        }
+        if row["audit"] or row["clients"] or row["probe_keys"]:
+            out.append(row)
+    return out
 
 
 def table(run: dict[str, Any]) -> str:

@@ -85,6 +85,9 @@ class Outcome:
     sent: float = 0.0
     done: float = 0.0
     pool: str = "default"
+    #: monotonic seconds when the answered lease ends (0: not answered), from its
+    #: ``lease_expires``: another region's lease answered ends when that one does
+    ends: float = 0.0
 
 
 @dataclass
@@ -481,6 +484,7 @@ class World:
                     socket_path=sock,
                 )
                 o.new, o.resource = lease.new, lease.resource
+                o.ends = time.monotonic() + lease.lease_expires.timestamp() - time.time()
             except RasdError as exc:
                 o.code = exc.code
                 if exc.code == "NO_CAPACITY":

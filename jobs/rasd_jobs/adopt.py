@@ -63,7 +63,6 @@ from rasd.core.serialize import (
     is_resource_item,
     mapping_from_ddb,
     pool_meta_key,
-    resource_from,
 )
 from rasd.steps import Delete, Put, Send, WriteResult
 from rasd.steps import admin as steps
@@ -157,33 +156,13 @@ class _Writes(leases.Driver):
         return res
 
 
-def adopt_lease(
-    drv: leases.Driver, r: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
-) -> str:
-    """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does
-    (``rasd.steps.admin.adopt_lease``, with a fresh acquisition token), or free it if it is
-    a claim of rasd's beside the key's lease (``steps.free_orphan``)."""
-    prog = steps.adopt_lease(r, now_us, rules, owner, secrets.token_hex(8), dry)
-    return drv.run(prog)
-
-
 def settle_item(
     drv: leases.Driver, it: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
-) -> tuple[str, ResourceItem | None]:
-    """One running lease of the scan, read again strongly consistent: adopted, found rasd's,
-    freed as an orphan, ... (:func:`adopt_lease`). A lost race on a claim of rasd's (a
-    leftover being settled by someone else too) is read and judged again, a few times.
-    Returns the outcome and the item as last read."""
-    got, fresh = "lost_race", None
-    for _ in range(steps.ATTEMPTS):
-        raw = leases.get(drv.ddb, drv.table, it.ident)
-        fresh = resource_from(raw) if raw else None
-        if fresh is None or fresh.key != it.key:
-            return "ended", fresh
-        got = adopt_lease(drv, fresh, now_us, rules, owner, dry)
-        if got != "lost_race" or not (fresh.holder is not None and fresh.holder_current):
-            break
-    return got, fresh
+) -> steps.Swept:
+    """One running lease of the scan (``rasd.steps.admin.settle_lease``, with fresh
+    acquisition tokens): adopted, found rasd's, freed as an orphan, ..."""
+    tokens = tuple(secrets.token_hex(8) for _ in range(steps.ATTEMPTS))
+    return drv.run(steps.settle_lease(it, now_us, rules, owner, tokens, dry))
 
 
 def run(
@@ -235,7 +214,7 @@ def run(
             log.error("pending_failed", key=m.key, resource=m.resource, error=repr(exc))
             got = "error"
         c["pending_" + got] += 1
-        if got in ("young", "would_fence", "lost_race", "error"):
+        if got in steps.PENDING_UNSETTLED or got == "error":
             # its claim may still land, to run at most to the mapping's end
             unsettled(m.expires_us, "pending", key=m.key, resource=m.resource)
 
@@ -281,13 +260,14 @@ def run(
             c["leases"] += 1
             rasd_claim = it.holder is not None and it.holder_current
             try:
-                got, fresh = settle_item(drv, it, now_us, rules, owner, dry_run)
+                swept = settle_item(drv, it, now_us, rules, owner, dry_run)
             except Exception as exc:  # noqa: BLE001 - counted; the next run retries
                 c["errors"] += 1
                 log.error("adopt_failed", resource=it.resource, key=it.key, error=repr(exc))
                 if rasd_claim:  # perhaps a leftover: the paper's agent may answer it to its end
                     unsettled(it.lease_expires_us, "claim", resource=it.resource, key=it.key)
                 continue
+            got, fresh = swept.outcome, swept.item
             c[got] += 1
             if got == "adopted":
                 log.info("adopted", client_id=it.client_id, resource=it.resource, key=it.key)
@@ -295,7 +275,7 @@ def run(
                 log.warning(
                     "orphan_freed", client_id=it.client_id, resource=it.resource, key=it.key
                 )
-            elif got == "would_free_orphan" or (got == "lost_race" and rasd_claim):
+            elif swept.unsettled:
                 end = (fresh or it).lease_expires_us
                 unsettled(end, "orphan", resource=it.resource, key=it.key)
         if "LastEvaluatedKey" in page:

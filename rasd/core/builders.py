@@ -117,9 +117,24 @@ def free_claim(
     )
 
 
-def extend_resource(lease: Lease, expires_us: int) -> Write:
-    """Push the resource's ``lease_expires`` later; only while ``lease.token`` holds it."""
+#: ``holder`` names the acquisition holding the item now (``ResourceItem.holder_current``):
+#: a write of the paper's agent or its liberator moves ``version`` without ``hver``
+HOLDER_CURRENT = Cond("hver", "absent_or_eq_attr", "version")
+
+
+def extend_resource(lease: Lease, expires_us: int, floor_us: int | None = None) -> Write:
+    """Push the resource's ``lease_expires`` later; only while ``lease.token`` holds it.
+
+    ``floor_us``: beside the paper's agent (``legacy.extend_floor``), whose writes the item
+    may carry. Then also only while the holder is current (its liberator freed our lease
+    and its agent leased the item again, perhaps to the same key, leaving our token behind:
+    that lease is the paper's), and while the lease ends after ``floor_us``: an extension
+    that lands after the lease's end makes it run again beside a lease the paper's agent may
+    have made for the key meanwhile."""
     assert lease.token is not None
+    paper: tuple[Cond, ...] = ()
+    if floor_us is not None:
+        paper = (HOLDER_CURRENT, Cond("lease_expires", ">", fmt_time(floor_us)))
     return Write(
         key=(lease.client_id, lease.resource),
         conds=(
@@ -127,6 +142,7 @@ def extend_resource(lease: Lease, expires_us: int) -> Write:
             Cond("key", "=", lease.key),
             Cond("region", "=", lease.region),
             Cond("lease_expires", "<", fmt_time(expires_us)),
+            *paper,
         ),
         set=(("lease_expires", fmt_time(expires_us)),),
         incr=("version", "hver"),

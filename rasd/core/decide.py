@@ -60,6 +60,9 @@ class Rules:
     quarantine_us: int
     #: a cached answer is served at most this long after it was last confirmed (S)
     confirm_us: int
+    #: beside the paper's agent, a lease is extended only while it ends more than this after
+    #: the extension is sent (the clock-skew bound; 0: up to its end): ``legacy.extend_floor``
+    extend_margin_us: int = 0
 
 
 # ------------------------------------------------------------------------- decisions
@@ -167,11 +170,13 @@ def _order(m: Mapping) -> tuple[int, str, str]:
 
 
 def claim_landed(m: Mapping, r: ResourceItem | None) -> bool:
-    """Does the resource item carry the claim the mapping names?"""
+    """Does the resource item carry the claim the mapping names? Not when the holder is
+    stale: the paper's liberator freed the claim and its agent leased the item again."""
     return (
         r is not None
         and m.token is not None
         and r.holder == m.token
+        and r.holder_current
         and r.key == m.key
         and r.resource == m.resource
     )

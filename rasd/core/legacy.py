@@ -15,14 +15,16 @@ points, each a decision here:
    no rival, it is confirmed and served; a rival, rasd yields to it (:func:`rival`);
 3. **lapsed leases**: a lease of ours past its end as its resource item records it is ended,
    not extended (:func:`on_lapsed`): past that end the paper's agent may have leased the key
-   again.
+   again. Nor is one extended within the clock-skew bound of its end, and an extension
+   applies only while the lease ends later than that, as of its sending
+   (:func:`extend_floor`): one that landed past the end would make the lease run again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decide import Decision, Extend, Serve, Wait, pick
+from .decide import Decision, Extend, Rules, Serve, Wait, pick
 from .lease import Mapping, ResourceItem
 
 
@@ -178,26 +180,54 @@ class EndLapsed:
     mapping: Mapping
 
 
+def extend_floor(now_us: int, rules: Rules) -> int:
+    """With ``legacy_agents``: an extension sent at ``now_us`` applies only to a lease that
+    ends after this (``builders.extend_resource``'s ``floor_us``), and a lease that ends by
+    then is not extended (:func:`on_lapsed`).
+
+    The paper's agent takes a lease's end as final, on its own clock: past it, its lookup
+    sees no lease and it claims another resource for the key. An extension that lands after
+    the end, on any host's clock, makes the lease run again beside that one, a second lease
+    rasd made. DynamoDB's condition cannot read the clock, so the sender asks for the end to
+    lie more than ``rules.extend_margin_us`` (the clock-skew bound) after its own clock as
+    it sends: the write then lands before the end on every host's clock unless it is in
+    flight longer than that bound less the hosts' actual skew."""
+    return now_us + rules.extend_margin_us
+
+
+def at_its_end(end_us: int, requested_us: int, now_us: int, rules: Rules) -> bool:
+    """With ``legacy_agents``: is our lease, which ends at ``end_us`` as its mapping says,
+    past its end, or asked to run longer (``requested_us``) while it ends within the floor
+    (:func:`extend_floor`)? Then its item is read and :func:`on_lapsed` decides."""
+    return end_us <= now_us or (requested_us > end_us and end_us <= extend_floor(now_us, rules))
+
+
 def on_lapsed(
-    m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int
+    m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int, margin_us: int = 0
 ) -> Extend | Wait | EndLapsed:
-    """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m`` already past its
-    end (on the mapping), and ``r`` is its resource item, read consistently after.
+    """With ``legacy_agents``: ``on_read`` said Extend for our lease ``m``, already past its
+    end (on the mapping) or within ``margin_us`` of it (``Rules.extend_margin_us``), and
+    ``r`` is its resource item, read consistently after.
 
     The paper's agent takes a lease's end as final: past it, its lookup sees no lease and it
     claims another resource for the key. Extending ours then would make it run again beside
     that one. The item, not the mapping, says whether it is over: an extension writes the
     item first (the mapping can lag it), and both agents answer at most the item's end. An
-    item that still runs is extended as before; one that no longer carries our claim is
-    ended. One whose end has passed on this host's clock is ended only once it has passed
-    on every host's, ``grace_us`` (the clock-skew bound) later: until then an app another
-    host answered may still use it, and the key's next lease would run beside it. The
-    request waits meanwhile."""
-    held = r is not None and r.holder == m.token and r.key == m.key
+    item that runs beyond ``now_us + margin_us`` is extended as before (:func:`extend_floor`);
+    one that no longer carries our claim is ended, and so is one whose holder the paper's
+    writes left stale (its liberator freed our lease, and its agent leased the item again,
+    perhaps to the same key: that lease is the paper's, to adopt, not ours to extend). One
+    that ends within ``margin_us``, or whose end has passed on this host's clock, is neither
+    extended nor ended until its end has passed on every host's, ``grace_us`` (the
+    clock-skew bound) after it: until then an app another host answered may still use it,
+    and the key's next lease would run beside it. The request waits meanwhile."""
+    held = r is not None and r.holder == m.token and r.holder_current and r.key == m.key
     if not held or r is None or r.lease_expires_us is None:
         return EndLapsed(m)
-    if r.lease_expires_us > now_us:
+    if r.lease_expires_us > now_us + margin_us:
         return Extend(m)
+    if r.lease_expires_us > now_us:
+        return Wait("the lease ends within the clock-skew bound: not extended")
     if now_us < r.lease_expires_us + grace_us:
         return Wait("the lease is at its end on this host's clock, not yet on every host's")
     return EndLapsed(m)

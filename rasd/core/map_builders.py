@@ -158,8 +158,13 @@ def no_token(token: str) -> ReadBack:
 
 
 def extended_to(token: str | None, want: str) -> ReadBack:
-    """The resource is held by ``token`` until at least ``want`` (``extend_resource``)."""
-    return lambda it: it.get("holder") == token and _at_least(it.get("lease_expires"), want)
+    """The resource is held by ``token`` until at least ``want`` (``extend_resource``), and
+    the holder is current (a stale one is a lease of the paper's agent)."""
+    return lambda it: (
+        it.get("holder") == token
+        and it.get("hver", it.get("version")) == it.get("version")
+        and _at_least(it.get("lease_expires"), want)
+    )
 
 
 def map_extended_to(token: str | None, want: str) -> ReadBack:

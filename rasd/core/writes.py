@@ -28,12 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Value = str | int
-Op = Literal["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists"]
+Op = Literal["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists", "absent_or_eq_attr"]
+#: ops whose condition compares no value (``absent_or_eq_attr``'s value names an attribute)
+_NO_VALUE = ("exists", "not_exists", "absent_or_eq_attr")
 ItemKey = tuple[str, str]  # (client_id, resource): the table's hash and range key
 
 
 @dataclass(frozen=True, slots=True)
 class Cond:
+    """``attr op value``. ``absent_or_eq_attr``: ``attr`` is absent, or equal to the
+    attribute ``value`` names (both present, same type)."""
+
     attr: str
     op: Op
     value: Value | None = None
@@ -44,6 +49,9 @@ class Cond:
             return cur is not None
         if self.op == "not_exists":
             return cur is None
+        if self.op == "absent_or_eq_attr":
+            other = None if item is None else item.get(str(self.value))
+            return cur is None or (type(cur) is type(other) and cur == other)
         if cur is None or type(cur) is not type(self.value):
             return False  # DynamoDB: a comparison with a missing or other-typed value is false
         v: Any = self.value
@@ -149,7 +157,12 @@ def render(w: Write) -> dict[str, Any]:
     sets', then the increments' one. Equal to ``render_plain(w)`` (tests/unit/test_writes.py).
     """
     conds = w.conds
-    shape = (tuple([(c.attr, c.op) for c in conds]), tuple([a for a, _ in w.set]), w.remove, w.incr)
+    shape = (
+        tuple([(c.attr, c.op, c.value if c.op == "absent_or_eq_attr" else None) for c in conds]),
+        tuple([a for a, _ in w.set]),
+        w.remove,
+        w.incr,
+    )
     t = _TEMPLATES.get(shape)
     if t is None:
         plain = render_plain(w)
@@ -163,7 +176,7 @@ def render(w: Write) -> dict[str, Any]:
             _TEMPLATES.clear()
         _TEMPLATES[shape] = t
     update, cond, names, slots = t
-    vals = [c.value for c in conds if c.op != "exists" and c.op != "not_exists"]
+    vals = [c.value for c in conds if c.op not in _NO_VALUE]
     vals.extend([v for _, v in w.set])
     if w.incr:
         vals.append(1)
@@ -209,6 +222,9 @@ def render_plain(w: Write) -> dict[str, Any]:
             conds.append(f"attribute_exists({n(c.attr)})")
         elif c.op == "not_exists":
             conds.append(f"attribute_not_exists({n(c.attr)})")
+        elif c.op == "absent_or_eq_attr":
+            a = n(c.attr)
+            conds.append(f"(attribute_not_exists({a}) OR {a} = {n(str(c.value))})")
         else:
             assert c.value is not None
             conds.append(f"{n(c.attr)} {_OPS_SQL[c.op]} {v(c.value)}")

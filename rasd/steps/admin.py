@@ -67,6 +67,16 @@ def _in_quarantine(r: ResourceItem, now_us: int) -> bool:
     return not r.claimable(now_us)
 
 
+def _names_claim(m: Mapping | None, r: ResourceItem) -> bool:
+    return (
+        m is not None
+        and m.state != "free"
+        and r.holder is not None
+        and r.holder_current
+        and (m.token, m.resource) == (r.holder, r.resource)
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class AdminOps:
     """What the deletes decide with (the real functions by default). Compared by identity."""
@@ -76,6 +86,9 @@ class AdminOps:
     in_quarantine: Callable[[ResourceItem, int], bool] = _in_quarantine
     #: until when a deleted name stays held (a re-add is claimable no earlier)
     name_held_until: Callable[[ResourceItem, int, int, int], int] = V.name_held_until
+    #: does the key's mapping (read strongly consistent) name this held item's claim, so
+    #: ``adopt`` leaves it as rasd's? (else a claim of rasd's is an orphan, freed)
+    names_claim: Callable[[Mapping | None, ResourceItem], bool] = _names_claim
 
 
 ADMIN_OPS = AdminOps()
@@ -281,7 +294,13 @@ def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: i
 
 # ------------------------------------------------------------------------------ adopt
 def adopt_lease(
-    r: ResourceItem, now_us: int, rules: D.Rules, owner: str, token: str, dry: bool
+    r: ResourceItem,
+    now_us: int,
+    rules: D.Rules,
+    owner: str,
+    token: str,
+    dry: bool,
+    ops: AdminOps = ADMIN_OPS,
 ) -> Program[str]:
     """Adopt the running lease ``r`` (read strongly consistent) the way a daemon does, with
     the acquisition token ``token``. Returns ``rasd`` (its mapping names it already),
@@ -291,12 +310,7 @@ def adopt_lease(
     more) or ``lost_race`` (it changed under us: read it again)."""
     assert r.key is not None
     m = yield from read_mapping(r)
-    if (
-        m is not None
-        and m.state != "free"
-        and r.holder is not None
-        and (m.token, m.resource) == (r.holder, r.resource)
-    ):
+    if ops.names_claim(m, r):
         return "rasd"
     if not LG.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
         return "ended"
@@ -391,6 +405,48 @@ def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Progra
     return "landed"
 
 
+#: a pending mapping's outcomes (:func:`settle_pending`) that leave its claim able to land:
+#: the paper's agent may not start before its end
+PENDING_UNSETTLED = frozenset({"young", "would_fence", "lost_race"})
+
+
+@dataclass(frozen=True)
+class Swept:
+    """One running lease of ``rasadmin adopt``'s scan, settled (:func:`settle_lease`): the
+    outcome (:func:`adopt_lease`'s, or ``ended``), the item as last read, and whether it
+    may be a leftover of the fast rules the run could not settle, which the paper's agent
+    may answer to its end (``unsettled``)."""
+
+    outcome: str
+    item: ResourceItem | None
+    unsettled: bool
+
+
+def settle_lease(
+    it: ResourceItem,
+    now_us: int,
+    rules: D.Rules,
+    owner: str,
+    tokens: tuple[str, ...],
+    dry: bool,
+    ops: AdminOps = ADMIN_OPS,
+) -> Program[Swept]:
+    """One running lease of the scan, read again strongly consistent and adopted, found
+    rasd's, freed as an orphan, ... (:func:`adopt_lease`, with the next of ``tokens`` each
+    time). A lost race on a claim of rasd's (a leftover being settled by someone else too)
+    is read and judged again, once per token."""
+    got, fresh = "lost_race", None
+    for token in tokens:
+        fresh = yield from read_resource(it.ident)
+        if fresh is None or fresh.key != it.key:
+            return Swept("ended", fresh, False)
+        got = yield from adopt_lease(fresh, now_us, rules, owner, token, dry, ops)
+        if got != "lost_race" or not (fresh.holder is not None and fresh.holder_current):
+            break
+    rasd_claim = it.holder is not None and it.holder_current
+    return Swept(got, fresh, got == "would_free_orphan" or (got == "lost_race" and rasd_claim))
+
+
 # ---------------------------------------------------------------------------- balancer
 def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
     """The balancer moves a free item (read from its region's available index) to another
@@ -403,9 +459,11 @@ def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
 __all__ = [
     "ADMIN_OPS",
     "ATTEMPTS",
+    "PENDING_UNSETTLED",
     "AdminOps",
     "AdminResult",
     "PoolDelete",
+    "Swept",
     "add_resource",
     "adopt_lease",
     "define_pool",
@@ -416,5 +474,6 @@ __all__ = [
     "move_free",
     "pool_key",
     "release_resource",
+    "settle_lease",
     "settle_pending",
 ]

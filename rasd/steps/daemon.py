@@ -258,7 +258,7 @@ class Ops:
     ] = field(default=LG.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
     on_lapsed: Callable[
-        [Mapping, ResourceItem | None, int, int], D.Extend | D.Wait | LG.EndLapsed
+        [Mapping, ResourceItem | None, int, int, int], D.Extend | D.Wait | LG.EndLapsed
     ] = field(default=LG.on_lapsed, repr=False)
     #: the early free's write (``rasd.core.builders.free_claim``)
     free_claim: FreeClaim = field(default=B.free_claim, repr=False)

@@ -100,8 +100,8 @@ def free_once(
         except RasdError as exc:
             error = exc
         else:
-            if r is None or r.holder != token or r.key != key:
-                return None  # not ours any more
+            if r is None or r.holder != token or not r.holder_current or r.key != key:
+                return None  # not ours any more (a stale holder: the paper's lease now)
             ends = r.lease_expires_us
         if ends is not None:
             available = max(available, ends + d.rules.grace_us)
@@ -149,7 +149,7 @@ def fence_own_claim(
     if res.outcome is Outcome.APPLIED:
         return
     cur = yield from resource(item.client_id, item.resource)
-    if cur is not None and cur.holder == token:
+    if cur is not None and cur.holder == token and cur.holder_current:
         return (yield from free_claim(d, item.ident, key, token, d.ops.given_back(proof)))
 
 

@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..core import decide as D
+from ..core import legacy as LG
 from ..core.builders import extend_resource
 from ..core.decide import Outcome, lease_from_mapping
 from ..core.errors import RasdError, Timeout
-from ..core.lease import Lease, Mapping, Pool, fmt_time, map_pk
+from ..core.lease import US, Lease, Mapping, Pool, fmt_time, map_pk
 from ..core.map_builders import extended_to, map_confirm, map_extend, map_extended_to, map_release
 from ..core.serialize import mapping_from
 from . import GetItem, Mono, Note, Now, Program, Send, Spawn, WriteResult
@@ -38,9 +39,12 @@ def confirm(m: Mapping, drop: bool = False) -> Program[None]:
         yield CacheDrop((m.client_id, m.pool_id, m.key))
 
 
-def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.ExtendStep, Any]]:
+def extend(
+    d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
+) -> Program[tuple[D.ExtendStep, Any]]:
     """The resource first, then the mapping: the mapping's end never passes the
-    resource's. Returns the step and the last write's result."""
+    resource's. Returns the step and the last write's result. ``resent_us``: how long after
+    it is built the extension's write may still be sent again (its program's deadline)."""
     want = fmt_time(requested_us)
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
     if home is not None and lease.region == d.region:
@@ -54,7 +58,11 @@ def extend(d: Daemon, lease: Lease, requested_us: int) -> Program[tuple[D.Extend
         if not agreed:
             yield Note("strict.extend_refused")
             return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
-    res = yield Send(extend_resource(lease, requested_us), extended_to(lease.token, want))
+    # Beside the paper's agent the extension must land before the lease's end (its lookup
+    # takes the end as final): conditioned on an end past the floor as it is sent.
+    floor = LG.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
+    w = extend_resource(lease, requested_us, floor)
+    res = yield Send(w, extended_to(lease.token, want))
     mres = None
     if res.outcome is Outcome.APPLIED:
         mres = yield Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
@@ -96,7 +104,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
         # The resource write lost: if the resource is no longer ours the lease is over
         # (liberated), and the mapping is ended so the key can acquire again.
         r = yield from resource(m.client_id, lease.resource)
-        if r is None or r.holder != m.token:
+        if r is None or r.holder != m.token or not r.holder_current:
             assert m.token is not None
             yield Send(map_release(m.ident, m.token, now))
             yield Note("lease.ended_lapsed")
@@ -109,7 +117,7 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError |
     after (the driver's backoff)."""
     yield Deadline(BACKGROUND_DEADLINE)
     sent = yield Mono()
-    step, last = yield from extend(d, lease, requested_us)
+    step, last = yield from extend(d, lease, requested_us, int(BACKGROUND_DEADLINE * US))
     if isinstance(step, D.Extended):
         yield CachePut(replace(lease, expires_us=requested_us), sent)
         yield Note("lease.extended")

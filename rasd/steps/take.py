@@ -146,10 +146,12 @@ def resolve(
         isinstance(dec, D.Extend)
         and d.legacy_agents
         and dec.mapping.expires_us is not None
-        and dec.mapping.expires_us <= (yield Now())
+        and LG.at_its_end(dec.mapping.expires_us, requested_us, (yield Now()), d.rules)
     ):
+        # the item says whether it runs on (the mapping can lag an extension)
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
-        lapsed = ops.on_lapsed(dec.mapping, r, (yield Now()), d.rules.grace_us)
+        now = yield Now()
+        lapsed = ops.on_lapsed(dec.mapping, r, now, d.rules.grace_us, d.rules.extend_margin_us)
         if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
             return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))

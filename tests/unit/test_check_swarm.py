@@ -26,7 +26,8 @@ def test_the_real_rules_hold_in_every_world_the_swarm_draws() -> None:
     assert cov.runs == len(REAL_RUNS)
     # every actor and every fault took part in some run
     for actor in ("daemon get_lease", "rasadmin release-resource", "dedupe", "balancer",
-                  "paper agent", "rollout switch", "crash", "liberator"):  # fmt: skip
+                  "paper agent", "rollout switch", "adopt sweep", "crash",
+                  "liberator"):  # fmt: skip
         assert cov.actors[actor] > 0, actor
     kinds = {k for k, _ in cov.faults}
     assert {"unsent", "in_flight", "reply_lost", "read_back_later", "read_failed"} <= kinds
@@ -58,6 +59,8 @@ def test_the_swarm_finds_a_known_bad_rule_set(rules: str, seeds: range) -> None:
         ("release-vs-lost-reply", "T1-readback-absent-rejects", range(0, 400)),
         # a strict pool's withdrawn claim freed with the quarantine only (T2)
         ("strict-fallback", "T2-give-back-unproven", range(0, 1500)),
+        # adopt's sweep taking a losing claim of the fast rules for rasd's lease (T3)
+        ("fast-leftover-then-adopt", "T3-adopt-trusts-holder", range(0, 400)),
         # end-rollout without waiting out the leases the paper's agent may have answered
         ("adopt-then-end-rollout", "W-end-rollout-undrained", range(0, 400)),
     ],
@@ -90,6 +93,9 @@ def test_the_draw_reaches_every_actor_and_fault() -> None:
     assert any(c.rollout_switch and c.legacy_agents for c in cfgs)
     assert any(c.rollout_switch and not c.legacy_agents for c in cfgs)
     assert any(c.paper_calls and c.paper_liberator for c in cfgs)
+    # the paper's agent after adopt from the fast rules, on an index caught up
+    assert any(c.paper_calls and c.rollout_switch and not c.legacy_agents for c in cfgs)
+    assert all(c.history == 0 for c in cfgs if c.paper_calls and not c.legacy_agents)
     assert any(c.balancer_moves and c.dedupe_runs and c.repair_runs for c in cfgs)
     assert set().union(*(c.admin for c in cfgs)) == set(swarm.ADMIN)
     # a strict pool never beside the paper's agent, adopt only in rollout mode
