@@ -72,6 +72,16 @@ NOT_SENT = Unavailable("not sent (the model's fault)")
 UNANSWERED = Timeout("no answer within the deadline (the model's fault)")
 READ_FAILED = Unavailable("read failed (the model's fault)")
 DEADLINE = Timeout("deadline passed")
+_SHARED = (NOT_SENT, UNANSWERED, READ_FAILED, DEADLINE)
+
+
+def forget_tracebacks() -> None:
+    """Drop what the shared errors have been raised through. Each raise of one instance
+    adds its frames to the traceback it already carries, and those frames hold the worlds
+    they stepped: a search or a swarm that runs long keeps every one of them (a 20-minute
+    swarm grew to 23 GB) unless the searches call this now and then."""
+    for e in _SHARED:
+        e.__traceback__ = None
 
 
 class _Later:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .effects import forget_tracebacks
 from .model import initial, successors
 from .rulesets import Protocol
 from .world import Config, Violation, World
@@ -101,8 +102,12 @@ def _bfs(
     # Each state's key is made once and hashed once (setdefault): the keys are deep tuples
     # whose hashes Python does not keep.
     queue: deque[tuple[World, object, int]] = deque([(w0, k0, 0)])
+    taken = 0
     while queue:
         w, kw, depth = queue.popleft()
+        taken += 1
+        if taken % 4096 == 0:
+            forget_tracebacks()
         for label, nxt in successors(w):
             res.transitions += 1
             kn = nxt.key()
@@ -187,6 +192,7 @@ def walk(
         if w.violation is not None:
             res.violation = w.violation
             break
+    forget_tracebacks()
     res.trace = steps
     res.states = res.transitions + 1
     res.max_depth = len(steps)

@@ -21,6 +21,7 @@ on which calls. ``--rules NAME`` walks a known-bad rule set instead (it must be 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import re
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from .effects import forget_tracebacks
 from .explore import Choose, Result, _no_gc, format_trace, walk
 from .model import initial, successors
 from .rulesets import PROTOCOLS, REAL, Protocol
@@ -424,6 +426,11 @@ class Found:
     shrunk: Result
 
 
+#: the collector runs once this many runs (off during the walks, as in every search, where a
+#: walk's generators and their frames leave cycles behind)
+COLLECT_EVERY = 50
+
+
 def swarm(
     seeds: range,
     proto: Protocol = REAL,
@@ -439,6 +446,9 @@ def swarm(
         for seed in seeds:
             cfg, res = run_one(seed, proto, steps)
             cov.add(res)
+            forget_tracebacks()
+            if cov.runs % COLLECT_EVERY == 0:
+                gc.collect()  # a walk's cycles (generators, their frames) freed in one pass
             if res.violation is not None:
                 cov.seconds = time.monotonic() - start
                 labels = shrink(cfg, proto, _labels(res), shrink_s)
