@@ -152,7 +152,8 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
         left = item(ddb, table, orphan) or {}
         if mode == "fast":
             # the race happened: d2's claim applied beside d1's lease, its give-back held
-            assert seen[:2] == ["map_acquire rejected", "claim applied"], seen
+            # (the two writes go out together: their replies come back in either order)
+            assert sorted(seen[:2]) == ["claim applied", "map_acquire rejected"], seen
             assert left.get("key") == "k" and left.get("holder"), left
             c1.advance(1)
             out = _adopt(url, table, c1.now_us())
