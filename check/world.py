@@ -668,6 +668,7 @@ class World:
             if (
                 r is not None
                 and r.holder == m.token
+                and r.holder_current  # a stale holder: the paper's lease now, not ours
                 and r.lease_expires_us is not None
                 and m.expires_us is not None
                 and m.expires_us > r.lease_expires_us

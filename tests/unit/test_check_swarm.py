@@ -101,3 +101,11 @@ def test_the_draw_reaches_every_actor_and_fault() -> None:
     # a strict pool never beside the paper's agent, adopt only in rollout mode
     assert not any(c.strict_home and (c.legacy_agents or c.rollout_switch) for c in cfgs)
     assert not any("adopt" in c.admin and not c.legacy_agents for c in cfgs)
+
+
+def test_a_stale_holder_is_not_the_claim_a_mapping_names() -> None:
+    """Seed 64,906 of the hour-long swarm: the paper's liberator freed rc at the end of k2's
+    lease and the paper's agent leased it to kp, leaving k2's token as a stale holder; the
+    state invariant M<=R took that item for k2's claim. A holder counts only while current."""
+    _, res = swarm.run_one(64906, REAL)
+    assert res.violation is None, format_trace(res)
