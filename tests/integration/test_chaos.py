@@ -47,7 +47,7 @@ def assert_rule_kept(a: dict[str, object], t: dict[str, object]) -> None:
 
 @pytest.mark.timeout(280)
 def test_chaos_short(tmp_path: Path) -> None:
-    p = Params(duration=45.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
+    p = Params(duration=30.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
     result = run(p)
     print(table(result))
     a, t = result["audit"], result["table"]

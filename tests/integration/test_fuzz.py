@@ -400,17 +400,19 @@ async def test_a_peer_that_never_reads_cannot_grow_the_daemons_memory(
     seed_pool(ddb, table, count=3)
     async with make_daemon() as d:
         frame = wire.encode({"v": 1, "id": 1, "op": "ping"})
-        blob = frame * 10_000
+        # one stream of whole frames, each send going on where the last one stopped (a send
+        # that took part of a frame and a next one from a frame's start would garble it)
+        stream = memoryview(frame * (8_000_000 // len(frame)))
         s = socket.socket(socket.AF_UNIX)
         s.connect(d.cfg.socket)
         s.setblocking(False)
         sent = 0
         try:
             for _ in range(400):  # offer up to 8 MB; stop early when the daemon pushes back
-                if sent >= 8_000_000:
+                if sent >= len(stream):
                     break
                 try:
-                    sent += s.send(blob)
+                    sent += s.send(stream[sent : sent + 10_000 * len(frame)])
                 except BlockingIOError:
                     pass
                 await asyncio.sleep(0.002)  # let the daemon (this loop) read and answer
@@ -425,7 +427,9 @@ async def test_a_peer_that_never_reads_cannot_grow_the_daemons_memory(
             def drain() -> int:
                 dec, got = wire.FrameDecoder(), 0
                 while got < sent // len(frame):
-                    dec.feed(s.recv(1 << 20))
+                    data = s.recv(1 << 20)
+                    assert data, f"the daemon closed the connection after {got} answers"
+                    dec.feed(data)
                     got += sum(1 for _ in dec.frames())
                 return got
 
