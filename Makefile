@@ -125,10 +125,11 @@ systemd-test: $(STAMP)
 # Everything CI runs: the tools some tests use, then every test tier as test-tiers runs them
 # (fast, properties and integration, then the serial tier: many daemons, chaos, the
 # simulation; the protocol checker's searches beside, at a low CPU priority) and, in a lane
-# of its own beside them, lint, types and the real-systemd test (which skips, saying why,
-# where the machine cannot boot systemd); then the check that each test ran exactly once.
+# of its own beside them, lint and types (niced: nothing in them waits on time), then the
+# real-systemd test (which skips, saying why, where the machine cannot boot systemd); then the
+# check that each test ran exactly once.
 test: $(STAMP) tools
-	$(TIERS) all --beside '$(MAKE) -s lint typecheck systemd-test'
+	$(TIERS) all --beside 'nice -n 10 $(MAKE) -s lint typecheck && $(MAKE) -s systemd-test'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

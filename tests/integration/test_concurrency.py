@@ -1,7 +1,7 @@
 """Many daemons, many client processes, one pool; then an audit of the table.
 
 3 daemon processes (``rasd serve``) share one table on moto's server; 8 client processes make
-2000 get_lease calls over 300 keys from a pool of 400. Afterwards the table must show: no key
+1200 get_lease calls over 180 keys from a pool of 240. Afterwards the table must show: no key
 holding two resources in the region, and every lease a client was handed matching the table.
 """
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str) -> None:
-    """2000 calls, 300 keys, pool of 400, 3 daemons, 8 processes: the table stays exact."""
-    seed_pool(ddb, table, count=400)
+    """1200 calls, 180 keys, pool of 240, 3 daemons, 8 processes: the table stays exact."""
+    seed_pool(ddb, table, count=240)
     import tempfile
 
     tmp = Path(tempfile.mkdtemp(prefix="rasd-c-"))
@@ -43,8 +43,8 @@ def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str)
                     "tests.integration._worker",
                     socks[i % 3],
                     str(i),
-                    "250",
-                    "300",
+                    "150",
+                    "180",
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
@@ -64,7 +64,7 @@ def test_three_daemons_eight_processes(ddb: Any, table: str, moto_endpoint: str)
             p.terminate()
         for p in daemons:
             p.wait(timeout=30)
-    assert len(results) == 2000
+    assert len(results) == 1200
     errors = [r for r in results if "error" in r]
     assert not errors, errors[:5]
     summary = audit(ddb, table, results, "us-east-1")
