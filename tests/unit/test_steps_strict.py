@@ -13,7 +13,7 @@ import pytest
 from rasd.core import agree as A
 from rasd.core.decide import Outcome
 from rasd.core.errors import Unavailable
-from rasd.core.lease import FREE, Lease, Mapping, fmt_time
+from rasd.core.lease import FREE, Lease, Mapping, fmt_time, parse_time
 from rasd.steps import At, GetItem, Sleep, WriteResult
 from rasd.steps import strict as S
 from rasd.steps.daemon import BACKGROUND_DEADLINE, Daemon, Deadline
@@ -142,6 +142,90 @@ def test_home_region_down_fails_the_new_key(fails: str) -> None:
     assert not t.logs and not t.spawned
 
 
+def taken_over_meanwhile(t: Regions, end: int) -> None:
+    """Before the home region's third call (our write at the version we read), another
+    region's lease of ``k`` (token ``t8``, until ``end``) takes A over."""
+    ident = A.agree_key("c", "p", "k")
+    theirs = Mapping("c", "p", "k", "sa-east-1", 3, "pending", "t8", "r8", 7, end, NOW, "d8")
+
+    def take() -> None:
+        assert t.home.land(A.agree_write(ident, 1, theirs)).outcome is Outcome.APPLIED
+
+    t.home.before[3] = take
+
+
+def test_a_proposal_refused_again_reads_and_answers_the_lease_that_won() -> None:
+    """A named a lease that is over; our write at its version loses to another region's:
+    read again and answer that lease, withdrawing ours, with what the first try had."""
+    t = Regions()
+    m = claim_of(t)
+    other_lease(t, end=NOW - RULES.grace_us - 1)
+    taken_over_meanwhile(t, END)
+    d = daemon()
+    got = t.run(S.agree(d, POOL, HOME, m, (m,)))
+    assert isinstance(got, Lease) and (got.token, got.resource) == ("t8", "r8")
+    assert t.at == [(HOME, "Send"), (HOME, "GetItem"), (HOME, "Send"), (HOME, "GetItem")]
+    assert t.counts == {"strict.deferred": 1}
+    (spawn,) = t.spawned
+    assert spawn.fn is S.withdraw and spawn.args == (d, m)
+
+
+def test_a_proposal_refused_again_waits_for_a_lease_ending() -> None:
+    """The lease that won the second try is too close to its end: wait (the first wait of
+    the request), then take A over once it is over for every clock."""
+    t = Regions()
+    m = claim_of(t)
+    other_lease(t, end=NOW - RULES.grace_us - 1)
+    taken_over_meanwhile(t, NOW + RULES.margin_us - 1)
+    waits: list[float] = []
+
+    def later(s: Sleep) -> None:
+        waits.append(s.seconds)
+        t.now = NOW + RULES.margin_us + RULES.grace_us
+
+    t.on_sleep = later
+    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), wait=0.005)) is None
+    assert waits == [0.005]
+    assert t.home.items[A.agree_key("c", "p", "k")]["token"] == "t1"
+    assert t.counts == {"acq.waits": 1, "strict.agreed": 1}
+
+
+@pytest.mark.parametrize("when", ["proposing", "after a wait"])
+def test_home_region_down_later_in_the_request_fails_it(when: str) -> None:
+    """The home region stops answering after the first read: the request fails naming the
+    pool, whichever call found it down."""
+    t = Regions()
+    m = claim_of(t)
+    if when == "proposing":
+        other_lease(t, end=NOW - RULES.grace_us - 1)
+        t.home.script["agree"] = [
+            WriteResult(Outcome.REJECTED),
+            WriteResult(Outcome.UNKNOWN, error=DOWN),
+        ]
+    else:
+        other_lease(t, end=NOW + RULES.margin_us - 1)
+
+        def down(_: Sleep) -> None:
+            t.home.fail[GetItem] = DOWN
+
+        t.on_sleep = down
+    with pytest.raises(Unavailable) as err:
+        t.run(S.agree(daemon(), POOL, HOME, m, (m,)))
+    assert str(err.value) == (
+        f"home region {HOME} of strict pool 'p' unreachable, the new lease is not agreed: {DOWN}"
+    )
+
+
+def test_home_region_down_at_the_first_write_falls_back_when_local() -> None:
+    t = Regions()
+    m = claim_of(t)
+    t.home.script["agree"] = [WriteResult(Outcome.UNKNOWN, error=DOWN)]
+    assert t.run(S.agree(daemon("local"), POOL, HOME, m, (m,))) is None
+    assert t.counts == {"strict.home_unreachable": 1, "strict.fallback": 1}
+    fields = (("pool", "p"), ("key", "k"), ("token", "t1"), ("error", str(DOWN)))
+    assert t.logs == [("strict_fallback", fields, "warning")]
+
+
 def test_home_region_down_falls_back_to_our_claim_when_local() -> None:
     t = Regions()
     m = claim_of(t)
@@ -159,6 +243,10 @@ def test_withdraw_frees_the_pending_mapping_then_the_claim() -> None:
     assert t.of(Deadline)[0] == Deadline(BACKGROUND_DEADLINE)
     assert t.mapping("k").state == FREE
     assert t.res("r1").key is None
+    # its mapping named it, so a reader may have answered it: held to the lease's end plus
+    # the skew, not the quarantine alone, in the fast rules too
+    until = t.res("r1").quarantine_until
+    assert until is not None and parse_time(until) >= END + RULES.grace_us
     assert t.counts["strict.withdrawn"] == 1 and "strict.withdraw_left" not in t.counts
 
 
