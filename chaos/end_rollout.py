@@ -93,6 +93,16 @@ class EndRollout(Commands):
             self.out["all_daemons_off_s"] = max(off.values())
             say(self.p, f"every daemon on the fast rules by {max(off.values()):.1f} s")
 
+    def finish(self, bound_s: float) -> None:
+        """After the traffic: the attempts (and the liberator beside them) go on until one
+        succeeds or ``bound_s`` passes. A loaded machine stretches every step (each
+        ``rasadmin`` and liberator run is a process); only a defect keeps the end from
+        coming within the bound."""
+        t0 = time.time()
+        while self.out["succeeded_s"] is None and self.is_alive() and time.time() < t0 + bound_s:
+            time.sleep(0.2)
+        self.out["waited_after_traffic_s"] = round(time.time() - t0, 3)
+
     def attempt(self) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "rasd_jobs.admin", "end-rollout", "--table", self.p.table,
                "--region", self.p.regions[0], "--endpoint-url", self.endpoint,
@@ -164,10 +174,9 @@ def end_rollout_result(
     succeeded, last = res["succeeded_s"], res["paper_last_claim_s"]
     # the scenario's premise: no claim of the paper's agent landed after end-rollout's scan
     res["paper_claim_after_end"] = None not in (succeeded, last) and last > succeeded
+    # within the traffic, or after it (``EndRollout.finish``) on a loaded machine
+    res["within_traffic"] = succeeded is not None and succeeded <= p.duration
     res["ok"] = (
-        succeeded is not None
-        and succeeded <= p.duration
-        and not record.paper_agents
-        and not res["paper_claim_after_end"]
+        succeeded is not None and not record.paper_agents and not res["paper_claim_after_end"]
     )
     return res

@@ -31,8 +31,9 @@ on one table (the paper's agent knows one), without the balancer and rasadmin.
 
 The end of the rollout (``--end-rollout-at``, mixed mode): at that time the paper's workers
 (started to stop then) and its liberator stop, ``rasadmin end-rollout`` runs every few seconds
-until it succeeds (``EndRollout``), and the daemons, still serving, follow the record to the
-fast rules; the result's ``end_rollout`` says when each step happened.
+until it succeeds (``EndRollout``; past the traffic if need be, the jobs beside it, for at
+most ``END_ROLLOUT_BOUND``), and the daemons, still serving, follow the record to the fast
+rules; the result's ``end_rollout`` says when each step happened.
 
 Every loop is bounded by the run's deadline; ``finally`` kills every process group started.
 """
@@ -80,6 +81,9 @@ from .end_rollout import EndRollout, end_rollout_result
 from .params import BUCKET, CLIENT, TABLE_REGION, Params, say
 from .proxy import FaultPlan, FaultProxy, Trace, start_proxies, totals
 from .summary import actors, violations, write
+
+#: how long ``rasadmin end-rollout`` may go on succeeding after the traffic, on a loaded machine
+END_ROLLOUT_BOUND = 90.0
 
 
 def run(p: Params) -> dict[str, Any]:
@@ -230,6 +234,9 @@ def run(p: Params) -> dict[str, Any]:
         for a in apps:
             if a.poll() is None:
                 kill_group(a)
+        if end_roll is not None and end_roll.out["succeeded_s"] is None:
+            say(p, "traffic over; end-rollout goes on, the jobs beside it")
+            end_roll.finish(END_ROLLOUT_BOUND)
         say(p, "traffic over; stopping jobs, auditing")
         for actor in (jobs, balancer, admin, end_roll):
             if actor is not None:

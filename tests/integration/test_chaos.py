@@ -47,7 +47,7 @@ def assert_rule_kept(a: dict[str, object], t: dict[str, object]) -> None:
 
 @pytest.mark.timeout(280)
 def test_chaos_short(tmp_path: Path) -> None:
-    p = Params(duration=30.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
+    p = Params(duration=45.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
     result = run(p)
     print(table(result))
     a, t = result["audit"], result["table"]
@@ -75,7 +75,7 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert bal["leased_moves_in_streams"] == 0
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(280)
 def test_chaos_mixed(tmp_path: Path) -> None:
     """The rule across both agents of a rollout: no resource answered to two keys at once,
     whichever agent answered; no key split between two resources of a region, and no lost
@@ -88,9 +88,10 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     the outage, at 8-16 s, before) and its liberator stop; their leases, at most 5 s long
     here, end and ``ras-liberator`` frees them; ``rasadmin end-rollout`` then marks the
     record with the latest end of a lease held (rasd's apps too ask for 5 s at most) and
-    succeeds after it (the paper's leases freed by about 30 s, at 35 s under load; the mark
-    about 7 s later), and the daemons (pool_refresh 5 s) switch to the fast rules for the
-    rest of the run."""
+    succeeds after it (the paper's leases freed by about 30 s, at 35-42 s under load; the
+    mark about 7 s later), and the daemons (pool_refresh 5 s) switch to the fast rules for
+    the rest of the run. Under the flake hunt's load each step, a process, takes seconds,
+    and the end can come after the traffic: the run waits for it, up to 90 s."""
     p = Params(
         duration=55.0, seed=11, mixed=True, label="pytest-mixed", results_dir=str(tmp_path),
         log=False, outage_at=8.0, end_rollout_at=18.0, paper_max_lease=5.0, app_max_lease=5.0,
@@ -111,8 +112,8 @@ def test_chaos_mixed(tmp_path: Path) -> None:
     # the second lease of each split was judged from the claims' write times
     assert "paper_made_splits" in a
     assert_rule_kept(a, t)
-    # the switch: end-rollout succeeded within the traffic, after the paper's last claim,
-    # and the table's record says off at the end
+    # the switch: end-rollout succeeded after the paper's last claim (within the traffic,
+    # or after it where a loaded machine stretched its steps), and the record says off
     ended = result["end_rollout"]
     attempts = json.dumps(ended["attempts"], indent=1)
     assert ended["ok"] and ended["succeeded_s"] is not None, attempts

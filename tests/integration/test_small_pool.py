@@ -22,6 +22,7 @@ import rasd_client
 from rasd.core.lease import fmt_time
 from rasd_client import aio
 from rasd_jobs import liberator
+from tests.helpers.deadlines import WAIT
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = [pytest.mark.integration]
@@ -80,14 +81,17 @@ async def test_small_pool_cycles_with_no_capacity_only_when_nothing_is_claimable
             t0 = time.monotonic()
             for i in range(REQUESTS):
                 await asyncio.sleep(max(0.0, t0 + i / RATE - time.monotonic()))
-                free = claimable(ddb, table)  # blocks the loop: nothing runs in between
+                # read in a thread, so the daemon's loop runs on: nothing else claims
+                # (requests are sequential) and the liberator only frees
+                free = await asyncio.to_thread(claimable, ddb, table)
                 try:
+                    # the answer is the subject, not its speed
                     lease = await aio.get_lease(
                         "demo",
                         "default",
                         f"k{i}",
                         timedelta(seconds=LEASE_S),
-                        timeout=2.0,
+                        timeout=WAIT,
                         socket_path=d.cfg.socket,
                     )
                     answered.append((f"k{i}", lease.resource))

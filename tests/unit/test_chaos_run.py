@@ -46,16 +46,17 @@ def out(succeeded: float | None) -> dict[str, Any]:
     return {"at_s": 15.0, "attempts": attempts, "succeeded_s": succeeded}
 
 
-def test_the_end_is_done_once_end_rollout_succeeded_within_the_traffic_and_stayed_off() -> None:
+def test_the_end_is_done_once_end_rollout_succeeded_and_stayed_off() -> None:
     p = Params(duration=50.0, mixed=True, end_rollout_at=15.0)
     off = Rollout(paper_agents=False, version=2, by="rasadmin:h", why="end-rollout")
     modes = {0: False, 1: False, 2: None}
     done = end_rollout_result(p, out(30.0), 0.0, [], off, modes)
-    assert done["ok"] and done["refusals"] == 1
+    assert done["ok"] and done["within_traffic"] and done["refusals"] == 1
     assert done["daemons_at_end"] == {"off": 2, "on": 0, "no_answer": 1}
     assert done["record_at_end"]["paper_agents"] is False
     assert not end_rollout_result(p, out(None), 0.0, [], off, modes)["ok"]  # never succeeded
-    assert not end_rollout_result(p, out(51.0), 0.0, [], off, modes)["ok"]  # after the traffic
+    late = end_rollout_result(p, out(51.0), 0.0, [], off, modes)  # after the traffic
+    assert late["ok"] and not late["within_traffic"]
     on = Rollout(paper_agents=True, version=3)  # something turned it on again
     assert not end_rollout_result(p, out(30.0), 0.0, [], on, modes)["ok"]
 
