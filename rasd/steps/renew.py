@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 :func:`confirm` writes a pending mapping live once its claim landed. :func:`extend` extends a
-lease, the resource first, then the mapping (the mapping's end never passes the resource's):
+lease, the resource first, then (a strict pool) the agreement, then the mapping (the
+mapping's end never passes the agreement's, nor the agreement's the resource's):
 within a request (:func:`extend_now`, a lease too close to its end to serve) or in the
 background after a hit (:func:`extend_bg`). :func:`reconfirm` reads a cached answer's mapping
 again past S/2 (docs/design.md, I3). Part of the daemon's programs (:mod:`rasd.steps.daemon`).
@@ -42,13 +43,22 @@ def confirm(m: Mapping, drop: bool = False) -> Program[None]:
 def extend(
     d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
 ) -> Program[tuple[D.ExtendStep, Any]]:
-    """The resource first, then the mapping: the mapping's end never passes the
-    resource's. Returns the step and the last write's result. ``resent_us``: how long after
-    it is built the extension's write may still be sent again (its program's deadline)."""
+    """The resource first, then (a strict pool) the agreement, then the mapping: no end
+    passes the one before it. Returns the step and the last write's result. ``resent_us``:
+    how long after it is built the extension's write may still be sent again (its program's
+    deadline)."""
     want = fmt_time(requested_us)
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
-    if home is not None and lease.region == d.region:
-        # a strict pool: the agreement first, so it never ends before the lease
+    # Beside the paper's agent the extension must land before the lease's end (its lookup
+    # takes the end as final): conditioned on an end past the floor as it is sent.
+    floor = LG.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
+    w = extend_resource(lease, requested_us, floor)
+    res = yield Send(w, extended_to(lease.token, want))
+    mres = None
+    if res.outcome is Outcome.APPLIED and home is not None and lease.region == d.region:
+        # A strict pool: the agreement between the two, mapping <= agreement <= resource.
+        # Another region's reader answers the agreement's end, and only a held resource
+        # may back it; a lease whose agreement was taken over is not extended in the mapping.
         try:
             agreed = yield from extend_agreement(d, home, lease, requested_us)
         except RasdError as exc:
@@ -58,12 +68,6 @@ def extend(
         if not agreed:
             yield Note("strict.extend_refused")
             return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
-    # Beside the paper's agent the extension must land before the lease's end (its lookup
-    # takes the end as final): conditioned on an end past the floor as it is sent.
-    floor = LG.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
-    w = extend_resource(lease, requested_us, floor)
-    res = yield Send(w, extended_to(lease.token, want))
-    mres = None
     if res.outcome is Outcome.APPLIED:
         mres = yield Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
     step = d.ops.after_extend(res.outcome, mres.outcome if mres else None)

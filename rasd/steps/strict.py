@@ -7,8 +7,9 @@ acquisition that just won it, or a reader that found its pending mapping's claim
 writes the key's agreement item A in the home region (``rasd.core.agree``) and answers what A
 names. Our claim named: answer it. Another region's lease named: answer that one, and give
 our claim back with :func:`withdraw` (it was never answered). :func:`extend_agreement` is an
-extension's first write. Part of the daemon's programs (:mod:`rasd.steps.daemon`); the
-argument is in docs/design.md, "Strict pools".
+extension's second write, after the resource's and before the mapping's. Part of the
+daemon's programs (:mod:`rasd.steps.daemon`); the argument is in docs/design.md, "Strict
+pools".
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def withdraw(d: Daemon, m: Mapping) -> Program[None]:
 
 
 def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> Program[bool]:
-    """An extension's first write: A's end, while A names the lease. False: A names another
+    """An extension's second write: A's end, while A names the lease. False: A names another
     lease, and the extension must not go on. Raises when the home region does not answer
     (unless ``home_down`` is "local": then the extension goes on, counted)."""
     assert lease.token is not None

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from rasd.core import agree as A
-from rasd.core.decide import Outcome
+from rasd.core.decide import Extended, Outcome
 from rasd.core.errors import Unavailable
 from rasd.core.lease import FREE, Lease, Mapping, fmt_time, parse_time
-from rasd.steps import At, GetItem, Sleep, WriteResult
+from rasd.steps import At, GetItem, Send, Sleep, WriteResult
 from rasd.steps import strict as S
 from rasd.steps.daemon import BACKGROUND_DEADLINE, Daemon, Deadline
+from rasd.steps.renew import confirm, extend
 from tests.helpers.daemontable import EAST, HOUR, NOW, POOL, RULES, WEST, Table
 
 END = NOW + HOUR
@@ -33,8 +34,13 @@ class Regions(Table):
         self.home = Table()
         self.at: list[tuple[str, str]] = []
         self.down: Unavailable | None = None
+        #: the kinds of every write sent, both tables', in order
+        self.sent: list[str] = []
 
     def perform(self, eff: Any) -> Any:
+        call = eff.call if isinstance(eff, At) else eff
+        if isinstance(call, Send):
+            self.sent.append(call.write.kind)
         if isinstance(eff, At):
             self.at.append((eff.region, type(eff.call).__name__))
             assert eff.region == HOME
@@ -287,6 +293,39 @@ def test_an_extension_refused_reads_the_agreement() -> None:
     assert t.run(S.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
     del t.home.items[ident]
     assert t.run(S.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
+
+
+def live_lease_of(t: Regions) -> Lease:
+    """A live lease of ``k`` on r1 in our region (claimed, mapped, confirmed) that A names."""
+    m = claim_of(t)
+    t.run(confirm(m))
+    t.home.land(A.agree_write(A.agree_key("c", "p", "k"), 0, m))
+    return Lease("c", "p", "k", "r1", EAST, END, t.res("r1").version, NOW, "t1")
+
+
+def test_an_extension_writes_the_resource_then_the_agreement_then_the_mapping() -> None:
+    """Another region's reader answers A's end: A never passes the resource's end, as the
+    mapping's never passes A's (a crash between two writes leaves each end within the one
+    before it)."""
+    t = Regions()
+    lease = live_lease_of(t)
+    step, _ = t.run(extend(daemon(), lease, END + HOUR))
+    assert isinstance(step, Extended)
+    assert [w for w in t.writes() if w != "map_confirm"] == ["extend_resource", "map_extend"]
+    assert t.sent[-3:] == ["extend_resource", "agree_extend", "map_extend"]
+    assert t.res("r1").lease_expires_us == END + HOUR
+    assert t.home.items[A.agree_key("c", "p", "k")]["exp"] == fmt_time(END + HOUR)
+
+
+def test_an_extension_whose_resource_is_gone_leaves_the_agreement_alone() -> None:
+    """The resource write refused (liberated, released): A is not moved, so no reader of
+    another region answers past the resource's end."""
+    t = Regions()
+    lease = live_lease_of(t)
+    t.script["extend_resource"] = [WriteResult(Outcome.REJECTED)]
+    t.run(extend(daemon(), lease, END + HOUR))
+    assert t.at == []
+    assert t.home.items[A.agree_key("c", "p", "k")]["exp"] == fmt_time(END)
 
 
 @pytest.mark.parametrize("fails", ["Send", "GetItem"])
