@@ -117,7 +117,12 @@ async def test_adoption_extends_a_lease_about_to_end(
     res = agent.get_lease(C, P, "short", clock.now_us() + 3 * L.US).resource
     async with make_daemon(clock=clock) as d:
         got = await rasd_aio.get_lease(
-            C, P, "short", (clock.now_us() + 600 * L.US) / L.US, socket_path=d.cfg.socket
+            C,
+            P,
+            "short",
+            (clock.now_us() + 600 * L.US) / L.US,
+            socket_path=d.cfg.socket,
+            timeout=WAIT,
         )
         assert got.resource == res and not got.new
         assert d.counters["lease.adopted"] == 1 and d.counters["lease.extended"] == 1
@@ -138,8 +143,10 @@ async def test_paper_agent_cannot_take_a_quarantined_resource(
     agent = paper()
     async with make_daemon() as d:
         s = d.cfg.socket
-        mine = await rasd_aio.get_lease(C, P, "rasd-key", timedelta(hours=1), socket_path=s)
-        await rasd_aio.release(C, P, "rasd-key", socket_path=s)
+        mine = await rasd_aio.get_lease(
+            C, P, "rasd-key", timedelta(hours=1), socket_path=s, timeout=WAIT
+        )
+        await rasd_aio.release(C, P, "rasd-key", socket_path=s, timeout=WAIT)
         await d.coordinator.drain(2.0)  # the quarantining write; its re-listing is cancelled
     q = resource(ddb, table, mine.resource)
     assert q.key is None and q.lease_available is None and q.quarantine_until is not None
@@ -169,8 +176,8 @@ async def test_daemon_relists_what_it_quarantined(ddb: Any, table: str, make_dae
     short = {"confirm_interval": 0.2, "max_clock_skew": 0.1, "replication_lag": 0.1}
     async with make_daemon(legacy_agents=False, **short) as d:
         s = d.cfg.socket
-        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
-        await rasd_aio.release(C, P, "k", socket_path=s)
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s, timeout=WAIT)
+        await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         for _ in range(600):
             if d.counters["quarantine.relist_applied"]:
                 break
@@ -191,7 +198,12 @@ async def test_both_liberators_free_nothing_early(
     clock = FakeClock(now_us=now_us())
     async with make_daemon(clock=clock) as d:
         got = await rasd_aio.get_lease(
-            C, P, "rasd-key", (clock.now_us() + 10 * L.US) / L.US, socket_path=d.cfg.socket
+            C,
+            P,
+            "rasd-key",
+            (clock.now_us() + 10 * L.US) / L.US,
+            socket_path=d.cfg.socket,
+            timeout=WAIT,
         )
         await d.coordinator.drain(2.0)
     t = clock.now_us()
@@ -279,7 +291,7 @@ async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
         try:
             for key, res in theirs.items():
                 got = await rasd_aio.get_lease(
-                    C, P, key, timedelta(hours=1), socket_path=cfg.socket
+                    C, P, key, timedelta(hours=1), socket_path=cfg.socket, timeout=WAIT
                 )
                 assert got.resource == res and not got.new
             assert d.counters["lease.adopted"] == 0 and d.counters["lease.existing"] == 6
@@ -300,10 +312,10 @@ async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
     agent = paper()
     async with make_daemon() as d:
         s = d.cfg.socket
-        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s, timeout=WAIT)
         theirs = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
         assert theirs.resource == mine.resource and not theirs.new
-        await rasd_aio.release(C, P, "k", socket_path=s)
+        await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         await d.coordinator.drain(2.0)
         skew = int(d.cfg.max_clock_skew * L.US)
         q = int(d.cfg.quarantine * L.US)
@@ -400,7 +412,9 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
             rec.calls.clear()
             before = d.counters.snapshot()
             t0 = time.perf_counter()
-            await rasd_aio.get_lease(C, P, key, timedelta(hours=1), socket_path=d.cfg.socket)
+            await rasd_aio.get_lease(
+                C, P, key, timedelta(hours=1), socket_path=d.cfg.socket, timeout=WAIT
+            )
             t1 = time.perf_counter()
             calls = [
                 c
@@ -477,7 +491,7 @@ async def test_a_release_beside_the_paper_agent_answers_once_the_resource_is_fre
     agent = paper()
     async with make_daemon() as d:
         s = d.cfg.socket
-        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s)
+        mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s, timeout=WAIT)
         await d.coordinator.drain(2.0)
         await rasd_aio.release(C, P, "k", socket_path=s, timeout=5)
         released = resource(ddb, table, mine.resource)  # read as the answer arrives
@@ -602,7 +616,9 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
             return (yield from acquire(*args))
 
         monkeypatch.setattr(take, "acquire", lost_claim_first)
-        got = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket)
+        got = await rasd_aio.get_lease(
+            C, P, "k", timedelta(hours=1), socket_path=d.cfg.socket, timeout=WAIT
+        )
         assert got.resource == lost[0] and not got.new
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
         await d.coordinator.drain(2.0)
