@@ -363,7 +363,10 @@ def add_parser(sp: argparse.ArgumentParser) -> None:
 
 def cmd_adopt(ddb: Any, args: argparse.Namespace) -> int:
     region = None if args.all_regions else common.ras_region(args)
-    resume = json.loads(args.resume_from) if args.resume_from else None
+    try:
+        resume = json.loads(args.resume_from) if args.resume_from else None
+    except json.JSONDecodeError as exc:
+        raise common.UsageError(f"--resume-from: not JSON ({exc}): pass a resume_from as printed")
     if resume is not None and not isinstance(resume, dict):
         raise common.UsageError("--resume-from: expected a JSON object")
     cfg = common.daemon_config(args)

@@ -33,7 +33,8 @@ from typing import Any, TextIO
 
 import boto3
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from rasd.config import Config, ConfigError
 from rasd.config import load as load_config
@@ -56,16 +57,17 @@ EXIT_OK = 0
 EXIT_ERRORS = 1
 EXIT_USAGE = 2
 
-ENV_HELP = """\
+ENV_VARS = """\
 environment (flags override):
   RASD_TABLE                 table name (default "rasd")
   RASD_REGION                the RAS region whose items this command manages
   AWS_REGION                 the DynamoDB client's region (default: the RAS region)
   AWS_ENDPOINT_URL_DYNAMODB  DynamoDB endpoint (else AWS_ENDPOINT_URL, else AWS)
   AWS_PROFILE, AWS_ACCESS_KEY_ID, ...  credentials, as boto3 reads them
-
-exit status: 0 done, 1 the job hit errors (see the logs on stderr), 2 bad usage or names.
 """
+ENV_HELP = ENV_VARS + (
+    "\nexit status: 0 done, 1 the job hit errors (see the logs on stderr), 2 bad usage or names.\n"
+)
 
 
 class UsageError(Exception):
@@ -229,33 +231,88 @@ def parse_now(raw: str) -> int:
 
 
 # --------------------------------------------------------------------------------- client
-def make_client(args: argparse.Namespace, region: str | None, pool: int = 10) -> Any:
+#: The message of a command that has no region at all: boto3's own words ("You must specify
+#: a region") name neither rasd's flag nor its variable.
+NO_REGION = (
+    "no region: pass --region or set RASD_REGION (or AWS_REGION, the DynamoDB client's "
+    "region; read-only commands filter by --region alone)"
+)
+
+#: rasadmin's commands are run by a person waiting for them: a DynamoDB that does not answer
+#: the connect is said within seconds, where a job's retries ride out a blip (a minute).
+INTERACTIVE_CONNECT_TIMEOUT = 3.0
+#: Connects tried per call by an interactive client (:func:`cap_connect_attempts`).
+INTERACTIVE_CONNECT_ATTEMPTS = 2
+
+
+def make_client(
+    args: argparse.Namespace, region: str | None, pool: int = 10, interactive: bool = False
+) -> Any:
     """A boto3 DynamoDB client. Region: ``AWS_REGION`` if set, else the RAS region (else
     boto3's own resolution). Retries in botocore's adaptive mode: jobs are batch work and
-    should slow down under throttling rather than fail."""
-    return client_for(getattr(args, "endpoint_url", None), region, pool)
+    should slow down under throttling rather than fail. ``interactive`` (rasadmin): a short
+    connect timeout and few connects (:func:`client_for`)."""
+    return client_for(getattr(args, "endpoint_url", None), region, pool, interactive=interactive)
 
 
 def client_for(
-    endpoint_url: str | None, region: str | None, pool: int = 10, exact_region: bool = False
+    endpoint_url: str | None,
+    region: str | None,
+    pool: int = 10,
+    exact_region: bool = False,
+    interactive: bool = False,
 ) -> Any:
     """A client for ``endpoint_url``. Its region is ``AWS_REGION`` if set, else ``region``;
     ``exact_region=True`` signs for ``region`` whatever AWS_REGION says (ras-balancer's peer
     replicas; ras-dedupe's peers follow AWS_REGION so that one moto table can stand in for
-    every replica in tests)."""
-    client = boto3.client(
-        "dynamodb",
-        region_name=region if exact_region else (os.environ.get("AWS_REGION") or region),
-        endpoint_url=endpoint_url,
-        config=BotoConfig(
-            max_pool_connections=max(10, pool),
-            retries={"max_attempts": 8, "mode": "adaptive"},
-            connect_timeout=5,
-            read_timeout=30,
-        ),
-    )
+    every replica in tests). UsageError (:data:`NO_REGION`) when no region is found at all.
+
+    ``interactive``: connects time out after :data:`INTERACTIVE_CONNECT_TIMEOUT` and are
+    tried :data:`INTERACTIVE_CONNECT_ATTEMPTS` times per call; throttling and server errors
+    are retried as a job's are."""
+    try:
+        client = boto3.client(
+            "dynamodb",
+            region_name=region if exact_region else (os.environ.get("AWS_REGION") or region),
+            endpoint_url=endpoint_url,
+            config=BotoConfig(
+                max_pool_connections=max(10, pool),
+                retries={"max_attempts": 8, "mode": "adaptive"},
+                connect_timeout=INTERACTIVE_CONNECT_TIMEOUT if interactive else 5,
+                read_timeout=30,
+            ),
+        )
+    except NoRegionError:
+        raise UsageError(NO_REGION) from None
+    if interactive:
+        cap_connect_attempts(client, INTERACTIVE_CONNECT_ATTEMPTS)
     note_where(client)
     return client
+
+
+def cap_connect_attempts(client: Any, most: int) -> None:
+    """End a call after ``most`` failed connects (no answer, refused, no such host), where
+    botocore's retries would go on for a minute with growing pauses. Its retry handler
+    decides every other retry: this one runs first and raises the connect's error."""
+
+    def give_up(attempts: int, caught_exception: BaseException | None = None, **_: Any) -> None:
+        if isinstance(caught_exception, BotoConnectionError) and attempts >= most:
+            raise caught_exception
+
+    client.meta.events.register_first("needs-retry.dynamodb", give_up)
+
+
+def unreachable(exc: BaseException) -> str:
+    """What to say when a client could not connect: the endpoint and region it tried (noted
+    by :func:`note_where`), and where the endpoint comes from: a forgotten one is AWS's
+    endpoint for the region."""
+    where: dict[str, Any] = getattr(exc, "rasd_where", None) or {}
+    return (
+        f"cannot connect to DynamoDB at {where.get('endpoint', '?')} (region "
+        f"{where.get('region', '?')}): {exc}. The endpoint is --endpoint-url, else "
+        "AWS_ENDPOINT_URL_DYNAMODB or AWS_ENDPOINT_URL, else AWS's for the region (for "
+        "`rasd dev`: the DynamoDB (moto) URL its banner prints)"
+    )
 
 
 #: Where an error answer of a client of :func:`client_for` came from (``table``, ``region``,
@@ -265,7 +322,9 @@ WHERE = "RasdWhere"
 
 def note_where(client: Any) -> None:
     """Have ``client``'s error answers say which table, region and endpoint were asked: a
-    ResourceNotFoundException from another region's endpoint names a table that exists."""
+    ResourceNotFoundException from another region's endpoint names a table that exists. A
+    call that got no answer (it could not connect) carries the same, as the exception's
+    ``rasd_where`` attribute (:func:`unreachable`)."""
     endpoint, region = client.meta.endpoint_url, client.meta.region_name
 
     def before(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
@@ -275,8 +334,14 @@ def note_where(client: Any) -> None:
         if "Error" in parsed:
             parsed[WHERE] = {"table": context.get(WHERE), "region": region, "endpoint": endpoint}
 
+    def failed(exception: BaseException, **_: Any) -> None:
+        if isinstance(exception, BotoConnectionError):
+            where = {"region": region, "endpoint": endpoint}
+            exception.rasd_where = where  # type: ignore[attr-defined]
+
     client.meta.events.register("before-parameter-build.dynamodb", before)
     client.meta.events.register("after-call.dynamodb", after)
+    client.meta.events.register("after-call-error.dynamodb", failed)
 
 
 def error_code(exc: ClientError) -> str:
@@ -303,6 +368,8 @@ def describe_error(exc: BaseException) -> str:
     """An error for a log line: :func:`not_found`'s words for a missing table, else its repr."""
     if isinstance(exc, ClientError) and error_code(exc) == "ResourceNotFoundException":
         return not_found(exc)
+    if isinstance(exc, BotoConnectionError):
+        return unreachable(exc)
     return repr(exc)
 
 
@@ -371,6 +438,8 @@ def run_main(
             status = fail(prog, not_found(exc, getattr(args, "table", None)), EXIT_ERRORS)
         else:
             status = fail(prog, f"DynamoDB: {exc}", EXIT_ERRORS)
+    except BotoConnectionError as exc:
+        status = fail(prog, unreachable(exc), EXIT_ERRORS)
     except BotoCoreError as exc:
         status = fail(prog, f"DynamoDB unreachable or misconfigured: {exc}", EXIT_ERRORS)
     except KeyboardInterrupt:
@@ -488,6 +557,11 @@ class Progress:
 
 def iso(us: int | None) -> str | None:
     return fmt_time(us) if us is not None else None
+
+
+def seconds(x: float) -> int | float:
+    """A number of seconds as the commands print it: an int when whole (7200, not 7200.0)."""
+    return int(x) if float(x).is_integer() else float(x)
 
 
 def parse_peer(s: str) -> tuple[str, str]:

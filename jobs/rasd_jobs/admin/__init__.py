@@ -2,7 +2,8 @@
 
 Listings print a human table, or one JSON document with ``--json``. Commands that change the
 table print a one-line JSON summary on stdout. Logs and progress go to stderr (the progress
-line only when stderr is a terminal). Exit 0 done, 1 failed or refused, 2 bad usage/names.
+line only when stderr is a terminal). Exit 0 done, 1 failed, refused or not found, 2 bad
+usage, names or settings (docs/operations.md has each command's).
 
 Read-only commands (list-*, show-*, stats) cover every region unless ``--region`` is given on
 the command line; ``RASD_REGION`` is not applied to them as a filter. Commands that write a

@@ -21,6 +21,10 @@ from .stats import cmd_stats
 
 DEFAULT_MAX_LEASE_S = 86_400  # one day: the paper's leases are 1-1.5 h; room for long tests
 PROG = "rasadmin"
+EPILOG = common.ENV_VARS + (
+    "\nexit status: 0 done; 1 failed, refused or not found (stderr says which); 2 bad usage,\n"
+    "names or settings (no region, say). Each command's: docs/operations.md, 'Exit status'.\n"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,11 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Admin CLI for rasd's DynamoDB table: the table, pools, resources, stats. "
             "Listings print a table (or JSON with --json); changes print a one-line JSON "
             "summary. Read-only commands cover every region unless --region is given on the "
-            "command line (RASD_REGION is not used as a filter); add-resources and "
-            "release-resource need --region or RASD_REGION. Run `rasadmin COMMAND --help` "
-            "for each command's flags."
+            "command line (RASD_REGION is not used as a filter); add-resources, "
+            "release-resource and delete-resource need --region or RASD_REGION. Every command "
+            "needs a region for its DynamoDB client: AWS_REGION, else --region or RASD_REGION "
+            "(without one it exits 2). Run `rasadmin COMMAND --help` for each command's flags."
         ),
-        epilog=common.ENV_HELP,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -59,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=help,
             description=common.wrap(help),
             parents=[conn, *parents],
-            epilog=common.ENV_HELP,
+            epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sp.set_defaults(func=fn)
@@ -234,14 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command(args: argparse.Namespace) -> int:
-    """Run the command ``args`` name (it prints its own output): its exit status."""
-    region = args.region or None
-    if region is None:
-        try:
-            region = common.ras_region(args, required=False)
-        except common.UsageError:
-            region = None
-    ddb = common.make_client(args, region, pool=getattr(args, "segments", 4) + 2)
+    """Run the command ``args`` name (it prints its own output): its exit status. A command
+    without any region stops here (exit 2), before DynamoDB is asked anything."""
+    region = common.ras_region(args, required=False)
+    pool = getattr(args, "segments", 4) + 2
+    ddb = common.make_client(args, region, pool=pool, interactive=True)
     return int(args.func(ddb, args))
 
 

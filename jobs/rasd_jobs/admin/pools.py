@@ -19,7 +19,7 @@ from rasd.steps import admin as steps
 
 from .. import common, leases
 from .listing import COUNT_COLUMNS, counts_of, show, state_of
-from .reads import bounds, client_items, get_pool, pool_row
+from .reads import bounds, client_items, get_pool, no_pool, pool_row
 
 log = structlog.get_logger("rasd_jobs.admin")
 
@@ -45,7 +45,7 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
             "command": "add-pool",
             "client_id": args.client,
             "pool_id": args.pool,
-            "max_lease": args.max_lease,
+            "max_lease": common.seconds(args.max_lease),
             "home": args.home,
             "updated": existed,
         }
@@ -73,7 +73,7 @@ def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
     for it in client_items(ddb, args.table, args.client, args.pool, args.region):
         per_region.setdefault(it.region, Counter())[state_of(it, now)] += 1
     if pool is None and not per_region:
-        raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
+        raise no_pool(args.table, args.client, args.pool)
     regions = [{"region": r, **counts_of(c)} for r, c in sorted(per_region.items())]
     doc = {
         "client_id": args.client,
@@ -99,7 +99,7 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     pool = get_pool(ddb, args.table, args.client, args.pool)
     items = list(client_items(ddb, args.table, args.client, args.pool))
     if pool is None and not items:
-        raise common.JobError(f"no pool {args.client}/{args.pool} in table {args.table}")
+        raise no_pool(args.table, args.client, args.pool)
     writers = pool_writers(ddb, args, items)
     quarantine_us, grace_us = bounds(args)
     summary: dict[str, Any] = {
@@ -172,7 +172,11 @@ def pool_writers(
         return dict.fromkeys(regions, ddb)
     region = common.ras_region(args, required=False)
     peers = dict(common.parse_peer(s) for s in args.peer_endpoint)
-    out = {r: common.client_for(url, r, pool=4) for r, url in peers.items() if r != region}
+    out = {
+        r: common.client_for(url, r, pool=4, interactive=True)
+        for r, url in peers.items()
+        if r != region
+    }
     if region is not None:
         out[region] = ddb
     missing = sorted(regions - set(out))

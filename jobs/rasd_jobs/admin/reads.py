@@ -26,14 +26,9 @@ def pool_row(item: dict[str, Any]) -> dict[str, Any]:
     return {
         "client_id": pool.client_id,
         "pool_id": pool.pool_id,
-        "max_lease": _number(str(pool.max_lease_us / US)),
+        "max_lease": common.seconds(pool.max_lease_us / US),
         "home": pool.home,
     }
-
-
-def _number(n: str) -> int | float:
-    x = float(n)
-    return int(x) if x.is_integer() else x
 
 
 def client_items(
@@ -74,13 +69,29 @@ def client_items(
 is_resource = is_resource_item
 
 
+def no_pool(table: str, client_id: str | None, pool_id: str) -> common.JobError:
+    """What every command says of a pool that is neither defined nor holds an item (exit 1)."""
+    if client_id is None:
+        return common.JobError(f"no pool {pool_id} of any client in table {table}")
+    return common.JobError(f"no pool {client_id}/{pool_id} in table {table}")
+
+
 def require_pool(ddb: Any, table: str, client_id: str, pool_id: str) -> dict[str, Any]:
+    """The pool's definition; JobError when it has none (items are added to defined pools)."""
     pool = get_pool(ddb, table, client_id, pool_id)
     if pool is None:
-        raise common.UsageError(
-            f"no pool {client_id}/{pool_id} in table {table}: define it with `rasadmin add-pool`"
-        )
+        exc = no_pool(table, client_id, pool_id)
+        raise common.JobError(f"{exc}: define it with `rasadmin add-pool`")
     return pool
+
+
+def require_pool_or_items(ddb: Any, table: str, client_id: str, pool_id: str) -> None:
+    """JobError (:func:`no_pool`) unless the pool is defined or holds an item of any region
+    (items without a definition are listed too: show-pool calls them orphans)."""
+    if get_pool(ddb, table, client_id, pool_id) is not None:
+        return
+    if next(client_items(ddb, table, client_id, pool_id), None) is None:
+        raise no_pool(table, client_id, pool_id)
 
 
 def get_resource(ddb: Any, table: str, client_id: str, resource: str) -> ResourceItem:

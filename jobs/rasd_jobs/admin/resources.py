@@ -15,7 +15,7 @@ from rasd.steps import admin as steps
 
 from .. import common, leases
 from .listing import row_of, show, state_of
-from .reads import bounds, client_items, get_resource, require_pool
+from .reads import bounds, client_items, get_resource, require_pool, require_pool_or_items
 
 
 def check_resource_name(resource: str) -> None:
@@ -183,6 +183,8 @@ def cmd_list_resources(ddb: Any, args: argparse.Namespace) -> int:
         rows.append(row_of(it, now))
         if args.limit and len(rows) >= args.limit:
             break
+    if not rows and args.pool is not None:
+        require_pool_or_items(ddb, args.table, args.client, args.pool)
     show(args, rows, RESOURCE_COLUMNS)
     return 0
 

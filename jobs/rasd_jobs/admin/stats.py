@@ -12,7 +12,7 @@ from rasd.core.serialize import item_from_ddb
 
 from .. import common
 from .listing import COUNT_COLUMNS, counts_of, show, state_of
-from .reads import is_resource, pool_row
+from .reads import is_resource, no_pool, pool_row
 
 STATS_PROJECTION = (
     "client_id, #res, pool_id, #r, #k, lease_expires, lease_available, quarantine_until"
@@ -74,6 +74,10 @@ def cmd_stats(ddb: Any, args: argparse.Namespace) -> int:
         pr = pool_row(it)
         if not any(k[:2] == (pr["client_id"], pr["pool_id"]) for k in stats):
             stats[(pr["client_id"], pr["pool_id"], "-")] = Counter()
+    if args.pool is not None and not any(
+        p == args.pool and args.client in (None, c) for c, p, _ in stats
+    ):
+        raise no_pool(args.table, args.client, args.pool)
     rows = []
     for (c, p, r), cnt in sorted(stats.items()):
         if args.client is not None and c != args.client:
