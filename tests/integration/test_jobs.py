@@ -997,7 +997,6 @@ def test_delete_pool_with_only_expired_leases_needs_no_force(
         (["add-pool", "--client", "bad.name", "--pool", "p"], "bad client"),
         (["add-pool", "--client", "c", "--pool", "#meta"], "bad pool"),
         (["add-pool", "--client", "c", "--pool", "p", "--max-lease", "0"], "--max-lease"),
-        (["add-resources", "--client", "demo", "--pool", "nope", "--count", "3"], "add-pool"),
         (["add-resources", "--client", "demo", "--pool", "default", "--count", "0"], "--count"),
         (["add-resources", "--client", "demo", "--pool", "default"], "--count"),
         (["list-resources", "--client", "demo", "--region", "US_EAST"], "bad region"),
