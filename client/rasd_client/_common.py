@@ -86,11 +86,17 @@ def deadline_ms(timeout: Any) -> int:
 
 #: ``lease_expires_us`` must fit the wire's signed 64-bit integers
 _MAX_US = 2**63 - 1
+#: Epoch seconds over this far in the past are refused here, naming the time they mean: a
+#: number that small is most likely a duration (``3600`` for an hour), and the daemon would
+#: only say "in the past". Far beyond any clock skew, so a time that has just passed still
+#: reaches the daemon's own check. It is also the longest lease a pool may have.
+_YEAR_S = 366 * 86_400
 
 
 def expires_us(lease_expires: LeaseExpires, now: float | None = None) -> int:
     """Convert the accepted forms of ``lease_expires`` to epoch microseconds; BadRequest for
-    any other value, or one out of range (infinite, NaN, beyond 64 bits)."""
+    any other value, one out of range (infinite, NaN, beyond 64 bits), or epoch seconds over
+    a year in the past (:func:`not_a_time`: a duration, most likely)."""
     forms = "an aware datetime, a timedelta or epoch seconds"
     try:
         if isinstance(lease_expires, bool):
@@ -106,6 +112,7 @@ def expires_us(lease_expires: LeaseExpires, now: float | None = None) -> int:
             raise BadRequest(f"lease_expires must be a finite number, not {lease_expires!r}")
         elif isinstance(lease_expires, (int, float)):
             us = round(lease_expires * 1_000_000)
+            not_a_time(lease_expires, time.time() if now is None else now)
         else:
             raise BadRequest(f"lease_expires must be {forms}, not {type(lease_expires).__name__}")
     except (OverflowError, ValueError, OSError) as exc:
@@ -113,6 +120,18 @@ def expires_us(lease_expires: LeaseExpires, now: float | None = None) -> int:
     if not 0 < us <= _MAX_US:
         raise BadRequest(f"lease_expires is out of range: {shown(lease_expires)}")
     return int(us)
+
+
+def not_a_time(seconds: float, now: float) -> None:
+    """BadRequest for epoch seconds over a year before ``now``; a number no longer than a
+    year is told how to pass it as a duration. Not positive: out of range (the caller)."""
+    if seconds <= 0 or seconds >= now - _YEAR_S:
+        return
+    when = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    said = f"lease_expires {shown(seconds)} is epoch seconds ({when}), in the past"
+    if seconds <= _YEAR_S:
+        raise BadRequest(f"{said}; for a duration pass timedelta(seconds={shown(seconds)})")
+    raise BadRequest(f"{said} by over a year: pass the lease's end, or a timedelta from now")
 
 
 def check_str(name: str, value: Any) -> str:

@@ -14,6 +14,7 @@ import math
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -148,6 +149,34 @@ def test_bad_lease_expires_is_bad_request_in_both_clients(value: Any) -> None:
         rasd_client.get_lease(C, P, K, value, socket_path=NOWHERE)
     with pytest.raises(rasd_client.BadRequest, match="lease_expires"):
         asyncio.run(aio.get_lease(C, P, K, value, socket_path=NOWHERE))
+
+
+def test_a_duration_given_as_epoch_seconds_is_told_to_be_a_timedelta() -> None:
+    """``get_lease(..., 3600)`` means an hour; a number is epoch seconds, so it is 1970. Both
+    clients refuse it before any connect, saying the time it is and how to pass a duration."""
+    want = (
+        "lease_expires 3600 is epoch seconds (1970-01-01T01:00:00Z), in the past; for a "
+        "duration pass timedelta(seconds=3600)"
+    )
+    with pytest.raises(rasd_client.BadRequest) as got:
+        rasd_client.get_lease(C, P, K, 3600, socket_path=NOWHERE)
+    assert got.value.message == want
+    with pytest.raises(rasd_client.BadRequest) as got:
+        asyncio.run(aio.get_lease(C, P, K, 3600, socket_path=NOWHERE))
+    assert got.value.message == want
+    with pytest.raises(rasd_client.BadRequest, match=r"timedelta\(seconds=86400.5\)"):
+        rasd_client.get_lease(C, P, K, 86400.5, socket_path=NOWHERE)
+    two_years_ago = time.time() - 2 * 366 * 86400
+    with pytest.raises(rasd_client.BadRequest, match="in the past by over a year"):
+        rasd_client.get_lease(C, P, K, two_years_ago, socket_path=NOWHERE)
+
+
+def test_a_time_that_has_just_passed_is_the_daemons_to_judge() -> None:
+    """Epoch seconds a minute, or a month, ago get past the client's checks (a clock may be
+    off): the daemon answers them (UNAVAILABLE here, with no daemon)."""
+    for ago in (60, 30 * 86400):
+        with pytest.raises(rasd_client.Unavailable):
+            rasd_client.get_lease(C, P, K, time.time() - ago, socket_path=NOWHERE)
 
 
 BAD_TIMEOUTS: list[Any] = [-1, 0, 0.0, 120, 60.001, math.inf, math.nan, -math.inf, 10**400]
