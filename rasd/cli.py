@@ -131,12 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded default: moto on loopback, a demo pool, and the daemon",
         "Start moto's DynamoDB server on a free loopback port (its request log "
         "goes to DIR/moto.log), create the table, seed a demo pool and serve on DIR/rasd.sock. "
-        "Ctrl-C stops everything.",
+        "The daemon's settings are read as `rasd serve` reads them (--config, then RASD_*, "
+        "then flags) over rasd dev's own for moto: RASD_METRICS_PORT=9464 serves metrics. "
+        "The socket and the DynamoDB endpoint are rasd dev's. Ctrl-C stops everything.",
     )
     dev.add_argument("--dir", default=".rasd-dev", help="working directory (default .rasd-dev)")
     dev.add_argument("--resources", type=int, default=1000, help="demo resources (default 1000)")
-    dev.add_argument("--region", default="us-east-1", help="RAS region (default us-east-1)")
-    dev.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
+    dev.add_argument(
+        "--config", metavar="FILE", help="TOML config file, as for `rasd serve` (optional)"
+    )
+    dev.add_argument("--region", help="RAS region (default RASD_REGION, else us-east-1)")
+    dev.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default RASD_LOG_LEVEL, else warning",
+    )
     check = _command(
         sub,
         "check-config",

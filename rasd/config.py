@@ -369,10 +369,12 @@ def load(
     path: str | None = None,
     env: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Config:
-    """Build the effective config. ``env`` defaults to os.environ."""
+    """Build the effective config. ``env`` defaults to os.environ. ``defaults`` replace
+    Config's own below everything else (``rasd dev``'s settings for a local moto)."""
     env = dict(os.environ) if env is None else env
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(defaults or {})
     if path:
         try:
             with open(path, "rb") as fh:

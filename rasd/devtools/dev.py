@@ -8,20 +8,27 @@ and a burst of new keys (each a few DynamoDB calls) then starves both, until cal
 the retry quota runs dry and the circuit breaker opens. :data:`DEV_SETTINGS` are what the
 daemon changes from the production defaults for a local moto, each with why; production
 keeps its defaults.
+
+The daemon's config is read as ``rasd serve`` reads it (``--config FILE``, then ``RASD_*``,
+then flags: :func:`dev_config`), over :data:`DEV_SETTINGS` instead of the defaults, so
+``RASD_METRICS_PORT=9464 rasd dev`` serves metrics. Only what ``rasd dev`` is (:data:`DEV_OWNS`:
+its socket, its moto) is its own whatever is set, and it says so when something was.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import os
+import socket
 import sys
 import tempfile
 import time
 from typing import Any
 
-from ..config import Config
+from ..config import Config, ConfigError, load
 
 DEMO_CLIENT = "demo"
 DEMO_POOL = "default"
@@ -53,6 +60,37 @@ DEV_SETTINGS: dict[str, Any] = {
 }
 #: claim candidates the demo pool holds before the banner is printed
 DEV_CANDIDATES = 256
+#: Defaults of ``rasd dev`` that are not about moto: a quiet terminal, a socket any local
+#: user may try.
+DEV_DEFAULTS: dict[str, Any] = {"log_level": "warning", "socket_mode": 0o666}
+#: What ``rasd dev`` sets whatever the config says, and why.
+DEV_OWNS = {
+    "socket": "rasd dev serves on DIR/rasd.sock (--dir moves it)",
+    "endpoint_url": "rasd dev runs its own DynamoDB (moto)",
+}
+
+
+def dev_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> Config:
+    """The daemon's config under ``rasd dev``: ``--config FILE``, ``RASD_*`` and the flags as
+    ``rasd serve`` reads them, over :data:`DEV_SETTINGS` and :data:`DEV_DEFAULTS` where the
+    user set nothing. The socket and endpoint are :data:`DEV_OWNS`' (set by the caller)."""
+    return load(
+        args.config,
+        env=env,
+        overrides={"region": args.region, "log_level": args.log_level},
+        defaults={**DEV_DEFAULTS, **DEV_SETTINGS},
+    )
+
+
+def overruled(cfg: Config) -> list[str]:
+    """A note for each setting of :data:`DEV_OWNS` that the config sets, which ``rasd dev``
+    does not use."""
+    plain = Config()
+    return [
+        f"{name} {getattr(cfg, name)!r} (RASD_{name.upper()} or --config) is not used: {why}"
+        for name, why in DEV_OWNS.items()
+        if getattr(cfg, name) != getattr(plain, name)
+    ]
 
 
 def _socket_path(workdir: str) -> str:
@@ -95,6 +133,26 @@ def require_moto() -> None:
         )
 
 
+def metrics_port_free(port: int) -> None:
+    """DevUnavailable, before moto starts, when metrics cannot be served on ``port``: no
+    prometheus_client, or the port taken (the daemon would stop with a traceback)."""
+    from ..observe.prom import MetricsUnavailable, require
+
+    try:
+        require()
+    except MetricsUnavailable as exc:
+        raise DevUnavailable(str(exc)) from None
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise DevUnavailable(
+                f"metrics_port {port}: {exc.strerror} (another daemon's metrics?): set "
+                "RASD_METRICS_PORT to a free port, or unset it"
+            ) from None
+
+
 def run_dev(args: argparse.Namespace) -> int:
     require_moto()
     import boto3
@@ -105,6 +163,14 @@ def run_dev(args: argparse.Namespace) -> int:
     from ..server import Daemon, run_daemon, socketfile
     from . import motoserver
 
+    try:
+        cfg = dev_config(args)
+    except ConfigError as exc:
+        raise DevUnavailable(str(exc)) from None
+    if cfg.metrics_port:
+        metrics_port_free(cfg.metrics_port)
+    for note in overruled(cfg):
+        print(f"rasd dev: {note}", file=sys.stderr)
     os.makedirs(args.dir, exist_ok=True)
     sock = _socket_path(args.dir)
     try:
@@ -121,8 +187,11 @@ def run_dev(args: argparse.Namespace) -> int:
     server = motoserver.spawn(log_file=moto_log)
     endpoint = server.endpoint
 
-    table = "rasd"
-    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name=args.region)
+    cfg = dataclasses.replace(cfg, socket=sock, endpoint_url=endpoint).validate()
+    table, region = cfg.table, cfg.region
+    # the table where the daemon's client looks: AWS_REGION's, if set (as for `rasd serve`)
+    ddb_region = os.environ.get("AWS_REGION") or region
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name=ddb_region)
     schema.create_table(ddb, table)
     schema.put_pool(ddb, table, DEMO_CLIENT, DEMO_POOL, 86400)
     n = schema.add_resources(
@@ -130,25 +199,23 @@ def run_dev(args: argparse.Namespace) -> int:
         table,
         DEMO_CLIENT,
         DEMO_POOL,
-        args.region,
+        region,
         (f"demo-{i:05d}" for i in range(args.resources)),
     )
-    cfg = Config(
-        table=table,
-        region=args.region,
-        socket=sock,
-        endpoint_url=endpoint,
-        log_level=args.log_level,
-        socket_mode=0o666,
-        **DEV_SETTINGS,
-    ).validate()
     log.configure(cfg.log_level)
+    metrics = (
+        f"http://127.0.0.1:{cfg.metrics_port}/metrics"
+        if cfg.metrics_port
+        else "off (RASD_METRICS_PORT=9464 serves them)"
+    )
 
     banner = f"""rasd dev is up
   DynamoDB (moto): {endpoint}   (request log: {moto_log})
-  table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {args.region}
+  table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {region}
   ({{held}} claim candidates prefetched: takes a burst of 200 new keys at once)
   socket: {sock}
+  metrics: {metrics}
+  settings: rasd dev's for moto (rasd/devtools/dev.py), RASD_* and --config over them
 
 Try it from another terminal (in this checkout):
 
@@ -160,7 +227,7 @@ print(lease)'
 
   .venv/bin/rasd stats --socket {sock}
   AWS_ENDPOINT_URL_DYNAMODB={endpoint} AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \\
-      .venv/bin/rasadmin stats --table {table} --region {args.region}
+      .venv/bin/rasadmin stats --table {table} --region {region}
 
 Ctrl-C stops everything."""
 

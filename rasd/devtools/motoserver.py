@@ -24,7 +24,10 @@ FilterExpression (the liberator's, each run) copies only the items that pass the
 moto copies every item read: a fifth of the time at 6,000 items, with the same pages.
 
 :func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
-so that its Python does not share a GIL with a daemon's.
+so that its Python does not share a GIL with a daemon's. That process prints ``PORT n`` and
+serves until its stdin closes: its parent ends it by closing the pipe, and it never outlives
+a parent that died. Run by hand, ``--until-signal`` keeps it up until Ctrl-C or SIGTERM
+instead (``--port`` picks the port): a moto of its own for ``rasd serve`` or ``rasadmin``.
 
 A slow DynamoDB, for the flake hunt (docs/testing.md) and nothing else: with
 ``RASD_MOTO_DELAY=SECONDS`` in the environment of the process that starts the server, every
@@ -296,17 +299,29 @@ def serve_forever(
     log_file: str | None = None,
     fast: bool = False,
     count_file: str | None = None,
+    until_signal: bool = False,
 ) -> None:
-    """``python -m rasd.devtools.motoserver [--fast] [--log-file F] [--count-file F]``: print
-    ``PORT n`` and serve until stdin closes (for harnesses that want moto in its own process,
-    away from their GIL), then write the requests it served by operation to ``count_file``
-    (JSON). Ctrl-C in a terminal reaches the whole process group: the parent decides
-    when this one stops (it closes our stdin), so SIGINT is ignored here."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """``python -m rasd.devtools.motoserver``: print ``PORT n`` and serve until stdin closes
+    (for harnesses that want moto in its own process, away from their GIL), then write the
+    requests it served by operation to ``count_file`` (JSON). Ctrl-C in a terminal reaches
+    the whole process group: the parent decides when this one stops (it closes our stdin), so
+    SIGINT is ignored here. ``until_signal``: serve until SIGINT or SIGTERM instead, stdin
+    unread (a moto started by hand)."""
+    stop = threading.Event()
+    if until_signal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    else:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     counted = Counted(None) if count_file else None
     server, url = start(host, port, log_file=log_file, fast=fast, counted=counted)
     print("PORT", url.rsplit(":", 1)[1], flush=True)
-    sys.stdin.read()
+    if until_signal:
+        print(f"moto's DynamoDB at {url} until Ctrl-C or SIGTERM", file=sys.stderr, flush=True)
+        while not stop.wait(1.0):  # a timed wait: the signal's handler runs between them
+            pass
+    else:
+        sys.stdin.read()
     server.stop()
     if counted is not None and count_file:
         with open(count_file, "w") as f:
@@ -349,14 +364,36 @@ def spawn(log_file: str | None = None, fast: bool = True) -> Spawned:
     return Spawned(proc, f"http://127.0.0.1:{line.split()[1]}")
 
 
-if __name__ == "__main__":
+def build_parser() -> Any:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m rasd.devtools.motoserver")
+    p = argparse.ArgumentParser(
+        prog="python -m rasd.devtools.motoserver",
+        description="moto's DynamoDB server on 127.0.0.1, its writes atomic as DynamoDB's. "
+        "Prints 'PORT n' once it serves, then serves until its stdin closes (it is run as a "
+        "child whose parent ends it by closing the pipe: started from a shell with nothing "
+        "on stdin, it stops at once). --until-signal serves until Ctrl-C or SIGTERM instead.",
+    )
     p.add_argument("--fast", action="store_true", help="fast_queries(): see the module")
     p.add_argument("--log-file", default=None, help="moto's request log (default: none)")
     p.add_argument(
         "--count-file", default=None, help="write the requests served, by operation (JSON)"
     )
-    a = p.parse_args()
-    serve_forever(log_file=a.log_file, fast=a.fast, count_file=a.count_file)
+    p.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
+    p.add_argument(
+        "--until-signal",
+        action="store_true",
+        help="serve until Ctrl-C or SIGTERM, not until stdin closes (a moto started by hand)",
+    )
+    return p
+
+
+if __name__ == "__main__":
+    a = build_parser().parse_args()
+    serve_forever(
+        port=a.port,
+        log_file=a.log_file,
+        fast=a.fast,
+        count_file=a.count_file,
+        until_signal=a.until_signal,
+    )

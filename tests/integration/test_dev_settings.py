@@ -1,0 +1,136 @@
+"""`rasd dev` takes the daemon's settings as `rasd serve` does: `RASD_METRICS_PORT=N rasd dev`
+serves metrics on N and its banner gives the URL; a port it cannot have stops it with the fix
+before moto starts. moto's server run by hand with `--until-signal` outlives its stdin."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+pytestmark = [pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def dev_env(**extra: str) -> dict[str, str]:
+    """This environment without AWS's settings or the daemon's, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RASD_"))}
+    return {**env, **extra}
+
+
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="rasd-dev-")  # AF_UNIX paths are short
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_rasd_dev_serves_metrics_on_rasd_metrics_port(workdir: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rasd", "dev", "--dir", workdir, "--resources", "20"],
+        cwd=ROOT,
+        env=dev_env(RASD_METRICS_PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = []
+        for line in proc.stdout:
+            banner.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        text = "".join(banner)
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert re.search(rf"^  metrics: {re.escape(url)}$", text, re.M), text
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = resp.read().decode()
+        assert re.search(r"^rasd_up 1(\.0)?$", body, re.M), body[:2000]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_a_taken_metrics_port_stops_rasd_dev_with_the_fix(workdir: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "rasd", "dev", "--dir", workdir, "--resources", "5"],
+            cwd=ROOT,
+            env=dev_env(RASD_METRICS_PORT=str(port)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2, out.stderr
+    assert f"rasd dev: metrics_port {port}: Address already in use" in out.stderr, out.stderr
+    assert "set RASD_METRICS_PORT to a free port, or unset it" in out.stderr
+    assert "Traceback" not in out.stderr and "rasd dev is up" not in out.stdout
+    assert not os.path.exists(os.path.join(workdir, "moto.log"))  # moto never started
+    assert time.monotonic() - started < 30
+
+
+def test_motoserver_until_signal_outlives_its_stdin() -> None:
+    """Without it the server stops once its stdin closes (its parent's pipe); with it, a
+    shell's moto with nothing on stdin serves until SIGTERM, then exits 0."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rasd.devtools.motoserver", "--until-signal", "--port", str(port)],
+        cwd=ROOT,
+        env=dev_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == f"PORT {port}\n"
+        time.sleep(0.5)  # stdin is long closed
+        assert proc.poll() is None
+        ddb = boto3.client(
+            "dynamodb",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        assert ddb.list_tables()["TableNames"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, proc.stderr.read() if proc.stderr else ""
