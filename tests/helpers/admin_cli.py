@@ -62,3 +62,44 @@ def exit_table() -> dict[str, list[str]]:
         if m:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
     return rows
+
+
+#: Each command's own usage errors (the table's third column) that stop it before it asks
+#: DynamoDB anything: (argv, what stderr says). The RAS region is left unset, AWS_REGION set.
+USAGE_BEFORE_DYNAMODB: list[tuple[list[str], str]] = [
+    (["add-pool", "--client", "c", "--pool", "p", "--max-lease", "0"], "bad --max-lease 0"),
+    (["add-pool", "--client", "c", "--pool", "p", "--home", "EU"], "bad --home 'EU'"),
+    (["add-resources", "--client", "c", "--pool", "p", "--count", "1"], "no region"),
+    (["release-resource", "--client", "c", "--resource", "r"], "no region"),
+    (["delete-resource", "--client", "c", "--resource", "r"], "no region"),
+    (["adopt"], "no region"),
+    (["adopt", "--region", "us-east-1", "--resume-from", "{"], "--resume-from: not JSON"),
+    (["adopt", "--region", "us-east-1", "--resume-from", "[1]"], "expected a JSON object"),
+]
+#: a --prefix longer than any resource name may be
+LONG = "x" * 1100
+#: Those found once the pool is read (pool demo/default exists, region us-east-1).
+USAGE_AFTER_READING: list[tuple[list[str], str]] = [
+    (
+        ["add-resources", "--client", "demo", "--pool", "default", "--file", "/nonexistent"],
+        "cannot read --file /nonexistent",
+    ),
+    (
+        [
+            "add-resources",
+            "--client",
+            "demo",
+            "--pool",
+            "default",
+            "--count",
+            "1",
+            "--prefix",
+            LONG,
+        ],
+        "bad resource",
+    ),
+    (
+        ["delete-pool", "--client", "demo", "--pool", "default", "--peer-endpoint", "eu-west-1"],
+        "bad --peer-endpoint 'eu-west-1'",
+    ),
+]

@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.helpers.admin_cli import commands, least_argv, run, takes
-from tests.helpers.tables import seed_pool
+from tests.helpers.admin_cli import (
+    USAGE_AFTER_READING,
+    USAGE_BEFORE_DYNAMODB,
+    commands,
+    exit_table,
+    least_argv,
+    run,
+    takes,
+)
+from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = [pytest.mark.integration]
 
@@ -85,6 +93,22 @@ def test_every_command_says_no_pool_alike(
         code, out, err = run([*argv, *where], capsys)
         assert code == 0, (argv, err)
     assert out == "(none)\n"  # a listing that is empty is no error
+
+
+def test_a_commands_own_usage_errors_after_reading_exit_2(
+    ddb: Any, table: str, moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table's third column, where the pool is read first: exit 2 and nothing written.
+    With the unit test's cases, every command whose row has such errors is tried."""
+    seed_pool(ddb, table, count=2)
+    before = scan_all(ddb, table)
+    where = ["--table", table, "--endpoint-url", moto_endpoint, "--region", "us-east-1"]
+    for argv, said in USAGE_AFTER_READING:
+        code, _, err = run([*argv, *where], capsys)
+        assert code == 2 and f"rasadmin: error: {said}" in err, (argv, err)
+    assert scan_all(ddb, table) == before
+    tried = {argv[0] for argv, _ in USAGE_BEFORE_DYNAMODB + USAGE_AFTER_READING}
+    assert tried == {name for name, cells in exit_table().items() if cells[2]}
 
 
 def test_add_pool_prints_whole_seconds_as_an_int(

@@ -13,10 +13,18 @@ from typing import Any
 import boto3
 import pytest
 import structlog
+from botocore.endpoint import Endpoint
 from botocore.exceptions import EndpointConnectionError
 
 from rasd_jobs import common
-from tests.helpers.admin_cli import commands, exit_table, least_argv, run, takes
+from tests.helpers.admin_cli import (
+    USAGE_BEFORE_DYNAMODB,
+    commands,
+    exit_table,
+    least_argv,
+    run,
+    takes,
+)
 from tests.helpers.aws import AWS_VARS
 
 pytestmark = pytest.mark.usefixtures("one_botocore_loader")
@@ -96,6 +104,25 @@ def test_no_region_at_all_exits_2_saying_what_to_set(
     assert code == 2, err
     assert "rasadmin: error: no region: pass --region or set RASD_REGION" in err, err
     assert "You must specify a region" not in err
+
+
+@pytest.mark.parametrize(("argv", "said"), USAGE_BEFORE_DYNAMODB, ids=lambda x: str(x)[:40])
+def test_a_commands_own_usage_errors_exit_2_before_dynamodb(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table's third column, where no read comes first (AWS_REGION gives the client its
+    region; the RAS region is unset)."""
+    monkeypatch.delenv("RASD_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+
+    def no_call(*_: Any, **__: Any) -> Any:
+        raise AssertionError("DynamoDB may not be asked")
+
+    monkeypatch.setattr(Endpoint, "make_request", no_call)
+    code, _, err = run([*argv, "--endpoint-url", "http://127.0.0.1:9"], capsys)
+    assert code == 2, err
+    assert "rasadmin: error: " in err and said in err, err
+    assert argv[0] in exit_table() and exit_table()[argv[0]][2], argv
 
 
 def test_every_command_takes_the_region_and_endpoint_flags() -> None:
