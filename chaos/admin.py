@@ -154,6 +154,7 @@ class Admin(Commands):
 
 #: rasadmin's refusals (its messages) -> the reason counted
 REFUSALS = (
+    ("cannot connect to DynamoDB", "unreachable"),  # its words name the region too
     ("in quarantine", "quarantine"),
     ("leased by key", "leased"),
     ("changed after it was read", "changed"),
