@@ -113,12 +113,13 @@ $(DEB_STAMP): $(DEB_INPUTS)
 # Builds the .deb first where the machine allows it (root and apt-get, unless
 # SYSTEMD_TEST_MANUAL=1), so the test installs, upgrades in place under load and purges it;
 # otherwise it tests the documented manual layout. The .deb is rebuilt only when one of its
-# inputs changed since the last build (or it is missing).
+# inputs changed since the last build (or it is missing), niced: nothing in the build waits on
+# time, and `make test` runs it beside the tests, which do.
 systemd-test: $(STAMP)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -z "$$SYSTEMD_TEST_MANUAL" ] \
 	    && command -v unshare >/dev/null && [ -x /lib/systemd/systemd ]; then \
 	    ls build/deb/rasd_*.deb >/dev/null 2>&1 || rm -f $(DEB_STAMP); \
-	    $(MAKE) $(DEB_STAMP); \
+	    nice -n 10 $(MAKE) $(DEB_STAMP); \
 	else echo "systemd-test: not building the .deb (needs root, apt-get, unshare, systemd)"; fi
 	bash tests/systemd/run.sh
 
