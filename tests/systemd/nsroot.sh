@@ -16,6 +16,11 @@ base=/mnt/sysd-root
 mkdir -p "$base/upper" "$base/work" "$base/root"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$base/upper,workdir=$base/work" "$base/root"
 r=$base/root
+# The mount points, whatever the host's / has at those names (a stray file /out once stopped
+# the test): removed in the overlay only, never on the host.
+for d in src out; do
+    [ -d "$r/$d" ] && [ ! -L "$r/$d" ] || rm -f "$r/$d"
+done
 mkdir -p "$r/src" "$r/out"
 mount --bind "$src" "$r/src"   # (src and out may live under the host's /tmp: bind them first)
 mount -o remount,bind,ro "$r/src"
