@@ -274,9 +274,9 @@ def serve(cfg: Config, reloader: Any = None) -> int:
 
     malloc.one_arena()  # before any other thread starts
     log.configure(cfg.log_level)
-    if cfg.metrics_port:
-        from .observe.prom import MetricsUnavailable, require
+    from .observe.prom import MetricsUnavailable, require
 
+    if cfg.metrics_port:
         try:
             require()
         except MetricsUnavailable as exc:
@@ -290,7 +290,7 @@ def serve(cfg: Config, reloader: Any = None) -> int:
     sock = inherited.get("rasd") or next(iter(inherited.values()), None)
     try:
         status = uvloop.run(run_daemon(cfg, sock, reloader=reloader, on_up=malloc.trim))
-    except AclError as exc:
+    except (AclError, MetricsUnavailable) as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
     return status

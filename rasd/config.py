@@ -140,6 +140,11 @@ class Config:
     ddb_warm_connections: int = 4
     ddb_connect_timeout: float = 1.0
     ddb_read_timeout: float = 2.0
+    #: The share of a request's time left that one attempt may wait for DynamoDB's answer
+    #: before it is cut and retried (or its write read back). 1.0: never cut, wait for the
+    #: answer until the deadline (``rasd dev``: moto is slow under a burst, never lossy, and a
+    #: cut attempt is work it does twice).
+    ddb_attempt_share: float = 0.6
     #: A pooled DynamoDB connection older than this (seconds) is closed instead of reused, so
     #: the next one resolves the endpoint's name again: DynamoDB's addresses change, and a
     #: connection kept for hours stays on one front-end host whatever happens to it.
@@ -194,6 +199,8 @@ class Config:
         for name in ("startup_deadline", "prefetch_warm", "pool_refresh_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
+        if not 0.1 <= self.ddb_attempt_share <= 1.0:
+            problems.append("ddb_attempt_share: must be between 0.1 and 1")
         if self.ddb_connection_max_age <= 0:
             problems.append("ddb_connection_max_age: must be > 0")
         if self.ddb_max_connections < 1:
@@ -330,6 +337,7 @@ CONVERTERS: dict[str, Converter] = {
     "ddb_warm_connections": int,
     "ddb_connect_timeout": float,
     "ddb_read_timeout": float,
+    "ddb_attempt_share": float,
     "ddb_connection_max_age": float,
     "breaker_failures": int,
     "breaker_window": float,

@@ -44,14 +44,19 @@ DEV_SETTINGS: dict[str, Any] = {
     "max_inflight": 1024,
     "ddb_connect_timeout": 10.0,
     "ddb_read_timeout": 30.0,
+    # An attempt is never cut short to be retried: moto loses nothing, it is only slow under a
+    # burst, and an attempt cut and sent again is work it does twice (and a timeout's retry
+    # costs ten of the retry quota's 500: a burst of 50 drained it, and the next calls failed
+    # with "retry quota exhausted").
+    "ddb_attempt_share": 1.0,
     # Background refills get this long (a request's own deadline is its client's), and a
     # late moto is no outage: the circuit breaker opens only after far more failed calls.
     "default_deadline": 10.0,
     "breaker_failures": 500,
-    # One daemon: nobody else takes its candidates, so they stay good, and enough of them
-    # are kept (DEV_CANDIDATES before the banner) for a burst of 200 new keys to claim
-    # without sweeping the index: every request that finds the buffer empty sweeps all ten
-    # sub-partitions, and on moto 200 sweeps take many seconds.
+    # One daemon: nobody else takes its candidates, so they stay good, and many of them are
+    # kept (up to DEV_CANDIDATES asked for before the banner, which says how many came), so
+    # that a burst of new keys claims without sweeping the index: every request that finds
+    # the buffer empty sweeps all ten sub-partitions, and on moto that takes long.
     "candidate_max_age": 3600.0,
     "prefetch_min": 512,
     "prefetch_max": 1024,
@@ -212,7 +217,8 @@ def run_dev(args: argparse.Namespace) -> int:
     banner = f"""rasd dev is up
   DynamoDB (moto): {endpoint}   (request log: {moto_log})
   table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {region}
-  ({{held}} claim candidates prefetched: takes a burst of 200 new keys at once)
+  ({{held}} claim candidates prefetched; moto answers a few hundred calls a second, so give
+   a burst of new keys a client timeout to match: timeout=30 for 200, README)
   socket: {sock}
   metrics: {metrics}
   settings: rasd dev's for moto (rasd/devtools/dev.py), RASD_* and --config over them

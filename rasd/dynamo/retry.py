@@ -84,6 +84,8 @@ BACKOFF_BASE = 2.0
 MAX_BACKOFF = 20.0
 #: Time an attempt needs at the least: a retry with less left before the deadline is not made.
 MIN_ATTEMPT = 0.1
+#: The share of the time left an attempt may use by default (``ddb_attempt_share``).
+ATTEMPT_SHARE = 0.6
 QUOTA_CAPACITY = 500
 RETRY_COST = 5
 TIMEOUT_RETRY_COST = 10
@@ -155,6 +157,15 @@ def classify_exception(exc: BaseException) -> Failure:
     if isinstance(exc, ConnectionError | HTTPClientError | ChecksumError | OSError):
         return Failure.CONNECTION
     return Failure.FATAL
+
+
+def attempt_budget(left: float, share: float = ATTEMPT_SHARE) -> float:
+    """How long one attempt may wait for its answer with ``left`` seconds to the deadline:
+    ``share`` of it, so that an attempt that hangs leaves time for a retry or a read-back,
+    but never less than MIN_ATTEMPT (all of ``left`` when less is left)."""
+    if left < MIN_ATTEMPT or share >= 1.0:
+        return left
+    return max(MIN_ATTEMPT, left * share)
 
 
 def request_id(rid: str) -> str:

@@ -18,8 +18,9 @@ carries the item as written. REJECTED means the write did not and will not apply
 condition failed (a lost race, a normal value), nothing that could apply was ever sent, or
 the item read back proves it never applied (``map_builders.read_back``). UNKNOWN means an
 attempt may have applied (a timeout, a lost reply, a 5xx) and no read-back could tell before
-the deadline. Each attempt gets at most ATTEMPT_SHARE of the time left, so
-an attempt that hangs leaves time for a retry or a read-back within the request's deadline.
+the deadline. Each attempt gets at most ``ddb_attempt_share`` of the time left
+(``retry.attempt_budget``), so an attempt that hangs leaves time for a retry or a read-back
+within the request's deadline.
 """
 
 from __future__ import annotations
@@ -49,15 +50,10 @@ from ..limits import CircuitBreaker
 from ..observe.metrics import Counters
 from ..steps import WriteResult
 from .aws import AwsSettings
-from .retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_failed
+from .retry import Failure, RetryPolicy, attempt_budget, attempt_failed
 from .retry import request_id as _rid
 
 log = structlog.get_logger("rasd.dynamo.store")
-
-#: An attempt may use at most this share of the time left before the deadline (all of it when
-#: less than MIN_ATTEMPT is left): a hung attempt leaves time for a retry or a read-back.
-ATTEMPT_SHARE = 0.6
-
 
 Sleep = Callable[[float], Awaitable[object]]
 
@@ -195,6 +191,7 @@ class Store:
         breaker = self.breaker
         policy = self.retry
         counters = self.counters
+        share = self.config.ddb_attempt_share
         attempt = 0
         cost = 0  # the quota the last retry took
         refreshed = False
@@ -215,7 +212,7 @@ class Store:
                     retry_after=round(breaker.retry_after(now), 3),
                 )
             counters.inc(f"ddb.{op}")
-            budget = left if left < MIN_ATTEMPT else max(MIN_ATTEMPT, left * ATTEMPT_SHARE)
+            budget = attempt_budget(left, share)
             try:
                 async with asyncio.timeout(budget):
                     resp: dict[str, Any] = await method(TableName=self.table, **kw)

@@ -67,7 +67,8 @@ PATHS: tuple[str, ...] = ("hit", "existing", "new")
 
 
 class MetricsUnavailable(RuntimeError):
-    """``metrics_port`` is set but ``prometheus_client`` is not installed."""
+    """Metrics cannot be served: ``prometheus_client`` is not installed, or
+    ``metrics_port`` is taken."""
 
 
 def require() -> ModuleType:

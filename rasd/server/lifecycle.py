@@ -47,7 +47,7 @@ from ..core.errors import RasdError
 from ..limits import InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
-from ..observe.prom import LatencyHistograms, MetricsServer
+from ..observe.prom import LatencyHistograms, MetricsServer, MetricsUnavailable
 from . import exporter, handover, socketfile
 from .connection import Connection
 from .diagnostics import describe_cause
@@ -187,6 +187,20 @@ class Daemon:
 
     async def listen(self, sock: socket.socket | None = None) -> None:
         """Accept on the socket now (and serve metrics, if asked). Nothing heavy happens here."""
+        # Metrics first: a port that cannot be had stops the daemon before it binds its socket.
+        if self.cfg.metrics_port:
+            try:
+                self._metrics = exporter.serve(self.cfg.metrics_port, self.router)
+            except OSError as exc:
+                if not (self._taking_over and exc.errno == errno.EADDRINUSE):
+                    raise MetricsUnavailable(
+                        f"metrics_port {self.cfg.metrics_port}: {exc.strerror} (another "
+                        "daemon's metrics?): set metrics_port (RASD_METRICS_PORT) to a free "
+                        "port, or unset it"
+                    ) from exc
+                # A hand-over's predecessor serves the port until it stops (it lets go of
+                # it first thing): bind it then, so that one process at a time answers.
+                self.spawn(self._bind_metrics_later())
         loop = asyncio.get_running_loop()
         if sock is not None:
             self._listen_sock = sock
@@ -214,15 +228,6 @@ class Daemon:
                 self._bound_path = None
                 raise
         self._socket_name = self.cfg.socket if sock is None else "inherited"
-        if self.cfg.metrics_port:
-            try:
-                self._metrics = exporter.serve(self.cfg.metrics_port, self.router)
-            except OSError as exc:
-                if not (self._taking_over and exc.errno == errno.EADDRINUSE):
-                    raise
-                # A hand-over's predecessor serves the port until it stops (it lets go of
-                # it first thing): bind it then, so that one process at a time answers.
-                self.spawn(self._bind_metrics_later())
         # Accepting now; requests wait for the store within their deadlines. READY=1 (and
         # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
         # systemd's start timeout must not kill a daemon that is retrying on purpose).

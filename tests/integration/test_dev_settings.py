@@ -1,6 +1,7 @@
 """`rasd dev` takes the daemon's settings as `rasd serve` does: `RASD_METRICS_PORT=N rasd dev`
 serves metrics on N and its banner gives the URL; a port it cannot have stops it with the fix
-before moto starts. moto's server run by hand with `--until-signal` outlives its stdin."""
+before moto starts (and `rasd serve` before its socket). moto's server run by hand with
+`--until-signal` outlives its stdin."""
 
 from __future__ import annotations
 
@@ -98,6 +99,35 @@ def test_a_taken_metrics_port_stops_rasd_dev_with_the_fix(workdir: str) -> None:
     assert "Traceback" not in out.stderr and "rasd dev is up" not in out.stdout
     assert not os.path.exists(os.path.join(workdir, "moto.log"))  # moto never started
     assert time.monotonic() - started < 30
+
+
+def test_a_taken_metrics_port_stops_rasd_serve_with_the_fix(workdir: str) -> None:
+    """`rasd serve` the same: exit 2 with the fix, no traceback, and no socket file left (the
+    port is bound before the socket). It stops before any DynamoDB call: none is reachable."""
+    sock = os.path.join(workdir, "rasd.sock")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "rasd", "serve"],
+            cwd=ROOT,
+            env=dev_env(
+                RASD_METRICS_PORT=str(port),
+                RASD_SOCKET=sock,
+                RASD_ENDPOINT_URL="http://127.0.0.1:9",
+                AWS_ACCESS_KEY_ID="x",
+                AWS_SECRET_ACCESS_KEY="x",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2, out.stderr
+    assert f"rasd: metrics_port {port}: Address already in use" in out.stderr, out.stderr
+    assert "(RASD_METRICS_PORT) to a free port, or unset it" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not os.path.exists(sock)
 
 
 def test_motoserver_until_signal_outlives_its_stdin() -> None:

@@ -24,10 +24,12 @@ from botocore.retries import standard
 from rasd.dynamo.retry import (
     CONFLICT_CODES,
     EXPIRED_TOKEN_CODES,
+    MIN_ATTEMPT,
     THROTTLE_CODES,
     Failure,
     RetryPolicy,
     RetryQuota,
+    attempt_budget,
     classify_code,
     classify_exception,
 )
@@ -184,3 +186,14 @@ def test_not_retried() -> None:
     assert q.acquire(10) and not q.acquire(1)
     q.release(100)
     assert q.available == 10
+
+
+def test_an_attempt_gets_its_share_of_the_time_left() -> None:
+    """A share of the time left, so that a hung attempt leaves time for a retry or a
+    read-back; never under MIN_ATTEMPT unless less is left; all of it at a share of 1."""
+    assert attempt_budget(1.0) == pytest.approx(0.6)
+    assert attempt_budget(0.15) == pytest.approx(MIN_ATTEMPT)
+    assert attempt_budget(0.05) == pytest.approx(0.05)
+    assert attempt_budget(1.0, share=0.9) == pytest.approx(0.9)
+    assert attempt_budget(1.0, share=1.0) == 1.0
+    assert attempt_budget(30.0, share=1.0) == 30.0

@@ -30,7 +30,7 @@ import rasd.dynamo.ddb
 import rasd.dynamo.store
 from rasd.config import Config
 from rasd.core.decide import Outcome
-from rasd.core.errors import Unavailable
+from rasd.core.errors import Timeout, Unavailable
 from rasd.core.writes import Cond, Write
 from rasd.dynamo.store import Store
 
@@ -62,6 +62,7 @@ class Answer:
 
 
 THROTTLE = Answer(400, "ProvisionedThroughputExceededException")
+HANG = Answer(0)  # the server reads the request and never answers it
 OK = Answer()
 
 
@@ -91,6 +92,9 @@ async def scripted(script: Script) -> AsyncIterator[str]:
                 await r.readexactly(int(headers.get("content-length", "0")))
                 answer, rid = script.next()
                 script.requests.append(headers)
+                if answer is HANG:  # no answer: wait for the client to give up and close
+                    await r.read()
+                    break
                 w.write(answer.encode(rid))
                 await w.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -351,3 +355,26 @@ async def test_expired_token_forces_a_refresh_and_one_more_attempt(
         script.answers[:] = [Answer(400, "ExpiredTokenException")]
         with pytest.raises(Unavailable, match=r"could not be refreshed: NoCredentialsError"):
             await store._call("GetItem", fake_time.monotonic() + 60.0)
+
+
+@pytest.mark.parametrize("share, attempts", [(0.6, 2), (1.0, 1)])
+async def test_a_hung_attempt_is_cut_at_its_share_of_the_time_left(
+    share: float, attempts: int, fake_time: FakeTime
+) -> None:
+    """``ddb_attempt_share``: at 0.6 a hung attempt is cut with time left for a retry (which
+    is answered); at 1.0 the one attempt waits until the deadline, and the call times out
+    with no retry and no quota spent (``rasd dev``: moto is slow, not lossy)."""
+    script = Script([HANG])
+    async with (
+        scripted(script) as url,
+        store_on(url, fake_time, rng=lambda: 0.0, ddb_attempt_share=share) as (store, _),
+    ):
+        # 1.5 s: a cut at 0.9 s leaves the retry 0.36 s, time for a loopback answer under load
+        deadline = fake_time.monotonic() + 1.5
+        if attempts == 1:
+            with pytest.raises(Timeout, match="no answer within the deadline"):
+                await store._call("GetItem", deadline, Key={"k": {"S": "a"}})
+            assert store.retry.quota.available == 500
+        else:
+            await store._call("GetItem", deadline, Key={"k": {"S": "a"}})
+    assert len(script.requests) == attempts
