@@ -16,14 +16,13 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import pytest
 
-pytestmark = [pytest.mark.integration]
+from tests.helpers.devproc import ROOT, dev_env, rasd_dev
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.integration]
 
 
 def free_port() -> int:
@@ -31,12 +30,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
-
-
-def dev_env(**extra: str) -> dict[str, str]:
-    """This environment without AWS's settings or the daemon's, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RASD_"))}
-    return {**env, **extra}
 
 
 @pytest.fixture
@@ -48,35 +41,13 @@ def workdir() -> Iterator[str]:
 
 def test_rasd_dev_serves_metrics_on_rasd_metrics_port(workdir: str) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rasd", "dev", "--dir", workdir, "--resources", "20"],
-        cwd=ROOT,
-        env=dev_env(RASD_METRICS_PORT=str(port)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = []
-        for line in proc.stdout:
-            banner.append(line)
-            if line.startswith("Ctrl-C stops everything"):
-                break
-        text = "".join(banner)
+    with rasd_dev(workdir, "--resources", "20", env=dev_env(RASD_METRICS_PORT=str(port))) as dev:
         url = f"http://127.0.0.1:{port}/metrics"
-        assert re.search(rf"^  metrics: {re.escape(url)}$", text, re.M), text
+        assert re.search(rf"^  metrics: {re.escape(url)}$", dev.banner, re.M), dev.banner
         with urllib.request.urlopen(url, timeout=10) as resp:
             body = resp.read().decode()
         assert re.search(r"^rasd_up 1(\.0)?$", body, re.M), body[:2000]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+    assert dev.rc == 0, dev.stderr()
 
 
 def test_a_taken_metrics_port_stops_rasd_dev_with_the_fix(workdir: str) -> None:
