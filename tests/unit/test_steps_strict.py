@@ -176,9 +176,11 @@ def test_a_proposal_refused_again_reads_and_answers_the_lease_that_won() -> None
     assert spawn.fn is S.withdraw and spawn.args == (d, m)
 
 
-def test_a_proposal_refused_again_waits_for_a_lease_ending() -> None:
-    """The lease that won the second try is too close to its end: wait (the first wait of
-    the request), then take A over once it is over for every clock."""
+@pytest.mark.parametrize("wait", [0.005, 0.04])
+def test_a_proposal_refused_again_waits_for_a_lease_ending(wait: float) -> None:
+    """The lease that won the second try is too close to its end: wait (the wait the request
+    had come to: a proposal does not start the doubling over), then take A over once it is
+    over for every clock."""
     t = Regions()
     m = claim_of(t)
     other_lease(t, end=NOW - RULES.grace_us - 1)
@@ -190,8 +192,8 @@ def test_a_proposal_refused_again_waits_for_a_lease_ending() -> None:
         t.now = NOW + RULES.margin_us + RULES.grace_us
 
     t.on_sleep = later
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), wait=0.005)) is None
-    assert waits == [0.005]
+    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), wait=wait)) is None
+    assert waits == [wait]
     assert t.home.items[A.agree_key("c", "p", "k")]["token"] == "t1"
     assert t.counts == {"acq.waits": 1, "strict.agreed": 1}
 
