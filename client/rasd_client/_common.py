@@ -68,6 +68,24 @@ def socket_path(explicit: Any) -> str:
     return path
 
 
+def call_timeout(explicit: Any) -> Any:
+    """A call's timeout: ``explicit``, else ``$RASD_TIMEOUT`` (seconds; set per deployment,
+    as ``RASD_SOCKET``), else DEFAULT_TIMEOUT. Checked where it is used (``check_timeout``)."""
+    if explicit is not None:
+        return explicit
+    raw = os.environ.get("RASD_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT:  # nan too
+        msg = f"RASD_TIMEOUT must be seconds in (0, {MAX_TIMEOUT:g}], not {shown(raw)}"
+        raise BadRequest(msg)
+    return value
+
+
 def check_timeout(timeout: Any) -> float:
     """``timeout`` (seconds) if it is one the protocol can carry, else BadRequest."""
     if (

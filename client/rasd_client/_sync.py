@@ -11,10 +11,10 @@ from typing import Any
 
 from . import wire
 from ._common import (
-    DEFAULT_TIMEOUT,
     SOCKET_GRACE,
     Lease,
     LeaseExpires,
+    call_timeout,
     deadline_ms,
     encode_request,
     get_lease_request,
@@ -139,10 +139,11 @@ def get_lease(
     key: str,
     lease_expires: LeaseExpires,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> Lease:
     """Return the lease ``key`` holds in the pool, acquiring one if needed."""
+    timeout = call_timeout(timeout)
     req = get_lease_request(client_id, pool_id, key, lease_expires, timeout)
     return lease_from(_call(req, _path(socket_path), timeout))
 
@@ -152,10 +153,11 @@ def release(
     pool_id: str,
     key: str,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> None:
     """Give the lease back early. Raises NotHeld when ``key`` holds no lease."""
+    timeout = call_timeout(timeout)
     raise_for(_call(release_request(client_id, pool_id, key, timeout), _path(socket_path), timeout))
 
 
@@ -163,18 +165,20 @@ def headroom(
     client_id: str,
     pool_id: str,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> int:
     """Estimated free resources of the pool in this daemon's region."""
+    timeout = call_timeout(timeout)
     req = headroom_request(client_id, pool_id, timeout)
     return headroom_from(_call(req, _path(socket_path), timeout))
 
 
 def call_raw(
-    op: str, *, timeout: float = DEFAULT_TIMEOUT, socket_path: str | None = None, **fields: Any
+    op: str, *, timeout: float | None = None, socket_path: str | None = None, **fields: Any
 ) -> dict[str, Any]:
     """Send any op (``ping``, ``stats``...) and return the raw response map."""
+    timeout = call_timeout(timeout)
     req = {"op": op, "deadline_ms": deadline_ms(timeout), **fields}
     return raise_for(_call(req, _path(socket_path), timeout))
 

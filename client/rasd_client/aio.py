@@ -31,11 +31,11 @@ from . import wire
 from ._common import (
     CONNECT_RETRY_INITIAL,
     CONNECT_RETRY_MAX,
-    DEFAULT_TIMEOUT,
     MIN_RETRY_BUDGET,
     SOCKET_GRACE,
     Lease,
     LeaseExpires,
+    call_timeout,
     deadline_ms,
     encode_request,
     get_lease_request,
@@ -255,9 +255,10 @@ async def get_lease(
     key: str,
     lease_expires: LeaseExpires,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> Lease:
+    timeout = call_timeout(timeout)
     req = get_lease_request(client_id, pool_id, key, lease_expires, timeout)
     return lease_from(await _call(req, _path(socket_path), timeout))
 
@@ -267,9 +268,10 @@ async def release(
     pool_id: str,
     key: str,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> None:
+    timeout = call_timeout(timeout)
     req = release_request(client_id, pool_id, key, timeout)
     raise_for(await _call(req, _path(socket_path), timeout))
 
@@ -278,16 +280,18 @@ async def headroom(
     client_id: str,
     pool_id: str,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     socket_path: str | None = None,
 ) -> int:
+    timeout = call_timeout(timeout)
     req = headroom_request(client_id, pool_id, timeout)
     return headroom_from(await _call(req, _path(socket_path), timeout))
 
 
 async def call_raw(
-    op: str, *, timeout: float = DEFAULT_TIMEOUT, socket_path: str | None = None, **fields: Any
+    op: str, *, timeout: float | None = None, socket_path: str | None = None, **fields: Any
 ) -> dict[str, Any]:
+    timeout = call_timeout(timeout)
     req = {"op": op, "deadline_ms": deadline_ms(timeout), **fields}
     return raise_for(await _call(req, _path(socket_path), timeout))
 

@@ -218,7 +218,7 @@ def run_dev(args: argparse.Namespace) -> int:
   DynamoDB (moto): {endpoint}   (request log: {moto_log})
   table {table!r}, pool {DEMO_CLIENT}/{DEMO_POOL} with {n} resources in {region}
   ({{held}} claim candidates prefetched; moto answers a few hundred calls a second, so give
-   a burst of new keys a client timeout to match: timeout=30 for 200, README)
+   a burst of new keys a client timeout to match: RASD_TIMEOUT=30 for 200, README)
   socket: {sock}
   metrics: {metrics}
   settings: rasd dev's for moto (rasd/devtools/dev.py), RASD_* and --config over them

@@ -180,7 +180,7 @@ def test_a_time_that_has_just_passed_is_the_daemons_to_judge() -> None:
 
 
 BAD_TIMEOUTS: list[Any] = [-1, 0, 0.0, 120, 60.001, math.inf, math.nan, -math.inf, 10**400]
-BAD_TIMEOUTS += [True, None, "1", b"1", [1], timedelta(seconds=1)]
+BAD_TIMEOUTS += [True, "1", b"1", [1], timedelta(seconds=1)]
 
 
 @pytest.mark.parametrize("value", BAD_TIMEOUTS, ids=lambda v: type(v).__name__)
@@ -253,3 +253,48 @@ def test_call_raw_fields_msgpack_cannot_carry_are_bad_request(
     with pytest.raises(rasd_client.BadRequest, match="cannot be encoded"):
         asyncio.run(aio.call_raw("ping", socket_path=path, extra=2**64))
     assert refusing.frames == 0
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "120", "nan", "1s"])
+def test_a_bad_rasd_timeout_is_named(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RASD_TIMEOUT`` (a call's timeout when it passes none) is checked as ``timeout=``
+    is, and the message names the variable; every op, both clients."""
+    monkeypatch.setenv("RASD_TIMEOUT", raw)
+    want = r"RASD_TIMEOUT must be seconds in \(0, 60\]"
+    calls = [
+        lambda: rasd_client.get_lease(C, P, K, HOUR, socket_path=NOWHERE),
+        lambda: rasd_client.release(C, P, K, socket_path=NOWHERE),
+        lambda: rasd_client.headroom(C, P, socket_path=NOWHERE),
+        lambda: rasd_client.call_raw("ping", socket_path=NOWHERE),
+        lambda: asyncio.run(aio.get_lease(C, P, K, HOUR, socket_path=NOWHERE)),
+        lambda: asyncio.run(aio.release(C, P, K, socket_path=NOWHERE)),
+        lambda: asyncio.run(aio.headroom(C, P, socket_path=NOWHERE)),
+        lambda: asyncio.run(aio.call_raw("ping", socket_path=NOWHERE)),
+    ]
+    for call in calls:
+        with pytest.raises(rasd_client.BadRequest, match=want):
+            call()
+    # a timeout passed to the call is its own: the variable is not read
+    with pytest.raises(rasd_client.Unavailable):
+        rasd_client.get_lease(C, P, K, HOUR, timeout=0.5, socket_path=NOWHERE)
+
+
+def test_rasd_timeout_is_the_default_deadline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A daemon that never answers: the call waits ``RASD_TIMEOUT`` (not the 1 s default),
+    and sends it as the request's deadline; ``timeout=`` still overrides it."""
+    path = str(tmp_path / "silent.sock")
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(path)
+    silent.listen(8)  # accepts into the backlog, never reads or answers
+    try:
+        monkeypatch.setenv("RASD_TIMEOUT", "0.2")
+        with pytest.raises(rasd_client.Timeout, match=r"within 0\.200s"):
+            rasd_client.get_lease(C, P, K, HOUR, socket_path=path)
+        with pytest.raises(rasd_client.Timeout, match=r"within 0\.300s"):
+            rasd_client.get_lease(C, P, K, HOUR, socket_path=path, timeout=0.3)
+        monkeypatch.delenv("RASD_TIMEOUT")
+        assert rasd_client.DEFAULT_TIMEOUT == 1.0
+    finally:
+        silent.close()
