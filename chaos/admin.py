@@ -30,7 +30,8 @@ class Admin(Commands):
       tombstone until the lease or quarantine it had is over), alternately in the region
       each was deleted from and in the other one (an operator moving capacity by hand: the
       tombstone written in one replica, the name re-added in the other);
-    * every fifth turn, ``add-pool``: the pool redefined with the next of ``max_leases``.
+    * every fifth turn, the first included, ``add-pool``: the pool redefined with the next of
+      ``max_leases``.
 
     Each command runs against its region's replica, as rasadmin requires."""
 
@@ -60,7 +61,7 @@ class Admin(Commands):
                 self.record("delete", region, [], None, {"status": "pick failed: " + repr(exc)})
             if turn % 2 == 1 and self.deleted:
                 self.readd(elsewhere=turn % 4 == 3)
-            if turn % 5 == 4:
+            if turn % 5 == 0:  # from the first turn: a run that makes one turn redefines
                 self.redefine(region, self.p.max_leases[(turn // 5) % len(self.p.max_leases)])
             turn += 1
 
