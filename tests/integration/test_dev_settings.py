@@ -50,20 +50,28 @@ def test_rasd_dev_serves_metrics_on_rasd_metrics_port(workdir: str) -> None:
     assert dev.rc == 0, dev.stderr()
 
 
-def test_a_taken_metrics_port_stops_rasd_dev_with_the_fix(workdir: str) -> None:
+def with_metrics_port_taken(
+    argv: list[str], **env: str
+) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """``rasd ARGV`` with ``RASD_METRICS_PORT`` set to a port another socket listens on."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        started = time.monotonic()
+        port: int = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "rasd", "dev", "--dir", workdir, "--resources", "5"],
+            [sys.executable, "-m", "rasd", *argv],
             cwd=ROOT,
-            env=dev_env(RASD_METRICS_PORT=str(port)),
+            env=dev_env(RASD_METRICS_PORT=str(port), **env),
             capture_output=True,
             text=True,
             timeout=60,
         )
+    return port, out
+
+
+def test_a_taken_metrics_port_stops_rasd_dev_with_the_fix(workdir: str) -> None:
+    started = time.monotonic()
+    port, out = with_metrics_port_taken(["dev", "--dir", workdir, "--resources", "5"])
     assert out.returncode == 2, out.stderr
     assert f"rasd dev: metrics_port {port}: Address already in use" in out.stderr, out.stderr
     assert "set RASD_METRICS_PORT to a free port, or unset it" in out.stderr
@@ -76,24 +84,13 @@ def test_a_taken_metrics_port_stops_rasd_serve_with_the_fix(workdir: str) -> Non
     """`rasd serve` the same: exit 2 with the fix, no traceback, and no socket file left (the
     port is bound before the socket). It stops before any DynamoDB call: none is reachable."""
     sock = os.path.join(workdir, "rasd.sock")
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        out = subprocess.run(
-            [sys.executable, "-m", "rasd", "serve"],
-            cwd=ROOT,
-            env=dev_env(
-                RASD_METRICS_PORT=str(port),
-                RASD_SOCKET=sock,
-                RASD_ENDPOINT_URL="http://127.0.0.1:9",
-                AWS_ACCESS_KEY_ID="x",
-                AWS_SECRET_ACCESS_KEY="x",
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    port, out = with_metrics_port_taken(
+        ["serve"],
+        RASD_SOCKET=sock,
+        RASD_ENDPOINT_URL="http://127.0.0.1:9",
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="x",
+    )
     assert out.returncode == 2, out.stderr
     assert f"rasd: metrics_port {port}: Address already in use" in out.stderr, out.stderr
     assert "(RASD_METRICS_PORT) to a free port, or unset it" in out.stderr
