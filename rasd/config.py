@@ -153,7 +153,9 @@ class Config:
     #: throttles) within breaker_window seconds open it; new work then fails fast with
     #: UNAVAILABLE for breaker_cooldown seconds, after which one probe call decides. Cached
     #: leases are served throughout. Throttles count, so that a throttled fleet backs off
-    #: together instead of retrying into the throttle; lost races and conflicts do not.
+    #: together instead of retrying into the throttle; lost races and conflicts do not, nor
+    #: does a timeout of an attempt that a caller's deadline gave less than 0.1 s (one app's
+    #: tiny deadlines say nothing about DynamoDB and must not fail every other app's calls).
     breaker_failures: int = 20
     breaker_window: float = 5.0
     breaker_cooldown: float = 2.0

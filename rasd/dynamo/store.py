@@ -50,7 +50,7 @@ from ..limits import CircuitBreaker
 from ..observe.metrics import Counters
 from ..steps import WriteResult
 from .aws import AwsSettings
-from .retry import Failure, RetryPolicy, attempt_budget, attempt_failed
+from .retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_budget, attempt_failed
 from .retry import request_id as _rid
 
 log = structlog.get_logger("rasd.dynamo.store")
@@ -260,6 +260,10 @@ class Store:
             elif failure is Failure.CONFLICT:
                 counters.inc("ddb.conflicts")  # another writer: DynamoDB itself is fine
                 breaker.record_success(now)
+            elif failure is Failure.TIMEOUT and budget < MIN_ATTEMPT:
+                # The caller's deadline cut this attempt short, not DynamoDB: no evidence of
+                # an outage, and one caller's tiny deadlines must not open the breaker on all.
+                counters.inc("ddb.timeouts_cut_short")
             else:
                 counters.inc("ddb.timeouts" if reason == "timeout" else "ddb.errors")
                 breaker.record_failure(now)

@@ -167,6 +167,9 @@ _HELP = {
     "dynamodb_calls": "DynamoDB calls (each attempt, retries included) by operation.",
     "dynamodb_throttles": "DynamoDB calls refused by throttling (retried within the deadline).",
     "dynamodb_errors": "DynamoDB calls that failed with a server or network error.",
+    "dynamodb_timeouts_cut_short": (
+        "DynamoDB attempts a caller's deadline cut under 0.1 s (not counted by the breaker)."
+    ),
     "cache_lookups": "Lease cache lookups by result.",
     "lease_requests": "get_lease outcomes.",
     "lease_extensions": "Background lease extensions (refresh-ahead) by result.",

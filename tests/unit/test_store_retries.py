@@ -378,3 +378,29 @@ async def test_a_hung_attempt_is_cut_at_its_share_of_the_time_left(
         else:
             await store._call("GetItem", deadline, Key={"k": {"S": "a"}})
     assert len(script.requests) == attempts
+
+
+async def test_a_callers_tiny_deadlines_do_not_open_the_breaker(fake_time: FakeTime) -> None:
+    """An attempt that a caller's deadline gave less than 0.1 s and that timed out says
+    nothing about DynamoDB: thirty of them leave the breaker closed for every other caller
+    (counted as ``ddb.timeouts_cut_short``); attempts given their full time that hang do
+    open it."""
+    script = Script([HANG] * 32)
+    async with (
+        scripted(script) as url,
+        store_on(url, fake_time, breaker_failures=2, ddb_attempt_share=1.0) as (store, _),
+    ):
+        for _ in range(30):  # 50 ms: an attempt of less than 0.1 s
+            with pytest.raises(Timeout):
+                await store._call("GetItem", fake_time.monotonic() + 0.05, Key={"k": {"S": "a"}})
+        assert store.breaker.state == "closed"
+        # every attempt made timed out (a call whose deadline passed before it could start
+        # makes none; a loaded machine may stall a few that long)
+        sent = store.counters["ddb.GetItem"]
+        assert sent >= 20 and store.counters["ddb.timeouts_cut_short"] == sent
+        assert store.counters["ddb.timeouts"] == 0
+        for _ in range(2):
+            with pytest.raises(Timeout):
+                await store._call("GetItem", fake_time.monotonic() + 0.5, Key={"k": {"S": "a"}})
+        assert store.breaker.state == "open"
+        assert store.counters["ddb.timeouts"] == 2
