@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -256,11 +258,104 @@ def test_help_mentions_the_environment(capsys: pytest.CaptureFixture[str]) -> No
             assert var in out, (argv, var)
 
 
-def test_jenkinsfile_gives_the_balancer_every_regions_endpoint() -> None:
+JENKINSFILE = Path(__file__).parents[2] / "jobs" / "Jenkinsfile"
+#: what a build's parameters were tried with: each would run a command in a shell that
+#: interpolated it
+INJECTIONS = (
+    "us-east-1;touch pwned",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "us-east-1\ntouch pwned",
+    "us-east-1 && touch pwned",
+    "us-east-1|touch pwned",
+    "rasd' ; touch pwned ; '",
+)
+
+
+def _shell_scripts() -> list[str]:
+    """The pipeline's shell scripts, as Groovy hands them to ``sh`` (a backslash before a
+    newline joins the lines)."""
+    text = JENKINSFILE.read_text()
+    return [s.replace("\\\n", "") for s in re.findall(r"sh '''\n(.*?)'''", text, re.S)]
+
+
+def _run_script(script: str, tmp_path: Path, **env: str) -> list[str]:
+    """Run one of the pipeline's scripts with the jobs replaced by a stub that prints its
+    arguments and region, one per line (what the summary file then holds)."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for job in ("ras-balancer", "ras-liberator", "ras-dedupe"):
+        stub = bin_dir / job
+        stub.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\necho "$RASD_REGION"\n')
+        stub.chmod(0o755)
+    base = {"PATH": "/usr/bin:/bin", "RAS_DRY_RUN": ""}
+    subprocess.run(["sh", "-c", script], cwd=tmp_path, env={**base, **env}, check=True)
+    (summary,) = tmp_path.glob("summary-*.json")
+    lines = summary.read_text().splitlines()
+    summary.unlink()
+    return lines
+
+
+def test_jenkinsfile_gives_the_balancer_every_regions_endpoint(tmp_path: Path) -> None:
     """ras-balancer moves a donor region's items in that region's replica: the shipped
     pipeline passes --peer-endpoint for every region but the primary (the balancer refuses
     to run without them), and the region list it derives them from."""
-    text = (Path(__file__).parents[2] / "jobs" / "Jenkinsfile").read_text()
-    stage = text[text.index("stage('balancer')") : text.index("stage('per region')")]
-    assert "--peer-endpoint ${it}=https://dynamodb.${it}.amazonaws.com" in stage
-    assert "--regions ${regions.join(',')}" in stage
+    (script,) = [s for s in _shell_scripts() if "ras-balancer" in s]
+    args = _run_script(
+        script,
+        tmp_path,
+        RAS_REGIONS="us-east-1,us-west-2,eu-west-1",
+        RAS_PRIMARY_REGION="us-east-1",
+    )
+    assert args == [
+        "--regions",
+        "us-east-1,us-west-2,eu-west-1",
+        "--peer-endpoint",
+        "us-west-2=https://dynamodb.us-west-2.amazonaws.com",
+        "--peer-endpoint",
+        "eu-west-1=https://dynamodb.eu-west-1.amazonaws.com",
+        "us-east-1",
+    ]
+
+
+def test_jenkinsfile_parameters_cannot_run_a_command(tmp_path: Path) -> None:
+    """Whoever may start a build with parameters cannot run a command beside the jobs' AWS
+    credentials: Groovy interpolates nothing into a shell script (all are single-quoted,
+    parameters reach them through the environment); the first stage refuses a value of the
+    wrong shape; and even a value that got past it stays a word to the shell."""
+    text = JENKINSFILE.read_text()
+    assert 'sh """' not in text and 'sh "' not in text
+    scripts = _shell_scripts()
+    assert len(scripts) == 3 and not any("${" in s for s in scripts)
+    # the shapes the 'parameters' stage checks (Groovy's ==~ is a full match)
+    stage = text[text.index("stage('parameters')") : text.index("stage('install')")]
+    shapes = {
+        name: re.compile(pattern.replace("\\/", "/"))
+        for name, pattern in re.findall(r"^\s+([A-Z_]+): /(.*)/,$", stage, re.M)
+    }
+    assert set(shapes) == {"JOB", "REGIONS", "PRIMARY_REGION", "TABLE", "STATE_URI", "CONFIG"}
+    defaults = {
+        "JOB": "balancer",
+        "REGIONS": "us-east-1,us-west-2,eu-west-1",
+        "PRIMARY_REGION": "us-east-1",
+        "TABLE": "rasd",
+        "STATE_URI": "s3://rasd-ops/balancer",
+        "CONFIG": "/etc/rasd/rasd.toml",
+    }
+    for name, shape in shapes.items():
+        assert shape.fullmatch(defaults[name]), name
+        for bad in INJECTIONS:
+            assert not shape.fullmatch(bad), (name, bad)
+    assert shapes["CONFIG"].fullmatch("")  # empty: the daemons' defaults
+    # past the check, a parameter is still only data to the scripts
+    for bad in INJECTIONS:
+        for script in scripts[1:]:
+            _run_script(
+                script,
+                tmp_path,
+                RAS_REGIONS=bad,
+                RAS_PRIMARY_REGION=bad,
+                RASD_REGION=bad,
+                RAS_JOB="dedupe",
+            )
+            assert not (tmp_path / "pwned").exists(), bad
