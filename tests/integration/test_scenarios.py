@@ -28,6 +28,7 @@ from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
+from tests.helpers.deadlines import WAIT
 from tests.helpers.hooked import Hooked
 from tests.helpers.tables import scan_all, seed_pool
 
@@ -81,9 +82,9 @@ def relist_due(ddb: Any, table: str, clock: Clock) -> int:
     return int(summary["relisted"])
 
 
-def req(clock: Clock | None = None, deadline: float = 1.0) -> tuple[int, float]:
-    """A request: lease end in an hour, and its deadline. Hooked requests get a roomy deadline
-    so the scenario does not depend on how loaded the machine is."""
+def req(clock: Clock | None = None, deadline: float = WAIT) -> tuple[int, float]:
+    """A request: lease end in an hour, and its deadline: roomy, so that the scenario does not
+    depend on how loaded the machine is (at 1 s a Query timed out at a load of 7.5)."""
     now = clock.now_us() if clock else int(time.time() * L.US)
     return now + 3600 * L.US, time.monotonic() + deadline
 
@@ -215,7 +216,7 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
         a = await try_get(d1, "k23", clock)
         b = await try_get(d2, "k23", clock)
         assert a is not None and a == b
-        assert await d1.releaser.release(C, P, "k23", time.monotonic() + 1) == 1
+        assert await d1.releaser.release(C, P, "k23", time.monotonic() + WAIT) == 1
         await d1.drain(2.0)
         other = await try_get(d1, "k99", clock)
         assert other is not None and other != a
@@ -242,7 +243,7 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
         ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
             assert await try_get(d1, "k1", base) == "res-00000"
-            assert await d1.releaser.release(C, P, "k1", time.monotonic() + 1) == 1
+            assert await d1.releaser.release(C, P, "k1", time.monotonic() + WAIT) == 1
             await d1.drain(2.0)
             q = d1.cfg.quarantine
             for c in (base, ahead):
