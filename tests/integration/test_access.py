@@ -29,6 +29,7 @@ import pytest
 import rasd_client
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
+from tests.helpers.deadlines import WAIT
 from tests.helpers.fleet import audit
 from tests.helpers.tables import seed_pool
 
@@ -146,12 +147,12 @@ async def test_acl_forbids_unlisted_uid(ddb: Any, table: str, make_daemon: Any) 
     async with make_daemon(acl={"uid.4242": [C]}) as d:
         s = d.cfg.socket
         with pytest.raises(rasd_client.Forbidden):
-            await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s)
+            await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s, timeout=WAIT)
         with pytest.raises(rasd_client.Forbidden):
-            await rasd_aio.release(C, P, "k", socket_path=s)
+            await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         with pytest.raises(rasd_client.Forbidden):
-            await rasd_aio.headroom(C, P, socket_path=s)
-        assert (await rasd_aio.call_raw("ping", socket_path=s))["ready"]
+            await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT)
+        assert (await rasd_aio.call_raw("ping", socket_path=s, timeout=WAIT))["ready"]
         assert d.counters["err.FORBIDDEN"] == 3
         assert d.counters.snapshot().get("ddb.UpdateItem", 0) == 0
 
@@ -160,25 +161,28 @@ async def test_acl_allows_listed_uid_for_its_client_ids_only(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
     """A uid listed for "demo" may use "demo" and nothing else; a gid entry grants the same
-    way; "*" grants every client_id."""
+    way; "*" grants every client_id. Its requests wait for their answers (``WAIT``): at the
+    client's default 1 s one timed out under the flake hunt's load before its first try."""
     seed_pool(ddb, table, count=3)
     seed_pool(ddb, table, client_id="other", count=3, prefix="o-")
     async with make_daemon(acl={f"uid.{UID}": [C]}) as d:
         s = d.cfg.socket
-        assert (await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s)).new
+        assert (await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s, timeout=WAIT)).new
         with pytest.raises(rasd_client.Forbidden):
-            await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s)
+            await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s, timeout=WAIT)
     async with make_daemon(acl={f"gid.{os.getgid()}": ["other"]}) as d:
         s = d.cfg.socket
-        assert (await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s)).new
+        assert (await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s, timeout=WAIT)).new
         with pytest.raises(rasd_client.Forbidden):
-            await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s)
+            await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s, timeout=WAIT)
     async with make_daemon(acl={f"uid.{UID}": ["*"], "uid.4242": [C]}) as d:
         s = d.cfg.socket
-        assert not (await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s)).new
-        assert not (await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s)).new
+        assert not (await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s, timeout=WAIT)).new
+        assert not (
+            await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s, timeout=WAIT)
+        ).new
         with pytest.raises(rasd_client.UnknownPool):  # allowed; the pool just does not exist
-            await rasd_aio.get_lease("nobody", P, "k", HOUR, socket_path=s)
+            await rasd_aio.get_lease("nobody", P, "k", HOUR, socket_path=s, timeout=WAIT)
 
 
 # ------------------------------------------------------------------------------ SIGHUP
