@@ -114,6 +114,22 @@ class Config:
     drain_timeout: float = 5.0
     #: Requests one connection may have in flight at once; beyond it the answer is BUSY.
     max_pending_per_conn: int = 256
+    #: Connections one calling process may hold open (a sync client keeps one per thread,
+    #: the async one one per event loop); one uid in all its processes; every caller in all
+    #: (0: the daemon's open-file limit less 256, kept for DynamoDB and the daemon's own).
+    #: Past a limit a new connection is closed at once (the client's call: UNAVAILABLE). A
+    #: uid the ACL grants nothing may hold 4 (its calls are answered FORBIDDEN).
+    max_connections_per_process: int = 256
+    max_connections_per_uid: int = 4096
+    max_connections: int = 0
+    #: A connection with no request in flight and no whole frame received for this long is
+    #: closed (0: never); the clients reconnect on their next call.
+    idle_timeout: float = 900.0
+    #: A frame begun and not finished within this many seconds closes its connection; the
+    #: bytes of half-received frames, in all connections together, stay under
+    #: max_buffered_bytes (the connection that passes it is closed).
+    frame_timeout: float = 10.0
+    max_buffered_bytes: int = 64 * 1024 * 1024
 
     # --- start-up and background timing --------------------------------------------------
     #: Bound on one start-up attempt's DynamoDB work (warming connections, loading pools).
@@ -196,6 +212,17 @@ class Config:
             problems.append("breaker_failures: must be >= 1")
         if self.max_pending_per_conn < 1:
             problems.append("max_pending_per_conn: must be >= 1")
+        for name in ("max_connections_per_process", "max_connections_per_uid"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be >= 1")
+        if self.max_connections < 0:
+            problems.append("max_connections: must be >= 0 (0: from the open-file limit)")
+        if self.idle_timeout < 0:
+            problems.append("idle_timeout: must be >= 0 (0: never)")
+        if self.frame_timeout <= 0:
+            problems.append("frame_timeout: must be > 0")
+        if self.max_buffered_bytes < 65536:
+            problems.append("max_buffered_bytes: must be >= 65536 (one whole frame)")
         if not 0 < self.startup_retry_initial <= self.startup_retry_max:
             problems.append("startup_retry_initial/max: need 0 < initial <= max")
         for name in ("startup_deadline", "prefetch_warm", "pool_refresh_timeout"):
@@ -328,6 +355,12 @@ CONVERTERS: dict[str, Converter] = {
     "rate_burst": float,
     "drain_timeout": float,
     "max_pending_per_conn": int,
+    "max_connections_per_process": int,
+    "max_connections_per_uid": int,
+    "max_connections": int,
+    "idle_timeout": float,
+    "frame_timeout": float,
+    "max_buffered_bytes": int,
     "startup_deadline": float,
     "startup_retry_initial": float,
     "startup_retry_max": float,

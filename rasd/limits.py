@@ -13,6 +13,9 @@ guard here answers immediately, and nothing here waits:
 * :class:`CircuitBreaker`: when DynamoDB keeps failing, fail fast (``UNAVAILABLE``) instead of
   making every request spend its whole deadline on retries; after a cooldown one probe is let
   through and its outcome closes or re-opens the circuit. Recovery needs no operator.
+* :class:`ConnectionLimits`: connections per calling process, per uid and in all, and the
+  bytes of half-received frames in all: a caller that opens thousands of connections, or
+  leaves frames half-sent, is refused before the daemon runs out of files or memory.
 
 All classes are pure: no clock, no I/O, no asyncio. Time (monotonic seconds) is passed in, so
 tests drive them without sleeping and the event loop calls them synchronously.
@@ -281,4 +284,85 @@ class CircuitBreaker:
         return (
             f"CircuitBreaker({self.state}, failures={len(self._failures)}/"
             f"{self.failure_threshold} in {self.window}s, cooldown={self.cooldown}s)"
+        )
+
+
+# ------------------------------------------------------------------------ callers' connections
+Refusal = Literal["total", "process", "uid", "no_grant"]
+
+
+class ConnectionLimits:
+    """What the daemon's callers may hold open, so that one caller cannot take the others'
+    service away: connections per process (SO_PEERCRED's pid), per uid (``ungranted`` for a
+    uid the ACL grants nothing: it may still learn why, FORBIDDEN, on a few), and in all
+    (below the daemon's file limit, which its DynamoDB connections need too); and bytes held
+    in half-received frames, in all.
+
+    :meth:`admit` counts a connection until its :meth:`release`; :meth:`hold` follows one
+    connection's buffered bytes and says when the total passed its bound."""
+
+    __slots__ = (
+        "buffered",
+        "by_pid",
+        "by_uid",
+        "max_buffered",
+        "open",
+        "per_process",
+        "per_uid",
+        "total",
+        "ungranted",
+    )
+
+    def __init__(
+        self, per_process: int, per_uid: int, total: int, max_buffered: int, ungranted: int = 4
+    ) -> None:
+        if min(per_process, per_uid, total, max_buffered, ungranted) < 1:
+            raise ValueError("every connection limit must be >= 1")
+        self.per_process = per_process
+        self.per_uid = per_uid
+        self.total = total
+        self.max_buffered = max_buffered
+        self.ungranted = ungranted
+        self.by_pid: dict[int, int] = {}
+        self.by_uid: dict[int, int] = {}
+        self.open = 0
+        self.buffered = 0
+
+    def admit(self, pid: int, uid: int, granted: bool) -> Refusal | None:
+        """None: the connection is admitted (and counted); else the limit it would pass."""
+        if self.open >= self.total:
+            return "total"
+        if self.by_pid.get(pid, 0) >= self.per_process:
+            return "process"
+        held = self.by_uid.get(uid, 0)
+        if held >= self.per_uid:
+            return "uid"
+        if not granted and held >= self.ungranted:
+            return "no_grant"
+        self.open += 1
+        self.by_pid[pid] = self.by_pid.get(pid, 0) + 1
+        self.by_uid[uid] = held + 1
+        return None
+
+    def release(self, pid: int, uid: int) -> None:
+        """An admitted connection closed."""
+        self.open -= 1
+        for table, key in ((self.by_pid, pid), (self.by_uid, uid)):
+            n = table[key] - 1
+            if n:
+                table[key] = n
+            else:
+                del table[key]
+
+    def hold(self, was: int, now: int) -> bool:
+        """A connection's half-received bytes went from ``was`` to ``now``: False when the
+        total is past ``max_buffered`` and it holds some (it should be closed, and then
+        ``hold(now, 0)``)."""
+        self.buffered += now - was
+        return now == 0 or self.buffered <= self.max_buffered
+
+    def __repr__(self) -> str:
+        return (
+            f"ConnectionLimits(open={self.open}/{self.total}, processes={len(self.by_pid)}, "
+            f"uids={len(self.by_uid)}, buffered={self.buffered}/{self.max_buffered})"
         )

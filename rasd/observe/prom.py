@@ -161,6 +161,8 @@ _EXACT: dict[str, tuple[str, str, str]] = {
 _PREFIX: dict[str, tuple[str, str]] = {
     "shed.": ("shed_requests", "reason"),
     "err.": ("request_errors", "code"),
+    "conn.refused.": ("connections_refused", "limit"),
+    "conn.closed.": ("connections_closed", "reason"),
 }
 _RENAME = {"req.total": "requests"}
 _HELP = {
@@ -176,6 +178,8 @@ _HELP = {
     "lease_confirmations": "Background re-confirmations of cached leases (every S/2) by result.",
     "prefetch_takes": "Takes from the prefetched candidate buffer by result.",
     "shed_requests": "Requests refused at once instead of queued, by reason.",
+    "connections_refused": "Connections closed as they were made: their caller held its limit.",
+    "connections_closed": "Connections the daemon closed: idle, a frame half-sent, buffer bound.",
     "request_errors": "Requests answered with an error, by wire code.",
     "requests": "Requests received.",
 }

@@ -16,6 +16,10 @@ the connection closed (its length prefix cannot be trusted to find the next fram
 
 The caller's Unix credentials (SO_PEERCRED) are read once, when the connection is made, and
 turned into a ``Grant`` by the ACL (:func:`grant_for`); a reload re-grants every connection.
+A connection past its caller's limits (``rasd.limits.ConnectionLimits``: per process, per
+uid, in all) is closed at once. Once a second the daemon's sweep (:meth:`Connection.tick`)
+closes a connection that has held a half-received frame for ``frame_timeout`` s, or that
+has been idle for ``idle_timeout`` s; the bytes of half-received frames are bounded in all.
 
 Back-pressure: when the peer stops reading its answers (the transport's buffer is full) the
 connection stops reading its requests until it catches up. At shutdown :meth:`quiesce` stops
@@ -25,6 +29,7 @@ reading for good and closes once the last request read is answered.
 from __future__ import annotations
 
 import asyncio
+import resource
 from typing import Any, Protocol
 
 import structlog
@@ -41,50 +46,54 @@ from rasd_client.wire import (
     length_prefix,
 )
 
+from ..limits import ConnectionLimits
 from ..observe.metrics import Counters
-from .peercred import Acl, Grant, peer_credentials, peer_gids
+from .peercred import NOBODY, Acl, PeerCred, identify
 
 
 class Server(Protocol):
     """What a connection needs of the daemon it serves (its ``Router``): the set of open
-    connections it joins and leaves, counters, the access list its peer is judged by, and the
-    handling of each frame (``Router.handle``: an answer frame to write, or None when it
-    answers otherwise)."""
+    connections it joins and leaves, counters, the access list its peer is judged by, the
+    limits its caller is held to, and the handling of each frame (``Router.handle``: an
+    answer frame to write, or None when it answers otherwise)."""
 
     connections: set[Connection]
     counters: Counters
     acl: Acl
+    limits: ConnectionLimits
 
     def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None: ...
 
 
 log = structlog.get_logger("rasd.server")
 
-#: what a peer whose credentials cannot be read may use: nothing
-NOBODY = Grant(False, frozenset())
+#: the open files the daemon keeps for itself when it bounds its callers' connections
+FILES_KEPT = 256
 
 
-def grant_for(acl: Acl, transport: asyncio.BaseTransport) -> Grant:
-    """What the peer may use, from its kernel-reported uid and groups (SO_PEERCRED)."""
-    if acl.open:
-        return acl.grant(0, ())
-    sock = transport.get_extra_info("socket")
-    try:
-        cred = peer_credentials(sock)
-        return acl.grant(cred.uid, peer_gids(sock, cred))
-    except OSError as exc:
-        log.warning("peer_credentials_failed", error=str(exc))
-        return NOBODY
+def connection_limits(
+    per_process: int, per_uid: int, total: int, max_buffered: int
+) -> ConnectionLimits:
+    """The limits of the config's settings; ``total`` 0: the open-file limit less FILES_KEPT."""
+    if total == 0:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        total = max(64, soft - FILES_KEPT) if soft != resource.RLIM_INFINITY else 1 << 20
+    return ConnectionLimits(per_process, per_uid, total, max_buffered)
 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
         "batch",
         "closed",
+        "cred",
         "decoder",
         "draining",
+        "frames",
         "grant",
+        "held",
         "pending",
+        "quiet",
+        "seen",
         "server",
         "transport",
     )
@@ -102,6 +111,14 @@ class Connection(asyncio.Protocol):
         self.grant = NOBODY
         #: answers held while one data_received handles several frames (one write for all)
         self.batch: list[bytes] | None = None
+        #: the caller, once admitted (counted in the server's limits until the close)
+        self.cred: PeerCred | None = None
+        #: whole frames received; their count at the last sweep; sweeps since it changed
+        self.frames = 0
+        self.seen = 0
+        self.quiet = 0
+        #: bytes of a half-received frame, as counted in the server's limits
+        self.held = 0
 
     @property
     def buffered(self) -> int:
@@ -111,13 +128,50 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         server = self.server
+        cred, grant = identify(server.acl, transport.get_extra_info("socket"))
+        self.grant = grant
+        refused = server.limits.admit(cred.pid, cred.uid, grant.all or bool(grant.client_ids))
+        if refused is not None:
+            self.closed = True
+            transport.close()
+            name = f"conn.refused.{refused}"
+            server.counters.inc(name)
+            n = server.counters[name]
+            if not n & (n - 1):  # the 1st, 2nd, 4th, 8th ... of each kind
+                log.warning(
+                    "connection_refused", limit=refused, pid=cred.pid, uid=cred.uid, refused=n
+                )
+            return
+        self.cred = cred
         server.connections.add(self)
         server.counters.inc("conn.opened")
-        self.grant = grant_for(server.acl, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        cred = self.cred
+        if cred is not None:
+            self.cred = None
+            server.limits.release(cred.pid, cred.uid)
+            if self.held:
+                server.limits.hold(self.held, 0)
+                self.held = 0
+
+    def tick(self, idle_after: int, frame_after: int) -> str | None:
+        """The daemon's sweep, once a second: why this connection is to be closed now
+        (``frame_timeout``: a frame begun ``frame_after`` sweeps ago and not finished;
+        ``idle``: nothing asked or in flight for ``idle_after`` sweeps, 0: never), or None."""
+        if self.frames != self.seen:
+            self.seen = self.frames
+            self.quiet = 0
+            return None
+        self.quiet += 1
+        if self.held and self.quiet >= frame_after:
+            return "frame_timeout"
+        if idle_after and self.pending == 0 and self.quiet >= idle_after:
+            return "idle"
+        return None
 
     def pause_writing(self) -> None:
         # The peer is not reading its answers (its socket and our write buffer are full):
@@ -149,6 +203,7 @@ class Connection(asyncio.Protocol):
             # The usual case: exactly one whole frame, nothing buffered. Decoded in place.
             (length,) = length_prefix.unpack_from(data, 0)
             if length == n - HEADER_SIZE and length <= MAX_FRAME:
+                self.frames += 1
                 frame = decode_body(memoryview(data)[HEADER_SIZE:])  # type: ignore[arg-type]
                 out = server.handle(self, frame)
                 if out is not None and not self.closed:
@@ -165,6 +220,7 @@ class Connection(asyncio.Protocol):
         too_large: FrameTooLarge | None = None
         try:
             for frame in decoder.frames():
+                self.frames += 1
                 out = server.handle(self, frame)
                 if out is not None:
                     batch.append(out)
@@ -176,8 +232,15 @@ class Connection(asyncio.Protocol):
             self.batch = None
             if batch and not self.closed and self.transport is not None:
                 self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
-        if not decoder._buf:
+        held = len(decoder._buf)
+        if not held:
             self.decoder = None
+        if held != self.held and self.cred is not None:
+            over = not server.limits.hold(self.held, held)
+            self.held = held
+            if over:  # the half-received frames of every connection passed their bound
+                server.counters.inc("conn.closed.buffered")
+                self.close()
         if too_large is not None:
             self.close()
         if self.draining and self.pending == 0:

@@ -228,9 +228,16 @@ class Daemon:
                 self._bound_path = None
                 raise
         self._socket_name = self.cfg.socket if sock is None else "inherited"
+        self.spawn(self._sweep_connections())
         # Accepting now; requests wait for the store within their deadlines. READY=1 (and
         # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
         # systemd's start timeout must not kill a daemon that is retrying on purpose).
+
+    async def _sweep_connections(self) -> None:
+        """Close connections past their frame or idle timeout (``Router.sweep``)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.router.sweep()
 
     def announce(self, status: str) -> None:
         """READY=1 with STATUS=; the first call also starts the watchdog pings."""

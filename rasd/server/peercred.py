@@ -37,7 +37,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+import structlog
+
 ALL = "*"
+
+log = structlog.get_logger("rasd.server")
 
 _UCRED = struct.Struct("3i")  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
 _MAX_GROUPS = 65536  # NGROUPS_MAX on Linux
@@ -217,3 +221,29 @@ class Acl:
         if self.open:
             return "Acl(open)"
         return f"Acl(uids={sorted(self.by_uid)}, gids={sorted(self.by_gid)})"
+
+
+#: what a peer whose credentials cannot be read may use: nothing
+NOBODY = Grant(False, frozenset())
+#: whose connection it is when the kernel cannot say (counted together, granted nothing)
+UNKNOWN_PEER = PeerCred(-1, -1, -1)
+
+
+def identify(acl: Acl, sock: _Sock | socket.socket | None) -> tuple[PeerCred, Grant]:
+    """Who connected (SO_PEERCRED's pid, uid and gid; UNKNOWN_PEER when the kernel cannot
+    say) and what ``acl`` grants it (NOBODY when its groups cannot be read either)."""
+    cred = UNKNOWN_PEER
+    if sock is not None:
+        try:
+            cred = peer_credentials(sock)
+        except OSError as exc:
+            log.warning("peer_credentials_failed", error=str(exc))
+    if acl.open:
+        return cred, acl.grant(0, ())
+    if cred is UNKNOWN_PEER:
+        return cred, NOBODY
+    try:
+        return cred, acl.grant(cred.uid, peer_gids(sock, cred))  # type: ignore[arg-type]
+    except OSError as exc:
+        log.warning("peer_groups_failed", error=str(exc))
+        return cred, NOBODY

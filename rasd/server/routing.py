@@ -36,6 +36,7 @@ binds the cache's ``answer`` once for the hit.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable
@@ -61,8 +62,8 @@ from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from ..wire import LeaseFields, lease_fields
-from .connection import Connection, grant_for
-from .peercred import Acl
+from .connection import Connection, connection_limits
+from .peercred import Acl, identify
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
     from ..daemon.acquire import Taker
@@ -101,7 +102,7 @@ class Status:
 class Router:
     """The request paths: :meth:`handle` (the hit, a miss, the rest), :meth:`_slow`; and the
     frame handler a connection serves (``connection.Server``: ``connections``, ``counters``,
-    ``acl``, ``handle``)."""
+    ``acl``, ``limits``, ``handle``)."""
 
     def __init__(
         self,
@@ -131,6 +132,13 @@ class Router:
         #: the open connections and the requests in flight: the daemon's, read and joined here
         self.connections = connections
         self.inflight = inflight
+        #: what each caller may hold open (checked as a connection is made)
+        self.limits = connection_limits(
+            cfg.max_connections_per_process,
+            cfg.max_connections_per_uid,
+            cfg.max_connections,
+            cfg.max_buffered_bytes,
+        )
         #: the monotonic clock of the request path (``Clock.mono`` without a method call)
         self._mono = mono
         # What exists once the store is up (:meth:`serve`); nothing reads them before.
@@ -156,8 +164,19 @@ class Router:
         """A new access list (SIGHUP): for new connections, and every open one granted again."""
         self.acl = acl
         for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.grant = grant_for(acl, conn.transport)
+            if conn.transport is not None and conn.cred is not None:
+                _, conn.grant = identify(acl, conn.transport.get_extra_info("socket"))
+
+    def sweep(self) -> None:
+        """Once a second: close the connections that held a half-received frame for
+        ``frame_timeout`` s or were idle for ``idle_timeout`` s (``Connection.tick``)."""
+        idle = math.ceil(self.cfg.idle_timeout)
+        frame = math.ceil(self.cfg.frame_timeout)
+        for conn in list(self.connections):
+            why = conn.tick(idle, frame)
+            if why is not None:
+                self.counters.inc(f"conn.closed.{why}")
+                conn.close()
 
     def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
         """Every frame: a cache hit as its answer frame (the connection writes it); None when
@@ -368,6 +387,7 @@ class Router:
             "pools": len(co.pools) if co else 0,
             "prefetch_depth": co.prefetch.depth() if co else 0,
             "connections": len(self.connections),
+            "buffered_bytes": self.limits.buffered,
             "inflight": len(self.inflight),
             "breaker": self.store.breaker.state if up else "starting",
             # the rules it runs: the table's rollout record as last read (None: starting)

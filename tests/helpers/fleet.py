@@ -21,8 +21,12 @@ from tests.helpers.tables import scan_all
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_daemon(sock: str, table: str, endpoint: str, region: str = "us-east-1") -> Any:
+def start_daemon(
+    sock: str, table: str, endpoint: str, region: str = "us-east-1", **settings: str
+) -> Any:
+    """``rasd serve`` in its own process, once it answers ready; ``settings`` as ``RASD_*``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.update({f"RASD_{name.upper()}": value for name, value in settings.items()})
     proc = subprocess.Popen(
         [
             sys.executable,

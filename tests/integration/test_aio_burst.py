@@ -54,7 +54,8 @@ def daemon(ddb: Any, table: str, moto_endpoint: str, short_tmp: Path) -> Iterato
     """``rasd serve --socket`` in its own process, its pool seeded and OLD_KEYS leased."""
     seed_pool(ddb, table, count=len(OLD_KEYS) + len(NEW_KEYS) + 20)
     sock = str(short_tmp / "rasd.sock")
-    proc = start_daemon(sock, table, moto_endpoint)
+    # the connect storm comes from one process (this one), past the 256 a process may hold
+    proc = start_daemon(sock, table, moto_endpoint, max_connections_per_process="1000")
     try:
         yield sock
     finally:

@@ -4,14 +4,26 @@ new keys beside it."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import resource
+import struct
+import subprocess
+import sys
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import rasd_client
 from rasd_client import aio as rasd_aio
 from rasd_client.errors import RasdError
+from tests.helpers.deadlines import WAIT, until
 from tests.helpers.tables import seed_pool
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +65,152 @@ async def test_one_callers_1ms_deadlines_leave_the_others_new_keys_answered(
         assert len({lease.resource for lease in leases}) == 10
         assert d.counters["ddb.timeouts_cut_short"] > 0, d.counters.snapshot()
         assert d.stats()["breaker"] == "closed"
+
+
+#: A process that opens N connections to the socket and holds them (until killed); prints
+#: how many the kernel accepted.
+HOLD = """
+import socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+held, end = [], time.monotonic() + 20
+while len(held) < n and time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+print(len(held), flush=True)
+time.sleep(120)
+"""
+
+
+#: Another process, connecting after the flood: a new key, then its hit; prints whether each
+#: was new and its resource.
+ASK = """
+import sys
+from datetime import timedelta
+import rasd_client
+for _ in range(2):
+    lease = rasd_client.get_lease(
+        "demo", "default", "k", timedelta(hours=1), socket_path=sys.argv[1], timeout=10
+    )
+    print(lease.new, lease.resource)
+"""
+
+
+def test_one_process_holding_1500_connections_leaves_another_served(
+    ddb: Any, table: str, moto_endpoint: str, short_tmp: Path
+) -> None:
+    """A daemon with 1,024 files (``rasd serve``, its own process): another process opens
+    1,500 connections and holds them. It keeps its 256 (``max_connections_per_process``),
+    the rest are closed at once, and this process's new key and hit are answered (without
+    the limit the daemon ran out of files: no new connection, no DynamoDB connection)."""
+    seed_pool(ddb, table, count=5)
+    sock = str(short_tmp / "d.sock")
+
+    def files_1024() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "rasd", "serve", "--socket", sock, "--table", table]
+    argv += ["--endpoint-url", moto_endpoint, "--log-level", "warning"]
+    daemon = subprocess.Popen(argv, env=env, preexec_fn=files_1024)
+    flood = None
+    try:
+        until_ready(sock, daemon)
+        flood = subprocess.Popen(
+            [sys.executable, "-c", HOLD, sock, "1500"], stdout=subprocess.PIPE, text=True
+        )
+        assert flood.stdout is not None
+        assert int(flood.stdout.readline()) == 1500  # the kernel took every one
+        # another process, on a connection of its own made now: a new key, then its hit
+        asked = subprocess.run(
+            [sys.executable, "-c", ASK, sock], env=env, capture_output=True, text=True
+        )
+        assert asked.returncode == 0, asked.stderr
+        new, resource_1, cached, resource_2 = asked.stdout.split()
+        assert (new, cached) == ("True", "False") and resource_1 == resource_2
+        stats = rasd_client.call_raw("stats", socket_path=sock, timeout=WAIT)
+        assert stats["counters"].get("conn.refused.process", 0) >= 1, stats["counters"]
+        assert stats["connections"] <= 256 + 1, stats
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait()
+        daemon.terminate()
+        daemon.wait(timeout=WAIT)
+
+
+def until_ready(sock: str, proc: subprocess.Popen[bytes]) -> None:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        assert proc.poll() is None, "the daemon exited"
+        try:
+            if rasd_client.call_raw("ping", socket_path=sock, timeout=1.0)["ready"]:
+                return
+        except RasdError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the daemon never became ready")
+
+
+async def demo_lease(sock: str) -> Any:
+    return await rasd_aio.get_lease("demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT)
+
+
+async def test_half_sent_frames_stay_within_the_bound_and_are_closed(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """40 connections each send 65,535 bytes of a 65,536-byte frame: the daemon holds at most
+    ``max_buffered_bytes`` (1 MiB here) of them, closing the connections past it; the rest
+    are closed after ``frame_timeout`` (1 s); a client beside them is served throughout."""
+    seed_pool(ddb, table, count=5)
+    bound = 1 << 20
+    async with make_daemon(max_buffered_bytes=bound, frame_timeout=1.0) as d:
+        sock = d.cfg.socket
+        limits = d.router.limits
+        writers = []
+        most = 0
+        for _ in range(40):
+            reader, writer = await asyncio.open_unix_connection(sock)
+            writer.write(struct.pack(">I", 65536) + b"\x00" * 65535)
+            await writer.drain()
+            writers.append((reader, writer))
+            await asyncio.sleep(0.005)  # the daemon reads it
+            most = max(most, limits.buffered)
+        assert most <= bound, most
+        assert d.counters["conn.closed.buffered"] >= 1, d.counters.snapshot()
+        lease = await rasd_aio.get_lease(
+            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
+        )
+        assert lease.new
+        await until(
+            lambda: limits.buffered == 0, lambda: f"{limits!r} {d.counters.snapshot()}", WAIT
+        )
+        assert d.counters["conn.closed.frame_timeout"] >= 1, d.counters.snapshot()
+        for reader, writer in writers:
+            assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed by the daemon
+            writer.close()
+
+
+async def test_an_idle_connection_is_closed_and_the_client_reconnects(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """``idle_timeout`` (1 s here): a connection that asks nothing is closed; the client's
+    next call goes out on a new connection and is answered, its lease the same."""
+    seed_pool(ddb, table, count=5)
+    async with make_daemon(idle_timeout=1.0) as d:
+        sock = d.cfg.socket
+        first = await rasd_aio.get_lease(
+            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
+        )
+        await until(
+            lambda: d.counters["conn.closed.idle"] >= 1, lambda: str(d.counters.snapshot()), WAIT
+        )
+        again = await rasd_aio.get_lease(
+            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
+        )
+        assert again.resource == first.resource and not again.new

@@ -63,6 +63,8 @@ if [ -n "${RASD_DEB:-}" ]; then
     check "the package created users rasd and rasd-clients" getent group rasd-clients
     check "/usr/bin/rasd and the jobs' commands" bash -c 'for c in rasd rasadmin ras-liberator ras-dedupe ras-balancer; do command -v $c >/dev/null || exit 1; done'
     check "moto is not in the package" bash -c '! /opt/venvs/rasd/bin/python -c "import moto" 2>/dev/null'
+    mode=$(stat -c '%U:%G %a' /etc/default/rasd)
+    check "/etc/default/rasd (AWS keys) is root:rasd 640 ($mode)" test "$mode" = "root:rasd 640"
     systemctl stop rasd.socket
 else
     install_manual || { fail "manual install"; exit 1; }

@@ -21,7 +21,7 @@ from rasd.dynamo.store import Store
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
 from rasd.wire import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
-from rasd_client.wire import BadFrame, FrameDecoder
+from rasd_client.wire import BadFrame, FrameDecoder, encode
 from tests.doubles.clock import FakeClock
 
 S = 30.0
@@ -317,3 +317,26 @@ def test_several_frames_in_one_read_get_one_write() -> None:
     assert conn.buffered == 10 and not t.out[1:]
     conn.data_received(data[10:])
     assert conn.decoder is None and len(t.out) == 2 and t.out[1] == t.out[0]
+
+
+def test_the_sweep_closes_half_sent_frames_and_idle_connections() -> None:
+    """A frame begun and not finished for ``frame_after`` sweeps closes its connection, its
+    bytes counted in the daemon's bound while held; a connection that asks nothing, with
+    nothing in flight, for ``idle_after`` sweeps too; a whole frame starts the count again."""
+    clock = FakeClock()
+    d = make(clock)
+    limits = d.router.limits
+    conn, _ = connect(d)
+    assert limits.open == 1
+    data = encode(frame(clock))
+    conn.data_received(data[:10])
+    assert conn.held == 10 and limits.buffered == 10
+    assert [conn.tick(0, 3) for _ in range(3)] == [None, None, "frame_timeout"]
+    conn.data_received(data[10:])  # the frame finished (a hit on nothing: admitted)
+    assert conn.held == 0 and limits.buffered == 0 and conn.frames == 1
+    assert [conn.tick(2, 3) for _ in range(3)] == [None, None, "idle"]  # counted afresh
+    conn.pending = 1  # a request in flight: not idle, however long
+    assert [conn.tick(2, 3) for _ in range(4)] == [None] * 4
+    conn.data_received(data[:5])
+    conn.connection_lost(None)  # a close lets go of its slot and its bytes
+    assert limits.open == 0 and limits.buffered == 0

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd.limits import BucketTable, CircuitBreaker, InflightGate, TokenBucket
+from rasd.limits import BucketTable, CircuitBreaker, ConnectionLimits, InflightGate, TokenBucket
 
 SLACK = 1e-5  # tokens; covers the float slack the bucket grants per take
 
@@ -296,3 +296,32 @@ def test_limits_reprs_are_informative() -> None:
     assert "0/3" in repr(InflightGate(3))
     assert "closed" in repr(CircuitBreaker(1, 1.0, 1.0))
     assert "size=0/10" in repr(BucketTable(1.0, 1, max_size=10))
+
+
+# ------------------------------------------------------------------------ callers' connections
+def test_connection_limits_per_process_per_uid_and_in_all() -> None:
+    lim = ConnectionLimits(per_process=2, per_uid=3, total=5, max_buffered=100, ungranted=1)
+    assert [lim.admit(10, 1000, True) for _ in range(3)] == [None, None, "process"]
+    assert lim.admit(11, 1000, True) is None  # another process of the uid
+    assert lim.admit(12, 1000, True) == "uid"  # the uid's third
+    assert lim.admit(20, 2000, False) is None  # a uid granted nothing: one, then no more
+    assert lim.admit(21, 2000, False) == "no_grant"
+    assert lim.admit(30, 3000, True) is None
+    assert lim.open == 5
+    assert lim.admit(31, 3001, True) == "total"
+    lim.release(10, 1000)
+    assert lim.admit(31, 3001, True) is None  # a slot freed is a slot again
+    for pid, uid in ((10, 1000), (11, 1000), (20, 2000), (30, 3000), (31, 3001)):
+        lim.release(pid, uid)
+    assert lim.open == 0 and lim.by_pid == {} and lim.by_uid == {}
+
+
+def test_connection_limits_bound_the_half_received_bytes() -> None:
+    lim = ConnectionLimits(per_process=2, per_uid=2, total=2, max_buffered=100)
+    assert lim.hold(0, 60)
+    assert not lim.hold(0, 50)  # 110 in all: the second holder is to be closed
+    assert lim.hold(50, 0) and lim.buffered == 60  # ... and its bytes let go
+    assert lim.hold(60, 100) and lim.buffered == 100  # at the bound is within it
+    assert lim.hold(100, 0) and lim.buffered == 0
+    with pytest.raises(ValueError):
+        ConnectionLimits(per_process=0, per_uid=1, total=1, max_buffered=1)
