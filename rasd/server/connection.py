@@ -160,16 +160,18 @@ class Connection(asyncio.Protocol):
 
     def tick(self, idle_after: int, frame_after: int) -> str | None:
         """The daemon's sweep, once a second: why this connection is to be closed now
-        (``frame_timeout``: a frame begun ``frame_after`` sweeps ago and not finished;
-        ``idle``: nothing asked or in flight for ``idle_after`` sweeps, 0: never), or None."""
+        (``frame_timeout``: a frame begun and not finished for ``frame_after`` seconds;
+        ``idle``: nothing asked or in flight for ``idle_after`` seconds, 0: never), or None.
+        Counted in sweeps since a whole frame came: one more than the seconds, since the
+        last frame (or the connect) may have come just before the first of them."""
         if self.frames != self.seen:
             self.seen = self.frames
             self.quiet = 0
             return None
         self.quiet += 1
-        if self.held and self.quiet >= frame_after:
+        if self.held and self.quiet > frame_after:
             return "frame_timeout"
-        if idle_after and self.pending == 0 and self.quiet >= idle_after:
+        if idle_after and self.pending == 0 and self.quiet > idle_after:
             return "idle"
         return None
 
@@ -236,9 +238,11 @@ class Connection(asyncio.Protocol):
         if not held:
             self.decoder = None
         if held != self.held and self.cred is not None:
-            over = not server.limits.hold(self.held, held)
-            self.held = held
-            if over:  # the half-received frames of every connection passed their bound
+            if server.limits.hold(self.held, held):
+                self.held = held
+            else:  # past the bound for all connections: let go of these bytes, and close
+                server.limits.hold(held, 0)
+                self.held = 0
                 server.counters.inc("conn.closed.buffered")
                 self.close()
         if too_large is not None:

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -166,51 +167,63 @@ async def test_half_sent_frames_stay_within_the_bound_and_are_closed(
 ) -> None:
     """40 connections each send 65,535 bytes of a 65,536-byte frame: the daemon holds at most
     ``max_buffered_bytes`` (1 MiB here) of them, closing the connections past it; the rest
-    are closed after ``frame_timeout`` (1 s); a client beside them is served throughout."""
+    are closed after ``frame_timeout`` (3 s); a client beside them is served throughout."""
     seed_pool(ddb, table, count=5)
     bound = 1 << 20
-    async with make_daemon(max_buffered_bytes=bound, frame_timeout=1.0) as d:
+    async with make_daemon(max_buffered_bytes=bound, frame_timeout=3.0) as d:
         sock = d.cfg.socket
         limits = d.router.limits
         writers = []
-        most = 0
         for _ in range(40):
             reader, writer = await asyncio.open_unix_connection(sock)
             writer.write(struct.pack(">I", 65536) + b"\x00" * 65535)
-            await writer.drain()
             writers.append((reader, writer))
-            await asyncio.sleep(0.005)  # the daemon reads it
+        most = 0
+
+        def past_the_bound() -> bool:
+            nonlocal most
             most = max(most, limits.buffered)
-        assert most <= bound, most
-        assert d.counters["conn.closed.buffered"] >= 1, d.counters.snapshot()
-        lease = await rasd_aio.get_lease(
-            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
-        )
+            return d.counters["conn.closed.buffered"] >= 1
+
+        await until(past_the_bound, lambda: f"{limits!r} {d.counters.snapshot()}", WAIT)
+        lease = await demo_lease(sock)
         assert lease.new
         await until(
-            lambda: limits.buffered == 0, lambda: f"{limits!r} {d.counters.snapshot()}", WAIT
+            lambda: limits.buffered == 0 and len(d.connections) <= 1,  # the client's own
+            lambda: f"{limits!r} {d.counters.snapshot()}",
+            WAIT,
         )
+        assert most <= bound, most
         assert d.counters["conn.closed.frame_timeout"] >= 1, d.counters.snapshot()
         for reader, writer in writers:
             assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed by the daemon
             writer.close()
 
 
-async def test_an_idle_connection_is_closed_and_the_client_reconnects(
+async def test_an_idle_connection_is_closed_and_the_clients_reconnect(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
-    """``idle_timeout`` (1 s here): a connection that asks nothing is closed; the client's
-    next call goes out on a new connection and is answered, its lease the same."""
+    """``idle_timeout`` (1 s here): connections that ask nothing are closed, the sync and the
+    async client's alike; each client's next call goes out on a new connection and is
+    answered, its lease the same."""
     seed_pool(ddb, table, count=5)
+
+    def sync_lease(sock: str) -> Any:
+        return rasd_client.get_lease("demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT)
+
+    loop = asyncio.get_running_loop()
+    thread = ThreadPoolExecutor(1)  # one thread: the sync client's connection is per thread
     async with make_daemon(idle_timeout=1.0) as d:
         sock = d.cfg.socket
-        first = await rasd_aio.get_lease(
-            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
-        )
+        first = await demo_lease(sock)
+        first_sync = await loop.run_in_executor(thread, sync_lease, sock)
         await until(
-            lambda: d.counters["conn.closed.idle"] >= 1, lambda: str(d.counters.snapshot()), WAIT
+            lambda: d.counters["conn.closed.idle"] >= 2, lambda: str(d.counters.snapshot()), WAIT
         )
-        again = await rasd_aio.get_lease(
-            "demo", "default", "k", HOUR, socket_path=sock, timeout=WAIT
-        )
-        assert again.resource == first.resource and not again.new
+        again = await demo_lease(sock)
+        again_sync = await loop.run_in_executor(thread, sync_lease, sock)
+        opened = d.counters["conn.opened"]
+    thread.shutdown()
+    assert again.resource == first.resource == first_sync.resource == again_sync.resource
+    assert not again.new and not again_sync.new
+    assert opened == 4  # each client connected twice: the idle close came between

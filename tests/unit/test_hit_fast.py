@@ -331,10 +331,11 @@ def test_the_sweep_closes_half_sent_frames_and_idle_connections() -> None:
     data = encode(frame(clock))
     conn.data_received(data[:10])
     assert conn.held == 10 and limits.buffered == 10
-    assert [conn.tick(0, 3) for _ in range(3)] == [None, None, "frame_timeout"]
+    assert [conn.tick(0, 3) for _ in range(4)] == [None, None, None, "frame_timeout"]
     conn.data_received(data[10:])  # the frame finished (a hit on nothing: admitted)
     assert conn.held == 0 and limits.buffered == 0 and conn.frames == 1
-    assert [conn.tick(2, 3) for _ in range(3)] == [None, None, "idle"]  # counted afresh
+    # counted afresh from the frame: the sweep that sees it, then more than 2
+    assert [conn.tick(2, 3) for _ in range(4)] == [None, None, None, "idle"]
     conn.pending = 1  # a request in flight: not idle, however long
     assert [conn.tick(2, 3) for _ in range(4)] == [None] * 4
     conn.data_received(data[:5])
