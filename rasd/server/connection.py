@@ -15,7 +15,7 @@ answers it could give at once. A frame over the size limit is answered ``BAD_REQ
 the connection closed (its length prefix cannot be trusted to find the next frame).
 
 The caller's Unix credentials (SO_PEERCRED) are read once, when the connection is made, and
-turned into a ``Grant`` by the ACL (:func:`grant_for`); a reload re-grants every connection.
+turned into a ``Grant`` by the ACL (``peercred.identify``); a reload re-grants every connection.
 A connection past its caller's limits (``rasd.limits.ConnectionLimits``: per process, per
 uid, in all) is closed at once. Once a second the daemon's sweep (:meth:`Connection.tick`)
 closes a connection that has held a half-received frame for ``frame_timeout`` s, or that
