@@ -84,6 +84,7 @@ def measure(
         "AWS_REGION": "us-east-1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]),
         "RASD_DDB_CLIENT": ddb_client,
+        "RASD_ACL_OPEN": "true",
     }
     backend = start_backend(backend_kind)
     url = backend.endpoint

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from .config import Config, ConfigError, load
+from .config import Config, ConfigError, acl_refusal, load
 
 ENV_HELP = """\
 environment:
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rasd: {exc}", file=sys.stderr)
         return 2
+    refusal = acl_refusal(cfg)
     if args.cmd == "check-config":
         from .server.peercred import Acl, AclError
 
@@ -218,8 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"rasd: {exc}", file=sys.stderr)
             return 2
+        if refusal:  # after the rest: rasd serve would start no further
+            print(f"rasd: {refusal}", file=sys.stderr)
+            return 2
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
+    if refusal:
+        print(f"rasd: {refusal}", file=sys.stderr)
+        return 2
     return serve(cfg, reloader=lambda: _config(args))
 
 

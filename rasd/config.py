@@ -180,9 +180,12 @@ class Config:
     log_level: str = "info"
     #: Serve Prometheus metrics on this port (0 or None: off).
     metrics_port: int | None = None
-    #: Which Unix users/groups may use which client_ids; empty: everyone may (rasd dev).
-    #: TOML: [acl] uid.1001 = ["demo"], gid.2000 = ["*"]
+    #: Which Unix users/groups may use which client_ids. TOML: [acl] uid.1001 = ["demo"],
+    #: gid.2000 = ["*"]. Empty: ``rasd serve`` refuses to start unless ``acl_open``.
     acl: dict[str, list[str]] = field(default_factory=dict)
+    #: With no ``acl``: everyone who can open the socket may use every client_id (``rasd dev``
+    #: sets it). Said explicitly, never by omission; an ``acl`` table overrides it.
+    acl_open: bool = False
 
     def validate(self) -> Config:
         problems: list[str] = []
@@ -318,6 +321,19 @@ def _peers(raw: Any) -> dict[str, str]:
     return dict(pairs)
 
 
+def acl_refusal(cfg: Config) -> str | None:
+    """Why ``rasd serve`` must not start (or reload) with ``cfg``'s access list, or None: with
+    no ``acl`` every local user who can open the socket could take any client's leases, so
+    that needs ``acl_open`` said outright."""
+    if cfg.acl or cfg.acl_open:
+        return None
+    return (
+        "no [acl]: every user who can open the socket could use every client_id. List who "
+        'may use what ([acl] user.www-data = ["ads"]: docs/operations.md, "Who may call"), '
+        "or set acl_open = true (RASD_ACL_OPEN=true) to allow everyone outright"
+    )
+
+
 def _acl(raw: Any) -> dict[str, list[str]]:
     if not isinstance(raw, dict):
         raise TypeError("expected a table")
@@ -380,6 +396,7 @@ CONVERTERS: dict[str, Converter] = {
     "log_level": str,
     "metrics_port": _optional(int),
     "acl": _acl,
+    "acl_open": _bool,
 }
 if CONVERTERS.keys() != _FIELDS.keys():  # pragma: no cover - caught by the unit tests
     raise AssertionError(f"CONVERTERS and Config fields differ: {CONVERTERS.keys() ^ _FIELDS}")

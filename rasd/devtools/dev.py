@@ -66,8 +66,8 @@ DEV_SETTINGS: dict[str, Any] = {
 #: claim candidates the demo pool holds before the banner is printed
 DEV_CANDIDATES = 256
 #: Defaults of ``rasd dev`` that are not about moto: a quiet terminal, a socket any local
-#: user may try.
-DEV_DEFAULTS: dict[str, Any] = {"log_level": "warning", "socket_mode": 0o666}
+#: user may try, every client_id open to each (a development host's own daemon).
+DEV_DEFAULTS: dict[str, Any] = {"log_level": "warning", "socket_mode": 0o666, "acl_open": True}
 #: What ``rasd dev`` sets whatever the config says, and why.
 DEV_OWNS = {
     "socket": "rasd dev serves on DIR/rasd.sock (--dir moves it)",

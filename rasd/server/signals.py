@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import structlog
 
-from ..config import Config
+from ..config import Config, ConfigError, acl_refusal
 from ..limits import BucketTable
 from ..observe import log as logsetup
 from .diagnostics import loop_exception
@@ -33,6 +33,9 @@ def reload(d: Daemon) -> None:
     d.notifier.reloading()
     try:
         new = d.reloader()
+        refusal = acl_refusal(new)
+        if refusal:
+            raise ConfigError(refusal)
         acl = Acl.from_config(new.acl)
     except ValueError as exc:  # ConfigError and AclError
         log.error("reload_failed", error=str(exc))
@@ -46,6 +49,7 @@ def reload(d: Daemon) -> None:
     d.cfg = dataclasses.replace(
         d.cfg,
         acl=new.acl,
+        acl_open=new.acl_open,
         log_level=new.log_level,
         max_inflight=new.max_inflight,
         rate_limit=new.rate_limit,

@@ -25,7 +25,7 @@ def start_daemon(
     sock: str, table: str, endpoint: str, region: str = "us-east-1", **settings: str
 ) -> Any:
     """``rasd serve`` in its own process, once it answers ready; ``settings`` as ``RASD_*``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {"RASD_ACL_OPEN": "true", **os.environ, "PYTHONPATH": str(ROOT)}
     env.update({f"RASD_{name.upper()}": value for name, value in settings.items()})
     proc = subprocess.Popen(
         [

@@ -72,8 +72,13 @@ def fresh_get_lease(sock: str, client_id: str, key: str = "k") -> dict[str, Any]
         s.close()
 
 
-def serve_env(**extra: str) -> dict[str, str]:
+def serve_env(acl_open: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a ``rasd serve`` of these tests: ``acl_open``, every client_id open
+    where the config has no [acl] (``RASD_ACL_OPEN``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RASD_ACL_OPEN", None)
+    if acl_open:
+        env["RASD_ACL_OPEN"] = "true"
     for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_PID", "LISTEN_FDS"):
         env.pop(var, None)
     env.update(extra)
@@ -198,8 +203,8 @@ def test_sighup_reloads_acl_and_keeps_old_config_when_broken(
     ddb: Any, table: str, moto_endpoint: str, short_tmp: Path, notify: NotifyListener
 ) -> None:
     """SIGHUP re-reads the config file: a new ACL applies to new connections at once, with no
-    restart. A reload of a broken file (bad TOML, bad ACL entry) is refused: the old ACL
-    stays in force and the daemon keeps serving."""
+    restart. A reload of a broken file (bad TOML, bad ACL entry, no ACL at all without
+    ``acl_open``) is refused: the old ACL stays in force and the daemon keeps serving."""
     seed_pool(ddb, table, count=3)
     seed_pool(ddb, table, client_id="other", count=3, prefix="o-")
     cfg, sock, log = short_tmp / "rasd.toml", str(short_tmp / "r.sock"), short_tmp / "r.log"
@@ -207,10 +212,12 @@ def test_sighup_reloads_acl_and_keeps_old_config_when_broken(
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rasd", "serve", "--config", str(cfg)],
-            env=serve_env(NOTIFY_SOCKET=notify.path),
+            env=serve_env(NOTIFY_SOCKET=notify.path, acl_open=False),
             stderr=err,
             cwd=ROOT,
         )
+    no_acl = short_tmp / "no-acl.toml"
+    write_config(no_acl, table, moto_endpoint, sock, "")
     try:
         notify.wait_for("READY")
         assert fresh_get_lease(sock, C)["ok"]
@@ -223,7 +230,8 @@ def test_sighup_reloads_acl_and_keeps_old_config_when_broken(
         assert fresh_get_lease(sock, C)["code"] == "FORBIDDEN"
         assert fresh_get_lease(sock, "other")["ok"]
 
-        for broken in ("[acl\nnot toml", f'[acl]\n"user.no-such-user-{UID}" = ["{C}"]\n'):
+        bad_acl = f'[acl]\n"user.no-such-user-{UID}" = ["{C}"]\n'
+        for broken in ("[acl\nnot toml", bad_acl, no_acl.read_text()):
             cfg.write_text(broken)
             proc.send_signal(signal.SIGHUP)
             notify.wait_for("RELOADING")
@@ -236,7 +244,27 @@ def test_sighup_reloads_acl_and_keeps_old_config_when_broken(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert log.read_text().count("reload_failed") == 2
+    assert log.read_text().count("reload_failed") == 3
+    assert "no [acl]: every user who can open the socket" in log.read_text()
+
+
+def test_serve_without_an_acl_refuses_to_start(
+    table: str, moto_endpoint: str, short_tmp: Path
+) -> None:
+    """No [acl] and no ``acl_open``: ``rasd serve`` stops at once, exit 2, saying why and what
+    to write, before it binds the socket (every local user who could open it would otherwise
+    use every client_id)."""
+    cfg, sock = short_tmp / "rasd.toml", str(short_tmp / "r.sock")
+    write_config(cfg, table, moto_endpoint, sock, "")
+    argv = [sys.executable, "-m", "rasd", "serve", "--config", str(cfg)]
+    out = subprocess.run(
+        argv, env=serve_env(acl_open=False), cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2, out.stderr
+    assert "rasd: no [acl]: every user who can open the socket" in out.stderr, out.stderr
+    assert "set acl_open = true" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not os.path.exists(sock)
 
 
 # ----------------------------------------------------------------------------- sd_notify

@@ -86,6 +86,7 @@ def test_a_taken_metrics_port_stops_rasd_serve_with_the_fix(workdir: str) -> Non
     sock = os.path.join(workdir, "rasd.sock")
     port, out = with_metrics_port_taken(
         ["serve"],
+        RASD_ACL_OPEN="true",
         RASD_SOCKET=sock,
         RASD_ENDPOINT_URL="http://127.0.0.1:9",
         AWS_ACCESS_KEY_ID="x",

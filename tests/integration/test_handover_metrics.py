@@ -74,6 +74,7 @@ def test_handover_with_metrics_port_completes_and_the_successor_serves_metrics(
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
+        "RASD_ACL_OPEN": "true",
         "LISTEN_FDS": "1",
         "LISTEN_FDNAMES": "rasd",
         "RASD_METRICS_PORT": str(port),

@@ -115,7 +115,7 @@ def test_one_process_holding_1500_connections_leaves_another_served(
     def files_1024() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {"RASD_ACL_OPEN": "true", **os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "rasd", "serve", "--socket", sock, "--table", table]
     argv += ["--endpoint-url", moto_endpoint, "--log-level", "warning"]
     daemon = subprocess.Popen(argv, env=env, preexec_fn=files_1024)

@@ -157,7 +157,7 @@ async def test_rasd_serve_on_a_live_socket_exits_2_naming_it(
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=ROOT,
-            env={**env, "PYTHONPATH": str(ROOT)},
+            env={**env, "PYTHONPATH": str(ROOT), "RASD_ACL_OPEN": "true"},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

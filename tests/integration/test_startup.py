@@ -41,6 +41,7 @@ def _serve(sock: str, endpoint: str, table: str, log: Path, **env: str) -> Any:
     full.update(
         {
             "PYTHONPATH": str(ROOT),
+            "RASD_ACL_OPEN": "true",
             "AWS_ACCESS_KEY_ID": "x",
             "AWS_SECRET_ACCESS_KEY": "x",
             "RASD_STARTUP_RETRY_INITIAL": "0.2",

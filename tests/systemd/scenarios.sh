@@ -74,6 +74,11 @@ record "rasd dev on a production install: exit $rc: $msg"
 dev_check() { [ "$rc" = 2 ] && [ "$(printf '%s\n' "$msg" | wc -l)" = 1 ] && [[ "$msg" == *"[dev]"* ]]; }
 check "rasd dev without moto: one line naming the [dev] extra, exit 2" dev_check
 
+acl_msg=$(rasd check-config --config /etc/rasd/rasd.toml 2>&1); acl_rc=$?
+record "rasd check-config on the shipped rasd.toml: exit $acl_rc: $acl_msg"
+acl_check() { [ "$acl_rc" = 2 ] && [[ "$acl_msg" == *"no [acl]"* ]] && [[ "$acl_msg" == *"acl_open = true"* ]]; }
+check "the shipped rasd.toml (no [acl]) is refused until the site lists who may call: exit 2" acl_check
+
 # The site's config: moto on loopback, the ACL, and the service's environment file.
 cat >/etc/rasd/rasd.toml <<TOML
 table = "rasd"

@@ -269,6 +269,7 @@ def test_check_config_prints_the_aws_settings(
 
     monkeypatch.setenv("AWS_USE_FIPS_ENDPOINT", "true")
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("RASD_ACL_OPEN", "true")
     monkeypatch.setenv("AWS_CA_BUNDLE", certifi.where())
     monkeypatch.delenv("RASD_ENDPOINT_URL", raising=False)
     assert cli.main(["check-config", "--env-file", "/dev/null", "--region", "us-west-2"]) == 0
@@ -287,7 +288,9 @@ def test_check_config_reads_aws_settings_from_the_env_file(
     """/etc/default/rasd (the unit's EnvironmentFile=) is where operators put AWS_* and proxy
     variables: check-config resolves with them, as the service will."""
     env_file = tmp_path / "rasd.env"
-    env_file.write_text("HTTPS_PROXY=http://proxy.example:3128\nAWS_MAX_ATTEMPTS=4\n")
+    env_file.write_text(
+        "HTTPS_PROXY=http://proxy.example:3128\nAWS_MAX_ATTEMPTS=4\nRASD_ACL_OPEN=true\n"
+    )
     assert cli.main(["check-config", "--env-file", str(env_file)]) == 0
     a = json.loads(capsys.readouterr().out)["aws"]
     assert a["proxy"] == "http://proxy.example:3128" and a["max_attempts"] == 4

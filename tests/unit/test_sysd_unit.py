@@ -68,8 +68,12 @@ def test_check_config_reads_the_env_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RASD_TABLE", raising=False)
+    monkeypatch.delenv("RASD_ACL_OPEN", raising=False)
     f = tmp_path / "rasd"
     f.write_text("RASD_TABLE=fromfile\n")
+    assert cli.main(["check-config", "--env-file", str(f)]) == 2  # no [acl], not open
+    assert "rasd: no [acl]: every user who can open the socket" in capsys.readouterr().err
+    f.write_text("RASD_TABLE=fromfile\nRASD_ACL_OPEN=true\n")
     assert cli.main(["check-config", "--env-file", str(f)]) == 0
     assert json.loads(capsys.readouterr().out)["table"] == "fromfile"
     f.write_text("RASD_MAX_INFLIGHT=zero\n")
