@@ -19,9 +19,10 @@ Counter names map to metric families like this (anything unknown is still export
     err.<CODE>                       rasd_request_errors_total{code="NO_CAPACITY"|...}
     req.total                        rasd_requests_total
 
-Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server) while the event
-loop keeps writing. Reads here are copies taken in one C-level step under the GIL
-(``dict(counter)``, ``list(counts)``), so a scrape sees each value whole; a scrape may see a
+Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server, a thread per
+connection, :data:`METRICS_CONNECTIONS` at most) while the event loop keeps writing. Reads
+here are copies taken in one C-level step under the GIL (``dict(counter)``,
+``list(counts)``), so a scrape sees each value whole; a scrape may see a
 histogram's sum a few observations ahead of its buckets, which Prometheus tolerates. Gauge
 callbacks also run in that thread: they must only read (``len(x)``, a copy), never mutate,
 and one that raises is skipped (and counted in ``rasd_scrape_errors_total``), not fatal.
@@ -338,14 +339,25 @@ def build_registry(
     return registry
 
 
+#: connections the metrics port serves at once (a thread each); more are closed as they come,
+#: so that idle connections cannot take the service's TasksMax= (256) from the daemon
+METRICS_CONNECTIONS = 8
+#: seconds a metrics connection may take to send its request or read the answer
+METRICS_TIMEOUT = 5.0
+
+
 @dataclass
 class MetricsServer:
-    """A running exporter: ``port`` (the real one when 0 was asked) and ``close()``."""
+    """A running exporter: ``port`` (the real one when 0 was asked), ``refused()`` (the
+    connections closed unserved, every handler busy) and ``close()``."""
 
     addr: str
     port: int
     _server: Any
     _thread: Any
+
+    def refused(self) -> int:
+        return int(self._server.refused)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -354,10 +366,43 @@ class MetricsServer:
 
 
 def start_http(port: int, addr: str = "127.0.0.1", *, registry: CollectorRegistry) -> MetricsServer:
-    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread.
+    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread, each
+    connection in a thread of its own: at most :data:`METRICS_CONNECTIONS` at once, each for
+    at most :data:`METRICS_TIMEOUT` s of silence.
 
     Loopback by default: the scraper is a local agent; expose it wider only on purpose.
     """
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
     pc = require()
-    server, thread = pc.start_http_server(port, addr=addr, registry=registry)
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class Handler(WSGIRequestHandler):
+        timeout = METRICS_TIMEOUT  # StreamRequestHandler: the socket's timeout
+
+        def log_message(self, format: str, *args: Any) -> None:  # silent, as the base's
+            pass
+
+    class Server(ThreadingWSGIServer):
+        request_queue_size = 128  # the listen backlog (socketserver's 5 drops a burst's SYNs)
+        slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+        refused = 0
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self.slots.acquire(blocking=False):
+                Server.refused += 1
+                self.shutdown_request(request)
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+    server = make_server(addr, port, pc.make_wsgi_app(registry), Server, handler_class=Handler)
+    thread = threading.Thread(target=server.serve_forever, name="rasd-metrics", daemon=True)
+    thread.start()
     return MetricsServer(addr, int(server.server_port), server, thread)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import sys
+import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rasd.observe import prom
 from rasd.observe.metrics import Counters
 from rasd.observe.prom import (
+    METRICS_CONNECTIONS,
     Gauge,
     LatencyHistograms,
     MetricsUnavailable,
@@ -19,6 +25,7 @@ from rasd.observe.prom import (
     require,
     start_http,
 )
+from tests.helpers.deadlines import SETTLE
 
 
 def scrape(**kw: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -199,5 +206,42 @@ def test_start_http_serves_metrics_on_loopback() -> None:
             body = r.read().decode()
         assert 'rasd_cache_lookups_total{result="hit"} 4.0' in body
         assert "process_open_fds" in body
+    finally:
+        srv.close()
+
+
+def test_idle_connections_cannot_take_the_exporters_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """300 connections that never send a request: the exporter serves METRICS_CONNECTIONS of
+    them at once (a thread each, here for as long as the test) and closes the others as they
+    come, so the daemon's threads stay within the service's TasksMax=; once the idle ones
+    go, a scrape is answered."""
+    monkeypatch.setattr(prom, "METRICS_TIMEOUT", 60.0)  # no handler frees its slot meanwhile
+    srv = start_http(0, registry=build_registry(Counters()))
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        end = time.monotonic() + SETTLE  # the server's thread accepts them in turn
+        while srv.refused() < 300 - METRICS_CONNECTIONS and time.monotonic() < end:
+            time.sleep(0.01)
+        assert srv.refused() == 300 - METRICS_CONNECTIONS
+        assert threading.active_count() <= before + METRICS_CONNECTIONS
+    finally:
+        for s in idle:
+            s.close()
+    url = f"http://127.0.0.1:{srv.port}/metrics"
+    end = time.monotonic() + SETTLE  # each handler ends as its peer's end reaches it
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    assert b"rasd_" in r.read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < end, "no scrape answered after the idle ones went"
+                time.sleep(0.01)
     finally:
         srv.close()
