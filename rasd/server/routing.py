@@ -15,8 +15,9 @@ a miss       the same get_lease goes on with its fields tuple (:meth:`Router._le
              else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
              from the table.
 the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
-             names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` and ``stats`` answered at
-             once, ``release`` and ``headroom`` to admission.
+             names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
+             client_id) and ``stats`` (one granted "*") answered at once, ``release`` and
+             ``headroom`` to admission.
 ``_slow``    what needs DynamoDB must get a slot in the in-flight gate before its deadline or
              is shed with ``BUSY`` at once, never queued, and then runs as a task: it waits for
              the store if the daemon is still starting (:meth:`Router.wait_up`), calls the role
@@ -253,10 +254,18 @@ class Router:
                 conn, req.id, Forbidden(f"this process may not use client_id {req.client_id!r}")
             )
             return
-        if req.op == "ping":
+        if req.op == "ping":  # for a caller that may use some client_id
+            grant = conn.grant
+            if not (grant.all or grant.client_ids):
+                self._send_error(conn, req.id, Forbidden("this process may use no client_id"))
+                return
             conn.send(protocol.ok(req.id, ready=self.status.ready, region=self.cfg.region))
             return
-        if req.op == "stats":
+        if req.op == "stats":  # every client's pools and counters: for a caller granted "*"
+            if not conn.grant.all:
+                why = 'stats reports every client_id\'s pools: it needs a grant of "*"'
+                self._send_error(conn, req.id, Forbidden(why))
+                return
             conn.send(protocol.ok(req.id, **self.stats()))
             return
         args = (

@@ -146,8 +146,9 @@ def notify(short_tmp: Path) -> Iterator[NotifyListener]:
 
 # ---------------------------------------------------------------------------------- ACL
 async def test_acl_forbids_unlisted_uid(ddb: Any, table: str, make_daemon: Any) -> None:
-    """A caller whose uid (root here) is not in a non-empty ACL gets FORBIDDEN, for every op
-    that names a client_id; ops naming none (ping) still work."""
+    """A caller whose uid (root here) is not in a non-empty ACL gets FORBIDDEN, for every op:
+    those that name a client_id, ``ping`` (for a caller that may use some client_id) and
+    ``stats`` (every client's pools)."""
     seed_pool(ddb, table, count=3)
     async with make_daemon(acl={"uid.4242": [C]}) as d:
         s = d.cfg.socket
@@ -157,17 +158,20 @@ async def test_acl_forbids_unlisted_uid(ddb: Any, table: str, make_daemon: Any) 
             await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         with pytest.raises(rasd_client.Forbidden):
             await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT)
-        assert (await rasd_aio.call_raw("ping", socket_path=s, timeout=WAIT))["ready"]
-        assert d.counters["err.FORBIDDEN"] == 3
+        for op in ("ping", "stats"):
+            with pytest.raises(rasd_client.Forbidden):
+                await rasd_aio.call_raw(op, socket_path=s, timeout=WAIT)
+        assert d.counters["err.FORBIDDEN"] == 5
         assert d.counters.snapshot().get("ddb.UpdateItem", 0) == 0
 
 
 async def test_acl_allows_listed_uid_for_its_client_ids_only(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
-    """A uid listed for "demo" may use "demo" and nothing else; a gid entry grants the same
-    way; "*" grants every client_id. Its requests wait for their answers (``WAIT``): at the
-    client's default 1 s one timed out under the flake hunt's load before its first try."""
+    """A uid listed for "demo" may use "demo" and nothing else (``ping`` too, not ``stats``);
+    a gid entry grants the same way; "*" grants every client_id, and ``stats``. Its requests
+    wait for their answers (``WAIT``): at the client's default 1 s one timed out under the
+    flake hunt's load before its first try."""
     seed_pool(ddb, table, count=3)
     seed_pool(ddb, table, client_id="other", count=3, prefix="o-")
     async with make_daemon(acl={f"uid.{UID}": [C]}) as d:
@@ -175,6 +179,9 @@ async def test_acl_allows_listed_uid_for_its_client_ids_only(
         assert (await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=s, timeout=WAIT)).new
         with pytest.raises(rasd_client.Forbidden):
             await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s, timeout=WAIT)
+        assert (await rasd_aio.call_raw("ping", socket_path=s, timeout=WAIT))["ready"]
+        with pytest.raises(rasd_client.Forbidden, match='a grant of "\\*"'):
+            await rasd_aio.call_raw("stats", socket_path=s, timeout=WAIT)
     async with make_daemon(acl={f"gid.{os.getgid()}": ["other"]}) as d:
         s = d.cfg.socket
         assert (await rasd_aio.get_lease("other", P, "k", HOUR, socket_path=s, timeout=WAIT)).new
@@ -188,6 +195,7 @@ async def test_acl_allows_listed_uid_for_its_client_ids_only(
         ).new
         with pytest.raises(rasd_client.UnknownPool):  # allowed; the pool just does not exist
             await rasd_aio.get_lease("nobody", P, "k", HOUR, socket_path=s, timeout=WAIT)
+        assert "counters" in await rasd_aio.call_raw("stats", socket_path=s, timeout=WAIT)
 
 
 # ------------------------------------------------------------------------------ SIGHUP
