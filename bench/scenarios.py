@@ -790,6 +790,8 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         prefix="g",
         rate_limit=1e6,
         rate_burst=1e6,
+        call_rate_limit=1e6,
+        call_rate_burst=1e6,
         max_inflight=max(64, opts["g_inflight"]),
         confirm_interval=G_CONFIRM_INTERVAL,
     )
@@ -820,7 +822,8 @@ def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         "fill_new_leases": fill_counters["lease.new"] - 5,
         "fill_existing_leases": fill_counters["lease.existing"],
         "fill_ddb_calls": _ddb_calls(fill_counters),
-        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64 "
+        "daemon_settings": "RASD_RATE_LIMIT=1e6 RASD_RATE_BURST=1e6 RASD_CALL_RATE_LIMIT=1e6 "
+        "RASD_CALL_RATE_BURST=1e6 RASD_MAX_INFLIGHT>=64 "
         f"RASD_CONFIRM_INTERVAL={G_CONFIRM_INTERVAL:g}",
         "fill_s": fill_s,
         "seed_s": seed_s,

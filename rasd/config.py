@@ -110,6 +110,11 @@ class Config:
     #: runaway client (a new key per request) from draining a pool; over it: BUSY+retry_after.
     rate_limit: float = 200.0
     rate_burst: float = 1000.0
+    #: Requests per client_id per second that reach DynamoDB (cache misses, new keys,
+    #: releases, headroom, unknown pools), with bursts up to call_rate_burst (a restart's cold
+    #: cache): one client's flood leaves the others the table's capacity; over it: BUSY.
+    call_rate_limit: float = 1000.0
+    call_rate_burst: float = 5000.0
     #: Seconds in-flight requests get to finish on SIGTERM before they are cancelled.
     drain_timeout: float = 5.0
     #: Requests one connection may have in flight at once; beyond it the answer is BUSY.
@@ -211,6 +216,10 @@ class Config:
             problems.append("max_inflight: must be >= 1")
         if self.rate_limit <= 0 or self.rate_burst < 1:
             problems.append("rate_limit/rate_burst: need rate_limit > 0 and rate_burst >= 1")
+        if self.call_rate_limit <= 0 or self.call_rate_burst < 1:
+            problems.append(
+                "call_rate_limit/call_rate_burst: need call_rate_limit > 0 and call_rate_burst >= 1"
+            )
         if self.breaker_failures < 1:
             problems.append("breaker_failures: must be >= 1")
         if self.max_pending_per_conn < 1:
@@ -369,6 +378,8 @@ CONVERTERS: dict[str, Converter] = {
     "max_inflight": int,
     "rate_limit": float,
     "rate_burst": float,
+    "call_rate_limit": float,
+    "call_rate_burst": float,
     "drain_timeout": float,
     "max_pending_per_conn": int,
     "max_connections_per_process": int,

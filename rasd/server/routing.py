@@ -26,7 +26,8 @@ the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``prot
 
 Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
 per connection) against the ACL -> ``FORBIDDEN``; a cache hit is answered at once; anything
-that needs DynamoDB must get a slot in the in-flight gate before its deadline -> ``BUSY``.
+that needs DynamoDB must pass its client_id's rate (``call_rate_limit``) and get a slot in the
+in-flight gate before its deadline -> ``BUSY``.
 
 :class:`Router` is what a connection serves (``connection.Server``): ``Daemon``
 (rasd.server.lifecycle) makes it with the few things the request paths read, and hands it the
@@ -58,7 +59,7 @@ from ..core.errors import (
     Timeout,
     Unavailable,
 )
-from ..limits import InflightGate
+from ..limits import BucketTable, InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
@@ -125,6 +126,8 @@ class Router:
         #: the access list new connections are granted by (:meth:`regrant` changes it)
         self.acl = acl
         self.gate = gate
+        #: each client_id's requests that reach DynamoDB (``call_rate_limit``; reload: a new one)
+        self.calls: BucketTable[str] = BucketTable(cfg.call_rate_limit, cfg.call_rate_burst)
         self.latency = latency
         self.pool_metrics = pool_metrics
         self.status = status
@@ -171,6 +174,7 @@ class Router:
     def sweep(self) -> None:
         """Once a second: close the connections that held a half-received frame for
         ``frame_timeout`` s or were idle for ``idle_timeout`` s (``Connection.tick``)."""
+        self.calls.sweep(time.monotonic())
         idle = math.ceil(self.cfg.idle_timeout)
         frame = math.ceil(self.cfg.frame_timeout)
         for conn in list(self.connections):
@@ -292,6 +296,12 @@ class Router:
         if conn.pending >= self.cfg.max_pending_per_conn:
             self.counters.inc("shed.conn_pending")
             self._send_error(conn, rid, Busy("too many requests in flight on this connection"))
+            return
+        wait = self.calls.try_take(args[0], now)
+        if wait > 0:
+            self.counters.inc("shed.call_rate_limited")
+            why = f"client_id {args[0]!r} is past its {self.calls.rate:g} DynamoDB calls a second"
+            self._send_error(conn, rid, Busy(why, retry_after=round(wait, 3)))
             return
         if not self.gate.try_enter(now + budget, now):
             self.counters.inc("shed.busy")

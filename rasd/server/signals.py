@@ -42,6 +42,7 @@ def reload(d: Daemon) -> None:
         d.notifier.ready(status="reload failed; old config kept")
         return
     d.router.regrant(acl)
+    d.router.calls = BucketTable(new.call_rate_limit, new.call_rate_burst)
     d.gate.limit = new.max_inflight
     if d.up.is_set():
         d.coordinator.driver.buckets = BucketTable(new.rate_limit, new.rate_burst)
@@ -54,6 +55,8 @@ def reload(d: Daemon) -> None:
         max_inflight=new.max_inflight,
         rate_limit=new.rate_limit,
         rate_burst=new.rate_burst,
+        call_rate_limit=new.call_rate_limit,
+        call_rate_burst=new.call_rate_burst,
     )
     d.notifier.ready(status="reloaded")
     log.info("reloaded", acl="open" if acl.open else "enforced")

@@ -68,6 +68,46 @@ async def test_one_callers_1ms_deadlines_leave_the_others_new_keys_answered(
         assert d.stats()["breaker"] == "closed"
 
 
+async def test_one_clients_flood_of_table_calls_leaves_the_others_theirs(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """``other`` sends 60 requests that each need DynamoDB (releases of keys it never held,
+    new keys of pools that do not exist): past its ``call_rate_burst`` (10 here, then 1 a
+    second) they are answered BUSY, with retry_after, before reaching the table; ``demo``'s
+    new keys, asked right after, are all answered: each client_id has a budget of its own.
+    Without the limit all 60 reached the table."""
+    seed_pool(ddb, table, client_id="demo", count=5)
+    async with make_daemon(call_rate_limit=1.0, call_rate_burst=10.0) as d:
+        sock = d.cfg.socket
+        t0 = time.monotonic()
+        codes = []
+        for i in range(60):
+            try:
+                if i % 2:
+                    await rasd_aio.release(
+                        "other", "default", f"r{i}", socket_path=sock, timeout=WAIT
+                    )
+                else:
+                    await rasd_aio.get_lease(
+                        "other", f"none{i}", "k", HOUR, socket_path=sock, timeout=WAIT
+                    )
+                codes.append("OK")
+            except RasdError as exc:
+                codes.append(exc.code)
+                assert exc.code != "BUSY" or exc.retry_after is not None, exc
+        elapsed = time.monotonic() - t0
+        busy = codes.count("BUSY")
+        assert 60 - busy <= 10 + elapsed * 1.0 + 1, (elapsed, codes)
+        assert d.counters["shed.call_rate_limited"] == busy, d.counters.snapshot()
+        leases = [
+            await rasd_aio.get_lease(
+                "demo", "default", f"k{i}", HOUR, socket_path=sock, timeout=WAIT
+            )
+            for i in range(5)
+        ]
+        assert all(lease.new for lease in leases)
+
+
 #: A process that opens N connections to the socket and holds them (until killed); prints
 #: how many the kernel accepted.
 HOLD = """
