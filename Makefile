@@ -77,11 +77,16 @@ integration: $(STAMP)
 # throwaway overlay of /: installs rasd, then activation, ACL, reload, restart under load,
 # kill -9, watchdog, crash loop, DynamoDB down at start, log priorities, stop, exposure.
 # Skips (saying why) without root, unshare or /lib/systemd/systemd. Figures: .systemd-test/.
-# Tools some tests use and skip without: promtool (Debian package `prometheus`).
+# Tools some tests use and skip without: promtool (Debian package `prometheus`), nft
+# (`nftables`).
 tools:
 	command -v promtool >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -q --no-install-recommends prometheus; } || \
 	    echo "tools: promtool could not be installed; its tests will skip"
+	command -v nft >/dev/null || test -x /usr/sbin/nft || { \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends nftables; } || \
+	    echo "tools: nft could not be installed; its test will skip"
 
 # The Debian package (dh-virtualenv): build/deb/rasd_<version>_<arch>.deb. Built in a copy of
 # the tree (dpkg-buildpackage writes next to the source). Installs its build deps with apt-get.

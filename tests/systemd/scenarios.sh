@@ -65,6 +65,10 @@ if [ -n "${RASD_DEB:-}" ]; then
     check "moto is not in the package" bash -c '! /opt/venvs/rasd/bin/python -c "import moto" 2>/dev/null'
     mode=$(stat -c '%U:%G %a' /etc/default/rasd)
     check "/etc/default/rasd (AWS keys) is root:rasd 640 ($mode)" test "$mode" = "root:rasd 640"
+    check "the package ships the metadata service's firewall rule" test -f /usr/share/rasd/rasd-imds.nft
+    if command -v nft >/dev/null; then  # checked, not loaded: the host's network is shared
+        check "nft accepts it (the rasd user exists)" nft -c -f /usr/share/rasd/rasd-imds.nft
+    fi
     systemctl stop rasd.socket
 else
     install_manual || { fail "manual install"; exit 1; }

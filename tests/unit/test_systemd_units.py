@@ -8,9 +8,12 @@ its clients' group). Each assertion names the behaviour it protects.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -223,6 +226,7 @@ def test_service_syscall_filter_and_memory_bound(service: Unit) -> None:
         ("DynamicUser", "the daemon runs as the static rasd user"),
         ("PrivateUsers", "SO_PEERCRED would report every caller as nobody"),
         ("ProtectProc", "the /proc fallback for callers' groups needs /proc/<pid>/status"),
+        ("IPAddressDeny", "DynamoDB's addresses are AWS's, and the role's credentials IMDS'"),
     ],
 )
 def test_service_does_not_set(service: Unit, key: str, why: str) -> None:
@@ -286,3 +290,26 @@ def test_example_config_documents_every_setting_with_its_default(tmp_path: Path)
                 f"{f.name}: the example shows {getattr(cfg, f.name)!r}, "
                 f"the default is {getattr(defaults, f.name)!r}"
             )
+
+
+# ------------------------------------------------------------- the metadata service's rule
+def test_the_metadata_services_firewall_rule_refuses_every_other_user() -> None:
+    """The rule the package ships (/usr/share/rasd/rasd-imds.nft): both of the instance
+    metadata service's addresses, refused to every uid but root and rasd."""
+    text = (SYSTEMD / "rasd-imds.nft").read_text()
+    for family, addr in (("ip", "169.254.169.254"), ("ip6", "fd00:ec2::254")):
+        rule = f'{family} daddr {addr} meta skuid != {{ 0, "rasd" }} counter reject'
+        assert rule in text, rule
+    assert "policy accept" in text  # it refuses those packets, nothing else
+
+
+@pytest.mark.skipif(
+    shutil.which("nft") is None or os.geteuid() != 0, reason="needs nft (nftables) and root"
+)
+def test_nft_accepts_the_metadata_services_firewall_rule(tmp_path: Path) -> None:
+    """Checked by nft, not loaded (rasd's user as nobody: nft resolves names, and this host
+    may have no rasd user)."""
+    rule = tmp_path / "rasd-imds.nft"
+    rule.write_text((SYSTEMD / "rasd-imds.nft").read_text().replace('"rasd"', '"nobody"'))
+    out = subprocess.run(["nft", "-c", "-f", str(rule)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
