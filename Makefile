@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 UV     := $(BIN)/python -m pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python
 PIP    := $(BIN)/python -m pip install -q
 
-.PHONY: mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
+.PHONY: lock mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
     test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -106,7 +106,8 @@ deb:
 # packaging and the units, the operations page it installs. Files git knows of or would add
 # (not ignored), that exist; a tree without git lists them with find. Not the Makefile:
 # after a change to the `deb` recipe itself, run `make deb`.
-DEB_SOURCES := rasd client jobs debian systemd docs/operations.md pyproject.toml README.md
+DEB_SOURCES := rasd client jobs debian systemd docs/operations.md pyproject.toml README.md \
+    requirements
 DEB_INPUTS := $(wildcard $(shell git ls-files --cached --others --exclude-standard -- \
     $(DEB_SOURCES) 2>/dev/null || find $(DEB_SOURCES) -type f -not -name '*.pyc'))
 DEB_STAMP := build/deb.stamp
@@ -136,6 +137,14 @@ systemd-test: $(STAMP)
 # check that each test ran exactly once.
 test: $(STAMP) tools
 	$(TIERS) all --beside 'nice -n 10 $(MAKE) -s lint typecheck && $(MAKE) -s systemd-test'
+
+# requirements/rasd.lock: the dependencies of the .deb and the Jenkins jobs (the metrics
+# extra included), pinned with their hashes for every platform, from pyproject.toml. Run it
+# after changing a dependency there (a unit test checks the lock names each one).
+lock: $(STAMP)
+	{ sed -n '1,4p' requirements/rasd.lock; $(BIN)/uv pip compile pyproject.toml --extra metrics \
+	    --generate-hashes --universal --python-version 3.11 --no-header -q -o -; } \
+	    > requirements/rasd.lock.new && mv requirements/rasd.lock.new requirements/rasd.lock
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick
