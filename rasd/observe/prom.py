@@ -394,7 +394,11 @@ def start_http(port: int, addr: str = "127.0.0.1", *, registry: CollectorRegistr
                 Server.refused += 1
                 self.shutdown_request(request)
                 return
-            super().process_request(request, client_address)
+            try:
+                super().process_request(request, client_address)
+            except BaseException:  # no thread started (one that did releases its own slot)
+                self.slots.release()
+                raise
 
         def process_request_thread(self, request: Any, client_address: Any) -> None:
             try:
