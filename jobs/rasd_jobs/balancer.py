@@ -8,7 +8,7 @@ One run, top to bottom (:func:`run`):
 2. load the previous state from S3 (``rasd_jobs.s3state``);
 3. read the table's stream in this region from the checkpoints (``rasd_jobs.stream``):
    acquisitions and releases per (client, pool, region);
-4. read the daemons' miss counters (Query ``#meta`` ``begins_with misses#``), take deltas;
+4. read the daemons' miss counters (Query ``#hosts`` ``begins_with misses#``), take deltas;
 5. count free items per (client, pool, region) (Query COUNT on ``available_resources`` over
    the 10 sub-partitions);
 6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
@@ -51,6 +51,7 @@ import structlog
 from botocore.exceptions import ClientError
 
 from rasd.core.lease import (
+    HOSTS_CLIENT,
     META_CLIENT,
     MISS_PREFIX,
     PARTITIONS,
@@ -167,18 +168,21 @@ def read_pools(ddb: Any, table: str) -> tuple[list[tuple[str, str]], set[str]]:
 
 
 def read_miss_counters(ddb: Any, table: str) -> dict[str, int]:
-    """All daemons' cumulative miss counters: ``misses#...`` resource -> count."""
+    """All daemons' cumulative miss counters: ``misses#...`` resource -> count. Daemons write
+    them under ``#hosts``; older daemons wrote them under ``#meta`` (reaped a week after their
+    last report), so both are read. A daemon's counter is its own (its id names it)."""
     out: dict[str, int] = {}
-    kw: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "client_id = :m AND begins_with(#res, :pfx)",
-        "ProjectionExpression": "#res, #c",
-        "ExpressionAttributeNames": {"#res": "resource", "#c": "count"},
-        "ExpressionAttributeValues": {":m": {"S": META_CLIENT}, ":pfx": {"S": MISS_PREFIX}},
-    }
-    for page in common.scan_pages(ddb, kw):
-        for it in page.get("Items", []):
-            out[it["resource"]["S"]] = miss_count_from_ddb(it)
+    for partition in (HOSTS_CLIENT, META_CLIENT):
+        kw: dict[str, Any] = {
+            "TableName": table,
+            "KeyConditionExpression": "client_id = :m AND begins_with(#res, :pfx)",
+            "ProjectionExpression": "#res, #c",
+            "ExpressionAttributeNames": {"#res": "resource", "#c": "count"},
+            "ExpressionAttributeValues": {":m": {"S": partition}, ":pfx": {"S": MISS_PREFIX}},
+        }
+        for page in common.scan_pages(ddb, kw):
+            for it in page.get("Items", []):
+                out[it["resource"]["S"]] = miss_count_from_ddb(it)
     return out
 
 

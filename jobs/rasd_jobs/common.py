@@ -46,7 +46,7 @@ from rasd.core.lease import (
     parse_time,
     valid_name,
 )
-from rasd.core.rollout import ROLLOUT_KEY, Rollout, rollout_from, set_rollout
+from rasd.core.rollout import ROLLOUT_KEY, SIGNAL_KEY, Rollout, rollout_from, set_rollout
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.observe import log as rasd_log
@@ -584,9 +584,13 @@ def add_peer_endpoint(group: Any, help: str) -> None:
 
 # ------------------------------------------------------------------- the rollout record
 def read_rollout(ddb: Any, table: str) -> Rollout:
-    """The table's rollout record (``rasd.core.rollout``), read strongly consistent."""
-    raw = ddb.get_item(TableName=table, Key=key_av(ROLLOUT_KEY), ConsistentRead=True).get("Item")
-    return rollout_from(item_from_av(raw) if raw else None)
+    """The table's rollout record and the daemons' signal (``rasd.core.rollout``), read
+    strongly consistent."""
+    raw, sig = (
+        ddb.get_item(TableName=table, Key=key_av(k), ConsistentRead=True).get("Item")
+        for k in (ROLLOUT_KEY, SIGNAL_KEY)
+    )
+    return rollout_from(item_from_av(raw) if raw else None, item_from_av(sig) if sig else None)
 
 
 def write_rollout(

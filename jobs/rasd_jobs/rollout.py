@@ -60,6 +60,9 @@ def status(ddb: Any, table: str, cfg: Config) -> dict[str, Any]:
         "why": r.why,
         "version": r.version,
         "ends_at": r.ends_at,
+        # the daemons' signal (a raise above what the record last cleared turns the mode on)
+        "signal": r.signal,
+        "seen_cleared": r.cleared,
         "daemons_follow_within_s": follow_bound_s(cfg),
     }
 

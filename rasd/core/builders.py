@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from .lease import (
+    HOSTS_CLIENT,
     META_CLIENT,
     MISS_TTL_S,
     US,
@@ -383,7 +384,7 @@ def miss_report_update(
         raise ValueError("daemon_id must be non-empty and contain no '#'")
     return {
         "Key": {
-            "client_id": {"S": META_CLIENT},
+            "client_id": {"S": HOSTS_CLIENT},
             "resource": {"S": miss_resource(client_id, pool_id, region, daemon_id)},
         },
         "UpdateExpression": "ADD #c :n SET #u = :now, #ttl = :ttl",

@@ -54,6 +54,11 @@ MAX_RESOURCE_LEN = 1024
 #: '#' is not allowed in a client_id, so a meta item can never collide with a resource, and
 #: meta items carry neither ``key`` nor ``partition``, so they appear in no index.
 META_CLIENT = "#meta"
+#: Partition key of what daemons report: their miss counters and the signal that they saw a
+#: lease of the paper's agent. The one partition outside the clients' own that a daemon
+#: writes, so that ``#meta`` (pool definitions, the rollout record) is written only by the
+#: jobs and rasadmin, and IAM can say so (``dynamodb:LeadingKeys``, docs/operations.md).
+HOSTS_CLIENT = "#hosts"
 #: Partition key prefix of mapping items: ``#map#{client_id}#{pool_id}#{key}``. Mapping items
 #: have no ``key``, ``pool_id``, ``partition`` or ``lease_available`` attribute: no index.
 MAP_PREFIX = "#map#"

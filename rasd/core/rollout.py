@@ -13,6 +13,12 @@ not before every answer that agent may have given has ended), and any actor that
 lease of the paper's agent while it is off turns it on again (:func:`paper_lease`). A table
 rasd creates has no record: off.
 
+The jobs and rasadmin write the record; a daemon never writes ``#meta``. A daemon that finds
+a lease of the paper's agent raises a *signal* instead, ``#hosts``/``paper-lease``, whose
+version grows with each raise (:func:`raise_signal`). The record keeps the signal's version
+it last turned off at (``seen_cleared``); a signal newer than that turns the mode on for
+every reader (:func:`rollout_from` reads both items), as the record's own flag does.
+
 The item carries no ``partition`` and no ``key``, so it is in neither index. Writes are
 conditional on the version read, so two writers never undo each other blindly.
 """
@@ -23,19 +29,25 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .lease import META_CLIENT, ResourceItem, fmt_time, parse_time
+from .lease import HOSTS_CLIENT, META_CLIENT, ResourceItem, fmt_time, parse_time
 from .writes import Cond, ItemKey, Value, Write
 
 ROLLOUT_KEY: ItemKey = (META_CLIENT, "rollout")
+#: the daemons' signal that they saw a lease of the paper's agent (read with the record)
+SIGNAL_KEY: ItemKey = (HOSTS_CLIENT, "paper-lease")
 ON, OFF = "on", "off"
 
 
 @dataclass(frozen=True, slots=True)
 class Rollout:
-    """The record as read (absent: off, version 0)."""
+    """The record and the signal as read (absent: off, version 0). ``paper_agents``: rollout
+    mode is on, by the record's flag or by a signal raised since the record last turned off."""
 
     paper_agents: bool = False
     version: int = 0
+    #: the signal's version as read, and the one the record last turned off at
+    signal: int = 0
+    cleared: int = 0
     changed: str | None = None
     by: str | None = None
     why: str | None = None
@@ -47,15 +59,22 @@ class Rollout:
         return None if self.ends_at is None else parse_time(self.ends_at)
 
 
-def rollout_from(item: Mapping[str, Value] | None) -> Rollout:
-    """The record from its item (None: no record, so no paper's agent)."""
+def rollout_from(
+    item: Mapping[str, Value] | None, signal: Mapping[str, Value] | None = None
+) -> Rollout:
+    """The record from its item and the signal's (None: absent; no record and no signal: no
+    paper's agent)."""
+    raised = 0 if signal is None else int(signal.get("version", 0))
     if item is None:
-        return Rollout()
+        return Rollout(paper_agents=raised > 0, signal=raised)
     changed, by, why = item.get("changed"), item.get("by"), item.get("why")
     ends_at = item.get("ends_at")
+    cleared = int(item.get("seen_cleared", 0))
     return Rollout(
-        paper_agents=item.get("paper_agents") == ON,
+        paper_agents=item.get("paper_agents") == ON or raised > cleared,
         version=int(item.get("version", 0)),
+        signal=raised,
+        cleared=cleared,
         changed=None if changed is None else str(changed),
         by=None if by is None else str(by),
         why=None if why is None else str(why),
@@ -68,10 +87,14 @@ def set_rollout(
 ) -> Write:
     """Turn rollout mode on or off, conditional on the version ``seen`` (absent: no item);
     ``ends_at_us``: on, and ``end-rollout`` marked when it may turn it off (every other
-    write of the record removes the mark)."""
+    write of the record removes the mark). Off clears the signal as read: a daemon's raise
+    after that read leaves the mode on."""
     assert ends_at_us is None or on
     cond = Cond("version", "=", seen.version) if seen.version else Cond("version", "not_exists")
-    mark = () if ends_at_us is None else (("ends_at", fmt_time(ends_at_us)),)
+    if not on:
+        extra: tuple[tuple[str, Value], ...] = (("seen_cleared", seen.signal),)
+    else:
+        extra = () if ends_at_us is None else (("ends_at", fmt_time(ends_at_us)),)
     return Write(
         key=ROLLOUT_KEY,
         conds=(cond,),
@@ -81,11 +104,25 @@ def set_rollout(
             ("changed", fmt_time(now_us)),
             ("by", by),
             ("why", why),
-            *mark,
+            *extra,
         ),
-        remove=() if mark else ("ends_at",),
+        remove=() if ends_at_us is not None else ("ends_at",),
         incr=("version",),
         kind="set_rollout",
+    )
+
+
+def raise_signal(seen: Rollout, now_us: int, by: str, why: str) -> Write:
+    """A daemon saw a lease of the paper's agent while the mode was off: a new version of the
+    signal (conditional on the version ``seen``), which every reader takes as on until the
+    record is next turned off."""
+    cond = Cond("version", "=", seen.signal) if seen.signal else Cond("version", "not_exists")
+    return Write(
+        key=SIGNAL_KEY,
+        conds=(cond,),
+        set=(("kind", "paper_lease"), ("changed", fmt_time(now_us)), ("by", by), ("why", why)),
+        incr=("version",),
+        kind="raise_signal",
     )
 
 
@@ -153,11 +190,13 @@ __all__ = [
     "OFF",
     "ON",
     "ROLLOUT_KEY",
+    "SIGNAL_KEY",
     "End",
     "Rollout",
     "answers_end",
     "on_end",
     "paper_lease",
+    "raise_signal",
     "rollout_from",
     "running_paper_lease",
     "set_rollout",

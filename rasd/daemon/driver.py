@@ -38,7 +38,14 @@ from ..core.clock import Clock
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Timeout, Unavailable
 from ..core.lease import MAP_PREFIX, META_CLIENT, Lease, Pool
-from ..core.rollout import ROLLOUT_KEY, Rollout, paper_lease, rollout_from, set_rollout
+from ..core.rollout import (
+    ROLLOUT_KEY,
+    SIGNAL_KEY,
+    Rollout,
+    paper_lease,
+    raise_signal,
+    rollout_from,
+)
 from ..core.serialize import resource_from
 from ..core.writes import Value
 from ..dynamo.store import Store
@@ -217,8 +224,8 @@ class Driver:
 
     def paper_lease_seen(self, item: dict[str, Value]) -> None:
         """A resource item read holds a lease of the paper's agent while the table's record
-        says no such agent writes it: say so, count it, and turn rollout mode on (in the
-        table, so every daemon and job follows; here at once)."""
+        says no such agent writes it: say so, count it, and turn rollout mode on (here at
+        once; in the table by the signal, which every daemon and job reads with the record)."""
         self.counters.inc("rollout.paper_lease_seen")
         log.error(
             "paper_lease_outside_rollout",
@@ -236,12 +243,16 @@ class Driver:
         deadline = time.monotonic() + S.BACKGROUND_DEADLINE
         try:
             for _ in range(3):
-                seen = rollout_from(await self.store.get_item(ROLLOUT_KEY, deadline))
+                record, signal = await asyncio.gather(
+                    self.store.get_item(ROLLOUT_KEY, deadline),
+                    self.store.get_item(SIGNAL_KEY, deadline),
+                )
+                seen = rollout_from(record, signal)
                 if seen.paper_agents:
                     self.rollout.update(seen)
                     return
-                w = set_rollout(
-                    True, seen, self.clock.now_us(), self.owner, f"paper lease on {resource}"
+                w = raise_signal(
+                    seen, self.clock.now_us(), self.owner, f"paper lease on {resource}"
                 )
                 res = await self.store.write(w, deadline)
                 if res.outcome is Outcome.APPLIED:

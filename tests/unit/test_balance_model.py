@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rasd.core.lease import META_CLIENT, US
+from rasd.core.lease import HOSTS_CLIENT, US
 from rasd_jobs import balance_model as bm
 from rasd_jobs import stream as st
 
@@ -249,7 +249,7 @@ def test_miss_report_update_spec() -> None:
     """The daemon's miss report: one counter item per daemon, ADDed, with the time and a TTL."""
     kw = bm.miss_report_update("demo", "default", E, "host-1:4242", 3, NOW)
     assert kw["Key"] == {
-        "client_id": {"S": META_CLIENT},
+        "client_id": {"S": HOSTS_CLIENT},
         "resource": {"S": f"misses#demo#default#{E}#host-1:4242"},
     }
     assert kw["UpdateExpression"] == "ADD #c :n SET #u = :now, #ttl = :ttl"

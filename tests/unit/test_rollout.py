@@ -113,15 +113,50 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
 
     asyncio.run(read_it())
     assert drv.rollout.on and drv.counters["rollout.paper_lease_seen"] == 1
-    record = RO.rollout_from(store.items[RO.ROLLOUT_KEY])
-    assert record.paper_agents and record.why == "paper lease on rp"
+    # the daemon raises the signal; the record (in #meta) is the jobs' and rasadmin's
+    assert RO.ROLLOUT_KEY not in store.items
+    assert [w.key for w in store.writes] == [RO.SIGNAL_KEY]
+    signal = store.items[RO.SIGNAL_KEY]
+    assert signal["why"] == "paper lease on rp"
+    assert RO.rollout_from(None, signal).paper_agents  # every reader now runs rollout mode
     assert drv.counters["rollout.raised"] == 1
+    # another daemon reads it with its pools and follows
+    other = _daemon(store)
+    asyncio.run(other.pool_table.load(1e12))
+    assert other.driver.steps_daemon().legacy_agents is True
     # a meta item or a rasd lease read is no evidence
     store2 = _Store()
     store2.items[(META_CLIENT, "x")] = {"client_id": META_CLIENT, "resource": "x", "key": "k"}
     acq2 = _daemon(store2)
     asyncio.run(_read(acq2, (META_CLIENT, "x")))
-    assert not acq2.driver.rollout.on and RO.ROLLOUT_KEY not in store2.items
+    assert not acq2.driver.rollout.on and store2.writes == []
+
+
+def test_turning_off_clears_the_signal_as_read_and_a_later_raise_turns_it_on_again() -> None:
+    on = apply(None, RO.set_rollout(True, RO.Rollout(), NOW, "adm", "adopt"))
+    sig1 = apply(None, RO.raise_signal(RO.rollout_from(on), NOW, "d1", "seen"))
+    assert on is not None and sig1 is not None
+    seen = RO.rollout_from(on, sig1)
+    assert seen.paper_agents and seen.signal == 1 and seen.cleared == 0
+    # end-rollout turns off at the signal it read
+    off = apply(on, RO.set_rollout(False, seen, NOW, "adm", "end"))
+    assert off is not None and off["seen_cleared"] == 1
+    assert not RO.rollout_from(off, sig1).paper_agents
+    # a raise after that read (version 2) turns every reader on again, record untouched
+    sig2 = apply(sig1, RO.raise_signal(RO.rollout_from(off, sig1), NOW, "d2", "seen again"))
+    assert sig2 is not None and RO.rollout_from(off, sig2).paper_agents
+    # a raiser that read an older signal loses its write (no blind overwrite), and reads again
+    assert apply(sig2, RO.raise_signal(RO.rollout_from(off, sig1), NOW, "d3", "late")) is None
+    # turning on (adopt) keeps the cleared mark; the next off clears the newer signal
+    on2 = apply(off, RO.set_rollout(True, RO.rollout_from(off, sig2), NOW, "adm", "adopt"))
+    assert on2 is not None and on2["seen_cleared"] == 1
+    off2 = apply(on2, RO.set_rollout(False, RO.rollout_from(on2, sig2), NOW, "adm", "end"))
+    assert off2 is not None and not RO.rollout_from(off2, sig2).paper_agents
+    # a raise with no record at all is on, and an off without a record clears it
+    alone = RO.rollout_from(None, sig1)
+    assert alone.paper_agents and alone.version == 0
+    first = apply(None, RO.set_rollout(False, alone, NOW, "adm", "end"))
+    assert first is not None and not RO.rollout_from(first, sig1).paper_agents
 
 
 async def _read(acq: Coordinator, key: tuple[str, str]) -> None:
