@@ -143,8 +143,13 @@ test: $(STAMP) tools
 # after changing a dependency there (a unit test checks the lock names each one).
 lock: $(STAMP)
 	{ sed -n '1,4p' requirements/rasd.lock; $(BIN)/uv pip compile pyproject.toml --extra metrics \
-	    --generate-hashes --universal --python-version 3.11 --no-header -q -o -; } \
+	    --generate-hashes --universal --python-version 3.11 --no-header -q; } \
 	    > requirements/rasd.lock.new && mv requirements/rasd.lock.new requirements/rasd.lock
+	{ sed -n '1,5p' requirements/build.lock; $(BIN)/python -c 'import tomllib; \
+	    print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+	    | $(BIN)/uv pip compile - --generate-hashes --universal --python-version 3.11 \
+	    --no-header -q; } > requirements/build.lock.new \
+	    && mv requirements/build.lock.new requirements/build.lock
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

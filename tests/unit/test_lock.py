@@ -1,6 +1,7 @@
-"""requirements/rasd.lock, what the .deb and the Jenkins jobs install: every dependency of
-pyproject.toml (the metrics extra included) pinned with its hashes, and both installs use it
-in pip's hash-checking mode, rasd itself with nothing more."""
+"""requirements/rasd.lock and build.lock, what the .deb and the Jenkins jobs install: every
+dependency of pyproject.toml (the metrics extra included) and its build backend pinned with
+their hashes, and both installs use them in pip's hash-checking mode, rasd itself with
+nothing more, built by the pinned backend."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "rasd.lock"
+BUILD_LOCK = ROOT / "requirements" / "build.lock"
 
 
-def pinned() -> dict[str, tuple[str, list[str]]]:
+def pinned(lock: Path = LOCK) -> dict[str, tuple[str, list[str]]]:
     """name -> (version, hashes) of each requirement of the lock."""
     out: dict[str, tuple[str, list[str]]] = {}
-    text = re.sub(r"\\\n\s*", " ", LOCK.read_text())  # one line per requirement
+    text = re.sub(r"\\\n\s*", " ", lock.read_text())  # one line per requirement
     for line in text.splitlines():
         if not line or line.lstrip().startswith("#"):
             continue
@@ -44,11 +46,28 @@ def test_every_dependency_is_pinned_with_its_hashes() -> None:
     assert "boto3" in lock  # the jobs' client, through aioboto3
 
 
-def test_the_deb_and_the_jobs_install_exactly_the_lock() -> None:
+def test_the_build_backend_is_pinned_with_its_hashes() -> None:
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    lock = pinned(BUILD_LOCK)
+    for dep in build:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in lock, f"{name} is not in {BUILD_LOCK.name}: make lock"
+        version, hashes = lock[name]
+        assert req.specifier.contains(version) and hashes, (name, version)
+
+
+def test_the_deb_and_the_jobs_install_exactly_the_locks() -> None:
     rules = (ROOT / "debian" / "rules").read_text()
-    assert "--requirements requirements/rasd.lock" in rules
+    assert "cat requirements/rasd.lock requirements/build.lock > debian/rasd-all.lock" in rules
+    assert "--requirements debian/rasd-all.lock" in rules
     assert "--extra-pip-arg --no-deps" in rules  # rasd itself adds nothing unpinned
+    assert "--extra-pip-arg --no-build-isolation" in rules  # built by the pinned backend
+    assert "--upgrade-pip" not in rules  # pip is Debian's own, not the index's newest
     jenkins = (ROOT / "jobs" / "Jenkinsfile").read_text()
-    assert "pip install --quiet --require-hashes --no-deps -r requirements/rasd.lock" in jenkins
-    assert "pip install --quiet --no-deps ." in jenkins
-    assert not re.search(r"pip install --quiet \.$", jenkins, re.M)
+    assert (
+        "pip install --quiet --require-hashes --no-deps -r requirements/rasd.lock"
+        " -r requirements/build.lock" in jenkins
+    )
+    assert "pip install --quiet --no-deps --no-build-isolation ." in jenkins
+    assert not re.search(r"pip install --quiet (--upgrade pip|\.$)", jenkins, re.M)
