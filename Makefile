@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 UV     := $(BIN)/python -m pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python
 PIP    := $(BIN)/python -m pip install -q
 
-.PHONY: lock mutate dev test lint typecheck unit integration bench bench-full bench-targets sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
+.PHONY: lock mutate dev test lint typecheck unit integration bench bench-full bench-targets bench-fleet sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
     test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -165,6 +165,12 @@ bench-targets: $(STAMP)
 # The global simulation: 3 regions, replication lag, the balancer against a static split,
 # over 3 seeds (docs/global.md). Exit 3: a run measured an overloaded machine, not rasd.
 # sim about 13 minutes, sim-full about 65: on a quiet machine only.
+# The fleet bench (docs/performance.md "A fleet"): 20 daemons and the paper's agent on one
+# dynalite, sparse per-host demand, hot keys shared, sliding leases, and what DynamoDB would
+# bill (bench.meter); a table, the JSON and a plot in bench/results/ (~13 min).
+bench-fleet: $(STAMP)
+	$(BIN)/python -m bench.fleet
+
 sim: $(STAMP)
 	$(BIN)/python -m sim --quick --seeds 1,2,3
 

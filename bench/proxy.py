@@ -122,9 +122,13 @@ class DelayProxy:
         listen_port: int = 0,
         http: bool = False,
         trace: str | None = None,
+        meter: Any = None,
     ) -> None:
         self.upstream = upstream
         self.http = http
+        #: HTTP mode: ``bench.meter.Meter``, shown each request before it goes upstream and
+        #: each answer after it went back (what DynamoDB would bill)
+        self.meter = meter
         #: HTTP mode: one JSON line per request (operation and perf_counter stamps; on Linux
         #: perf_counter is CLOCK_MONOTONIC, comparable across processes). For bench.profile.
         self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
@@ -215,6 +219,9 @@ class DelayProxy:
                 due = time.perf_counter() + self.delay_s + extra
                 extra = 0.0
                 head, body, _ = req
+                metered = None
+                if self.meter is not None:
+                    head, body, metered = self.meter.request(head, body)
                 t_in = time.perf_counter()
                 with self.stats.lock:
                     self.stats.bytes_up += len(head) + len(body)
@@ -258,6 +265,8 @@ class DelayProxy:
                     self.stats.bytes_down += len(rhead) + len(rbody)
                 _sleep_until(due)
                 csock.sendall(rhead + rbody)
+                if metered is not None:
+                    self.meter.response(metered, rhead, rbody)
                 if self._trace is not None:
                     self._log(head + body[:400], t_in, t_up, t_back, time.perf_counter(), rhead)
         except OSError:
@@ -495,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--http", action="store_true", help="HTTP/1.1-aware mode (see _http_conn)")
     ap.add_argument("--trace", metavar="FILE", help="HTTP mode: a JSON line per request")
+    ap.add_argument(
+        "--meter", metavar="FILE", help="HTTP mode: what DynamoDB would bill, to FILE (bench.meter)"
+    )
+    ap.add_argument("--meter-table", metavar="TABLE", help="--meter: the table it copies at start")
     ap.add_argument("--self-test", action="store_true", help="measure the added delay and exit")
     a = ap.parse_args(argv)
     if a.self_test:
@@ -508,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     if not a.upstream:
         ap.error("--upstream is required")
     host, _, port = a.upstream.rpartition(":")
+    meter = None
+    if a.meter:
+        from .meter import Meter, seed_from_scan
+
+        seed = seed_from_scan(f"http://{a.upstream}", a.meter_table) if a.meter_table else None
+        meter = Meter(a.meter, seed)
     px = DelayProxy(
         (host, int(port)),
         a.delay_ms / 1e3,
@@ -515,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         listen_port=a.port,
         http=a.http,
         trace=a.trace,
+        meter=meter,
     )
     px.start()
     print(f"PORT {px.port}", flush=True)  # the parent reads this line
@@ -523,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     px.stop()
+    if meter is not None:
+        meter.close()
     os._exit(0)
 
 

@@ -227,12 +227,18 @@ def start_backend(kind: str, env: dict[str, str] | None = None) -> Moto | Dynali
 class Proxy(Child):
     """``bench.proxy`` in its own process, in front of ``upstream`` (an http://host:port URL):
     ``delay_ms`` each way, ``handshake_rtts`` more round trips on a new connection's first
-    request; ``trace``: a file it writes a JSON line per request to."""
+    request; ``trace``: a file it writes a JSON line per request to; ``meter``: (file, table),
+    what DynamoDB would bill (``bench.meter``)."""
 
     name = "proxy"
 
     def __init__(
-        self, upstream: str, delay_ms: float, handshake_rtts: float = 2.0, trace: str | None = None
+        self,
+        upstream: str,
+        delay_ms: float,
+        handshake_rtts: float = 2.0,
+        trace: str | None = None,
+        meter: tuple[str, str] | None = None,
     ) -> None:
         hostport = upstream.split("://", 1)[-1].rstrip("/")
         self.proc = popen(
@@ -248,6 +254,7 @@ class Proxy(Child):
                 str(handshake_rtts),
                 "--http",
                 *(["--trace", trace] if trace else []),
+                *(["--meter", meter[0], "--meter-table", meter[1]] if meter else []),
             ],
             None,
             stdin=subprocess.PIPE,
