@@ -384,6 +384,8 @@ check "socket stays open when the service stops" test "$(systemctl is-active ras
 # ------------------------------------------------------------------------- 11. exposure
 exp=$(systemd-analyze security rasd.service --no-pager 2>/dev/null | tail -1)
 record "systemd-analyze security: $exp"
+level=$(printf '%s\n' "$exp" | grep -oE '[0-9]+\.[0-9]+' | head -1)
+check "exposure $level, at 1.6 or better" awk -v x="$level" 'BEGIN { exit !(x != "" && x <= 1.6) }'
 
 # ------------------------------------------------------------------------ 12. the package
 if [ -n "${RASD_DEB_UPGRADE:-}" ]; then
