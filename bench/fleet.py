@@ -89,6 +89,16 @@ class Params:
     )
     #: rollout mode: the reference mix only
     rollout_levels: list[Level] = field(default_factory=lambda: [Level(10, 0.03)])
+    #: each lever turned off, at the reference mix and the sparsest demand: its effect is
+    #: these levels against the same levels of the fast phase, in the same run
+    lever_levels: list[Level] = field(default_factory=lambda: [Level(10, 0.03), Level(60, 0.03)])
+
+
+#: The levers of the fast rules (docs/performance.md, "A fleet"): name -> the daemons'
+#: settings without it.
+LEVERS: dict[str, dict[str, Any]] = {
+    "quiet candidates": {"candidate_max_age_quiet": 0},
+}
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -103,12 +113,13 @@ def zipf_cdf(n: int, s: float) -> list[float]:
 
 def schedule(p: Params, level: Level, hosts: int, tag: str) -> list[tuple[float, int, str]]:
     """(offset s, host, key) of every call of ``hosts`` hosts over warm + measure, in time
-    order; the same for both sides (the paper's is the first ``paper_hosts`` hosts')."""
+    order; the same for both sides (the paper's is the first ``paper_hosts`` hosts') and in
+    every phase (only the new keys' names carry ``tag``)."""
     cdf = zipf_cdf(p.hot_keys, p.zipf_s)
     span = p.warm_s + p.measure_s
     out: list[tuple[float, int, str]] = []
     for h in range(hosts):
-        rng = random.Random(f"{p.seed}/{tag}/{level.name}/{h}")
+        rng = random.Random(f"{p.seed}/{level.name}/{h}")  # the same calls in every phase
         t, i = 0.0, 0
         while True:
             t += rng.expovariate(level.per_host_rate)
@@ -323,13 +334,21 @@ def run_level(
 
 
 def run_phase(
-    env: Env, p: Params, levels: list[Level], rollout: bool, tmp: str
+    env: Env,
+    p: Params,
+    levels: list[Level],
+    rollout: bool,
+    tmp: str,
+    mode: str = "",
+    settings: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    mode = "rollout" if rollout else "fast"
-    rasd = Side(env, f"r{mode}", p.items, rollout, tmp)
-    paper = Side(env, f"p{mode}", p.items, False, tmp)
+    """``levels`` on fresh tables and fresh daemons (``settings``: theirs), labelled ``mode``."""
+    mode = mode or ("rollout" if rollout else "fast")
+    tag = mode.replace(" ", "")
+    rasd = Side(env, f"r{tag}", p.items, rollout, tmp)
+    paper = Side(env, f"p{tag}", p.items, False, tmp)
     env.endpoint = rasd.endpoint  # the daemons' DynamoDB: rasd's metered proxy
-    ds = env.start_daemons(rasd.table, p.hosts, prefix=f"{mode}-")
+    ds = env.start_daemons(rasd.table, p.hosts, prefix=f"{tag}-", **(settings or {}))
     stop = threading.Event()
     lib = threading.Thread(
         target=_liberate_forever,
@@ -340,7 +359,7 @@ def run_phase(
     out = []
     try:
         for i, level in enumerate(levels):
-            got = run_level(p, level, rasd, paper, ds, tmp, f"{mode}{i}")
+            got = run_level(p, level, rasd, paper, ds, tmp, f"{tag}{i}")
             got["mode"] = mode
             print(json.dumps(_line(got)), flush=True)
             out.append(got)
@@ -438,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p = Params(hosts=a.hosts, measure_s=a.measure, warm_s=a.warm)
     if a.quick:
         p.levels, p.rollout_levels = [Level(2, 0.1)], [Level(2, 0.1)]
+        p.lever_levels = [Level(2, 0.1)]
         p.items, p.hot_keys = 400, 50
     os.environ.update({k: v for k, v in aws_env().items() if k.startswith("AWS_")})
     if a.backend == "dynalite" and dynalite_status() is not None:
@@ -448,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res["levels"] += run_phase(env, p, p.levels, False, env.tmp)
         res["levels"] += run_phase(env, p, p.rollout_levels, True, env.tmp)
+        for lever, off in LEVERS.items():
+            mode = f"fast without {lever}"
+            res["levels"] += run_phase(env, p, p.lever_levels, False, env.tmp, mode, off)
     finally:
         env.close()
     res["wall_s"] = time.time() - started

@@ -90,6 +90,10 @@ class Config:
     prefetch_page: int = 64
     #: Candidates older than this are dropped: someone else has likely taken them.
     candidate_max_age: float = 10.0
+    #: In a quiet pool (no race lost in the last minute; free items sit claimable for long)
+    #: candidates are kept up to a quarter of how long, at most this: a host that takes a new
+    #: key now and then skips the index read. 0: always candidate_max_age.
+    candidate_max_age_quiet: float = 120.0
     #: After a sweep of all ten sub-partitions finds nothing, answer NO_CAPACITY without
     #: reading DynamoDB for this long.
     exhausted_backoff: float = 1.0
@@ -210,6 +214,8 @@ class Config:
             problems.append("pending_hold: must be > 0")
         if not 1 <= self.prefetch_min <= self.prefetch_max:
             problems.append("prefetch_min/prefetch_max: need 1 <= min <= max")
+        if self.candidate_max_age <= 0 or self.candidate_max_age_quiet < 0:
+            problems.append("candidate_max_age/_quiet: need max_age > 0 and quiet >= 0")
         if self.default_deadline <= 0:
             problems.append("default_deadline: must be > 0")
         if self.max_inflight < 1:
@@ -371,6 +377,7 @@ CONVERTERS: dict[str, Converter] = {
     "prefetch_max": int,
     "prefetch_page": int,
     "candidate_max_age": float,
+    "candidate_max_age_quiet": float,
     "exhausted_backoff": float,
     "default_deadline": float,
     "pool_refresh": float,

@@ -20,7 +20,8 @@ version) it is a candidate like any other.
 A refill starts in the background, after the claim it follows has been sent, when the buffer
 falls below half of the target (the low watermark), and reads the room left (at least
 ``MIN_PAGE``, at most ``prefetch_page``). Candidates older than ``candidate_max_age`` are
-dropped: by then another daemon has likely taken them.
+dropped: by then another daemon has likely taken them; in a quiet pool, where free items sit
+claimable for minutes, they are kept longer (:meth:`CandidateBuffer.max_age`).
 
 Only items claimable now are kept: an early free (release, give-back, dedupe) sets
 ``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
@@ -57,6 +58,10 @@ MIN_PAGE = 8  # smallest page a refill reads
 TAKEN_MAX = 256  # (resource, version) taken lately, not kept as candidates again
 UNCLAIMABLE_MAX = 256  # items with a lease_available ahead remembered per sweep
 DIRECT_MAX_AGE = 2.0  # seconds a candidate is kept in direct mode (others take it soon)
+#: In a quiet pool a candidate is kept up to this share of how long the items read had sat
+#: claimable (at that age about four in five are still free), at most candidate_max_age_quiet
+QUIET_SHARE = 0.25
+QUIET_AFTER_LOST = 60.0  # seconds after a lost race the pool is not quiet
 
 
 def why_empty(ahead: list[str], quarantined: list[str], all_read: bool, now: str) -> str | None:
@@ -176,13 +181,27 @@ class CandidateBuffer:
         return max(min(MIN_PAGE, self.cfg.prefetch_page), min(self.cfg.prefetch_page, room))
 
     # -- candidates ----------------------------------------------------------------------
+    def max_age(self, now: float) -> float:
+        """How old a candidate may be: ``candidate_max_age``, sooner in direct mode. In a
+        quiet pool (no race lost for QUIET_AFTER_LOST, not short) longer: a quarter of how
+        long the items read had sat claimable, at most ``candidate_max_age_quiet``. A host
+        that takes a new key now and then keeps its candidates and skips the index read;
+        the claim's condition decides, as always."""
+        base = self.cfg.candidate_max_age
+        if self.q and self.direct():
+            return min(base, DIRECT_MAX_AGE)
+        quiet, age = self.cfg.candidate_max_age_quiet, self.fleet.age
+        if quiet <= base or age is None or now - self.fleet.lost_at <= QUIET_AFTER_LOST:
+            return base
+        if self.whole():
+            return base
+        return min(quiet, max(base, QUIET_SHARE * age))
+
     def take(self, now: float) -> Candidate | None:
-        """The next fresh candidate, dropping stale ones (sooner in direct mode)."""
+        """The next fresh candidate, dropping stale ones (:meth:`max_age`)."""
         self.now = max(self.now, now)
         self._note_take(now)
-        max_age = self.cfg.candidate_max_age
-        if self.q and self.direct():
-            max_age = min(max_age, DIRECT_MAX_AGE)
+        max_age = self.max_age(now)
         while self.q:
             c = self.q.popleft()
             if now - c.fetched <= max_age:
