@@ -89,15 +89,18 @@ class Params:
     )
     #: rollout mode: the reference mix only
     rollout_levels: list[Level] = field(default_factory=lambda: [Level(10, 0.03)])
-    #: each lever turned off, at the reference mix and the sparsest demand: its effect is
-    #: these levels against the same levels of the fast phase, in the same run
+    #: each lever turned off, at the reference mix (and the sparsest demand for a lever that
+    #: depends on it): its effect is these levels against the same levels of the fast
+    #: phase, in the same run
     lever_levels: list[Level] = field(default_factory=lambda: [Level(10, 0.03), Level(60, 0.03)])
 
 
 #: The levers of the fast rules (docs/performance.md, "A fleet"): name -> the daemons'
-#: settings without it.
-LEVERS: dict[str, dict[str, Any]] = {
-    "quiet candidates": {"candidate_max_age_quiet": 0},
+#: settings without it, and whether its effect depends on the per-host demand (then it runs
+#: at every ``lever_levels``, else at the first only)
+LEVERS: dict[str, tuple[dict[str, Any], bool]] = {
+    "quiet candidates": ({"candidate_max_age_quiet": 0}, True),
+    "read before extending": ({"extend_read_first": False}, False),
 }
 
 
@@ -468,9 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res["levels"] += run_phase(env, p, p.levels, False, env.tmp)
         res["levels"] += run_phase(env, p, p.rollout_levels, True, env.tmp)
-        for lever, off in LEVERS.items():
+        for lever, (off, by_demand) in LEVERS.items():
             mode = f"fast without {lever}"
-            res["levels"] += run_phase(env, p, p.lever_levels, False, env.tmp, mode, off)
+            levels = p.lever_levels if by_demand else p.lever_levels[:1]
+            res["levels"] += run_phase(env, p, levels, False, env.tmp, mode, off)
     finally:
         env.close()
     res["wall_s"] = time.time() - started

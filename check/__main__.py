@@ -28,6 +28,7 @@ from .rulesets import (
     BAD_P,
     BAD_R,
     BAD_S,
+    BAD_X,
     REAL,
     Protocol,
 )
@@ -364,6 +365,28 @@ STRICT_LOCAL = replace(STRICT, home_down="local")
 STRICT_TIME = replace(
     STRICT, max_ops=3, release=True, ticks=(1, 5), horizon=6, leases=(6, 6), max_faults=0
 )
+#: a key served on two daemons: k1 acquired through d0 (ra) and cached on d1, then two app
+#: calls while time runs in steps of S to past the lease's end, the liberator beside: each
+#: daemon extends the sliding lease, or finds it extended by the other and writes nothing
+#: (``extend_read_first``; X trusts the end asked for)
+EXTEND_SHARED = Config(
+    daemons=2,
+    keys=("k1",),
+    resources=("ra",),
+    max_faults=0,
+    max_crashes=0,
+    max_ops=3,
+    horizon=15,
+    ticks=(3,),
+    liberator=True,
+    release=False,
+)
+EXTEND_SHARED_PREFIX = [
+    *_acquired(0, "ra"),
+    "d0 bg confirm(k1) map_confirm APPLIED",
+    "d1 get_lease(k1) called",
+    "d1 get_lease(k1) read mapping",
+]
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] = (
@@ -374,6 +397,14 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("mixed-lapsed", MIXED_LAPSED[0], MIXED_LAPSED[1], 1, BAD_L),
     ("strict", STRICT, None, None, BAD_G),
     ("strict-local", STRICT_LOCAL, None, None, BAD_G),
+    ("extend-shared", EXTEND_SHARED, EXTEND_SHARED_PREFIX, 2, BAD_X),
+    (
+        "extend-shared-blind",
+        replace(EXTEND_SHARED, extend_read_first=False),
+        EXTEND_SHARED_PREFIX,
+        2,
+        REAL,
+    ),
 )
 #: deep mode: the same actors from the initial state, wider (each bounded by --budget)
 ADMIN_DEEP = replace(ADMIN, max_ops=3, max_faults=1, ticks=(1, 5), horizon=6)
@@ -391,6 +422,14 @@ DEEP_ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], .
     ("adopt", ADOPT, None, None, REAL),
     ("strict-time", STRICT_TIME, None, None, REAL),
     ("strict-time-local", replace(STRICT_TIME, home_down="local"), None, None, REAL),
+    ("extend-shared-fault", replace(EXTEND_SHARED, max_faults=1), EXTEND_SHARED_PREFIX, 2, REAL),
+    (
+        "extend-shared-blind-fault",
+        replace(EXTEND_SHARED, max_faults=1, extend_read_first=False),
+        EXTEND_SHARED_PREFIX,
+        2,
+        REAL,
+    ),
 )
 
 

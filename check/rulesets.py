@@ -10,7 +10,8 @@ paper's agent (a quarantine inside the available index, a stale holder taken as 
 R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
 balancer's (a move written in the wrong replica), S, P and L beside the paper's agent (a
 won claim served unsettled; a pending mapping extended unsettled; a lapsed lease ended on
-the reader's clock alone); G is a strict pool's (its agreement skipped); T1 and T2 are a
+the reader's clock alone); X a daemon's (an extension found done by its read taken as
+reaching the end asked); G is a strict pool's (its agreement skipped); T1 and T2 are a
 lost reply's read-back taken as a refusal and a claim given back with the quarantine only
 without proof that nobody was answered with it. The jobs' programs read them through their
 ``ops``; T1 is the drivers' read-back rule, which the model's interpreter applies. They live
@@ -105,6 +106,9 @@ class Protocol:
     #: L (with ``legacy_agents``): a lease past its end on the reader's clock is ended and
     #: the key acquired anew at once, though a host whose clock is behind still serves it
     lapsed_own_clock: bool = False
+    #: X: a background extension that reads our lease still mapped takes it as extended to
+    #: the end asked for and writes nothing, whatever end the mapping shows
+    extend_read_trusts_ask: bool = False
     #: G (a strict pool without its agreement): the daemons answer their region's claim
     #: without agreeing it in the home region, as in a normal pool
     skip_agreement: bool = False
@@ -219,6 +223,14 @@ class Protocol:
     def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
         return D.on_extend_check(m, lease)
 
+    def after_extend_read(
+        self, dec: D.Decision, lease: Lease, requested_us: int, now_us: int, fraction: float
+    ) -> Lease | D.Forget | None:
+        got = D.after_extend_read(dec, lease, requested_us, now_us, fraction)
+        if self.extend_read_trusts_ask and not isinstance(got, D.Forget):
+            return replace(lease, expires_us=requested_us)
+        return got
+
     def quarantine_us(self, rules: Rules, give_back: bool) -> int:
         """How long an early free (release, give-back, orphaned extension) stays
         unclaimable: A gives a lost acquisition's claim back at once, C frees all at once."""
@@ -273,6 +285,7 @@ BAD_T1 = Protocol("T1-readback-absent-rejects", readback_absent_rejects=True)
 BAD_T2 = Protocol("T2-give-back-unproven", give_back_unproven=True)
 BAD_T3 = Protocol("T3-adopt-trusts-holder", adopt_trusts_holder=True)
 BAD_W = Protocol("W-end-rollout-undrained", end_rollout_undrained=True)
+BAD_X = Protocol("X-extend-read-trusts-ask", extend_read_trusts_ask=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -293,6 +306,7 @@ PROTOCOLS = {
         BAD_T2,
         BAD_T3,
         BAD_W,
+        BAD_X,
         BAD_Q,
         BAD_H,
         BAD_R,
@@ -383,6 +397,7 @@ def ops_of(proto: Protocol) -> Ops:
         after_acquire=proto.after_acquire,
         after_extend=proto.after_extend,
         on_extend_check=proto.on_extend_check,
+        after_extend_read=proto.after_extend_read,
         free_claim=proto.free_claim,
         quarantine_us=proto.quarantine_us,
         holds_to_end=proto.holds_to_end,

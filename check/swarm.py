@@ -106,6 +106,7 @@ def draw(rng: random.Random) -> Config:
         balancer_region="r2",
         strict_home="r1" if strict else "",
         home_down=rng.choice(("fail", "local")),
+        extend_read_first=rng.random() < 0.5,
     )
     return cfg
 

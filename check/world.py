@@ -77,6 +77,9 @@ class Config:
     lag: int = 1  # replication lag term of the quarantine (config.quarantine)
     lease: int = 12  # every get_lease asks for now + lease (longer than Q, as in production)
     extend_fraction: float = 0.5
+    #: the daemons' ``extend_read_first``: a background extension reads the key's mappings
+    #: first and writes nothing when another daemon already extended the lease far enough
+    extend_read_first: bool = True
     horizon: int = 16  # no tick past this true time
     deadline: int = 1  # a request fails with TIMEOUT once this many ticks have passed
     max_calls: int = 8  # ... or once it has made this many DynamoDB calls (time stands still)
@@ -351,6 +354,8 @@ class World:
                 ops=ops_of(proto),
                 homes=((CLIENT, POOL, cfg.strict_home),) if cfg.strict_home else (),
                 home_down=cfg.home_down,
+                extend_read_first=cfg.extend_read_first,
+                extend_fraction=cfg.extend_fraction,
             )
             for i in range(cfg.daemons)
         )

@@ -45,6 +45,10 @@ class Config:
     #: Refresh-ahead: extend a sliding lease when its time left is below this fraction of the
     #: duration asked for. 0.5 with "now + 1h" means about one write per key per 30 minutes.
     extend_fraction: float = 0.5
+    #: Before a background extension, read the key's mappings (one consistent Query) and
+    #: write nothing when another host serving the same key already extended it far enough.
+    #: Off saves that read where no key is served on two hosts.
+    extend_read_first: bool = True
     #: S: a cached answer is served at most this long after the daemon last confirmed it (its
     #: own write, or a strongly consistent read). Busy keys are re-confirmed in the background
     #: after S/2, one read per key per host; cached leases survive a DynamoDB outage this long.
@@ -366,6 +370,7 @@ CONVERTERS: dict[str, Converter] = {
     "cache_max_leases": int,
     "skew_margin": float,
     "extend_fraction": float,
+    "extend_read_first": _bool,
     "confirm_interval": float,
     "max_clock_skew": float,
     "replication_lag": float,

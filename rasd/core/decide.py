@@ -419,6 +419,25 @@ def should_extend(lease: Lease, requested_us: int, now_us: int, fraction: float)
     return lease.remaining_us(now_us) < fraction * (requested_us - now_us)
 
 
+def after_extend_read(
+    dec: Decision, lease: Lease, requested_us: int, now_us: int, fraction: float
+) -> Lease | Forget | None:
+    """A hit's background extension first reads the key's mappings (``dec``: :func:`on_read`
+    of that read): another host serving the key may have extended it already. Still our
+    lease, with an end that needs no extension now: that lease, to serve as read with
+    nothing written (the mapping's end never passes the resource's, nor the agreement's).
+    Still ours, ending too soon: None, extend it. Anything else: forget it."""
+    if isinstance(dec, Serve) and not dec.foreign and _same(dec.lease, lease):
+        return None if should_extend(dec.lease, requested_us, now_us, fraction) else dec.lease
+    if isinstance(dec, Extend) and _same(lease_from_mapping(dec.mapping), lease):
+        return None  # too close to its end to serve, still ours
+    return Forget("the extension's read found another lease")
+
+
+def _same(a: Lease, b: Lease) -> bool:
+    return a.token is not None and a.token == b.token and a.resource == b.resource
+
+
 def _interned(
     of: ResourceItem | Mapping,
     resource: str,

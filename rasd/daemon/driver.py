@@ -177,6 +177,8 @@ class Driver:
             self.rollout.on,
             homes=self.homes,
             home_down=self.cfg.strict_home_down,
+            extend_read_first=self.cfg.extend_read_first,
+            extend_fraction=self.cfg.extend_fraction,
         )
 
     async def peer(self, region: str) -> Store:

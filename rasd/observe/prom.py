@@ -152,6 +152,7 @@ _EXACT: dict[str, tuple[str, str, str]] = {
     "lease.no_capacity": ("lease_requests", "outcome", "no_capacity"),
     "lease.extended": ("lease_extensions", "result", "ok"),
     "lease.extend_conflicts": ("lease_extensions", "result", "conflict"),
+    "lease.extend_skipped": ("lease_extensions", "result", "found_extended"),
     "lease.extend_errors": ("lease_extensions", "result", "error"),
     "lease.reconfirmed": ("lease_confirmations", "result", "ok"),
     "lease.reconfirm_dropped": ("lease_confirmations", "result", "dropped"),

@@ -241,6 +241,9 @@ class Ops:
     on_extend_check: Callable[[Mapping | None, Lease], D.ExtendStep] = field(
         default=D.on_extend_check, repr=False
     )
+    after_extend_read: Callable[[D.Decision, Lease, int, int, float], Lease | D.Forget | None] = (
+        field(default=D.after_extend_read, repr=False)
+    )
     on_release_read: Callable[[Mapping | None, int, Rules], D.Decision] = field(
         default=D.on_release_read, repr=False
     )
@@ -296,6 +299,11 @@ class Daemon:
     #: a strict pool's home region unreachable: "fail" new keys (UNAVAILABLE), or "local":
     #: answer the region's own lease unagreed, counted (``strict.fallback``)
     home_down: str = "fail"
+    #: a hit's background extension reads the key's mappings first and writes nothing when
+    #: another host already extended the lease far enough (``decide.after_extend_read``)
+    extend_read_first: bool = True
+    #: extend a sliding lease once less than this share of the asked duration is left
+    extend_fraction: float = 0.5
 
     def home_of(self, client_id: str, pool_id: str) -> str | None:
         """A strict pool's home region; None for a normal pool, and beside the paper's agent
@@ -311,7 +319,14 @@ class Daemon:
 # ----------------------------------------------------------------------------- reading
 def read(d: Daemon, pool: Pool, key: str) -> Program[tuple[Mapping | None, list[Mapping]]]:
     """The key's mappings (one strongly consistent Query): ours, and other regions'."""
-    ms = yield QueryMappings(pool.client_id, pool.pool_id, key)
+    return (yield from read_key(d, pool.client_id, pool.pool_id, key))
+
+
+def read_key(
+    d: Daemon, client_id: str, pool_id: str, key: str
+) -> Program[tuple[Mapping | None, list[Mapping]]]:
+    """:func:`read` by the key's names."""
+    ms = yield QueryMappings(client_id, pool_id, key)
     own = next((m for m in ms if m.region == d.region), None)
     return own, [m for m in ms if m.region != d.region]
 

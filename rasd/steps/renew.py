@@ -24,7 +24,16 @@ from ..core.lease import US, Lease, Mapping, Pool, fmt_time, map_pk
 from ..core.map_builders import extended_to, map_confirm, map_extend, map_extended_to, map_release
 from ..core.serialize import mapping_from
 from . import GetItem, Mono, Note, Now, Program, Send, Spawn, WriteResult
-from .daemon import BACKGROUND_DEADLINE, CacheDrop, CachePut, Daemon, Deadline, read, resource
+from .daemon import (
+    BACKGROUND_DEADLINE,
+    CacheDrop,
+    CachePut,
+    Daemon,
+    Deadline,
+    read,
+    read_key,
+    resource,
+)
 from .give_back import free_claim
 from .strict import extend_agreement
 
@@ -117,10 +126,30 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
 
 def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError | None]:
     """A hit asked for more than a sliding lease has left: extend it in the background.
-    Returns None when done (extended, or lost and forgotten), else the error to retry
-    after (the driver's backoff)."""
+    With ``extend_read_first``, the key's mappings are read first, and a lease another host
+    already extended far enough is served as read, nothing written. Returns None when done
+    (extended, found extended, or lost and forgotten), else the error to retry after (the
+    driver's backoff)."""
     yield Deadline(BACKGROUND_DEADLINE)
     sent = yield Mono()
+    if d.extend_read_first:
+        try:
+            own, others = yield from read_key(d, lease.client_id, lease.pool_id, lease.key)
+        except RasdError as exc:
+            return exc
+        now = yield Now()
+        dec = d.ops.on_read(own, others, now, d.rules)
+        got = d.ops.after_extend_read(dec, lease, requested_us, now, d.extend_fraction)
+        if isinstance(got, D.Forget):
+            yield CacheDrop((lease.client_id, lease.pool_id, lease.key))
+            yield Note("lease.extend_conflicts")
+            return None
+        if isinstance(dec, D.Serve):  # still ours: confirmed as of this read
+            yield CachePut(got or dec.lease, sent)
+        if got is not None:
+            yield Note("lease.extend_skipped")
+            return None
+        sent = yield Mono()
     step, last = yield from extend(d, lease, requested_us, int(BACKGROUND_DEADLINE * US))
     if isinstance(step, D.Extended):
         yield CachePut(replace(lease, expires_us=requested_us), sent)

@@ -73,6 +73,9 @@ async def _daemon(url: str, table: str, clock: FakeClock, legacy: bool) -> Coord
     cfg = Config(
         table=table, endpoint_url=url, region=WEST, socket="/nonexistent/x.sock",
         legacy_agents=legacy,
+        # straight to the extension's writes: a read first would see ra's mapping here,
+        # which in production may still be on its way (replication lag) when it reads
+        extend_read_first=False,
     )  # fmt: skip
     store = Store(cfg.validate())
     await store.start()

@@ -19,6 +19,8 @@ from check.__main__ import (
     DEDUPE_EXTEND,
     DEDUPE_LIVE,
     DEDUPE_PENDING,
+    EXTEND_SHARED,
+    EXTEND_SHARED_PREFIX,
     MIXED,
     MIXED_EXTEND,
     MIXED_LAPSED,
@@ -52,6 +54,7 @@ from check.rulesets import (
     BAD_Q,
     BAD_R,
     BAD_S,
+    BAD_X,
     REAL,
 )
 
@@ -880,3 +883,27 @@ def test_strict_local_fallback_is_exempt_only_when_the_home_region_failed() -> N
     a = bfs(dataclasses.replace(STRICT, max_faults=0), REAL)
     b = bfs(dataclasses.replace(STRICT_LOCAL, max_faults=0), REAL)
     assert a.states == b.states and a.violation is None and b.violation is None
+
+
+# ------------------------------------------------- a sliding lease served on two daemons
+@pytest.mark.parametrize("read_first", [True, False], ids=["read-first", "blind"])
+def test_real_rules_extend_a_key_served_on_two_daemons(read_first: bool) -> None:
+    """k1 cached on d0 and d1, asked again as time runs past its end, the liberator beside:
+    each daemon extends the lease, or (``extend_read_first``) finds it extended by the other
+    and writes nothing; every interleaving keeps I1 and I2 with either setting (with one
+    fault too in ``make check-protocol``)."""
+    cfg = dataclasses.replace(EXTEND_SHARED, extend_read_first=read_first)
+    res = bfs(cfg, REAL, prefix=EXTEND_SHARED_PREFIX, ops_after_prefix=2)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 10_000
+
+
+def test_bad_x_an_extension_read_taken_as_the_end_asked_is_caught() -> None:
+    """X: the extension's read finds the lease still ours and takes it as extended to the
+    end the app asked for, writing nothing: the app is answered an end the table never
+    held, and the liberator frees the resource before it (I1)."""
+    res = bfs(EXTEND_SHARED, BAD_X, prefix=EXTEND_SHARED_PREFIX, ops_after_prefix=2)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    labels = [lab for lab, _ in res.trace]
+    assert any("bg extend(k1) read mapping" in lab for lab in labels), format_trace(res)
+    assert any("liberate APPLIED" in lab for lab in labels), format_trace(res)

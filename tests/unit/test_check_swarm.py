@@ -93,6 +93,7 @@ def test_the_draw_reaches_every_actor_and_fault() -> None:
     assert any(c.rollout_switch and c.legacy_agents for c in cfgs)
     assert any(c.rollout_switch and not c.legacy_agents for c in cfgs)
     assert any(c.paper_calls and c.paper_liberator for c in cfgs)
+    assert {c.extend_read_first for c in cfgs} == {True, False}
     # the paper's agent after adopt from the fast rules, on an index caught up
     assert any(c.paper_calls and c.rollout_switch and not c.legacy_agents for c in cfgs)
     assert all(c.history == 0 for c in cfgs if c.paper_calls and not c.legacy_agents)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -68,6 +69,26 @@ def test_should_extend_only_below_fraction_and_never_shortens() -> None:
     assert D.should_extend(half_gone, NOW + hour, NOW, 0.5)
     assert not D.should_extend(half_gone, NOW + hour // 4, NOW, 0.5)  # shorter: never
     assert not D.should_extend(half_gone, half_gone.expires_us, NOW, 0.5)
+
+
+def test_after_extend_read_serves_what_another_host_extended() -> None:
+    """The extension's read: our lease extended far enough elsewhere is served as read (its
+    end, never the one asked); still ours and ending soon is extended; another lease, or
+    another region's served instead, is forgotten."""
+    hour = 3600 * L.US
+    ours = mk_lease(NOW + hour // 4)
+    moved = mk_lease(NOW + hour - 5 * L.US)
+    assert D.after_extend_read(D.Serve(moved), ours, NOW + hour, NOW, 0.5) == moved
+    assert D.after_extend_read(D.Serve(ours), ours, NOW + hour, NOW, 0.5) is None
+    m = L.Mapping("c", "p", "k", "us-east-1", 1, L.LIVE, ours.token, ours.resource, 0, NOW, NOW)
+    assert D.after_extend_read(D.Extend(m), ours, NOW + hour, NOW, 0.5) is None
+    other = dataclasses.replace(mk_lease(NOW + hour), token="t2")
+    for dec in (D.Serve(other), D.Serve(moved, foreign=True), D.Acquire(1)):
+        assert isinstance(D.after_extend_read(dec, ours, NOW + hour, NOW, 0.5), D.Forget)
+    elsewhere = L.Mapping("c", "p", "k", "us-east-1", 1, L.LIVE, "t2", ours.resource, 0, NOW, NOW)
+    renamed = dataclasses.replace(mk_lease(NOW + hour), resource="r9")
+    for dec in (D.Extend(elsewhere), D.Serve(renamed)):
+        assert isinstance(D.after_extend_read(dec, ours, NOW + hour, NOW, 0.5), D.Forget)
 
 
 def test_partitions_spread_evenly() -> None:

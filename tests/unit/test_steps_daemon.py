@@ -22,6 +22,7 @@ from rasd.core.lease import (
     Lease,
     Mapping,
     fmt_time,
+    map_pk,
 )
 from rasd.core.map_builders import map_confirm
 from rasd.core.serialize import resource_from
@@ -494,14 +495,51 @@ def test_extend_now_whose_outcome_is_unknown_raises(
 def test_extend_bg_extends_or_forgets() -> None:
     t = Table()
     lease = near_end(t)
-    assert t.run(R.extend_bg(daemon(), lease, NOW + HOUR)) is None
+    blind = daemon(extend_read_first=False)
+    assert t.run(R.extend_bg(blind, lease, NOW + HOUR)) is None
     assert t.calls[:2] == [Deadline(5.0), Mono()]
     assert t.of(CachePut) == [CachePut(replace(lease, expires_us=NOW + HOUR), MONO)]
     assert t.counts == Counter({"lease.extended": 1}) and t.of(CacheDrop) == []
     # lost: it ends no earlier than asked now (extended elsewhere)
-    assert t.run(R.extend_bg(daemon(), lease, NOW + HOUR)) is None
+    assert t.run(R.extend_bg(blind, lease, NOW + HOUR)) is None
     assert t.of(CacheDrop) == [CacheDrop(("c", "p", "k1"))]
     assert t.counts["lease.extend_conflicts"] == 1 and len(t.of(CachePut)) == 1
+
+
+def test_extend_bg_reads_first_and_writes_nothing_when_extended_elsewhere() -> None:
+    """Another host extended the key's lease to the end this hit asks for: the read shows it,
+    the lease is served as read (confirmed as of the read), and nothing is written."""
+    t = Table()
+    lease = near_end(t)
+    assert t.run(R.extend(daemon(), lease, NOW + HOUR))[0] == D.Extended()  # another host
+    t.calls.clear()
+    assert t.run(R.extend_bg(daemon(), lease, NOW + HOUR - 1)) is None
+    assert [type(c) for c in t.calls] == [Deadline, Mono, QueryMappings, Now, CachePut]
+    assert t.of(CachePut) == [CachePut(replace(lease, expires_us=NOW + HOUR), MONO)]
+    assert t.counts == Counter({"lease.extend_skipped": 1})
+
+
+@pytest.mark.parametrize("servable", [True, False])
+def test_extend_bg_reads_first_then_extends_a_lease_still_ending_soon(servable: bool) -> None:
+    """Still ours and ending too soon: extended. A lease the read would serve is confirmed
+    by it; one within the margin of its end is not served meanwhile."""
+    t = Table()
+    lease = near_end(t, NOW + 2 * M if servable else NOW + M // 2)
+    assert t.run(R.extend_bg(daemon(), lease, NOW + HOUR)) is None
+    assert t.writes() == ["extend_resource", "map_extend"]
+    confirmed = [CachePut(lease, MONO)] if servable else []
+    assert t.of(CachePut) == [*confirmed, CachePut(replace(lease, expires_us=NOW + HOUR), MONO)]
+    assert t.counts == Counter({"lease.extended": 1})
+
+
+def test_extend_bg_reads_first_and_forgets_a_lease_no_longer_mapped() -> None:
+    t = Table()
+    lease = near_end(t)
+    t.set((map_pk("c", "p", "k1"), EAST), token="another")
+    assert t.run(R.extend_bg(daemon(), lease, NOW + HOUR)) is None
+    assert t.writes() == [] and t.of(CachePut) == []
+    assert t.of(CacheDrop) == [CacheDrop(("c", "p", "k1"))]
+    assert t.counts == Counter({"lease.extend_conflicts": 1})
 
 
 def test_extend_bg_returns_the_error_to_retry_after() -> None:
@@ -513,6 +551,9 @@ def test_extend_bg_returns_the_error_to_retry_after() -> None:
     got = t.run(R.extend_bg(daemon(), lease, NOW + HOUR))
     assert isinstance(got, Unavailable) and str(got) == "r"
     assert t.of(CacheDrop) == [] and t.counts == Counter()
+    t.fail[QueryMappings] = Unavailable("q")  # the read fails: retried after, nothing sent
+    got = t.run(R.extend_bg(daemon(), lease, NOW + HOUR))
+    assert isinstance(got, Unavailable) and str(got) == "q" and len(t.of(Send)) == 2
 
 
 def test_reconfirm_keeps_only_the_same_lease() -> None:
