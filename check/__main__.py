@@ -148,9 +148,12 @@ DEDUPE_LIVE = (
 #: until 14), with one app call more (another key's acquisition can take whatever was freed)
 #: and time in steps of 2 and 5. A give-back of the extra with the quarantine only (E) lets
 #: k2 have rb at 7. The acquisitions differ with ``legacy_agents``, so each mode has its
-#: own prefix; the search runs in both.
+#: own prefix; the search runs in both. The extension writes at once (``extend_read_first``
+#: off): read first, here it would see the survivor's mapping and forget rb, and the race
+#: happens only where that read misses it (replication lag), then with these same writes.
 DEDUPE_EXTEND_CFG = replace(
     DEDUPE,
+    extend_read_first=False,
     keys=("k1", "k2"),
     resources=("ra", "rb"),
     resource_regions=("r1", "r2"),

@@ -133,6 +133,8 @@ def test_fixed_extension_race_no_longer_frees_a_live_lease() -> None:
         "d0 get_lease(k1) read mapping",
         "d1 get_lease(k1) called",
         "d1 get_lease(k1) read mapping",
+        "d0 bg extend(k1) read mapping",  # extend_read_first: both still need extending
+        "d1 bg extend(k1) read mapping",
         "d0 bg extend(k1) extend_resource APPLIED",
         "d1 bg extend(k1) extend_resource APPLIED",
         "d1 bg extend(k1) map_extend APPLIED",
@@ -157,6 +159,7 @@ def test_fixed_map_extend_not_sent_no_longer_frees_a_live_lease() -> None:
         "time +1",
         "d0 get_lease(k1) called",
         "d0 get_lease(k1) read mapping",
+        "d0 bg extend(k1) read mapping",
         "d0 bg extend(k1) extend_resource APPLIED",
         "d0 bg extend(k1) map_extend NOT SENT",
     ]
