@@ -34,7 +34,7 @@ from check.__main__ import (
     _acquired,
 )
 from check.explore import Result, bfs, format_trace, script, walk, walks
-from check.model import Config
+from check.model import Config, initial
 from check.rulesets import (
     BAD_A,
     BAD_B,
@@ -57,6 +57,8 @@ from check.rulesets import (
     BAD_X,
     REAL,
 )
+from check.world import REGION, T0, Daemon
+from rasd.core.lease import US, Lease
 
 pytestmark = pytest.mark.search
 
@@ -910,3 +912,26 @@ def test_bad_x_an_extension_read_taken_as_the_end_asked_is_caught() -> None:
     labels = [lab for lab, _ in res.trace]
     assert any("bg extend(k1) read mapping" in lab for lab in labels), format_trace(res)
     assert any("liberate APPLIED" in lab for lab in labels), format_trace(res)
+
+
+# ------------------------------------ an operator's end of a lease the paper's agent made
+def test_a_paper_lease_the_operator_ended_is_ended_for_every_answer_of_it() -> None:
+    """The swarm (seed 28785 of its 6-minute run): rasadmin delete-resource --force ends k1's
+    lease of the paper's agent on ra; the agent, reading its lagging leased index, answers k1
+    -> ra again (an answer it names anew), and a daemon then answers k1 -> rb. The later
+    answer is the ended lease's, stale as a cached copy of a released lease is, so it is no
+    second lease of k1 (I2); an answer of another lease of the paper's agent still counts."""
+    cfg = dataclasses.replace(MIXED, keys=("k1",), resources=("ra", "rb"))
+    w = initial(cfg, REAL)
+    end = (T0 + 18) * US
+    paper, d0 = Daemon(9, 1), w.daemons[0]
+    w.t = 5
+    w.answer(paper, "k1", Lease("c", "p", "k1", "ra", REGION, end, 1, 0, "paper0"))
+    w.lease_ended("k1", None)  # the operator's --force: no token (the paper's agent's)
+    w.t = 11
+    w.answer(paper, "k1", Lease("c", "p", "k1", "ra", REGION, end, 2, 0, "paper-found1"))
+    w.t = 12
+    w.answer(d0, "k1", Lease("c", "p", "k1", "rb", REGION, (T0 + 24) * US, 1, 0, "t4"))
+    assert w.violation is None, w.violation
+    w.answer(paper, "k1", Lease("c", "p", "k1", "ra", REGION, end + US, 3, 0, "paper-found2"))
+    assert w.violation is not None and w.violation.name == "I2"
