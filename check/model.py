@@ -35,6 +35,7 @@ from rasd.core import cache_rules as CR
 from rasd.core.decide import check_expiry
 from rasd.core.lease import FREE, US
 from rasd.steps import Spawn
+from rasd.steps.daemon import WAIT_FIRST
 from rasd.steps.give_back import release
 from rasd.steps.take import resolve
 
@@ -74,7 +75,10 @@ def app_calls(w0: World, di: int) -> Out:
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
             w.set_daemon(d.with_entry(key, None))
-            prog = Spawn(resolve, (setup, pool, key, requested))
+            # ``Taker``'s hint: a key this daemon served lately (here: an entry, lapsed) is
+            # read before a new key's mapping is written beside the read (rollout mode)
+            speculate = e is None
+            prog = Spawn(resolve, (setup, pool, key, requested, WAIT_FIRST, (), True, speculate))
             start(w, host, prog.trace(), f"d{di} get_lease({key})", offset=d.offset, bound=True)
             out.append((f"d{di} get_lease({key}) called", w))
         if w0.cfg.release:

@@ -39,13 +39,20 @@ from __future__ import annotations
 
 import asyncio
 
+from cachetools import TTLCache
+
 from ..core.decide import check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import Lease, Pool
+from ..steps.daemon import WAIT_FIRST
 from ..steps.take import resolve
 from .cache import CacheKey
 from .driver import Driver
 from .pools import PoolTable
+
+#: keys this host answered lately, and for how long (seconds): in rollout mode a miss on
+#: one of them reads before it writes a new key's mapping (it most likely has one)
+RECENT_KEYS, RECENT_S = 20_000, 600.0
 
 
 class Taker:
@@ -56,6 +63,7 @@ class Taker:
         self.pools = pools
         self.clock = driver.clock
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
+        self._recent: TTLCache[CacheKey, bool] = TTLCache(RECENT_KEYS, RECENT_S, driver.clock.mono)
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
         why = check_expiry(requested_us, now_us, pool.max_lease_us)
@@ -76,7 +84,7 @@ class Taker:
             self.driver.counters.inc("singleflight.joined")
             lease, _ = await asyncio.shield(flight)
             return lease, False
-        task = self.driver.tasks.request(self._resolve(pool, key, requested_us, deadline))
+        task = self.driver.tasks.request(self._resolve(k, pool, requested_us, deadline))
         self._flights[k] = task
         task.add_done_callback(lambda t: self._flight_done(k, t))
         return await asyncio.shield(task)
@@ -87,6 +95,11 @@ class Taker:
             task.exception()  # retrieved: every waiter may have given up already
 
     async def _resolve(
-        self, pool: Pool, key: str, requested_us: int, deadline: float
+        self, k: CacheKey, pool: Pool, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        return await self.driver.run(resolve, pool, key, requested_us, deadline=deadline)
+        speculate = k not in self._recent
+        got = await self.driver.run(
+            resolve, pool, k[2], requested_us, WAIT_FIRST, (), True, speculate, deadline=deadline
+        )
+        self._recent[k] = True
+        return got

@@ -65,6 +65,7 @@ def resolve(
     wait: float = WAIT_FIRST,
     mine: tuple[str, ...] = (),
     first: bool = True,
+    speculate: bool = True,
 ) -> Program[tuple[Lease, bool]]:
     """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
     reads the key's mappings and does what ``rasd.core.decide`` says; a round that must read
@@ -72,10 +73,11 @@ def resolve(
     rounds of this call wrote, so that a lease this call acquired is answered as new also
     when a later round finds it (its confirmation lost to another daemon's, say). ``first``:
     this is the call's first round (in rollout mode it writes a new key's mapping beside
-    the read, :func:`read_speculating`)."""
+    the read, :func:`read_speculating`, unless ``speculate`` is off: a key this host served
+    lately most likely has a mapping, which would refuse that write)."""
     ops = d.ops
     sent = yield Mono()  # the answer is confirmed as of the read's departure
-    if d.legacy_agents and first:
+    if d.legacy_agents and first and speculate:
         own, others, held, spec = yield from read_speculating(d, pool, key, requested_us)
     else:
         (own, others, held), spec = (yield from read_first(d, pool, key)), None

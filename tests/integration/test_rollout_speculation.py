@@ -1,0 +1,86 @@
+"""Rollout mode writes a new key's mapping beside its first read only for a key the host
+has not served lately: a key it served has a mapping, which would refuse that write.
+
+A real daemon in rollout mode (``legacy_agents``) on a fake clock, against moto, with its
+DynamoDB calls recorded: the first miss on k1 sends the speculative ``map_acquire`` beside
+the reads (a new key: it applies); once k1's cached answer is dropped, the next miss reads
+first and writes nothing, and another host's key the daemon never served is speculated on
+again (refused: it has a mapping).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from rasd.config import Config
+from rasd.core import lease as L
+from rasd.core import schema
+from rasd.daemon.coordinator import Coordinator
+from rasd.dynamo.store import Store
+from tests.doubles.clock import FakeClock
+from tests.helpers.hooked import Hooked
+
+pytestmark = pytest.mark.integration
+
+C, P, EAST = "demo", "default", "us-east-1"
+
+
+async def _daemon(url: str, table: str, clock: FakeClock, owner: str) -> Coordinator:
+    cfg = Config(
+        table=table, endpoint_url=url, region=EAST, socket="/nonexistent/x.sock",
+        legacy_agents=True,
+    )  # fmt: skip
+    store = Store(cfg.validate())
+    await store.start()
+    d = Coordinator(cfg, store, clock=clock)
+    d.driver.owner = owner
+    await d.pool_table.load(time.monotonic() + 5)
+    return d
+
+
+async def _close(d: Coordinator) -> None:
+    await d.drain(2.0)
+    await d.prefetch.stop()
+    await d.store.close()
+
+
+async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
+    moto_endpoint: str, ddb: Any, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_REGION", EAST)
+    schema.put_pool(ddb, table, C, P, 7200)
+    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    t0 = clock.now_us()
+    names = [f"r{i}" for i in range(12)]
+    schema.add_resources(ddb, table, C, P, EAST, names, now_us=t0 - 60 * L.US)
+    d1 = await _daemon(moto_endpoint, table, clock, "host-1")
+    d2 = await _daemon(moto_endpoint, table, clock, "host-2")
+    writes: list[str] = []
+
+    async def hook(name: str, kw: dict[str, Any], real: Any) -> Any:
+        if name == "update_item" and kw["Key"]["client_id"]["S"].startswith("#map#"):
+            writes.append(kw["Key"]["client_id"]["S"].rsplit("#", 1)[1])
+        return await real(**kw)
+
+    d1.store.wrap_client(lambda inner: Hooked(inner, hook))
+    try:
+        end = t0 + 600 * L.US
+        got, new = await d2.taker.get_lease(C, P, "k2", end, time.monotonic() + 5)
+        assert new  # k2: another host's key, never served by d1
+        got, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
+        assert new and writes[0] == "k1"  # speculated: the mapping written beside the read
+        await d1.drain(2.0)
+        writes.clear()
+        d1.cache.drop((C, P, "k1"))
+        again, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
+        assert (again.resource, new) == (got.resource, False)
+        assert writes == []  # read first: nothing written for a key with a mapping
+        other, new = await d1.taker.get_lease(C, P, "k2", end, time.monotonic() + 5)
+        # never served here: speculated, and refused
+        assert other.key == "k2" and not new and writes == ["k2"]
+    finally:
+        await _close(d1)
+        await _close(d2)
