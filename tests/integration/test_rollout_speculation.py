@@ -10,6 +10,7 @@ again (refused: it has a mapping).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -73,6 +74,13 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
         got, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
         assert new and writes[0] == "k1"  # speculated: the mapping written beside the read
         await d1.drain(2.0)
+        # a candidate at hand on d1 (without one, a first read goes alone whatever the key)
+        pool = await d1.pool_table.get(C, P, time.monotonic() + 5)
+        for _ in range(250):
+            if len(d1.prefetch.buffer(pool)) >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(d1.prefetch.buffer(pool)) >= 2
         writes.clear()
         d1.cache.drop((C, P, "k1"))
         again, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
