@@ -55,7 +55,7 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
     schema.put_pool(ddb, table, C, P, 7200)
     clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
     t0 = clock.now_us()
-    names = [f"r{i}" for i in range(12)]
+    names = [f"r{i}" for i in range(60)]
     schema.add_resources(ddb, table, C, P, EAST, names, now_us=t0 - 60 * L.US)
     d1 = await _daemon(moto_endpoint, table, clock, "host-1")
     d2 = await _daemon(moto_endpoint, table, clock, "host-2")
