@@ -39,12 +39,9 @@ from ..core.decide import Outcome
 from ..core.errors import RasdError, Timeout, Unavailable
 from ..core.lease import MAP_PREFIX, META_CLIENT, Lease, Pool
 from ..core.rollout import (
-    ROLLOUT_KEY,
-    SIGNAL_KEY,
     Rollout,
     paper_lease,
     raise_signal,
-    rollout_from,
 )
 from ..core.serialize import resource_from
 from ..core.writes import Value
@@ -245,11 +242,7 @@ class Driver:
         deadline = time.monotonic() + S.BACKGROUND_DEADLINE
         try:
             for _ in range(3):
-                record, signal = await asyncio.gather(
-                    self.store.get_item(ROLLOUT_KEY, deadline),
-                    self.store.get_item(SIGNAL_KEY, deadline),
-                )
-                seen = rollout_from(record, signal)
+                seen = await self.store.read_rollout(deadline)
                 if seen.paper_agents:
                     self.rollout.update(seen)
                     return

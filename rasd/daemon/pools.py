@@ -20,7 +20,6 @@ from cachetools import TTLCache
 from ..core.clock import Clock
 from ..core.errors import UnknownPool
 from ..core.lease import Pool
-from ..core.rollout import ROLLOUT_KEY, SIGNAL_KEY, rollout_from
 from ..dynamo.store import Store
 from .driver import Driver, RolloutMode
 
@@ -45,12 +44,10 @@ class PoolTable:
     async def load(self, deadline: float) -> int:
         """Read every pool definition again (the table's pool items), and the rollout record
         and signal in the same round trip: the number of pools read."""
-        pools, record, signal = await asyncio.gather(
-            self.store.list_pools(deadline),
-            self.store.get_item(ROLLOUT_KEY, deadline),
-            self.store.get_item(SIGNAL_KEY, deadline),
+        pools, rollout = await asyncio.gather(
+            self.store.list_pools(deadline), self.store.read_rollout(deadline)
         )
-        self.rollout.update(rollout_from(record, signal))
+        self.rollout.update(rollout)
         by_id = self.by_id
         by_id.clear()  # in place: the roles and the cached hit hold this dict
         by_id.update({(p.client_id, p.pool_id): p for p in pools})

@@ -44,6 +44,7 @@ from ..core.errors import RasdError, Timeout, Unavailable
 from ..core.lease import META_CLIENT, Item, Mapping, Pool, ResourceItem, Update, map_pk
 from ..core.map_builders import read_back
 from ..core.reads import available_query, leased_query
+from ..core.rollout import ROLLOUT_KEY, SIGNAL_KEY, Rollout, rollout_from
 from ..core.serialize import item_from_ddb, mapping_from, pool_from_ddb, pool_meta_key
 from ..core.writes import ItemKey, Value, Write, item_from_av, key_av, render
 from ..limits import CircuitBreaker
@@ -301,6 +302,13 @@ class Store:
                 raise Unavailable(f"DynamoDB {op}: the store is closed")
 
     # -------------------------------------------------------------------------- queries
+    async def read_rollout(self, deadline: float) -> Rollout:
+        """The table's rollout record and the daemons' signal, read at once."""
+        record, signal = await asyncio.gather(
+            self.get_item(ROLLOUT_KEY, deadline), self.get_item(SIGNAL_KEY, deadline)
+        )
+        return rollout_from(record, signal)
+
     async def list_pools(self, deadline: float) -> list[Pool]:
         pools: list[Pool] = []
         kw: dict[str, Any] = {

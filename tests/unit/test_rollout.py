@@ -18,6 +18,7 @@ from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
 from rasd.daemon.coordinator import Coordinator
+from rasd.dynamo.store import Store
 from rasd.observe.metrics import Counters
 from rasd.steps import GetItem, WriteResult
 from tests.doubles.clock import FakeClock
@@ -39,6 +40,8 @@ class _Store:
     async def get_item(self, key: tuple[str, str], deadline: float) -> dict[str, Value] | None:
         it = self.items.get(key)
         return None if it is None else dict(it)
+
+    read_rollout = Store.read_rollout  # the real one, over get_item above
 
     async def write(self, w: Write, deadline: float, readback: Any = None) -> WriteResult:
         self.writes.append(w)
