@@ -427,14 +427,16 @@ def after_extend_read(
     lease, with an end that needs no extension now: that lease, to serve as read with
     nothing written (the mapping's end never passes the resource's, nor the agreement's).
     Still ours, ending too soon: None, extend it. Anything else: forget it."""
-    if isinstance(dec, Serve) and not dec.foreign and _same(dec.lease, lease):
+    if isinstance(dec, Serve) and not dec.foreign and same_lease(dec.lease, lease):
         return None if should_extend(dec.lease, requested_us, now_us, fraction) else dec.lease
-    if isinstance(dec, Extend) and _same(lease_from_mapping(dec.mapping), lease):
+    if isinstance(dec, Extend) and same_lease(lease_from_mapping(dec.mapping), lease):
         return None  # too close to its end to serve, still ours
     return Forget("the extension's read found another lease")
 
 
-def _same(a: Lease, b: Lease) -> bool:
+def same_lease(a: Lease, b: Lease) -> bool:
+    """Are ``a`` and ``b`` one lease: one claim (its token) on one resource? Ends may differ
+    (an extension moves the end, not the claim)."""
     return a.token is not None and a.token == b.token and a.resource == b.resource
 
 

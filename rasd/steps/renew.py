@@ -173,11 +173,7 @@ def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
         sent = yield Mono()
         own, others = yield from read(d, pool, lease.key)
         dec = d.ops.on_read(own, others, (yield Now()), d.rules)
-        if (
-            isinstance(dec, D.Serve)
-            and dec.lease.resource == lease.resource
-            and dec.lease.token == lease.token
-        ):
+        if isinstance(dec, D.Serve) and D.same_lease(dec.lease, lease):
             yield CachePut(dec.lease, sent)
             yield Note("lease.reconfirmed")
         else:
