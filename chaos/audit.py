@@ -128,11 +128,18 @@ def answers(
     records: Iterable[Mapping[str, Any]],
     release_scope: str = "key",
     quarantine_window: float = 0.0,
+    creations: Iterable[Mapping[str, Any]] = (),
 ) -> list[Answer]:
     """The successful get_lease answers with their validity (see the module docstring).
     ``quarantine_window``: how long after a release its resource stays unclaimable on every
     host's clock (the daemons' quarantine minus the clock-skew bound); it extends the I1
-    validity of a released lease."""
+    validity of a released lease. ``creations``: the claims and frees the run saw apply
+    (:class:`Makers`); an answer of the paper's agent whose call began after its item was
+    freed (its index lagged the free) is then also one of the lease of every earlier answer
+    of the same claim: a lease rasd adopted keeps its claim, resource and end, and that
+    answer is a stale copy of it, as a cache's is (docs/design.md, "A lease of the paper's
+    agent is adopted, not duplicated"). One from before the free is not (a release whose
+    free has not landed, "Not covered" (3))."""
     if release_scope not in ("key", "app"):
         raise ValueError(f"release_scope must be 'key' or 'app', not {release_scope!r}")
     recs = list(records)
@@ -153,18 +160,48 @@ def answers(
     # served later by other daemons included, ends with the lease (docs/design.md: a release
     # ends the key's lease for every app; a stale copy is bounded by S, I3).
     first: dict[tuple[Any, ...], tuple[float, float]] = {}  # (received, its call's start)
+    claims: dict[tuple[str, str], list[float]] = defaultdict(list)
+    frees: dict[str, list[float]] = defaultdict(list)
+    for e in creations:
+        kind = e.get("kind", "claim")
+        if kind == "claim":
+            claims[(str(e["key"]), str(e["resource"]))].append(float(e["sent"]))
+        elif kind == "free":
+            frees[str(e["resource"])].append(float(e["got"]))
+    for v in (*claims.values(), *frees.values()):
+        v.sort()
+
+    def lagged(r: Mapping[str, Any], claim_sent: float) -> bool:
+        """Was the item freed after the claim and before this call began?"""
+        fs = frees.get(str(r["resource"]), [])
+        i = bisect.bisect_right(fs, claim_sent)
+        return i < len(fs) and fs[i] <= _f(r, "t0")
+
+    def claim_of(r: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        sent = claims.get((str(r["key"]), str(r["resource"])))
+        i = bisect.bisect_right(sent, _f(r, "t1")) if sent else 0
+        return (r["key"], r["resource"], sent[i - 1]) if i > 0 and sent else None
+
+    by_claim: dict[tuple[Any, ...], tuple[float, float]] = {}
     for r in recs:
         if r.get("op") == "get_lease" and r.get("ok"):
             lk = _lease_id(r)
-            first[lk] = min(first.get(lk, (math.inf, math.inf)), (_f(r, "t1"), _f(r, "t0")))
+            got = (_f(r, "t1"), _f(r, "t0"))
+            first[lk] = min(first.get(lk, (math.inf, math.inf)), got)
+            ck = claim_of(r)
+            if ck is not None:
+                by_claim[ck] = min(by_claim.get(ck, (math.inf, math.inf)), got)
     out: list[Answer] = []
     for r in recs:
         if r.get("op") != "get_lease" or not r.get("ok"):
             continue
         a, asked_at = first[_lease_id(r)]
+        paper = agent_of(r) == PAPER  # never told of a release: I1 holds to the end
+        ck = claim_of(r) if paper else None
+        if ck is not None and lagged(r, ck[2]):
+            a, asked_at = min((a, asked_at), by_claim[ck])
         end = _f(r, "lease_expires")
         end_i1 = end
-        paper = agent_of(r) == PAPER  # never told of a release: I1 holds to the end
         scope = (r["key"],) if release_scope == "key" else (r["key"], r["app"])
         if scope in index:
             starts, run_max = index[scope]
@@ -272,6 +309,8 @@ class Makers:
             sent, got = float(e["sent"]), float(e["got"])
             if kind == "lookup":
                 self.lookups[str(e["key"])].append((sent, got, frozenset(e["resources"])))
+                continue
+            if kind == "free":
                 continue
             kr = (str(e["key"]), str(e["resource"]))
             end = float(e.get("end", math.inf))
@@ -800,7 +839,7 @@ def audit(
     if quarantine_window is None:
         cfg = Config()
         quarantine_window = cfg.quarantine - cfg.max_clock_skew
-    ans = answers(records, release_scope, quarantine_window)
+    ans = answers(records, release_scope, quarantine_window, creations or ())
     makers = None if creations is None else Makers(ans, creations)
     dbl = double_allocations(ans)
     splits = in_region_splits(ans, makers)

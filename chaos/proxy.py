@@ -277,7 +277,9 @@ def lease_event(op: str, body: bytes, reply: bytes) -> dict[str, Any] | None:
     * ``extend``: an UpdateItem that SET ``lease_expires`` of a held item without claiming
       it (rasd's ``extend_resource``; the paper's agent never extends): resource, key, end;
     * ``lookup``: a Query of ``leased_resources`` for a key: key and the ``resources`` it
-      returned (what the index showed of the key at some point between sent and got).
+      returned (what the index showed of the key at some point between sent and got);
+    * ``free``: an UpdateItem that REMOVEd an item's ``key`` (a daemon's free, a liberator's,
+      rasadmin's): the resource.
     """
     if not reply.startswith(b"HTTP/1.1 200") and not reply.startswith(b"HTTP/1.0 200"):
         return None
@@ -303,6 +305,8 @@ def lease_event(op: str, body: bytes, reply: bytes) -> dict[str, Any] | None:
                 return set()
             return {names.get(x, x) for x in re.findall(r"#\w+", part)}
 
+        if "key" in named("REMOVE"):  # a free: the item no longer holds a key
+            return {"kind": "free", "resource": req["Key"]["resource"]["S"]}
         item = answer.get("Attributes") or {}
         if "key" not in item or "lease_expires" not in item:
             return None

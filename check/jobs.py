@@ -174,6 +174,9 @@ class JobHost(Host):
                 m = w.mapping(key, it.region)
                 if m is None or m.state != LIVE or m.token != it.holder:
                     w.unsettled = w.unsettled | {tok}
+            cur = w.get(it.ident)
+            if not done.value.new and (cur is None or cur.get("key") != key):
+                w.lagged = w.lagged | {tok}  # the index lagged a write that took k off it
             w.answer(Daemon(9, w.cfg.paper_offset), key, lease)
 
 

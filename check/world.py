@@ -283,17 +283,33 @@ def rkey(res: str) -> ItemKey:
 
 
 # ----------------------------------------------------------------------------- the world
-def _one_lease(a: Answer, b: Answer) -> bool:
-    """Do two answers carry one lease? The same token; or two answers of the paper's agent
-    (which names each answer, having no token) of one key, resource and end: it never
-    extends, so that is the lease it made, answered again from its index."""
+def _one_lease(
+    a: Answer,
+    b: Answer,
+    made_of: tuple[tuple[str, int, str], ...] = (),
+    lagged: frozenset[str] = frozenset(),
+) -> bool:
+    """Is ``b`` an answer of the lease ``a`` answers (so that ``a``'s validity runs from the
+    lease's first answer)? The same token; or two answers of the paper's agent (which names
+    each answer, having no token) of one key, resource and end: it never extends, so that is
+    the lease it made, answered again from its index; or ``a`` the paper's agent's answer
+    from an index that lagged the free of its item (``lagged``) and ``b`` of the same key
+    and resource, made by one claim (``made_of``): a lease rasd adopted keeps its claim,
+    resource and end, and that answer is a stale copy of it, as a cache's is. Not an answer
+    from an index that still shows the item held, after a release whose free has not landed
+    (docs/design.md, "Not covered" (3)); nor the other way round: rasd's adoption after a
+    release of the key is a lease of its own."""
     if a.token == b.token:
         return True
-    return (
-        a.token.startswith("paper")
-        and b.token.startswith("paper")
-        and (a.key, a.resource, a.exp) == (b.key, b.resource, b.exp)
-    )
+    if (a.key, a.resource) != (b.key, b.resource) or not a.token.startswith("paper"):
+        return False
+    if b.token.startswith("paper") and a.exp == b.exp:
+        return True
+    if a.token not in lagged:
+        return False
+    ma = next((m for m in made_of if m[0] == a.token), None)
+    mb = next((m for m in made_of if m[0] == b.token), None)
+    return ma is not None and mb is not None and ma[1] == mb[1]
 
 
 class World:
@@ -314,6 +330,7 @@ class World:
         "inflight",
         "inv_q",
         "jobs",
+        "lagged",
         "made",
         "made_of",
         "notes",
@@ -393,6 +410,9 @@ class World:
         #: (before its settling yields it, or through the index's lag after): the window
         #: docs/design.md leaves open beside that agent ("Not covered" (1)), exempt from I2
         self.unsettled: frozenset[str] = frozenset()
+        #: answers of the paper's agent read from a leased index that lagged a write which
+        #: had already taken the key off the item (a free, a liberation): stale copies
+        self.lagged: frozenset[str] = frozenset()
         self.crashes = 0
         self.ops = 0
         self.tokens = 0
@@ -442,6 +462,7 @@ class World:
             self.faults,
             self.fallbacks,
             self.unsettled,
+            self.lagged,
             self.crashes,
             self.ops,
             self.tokens,
@@ -566,7 +587,8 @@ class World:
         # per lease (its token), not per answer: a cached copy served after the release by
         # another daemon belongs to the released lease (stale for at most S, I3), and so does
         # the paper's agent's answer of a lease it found through its lagging index
-        first = min((b.at for b in self.answers if _one_lease(a, b)), default=a.at)
+        same = (b.at for b in self.answers if _one_lease(a, b, self.made_of, self.lagged))
+        first = min(same, default=a.at)
         first = min(first, a.at)
         call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
         applied = next((t for tok, t in (*self.released, *self.ended) if tok == a.token), None)

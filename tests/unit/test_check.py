@@ -935,3 +935,39 @@ def test_a_paper_lease_the_operator_ended_is_ended_for_every_answer_of_it() -> N
     assert w.violation is None, w.violation
     w.answer(paper, "k1", Lease("c", "p", "k1", "ra", REGION, end + US, 3, 0, "paper-found2"))
     assert w.violation is not None and w.violation.name == "I2"
+
+
+def test_the_paper_agents_answer_of_a_lease_rasd_adopted_is_that_lease() -> None:
+    """The swarm in rollout mode (seed 5002906 of a run drawing the paper's agent on k1 every
+    time): the paper's claim of ra for k1 lands after its call gave up; a daemon adopts it
+    and answers it (its own token), its app releases k1, and the daemon answers k1 -> rb, a
+    new lease. The paper's agent then answers k1 -> ra from its leased index, lagging the
+    free of ra. That answer is of the lease rasd adopted (one claim, one end) and released:
+    stale, as a cached copy of a released lease is, not a second lease of k1 (I2). The same
+    answer from an index still showing ra held (the free never landed), and an answer of
+    another claim the paper's agent made before rb's, still count."""
+    cfg = dataclasses.replace(MIXED, keys=("k1",), resources=("ra", "rb", "rc"))
+    w = initial(cfg, REAL)
+    assert cfg.makers
+    end = (T0 + 18) * US
+    paper, d0 = Daemon(9, 1), w.daemons[0]
+    w.made_by("ra", "paper")
+    w.made_by("rc", "paper")  # never adopted nor released
+    w.t = 5
+    w.answer(d0, "k1", Lease("c", "p", "k1", "ra", REGION, end, 2, 0, "t4"))
+    w.release_called("k1")
+    w.release_done("t4")
+    w.t = 6
+    w.made_by("rb", "rasd")
+    w.answer(d0, "k1", Lease("c", "p", "k1", "rb", REGION, (T0 + 24) * US, 1, 0, "t6"))
+    w.t = 7
+    found = Lease("c", "p", "k1", "ra", REGION, end, 1, 0, "paper-found1")
+    fresh = w.clone()
+    w.lagged = frozenset({"paper-found1"})  # the index lagged the free of ra
+    w.answer(paper, "k1", found)
+    assert w.violation is None, w.violation
+    # from an index that still shows ra held for k1 (its free never landed): counted
+    fresh.answer(paper, "k1", found)
+    assert fresh.violation is not None and fresh.violation.name == "I2"
+    w.answer(paper, "k1", Lease("c", "p", "k1", "rc", REGION, end, 1, 0, "paper-found2"))
+    assert w.violation is not None and w.violation.name == "I2"
