@@ -172,11 +172,17 @@ class JobHost(Host):
                           ver, 0, tok)  # fmt: skip
             if not done.value.new and it.holder is not None and it.holder_current:
                 m = w.mapping(key, it.region)
-                if m is None or m.state != LIVE or m.token != it.holder:
+                if (m is None or m.state != LIVE or m.token != it.holder) and not w.abandoned(
+                    it.holder, it.resource, key
+                ):
                     w.unsettled = w.unsettled | {tok}
             cur = w.get(it.ident)
-            if not done.value.new and (cur is None or cur.get("key") != key):
-                w.lagged = w.lagged | {tok}  # the index lagged a write that took k off it
+            if not done.value.new and (
+                cur is None
+                or cur.get("key") != key  # the index lagged a write that took k off it
+                or (it.holder is not None and w.release_under_way(it.holder))
+            ):
+                w.lagged = w.lagged | {tok}
             w.answer(Daemon(9, w.cfg.paper_offset), key, lease)
 
 

@@ -104,6 +104,7 @@ def successors(w0: World) -> Out:
         if w0.crashes < w0.cfg.max_crashes and (d.req is not None or d.bg or d.cache):
             w = w0.clone()
             w.crashes += 1
+            w.crash_tokens = w.crash_tokens | w.known_tokens(d)
             w.set_daemon(Daemon(di, d.offset))
             out.append((f"d{di} CRASHES (cache and tasks lost)", w))
     for i, wr in enumerate(w0.inflight):

@@ -21,6 +21,7 @@ no import cycle.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from dataclasses import replace as _dc_replace
 from typing import TypeVar
@@ -312,6 +313,14 @@ def _one_lease(
     return ma is not None and mb is not None and ma[1] == mb[1]
 
 
+_TOKEN = re.compile(r"\bt\d+\b")
+
+
+def _tokens_of(procs: tuple[Proc | None, ...]) -> frozenset[str]:
+    """Every token the processes' arguments and results name (the model's are ``t<n>``)."""
+    return frozenset(_TOKEN.findall(repr([(p.trace.args, p.trace.sent) for p in procs if p])))
+
+
 class World:
     """A mutable working copy of one global state; :meth:`key` is its canonical hash key."""
 
@@ -320,6 +329,7 @@ class World:
         "adopt_sweep",
         "answers",
         "cfg",
+        "crash_tokens",
         "crashes",
         "daemons",
         "dedupe_done",
@@ -408,11 +418,16 @@ class World:
         self.fallbacks: frozenset[str] = frozenset()
         #: answers of the paper's agent that read a claim of rasd's no live mapping names
         #: (before its settling yields it, or through the index's lag after): the window
-        #: docs/design.md leaves open beside that agent ("Not covered" (1)), exempt from I2
+        #: docs/design.md leaves open beside that agent ("Not covered" (1)), exempt from I2;
+        #: not a claim left on its item that no process will give back (``abandoned``)
         self.unsettled: frozenset[str] = frozenset()
-        #: answers of the paper's agent read from a leased index that lagged a write which
-        #: had already taken the key off the item (a free, a liberation): stale copies
+        #: answers of the paper's agent of a released lease: read from a leased index that
+        #: lagged the write that took the key off the item (a free, a liberation), or while
+        #: the release's free was still under way: stale copies (``_one_lease``)
         self.lagged: frozenset[str] = frozenset()
+        #: tokens the processes of a crashed daemon held: claims a crash may leave given back
+        #: by no one (docs/design.md, "Not covered" (2))
+        self.crash_tokens: frozenset[str] = frozenset()
         self.crashes = 0
         self.ops = 0
         self.tokens = 0
@@ -463,6 +478,7 @@ class World:
             self.fallbacks,
             self.unsettled,
             self.lagged,
+            self.crash_tokens,
             self.crashes,
             self.ops,
             self.tokens,
@@ -664,6 +680,40 @@ class World:
         if ma is None or mb is None or ma[1] == mb[1]:
             return False
         return (ma if ma[1] > mb[1] else mb)[2] == "paper"
+
+    def known_tokens(self, d: Daemon) -> frozenset[str]:
+        """The tokens ``d``'s processes hold (made, read or sent): claims one of them may
+        still confirm or give back."""
+        return _tokens_of((d.req, *d.bg))
+
+    def in_hands(self, token: str) -> bool:
+        """Does a running process, a daemon's or a job's, hold ``token``?"""
+        return any(token in self.known_tokens(d) for d in self.daemons) or (
+            token in _tokens_of(self.jobs)
+        )
+
+    def abandoned(self, token: str, resource: str, key: str) -> bool:
+        """Is ``token``'s claim on ``resource`` (for ``key``) still on the item, named by no
+        mapping, and in no process's hands, its daemon alive: a claim nothing will give back,
+        left by a program that stopped (a request's deadline) rather than by a crash? A claim
+        a pending mapping names is not: a reader of the key settles it (docs/design.md, "Not
+        covered" (4))."""
+        f = self.table.get(rkey(resource))
+        r = _res_of(f) if f is not None else None
+        if r is None or r.holder != token or not r.holder_current or r.key != key:
+            return False
+        if any(
+            m is not None and m.token == token
+            for m in (self.mapping(key, g) for g in self.cfg.all_regions)
+        ):
+            return False
+        return token not in self.crash_tokens and not self.in_hands(token)
+
+    def release_under_way(self, token: str) -> bool:
+        """Was ``token``'s lease released (by its app or the operator), its free still to
+        come from a process that holds it?"""
+        done = any(tk == token for tk, _ in (*self.released, *self.ended))
+        return done and self.in_hands(token)
 
     def release_called(self, key: str) -> None:
         self.release_calls = (*self.release_calls, (key, self.true_us()))

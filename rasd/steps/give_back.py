@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 :func:`release` gives the key's lease back: the mapping first, then the resource with
 quarantine (docs/design.md, I3). :func:`free_claim` frees a claim no mapping names (a lost
-acquisition's, a released lease's resource), retried in the background; :func:`give_back_now`
-does it within a request. :func:`relist` puts what this daemon quarantined back in the
+acquisition's, a released lease's resource, a claim yielded to the paper's agent's lease),
+retried in the background. :func:`relist` puts what this daemon quarantined back in the
 available index once the quarantine is over; :func:`fence_own_claim` makes sure a claim whose
 outcome is unknown never lands. Part of the daemon's programs (:mod:`rasd.steps.daemon`).
 """
@@ -61,20 +61,6 @@ def free_claim(
     )
     yield Sleep(min(2.0**attempt, 16.0), bounded=False)
     return (yield from goto(free_claim, d, ident, key, token, why, attempt + 1))
-
-
-def give_back_now(
-    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed = Freed.UNRELEASED
-) -> Program[None]:
-    """:func:`free_claim` within a request (its deadline, no backoff): an error is raised,
-    not retried; a free refused because the lease was extended since its end was read is
-    tried again (at most ``free_claim_attempts`` times in all)."""
-    for _ in range(d.free_claim_attempts):
-        error = yield from free_once(d, ident, key, token, why)
-        if error is None:
-            return
-        if error is not _AGAIN:
-            raise error
 
 
 class _Again(RasdError):

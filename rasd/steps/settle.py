@@ -29,9 +29,9 @@ from ..core.map_builders import (
 )
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
-from . import Note, Now, Program, QueryLeased, Send, Spawn
+from . import Join, Note, Now, Program, QueryLeased, Send, Spawn
 from .daemon import WAIT_FIRST, Daemon, NewToken, error_of, resource, wait_for
-from .give_back import free_claim, give_back_now
+from .give_back import free_claim
 from .renew import confirm
 
 
@@ -83,7 +83,11 @@ def adopt_paper_lease(
     ares = None
     if mres.outcome is Outcome.APPLIED:
         if give_back is not None:  # the mapping names the lease now, not yet adopted
-            yield from give_back_now(d, give_back[0], key, give_back[1])
+            # Our claim is named by no mapping from here on: its give-back runs on its own,
+            # retried, whatever becomes of this request (its deadline may pass now), and
+            # the adoption waits for it (a deadline passed, the adoption is not sent).
+            free = yield Spawn(free_claim, (d, give_back[0], key, give_back[1], D.Freed.UNRELEASED))
+            yield Join(free)
         ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.

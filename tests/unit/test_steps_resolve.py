@@ -21,6 +21,7 @@ from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, apply, item_from_av
 from rasd.steps import (
     GetItem,
+    Join,
     Mono,
     Note,
     Now,
@@ -148,7 +149,12 @@ class Host:
             return tuple(self.call(c) for c in eff.calls)
         if isinstance(eff, (GetItem, QueryMappings, QueryLeased, Send)):
             return self.call(eff)
-        local = (CachePut, CacheDrop, Refresh, Spawn, RefillSoon, Untake, LostCandidate, Miss)
+        if isinstance(eff, Spawn):
+            return eff  # the handle a Join takes
+        if isinstance(eff, Join):  # the request waits for it: it runs now
+            self.run(eff.handle.fn(*eff.handle.args))
+            return None
+        local = (CachePut, CacheDrop, Refresh, RefillSoon, Untake, LostCandidate, Miss)
         if isinstance(eff, (*local, Deadline, RelistLater)):
             return None
         raise AssertionError(eff)
