@@ -62,7 +62,9 @@ def _setup(n: int) -> tuple[Connection, list[bytes]]:
     exp_us = int((time.time() + 7200) * 1e6)
     # confirm_interval: an hour, so that no hit of the run is past S/2 (a re-confirmation
     # would need an event loop, and is not what this measures)
-    cfg = Config(table="t", socket="/nonexistent/x.sock", confirm_interval=3600.0)
+    cfg = Config(
+        table="t", socket="/nonexistent/x.sock", confirm_interval=3600.0, clock_check="date"
+    )
     cfg = cfg.validate()
     daemon = Daemon(cfg)
     # What bring_up() does, minus DynamoDB: a store that is never started (a hit never uses

@@ -162,14 +162,14 @@ def answers(
     first: dict[tuple[Any, ...], tuple[float, float]] = {}  # (received, its call's start)
     claims: dict[tuple[str, str], list[float]] = defaultdict(list)
     frees: dict[str, list[float]] = defaultdict(list)
-    for e in creations:
-        kind = e.get("kind", "claim")
+    for ev in creations:
+        kind = ev.get("kind", "claim")
         if kind == "claim":
-            claims[(str(e["key"]), str(e["resource"]))].append(float(e["sent"]))
+            claims[(str(ev["key"]), str(ev["resource"]))].append(float(ev["sent"]))
         elif kind == "free":
-            frees[str(e["resource"])].append(float(e["got"]))
-    for v in (*claims.values(), *frees.values()):
-        v.sort()
+            frees[str(ev["resource"])].append(float(ev["got"]))
+    for times in (*claims.values(), *frees.values()):
+        times.sort()
 
     def lagged(r: Mapping[str, Any], claim_sent: float) -> bool:
         """Was the item freed after the claim and before this call began?"""

@@ -114,5 +114,14 @@ def daemon_rollout(d: Daemon) -> bool | None:
     return mode if isinstance(mode, bool) else None
 
 
+def daemon_clock(d: Daemon) -> dict[str, Any]:
+    """What the daemon's ``stats`` say of its clock (empty: no answer)."""
+    try:
+        clock = daemons.stats(d.socket).get("clock")
+    except rasd_client.RasdError:
+        return {}
+    return clock if isinstance(clock, dict) else {}
+
+
 def daemon_stats(d: Daemon) -> dict[str, int]:
     return daemons.counters(d.socket)

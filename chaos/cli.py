@@ -82,6 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--end-rollout-every", type=float, default=d.end_rollout_every)
     ap.add_argument(
+        "--partition-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="cut daemon 0 off from DynamoDB (its proxy fails every call) at this time into "
+        "the traffic, for --partition-for seconds, while the rest go on",
+    )
+    ap.add_argument("--partition-for", type=float, default=d.partition_s, metavar="SECONDS")
+    ap.add_argument(
+        "--clock-step-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="step daemon 1's clock by --clock-step seconds at this time into the traffic, "
+        "and back --clock-step-for seconds later; the run fails unless that daemon stops "
+        "answering within 10 s, says why in its log, and answers nothing while stepped",
+    )
+    ap.add_argument("--clock-step", type=float, default=d.clock_step_s, metavar="SECONDS")
+    ap.add_argument("--clock-step-for", type=float, default=d.clock_step_for, metavar="SECONDS")
+    ap.add_argument(
         "--pool-refresh",
         type=float,
         default=None,
@@ -128,7 +148,12 @@ def params(argv: list[str] | None = None) -> Params:
             ap.error("--end-rollout-at: within the traffic (0 < SECONDS < --duration)")
         if pool_refresh is None:
             pool_refresh = END_ROLLOUT_POOL_REFRESH
-    label = ("mixed-" if args.mixed else "") + ("endroll-" if args.end_rollout_at else "")
+    label = (
+        ("mixed-" if args.mixed else "")
+        + ("endroll-" if args.end_rollout_at else "")
+        + ("partition-" if args.partition_at is not None else "")
+        + ("clockstep-" if args.clock_step_at is not None else "")
+    )
     return Params(
         duration=args.duration,
         seed=args.seed,
@@ -157,6 +182,11 @@ def params(argv: list[str] | None = None) -> Params:
         app_max_lease=args.app_max_lease,
         end_rollout_at=args.end_rollout_at,
         end_rollout_every=args.end_rollout_every,
+        partition_at=args.partition_at,
+        partition_s=args.partition_for,
+        clock_step_at=args.clock_step_at,
+        clock_step_s=args.clock_step,
+        clock_step_for=args.clock_step_for,
         pool_refresh=pool_refresh,
         replicas=not args.one_table,
         lag_s=args.lag,

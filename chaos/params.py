@@ -61,6 +61,15 @@ class Params:
     #: ``end_rollout_every`` seconds until it succeeds
     end_rollout_at: float | None = None
     end_rollout_every: float = 3.0
+    #: one host cut off from DynamoDB (daemon 0's proxy fails every call), this many seconds
+    #: into the traffic (None: never), for ``partition_s`` seconds, the rest going on
+    partition_at: float | None = None
+    partition_s: float = 60.0
+    #: daemon 1's clock stepped by ``clock_step_s`` this many seconds into the traffic (None:
+    #: never; its ``RASD_CLOCK_OFFSET_FILE``), and set right again ``clock_step_for`` later
+    clock_step_at: float | None = None
+    clock_step_s: float = 5.0
+    clock_step_for: float = 60.0
     #: the daemons' pool_refresh (None: their default, 30 s): how soon they follow the record
     pool_refresh: float | None = None
     #: two replicas, one moto server per region, joined by the simulation's replicator
@@ -93,7 +102,14 @@ class Params:
         return self.replicas and not self.mixed
 
     def check(self) -> None:
-        """Refuse parameters whose end of the rollout cannot happen in the run."""
+        """Refuse parameters whose end of the rollout, partition or clock step cannot happen
+        in the run."""
+        for name in ("partition_at", "clock_step_at"):
+            at = getattr(self, name)
+            if at is not None and not 0 < at < self.duration:
+                raise ValueError(f"{name}: within the traffic (0 < at < duration)")
+        if self.clock_step_at is not None and self.daemons < 2:
+            raise ValueError("clock_step_at: the stepped host is daemon 1 (two daemons at least)")
         if self.end_rollout_at is None:
             return
         if not self.mixed:

@@ -58,11 +58,17 @@ class FaultPlan:
     enabled: bool = False
     #: wall-clock [from, to) during which every call of every proxy fails
     outage: tuple[float, float] | None = None
+    #: one host cut off: its proxy's name and the wall-clock [from, to) during which every
+    #: call through that proxy alone fails, as in an outage
+    partition: tuple[str, float, float] | None = None
 
-    def in_outage(self, now: float | None = None) -> bool:
+    def in_outage(self, now: float | None = None, proxy: str = "") -> bool:
+        t = time.time() if now is None else now
+        cut = self.partition
+        if cut is not None and proxy == cut[0] and cut[1] <= t < cut[2]:
+            return True
         if self.outage is None:
             return False
-        t = time.time() if now is None else now
         return self.outage[0] <= t < self.outage[1]
 
 
@@ -173,7 +179,7 @@ class FaultProxy:
             u = self._rng.random()
             if not plan.enabled:
                 return "", u
-            if plan.in_outage():
+            if plan.in_outage(proxy=self.name):
                 return "outage", u
             if self._rng.random() >= plan.rate:
                 return "", u

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -65,6 +66,7 @@ from .admin import Admin, admin_writes
 from .children import (
     Daemon,
     child_env,
+    daemon_clock,
     daemon_env,
     daemon_rollout,
     daemon_stats,
@@ -143,8 +145,13 @@ def run(p: Params) -> dict[str, Any]:
                     log=str(work / f"d{i}.log"),
                 )
             )
+        clock = ClockStep(p, work)
+
+        def env_of(d: Daemon) -> dict[str, str]:
+            return clock.env(d.index, denv)
+
         for d in daemons:
-            start_daemon(d, p.table, denv)
+            start_daemon(d, p.table, env_of(d))
         for d in daemons:
             if not wait_ready(d, 60):
                 raise RuntimeError(f"daemon {d.index} never became ready; see {d.log}")
@@ -155,6 +162,13 @@ def run(p: Params) -> dict[str, Any]:
         t_end = t_start + p.duration
         outage = (t_start + p.outage_offset(), t_start + p.outage_offset() + p.outage_s)
         plan.outage = outage if p.outage_s > 0 else None
+        if p.partition_at is not None:
+            plan.partition = (
+                "p0",
+                t_start + p.partition_at,
+                t_start + p.partition_at + p.partition_s,
+            )
+        clock.begin(t_start)
         plan.enabled = True
         histories = [work / f"app{i}.jsonl" for i in range(p.apps)]
         for i in range(p.apps):
@@ -216,7 +230,7 @@ def run(p: Params) -> dict[str, Any]:
                 events.kills.append(
                     {"t": round(time.time(), 3), "daemon": victim.index, "region": victim.region}
                 )
-                start_daemon(victim, p.table, denv)  # at once, on the same socket path
+                start_daemon(victim, p.table, env_of(victim))  # at once, on the same socket path
                 next_kill = now + p.kill_every
             for d in daemons:  # a restart can die (e.g. during the outage): start it again
                 if (
@@ -226,7 +240,8 @@ def run(p: Params) -> dict[str, Any]:
                     and time.time() < t_end
                 ):
                     events.restarts[str(d.index)] += 1
-                    start_daemon(d, p.table, denv)
+                    start_daemon(d, p.table, env_of(d))
+            clock.tick(daemons)
             if time.monotonic() >= next_load:
                 load.append(os.getloadavg()[0])
                 next_load += 10.0
@@ -305,6 +320,10 @@ def run(p: Params) -> dict[str, Any]:
             "daemon_counters": _sum_counters(stats),
             "load": _load(load),
             "end_rollout": ended,
+            "partition": None
+            if plan.partition is None
+            else {"daemon": 0, "from": plan.partition[1], "to": plan.partition[2]},
+            "clock_step": clock.result(records, daemons),
         }
         result["ok"] = violations(result) == 0
         write(p, result)
@@ -332,6 +351,87 @@ def run(p: Params) -> dict[str, Any]:
             say(p, f"work directory kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+class ClockStep:
+    """Daemon 1's clock stepped (``Params.clock_step_at``): its offset file, written at the
+    step and set right again; its ``stats`` watched for when it stopped trusting its clock;
+    then what its apps saw. Nothing when the run steps no clock."""
+
+    #: the stepped daemon must stop answering within this (the issue's bound)
+    WITHIN_S = 10.0
+    INDEX = 1
+
+    def __init__(self, p: Params, work: Path) -> None:
+        self.p = p
+        self.file = work / f"d{self.INDEX}.clock"
+        self.on = p.clock_step_at is not None
+        self.at = self.back = math.inf
+        self.stepped = self.restored = False
+        self.untrusted_at: float | None = None  # first seen untrusted after the step
+        self.why: str | None = None
+        if self.on:
+            self.file.write_text("0")
+
+    def env(self, index: int, env: dict[str, str]) -> dict[str, str]:
+        if not self.on or index != self.INDEX:
+            return env
+        return {**env, "RASD_CLOCK_OFFSET_FILE": str(self.file)}
+
+    def begin(self, t_start: float) -> None:
+        if self.on:
+            assert self.p.clock_step_at is not None
+            self.at = t_start + self.p.clock_step_at
+            self.back = self.at + self.p.clock_step_for
+
+    def tick(self, daemons: list[Daemon]) -> None:
+        if not self.on:
+            return
+        now = time.time()
+        if not self.stepped and now >= self.at:
+            self.file.write_text(f"{self.p.clock_step_s:g}")
+            self.stepped = True
+        if not self.restored and now >= self.back:
+            self.file.write_text("0")
+            self.restored = True
+        if self.stepped and not self.restored and self.untrusted_at is None:
+            clock = daemon_clock(daemons[self.INDEX])
+            if clock.get("trusted") is False:
+                self.untrusted_at, self.why = now, clock.get("why")
+
+    def result(self, records: list[dict[str, Any]], daemons: list[Daemon]) -> dict[str, Any] | None:
+        """When the stepped daemon stopped trusting its clock, what it answered while
+        stepped (from ``WITHIN_S`` after the step until it was set right: nothing may have
+        been a lease), whether its log says why; ``ok`` when all three hold."""
+        if not self.on:
+            return None
+        answered = [
+            r
+            for r in records
+            if r.get("op") == "get_lease"
+            and r.get("ok")
+            and r.get("daemon") == self.INDEX
+            and self.at + self.WITHIN_S <= float(r["t0"])
+            and float(r["t1"]) <= self.back
+        ]
+        refused = sum(1 for r in records if "clock is not trusted" in str(r.get("message") or ""))
+        try:
+            logged = "clock_untrusted" in Path(daemons[self.INDEX].log).read_text()
+        except OSError:
+            logged = False
+        after = None if self.untrusted_at is None else round(self.untrusted_at - self.at, 3)
+        return {
+            "daemon": self.INDEX,
+            "step_s": self.p.clock_step_s,
+            "at": self.at,
+            "back": self.back,
+            "untrusted_after_s": after,
+            "why": self.why,
+            "answered_while_stepped": len(answered),
+            "refused_for_the_clock": refused,
+            "logged": logged,
+            "ok": after is not None and after <= self.WITHIN_S and not answered and logged,
+        }
 
 
 def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | None:

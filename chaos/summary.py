@@ -44,6 +44,7 @@ def violations(result: dict[str, Any]) -> int:
         + A.table_violations(t)
         + leased_moves
         + (ended is not None and not ended["ok"])
+        + (result.get("clock_step") is not None and not result["clock_step"]["ok"])
     )
 
 
@@ -115,6 +116,20 @@ def table(result: dict[str, Any]) -> str:
     ended = result.get("end_rollout")
     if ended:
         rows += end_rollout_rows(ended)
+    step = result.get("clock_step")
+    if step:
+        rows += [
+            (f"daemon {step['daemon']}'s clock {step['step_s']:+g}s: untrusted after (s)",
+             step["untrusted_after_s"]),
+            ("  answered while stepped / refused for the clock", f"{step['answered_while_stepped']}"
+             f" / {step['refused_for_the_clock']}"),
+            ("  its log says why", step["logged"]),
+        ]  # fmt: skip
+    cut = result.get("partition")
+    if cut:
+        rows.append(
+            (f"daemon {cut['daemon']} cut off from DynamoDB (s)", round(cut["to"] - cut["from"], 1))
+        )
     calls = "get_lease calls" + (" (rasd's; so are the rows below)" if "paper" in agents else "")
     rows += [
         (calls, a["calls"].get("get_lease", 0)),

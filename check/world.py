@@ -656,15 +656,15 @@ class World:
 
     def _unsettled_beside_paper(self, a: Answer, b: Answer) -> bool:
         """One of the two answers is the paper's agent's of a claim of rasd's that no live
-        mapping named (``unsettled``), the other an answer of the paper's agent's own lease:
+        mapping named (``unsettled``), the other an answer of the paper's agent's own lease
+        (by that agent, or by a daemon that adopted it: its claim the paper's, ``made_of``):
         two agents acquiring the key at once, the window docs/design.md leaves open ("Not
-        covered" (1)). Beside a lease of rasd's it is a split rasd made, and counts."""
+        covered" (1), (4)). Beside a lease rasd made it is a split rasd made, and counts."""
         for x, y in ((a, b), (b, a)):
-            if (
-                x.token in self.unsettled
-                and y.token.startswith("paper")
-                and y.token not in self.unsettled
-            ):
+            paper_own = y.token.startswith("paper") or any(
+                m[0] == y.token and m[2] == "paper" for m in self.made_of
+            )
+            if x.token in self.unsettled and paper_own and y.token not in self.unsettled:
                 return True
         return False
 

@@ -35,8 +35,8 @@ def child_env(
     """This process's environment for a child: without the variables whose names start with
     one of ``drop_prefixes`` (by default every AWS and rasd setting but :data:`MOTO_SETTINGS`:
     no profile, region or endpoint of the developer's leaks in) or are in ``drop``, with the
-    fake credentials, ``settings`` on top. ``repo_on_path``: the repository first on
-    PYTHONPATH."""
+    fake credentials and ``RASD_CLOCK_CHECK=date``, ``settings`` on top. ``repo_on_path``:
+    the repository first on PYTHONPATH."""
     prefixes, names = tuple(drop_prefixes), set(drop)
     env = {
         k: v
@@ -44,6 +44,9 @@ def child_env(
         if (k in MOTO_SETTINGS or not k.startswith(prefixes)) and k not in names
     }
     env.update(FAKE_CREDENTIALS)
+    # A fleet runs on one host, whose kernel may keep no synchronised clock, and every backend
+    # answers with this host's clock: daemons and jobs check theirs by the Date header alone.
+    env["RASD_CLOCK_CHECK"] = "date"
     if repo_on_path:
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(settings)

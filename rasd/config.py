@@ -56,6 +56,13 @@ class Config:
     #: Bound on the clock difference between any two hosts (daemons and jobs). The liberator's
     #: --grace must be at least this; quarantines include it.
     max_clock_skew: float = 2.0
+    #: How the daemon checks its own clock against that bound (each host may be off by half
+    #: of it): "kernel" (the kernel's error bound and sync flag, which chrony or ntpd keep,
+    #: DynamoDB's Date header, and clock steps), "date" (the Date header and steps only, for a
+    #: host whose kernel does not report synchronisation: a container on some runtimes, a
+    #: dev box), "off" (no check; only where the clock is checked otherwise). While the check
+    #: fails the daemon answers UNAVAILABLE and writes nothing that depends on its clock.
+    clock_check: str = "kernel"
     #: Bound on global-table replication lag, for another region's lease served from our
     #: replica; quarantines include it (docs/design.md, I1 across regions).
     replication_lag: float = 25.0
@@ -260,6 +267,10 @@ class Config:
             problems.append(
                 f"strict_home_down: {self.strict_home_down!r} is not one of 'fail', 'local'"
             )
+        if self.clock_check not in ("kernel", "date", "off"):
+            problems.append(
+                f"clock_check: {self.clock_check!r} is not one of 'kernel', 'date', 'off'"
+            )
         if self.ddb_client not in ("lean", "botocore"):
             problems.append(f"ddb_client: {self.ddb_client!r} is not one of 'lean', 'botocore'")
         if problems:
@@ -373,6 +384,7 @@ CONVERTERS: dict[str, Converter] = {
     "extend_read_first": _bool,
     "confirm_interval": float,
     "max_clock_skew": float,
+    "clock_check": str,
     "replication_lag": float,
     "pending_hold": float,
     "strict_home_down": str,

@@ -21,6 +21,7 @@ overrides, so a job's quarantine and margins are the ones the daemons keep (:fun
 from __future__ import annotations
 
 import argparse
+import email.utils
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from rasd.config import Config, ConfigError
 from rasd.config import load as load_config
+from rasd.core import clock_trust
 from rasd.core.lease import (
     REGION_RE,
     US,
@@ -49,6 +51,7 @@ from rasd.core.lease import (
 from rasd.core.rollout import ROLLOUT_KEY, SIGNAL_KEY, Rollout, rollout_from, set_rollout
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import item_from_av, key_av, render
+from rasd.kernelclock import read_kernel_bound
 from rasd.observe import log as rasd_log
 
 from . import metrics as jobmetrics
@@ -246,13 +249,65 @@ INTERACTIVE_CONNECT_ATTEMPTS = 2
 
 
 def make_client(
-    args: argparse.Namespace, region: str | None, pool: int = 10, interactive: bool = False
+    args: argparse.Namespace,
+    region: str | None,
+    pool: int = 10,
+    interactive: bool = False,
+    clock: bool = True,
 ) -> Any:
     """A boto3 DynamoDB client. Region: ``AWS_REGION`` if set, else the RAS region (else
     boto3's own resolution). Retries in botocore's adaptive mode: jobs are batch work and
     should slow down under throttling rather than fail. ``interactive`` (rasadmin): a short
-    connect timeout and few connects (:func:`client_for`)."""
-    return client_for(getattr(args, "endpoint_url", None), region, pool, interactive=interactive)
+    connect timeout and few connects (:func:`client_for`). Its first write checks this
+    host's clock first (:func:`guard_writes`), unless ``--now`` gives the job its time."""
+    client = client_for(getattr(args, "endpoint_url", None), region, pool, interactive=interactive)
+    if clock and getattr(args, "now", None) is None:
+        guard_writes(client, getattr(args, "table", "rasd"), lambda: daemon_config(args))
+    return client
+
+
+#: the calls that write the table
+WRITES = ("UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems")
+
+
+def guard_writes(ddb: Any, table: str, config: Callable[[], Config]) -> None:
+    """Before the first write through ``ddb``: :func:`check_clock` (once). A job writes times
+    other hosts compare (lease ends, quarantines); on a clock that is not trusted it writes
+    nothing and exits 1 saying why. Reads, listings and usage errors never ask."""
+    checked: list[bool] = []
+
+    def before_write(**_: Any) -> None:
+        if not checked:
+            check_clock(ddb, table, config())
+            checked.append(True)
+
+    for op in WRITES:
+        ddb.meta.events.register(f"before-call.dynamodb.{op}", before_write)
+
+
+def check_clock(ddb: Any, table: str, cfg: Config) -> None:
+    """JobError unless this host's clock is trusted within half of ``max_clock_skew``, by
+    the witnesses ``clock_check`` names, as the daemons judge theirs
+    (``rasd.core.clock_trust``): the kernel's error bound, and the Date header of one read
+    of the rollout record."""
+    if cfg.clock_check == "off":
+        return
+    kernel = read_kernel_bound() if cfg.clock_check == "kernel" else None
+    sent = time.time_ns() // 1000
+    resp = ddb.get_item(TableName=table, Key=key_av(ROLLOUT_KEY), ProjectionExpression="kind")
+    got = time.time_ns() // 1000
+    raw = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    floor = None
+    if raw:
+        date_s = int(email.utils.parsedate_to_datetime(raw).timestamp())
+        floor = clock_trust.date_offset_floor_us(date_s, sent, got)
+    why = clock_trust.judge(int(cfg.max_clock_skew * US / 2), kernel, floor, 0)
+    if why is not None:
+        raise JobError(
+            f"this host's clock is not trusted: {why}. The job writes times that other hosts "
+            "compare (lease ends, quarantines), so it does not run; see docs/operations.md, "
+            '"The clock alert"'
+        )
 
 
 def client_for(

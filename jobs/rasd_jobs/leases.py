@@ -283,6 +283,8 @@ class Driver:
         _CALL.ambiguous = False
         try:
             resp = call()
+        except common.JobError:
+            raise  # refused before it was sent (this host's clock): the job stops
         except Exception as exc:  # noqa: BLE001 - an outcome: the program decides
             failure, unsent, *_ = attempt_failed(exc, "")  # the last attempt, judged again
             ambiguous = _CALL.ambiguous or (failure.may_have_applied and not unsent)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -14,3 +15,32 @@ class Clock:
 
     def mono(self) -> float:
         return time.monotonic()
+
+
+class OffsetClock(Clock):
+    """Wall time off by the seconds a file says, read again once a second: a host whose
+    clock is stepped, for the chaos run and the tests (``RASD_CLOCK_OFFSET_FILE``). A missing
+    or unreadable file is no offset."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset_us = 0
+        self._read_at = -1.0
+
+    def now_us(self) -> int:
+        mono = time.monotonic()
+        if mono - self._read_at >= 1.0:
+            self._read_at = mono
+            try:
+                with open(self.path) as f:
+                    self._offset_us = int(float(f.read().strip() or 0) * 1_000_000)
+            except (OSError, ValueError):
+                self._offset_us = 0
+        return time.time_ns() // 1000 + self._offset_us
+
+
+def clock_from_env() -> Clock:
+    """The daemon's clock: the host's, or an :class:`OffsetClock` where
+    ``RASD_CLOCK_OFFSET_FILE`` names one (tests and chaos only)."""
+    path = os.environ.get("RASD_CLOCK_OFFSET_FILE")
+    return OffsetClock(path) if path else Clock()

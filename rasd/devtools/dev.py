@@ -67,7 +67,14 @@ DEV_SETTINGS: dict[str, Any] = {
 DEV_CANDIDATES = 256
 #: Defaults of ``rasd dev`` that are not about moto: a quiet terminal, a socket any local
 #: user may try, every client_id open to each (a development host's own daemon).
-DEV_DEFAULTS: dict[str, Any] = {"log_level": "warning", "socket_mode": 0o666, "acl_open": True}
+#: A development host's kernel often keeps no synchronised clock, and moto answers with this
+#: host's own: the Date header alone.
+DEV_DEFAULTS: dict[str, Any] = {
+    "log_level": "warning",
+    "socket_mode": 0o666,
+    "acl_open": True,
+    "clock_check": "date",
+}
 #: What ``rasd dev`` sets whatever the config says, and why.
 DEV_OWNS = {
     "socket": "rasd dev serves on DIR/rasd.sock (--dir moves it)",

@@ -55,7 +55,7 @@ import ssl
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -132,6 +132,9 @@ class LeanDynamoDB:
         self._asked_endpoint: str | None = endpoint_url
         self._proxy: tuple[str, int] | None = None
         self._proxy_ssl = settings.proxy_ssl_context()
+        #: every answer's Date header, with when its request left (monotonic): the daemon's
+        #: clock watch (``rasd.server.clockwatch``)
+        self.on_date: Callable[[bytes, float], None] | None = None
         target = "/"
         proxy_head = "".join(f"{k}: {v}\r\n" for k, v in settings.proxy_headers)
         if settings.proxy_url:
@@ -266,6 +269,7 @@ class LeanDynamoDB:
         timer: asyncio.TimerHandle | None = None
         try:
             try:
+                sent = time.monotonic()
                 fut = conn.round_trip(head + body)
                 timer = asyncio.get_running_loop().call_later(self._read_timeout, expire, fut)
                 status, headers, data = await fut
@@ -278,17 +282,26 @@ class LeanDynamoDB:
             if timer is not None:
                 timer.cancel()
             self._release(conn, reuse=done)
-        return self._parse(op, status, headers, data)
+        return self._parse(op, status, headers, data, sent)
 
     def _parse(
-        self, op: str, status: int, headers: Sequence[tuple[bytes, bytes]], data: bytes
+        self,
+        op: str,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        data: bytes,
+        sent: float = 0.0,
     ) -> dict[str, Any]:
-        crc = rid = None
+        crc = rid = date = None
         for name, value in headers:
             if name == b"x-amz-crc32":
                 crc = value
             elif name == b"x-amzn-requestid":
                 rid = value
+            elif name == b"date":
+                date = value
+        if date is not None and self.on_date is not None:
+            self.on_date(date, sent)
         if crc is not None and int(crc) != zlib.crc32(data):
             raise ChecksumError(
                 checksum_type="crc32",

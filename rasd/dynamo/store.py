@@ -51,6 +51,7 @@ from ..limits import CircuitBreaker
 from ..observe.metrics import Counters
 from ..steps import WriteResult
 from .aws import AwsSettings
+from .clients import open_client
 from .retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_budget, attempt_failed
 from .retry import request_id as _rid
 
@@ -72,6 +73,7 @@ class Store:
         rng: Callable[[], float] = random.random,
         sleep: Sleep = asyncio.sleep,
         region: str | None = None,
+        on_date: Callable[[bytes, float], None] | None = None,
     ) -> None:
         self.config = config
         #: the replica's region, when it is another region's (a strict pool's home): it
@@ -92,52 +94,16 @@ class Store:
         self.retry = RetryPolicy(rng=rng)
         #: the AWS settings in effect (``rasd.dynamo.aws``), once start() resolved them
         self.aws: AwsSettings | None = None
+        #: told every answer's Date header and when its request left (monotonic s): the
+        #: daemon's clock watch (``rasd.server.clockwatch``)
+        self.on_date = on_date
 
     # ------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Raises ``rasd.dynamo.aws.AwsSettingsError`` for an AWS setting rasd cannot honour."""
-        from . import aws
-
-        cfg = self.config
-        region = self.peer_region or os.environ.get("AWS_REGION") or cfg.region
-        if cfg.ddb_client == "lean":
-            from .ddb import LeanDynamoDB
-
-            # credentials, then the settings (the endpoint may depend on their account)
-            client = await LeanDynamoDB.create(
-                cfg.endpoint_url,
-                region,
-                max_connections=cfg.ddb_max_connections,
-                connect_timeout=cfg.ddb_connect_timeout,
-                read_timeout=cfg.ddb_read_timeout,
-                max_age=cfg.ddb_connection_max_age,
-            )
-            self.aws = client.settings
-            self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
-            self._client = self._ctx = client
-            return
-        # the checks and the retry settings (aiobotocore resolves the rest itself)
-        self.aws = await asyncio.to_thread(aws.resolve, cfg.endpoint_url, region)
+        region = self.peer_region or os.environ.get("AWS_REGION") or self.config.region
+        self._ctx, self._client, self.aws = await open_client(self.config, region, self.on_date)
         self.retry = RetryPolicy(self.aws.max_attempts, rng=self._rng)
-        # aioboto3 takes about a second to import: only this path pays for it
-        import aioboto3
-        from aiobotocore.config import AioConfig
-
-        session = aioboto3.Session()
-        self._ctx = session.client(
-            "dynamodb",
-            region_name=region,
-            endpoint_url=cfg.endpoint_url,
-            config=AioConfig(
-                max_pool_connections=cfg.ddb_max_connections,
-                connect_timeout=cfg.ddb_connect_timeout,
-                read_timeout=cfg.ddb_read_timeout,
-                retries={"max_attempts": 1, "mode": "standard"},  # we retry, within deadlines
-                tcp_keepalive=True,
-                connector_args={"keepalive_timeout": 60.0},
-            ),
-        )
-        self._client = await self._ctx.__aenter__()
 
     async def confirm_aws(self) -> AwsSettings | None:
         """When the AWS settings came from the cache (``rasd.dynamo.awscache``), botocore's own
@@ -217,6 +183,10 @@ class Store:
             try:
                 async with asyncio.timeout(budget):
                     resp: dict[str, Any] = await method(TableName=self.table, **kw)
+                if self.on_date is not None and self.config.ddb_client != "lean":
+                    date = resp["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+                    if date:  # botocore keeps the headers; the lean client reports them itself
+                        self.on_date(date.encode(), now)
                 breaker.record_success(time.monotonic())
                 if cost or policy.quota.available != policy.quota.capacity:
                     policy.succeeded(cost)

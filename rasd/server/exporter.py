@@ -16,6 +16,7 @@ from .routing import Router
 def serve(port: int, router: Router) -> MetricsServer:
     """Serve the daemon's metrics on ``port`` (loopback; prometheus_client is imported now)."""
     up = router.up
+    guard = router.clock_guard
 
     def cache_leases() -> int:
         return router.coordinator.cache.size() if up.is_set() else 0
@@ -42,6 +43,20 @@ def serve(port: int, router: Router) -> MetricsServer:
                 lambda: int(up.is_set()),
             ),
             "inflight": Gauge("Requests doing DynamoDB work", lambda: router.gate.inflight),
+            "clock_trusted": Gauge(
+                "1 while this host's clock is trusted within half of max_clock_skew, 0 while "
+                "the daemon refuses for it (rasd_clock_* and the clock_untrusted log say why)",
+                lambda: int(guard.why is None),
+            ),
+            "clock_offset_floor_seconds": Gauge(
+                "How far this host's clock was at least from DynamoDB's at the last answer "
+                "(its Date header; positive: ahead; 0: within what the reading can tell)",
+                lambda: (guard.date_floor_us or 0) / 1e6,
+            ),
+            "clock_kernel_maxerror_seconds": Gauge(
+                "The kernel's error bound on this host's clock (clock_check = kernel)",
+                lambda: guard.kernel.maxerror_us / 1e6 if guard.kernel is not None else 0.0,
+            ),
         },
         version=__version__,
         pools=router.pool_metrics,

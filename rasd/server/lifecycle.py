@@ -42,13 +42,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ..config import Config
-from ..core.clock import Clock
+from ..core.clock import Clock, clock_from_env
 from ..core.errors import RasdError
+from ..core.rollout import ROLLOUT_KEY
 from ..limits import InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms, MetricsServer, MetricsUnavailable
 from . import exporter, handover, socketfile
+from .clockwatch import ClockGuard, GuardedClock
 from .connection import Connection
 from .diagnostics import describe_cause
 from .peercred import Acl
@@ -88,7 +90,11 @@ class Daemon:
         self.latency = LatencyHistograms()
         self.pool_metrics = PoolMetrics()
         self.notifier = Notifier()
-        self.clock = clock or Clock()
+        raw = clock or clock_from_env()
+        #: this host's clock, watched (``rasd.server.clockwatch``); the roles get it guarded:
+        #: no wall time while it is not trusted
+        self.clock_guard = ClockGuard(cfg.clock_check, cfg.max_clock_skew, raw.now_us, raw.mono)
+        self.clock = raw if cfg.clock_check == "off" else GuardedClock(raw, self.clock_guard)
         self.counters = counters or (store.counters if store else Counters())
         # Both exist once the store is up (self.up is set; :meth:`attach`); nothing reads
         # them before.
@@ -118,7 +124,8 @@ class Daemon:
             connections=self.connections,
             inflight=self.inflight,
             # the monotonic clock of the request path (Clock.mono without a method call)
-            mono=time.monotonic if type(self.clock) is Clock else self.clock.mono,
+            mono=time.monotonic if type(raw) is Clock else raw.mono,
+            clock_guard=self.clock_guard,
         )
         self._stop = asyncio.Event()
         self._bound_path: str | None = None
@@ -229,9 +236,16 @@ class Daemon:
                 raise
         self._socket_name = self.cfg.socket if sock is None else "inherited"
         self.spawn(self._sweep_connections())
+        self.spawn(self.clock_guard.watch(self._probe_clock))
         # Accepting now; requests wait for the store within their deadlines. READY=1 (and
         # the watchdog) follow once the store is up, or at the first failed attempt (degraded:
         # systemd's start timeout must not kill a daemon that is retrying on purpose).
+
+    async def _probe_clock(self) -> None:
+        """One cheap read of DynamoDB, for the Date header it answers with (the clock watch
+        asks while the clock is doubted and the daemon's own traffic has stopped)."""
+        if self.up.is_set():
+            await self.store.get_item(ROLLOUT_KEY, time.monotonic() + 2.0)
 
     async def _sweep_connections(self) -> None:
         """Close connections past their frame or idle timeout (``Router.sweep``)."""

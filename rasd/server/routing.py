@@ -73,6 +73,7 @@ if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket alre
     from ..daemon.releaser import Releaser
     from ..daemon.reporter import Reporter
     from ..dynamo.store import Store
+    from .clockwatch import ClockGuard
 
 log = structlog.get_logger("rasd.server")
 
@@ -120,6 +121,7 @@ class Router:
         connections: set[Connection],
         inflight: set[asyncio.Task[None]],
         mono: Callable[[], float],
+        clock_guard: ClockGuard,
     ) -> None:
         self.cfg = cfg
         self.counters = counters
@@ -145,6 +147,8 @@ class Router:
         )
         #: the monotonic clock of the request path (``Clock.mono`` without a method call)
         self._mono = mono
+        #: whether this host's clock is trusted (``why`` is None): no hit is served otherwise
+        self.clock_guard = clock_guard
         # What exists once the store is up (:meth:`serve`); nothing reads them before.
         self.store: Store
         self.coordinator: Coordinator
@@ -193,7 +197,11 @@ class Router:
             if f is not None:
                 rid, c, p, k, e, _ = f
                 grant = conn.grant
-                if (grant.all or c in grant.client_ids) and self.up.is_set():
+                if (
+                    (grant.all or c in grant.client_ids)
+                    and self.up.is_set()
+                    and self.clock_guard.why is None
+                ):
                     now = self._mono()  # the request's one clock reading
                     try:
                         out = self.answer(c, p, k, e, now, rid)
@@ -235,6 +243,12 @@ class Router:
             if degraded is not None and not self.up.is_set():
                 self._send_error(conn, rid, Unavailable(f"{degraded}; retrying"))
                 return
+            if self.clock_guard.why is not None:
+                try:
+                    self.clock_guard.check()
+                except Unavailable as exc:
+                    self._send_error(conn, rid, exc)
+                    return
         else:
             counters.inc("cache.miss")
         self._admit(conn, rid, "get_lease", f[1:5], f[5])
@@ -412,6 +426,7 @@ class Router:
             # the rules it runs: the table's rollout record as last read (None: starting)
             "rollout": co.driver.rollout.on if co else None,
             "retry_quota": self.store.retry.quota.available if up else None,
+            "clock": self.clock_guard.snapshot(),
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),
         }

@@ -43,6 +43,7 @@ from .routing import Status
 if TYPE_CHECKING:  # imported at run time by attempt(), after the socket already serves
     from ..daemon.coordinator import Coordinator
     from ..dynamo.store import Store
+    from .clockwatch import ClockGuard
 
 log = structlog.get_logger("rasd.server")
 
@@ -58,6 +59,7 @@ class Host(Protocol):
 
     cfg: Config
     clock: Clock
+    clock_guard: ClockGuard
     counters: Counters
     status: Status
     exit_status: int
@@ -100,6 +102,8 @@ class BringUp:
     def why_degraded(self, cause: str) -> str:
         """What STATUS= and UNAVAILABLE say while DynamoDB fails at start: where it was asked
         (a table missing there usually exists in another region or behind another endpoint)."""
+        if "clock is not trusted" in cause:
+            return cause  # nothing DynamoDB did (rasd.server.clockwatch)
         table = self.host.cfg.table
         where = f"DynamoDB at {self.endpoint()} (region {self.ddb_region()})"
         if "ResourceNotFoundException" in cause:
@@ -117,7 +121,9 @@ class BringUp:
         deadline = time.monotonic() + cfg.startup_deadline
         roles_mod = await asyncio.to_thread(importlib.import_module, "rasd.daemon.coordinator")
         store_mod = importlib.import_module("rasd.dynamo.store")
-        store = self.given_store or store_mod.Store(cfg, host.counters)
+        store = self.given_store or store_mod.Store(
+            cfg, host.counters, on_date=host.clock_guard.on_date
+        )
         try:
             await store.start()
             if store.aws is not None:

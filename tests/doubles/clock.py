@@ -21,3 +21,7 @@ class FakeClock(Clock):
     def advance(self, seconds: float) -> None:
         self._now_us += int(seconds * 1_000_000)
         self._mono += seconds
+
+    def step(self, seconds: float) -> None:
+        """The wall clock alone moves (a step: NTP's, or an operator's); timers do not."""
+        self._now_us += int(seconds * 1_000_000)

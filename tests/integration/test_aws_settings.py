@@ -372,6 +372,7 @@ def credential_process(where: Path, ak: str, sk: str) -> None:
 async def daemon(tmp: Path, endpoint: str | None, **cfg: Any) -> AsyncIterator[Daemon]:
     d = Daemon(
         Config(
+            clock_check="date",
             table=TABLE,
             endpoint_url=endpoint,
             socket=str(tmp / "d.sock"),
@@ -557,7 +558,7 @@ async def test_a_setting_rasd_cannot_honour_refuses_the_start(
     monkeypatch.setenv("HTTPS_PROXY", "socks5h://127.0.0.1:1080")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
-    cfg = Config(table=TABLE, socket=str(short_dir / "d.sock")).validate()
+    cfg = Config(table=TABLE, socket=str(short_dir / "d.sock"), clock_check="date").validate()
     d = Daemon(cfg)
     with structlog.testing.capture_logs() as logs:
         await asyncio.wait_for(d.run(), 30)
@@ -601,7 +602,11 @@ def cache_config(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
     monkeypatch.setenv("CACHE_DIRECTORY", str(where / "cache"))
     cfg = Config(
-        table=table, endpoint_url=endpoint, socket=str(where / "d.sock"), ddb_warm_connections=1
+        clock_check="date",
+        table=table,
+        endpoint_url=endpoint,
+        socket=str(where / "d.sock"),
+        ddb_warm_connections=1,
     ).validate()
     key = awscache.inputs_key(endpoint, cfg.region, None)
     assert key is not None

@@ -42,7 +42,11 @@ async def test_stop_answers_what_it_read_and_the_next_daemon_answers_the_rest(
     listener.bind(path)
     listener.listen(64)
     cfg = Config(
-        table=table, endpoint_url=moto_endpoint, socket=path, ddb_warm_connections=1
+        clock_check="date",
+        table=table,
+        endpoint_url=moto_endpoint,
+        socket=path,
+        ddb_warm_connections=1,
     ).validate()
     a = Daemon(cfg)
     await a.startup(_dup(listener))

@@ -281,6 +281,7 @@ async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
         desc = ddb.describe_table(TableName=table)["Table"]
         assert desc["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
         cfg = Config(
+            clock_check="date",
             table=table,
             endpoint_url=moto_endpoint,
             socket=str(short_tmp / "adopted.sock"),

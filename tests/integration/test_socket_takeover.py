@@ -102,7 +102,13 @@ async def test_a_stale_socket_is_replaced(
     seed_pool(ddb, table, count=3)
     path = str(short_tmp / "stale.sock")
     listening(path).close()  # bound, then closed without unlinking: ECONNREFUSED
-    cfg = Config(table=table, endpoint_url=moto_endpoint, socket=path, ddb_warm_connections=1)
+    cfg = Config(
+        table=table,
+        endpoint_url=moto_endpoint,
+        socket=path,
+        ddb_warm_connections=1,
+        clock_check="date",
+    )
     d = Daemon(cfg.validate())
     await d.startup()
     try:
@@ -117,7 +123,9 @@ async def test_a_path_that_is_not_a_socket_is_refused(
 ) -> None:
     path = short_tmp / "not-a-socket"
     path.write_text("keep me")
-    cfg = Config(table=table, endpoint_url=moto_endpoint, socket=str(path)).validate()
+    cfg = Config(
+        table=table, endpoint_url=moto_endpoint, socket=str(path), clock_check="date"
+    ).validate()
     d = Daemon(cfg)
     await asyncio.wait_for(d.run(), 10)
     assert d.exit_status == 2
@@ -132,7 +140,13 @@ async def test_an_inherited_socket_is_never_removed(
     seed_pool(ddb, table, count=3)
     path = str(short_tmp / "activated.sock")
     sock = listening(path)
-    cfg = Config(table=table, endpoint_url=moto_endpoint, socket=path, ddb_warm_connections=1)
+    cfg = Config(
+        table=table,
+        endpoint_url=moto_endpoint,
+        socket=path,
+        ddb_warm_connections=1,
+        clock_check="date",
+    )
     d = Daemon(cfg.validate())
     await d.startup(sock)
     try:
