@@ -24,6 +24,7 @@ from check.__main__ import (
     MIXED,
     MIXED_EXTEND,
     MIXED_LAPSED,
+    MIXED_YIELD,
     QUICK_BFS,
     STRICT,
     STRICT_LOCAL,
@@ -912,6 +913,19 @@ def test_bad_x_an_extension_read_taken_as_the_end_asked_is_caught() -> None:
     labels = [lab for lab, _ in res.trace]
     assert any("bg extend(k1) read mapping" in lab for lab in labels), format_trace(res)
     assert any("liberate APPLIED" in lab for lab in labels), format_trace(res)
+
+
+# --------------------------------------------------- a yield whose request's deadline passes
+def test_real_rules_give_a_yielded_claim_back_whatever_the_requests_deadline() -> None:
+    """Settling finds the paper's lease of k1 made while d0's claim was in flight: the
+    mapping names it, our claim is given back, the paper's lease adopted. Every interleaving,
+    with the request's deadline falling at any of its calls, keeps I2: the give-back is a
+    program of its own. (With it a step of the request, this world breaks in 6 s: the
+    deadline passes after the mapping write, the claim stays on its item, and the paper's
+    agent answers it beside its own lease; the mixed chaos run found it first.)"""
+    res = bfs(MIXED_YIELD, REAL)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 30_000
 
 
 # ------------------------------------ an operator's end of a lease the paper's agent made
