@@ -687,10 +687,14 @@ class World:
         return _tokens_of((d.req, *d.bg))
 
     def in_hands(self, token: str) -> bool:
-        """Does a running process, a daemon's or a job's, hold ``token``?"""
+        """Does a running process, a daemon's or a job's (not the paper's agent, which only
+        reads it), hold ``token``?"""
         return any(token in self.known_tokens(d) for d in self.daemons) or (
-            token in _tokens_of(self.jobs)
+            token in _tokens_of(self._rasd_jobs())
         )
+
+    def _rasd_jobs(self) -> tuple[Proc, ...]:
+        return tuple(p for p in self.jobs if not p.label.startswith("paper"))
 
     def abandoned(self, token: str, resource: str, key: str) -> bool:
         """Is ``token``'s claim on ``resource`` (for ``key``) still on the item, named by no
@@ -710,10 +714,15 @@ class World:
         return token not in self.crash_tokens and not self.in_hands(token)
 
     def release_under_way(self, token: str) -> bool:
-        """Was ``token``'s lease released (by its app or the operator), its free still to
-        come from a process that holds it?"""
+        """Was ``token``'s lease released (by its app or the operator) by a call still under
+        way (the app's release waits for its free; rasadmin's command frees before it ends)?
+        An answer of the paper's agent meanwhile is concurrent with that call, as the chaos
+        audit counts it. Not once the call has ended, its free left to the background: the
+        paper's agent may then answer the released lease from a current index ("Not covered"
+        (3)), and that counts."""
         done = any(tk == token for tk, _ in (*self.released, *self.ended))
-        return done and self.in_hands(token)
+        calls = tuple(d.req for d in self.daemons) + self._rasd_jobs()
+        return done and token in _tokens_of(calls)
 
     def release_called(self, key: str) -> None:
         self.release_calls = (*self.release_calls, (key, self.true_us()))

@@ -19,6 +19,8 @@ staleness, so the two are made together; the driver puts and drops entries throu
 
 from __future__ import annotations
 
+import math
+
 import structlog
 
 from ..core import cache_rules as CR
@@ -94,7 +96,10 @@ class Renewer:
 
     async def _extend_bg(self, k: CacheKey, lease: Lease, requested_us: int) -> None:
         try:
-            error = await self.driver.run(extend_bg, lease, requested_us)
+            try:
+                error = await self.driver.run(extend_bg, lease, requested_us)
+            except RasdError as exc:  # this host's clock untrusted (GuardedClock), say
+                error = exc
             if error is None:
                 self._extend_after.pop(k, None)
             else:
@@ -111,7 +116,10 @@ class Renewer:
         self._extend_after[k] = (self.clock.mono() + retry_in, failures)
         if len(self._extend_after) > 10_000:
             self._extend_after.pop(next(iter(self._extend_after)))
-        left = (lease.expires_us - self.clock.now_us()) / US
+        try:
+            left = (lease.expires_us - self.clock.now_us()) / US
+        except RasdError:  # no wall time while the clock is untrusted: its own alert says so
+            left = math.inf
         at_risk = left < max(4 * self.cfg.skew_margin, 60.0)
         (log.error if at_risk else log.warning)(
             "lease_at_risk" if at_risk else "lease_extension_failed",
