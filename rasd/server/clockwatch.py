@@ -28,6 +28,10 @@ log = structlog.get_logger("rasd.clock")
 WATCH_S = 1.0
 #: while doubted, DynamoDB is asked (one cheap read) this often for a Date reading
 PROBE_S = 2.0
+#: a reading of the wall clock counts for step-finding only when the monotonic clock read
+#: just before and just after it lie this close (a thread paused between two readings would
+#: look like a step)
+READ_WITHIN_S = 0.005
 
 
 class ClockGuard:
@@ -90,13 +94,17 @@ class ClockGuard:
             return
         if self.mode == "kernel":
             self.kernel = self._kernel()
+        before = self.mono()
+        wall = self.wall_us()
         mono = self.mono()
-        gap = self.wall_us() - int(mono * US)
-        if self._gap_us is not None:
-            step = CT.stepped_us(self._gap_us, gap)
-            if step:
-                self.step_us, self._step_at = step, mono
-        self._gap_us = gap
+        if mono - before <= READ_WITHIN_S:
+            # the two clocks read together; a reading the scheduler split proves nothing
+            gap = wall - int((before + mono) / 2 * US)
+            if self._gap_us is not None:
+                step = CT.stepped_us(self._gap_us, gap)
+                if step:
+                    self.step_us, self._step_at = step, mono
+            self._gap_us = gap
         self._judge()
 
     def _judge(self) -> None:

@@ -122,3 +122,26 @@ def test_this_machines_kernel_answers() -> None:
     """adjtimex read-only works unprivileged; whatever it says, it says it in the struct."""
     got = read_kernel_bound()
     assert got.maxerror_us >= 0
+
+
+def test_a_thread_paused_between_two_clock_readings_is_no_step() -> None:
+    """The watch reads monotonic, wall, monotonic: when the thread was paused in between
+    (half a second on a loaded host), the wall reading is set aside rather than taken for a
+    step; a true step the next second is still seen."""
+    t = {"mono": 1000.0, "off": 0.0, "pause": 0.0}
+
+    def wall_us() -> int:
+        t["mono"] += t["pause"]  # time passes while this thread is off the CPU
+        return int((t["mono"] + 1_800_000_000 + t["off"]) * US)
+
+    g = ClockGuard("date", 2.0, wall_us, lambda: t["mono"])
+    g.tick()
+    t["mono"] += 1.0
+    t["pause"] = 0.5
+    g.tick()
+    assert g.why is None and g.step_us == 0
+    t["pause"] = 0.0
+    t["mono"] += 1.0
+    t["off"] = 5.0
+    g.tick()
+    assert g.why is not None and "stepped by +5.000s" in g.why
