@@ -170,7 +170,9 @@ class JobHost(Host):
             )  # fmt: skip
             lease = Lease(CLIENT, POOL, key, it.resource, it.region, it.lease_expires_us,
                           ver, 0, tok)  # fmt: skip
-            if not done.value.new and it.holder is not None and it.holder_current:
+            made = next((m for m in w.made if m[0] == it.resource), None)
+            by_rasd = made is None or made[2] == "rasd"  # not the paper's lease, adopted
+            if not done.value.new and it.holder is not None and it.holder_current and by_rasd:
                 m = w.mapping(key, it.region)
                 if (m is None or m.state != LIVE or m.token != it.holder) and not w.abandoned(
                     it.holder, it.resource, key

@@ -103,9 +103,16 @@ def free_claim(
     """Free a claim held by ``token``: claimable again from ``available_us`` on. A claim that
     no mapping ever named (a lost acquisition's) may use ``now``; a lease that may have been
     served gets ``now + quarantine`` (see docs/design.md, I3). With ``expires_us``, only if
-    the lease still ends then (``available_us`` was computed from that end)."""
+    the lease still ends then (``available_us`` was computed from that end). Only while
+    ``holder`` is current: past a write of the paper's agent or its liberator (it freed our
+    lease and leased the item again, perhaps to the same key, leaving our token behind) the
+    lease is the paper's, not ours to free."""
     assert available_us >= now_us
-    conds: tuple[Cond, ...] = (Cond("holder", "=", token), Cond("key", "=", key))
+    conds: tuple[Cond, ...] = (
+        Cond("holder", "=", token),
+        Cond("key", "=", key),
+        HOLDER_CURRENT,
+    )
     if expires_us is not None:
         conds += (Cond("lease_expires", "=", fmt_time(expires_us)),)
     return Write(
