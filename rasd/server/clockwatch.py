@@ -63,7 +63,7 @@ class ClockGuard:
         #: the latest Date reading (signed microseconds; None: none yet) and when it came
         self.date_floor_us: int | None = None
         self.date_at: float = -1.0
-        self._date_raw = b""
+        self._date_raw: bytes | None = None  # the last header parsed, and its second
         self._date_s = 0
         #: a step not yet vouched for (signed microseconds; 0: none), and when it was seen
         self.step_us = 0
@@ -77,7 +77,10 @@ class ClockGuard:
         if self.mode == "off":
             return
         if raw != self._date_raw:
-            parsed = email.utils.parsedate_to_datetime(raw.decode("ascii", "replace"))
+            try:
+                parsed = email.utils.parsedate_to_datetime(raw.decode("ascii", "replace"))
+            except (ValueError, TypeError, IndexError):
+                return  # not a date (a proxy's header?): no reading, never a failed call
             self._date_raw, self._date_s = raw, int(parsed.timestamp())
         got_mono = self.mono()
         got_us = self.wall_us()

@@ -145,3 +145,11 @@ def test_a_thread_paused_between_two_clock_readings_is_no_step() -> None:
     t["off"] = 5.0
     g.tick()
     assert g.why is not None and "stepped by +5.000s" in g.why
+
+
+def test_a_date_header_that_is_no_date_is_no_reading() -> None:
+    clock = FakeClock()
+    g = ClockGuard("date", 2.0, clock.now_us, clock.mono)
+    for raw in (b"", b"yesterday", b"Mon, 99 Foo 2026 99:99:99 GMT"):
+        g.on_date(raw, clock.mono())
+    assert g.date_floor_us is None and g.why is None
