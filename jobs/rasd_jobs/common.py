@@ -305,8 +305,9 @@ def check_clock(ddb: Any, table: str, cfg: Config) -> None:
     if why is not None:
         raise JobError(
             f"this host's clock is not trusted: {why}. The job writes times that other hosts "
-            "compare (lease ends, quarantines), so it does not run; see docs/operations.md, "
-            '"The clock alert"'
+            "compare (lease ends, quarantines), so it writes nothing (clock_check "
+            f'"{cfg.clock_check}", from --config or RASD_CLOCK_CHECK; docs/operations.md, '
+            '"The clock alert")'
         )
 
 
