@@ -212,18 +212,19 @@ mutate: $(MUTATE_STAMP)
 
 # The chaos run (docs/reliability.md): 5 daemons in 2 regions, each region on its own replica
 # joined by a replicator (last writer wins, 1 s lag), behind fault-injecting proxies; kill -9
-# every 6 s, one outage, the jobs, ras-balancer and rasadmin on loops; an audit of what the
-# apps saw and of both replicas (~11 min).
+# every 6 s, one outage, one host cut off for a minute, one host's clock stepped 5 s for a
+# minute, the jobs, ras-balancer and rasadmin on loops; an audit of what the apps saw and of
+# both replicas (~11 min).
 chaos: $(STAMP)
-	$(BIN)/python -m chaos --duration 600
+	$(BIN)/python -m chaos --duration 600 --partition-at 120 --clock-step-at 360
 
 chaos-short: $(STAMP)
-	$(BIN)/python -m chaos --duration 75
+	$(BIN)/python -m chaos --duration 75 --partition-at 10 --clock-step-at 40 --clock-step-for 20
 
 # The same beside the paper's agent (docs/reliability.md "Mixed fleet"): its workers on the same
 # keys in both regions, behind fault-injecting proxies, and its liberator; one audit of both.
 chaos-mixed: $(STAMP)
-	$(BIN)/python -m chaos --mixed --duration 600
+	$(BIN)/python -m chaos --mixed --duration 600 --partition-at 120 --clock-step-at 360
 
 clean:
 	rm -rf $(VENV) mutants .pytest_cache .mypy_cache .ruff_cache .systemd-test .systemd-test-venv

@@ -64,6 +64,8 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
     "rasd/core/writes.py": None,
     # a strict pool's agreement: its writes and what a daemon decides from it
     "rasd/core/agree.py": None,
+    # whether this host's clock is trusted within the skew bound (every margin rests on it)
+    "rasd/core/clock_trust.py": None,
     "rasd/steps/": None,
     # the predicates the items' types keep, and the TTL every reaped item gets
     "rasd/core/lease.py": (

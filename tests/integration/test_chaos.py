@@ -47,7 +47,17 @@ def assert_rule_kept(a: dict[str, object], t: dict[str, object]) -> None:
 
 @pytest.mark.timeout(280)
 def test_chaos_short(tmp_path: Path) -> None:
-    p = Params(duration=45.0, seed=7, label="pytest", results_dir=str(tmp_path), log=False)
+    p = Params(
+        duration=45.0,
+        seed=7,
+        label="pytest",
+        results_dir=str(tmp_path),
+        log=False,
+        partition_at=8.0,
+        partition_s=10.0,
+        clock_step_at=15.0,
+        clock_step_for=20.0,
+    )
     result = run(p)
     print(table(result))
     a, t = result["audit"], result["table"]
@@ -73,6 +83,11 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert_rule_kept(a, t)
     assert t["leased_to_two_keys_across_replicas"] == 0, t["examples"]
     assert bal["leased_moves_in_streams"] == 0
+    # one host cut off, another's clock stepped 5 s: it stopped answering within 10 s, said
+    # why, answered no lease while stepped, and refused calls for it
+    assert result["partition"] is not None
+    step = result["clock_step"]
+    assert step["ok"] and step["refused_for_the_clock"] > 0, step
 
 
 @pytest.mark.timeout(280)
