@@ -185,6 +185,8 @@ class JobHost(Host):
                 or (it.holder is not None and w.release_under_way(it.holder))
             ):
                 w.lagged = w.lagged | {tok}
+                if it.holder is not None:
+                    w.read_claims = (*w.read_claims, (tok, it.holder))
             w.answer(Daemon(9, w.cfg.paper_offset), key, lease)
 
 

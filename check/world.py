@@ -341,6 +341,7 @@ class World:
         "inv_q",
         "jobs",
         "lagged",
+        "read_claims",
         "made",
         "made_of",
         "notes",
@@ -425,6 +426,9 @@ class World:
         #: lagged the write that took the key off the item (a free, a liberation), or while
         #: the release's free was still under way: stale copies (``_one_lease``)
         self.lagged: frozenset[str] = frozenset()
+        #: (answer of the paper's agent, the token of rasd's claim on the item it read): a
+        #: stale answer (``lagged``) of a claim released or ended is of that released lease
+        self.read_claims: tuple[tuple[str, str], ...] = ()
         #: tokens the processes of a crashed daemon held: claims a crash may leave given back
         #: by no one (docs/design.md, "Not covered" (2))
         self.crash_tokens: frozenset[str] = frozenset()
@@ -478,6 +482,7 @@ class World:
             self.fallbacks,
             self.unsettled,
             self.lagged,
+            self.read_claims,
             self.crash_tokens,
             self.crashes,
             self.ops,
@@ -607,7 +612,10 @@ class World:
         first = min(same, default=a.at)
         first = min(first, a.at)
         call = min((t for k, t in self.release_calls if k == a.key and t >= first), default=None)
-        applied = next((t for tok, t in (*self.released, *self.ended) if tok == a.token), None)
+        mine = {a.token}
+        if a.token in self.lagged:  # a stale answer: of the claim it read, released or not
+            mine |= {c for p, c in self.read_claims if p == a.token}
+        applied = next((t for tok, t in (*self.released, *self.ended) if tok in mine), None)
         return min(t for t in (a.exp, call, applied) if t is not None)
 
     def answer(self, d: Daemon, key: str, lease: Lease) -> None:
