@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Protocol
 
 
 class Clock:
@@ -44,3 +45,30 @@ def clock_from_env() -> Clock:
     ``RASD_CLOCK_OFFSET_FILE`` names one (tests and chaos only)."""
     path = os.environ.get("RASD_CLOCK_OFFSET_FILE")
     return OffsetClock(path) if path else Clock()
+
+
+class Guard(Protocol):
+    """Whether the wall clock may be trusted (``rasd.server.clockwatch.ClockGuard``)."""
+
+    #: why not; None while it may
+    why: str | None
+
+    def check(self) -> None:
+        """Raises UNAVAILABLE, saying why, while it may not."""
+
+
+class GuardedClock(Clock):
+    """The daemon's clock for its programs and roles: wall time only while ``guard`` trusts
+    it (else UNAVAILABLE, which the program that asked ends with); monotonic time always."""
+
+    def __init__(self, inner: Clock, guard: Guard) -> None:
+        self.inner = inner
+        self.guard = guard
+
+    def now_us(self) -> int:
+        if self.guard.why is not None:
+            self.guard.check()
+        return self.inner.now_us()
+
+    def mono(self) -> float:
+        return self.inner.mono()

@@ -1,9 +1,9 @@
 """The daemon's watch over its own clock: whether it may be trusted within the skew bound
-(``rasd.core.clock_trust`` judges; docs/design.md, "Time"). While it may not, every
-request that needs the clock is refused (``UNAVAILABLE``, with the reason), and so is every
-program of the daemon's that reads the wall clock (:class:`GuardedClock`): nothing is
-written or served from a time it cannot vouch for. It recovers by itself once the witnesses
-agree again.
+(``rasd.core.clock_trust`` judges; docs/design.md, "A clock the daemon checks"). While it
+may not, every request that needs the clock is refused (``UNAVAILABLE``, with the reason),
+and so is every program of the daemon's that reads the wall clock
+(``rasd.core.clock.GuardedClock``): nothing is written or served from a time it cannot vouch
+for. It recovers by itself once the witnesses agree again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 import structlog
 
 from ..core import clock_trust as CT
-from ..core.clock import Clock
 from ..core.errors import Unavailable
 from ..core.lease import US
 from ..kernelclock import read_kernel_bound
@@ -157,20 +156,3 @@ class ClockGuard:
                 except Exception as exc:  # noqa: BLE001 - a probe that fails proves nothing
                     log.debug("clock_probe_failed", error=repr(exc))
             await asyncio.sleep(WATCH_S)
-
-
-class GuardedClock(Clock):
-    """The daemon's clock for its programs and roles: wall time only while the guard trusts
-    it (else UNAVAILABLE, which the program that asked ends with); monotonic time always."""
-
-    def __init__(self, inner: Clock, guard: ClockGuard) -> None:
-        self.inner = inner
-        self.guard = guard
-
-    def now_us(self) -> int:
-        if self.guard.why is not None:
-            self.guard.check()
-        return self.inner.now_us()
-
-    def mono(self) -> float:
-        return self.inner.mono()

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ..config import Config
-from ..core.clock import Clock, clock_from_env
+from ..core.clock import Clock, GuardedClock, clock_from_env
 from ..core.errors import RasdError
 from ..core.rollout import ROLLOUT_KEY
 from ..limits import InflightGate
@@ -50,7 +50,7 @@ from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms, MetricsServer, MetricsUnavailable
 from . import exporter, handover, socketfile
-from .clockwatch import ClockGuard, GuardedClock
+from .clockwatch import ClockGuard
 from .connection import Connection
 from .diagnostics import describe_cause
 from .peercred import Acl

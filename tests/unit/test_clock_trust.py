@@ -8,10 +8,11 @@ import email.utils
 import pytest
 
 from rasd.core import clock_trust as CT
+from rasd.core.clock import GuardedClock
 from rasd.core.errors import Unavailable
 from rasd.core.lease import US
 from rasd.kernelclock import read_kernel_bound
-from rasd.server.clockwatch import ClockGuard, GuardedClock
+from rasd.server.clockwatch import ClockGuard
 from tests.doubles.clock import FakeClock
 
 LIMIT = US  # half of the default max_clock_skew

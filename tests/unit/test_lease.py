@@ -89,6 +89,16 @@ def test_after_extend_read_serves_what_another_host_extended() -> None:
     renamed = dataclasses.replace(mk_lease(NOW + hour), resource="r9")
     for dec in (D.Extend(elsewhere), D.Serve(renamed)):
         assert isinstance(D.after_extend_read(dec, ours, NOW + hour, NOW, 0.5), D.Forget)
+    # our acquisition, its confirmation not landed yet (a loaded host: the CI's strict test):
+    # extended as without the read; another's pending claim, or one on another item, is not
+    pending = dataclasses.replace(m, state=L.PENDING)
+    assert D.after_extend_read(D.Verify(pending), ours, NOW + hour, NOW, 0.5) is None
+    for p in (
+        dataclasses.replace(pending, token="t2"),
+        dataclasses.replace(pending, resource="r9"),
+        dataclasses.replace(pending, token=None),
+    ):
+        assert isinstance(D.after_extend_read(D.Verify(p), ours, NOW + hour, NOW, 0.5), D.Forget)
 
 
 def test_partitions_spread_evenly() -> None:
