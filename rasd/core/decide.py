@@ -426,20 +426,17 @@ def after_extend_read(
     of that read): another host serving the key may have extended it already. Still our
     lease, with an end that needs no extension now: that lease, to serve as read with
     nothing written (the mapping's end never passes the resource's, nor the agreement's).
-    Still ours, ending too soon: None, extend it; so too our own acquisition whose mapping's
-    confirmation has not landed yet (pending, naming our claim: the extension writes it live,
-    as without the read). Anything else: forget it."""
+    Still ours, ending too soon, or our acquisition whose confirmation has not landed yet
+    (pending: the extension writes it live, as without the read): None, extend it. Anything
+    else: forget it."""
     if isinstance(dec, Serve) and not dec.foreign and same_lease(dec.lease, lease):
         return None if should_extend(dec.lease, requested_us, now_us, fraction) else dec.lease
-    if isinstance(dec, Extend) and same_lease(lease_from_mapping(dec.mapping), lease):
-        return None  # too close to its end to serve, still ours
-    m = dec.mapping if isinstance(dec, Verify) else None
-    if (
-        m is not None
-        and m.token is not None
-        and (m.token, m.resource) == (lease.token, lease.resource)
-    ):
-        return None  # our acquisition, its confirmation still in flight
+    m, ours = (
+        dec.mapping if isinstance(dec, (Extend, Verify)) else None,
+        (lease.token, lease.resource),
+    )
+    if m is not None and lease.token is not None and (m.token, m.resource) == ours:
+        return None
     return Forget("the extension's read found another lease")
 
 
