@@ -750,9 +750,14 @@ class World:
         live = frozenset(a for a in self.answers if self._end(a, True) > now)
         self.answers = live
         # A release matters to answers given until rel + Q (later ones have empty intervals),
-        # including answers for its token given after it (a reader that read before it).
-        self.released = tuple(sorted((tk, t) for tk, t in self.released if t + self.inv_q > now))
+        # including answers for its token given after it (a reader that read before it), and
+        # to a live stale answer of the paper's agent of its claim (``read_claims``).
         held = {a.token for a in live}
+        self.read_claims = tuple(rc for rc in self.read_claims if rc[0] in held)
+        held |= {c for _, c in self.read_claims}
+        self.released = tuple(
+            sorted((tk, t) for tk, t in self.released if tk in held or t + self.inv_q > now)
+        )
         self.ended = tuple(
             sorted((tk, t) for tk, t in self.ended if tk in held or t + self.inv_q > now)
         )
