@@ -47,6 +47,14 @@ def inode(path: str) -> int:
     return os.stat(path).st_ino
 
 
+def _config(table: str, endpoint: str, path: str) -> Config:
+    """A daemon on ``path`` (this machine's kernel keeps no synchronised clock: the Date
+    header alone)."""
+    return Config(
+        table=table, endpoint_url=endpoint, socket=path, ddb_warm_connections=1, clock_check="date"
+    ).validate()
+
+
 async def lease(path: str, key: str = "k") -> rasd_client.Lease:
     return await asyncio.to_thread(
         rasd_client.get_lease, "demo", "default", key, HOUR, socket_path=path, timeout=5
@@ -102,14 +110,7 @@ async def test_a_stale_socket_is_replaced(
     seed_pool(ddb, table, count=3)
     path = str(short_tmp / "stale.sock")
     listening(path).close()  # bound, then closed without unlinking: ECONNREFUSED
-    cfg = Config(
-        table=table,
-        endpoint_url=moto_endpoint,
-        socket=path,
-        ddb_warm_connections=1,
-        clock_check="date",
-    )
-    d = Daemon(cfg.validate())
+    d = Daemon(_config(table, moto_endpoint, path))
     await d.startup()
     try:
         assert (await lease(path)).resource
@@ -140,14 +141,7 @@ async def test_an_inherited_socket_is_never_removed(
     seed_pool(ddb, table, count=3)
     path = str(short_tmp / "activated.sock")
     sock = listening(path)
-    cfg = Config(
-        table=table,
-        endpoint_url=moto_endpoint,
-        socket=path,
-        ddb_warm_connections=1,
-        clock_check="date",
-    )
-    d = Daemon(cfg.validate())
+    d = Daemon(_config(table, moto_endpoint, path))
     await d.startup(sock)
     try:
         assert (await lease(path)).resource
