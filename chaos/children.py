@@ -64,7 +64,10 @@ def seed_table(ddbs: list[Any], p: Params) -> dict[str, list[str]]:
         names[region] = [f"{prefix}-{i:04d}" for i in range(n)]
     rollout = ("chaos", "mixed fleet") if p.mixed else None
     for ddb in ddbs:
-        tables.seed_table(ddb, p.table, CLIENT, POOL, names, now_us=now_us, rollout=rollout)
+        tables.seed_table(
+            ddb, p.table, CLIENT, POOL, names, now_us=now_us, rollout=rollout,
+            outage_budget=(p.outage_budget or 0.0, p.pool_quarantine()),
+        )  # fmt: skip
     return names
 
 

@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--partition-for", type=float, default=d.partition_s, metavar="SECONDS")
     ap.add_argument(
+        "--outage-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="define the pool with this outage budget (and the least quarantine add-pool "
+        "takes for it): a host cut off keeps answering the leases it confirmed",
+    )
+    ap.add_argument(
         "--clock-step-at",
         type=float,
         default=None,
@@ -152,6 +160,7 @@ def params(argv: list[str] | None = None) -> Params:
         ("mixed-" if args.mixed else "")
         + ("endroll-" if args.end_rollout_at else "")
         + ("partition-" if args.partition_at is not None else "")
+        + ("budget-" if args.outage_budget else "")
         + ("clockstep-" if args.clock_step_at is not None else "")
     )
     return Params(
@@ -184,6 +193,7 @@ def params(argv: list[str] | None = None) -> Params:
         end_rollout_every=args.end_rollout_every,
         partition_at=args.partition_at,
         partition_s=args.partition_for,
+        outage_budget=args.outage_budget,
         clock_step_at=args.clock_step_at,
         clock_step_s=args.clock_step,
         clock_step_for=args.clock_step_for,

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rasd.config import Config
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REGIONS = ("us-east-1", "eu-west-1")
 CLIENT, POOL = "demo", "default"
@@ -65,6 +67,9 @@ class Params:
     #: into the traffic (None: never), for ``partition_s`` seconds, the rest going on
     partition_at: float | None = None
     partition_s: float = 60.0
+    #: the pool's outage budget (None: none) and so its quarantine: the least add-pool takes
+    #: on the daemons' bounds (budget + max_clock_skew + replication_lag)
+    outage_budget: float | None = None
     #: daemon 1's clock stepped by ``clock_step_s`` this many seconds into the traffic (None:
     #: never; its ``RASD_CLOCK_OFFSET_FILE``), and set right again ``clock_step_for`` later
     clock_step_at: float | None = None
@@ -116,6 +121,13 @@ class Params:
             raise ValueError("end_rollout_at: a mixed fleet only (--mixed)")
         if not 0 < self.end_rollout_at < self.duration:
             raise ValueError("end_rollout_at: within the traffic (0 < at < duration)")
+
+    def pool_quarantine(self) -> float:
+        """The pool's own quarantine of a released lease (0: none, the daemons' Q)."""
+        if not self.outage_budget:
+            return 0.0
+        cfg = Config()
+        return self.outage_budget + cfg.max_clock_skew + cfg.replication_lag
 
     def counts(self) -> dict[str, int]:
         """Free resources of each region at the start."""

@@ -58,6 +58,7 @@ from typing import Any
 from fleet import tables
 from fleet.backends import Moto
 from fleet.procs import kill_group
+from rasd.config import Config
 from rasd_jobs import common as jobs_common
 from sim import replicator
 
@@ -294,7 +295,8 @@ def run(p: Params) -> dict[str, Any]:
             Path(p.results_dir).mkdir(parents=True, exist_ok=True)
             with open(Path(p.results_dir) / f"{p.label}-lease-events.jsonl", "w") as f:
                 f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in made)
-        audit = A.audit(records, plan.outage, creations=made)
+        window = p.pool_quarantine() - Config().max_clock_skew if p.outage_budget else None
+        audit = A.audit(records, plan.outage, quarantine_window=window, creations=made)
         writes = replication_writes(work / "replication.jsonl") + admin_writes(events.admin)
         for name in ("double_allocations", "in_region_splits", "lost_leases"):
             A.evidence(audit["examples"][name], writes)

@@ -25,6 +25,8 @@ from .rulesets import (
     BAD_G,
     BAD_L,
     BAD_M,
+    BAD_O,
+    BAD_O2,
     BAD_P,
     BAD_R,
     BAD_S,
@@ -390,6 +392,31 @@ EXTEND_SHARED_PREFIX = [
     "d1 get_lease(k1) called",
     "d1 get_lease(k1) read mapping",
 ]
+#: a pool with an outage budget (6 ticks; S is 3, so its quarantine is 8, not 5): k1 acquired
+#: through d0 (ra, the one resource) and cached on d1; then a release, k2 asking and k1 asked
+#: again, while time runs: d1 may answer k1 from its outage window at any step, as if cut off
+#: from DynamoDB, while d0, the liberator and the re-lister go on (O: the release quarantines
+#: for the daemons' Q only; O2: the window runs twice the budget)
+OUTAGE = Config(
+    daemons=2,
+    keys=("k1", "k2"),
+    resources=("ra",),
+    budget=6,
+    max_faults=0,
+    max_crashes=0,
+    max_ops=6,
+    lease=14,
+    horizon=12,
+    ticks=(3,),
+    liberator=True,
+    release=True,
+)
+OUTAGE_PREFIX = [
+    *_acquired(0, "ra"),
+    "d0 bg confirm(k1) map_confirm APPLIED",
+    "d1 get_lease(k1) called",
+    "d1 get_lease(k1) read mapping",
+]
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 #: ``legacy_agents``, the paper's agent acquiring k1 twice beside d0's acquisition, the
@@ -407,6 +434,8 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("strict", STRICT, None, None, BAD_G),
     ("strict-local", STRICT_LOCAL, None, None, BAD_G),
     ("extend-shared", EXTEND_SHARED, EXTEND_SHARED_PREFIX, 2, BAD_X),
+    ("outage", OUTAGE, OUTAGE_PREFIX, 3, BAD_O),
+    ("outage-window", OUTAGE, OUTAGE_PREFIX, 3, BAD_O2),
     (
         "extend-shared-blind",
         replace(EXTEND_SHARED, extend_read_first=False),

@@ -173,10 +173,11 @@ def _cache_put(w: World, di: int, lease: Lease, sent: int) -> None:
     cur = d.entry(lease.key)
     if cur is not None and CR.keeps_current(cur.confirmed, cur.until, sent, w.t):
         return
-    until = CR.valid_until(
-        sent, _confirm_s(w), w.t, lease.expires_us, w.rules.margin_us, w.now_us(d.offset)
-    )
-    entry = Entry(lease, sent, until) if CR.serves(until, w.t) else None
+    now_us = w.now_us(d.offset)
+    until = CR.valid_until(sent, _confirm_s(w), w.t, lease.expires_us, w.rules.margin_us, now_us)
+    window_s = w.proto.outage_window_us(w.rules, w.pool()) / US
+    spare = CR.valid_until(sent, window_s, w.t, lease.expires_us, w.rules.margin_us, now_us)
+    entry = Entry(lease, sent, until, spare) if CR.serves(spare, w.t) else None
     w.set_daemon(d.with_entry(lease.key, entry))
 
 

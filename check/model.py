@@ -44,7 +44,7 @@ from .daemon_host import DaemonHost, _confirm_s, _maybe_refresh
 from .effects import start, step
 from .rollout import paper_may_call, rollout_steps
 from .rulesets import Protocol
-from .world import CLIENT, POOL_, Config, Daemon, Out, World
+from .world import CLIENT, Config, Daemon, Out, World
 
 
 # ---------------------------------------------------------------------------- app calls
@@ -74,6 +74,13 @@ def app_calls(w0: World, di: int) -> Out:
                 _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
+            if e is not None and CR.serves(e.spare, w.t) and not setup.legacy_agents:
+                # the outage path (``Router``'s spare answer): DynamoDB unreachable, as far
+                # as this daemon can tell, at any step; or not, and the miss below
+                x = w.clone()
+                x.answer(d, key, e.lease)
+                _maybe_refresh(x, di, key, e.lease, requested)
+                out.append((f"d{di} get_lease({key}) OUTAGE HIT (cut off)", x))
             w.set_daemon(d.with_entry(key, None))
             # ``Taker``'s hint: a key this daemon served lately (here: an entry, lapsed) is
             # read before a new key's mapping is written beside the read (rollout mode)
@@ -85,7 +92,7 @@ def app_calls(w0: World, di: int) -> Out:
             w = w0.clone()
             w.ops += 1
             w.release_called(key)
-            prog = Spawn(release, (setup, POOL_, key))
+            prog = Spawn(release, (setup, w.pool(), key))
             start(w, host, prog.trace(), f"d{di} release({key})", offset=d0.offset, bound=True)
             out.append((f"d{di} release({key}) called", w))
     return out

@@ -66,6 +66,8 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
     "rasd/core/agree.py": None,
     # whether this host's clock is trusted within the skew bound (every margin rests on it)
     "rasd/core/clock_trust.py": None,
+    # when a cached answer is served: S, the lease's end, a pool's outage window
+    "rasd/core/cache_rules.py": None,
     "rasd/steps/": None,
     # the predicates the items' types keep, and the TTL every reaped item gets
     "rasd/core/lease.py": (

@@ -25,12 +25,13 @@ import functools
 from dataclasses import dataclass, replace
 
 from rasd.core import builders as B
+from rasd.core import cache_rules as CR
 from rasd.core import decide as D
 from rasd.core import legacy as LG
 from rasd.core import rollout as RO
 from rasd.core import verdicts as V
 from rasd.core.decide import Outcome, Rules, lease_from_mapping
-from rasd.core.lease import LIVE, PENDING, Lease, Mapping, ResourceItem
+from rasd.core.lease import LIVE, PENDING, Lease, Mapping, Pool, ResourceItem
 from rasd.core.map_builders import map_release
 from rasd.core.writes import ItemKey, Write
 from rasd.steps import Program
@@ -128,6 +129,13 @@ class Protocol:
     #: have answered (its own that rasd adopted, rasd's it found by the key); the fast rules
     #: then free them early while those answers run
     end_rollout_undrained: bool = False
+    #: O (an outage budget): an app's release keeps the resource out for the daemons' Q,
+    #: not the pool's own quarantine, while a host cut off from DynamoDB serves its cached
+    #: answer for the budget
+    daemon_q_only: bool = False
+    #: O2 (an outage budget): a host cut off serves a cached answer for twice the budget,
+    #: past what the pool's quarantine covers
+    window_past_quarantine: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -231,12 +239,15 @@ class Protocol:
             return replace(lease, expires_us=requested_us)
         return got
 
-    def quarantine_us(self, rules: Rules, give_back: bool) -> int:
+    def quarantine_us(self, rules: Rules, give_back: bool, pool_q_us: int) -> int:
         """How long an early free (release, give-back, orphaned extension) stays
-        unclaimable: A gives a lost acquisition's claim back at once, C frees all at once."""
+        unclaimable: A gives a lost acquisition's claim back at once, C frees all at once,
+        O ignores the pool's own quarantine (an outage budget's)."""
         if self.no_quarantine or (self.act_on_unknown and give_back):
             return 0
-        return rules.quarantine_us
+        if self.daemon_q_only:
+            return rules.quarantine_us
+        return max(rules.quarantine_us, pool_q_us)
 
     def free_claim(
         self,
@@ -249,6 +260,13 @@ class Protocol:
     ) -> Write:
         """``rasd.core.builders.free_claim`` as this rule set writes it."""
         return self.early_free(B.free_claim(ident, key, token, now_us, available_us, expires_us))
+
+    def outage_window_us(self, rules: Rules, pool: Pool) -> int:
+        """How long a host cut off from DynamoDB serves a cached answer of ``pool``
+        (``decide.outage_window_us``); O2 twice the budget."""
+        if self.window_past_quarantine:
+            return 2 * CR.outage_window_us(rules, pool)
+        return CR.outage_window_us(rules, pool)
 
     def rules(self, real: Rules) -> Rules:
         # Beside the paper's agent a lease is extended only while it ends more than the
@@ -286,6 +304,8 @@ BAD_T2 = Protocol("T2-give-back-unproven", give_back_unproven=True)
 BAD_T3 = Protocol("T3-adopt-trusts-holder", adopt_trusts_holder=True)
 BAD_W = Protocol("W-end-rollout-undrained", end_rollout_undrained=True)
 BAD_X = Protocol("X-extend-read-trusts-ask", extend_read_trusts_ask=True)
+BAD_O = Protocol("O-release-daemon-quarantine", daemon_q_only=True)
+BAD_O2 = Protocol("O2-window-past-quarantine", window_past_quarantine=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -307,6 +327,8 @@ PROTOCOLS = {
         BAD_T3,
         BAD_W,
         BAD_X,
+        BAD_O,
+        BAD_O2,
         BAD_Q,
         BAD_H,
         BAD_R,

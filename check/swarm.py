@@ -6,12 +6,13 @@ and releases; the liberator's expiry free, re-listing and orphan repair; ``ras-d
 rasadmin's release-resource, delete-resource with and without ``--force``, re-add, add-pool
 and adopt; the balancer's moves; a strict pool with its home region down in either setting;
 the rollout record switched either way while daemons lag behind it; the paper's agent and
-its liberator) and of the faults (``check.world.FAULTS`` on every call any actor makes, a
-crash at any step, replication lag), so rare pairs meet (swarm testing: a run without some
-actor or fault explores the others deeper). Then one seeded walk of the real programs
-(:func:`check.explore.walk`) through it. A walk that breaks I1, I2 or a state invariant is
-shrunk to a shorter trace that still breaks one (:func:`shrink`) and printed with the seed
-that replays it: ``python -m check.swarm --replay SEED``.
+its liberator; a pool with an outage budget, whose cached answers a daemon serves past S at
+any step as if cut off from DynamoDB) and of the faults (``check.world.FAULTS`` on every
+call any actor makes, a crash at any step, replication lag), so rare pairs meet (swarm
+testing: a run without some actor or fault explores the others deeper). Then one seeded
+walk of the real programs (:func:`check.explore.walk`) through it. A walk that breaks I1, I2
+or a state invariant is shrunk to a shorter trace that still breaks one (:func:`shrink`)
+and printed with the seed that replays it: ``python -m check.swarm --replay SEED``.
 
 ``python -m check.swarm`` runs for ``--seconds`` or ``--runs`` and closes with what it
 covered: runs, steps, which actors' steps interleaved in one walk, and which faults fired
@@ -107,12 +108,14 @@ def draw(rng: random.Random) -> Config:
         strict_home="r1" if strict else "",
         home_down=rng.choice(("fail", "local")),
         extend_read_first=rng.random() < 0.5,
+        budget=0 if strict else rng.choice((0, 0, 5, 8)),
     )
     return cfg
 
 
 # ------------------------------------------------------------------------------ coverage
 _ACTOR = (
+    (re.compile(r"^d\d+ get_lease\(\w+\) OUTAGE HIT"), "outage window"),
     (re.compile(r"^d\d+ get_lease"), "daemon get_lease"),
     (re.compile(r"^d\d+ release"), "daemon release"),
     (re.compile(r"^d\d+ bg "), "daemon background"),

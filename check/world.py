@@ -77,6 +77,11 @@ class Config:
     confirm: int = 3  # S
     lag: int = 1  # replication lag term of the quarantine (config.quarantine)
     lease: int = 12  # every get_lease asks for now + lease (longer than Q, as in production)
+    #: the pool's outage budget (0: none): a daemon may serve a cached answer this long
+    #: after its last confirmation, at any step, as if cut off from DynamoDB (the model's
+    #: strongest partition: it never needs its calls to fail first); the pool's quarantine
+    #: is then budget + skew + lag, as rasadmin add-pool requires
+    budget: int = 0
     extend_fraction: float = 0.5
     #: the daemons' ``extend_read_first``: a background extension reads the key's mappings
     #: first and writes nothing when another daemon already extended the lease far enough
@@ -192,6 +197,11 @@ class Config:
     def quarantine(self) -> int:
         return self.confirm + self.skew + self.lag  # config.quarantine
 
+    @property
+    def pool_quarantine(self) -> int:
+        """The pool's own quarantine of a released lease (0: the daemons' Q)."""
+        return self.budget + self.skew + self.lag if self.budget else 0
+
     def rules(self) -> Rules:
         return Rules(
             margin_us=self.margin * US,
@@ -207,6 +217,9 @@ class Entry:
     lease: Lease
     confirmed: int  # true tick (monotonic clock)
     until: float  # true time from which the cache no longer serves it (cache_rules.serves)
+    #: true time until which it answers while DynamoDB cannot be reached (the pool's outage
+    #: window, ``decide.outage_window_us``; ``until`` when the pool has no budget)
+    spare: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -366,7 +379,8 @@ class World:
         self.cfg = cfg
         self.proto = proto
         self.rules = proto.rules(cfg.rules())
-        self.inv_q = cfg.rules().quarantine_us  # the invariants' Q: the real rules', always
+        # the invariants' Q: the real rules', always (the pool's own for a released lease)
+        self.inv_q = max(cfg.rules().quarantine_us, cfg.pool_quarantine * US)
         self.t = 0
         self.table: dict[ItemKey, FrozenItem] = {}
         self.hist: dict[ItemKey, tuple[FrozenItem, ...]] = {}
@@ -568,9 +582,11 @@ class World:
     def pool(self) -> Pool:
         """The pool as the daemons read it (at their pool refresh: here, at once)."""
         f = self.table.get((META_CLIENT, f"pool#{CLIENT}#{POOL}"))
-        if f is None:
+        cfg = self.cfg
+        if f is None and not cfg.budget:
             return POOL_
-        return Pool(CLIENT, POOL, int(float(dict(f)["max_lease"]) * US))
+        lease_us = POOL_.max_lease_us if f is None else int(float(dict(f)["max_lease"]) * US)
+        return Pool(CLIENT, POOL, lease_us, None, cfg.budget * US, cfg.pool_quarantine * US)
 
     def mapping(self, key: str, region: str = REGION) -> Mapping | None:
         f = self.table.get(mkey(key, region))

@@ -40,13 +40,14 @@ def seed_table(
     max_lease_s: float = 3600,
     now_us: int | None = None,
     rollout: tuple[str, str] | None = None,
+    outage_budget: tuple[float, float] = (0.0, 0.0),
 ) -> None:
     """The table, the pool, and its free ``resources`` (names by region), all stamped
     ``now_us`` (default: now): the same call on every replica makes them alike. ``rollout``:
     the rollout record on, as ``rasadmin adopt`` leaves a table beside the paper's agent,
-    written by (who, why)."""
+    written by (who, why). ``outage_budget``: the pool's (budget, quarantine), seconds."""
     schema.create_table(ddb, table)
-    schema.put_pool(ddb, table, client_id, pool_id, max_lease_s)
+    schema.put_pool(ddb, table, client_id, pool_id, max_lease_s, None, *outage_budget)
     for region, names in (resources or {}).items():
         schema.add_resources(ddb, table, client_id, pool_id, region, names, now_us)
     if rollout is not None:

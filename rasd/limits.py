@@ -212,6 +212,8 @@ class CircuitBreaker:
         "_probe_at",
         "cooldown",
         "failure_threshold",
+        "last_failure",
+        "last_success",
         "opened",
         "state",
         "window",
@@ -228,6 +230,9 @@ class CircuitBreaker:
         self.state: State = "closed"
         #: How many times the circuit opened (for metrics).
         self.opened = 0
+        #: when the dependency last answered, and when a call to it last failed (monotonic s)
+        self.last_success = -math.inf
+        self.last_failure = -math.inf
         self._failures: deque[float] = deque()
         self._opened_at = 0.0
         self._probe_at: float | None = None
@@ -248,6 +253,7 @@ class CircuitBreaker:
         return False
 
     def record_success(self, now: float) -> None:
+        self.last_success = max(self.last_success, now)
         if self.state == "open":
             return
         self.state = "closed"
@@ -255,6 +261,7 @@ class CircuitBreaker:
         self._probe_at = None
 
     def record_failure(self, now: float) -> None:
+        self.last_failure = max(self.last_failure, now)
         if self.state == "open":
             return
         if self.state == "half_open":
@@ -273,6 +280,15 @@ class CircuitBreaker:
         self._opened_at = now
         self._probe_at = None
         self._failures.clear()
+
+    def unreachable(self) -> bool:
+        """Is the dependency's last word a failure (or the circuit open): a call now would
+        most likely fail too?"""
+        return self.state == "open" or self.last_failure > self.last_success
+
+    def answered_since(self, t: float) -> bool:
+        """Has the dependency answered any call since monotonic time ``t``?"""
+        return self.last_success >= t
 
     def retry_after(self, now: float) -> float:
         """Seconds until the next probe may go (0.0 unless open)."""

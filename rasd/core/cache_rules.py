@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import enum
 
-from .decide import should_extend
-from .lease import US, Lease
+from .decide import Rules, should_extend
+from .lease import US, Lease, Pool
 
 
 def valid_until(
@@ -95,3 +95,15 @@ def refresh_of(
     ):
         return None if backing_off else Refresh.EXTEND
     return Refresh.RECONFIRM if is_stale else None
+
+
+# ------------------------------------------------------------------- an outage budget
+def outage_window_us(rules: Rules, pool: Pool) -> int:
+    """How long after its last confirmation a host that cannot reach DynamoDB serves a
+    cached answer of ``pool``: S, or the pool's outage budget, never more than the pool's
+    quarantine covers on this host's bounds (I1: a released resource is claimable only
+    ``quarantine - skew`` after its release, and a copy read from another region's replica
+    may be ``replication_lag`` late)."""
+    lag_us = rules.quarantine_us - rules.confirm_us - rules.grace_us
+    covered = pool.quarantine_us - rules.grace_us - lag_us
+    return max(rules.confirm_us, min(pool.outage_budget_us, covered))

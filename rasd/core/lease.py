@@ -178,6 +178,12 @@ class Pool:
     #: a strict pool's home region: a key's first lease is agreed there (docs/global.md,
     #: "Strict pools"); None: a key may hold one lease per region, as in the paper
     home: str | None = None
+    #: how long after its last confirmation a host that cannot reach DynamoDB keeps serving
+    #: a cached lease of this pool (0: S, as any pool); docs/design.md, "An outage budget"
+    outage_budget_us: int = 0
+    #: how long an app's release keeps a resource of this pool unclaimable (0: the daemons'
+    #: Q); rasadmin add-pool sets it with the budget, at least budget + skew + lag
+    quarantine_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 from .builders import new_resource_item
 from .lease import META_CLIENT
 from .reads import AVAILABLE_INDEX, LEASED_INDEX
-from .serialize import pool_meta_key
+from .serialize import pool_item
 
 ATTRS = ["client_id", "resource", "key", "pool_id", "partition", "lease_available"]
 
@@ -78,15 +78,12 @@ def put_pool(
     pool_id: str,
     max_lease_s: float,
     home: str | None = None,
+    outage_budget_s: float = 0.0,
+    quarantine_s: float = 0.0,
 ) -> None:
-    """Define a pool; ``home``: a strict pool's home region (docs/global.md)."""
-    item = {
-        **pool_meta_key(client_id, pool_id),
-        "kind": {"S": "pool"},
-        "max_lease": {"N": str(max_lease_s)},
-    }
-    if home is not None:
-        item["home"] = {"S": home}
+    """Define a pool; ``home``: a strict pool's home region (docs/global.md); an outage
+    budget with the quarantine it needs (docs/design.md, "An outage budget")."""
+    item = pool_item(client_id, pool_id, max_lease_s, home, outage_budget_s, quarantine_s)
     ddb.put_item(TableName=table, Item=item)
 
 

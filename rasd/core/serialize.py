@@ -108,10 +108,36 @@ def pool_meta_key(client_id: str, pool_id: str) -> Item:
 
 def pool_from_ddb(item: Item) -> Pool:
     """A pool definition (``#meta`` / ``pool#{client}#{pool}``, ``max_lease`` in seconds,
-    ``home``: a strict pool's home region)."""
+    ``home``: a strict pool's home region, ``outage_budget`` and ``quarantine`` in seconds)."""
     _, client_id, pool_id = item["resource"]["S"].split("#", 2)
     home = item.get("home", {}).get("S") or None
-    return Pool(client_id, pool_id, int(float(item.get("max_lease", {"N": "0"})["N"]) * US), home)
+
+    def us(name: str) -> int:
+        return int(float(item.get(name, {"N": "0"})["N"]) * US)
+
+    return Pool(client_id, pool_id, us("max_lease"), home, us("outage_budget"), us("quarantine"))
+
+
+def pool_item(
+    client_id: str,
+    pool_id: str,
+    max_lease_s: float,
+    home: str | None = None,
+    outage_budget_s: float = 0.0,
+    quarantine_s: float = 0.0,
+) -> dict[str, Any]:
+    """A pool definition's item (``serialize.pool_from_ddb`` reads it)."""
+    item: dict[str, Any] = {
+        **pool_meta_key(client_id, pool_id),
+        "kind": {"S": "pool"},
+        "max_lease": {"N": str(max_lease_s)},
+    }
+    if home is not None:
+        item["home"] = {"S": home}
+    if outage_budget_s:
+        item["outage_budget"] = {"N": str(outage_budget_s)}
+        item["quarantine"] = {"N": str(quarantine_s)}
+    return item
 
 
 def headroom_from_ddb(item: Item) -> tuple[int, int | None]:

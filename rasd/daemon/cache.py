@@ -14,10 +14,17 @@ unclaimable for a quarantine longer than S plus the clock skew. ``stale(k, now)`
 server to re-confirm a hit in the background once half of S has passed, so busy keys never
 drop out of the cache.
 
+A pool with an outage budget keeps its entries past S, until its outage window ends
+(``spare``: ``cache_rules.outage_window_us`` after the confirmation, never within the skew
+margin of the lease's end). :meth:`LeaseCache.read` does not serve them; the router asks
+:meth:`LeaseCache.spare_answer` for one only while DynamoDB cannot be reached, and an app's
+release in such a pool keeps its resource out for the pool's longer quarantine.
+
 Layout (compact: one ``bytes`` object per lease, no per-lease Python objects besides it and
 the key). Per client and pool a plain dict ``key -> entry``, where an entry is::
 
-    META: until (f64, mono s), confirmed (f64, mono s), extend_from_us (i64), head_end (u16)
+    META: until (f64, mono s), spare (f64, mono s), confirmed (f64, mono s),
+          extend_from_us (i64), head_end (u16)
     head: the whole answer frame of a cache hit (length prefix, msgpack map) except the last
           8 bytes: the value of its ``id``, which comes last, as a msgpack uint64 (0xcf + 8);
           ``protocol.answer_head`` makes it from ``protocol.lease_response``, the one layout
@@ -58,7 +65,7 @@ from rasd_client.wire import HEADER_SIZE
 
 from ..core import cache_rules as CR
 from ..core.clock import Clock
-from ..core.decide import check_expiry
+from ..core.decide import Rules, check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import US, Lease, Pool
 from ..wire import ID_PACK, answer_head, answer_wide
@@ -70,7 +77,7 @@ Entry = bytes
 Read = tuple[Entry, float, int, int]
 _Pool = dict[str, Entry]
 
-META = struct.Struct("<ddqH")
+META = struct.Struct("<dddqH")
 _UNPACK = META.unpack_from
 HEAD = META.size  # where the answer's head starts in an entry
 NEVER = CR.NEVER  # extend_from_us of a lease this daemon never extends
@@ -85,16 +92,19 @@ def _no_refresh(k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> No
     """A cache made without a renewer (tests): a hit asks for nothing."""
 
 
-def pack_entry(lease: Lease, confirmed: float, until: float, region: str) -> Entry:
+def pack_entry(
+    lease: Lease, confirmed: float, until: float, region: str, spare: float | None = None
+) -> Entry:
     head = answer_head(lease)
     ext = CR.extend_from(lease, region)
     tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
-    return META.pack(until, confirmed, ext, HEAD + len(head)) + head + tail
+    spare = until if spare is None else max(until, spare)
+    return META.pack(until, spare, confirmed, ext, HEAD + len(head)) + head + tail
 
 
 def lease_of(client_id: str, pool_id: str, key: str, e: Entry) -> Lease:
     """The Lease an entry was made from."""
-    end = META.unpack_from(e)[3]
+    end = META.unpack_from(e)[4]
     ans = msgpack.unpackb(e[HEAD + HEADER_SIZE : end] + bytes(8))
     acquired_us, token = msgpack.unpackb(e[end:])
     return Lease(
@@ -129,6 +139,7 @@ class LeaseCache:
         "refresh",
         "refreshing",
         "region",
+        "rules",
         "skew_margin_us",
     )
 
@@ -143,8 +154,11 @@ class LeaseCache:
         pools: dict[tuple[str, str], Pool] | None = None,
         refreshing: set[CacheKey] | None = None,
         refresh: Refresh = _no_refresh,
+        rules: Rules | None = None,
     ) -> None:
         self.clock = clock
+        #: the protocol's bounds, for a pool's outage window (None: no pool gets one)
+        self.rules = rules
         self.maxsize = maxsize
         self.skew_margin_us = skew_margin_us
         self.confirm_s = confirm_s
@@ -228,12 +242,57 @@ class LeaseCache:
         e = d.get(key)
         if e is None:
             return None
-        until, confirmed, extend_from_us, end = _UNPACK(e)
+        until, spare, confirmed, extend_from_us, end = _UNPACK(e)
         if now < until:  # CR.serves, inlined: every hit reads here
             return e, confirmed, extend_from_us, end
-        del d[key]
-        self._n -= 1
+        if now >= spare:  # past the pool's outage window too (:meth:`spare_entry`)
+            del d[key]
+            self._n -= 1
         return None
+
+    def spare_answer(
+        self, client_id: str, pool_id: str, key: str, requested_us: int, now: float, req_id: int
+    ) -> bytes | None:
+        """The answer frame of an entry past S but inside its pool's outage window, for a
+        daemon that cannot reach DynamoDB (``Router``); None when there is none. Asks for the
+        background work a hit past S/2 asks for, which tells when DynamoDB is back."""
+        e = self.spare_entry(client_id, pool_id, key, now)
+        if e is None:
+            return None
+        k = (client_id, pool_id, key)
+        if k not in self.refreshing:
+            self.refresh(k, lease_of(client_id, pool_id, key, e), requested_us, self.wall_us(now))
+        end = _UNPACK(e)[4]
+        try:
+            return e[HEAD:end] + ID_PACK(req_id)
+        except struct.error:
+            return answer_wide(e[HEAD:end], req_id)
+
+    def spare_entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
+        """The entry past S (:meth:`read` no longer serves it) whose pool's outage window
+        still runs at monotonic time ``now``; None otherwise."""
+        if (client_id, pool_id) not in self.pools:
+            return None  # a pool deleted since: nothing of it is served
+        e = self.entries.get(client_id, {}).get(pool_id, {}).get(key)
+        if e is None:
+            return None
+        until, spare = _UNPACK(e)[:2]
+        return e if until <= now < spare else None
+
+    def restore(self, client_id: str, pool_id: str, key: str, e: Entry) -> None:
+        """Put back an entry taken out for a request that then could not reach DynamoDB
+        (``Router``), unless another took its place meanwhile."""
+        d = self._pool_for(client_id, pool_id)
+        if key not in d:
+            d[key] = e
+            self._n += 1
+
+    def take(self, client_id: str, pool_id: str, key: str) -> Entry | None:
+        """Remove and return the key's entry (a request goes to DynamoDB for it)."""
+        e = self.entries.get(client_id, {}).get(pool_id, {}).pop(key, None)
+        if e is not None:
+            self._n -= 1
+        return e
 
     def entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
         """The entry valid at monotonic time ``now``, or None (:meth:`read`)."""
@@ -249,13 +308,13 @@ class LeaseCache:
         e = self.entry(k[0], k[1], k[2], self.clock.mono())
         if e is None:
             return None
-        confirmed: float = META.unpack_from(e)[1]
+        confirmed: float = META.unpack_from(e)[2]
         return confirmed
 
     def stale(self, k: CacheKey, now: float) -> bool:
         """Past half of S since the last confirmation: re-confirm in the background."""
         e = self.entry(k[0], k[1], k[2], now)
-        return e is not None and CR.stale(META.unpack_from(e)[1], now, self.confirm_s)
+        return e is not None and CR.stale(META.unpack_from(e)[2], now, self.confirm_s)
 
     def put(self, lease: Lease, confirmed: float) -> None:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
@@ -266,26 +325,29 @@ class LeaseCache:
         key = lease.key
         current = d.get(key)
         if current is not None:
-            cur_until, cur_confirmed = META.unpack_from(current)[:2]
+            cur_until, _, cur_confirmed = META.unpack_from(current)[:3]
             if CR.keeps_current(cur_confirmed, cur_until, confirmed, now):
                 return
+        now_us = self.clock.now_us()
         until = CR.valid_until(
-            confirmed,
-            self.confirm_s,
-            now,
-            lease.expires_us,
-            self.skew_margin_us,
-            self.clock.now_us(),
+            confirmed, self.confirm_s, now, lease.expires_us, self.skew_margin_us, now_us
         )
+        spare = until
+        pool = self.pools.get((lease.client_id, lease.pool_id))
+        if pool is not None and pool.outage_budget_us and self.rules is not None:
+            window = CR.outage_window_us(self.rules, pool) / US
+            spare = CR.valid_until(
+                confirmed, window, now, lease.expires_us, self.skew_margin_us, now_us
+            )
         if current is not None:
             del d[key]  # re-inserted at the end: eviction goes oldest confirmation first
             self._n -= 1
-        if not CR.serves(until, now):
+        if not CR.serves(spare, now):
             return
         if self._n >= self.maxsize:
             self._make_room(now)
             d = self._pool_for(lease.client_id, lease.pool_id)  # purge drops empty pools
-        d[key] = pack_entry(lease, confirmed, until, self.region)
+        d[key] = pack_entry(lease, confirmed, until, self.region, spare)
         self._n += 1
 
     def _pool_for(self, client_id: str, pool_id: str) -> _Pool:
@@ -309,7 +371,7 @@ class LeaseCache:
         unpack = META.unpack_from
         for pools in self.entries.values():
             for pid, d in list(pools.items()):
-                dead = [k for k, e in d.items() if unpack(e)[0] <= now]
+                dead = [k for k, e in d.items() if unpack(e)[1] <= now]
                 for k in dead:
                     del d[k]
                 n += len(d)

@@ -61,6 +61,7 @@ class Renewer:
             pools=self.pools,
             refreshing=self.refreshing,
             refresh=self.maybe_refresh,
+            rules=cfg.rules(),
         )
         local.refresh = self.refresh
         local.cache_put = cache.put

@@ -52,6 +52,7 @@ from ..observe.metrics import Counters
 from ..steps import WriteResult
 from .aws import AwsSettings
 from .clients import open_client
+from .heard import HEARD
 from .retry import MIN_ATTEMPT, Failure, RetryPolicy, attempt_budget, attempt_failed
 from .retry import request_id as _rid
 
@@ -142,6 +143,14 @@ class Store:
             self._client = None
 
     # ---------------------------------------------------------------------------- calls
+    def _heard(self, now: float) -> None:
+        """DynamoDB answered a call (whatever it said): for the breaker, and for the request
+        the call was made for when it keeps count (:data:`HEARD`)."""
+        self.breaker.record_success(now)
+        heard = HEARD.get()
+        if heard is not None:
+            heard.append(now)
+
     async def _call(
         self, op: str, deadline: float, ambiguous: list[bool] | None = None, **kw: Any
     ) -> dict[str, Any] | None:
@@ -187,13 +196,13 @@ class Store:
                     date = resp["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
                     if date:  # botocore keeps the headers; the lean client reports them itself
                         self.on_date(date.encode(), now)
-                breaker.record_success(time.monotonic())
+                self._heard(time.monotonic())
                 if cost or policy.quota.available != policy.quota.capacity:
                     policy.succeeded(cost)
                 return resp
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                    breaker.record_success(time.monotonic())
+                    self._heard(time.monotonic())
                     policy.succeeded(cost)  # DynamoDB answered: a lost race, not trouble
                     counters.inc("ddb.conditional_failed")
                     return None
@@ -202,7 +211,7 @@ class Store:
                 failure, never_sent, reason, detail, rid = attempt_failed(exc, rid)
             now = time.monotonic()
             if failure is Failure.EXPIRED_TOKEN:
-                breaker.record_success(now)  # DynamoDB answered
+                self._heard(now)  # DynamoDB answered
                 counters.inc("ddb.expired_token")
                 refresh = getattr(self._client, "refresh_credentials", None)
                 if not refreshed and refresh is not None:
@@ -222,7 +231,7 @@ class Store:
                     f"DynamoDB {op}: credentials expired ({reason}); {done}{_rid(rid)}"
                 )
             if failure is Failure.FATAL:
-                breaker.record_success(now)  # DynamoDB answered (or this is no outage)
+                self._heard(now)  # DynamoDB answered (or this is no outage)
                 counters.inc("ddb.errors")
                 raise Unavailable(f"DynamoDB {op} failed: {detail}{_rid(rid)}")
             if failure is Failure.THROTTLE:
@@ -230,7 +239,7 @@ class Store:
                 breaker.record_failure(now)  # the fleet backs off together
             elif failure is Failure.CONFLICT:
                 counters.inc("ddb.conflicts")  # another writer: DynamoDB itself is fine
-                breaker.record_success(now)
+                self._heard(now)
             elif failure is Failure.TIMEOUT and budget < MIN_ATTEMPT:
                 # The caller's deadline cut this attempt short, not DynamoDB: no evidence of
                 # an outage, and one caller's tiny deadlines must not open the breaker on all.

@@ -17,6 +17,7 @@ Counter names map to metric families like this (anything unknown is still export
     prefetch.hits, prefetch.misses   rasd_prefetch_takes_total{result="hit"|"miss"}
     shed.<reason>                    rasd_shed_requests_total{reason="busy"|"rate_limited"|...}
     err.<CODE>                       rasd_request_errors_total{code="NO_CAPACITY"|...}
+    outage.<path>                    rasd_outage_answers_total{path="at_once"|"after_failure"}
     req.total                        rasd_requests_total
 
 Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server, a thread per
@@ -163,6 +164,7 @@ _EXACT: dict[str, tuple[str, str, str]] = {
 _PREFIX: dict[str, tuple[str, str]] = {
     "shed.": ("shed_requests", "reason"),
     "err.": ("request_errors", "code"),
+    "outage.": ("outage_answers", "path"),
     "conn.refused.": ("connections_refused", "limit"),
     "conn.closed.": ("connections_closed", "reason"),
 }
@@ -183,6 +185,10 @@ _HELP = {
     "connections_refused": "Connections closed as they were made: their caller held its limit.",
     "connections_closed": "Connections the daemon closed: idle, a frame half-sent, buffer bound.",
     "request_errors": "Requests answered with an error, by wire code.",
+    "outage_answers": (
+        "get_lease answered from a pool's outage window (DynamoDB unreachable, past S): "
+        "at_once, or after_failure of the request's own calls."
+    ),
     "requests": "Requests received.",
 }
 _BAD = re.compile(r"[^a-zA-Z0-9_]")

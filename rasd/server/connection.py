@@ -256,6 +256,13 @@ class Connection(asyncio.Protocol):
         elif not self.closed and self.transport is not None:
             self.transport.write(encode(payload))
 
+    def send_frame(self, frame: bytes) -> None:
+        """Send an answer already encoded (a cache entry's)."""
+        if self.batch is not None:
+            self.batch.append(frame)
+        elif not self.closed and self.transport is not None:
+            self.transport.write(frame)
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:

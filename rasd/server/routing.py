@@ -14,6 +14,10 @@ a miss       the same get_lease goes on with its fields tuple (:meth:`Router._le
              parsed or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded,
              else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
              from the table.
+the outage   a miss on an entry past S inside its pool's outage window (:meth:`Router._spare`):
+             answered from the cache when DynamoDB's last word was a failure; else the entry is
+             taken out and the request goes on, answering from it only if DynamoDB answered
+             none of the calls made for it (docs/design.md, "An outage budget").
 the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
              names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
              client_id) and ``stats`` (one granted "*") answered at once, ``release`` and
@@ -46,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from rasd_client.wire import BadFrame, error_payload
+from rasd_client.wire import BadFrame, encode, error_payload
 
 from .. import wire as protocol
 from ..config import Config
@@ -59,6 +63,7 @@ from ..core.errors import (
     Timeout,
     Unavailable,
 )
+from ..dynamo.heard import HEARD
 from ..limits import BucketTable, InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
@@ -81,6 +86,11 @@ log = structlog.get_logger("rasd.server")
 HIT_SAMPLE = 16
 HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
+
+#: of a request that may fall back on an outage window's entry, the seconds kept back from
+#: the taker to answer from it (at most this share of the deadline)
+SPARE_RESERVE = 0.05
+SPARE_RESERVE_SHARE = 0.2
 
 #: what the cache answers a get_lease (``LeaseCache.answer``)
 Answer = Callable[[str, str, str, int, float, int], bytes | None]
@@ -218,17 +228,39 @@ class Router:
                             # rasd_request_duration_seconds{path="hit"}
                             self.latency.observe("hit", self._mono() - now)
                         return out
-                    self._lease(conn, f, True)
+                    spare, taken = self._spare(c, p, k, e, now, rid)
+                    if spare is not None:
+                        return spare
+                    self._lease(conn, f, True, taken)
                 else:
                     self._lease(conn, f, False)
                 return None
         self._walk(conn, frame)
         return None
 
-    def _lease(self, conn: Connection, f: LeaseFields, missed: bool) -> None:
+    def _spare(
+        self, c: str, p: str, k: str, e: int, now: float, rid: int
+    ) -> tuple[bytes | None, bytes | None]:
+        """A miss whose entry is past S but inside its pool's outage window (never in rollout
+        mode: the paper's agent frees what its apps release at once). DynamoDB's last word a
+        failure: the answer from the cache, now. Otherwise the entry, taken out of the cache
+        (the request goes to DynamoDB, which may say the lease is gone) for the request to
+        fall back on. (None, None) for any other miss."""
+        cache = self.coordinator.cache
+        if cache.spare_entry(c, p, k, now) is None or self.coordinator.driver.rollout.on:
+            return None, None
+        if self.store.breaker.unreachable():
+            self.counters.inc("outage.at_once")
+            return cache.spare_answer(c, p, k, e, now, rid), None
+        return None, cache.take(c, p, k)
+
+    def _lease(
+        self, conn: Connection, f: LeaseFields, missed: bool, spare: bytes | None = None
+    ) -> None:
         """A well-formed get_lease the cache did not answer: ``missed`` when the cache was
         asked and missed, False when it was not asked (the ACL refuses the caller, or the
-        store is not up yet)."""
+        store is not up yet); ``spare``: an outage window's entry to fall back on
+        (:meth:`_spare`)."""
         counters = self.counters
         counters.inc("req.total")
         rid = f[0]
@@ -251,7 +283,7 @@ class Router:
                     return
         else:
             counters.inc("cache.miss")
-        self._admit(conn, rid, "get_lease", f[1:5], f[5])
+        self._admit(conn, rid, "get_lease", f[1:5], f[5], spare)
 
     def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
         """Every frame ``lease_fields`` refuses: errors named, other ops."""
@@ -300,6 +332,7 @@ class Router:
         op: str,
         args: tuple[Any, ...],
         deadline_ms: int | None,
+        spare: bytes | None = None,
     ) -> None:
         """What needs DynamoDB: a slot in the gate before the deadline, or shed with BUSY at
         once; then a task (:meth:`_slow`) with ``args`` for the role's call. Deadlines run on
@@ -322,7 +355,9 @@ class Router:
             self._send_error(conn, rid, Busy("daemon at capacity; retry shortly", retry_after=0.01))
             return
         conn.pending += 1
-        task = asyncio.get_running_loop().create_task(self._slow(conn, rid, op, args, now, budget))
+        task = asyncio.get_running_loop().create_task(
+            self._slow(conn, rid, op, args, now, budget, spare)
+        )
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -334,6 +369,7 @@ class Router:
         args: tuple[Any, ...],
         t0: float,
         budget: float,
+        spare: bytes | None = None,
     ) -> None:
         deadline = t0 + budget
         served_from = t0
@@ -346,6 +382,9 @@ class Router:
                     # Time spent waiting for start-up is not service time: counting it would
                     # make the gate shed every request right after a restart.
                     served_from = time.monotonic()
+                if op == "get_lease" and spare is not None:
+                    conn.send_frame(await self._or_spare(args, rid, t0, deadline, spare))
+                    return
                 if op == "get_lease":
                     c, p, k, e = args
                     lease, new = await self.taker.get_lease(c, p, k, e, deadline)
@@ -379,6 +418,35 @@ class Router:
             self.gate.leave(time.monotonic() - served_from)
             if conn.draining and conn.pending == 0:
                 conn.close()
+
+    async def _or_spare(
+        self, args: tuple[Any, ...], rid: int, t0: float, deadline: float, spare: bytes
+    ) -> bytes:
+        """A get_lease with an outage window's entry to fall back on (:meth:`_spare`): the
+        taker's answer, within the deadline less a reserve; if it fails (UNAVAILABLE,
+        TIMEOUT) and DynamoDB answered none of the calls made for it (``HEARD``: so
+        nothing was learnt of the key, and nothing written), the entry's answer, and the
+        entry goes back in the cache."""
+        c, p, k, e = args
+        reserve = min(SPARE_RESERVE, (deadline - t0) * SPARE_RESERVE_SHARE)
+        heard: list[float] = []
+        HEARD.set(heard)  # this task's context, copied by the taker's flight it starts
+        try:
+            lease, new = await self.taker.get_lease(c, p, k, e, deadline - reserve)
+        except (Unavailable, Timeout):
+            if heard:
+                raise
+            cache = self.coordinator.cache
+            cache.restore(c, p, k, spare)
+            frame = cache.spare_answer(c, p, k, e, self._mono(), rid)
+            if frame is None:
+                raise
+            self.counters.inc("outage.after_failure")
+            return frame
+        self.latency.observe("new" if new else "existing", time.monotonic() - t0)
+        if new:
+            self.pool_metrics.new_lease(c, p)
+        return encode(protocol.lease_response(rid, lease, new))
 
     async def wait_up(self, deadline: float) -> None:
         """For a request that arrived before the store was up: wait for it within the

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..core import decide as D
 from ..core import legacy as LG
@@ -44,7 +43,7 @@ from ..core import verdicts as V
 from ..core.builders import adopt, fence_resource, move, new_resource_item, readd, tombstone
 from ..core.lease import META_CLIENT, PENDING, Mapping, ResourceItem, fmt_time, map_pk
 from ..core.map_builders import map_acquire, map_confirm, map_drop_dead, map_release
-from ..core.serialize import is_tombstone, mapping_from, resource_from
+from ..core.serialize import is_tombstone, mapping_from, pool_item, resource_from
 from ..core.writes import ItemKey
 from . import At, Delete, GetItem, Note, Program, Put, Send, in_region
 from .repair import (
@@ -253,20 +252,24 @@ def define_pool(
     max_lease_s: float,
     only_new: bool = False,
     home: str | None = None,
+    outage_budget_s: float = 0.0,
+    quarantine_s: float = 0.0,
 ) -> Program[bool]:
     """``rasadmin add-pool``: define the pool, or redefine its longest lease (daemons read it
     at their next pool refresh; a lease already given keeps its end). ``home``: a strict
-    pool's home region (docs/global.md, "Strict pools"). ``only_new``
-    (``rasadmin adopt``): only if it is not defined. True: written."""
-    item: dict[str, Any] = {
-        "client_id": {"S": META_CLIENT},
-        "resource": {"S": f"pool#{client_id}#{pool_id}"},
-        "kind": {"S": "pool"},
-        "max_lease": {"N": str(max_lease_s)},
-    }
-    if home is not None:
-        item["home"] = {"S": home}
-    return applied((yield Put(pool_key(client_id, pool_id), item, only_new=only_new)))
+    pool's home region (docs/global.md, "Strict pools"); ``outage_budget_s`` and
+    ``quarantine_s``: its outage budget and the quarantine of its released leases
+    (docs/design.md, "An outage budget"). ``only_new`` (``rasadmin adopt``): only if it is
+    not defined. True: written."""
+    return applied(
+        (
+            yield Put(
+                pool_key(client_id, pool_id),
+                pool_item(client_id, pool_id, max_lease_s, home, outage_budget_s, quarantine_s),
+                only_new=only_new,
+            )
+        )
+    )
 
 
 def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: int) -> Program[str]:

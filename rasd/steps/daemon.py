@@ -201,8 +201,9 @@ DaemonEffect = Common | DaemonOwn
 
 
 # ------------------------------------------------------------------------ what they use
-def _quarantine(rules: Rules, give_back: bool) -> int:
-    return rules.quarantine_us
+def _quarantine(rules: Rules, give_back: bool, pool_q_us: int) -> int:
+    """Q, or a released lease's pool's own quarantine when longer (an outage budget's)."""
+    return max(rules.quarantine_us, pool_q_us)
 
 
 class FreeClaim(Protocol):
@@ -272,8 +273,9 @@ class Ops:
     )
     #: the agreement's decision (``rasd.core.agree.on_agreement``)
     on_agreement: Callable[..., A.AgreeStep] = field(default=A.on_agreement, repr=False)
-    #: how long an early free stays unclaimable: (rules, a lost claim) -> microseconds
-    quarantine_us: Callable[[Rules, bool], int] = field(default=_quarantine, repr=False)
+    #: how long an early free stays unclaimable: (rules, a lost claim, the pool's quarantine
+    #: of a released lease or 0) -> microseconds
+    quarantine_us: Callable[[Rules, bool, int], int] = field(default=_quarantine, repr=False)
     #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
     holds_to_end: Callable[[D.Freed, bool], bool] = field(default=D.holds_to_end, repr=False)
     #: why a claim of ours is given back, from the proof that no mapping named it

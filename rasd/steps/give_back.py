@@ -37,7 +37,13 @@ from .daemon import (
 
 
 def free_claim(
-    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed = Freed.RELEASED, attempt: int = 0
+    d: Daemon,
+    ident: ItemKey,
+    key: str,
+    token: str,
+    why: Freed = Freed.RELEASED,
+    pool_q_us: int = 0,
+    attempt: int = 0,
 ) -> Program[None]:
     """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
     about a minute (``attempt``: this one's number, from 0); if the daemon dies first, the
@@ -45,13 +51,14 @@ def free_claim(
     (``decide.holds_to_end``): a lease no app released, or any free while the paper's agent
     may run, not before the lease's end plus the skew either (the end is read first, and the
     free is conditional on it); a claim no mapping ever named (``decide.given_back``) may be
-    freed sooner."""
+    freed sooner. ``pool_q_us``: a released lease's pool's own quarantine (0: none), which
+    is kept when longer than Q (a pool with an outage budget: docs/design.md)."""
     if attempt >= d.free_claim_attempts:
         return
     yield Deadline(BACKGROUND_DEADLINE)
-    error = yield from free_once(d, ident, key, token, why)
+    error = yield from free_once(d, ident, key, token, why, pool_q_us)
     if error is _AGAIN:
-        return (yield from goto(free_claim, d, ident, key, token, why, attempt + 1))
+        return (yield from goto(free_claim, d, ident, key, token, why, pool_q_us, attempt + 1))
     if error is None:
         return
     yield Note(
@@ -60,7 +67,7 @@ def free_claim(
         "warning",
     )
     yield Sleep(min(2.0**attempt, 16.0), bounded=False)
-    return (yield from goto(free_claim, d, ident, key, token, why, attempt + 1))
+    return (yield from goto(free_claim, d, ident, key, token, why, pool_q_us, attempt + 1))
 
 
 class _Again(RasdError):
@@ -71,12 +78,12 @@ _AGAIN = _Again("extended since read")
 
 
 def free_once(
-    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed
+    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
 ) -> Program[RasdError | None]:
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
     now = yield Now()
-    available = now + d.ops.quarantine_us(d.rules, why is Freed.UNNAMED)
+    available = now + d.ops.quarantine_us(d.rules, why is Freed.UNNAMED, pool_q_us)
     ends: int | None = None
     outcome, error = Outcome.UNKNOWN, None
     to_end = d.ops.holds_to_end(why, d.legacy_agents)
@@ -173,7 +180,17 @@ def release(
         yield Note("lease.released", (("token", lease.token),))
         # The resource: quarantined, so caches elsewhere run out first. If this write is lost
         # the liberator's orphan repair frees it (also with quarantine).
-        free = yield Spawn(free_claim, (d, (pool.client_id, lease.resource), key, lease.token))
+        free = yield Spawn(
+            free_claim,
+            (
+                d,
+                (pool.client_id, lease.resource),
+                key,
+                lease.token,
+                Freed.RELEASED,
+                pool.quarantine_us,
+            ),
+        )
         if d.legacy_agents:
             # The paper's agent answers whatever the leased index shows for the key: answer
             # the release once the resource no longer shows it, so that the key's next lease

@@ -69,6 +69,29 @@ def exit_table() -> dict[str, list[str]]:
 USAGE_BEFORE_DYNAMODB: list[tuple[list[str], str]] = [
     (["add-pool", "--client", "c", "--pool", "p", "--max-lease", "0"], "bad --max-lease 0"),
     (["add-pool", "--client", "c", "--pool", "p", "--home", "EU"], "bad --home 'EU'"),
+    (
+        ["add-pool", "--client", "c", "--pool", "p", "--outage-budget", "600"],
+        "refusing --outage-budget 600 without its quarantine: pass --quarantine 627 or more",
+    ),
+    (
+        [
+            "add-pool",
+            "--client",
+            "c",
+            "--pool",
+            "p",
+            "--outage-budget",
+            "600",
+            "--quarantine",
+            "626",
+        ],
+        "refusing --outage-budget 600 without its quarantine: pass --quarantine 627 or more",
+    ),
+    (["add-pool", "--client", "c", "--pool", "p", "--quarantine", "60"], "--quarantine goes with"),
+    (
+        ["add-pool", "--client", "c", "--pool", "p", "--outage-budget", "20", "--quarantine", "60"],
+        "no longer than confirm_interval",
+    ),
     (["add-resources", "--client", "c", "--pool", "p", "--count", "1"], "no region"),
     (["release-resource", "--client", "c", "--resource", "r"], "no region"),
     (["delete-resource", "--client", "c", "--resource", "r"], "no region"),

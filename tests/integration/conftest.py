@@ -36,9 +36,9 @@ def make_daemon(moto_endpoint: str, table: str, short_tmp: Path) -> Callable[...
         # This machine's kernel keeps no synchronised clock: the Date header alone (moto's
         # on loopback: the same clock); a test's own clock is far from moto's: no check.
         overrides.setdefault("clock_check", "date" if clock is None else "off")
+        overrides.setdefault("endpoint_url", moto_endpoint)
         cfg = Config(
             table=table,
-            endpoint_url=moto_endpoint,
             socket=str(short_tmp / f"d{next(_ids)}.sock"),
             ddb_warm_connections=1,
             **overrides,

@@ -25,6 +25,8 @@ from check.__main__ import (
     MIXED_EXTEND,
     MIXED_LAPSED,
     MIXED_YIELD,
+    OUTAGE,
+    OUTAGE_PREFIX,
     QUICK_BFS,
     STRICT,
     STRICT_LOCAL,
@@ -51,6 +53,8 @@ from check.rulesets import (
     BAD_H,
     BAD_L,
     BAD_M,
+    BAD_O,
+    BAD_O2,
     BAD_P,
     BAD_Q,
     BAD_R,
@@ -985,3 +989,30 @@ def test_the_paper_agents_answer_of_a_lease_rasd_adopted_is_that_lease() -> None
     assert fresh.violation is not None and fresh.violation.name == "I2"
     w.answer(paper, "k1", Lease("c", "p", "k1", "rc", REGION, end, 1, 0, "paper-found2"))
     assert w.violation is not None and w.violation.name == "I2"
+
+
+# ------------------------------------------------------------------- an outage budget
+#: k1 acquired through d0 (ra, the one resource) and cached on d1, then released through d0
+OUTAGE_RELEASED = [
+    *OUTAGE_PREFIX,
+    "d0 release(k1) called",
+    "d0 release(k1) read mapping",
+    "d0 release(k1) map_release APPLIED",
+]
+
+
+def test_bad_o_a_release_quarantined_for_q_only_is_caught() -> None:
+    """O: in a pool with an outage budget, an app's release keeps the resource out for
+    the daemons' Q only: claimable while d1, cut off, may still answer k1 from its window
+    (I1 with the pool's quarantine, checked as the free is written)."""
+    res = bfs(OUTAGE, BAD_O, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    assert any("free_claim APPLIED" in lab for lab, _ in res.trace), format_trace(res)
+
+
+def test_bad_o2_a_window_of_twice_the_budget_is_caught() -> None:
+    """O2: d1 answers k1 from its window past what the pool's quarantine covers: ra is
+    claimable (for k2) while that answer runs (I1)."""
+    res = bfs(OUTAGE, BAD_O2, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    assert any("OUTAGE HIT" in lab for lab, _ in res.trace), format_trace(res)

@@ -27,7 +27,7 @@ def test_the_real_rules_hold_in_every_world_the_swarm_draws() -> None:
     # every actor and every fault took part in some run
     for actor in ("daemon get_lease", "rasadmin release-resource", "dedupe", "balancer",
                   "paper agent", "rollout switch", "adopt sweep", "crash",
-                  "liberator"):  # fmt: skip
+                  "liberator", "outage window"):  # fmt: skip
         assert cov.actors[actor] > 0, actor
     kinds = {k for k, _ in cov.faults}
     assert {"unsent", "in_flight", "reply_lost", "read_back_later", "read_failed"} <= kinds
@@ -102,6 +102,9 @@ def test_the_draw_reaches_every_actor_and_fault() -> None:
     # a strict pool never beside the paper's agent, adopt only in rollout mode
     assert not any(c.strict_home and (c.legacy_agents or c.rollout_switch) for c in cfgs)
     assert not any("adopt" in c.admin and not c.legacy_agents for c in cfgs)
+    # a pool with an outage budget, never a strict one (add-pool refuses it)
+    assert any(c.budget for c in cfgs)
+    assert not any(c.budget and c.strict_home for c in cfgs)
 
 
 def test_a_stale_holder_is_not_the_claim_a_mapping_names() -> None:

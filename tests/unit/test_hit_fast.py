@@ -164,12 +164,13 @@ def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
     f = frame(clock, key="other", id=9)
     assert route(d, f) == ADMITTED
     assert len(asked) == 1
-    _conn, rid, op, args, deadline_ms = d.admitted[0]  # type: ignore[attr-defined]
-    assert (rid, op, args, deadline_ms) == (
+    _conn, rid, op, args, deadline_ms, spare = d.admitted[0]  # type: ignore[attr-defined]
+    assert (rid, op, args, deadline_ms, spare) == (
         9,
         "get_lease",
         ("c", "p", "other", f["lease_expires_us"]),
         500,
+        None,
     )
 
 

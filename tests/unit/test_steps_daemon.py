@@ -634,7 +634,9 @@ def test_free_claim_relists_only_within_the_longest_wait(quarantine: int, relist
 def test_free_claim_passes_give_back_to_the_quarantine_rule() -> None:
     """The rules may free a lost acquisition's claim sooner (``Ops.quarantine_us``): the
     flag reaches them, also on a retry."""
-    ops = Ops(quarantine_us=lambda rules, give_back: 0 if give_back else rules.quarantine_us)
+    ops = Ops(
+        quarantine_us=lambda rules, give_back, pool_q: 0 if give_back else rules.quarantine_us
+    )
     t = Table()
     ident = orphan(t)
     t.script["free_claim"] = [unknown(Unavailable("x"))]
@@ -829,7 +831,7 @@ def test_release_frees_the_mapping_then_the_resource(legacy: bool) -> None:
     assert (after.state, after.token, after.ver) == (FREE, None, m.ver + 1)
     assert t.items[m.ident]["ttl"] == NOW // US + 24 * 3600
     assert t.writes() == ["map_release"] and t.bare == []
-    spawn = Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1"))
+    spawn = Spawn(GB.free_claim, (d, ("c", "ra"), "k1", "t1", D.Freed.RELEASED, 0))
     # the cache forgets it before the read and once released; beside the paper's agent the
     # answer waits for the free
     drop = CacheDrop(("c", "p", "k1"))
@@ -839,6 +841,18 @@ def test_release_frees_the_mapping_then_the_resource(legacy: bool) -> None:
     t.drain()
     until = NOW + HOUR + G if legacy else NOW + Q
     assert t.res("ra").quarantine_until == fmt_time(until)
+
+
+def test_a_release_in_a_pool_with_an_outage_budget_keeps_the_pools_quarantine() -> None:
+    """The pool's own quarantine (longer than Q: hosts cut off from DynamoDB serve its
+    cached answers for its outage budget) reaches the free; never shorter than Q."""
+    for pool_q, want in ((Q + 600 * US, Q + 600 * US), (Q // 2, Q)):
+        t = Table()
+        t.lease("ra", "k1", NOW + HOUR)
+        pool = replace(POOL, outage_budget_us=600 * US, quarantine_us=pool_q)
+        assert t.run(GB.release(daemon(), pool, "k1")) == 1
+        t.drain()
+        assert t.res("ra").quarantine_until == fmt_time(NOW + want)
 
 
 def test_release_notes_the_token_released() -> None:
@@ -952,7 +966,7 @@ def test_only_a_lost_acquisitions_free_is_a_give_back_also_on_its_retries() -> N
     retry, after an extension read beside the paper's agent as after an error."""
     seen: list[bool] = []
 
-    def quarantine_us(rules: Rules, give_back: bool) -> int:
+    def quarantine_us(rules: Rules, give_back: bool, pool_q_us: int) -> int:
         seen.append(give_back)
         return rules.quarantine_us
 

@@ -98,6 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
         "resources in two regions at once (new keys pay one round trip to it; docs/global.md, "
         "'Strict pools'). Without it the pool is normal (and a redefinition makes it so)",
     )
+    sp.add_argument(
+        "--outage-budget",
+        type=float,
+        metavar="SECONDS",
+        help="while a host cannot reach DynamoDB, it keeps answering this pool's leases it "
+        "confirmed for up to this long after their last confirmation (never past a lease's "
+        "end; new keys still fail fast). Default: none (confirm_interval, 30 s). Needs "
+        "--quarantine; set when the pool is defined, never changed after "
+        "(docs/operations.md, 'Choosing an outage budget')",
+    )
+    sp.add_argument(
+        "--quarantine",
+        type=float,
+        metavar="SECONDS",
+        help="with --outage-budget: how long an app's release keeps a resource of this pool "
+        "unclaimable, at least the budget + max_clock_skew + replication_lag of --config: "
+        "released resources stay idle that long, the capacity the budget costs",
+    )
 
     sp = add("list-pools", cmd_list_pools, "list pool definitions", [out])
     sp.add_argument("--client", help="only this client's pools")

@@ -37,8 +37,17 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
         raise common.UsageError(f"bad --max-lease {args.max_lease:g}: 1 s to 366 days")
     if args.home is not None and not REGION_RE.match(args.home):
         raise common.UsageError(f"bad --home {args.home!r}: not a region name")
-    existed = get_pool(ddb, args.table, args.client, args.pool) is not None
-    define = steps.define_pool(args.client, args.pool, args.max_lease, home=args.home)
+    asked = outage_budget(args)
+    old = get_pool(ddb, args.table, args.client, args.pool)
+    budget, quarantine = kept_budget(args, old, asked)
+    define = steps.define_pool(
+        args.client,
+        args.pool,
+        args.max_lease,
+        home=args.home,
+        outage_budget_s=budget,
+        quarantine_s=quarantine,
+    )
     leases.run(ddb, args.table, define)
     common.emit(
         {
@@ -47,7 +56,9 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
             "pool_id": args.pool,
             "max_lease": common.seconds(args.max_lease),
             "home": args.home,
-            "updated": existed,
+            "outage_budget": common.seconds(budget) if budget else None,
+            "quarantine": common.seconds(quarantine) if budget else None,
+            "updated": old is not None,
         }
     )
     return 0
@@ -60,7 +71,7 @@ def cmd_list_pools(ddb: Any, args: argparse.Namespace) -> int:
     )
     if args.client:
         rows = [r for r in rows if r["client_id"] == args.client]
-    show(args, rows, ["client_id", "pool_id", "max_lease", "home"])
+    show(args, rows, ["client_id", "pool_id", "max_lease", "home", "outage_budget", "quarantine"])
     return 0
 
 
@@ -80,6 +91,8 @@ def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
         "pool_id": args.pool,
         "defined": pool is not None,
         "max_lease": pool["max_lease"] if pool else None,
+        "outage_budget": pool["outage_budget"] if pool else None,
+        "quarantine": pool["quarantine"] if pool else None,
         "regions": regions,
     }
     if args.json:
@@ -87,6 +100,11 @@ def cmd_show_pool(ddb: Any, args: argparse.Namespace) -> int:
     else:
         head = f"pool {args.client}/{args.pool}: "
         head += f"max_lease {pool['max_lease']:g}s" if pool else "NOT DEFINED (orphan items)"
+        if pool and pool["outage_budget"]:
+            head += (
+                f", outage budget {pool['outage_budget']:g}s (released resources quarantined "
+                f"{pool['quarantine']:g}s)"
+            )
         sys.stdout.write(head + "\n")
         show(args, regions, ["region", *COUNT_COLUMNS])
     return 0
@@ -189,3 +207,53 @@ def pool_writers(
             "table)"
         )
     return out
+
+
+def outage_budget(args: argparse.Namespace) -> tuple[float, float] | None:
+    """The (outage budget, quarantine) in seconds add-pool was given, None when neither;
+    refuses what would break I1 (docs/design.md, "An outage budget"): a budget comes with
+    its quarantine, long enough on the daemons' bounds (--config)."""
+    budget, quarantine = args.outage_budget, args.quarantine
+    if budget is None and quarantine is None:
+        return None
+    if budget is None or budget <= 0:
+        raise common.UsageError("--quarantine goes with --outage-budget (seconds, > 0)")
+    cfg = common.daemon_config(args)
+    if budget <= cfg.confirm_interval:
+        raise common.UsageError(
+            f"--outage-budget {budget:g}: no longer than confirm_interval "
+            f"({cfg.confirm_interval:g} s), which every pool has already"
+        )
+    if budget > 7 * 86_400:
+        raise common.UsageError(f"--outage-budget {budget:g}: at most 7 days")
+    least = budget + cfg.max_clock_skew + cfg.replication_lag
+    if quarantine is None or quarantine < least:
+        raise common.UsageError(
+            f"refusing --outage-budget {budget:g} without its quarantine: pass --quarantine "
+            f"{least:g} or more (the budget + max_clock_skew {cfg.max_clock_skew:g} + "
+            f"replication_lag {cfg.replication_lag:g}); every resource of the pool an app "
+            "releases stays unclaimable that long"
+        )
+    if args.home is not None:
+        raise common.UsageError("an outage budget is not offered for strict pools (--home)")
+    return budget, quarantine
+
+
+def kept_budget(
+    args: argparse.Namespace, old: dict[str, Any] | None, asked: tuple[float, float] | None
+) -> tuple[float, float]:
+    """The pool's (outage budget, quarantine) to write, (0, 0) for none. A budget is set
+    when the pool is defined: daemons read a definition at different times, so a change
+    would let one host serve a released lease longer than another keeps its resource out.
+    A redefinition that does not name them keeps the pool's."""
+    kept = (old["outage_budget"] or 0.0, old["quarantine"] or 0.0) if old else (0.0, 0.0)
+    if asked is None:
+        return kept
+    if old is not None and asked != kept:
+        raise common.JobError(
+            f"refusing to change the outage budget of pool {args.client}/{args.pool} "
+            f"(now {kept[0]:g} s, its quarantine {kept[1]:g} s): daemons read the definition "
+            "at different times, and one would serve a released lease longer than another "
+            "keeps its resource out; define a new pool instead"
+        )
+    return asked

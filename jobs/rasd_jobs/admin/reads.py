@@ -28,6 +28,11 @@ def pool_row(item: dict[str, Any]) -> dict[str, Any]:
         "pool_id": pool.pool_id,
         "max_lease": common.seconds(pool.max_lease_us / US),
         "home": pool.home,
+        #: seconds, None when the pool has none (docs/design.md, "An outage budget")
+        "outage_budget": common.seconds(pool.outage_budget_us / US)
+        if pool.outage_budget_us
+        else None,
+        "quarantine": common.seconds(pool.quarantine_us / US) if pool.outage_budget_us else None,
     }
 
 
