@@ -223,10 +223,14 @@ def run(p: Params) -> dict[str, Any]:
         hard_stop = time.monotonic() + p.duration + 3 * p.call_timeout + 30
         load: list[float] = []  # the 1-minute load average, every 10 s
         next_load = time.monotonic()
+        # answers from a pool's outage window, per daemon: a killed daemon's counted first
+        window: Counter[int] = Counter()
         while time.monotonic() < hard_stop and any(a.poll() is None for a in apps):
             now = time.monotonic()
             if now >= next_kill and time.time() < t_end:
                 victim = rng.choice(daemons)
+                if p.outage_budget:
+                    window[victim.index] += _window_answers(daemon_stats(victim))
                 kill_group(victim.proc)
                 events.kills.append(
                     {"t": round(time.time(), 3), "daemon": victim.index, "region": victim.region}
@@ -259,6 +263,8 @@ def run(p: Params) -> dict[str, Any]:
                 actor.stop()
         plan.enabled = False
         stats = {d.index: daemon_stats(d) for d in daemons}
+        for i, s in stats.items():
+            window[i] += _window_answers(s)
         ended = None
         if end_roll is not None:
             ended = end_rollout_result(
@@ -295,8 +301,8 @@ def run(p: Params) -> dict[str, Any]:
             Path(p.results_dir).mkdir(parents=True, exist_ok=True)
             with open(Path(p.results_dir) / f"{p.label}-lease-events.jsonl", "w") as f:
                 f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in made)
-        window = p.pool_quarantine() - Config().max_clock_skew if p.outage_budget else None
-        audit = A.audit(records, plan.outage, quarantine_window=window, creations=made)
+        q_window = p.pool_quarantine() - Config().max_clock_skew if p.outage_budget else None
+        audit = A.audit(records, plan.outage, quarantine_window=q_window, creations=made)
         writes = replication_writes(work / "replication.jsonl") + admin_writes(events.admin)
         for name in ("double_allocations", "in_region_splits", "lost_leases"):
             A.evidence(audit["examples"][name], writes)
@@ -325,6 +331,13 @@ def run(p: Params) -> dict[str, Any]:
             "partition": None
             if plan.partition is None
             else {"daemon": 0, "from": plan.partition[1], "to": plan.partition[2]},
+            "outage_budget": None
+            if not p.outage_budget
+            else {
+                "budget_s": p.outage_budget,
+                "pool_quarantine_s": p.pool_quarantine(),
+                "window_answers": dict(sorted(window.items())),
+            },
             "clock_step": clock.result(records, daemons),
         }
         result["ok"] = violations(result) == 0
@@ -457,6 +470,11 @@ def _load(samples: list[float]) -> dict[str, Any]:
     mean = sum(samples) / len(samples)
     return {"samples": len(samples), "min": round(min(samples), 2), "mean": round(mean, 2),
             "max": round(max(samples), 2)}  # fmt: skip
+
+
+def _window_answers(counters: dict[str, int]) -> int:
+    """A daemon's answers from a pool's outage window since it started."""
+    return counters.get("outage.at_once", 0) + counters.get("outage.after_failure", 0)
 
 
 def _sum_counters(stats: dict[int, dict[str, int]]) -> dict[str, int]:

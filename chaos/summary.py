@@ -130,6 +130,13 @@ def table(result: dict[str, Any]) -> str:
         rows.append(
             (f"daemon {cut['daemon']} cut off from DynamoDB (s)", round(cut["to"] - cut["from"], 1))
         )
+    budget = result.get("outage_budget")
+    if budget:
+        rows.append(
+            (f"outage budget {budget['budget_s']:g}s (quarantine "
+             f"{budget['pool_quarantine_s']:g}s): window answers by daemon",
+             budget["window_answers"] or "none")
+        )  # fmt: skip
     calls = "get_lease calls" + (" (rasd's; so are the rows below)" if "paper" in agents else "")
     rows += [
         (calls, a["calls"].get("get_lease", 0)),

@@ -417,6 +417,13 @@ OUTAGE_PREFIX = [
     "d1 get_lease(k1) called",
     "d1 get_lease(k1) read mapping",
 ]
+#: ... then released through d0 (its free not yet sent)
+OUTAGE_RELEASED = [
+    *OUTAGE_PREFIX,
+    "d0 release(k1) called",
+    "d0 release(k1) read mapping",
+    "d0 release(k1) map_release APPLIED",
+]
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 #: ``legacy_agents``, the paper's agent acquiring k1 twice beside d0's acquisition, the
@@ -434,8 +441,8 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("strict", STRICT, None, None, BAD_G),
     ("strict-local", STRICT_LOCAL, None, None, BAD_G),
     ("extend-shared", EXTEND_SHARED, EXTEND_SHARED_PREFIX, 2, BAD_X),
-    ("outage", OUTAGE, OUTAGE_PREFIX, 3, BAD_O),
-    ("outage-window", OUTAGE, OUTAGE_PREFIX, 3, BAD_O2),
+    ("outage", OUTAGE, OUTAGE_RELEASED, 2, BAD_O),
+    ("outage-window", OUTAGE, OUTAGE_RELEASED, 2, BAD_O2),
     (
         "extend-shared-blind",
         replace(EXTEND_SHARED, extend_read_first=False),

@@ -51,7 +51,8 @@ class Config:
     extend_read_first: bool = True
     #: S: a cached answer is served at most this long after the daemon last confirmed it (its
     #: own write, or a strongly consistent read). Busy keys are re-confirmed in the background
-    #: after S/2, one read per key per host; cached leases survive a DynamoDB outage this long.
+    #: after S/2, one read per key per host; cached leases survive a DynamoDB outage this long
+    #: (a pool defined with an outage budget: up to the budget, docs/design.md).
     confirm_interval: float = 30.0
     #: Bound on the clock difference between any two hosts (daemons and jobs). The liberator's
     #: --grace must be at least this; quarantines include it.

@@ -26,7 +26,7 @@ from check.__main__ import (
     MIXED_LAPSED,
     MIXED_YIELD,
     OUTAGE,
-    OUTAGE_PREFIX,
+    OUTAGE_RELEASED,
     QUICK_BFS,
     STRICT,
     STRICT_LOCAL,
@@ -992,15 +992,6 @@ def test_the_paper_agents_answer_of_a_lease_rasd_adopted_is_that_lease() -> None
 
 
 # ------------------------------------------------------------------- an outage budget
-#: k1 acquired through d0 (ra, the one resource) and cached on d1, then released through d0
-OUTAGE_RELEASED = [
-    *OUTAGE_PREFIX,
-    "d0 release(k1) called",
-    "d0 release(k1) read mapping",
-    "d0 release(k1) map_release APPLIED",
-]
-
-
 def test_bad_o_a_release_quarantined_for_q_only_is_caught() -> None:
     """O: in a pool with an outage budget, an app's release keeps the resource out for
     the daemons' Q only: claimable while d1, cut off, may still answer k1 from its window
@@ -1016,3 +1007,18 @@ def test_bad_o2_a_window_of_twice_the_budget_is_caught() -> None:
     res = bfs(OUTAGE, BAD_O2, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
     assert res.violation is not None and res.violation.name == "I1", format_trace(res)
     assert any("OUTAGE HIT" in lab for lab, _ in res.trace), format_trace(res)
+
+
+def test_real_rules_keep_a_cut_off_hosts_window_answers_within_the_pools_quarantine() -> None:
+    """k1 released through d0 while d1, which served it, may answer it from its outage
+    window at any step; k2 asks for the one resource: every interleaving keeps I1 and I2
+    (a smaller world than the quick run's: no liberator, no extension, the index current,
+    to t = 9, when the pool's quarantine has run out on every clock)."""
+    small = dataclasses.replace(OUTAGE, liberator=False, extend_fraction=0.0, horizon=9, history=0)
+    res = bfs(small, REAL, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 3_000
+    # the same world reaches a window answer: with O2's longer window it breaks I1 there
+    bad = bfs(small, BAD_O2, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert bad.violation is not None, "no window answer explored"
+    assert any("OUTAGE HIT" in lab for lab, _ in bad.trace), format_trace(bad)
