@@ -283,7 +283,8 @@ class Router:
                     return
         else:
             counters.inc("cache.miss")
-        self._admit(conn, rid, "get_lease", f[1:5], f[5], spare)
+        if not self._admit(conn, rid, "get_lease", f[1:5], f[5], spare) and spare is not None:
+            self.coordinator.cache.restore(f[1], f[2], f[3], spare)  # shed: kept for the next
 
     def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
         """Every frame ``lease_fields`` refuses: errors named, other ops."""
@@ -333,33 +334,34 @@ class Router:
         args: tuple[Any, ...],
         deadline_ms: int | None,
         spare: bytes | None = None,
-    ) -> None:
+    ) -> bool:
         """What needs DynamoDB: a slot in the gate before the deadline, or shed with BUSY at
-        once; then a task (:meth:`_slow`) with ``args`` for the role's call. Deadlines run on
-        time.monotonic, the clock of asyncio's timeouts and of the store's, whatever clock
-        the daemon was given for its cache."""
+        once (False); then a task (:meth:`_slow`) with ``args`` for the role's call. Deadlines
+        run on time.monotonic, the clock of asyncio's timeouts and of the store's, whatever
+        clock the daemon was given for its cache."""
         budget = (deadline_ms / 1000) if deadline_ms else self.cfg.default_deadline
         now = time.monotonic()
         if conn.pending >= self.cfg.max_pending_per_conn:
             self.counters.inc("shed.conn_pending")
             self._send_error(conn, rid, Busy("too many requests in flight on this connection"))
-            return
+            return False
         wait = self.calls.try_take(args[0], now)
         if wait > 0:
             self.counters.inc("shed.call_rate_limited")
             why = f"client_id {args[0]!r} is past its {self.calls.rate:g} DynamoDB calls a second"
             self._send_error(conn, rid, Busy(why, retry_after=round(wait, 3)))
-            return
+            return False
         if not self.gate.try_enter(now + budget, now):
             self.counters.inc("shed.busy")
             self._send_error(conn, rid, Busy("daemon at capacity; retry shortly", retry_after=0.01))
-            return
+            return False
         conn.pending += 1
         task = asyncio.get_running_loop().create_task(
             self._slow(conn, rid, op, args, now, budget, spare)
         )
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
+        return True
 
     async def _slow(
         self,
