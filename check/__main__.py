@@ -417,6 +417,9 @@ OUTAGE_PREFIX = [
     "d1 get_lease(k1) called",
     "d1 get_lease(k1) read mapping",
 ]
+#: ... smaller: no liberator, no extension, the index current, to t = 9 (when the pool's
+#: quarantine has run out on every clock): complete in seconds
+OUTAGE_SMALL = replace(OUTAGE, liberator=False, extend_fraction=0.0, horizon=9, history=0)
 #: ... then released through d0 (its free not yet sent)
 OUTAGE_RELEASED = [
     *OUTAGE_PREFIX,
@@ -442,7 +445,7 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("strict-local", STRICT_LOCAL, None, None, BAD_G),
     ("extend-shared", EXTEND_SHARED, EXTEND_SHARED_PREFIX, 2, BAD_X),
     ("outage", OUTAGE, OUTAGE_RELEASED, 2, BAD_O),
-    ("outage-window", OUTAGE, OUTAGE_RELEASED, 2, BAD_O2),
+    ("outage-window", OUTAGE_SMALL, OUTAGE_RELEASED, 2, BAD_O2),
     (
         "extend-shared-blind",
         replace(EXTEND_SHARED, extend_read_first=False),

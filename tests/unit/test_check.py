@@ -27,6 +27,7 @@ from check.__main__ import (
     MIXED_YIELD,
     OUTAGE,
     OUTAGE_RELEASED,
+    OUTAGE_SMALL,
     QUICK_BFS,
     STRICT,
     STRICT_LOCAL,
@@ -1014,7 +1015,7 @@ def test_real_rules_keep_a_cut_off_hosts_window_answers_within_the_pools_quarant
     window at any step; k2 asks for the one resource: every interleaving keeps I1 and I2
     (a smaller world than the quick run's: no liberator, no extension, the index current,
     to t = 9, when the pool's quarantine has run out on every clock)."""
-    small = dataclasses.replace(OUTAGE, liberator=False, extend_fraction=0.0, horizon=9, history=0)
+    small = OUTAGE_SMALL
     res = bfs(small, REAL, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
     assert res.complete and res.violation is None, format_trace(res)
     assert res.states > 3_000
