@@ -14,10 +14,10 @@ a miss       the same get_lease goes on with its fields tuple (:meth:`Router._le
              parsed or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded,
              else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
              from the table.
-the outage   a miss on an entry past S inside its pool's outage window (:meth:`Router._spare`):
-             answered from the cache when DynamoDB's last word was a failure; else the entry is
-             taken out and the request goes on, answering from it only if DynamoDB answered
-             none of the calls made for it (docs/design.md, "An outage budget").
+the outage   a miss in a pool with an outage budget asks the cache again, for an entry past S
+             inside its window (:meth:`Router._spare`): answered when DynamoDB's last word was
+             a failure; else taken out, and the request answers from it only if DynamoDB
+             answered none of its calls (docs/design.md, "An outage budget").
 the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
              names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
              client_id) and ``stats`` (one granted "*") answered at once, ``release`` and
@@ -87,10 +87,9 @@ HIT_SAMPLE = 16
 HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
-#: of a request that may fall back on an outage window's entry, the seconds kept back from
-#: the taker to answer from it (at most this share of the deadline)
-SPARE_RESERVE = 0.05
-SPARE_RESERVE_SHARE = 0.2
+#: of a request that may fall back on an outage window's entry: the seconds kept back from
+#: the taker to answer from it, at most this share of the deadline
+SPARE_RESERVE, SPARE_RESERVE_SHARE = 0.05, 0.2
 
 #: what the cache answers a get_lease (``LeaseCache.answer``)
 Answer = Callable[[str, str, str, int, float, int], bytes | None]
@@ -228,9 +227,12 @@ class Router:
                             # rasd_request_duration_seconds{path="hit"}
                             self.latency.observe("hit", self._mono() - now)
                         return out
-                    spare, taken = self._spare(c, p, k, e, now, rid)
-                    if spare is not None:
-                        return spare
+                    taken = None
+                    pool = self.coordinator.pools.get((c, p))
+                    if pool is not None and pool.outage_budget_us:  # its window: :meth:`_spare`
+                        spare, taken = self._spare(c, p, k, e, now, rid)
+                        if spare is not None:
+                            return spare
                     self._lease(conn, f, True, taken)
                 else:
                     self._lease(conn, f, False)
@@ -241,11 +243,10 @@ class Router:
     def _spare(
         self, c: str, p: str, k: str, e: int, now: float, rid: int
     ) -> tuple[bytes | None, bytes | None]:
-        """A miss whose entry is past S but inside its pool's outage window (never in rollout
-        mode: the paper's agent frees what its apps release at once). DynamoDB's last word a
-        failure: the answer from the cache, now. Otherwise the entry, taken out of the cache
-        (the request goes to DynamoDB, which may say the lease is gone) for the request to
-        fall back on. (None, None) for any other miss."""
+        """A miss in a pool with an outage budget whose entry is inside its window (never in
+        rollout mode: the paper's agent frees what its apps release at once): its answer now
+        when DynamoDB's last word was a failure, else the entry, taken out of the cache (the
+        request may learn the lease is gone) for the request to fall back on."""
         cache = self.coordinator.cache
         if cache.spare_entry(c, p, k, now) is None or self.coordinator.driver.rollout.on:
             return None, None
@@ -424,11 +425,10 @@ class Router:
     async def _or_spare(
         self, args: tuple[Any, ...], rid: int, t0: float, deadline: float, spare: bytes
     ) -> bytes:
-        """A get_lease with an outage window's entry to fall back on (:meth:`_spare`): the
-        taker's answer, within the deadline less a reserve; if it fails (UNAVAILABLE,
-        TIMEOUT) and DynamoDB answered none of the calls made for it (``HEARD``: so
-        nothing was learnt of the key, and nothing written), the entry's answer, and the
-        entry goes back in the cache."""
+        """A get_lease with a window's entry to fall back on (:meth:`_spare`): the taker's
+        answer within the deadline less a reserve; if that fails (UNAVAILABLE, TIMEOUT) with
+        none of its DynamoDB calls answered (``HEARD``: nothing learnt, nothing written),
+        the entry's, the entry back in the cache."""
         c, p, k, e = args
         reserve = min(SPARE_RESERVE, (deadline - t0) * SPARE_RESERVE_SHARE)
         heard: list[float] = []
@@ -438,10 +438,8 @@ class Router:
         except (Unavailable, Timeout):
             if heard:
                 raise
-            cache = self.coordinator.cache
-            cache.restore(c, p, k, spare)
-            frame = cache.spare_answer(c, p, k, e, self._mono(), rid)
-            if frame is None:
+            (cache := self.coordinator.cache).restore(c, p, k, spare)
+            if (frame := cache.spare_answer(c, p, k, e, self._mono(), rid)) is None:
                 raise
             self.counters.inc("outage.after_failure")
             return frame
