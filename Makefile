@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 UV     := $(BIN)/python -m pip install -q uv && $(BIN)/uv pip install -q --python $(BIN)/python
 PIP    := $(BIN)/python -m pip install -q
 
-.PHONY: lock mutate dev test lint typecheck unit integration bench bench-full bench-targets bench-fleet sim sim-full check-protocol swarm chaos chaos-short chaos-mixed clean systemd-test tools deb \
+.PHONY: lock mutate dev test lint typecheck unit integration bench bench-full bench-targets bench-fleet sim sim-full check-protocol swarm chaos chaos-budget chaos-short chaos-mixed clean systemd-test tools deb \
     test-fast test-search test-property test-integration test-serial test-tiers flake-hunt
 
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -217,6 +217,13 @@ mutate: $(MUTATE_STAMP)
 # both replicas (~11 min).
 chaos: $(STAMP)
 	$(BIN)/python -m chaos --duration 600 --partition-at 120 --clock-step-at 360
+
+# A pool with an outage budget (docs/reliability.md, "An outage budget"): daemon 0 cut off
+# off the kills' beat, apps' leases up to 600 s; then the 5-minute outage measured alone.
+chaos-budget: $(STAMP)
+	$(BIN)/python -m chaos --duration 600 --seed 5 --app-max-lease 600 --release-rate 0.01 \
+		--kill-every 45 --partition-at 100 --partition-for 200 --outage-budget 300 --clock-step-at 420
+	$(BIN)/python -m chaos.outage
 
 chaos-short: $(STAMP)
 	$(BIN)/python -m chaos --duration 75 --partition-at 10 --clock-step-at 40 --clock-step-for 20
