@@ -286,10 +286,6 @@ class CircuitBreaker:
         most likely fail too?"""
         return self.state == "open" or self.last_failure > self.last_success
 
-    def answered_since(self, t: float) -> bool:
-        """Has the dependency answered any call since monotonic time ``t``?"""
-        return self.last_success >= t
-
     def retry_after(self, now: float) -> float:
         """Seconds until the next probe may go (0.0 unless open)."""
         if self.state != "open":

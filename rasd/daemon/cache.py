@@ -125,6 +125,14 @@ def until_of(e: Entry) -> float:
     return until
 
 
+def _frame(e: Entry, end: int, req_id: int) -> bytes:
+    """The answer frame of entry ``e`` (``head_end`` ``end``) for request ``req_id``."""
+    try:
+        return e[HEAD:end] + ID_PACK(req_id)
+    except struct.error:  # a negative id: no uint64
+        return answer_wide(e[HEAD:end], req_id)
+
+
 class LeaseCache:
     __slots__ = (
         "_half_s",
@@ -224,7 +232,7 @@ class LeaseCache:
             k = (client_id, pool_id, key)
             if k not in self.refreshing:
                 self.refresh(k, lease_of(client_id, pool_id, key, e), requested_us, now_us)
-        try:
+        try:  # _frame, inlined: every hit answers here
             return e[HEAD:end] + ID_PACK(req_id)
         except struct.error:  # a negative id: no uint64
             return answer_wide(e[HEAD:end], req_id)
@@ -262,11 +270,7 @@ class LeaseCache:
         k = (client_id, pool_id, key)
         if k not in self.refreshing:
             self.refresh(k, lease_of(client_id, pool_id, key, e), requested_us, self.wall_us(now))
-        end = _UNPACK(e)[4]
-        try:
-            return e[HEAD:end] + ID_PACK(req_id)
-        except struct.error:
-            return answer_wide(e[HEAD:end], req_id)
+        return _frame(e, _UNPACK(e)[4], req_id)
 
     def spare_entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
         """The entry past S (:meth:`read` no longer serves it) whose pool's outage window

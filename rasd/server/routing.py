@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from rasd_client.wire import BadFrame, encode, error_payload
+from rasd_client.wire import BadFrame, error_payload
 
 from .. import wire as protocol
 from ..config import Config
@@ -63,6 +63,7 @@ from ..core.errors import (
     Timeout,
     Unavailable,
 )
+from ..core.lease import Lease
 from ..dynamo.heard import HEARD
 from ..limits import BucketTable, InflightGate
 from ..observe.metrics import Counters
@@ -385,12 +386,16 @@ class Router:
                     # Time spent waiting for start-up is not service time: counting it would
                     # make the gate shed every request right after a restart.
                     served_from = time.monotonic()
-                if op == "get_lease" and spare is not None:
-                    conn.send_frame(await self._or_spare(args, rid, t0, deadline, spare))
-                    return
                 if op == "get_lease":
                     c, p, k, e = args
-                    lease, new = await self.taker.get_lease(c, p, k, e, deadline)
+                    if spare is None:
+                        lease, new = await self.taker.get_lease(c, p, k, e, deadline)
+                    else:
+                        got = await self._or_spare(args, rid, t0, deadline, spare)
+                        if isinstance(got, bytes):
+                            conn.send_frame(got)
+                            return
+                        lease, new = got
                     resp = protocol.lease_response(rid, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
                     if new:
@@ -424,17 +429,16 @@ class Router:
 
     async def _or_spare(
         self, args: tuple[Any, ...], rid: int, t0: float, deadline: float, spare: bytes
-    ) -> bytes:
-        """A get_lease with a window's entry to fall back on (:meth:`_spare`): the taker's
-        answer within the deadline less a reserve; if that fails (UNAVAILABLE, TIMEOUT) with
-        none of its DynamoDB calls answered (``HEARD``: nothing learnt, nothing written),
-        the entry's, the entry back in the cache."""
+    ) -> tuple[Lease, bool] | bytes:
+        """The taker's answer within the deadline less a reserve; if that fails (UNAVAILABLE,
+        TIMEOUT) with none of its DynamoDB calls answered (``HEARD``: nothing learnt,
+        nothing written), the window entry's frame (:meth:`_spare`), put back in the cache."""
         c, p, k, e = args
         reserve = min(SPARE_RESERVE, (deadline - t0) * SPARE_RESERVE_SHARE)
         heard: list[float] = []
         HEARD.set(heard)  # this task's context, copied by the taker's flight it starts
         try:
-            lease, new = await self.taker.get_lease(c, p, k, e, deadline - reserve)
+            return await self.taker.get_lease(c, p, k, e, deadline - reserve)
         except (Unavailable, Timeout):
             if heard:
                 raise
@@ -443,10 +447,6 @@ class Router:
                 raise
             self.counters.inc("outage.after_failure")
             return frame
-        self.latency.observe("new" if new else "existing", time.monotonic() - t0)
-        if new:
-            self.pool_metrics.new_lease(c, p)
-        return encode(protocol.lease_response(rid, lease, new))
 
     async def wait_up(self, deadline: float) -> None:
         """For a request that arrived before the store was up: wait for it within the
