@@ -23,6 +23,7 @@ from .rulesets import (
     BAD_D2,
     BAD_E,
     BAD_G,
+    BAD_HT,
     BAD_L,
     BAD_M,
     BAD_O,
@@ -427,6 +428,9 @@ OUTAGE_RELEASED = [
     "d0 release(k1) read mapping",
     "d0 release(k1) map_release APPLIED",
 ]
+#: the hit table: the same release, without a budget; d1's other workers read its table at
+#: any step while d1 has a request in flight (HT: a table read past S)
+HIT_TABLE = replace(OUTAGE_SMALL, budget=0, hit_table=True)
 #: the quick run's actor searches: (name, configuration, prefix, app calls after it, the
 #: known-bad set it must catch)
 #: ``legacy_agents``, the paper's agent acquiring k1 twice beside d0's acquisition, the
@@ -446,6 +450,7 @@ ACTORS: tuple[tuple[str, Config, list[str] | None, int | None, Protocol], ...] =
     ("extend-shared", EXTEND_SHARED, EXTEND_SHARED_PREFIX, 2, BAD_X),
     ("outage", OUTAGE, OUTAGE_RELEASED, 2, BAD_O),
     ("outage-window", OUTAGE_SMALL, OUTAGE_RELEASED, 2, BAD_O2),
+    ("hit-table", HIT_TABLE, OUTAGE_RELEASED, 2, BAD_HT),
     (
         "extend-shared-blind",
         replace(EXTEND_SHARED, extend_read_first=False),

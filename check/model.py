@@ -98,12 +98,38 @@ def app_calls(w0: World, di: int) -> Out:
     return out
 
 
+def table_hits(w0: World, di: int) -> Out:
+    """Another worker of daemon ``di``'s host reads the hit table while the daemon has a
+    request in flight (a release, a miss of the same key): the table is the cache, written in
+    the daemon's own steps, so it answers what the cache holds now, with no background work
+    (the touch is the idle daemon's CACHE HIT). ``rasd_client._table``: the entry's ``until``
+    and the pool's longest lease, compared with the host's clocks."""
+    out: Out = []
+    d0 = w0.daemons[di]
+    if w0.ops >= w0.cfg.max_ops:
+        return out
+    for key, e in d0.cache:
+        requested = w0.now_us(d0.offset) + w0.cfg.lease_of(di) * US
+        if check_expiry(requested, w0.now_us(d0.offset), w0.pool().max_lease_us):
+            continue  # the daemon names it, over the socket
+        serves = w0.proto.table_serves
+        if not serves(e.until, e.lease.expires_us, w0.t, w0.rules.margin_us, d0.offset):
+            continue
+        w = w0.clone()
+        w.ops += 1
+        w.answer(w.daemons[di], key, e.lease)
+        out.append((f"d{di} get_lease({key}) TABLE HIT (daemon busy)", w))
+    return out
+
+
 # --------------------------------------------------------------------------- successors
 def successors(w0: World) -> Out:
     out: Out = []
     for di, d in enumerate(w0.daemons):
         if d.req is not None:
             out += step(w0, DaemonHost(di), d.req)
+            if w0.cfg.hit_table:
+                out += table_hits(w0, di)
         else:
             out += app_calls(w0, di)
         for p in d.bg:

@@ -13,10 +13,10 @@ won claim served unsettled; a pending mapping extended unsettled; a lapsed lease
 the reader's clock alone); X a daemon's (an extension found done by its read taken as
 reaching the end asked); G is a strict pool's (its agreement skipped); T1 and T2 are a
 lost reply's read-back taken as a refusal and a claim given back with the quarantine only
-without proof that nobody was answered with it. The jobs' programs read them through their
-``ops``; T1 is the drivers' read-back rule, which the model's interpreter applies. They live
-here, never in production code: a checker that cannot find them proves nothing
-(tests/unit/test_check.py).
+without proof that nobody was answered with it; HT a hit table read past S. The jobs'
+programs read them through their ``ops``; T1 is the drivers' read-back rule, which the
+model's interpreter applies. They live here, never in production code: a checker that
+cannot find them proves nothing (tests/unit/test_check.py).
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ class Protocol:
     #: O2 (an outage budget): a host cut off serves a cached answer for twice the budget,
     #: past what the pool's quarantine covers
     window_past_quarantine: bool = False
+    #: HT (the hit table): a table entry read up to the lease's end less the margin, as if
+    #: published without S
+    table_past_s: bool = False
 
     def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
@@ -268,6 +271,16 @@ class Protocol:
             return 2 * CR.outage_window_us(rules, pool)
         return CR.outage_window_us(rules, pool)
 
+    def table_serves(
+        self, until: float, expires_us: int, t: int, margin_us: int, offset: int
+    ) -> bool:
+        """Does the hit table answer an entry valid ``until`` at true tick ``t``
+        (``rasd_client._table``)? HT: up to its lease's end (``expires_us``) less the
+        margin, on the host's clock (``offset``)."""
+        if self.table_past_s:
+            return t < (expires_us - margin_us) / 1_000_000 - offset
+        return CR.serves(until, t)
+
     def rules(self, real: Rules) -> Rules:
         # Beside the paper's agent a lease is extended only while it ends more than the
         # clock-skew bound after the extension is sent, as ``Config.rules`` ships it. With
@@ -306,6 +319,7 @@ BAD_W = Protocol("W-end-rollout-undrained", end_rollout_undrained=True)
 BAD_X = Protocol("X-extend-read-trusts-ask", extend_read_trusts_ask=True)
 BAD_O = Protocol("O-release-daemon-quarantine", daemon_q_only=True)
 BAD_O2 = Protocol("O2-window-past-quarantine", window_past_quarantine=True)
+BAD_HT = Protocol("HT-table-past-s", table_past_s=True)
 BAD = (BAD_A, BAD_B, BAD_C)
 BAD_DEDUPE = (BAD_D1, BAD_D2)
 PROTOCOLS = {
@@ -329,6 +343,7 @@ PROTOCOLS = {
         BAD_X,
         BAD_O,
         BAD_O2,
+        BAD_HT,
         BAD_Q,
         BAD_H,
         BAD_R,

@@ -109,6 +109,7 @@ def draw(rng: random.Random) -> Config:
         home_down=rng.choice(("fail", "local")),
         extend_read_first=rng.random() < 0.5,
         budget=0 if strict else rng.choice((0, 0, 5, 8)),
+        hit_table=rng.random() < 0.5,
     )
     return cfg
 
@@ -116,6 +117,7 @@ def draw(rng: random.Random) -> Config:
 # ------------------------------------------------------------------------------ coverage
 _ACTOR = (
     (re.compile(r"^d\d+ get_lease\(\w+\) OUTAGE HIT"), "outage window"),
+    (re.compile(r"^d\d+ get_lease\(\w+\) TABLE HIT"), "hit table"),
     (re.compile(r"^d\d+ get_lease"), "daemon get_lease"),
     (re.compile(r"^d\d+ release"), "daemon release"),
     (re.compile(r"^d\d+ bg "), "daemon background"),

@@ -82,6 +82,9 @@ class Config:
     #: strongest partition: it never needs its calls to fail first); the pool's quarantine
     #: is then budget + skew + lag, as rasadmin add-pool requires
     budget: int = 0
+    #: the daemons publish their caches in a hit table (``hit_table``): another worker of a
+    #: host reads it at any step, while its daemon has a request in flight too
+    hit_table: bool = False
     extend_fraction: float = 0.5
     #: the daemons' ``extend_read_first``: a background extension reads the key's mappings
     #: first and writes nothing when another daemon already extended the lease far enough

@@ -39,6 +39,11 @@ class Config:
     # --- cache and leases ----------------------------------------------------------------
     #: Most leases kept in memory (~0.5 KB each).
     cache_max_leases: int = 200_000
+    #: Publish what the cache may answer in shared memory, one read-only table per client_id,
+    #: which the clients read without a round trip (docs/protocol.md, "The hit table"). Each
+    #: table holds hit_table_slots answers at most (256 bytes each, memory used as filled).
+    hit_table: bool = True
+    hit_table_slots: int = 262_144
     #: A cached lease is served only until lease_expires minus this margin: hosts' clocks may
     #: disagree by this much before another host could see the lease as expired.
     skew_margin: float = 5.0
@@ -251,6 +256,8 @@ class Config:
             problems.append("idle_timeout: must be >= 0 (0: never)")
         if self.frame_timeout <= 0:
             problems.append("frame_timeout: must be > 0")
+        if not 16 <= self.hit_table_slots <= 1 << 24:
+            problems.append("hit_table_slots: must be in 16..16777216")
         if self.max_buffered_bytes < 65536:
             problems.append("max_buffered_bytes: must be >= 65536 (one whole frame)")
         if not 0 < self.startup_retry_initial <= self.startup_retry_max:
@@ -380,6 +387,8 @@ CONVERTERS: dict[str, Converter] = {
     "socket_mode": _octal,
     "endpoint_url": _optional(str),
     "cache_max_leases": int,
+    "hit_table": _bool,
+    "hit_table_slots": int,
     "skew_margin": float,
     "extend_fraction": float,
     "extend_read_first": _bool,

@@ -30,8 +30,8 @@ from rasd_client.wire import HEADER_SIZE, VERSION, encode, length_prefix
 from .core.errors import BadRequest
 from .core.lease import MAX_KEY_LEN, Lease
 
-OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats"})
-_NEEDS_POOL = frozenset({"get_lease", "release", "headroom"})
+OPS = frozenset({"get_lease", "release", "headroom", "ping", "stats", "table", "touch"})
+_NEEDS_POOL = frozenset({"get_lease", "release", "headroom", "touch"})
 MAX_DEADLINE_MS = 60_000
 MAX_ID_LEN = 64  # client_id and pool_id, characters
 #: the largest id ``ID_PACK`` packs (a msgpack uint64); a negative id takes :func:`answer_wide`
@@ -144,9 +144,11 @@ def _parse_checked(frame: dict[str, Any]) -> Request:
     if op in _NEEDS_POOL:
         req.client_id = _str(frame, "client_id", MAX_ID_LEN)
         req.pool_id = _str(frame, "pool_id", MAX_ID_LEN)
-    if op in ("get_lease", "release"):
+    elif op == "table":
+        req.client_id = _str(frame, "client_id", MAX_ID_LEN)
+    if op in ("get_lease", "release", "touch"):
         req.key = _str(frame, "key", MAX_KEY_LEN)
-    if op == "get_lease":
+    if op in ("get_lease", "touch"):
         req.lease_expires_us = _int(frame, "lease_expires_us")
     return req
 

@@ -10,6 +10,7 @@ Depends on msgpack only. Safe across fork() and threads. ``rasd_client.aio`` has
 
 from ._common import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Lease
 from ._sync import call_raw, get_lease, headroom, release
+from ._table import table_stats
 from .errors import (
     BadRequest,
     Busy,
@@ -41,5 +42,6 @@ __all__ = [
     "get_lease",
     "headroom",
     "release",
+    "table_stats",
 ]
 __version__ = "0.1.0"

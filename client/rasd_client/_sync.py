@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import threading
 import time
 from typing import Any
 
-from . import wire
+from . import _table, wire
 from ._common import (
     SOCKET_GRACE,
     Lease,
@@ -29,6 +30,8 @@ from ._common import (
     with_deadline,
 )
 from .errors import RasdError, Timeout, Unavailable
+
+log = logging.getLogger("rasd_client")
 
 
 class _Conn:
@@ -143,9 +146,18 @@ def get_lease(
     socket_path: str | None = None,
 ) -> Lease:
     """Return the lease ``key`` holds in the pool, acquiring one if needed."""
+    lease = _table.current.lease(socket_path, client_id, pool_id, key, lease_expires)
+    if lease is not None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("get_lease %s/%s/%s: from the hit table", client_id, pool_id, key)
+        return lease
     timeout = call_timeout(timeout)
     req = get_lease_request(client_id, pool_id, key, lease_expires, timeout)
-    return lease_from(_call(req, _path(socket_path), timeout))
+    lease = lease_from(_call(req, _path(socket_path), timeout))
+    _table.current.answered(socket_path, client_id)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("get_lease %s/%s/%s: over the socket", client_id, pool_id, key)
+    return lease
 
 
 def release(

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import logging
 import os
 import socket
 import time
 import weakref
 from typing import Any
 
-from . import wire
+from . import _table, wire
 from ._common import (
     CONNECT_RETRY_INITIAL,
     CONNECT_RETRY_MAX,
@@ -52,6 +53,8 @@ from ._common import (
 from .errors import RasdError, Timeout, Unavailable
 
 __all__ = ["call_raw", "close", "get_lease", "headroom", "release"]
+
+log = logging.getLogger("rasd_client")
 
 #: connect(2) errors that mean "not now" (a full backlog, a daemon restarting), not "never".
 TRANSIENT_CONNECT_ERRORS = frozenset({errno.EAGAIN, errno.ECONNREFUSED, errno.ENOENT})
@@ -258,9 +261,18 @@ async def get_lease(
     timeout: float | None = None,
     socket_path: str | None = None,
 ) -> Lease:
+    lease = _table.current.lease(socket_path, client_id, pool_id, key, lease_expires)
+    if lease is not None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("get_lease %s/%s/%s: from the hit table", client_id, pool_id, key)
+        return lease
     timeout = call_timeout(timeout)
     req = get_lease_request(client_id, pool_id, key, lease_expires, timeout)
-    return lease_from(await _call(req, _path(socket_path), timeout))
+    lease = lease_from(await _call(req, _path(socket_path), timeout))
+    _table.current.answered(socket_path, client_id)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("get_lease %s/%s/%s: over the socket", client_id, pool_id, key)
+    return lease
 
 
 async def release(

@@ -69,6 +69,7 @@ from ..core.decide import Rules, check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import US, Lease, Pool
 from ..wire import ID_PACK, answer_head, answer_wide
+from .published import Published, Table
 
 CacheKey = tuple[str, str, str]  # (client_id, pool_id, key)
 #: see the module docstring
@@ -141,9 +142,11 @@ class LeaseCache:
         "_wall_synced",
         "clock",
         "confirm_s",
+        "dropped",
         "entries",
         "maxsize",
         "pools",
+        "published",
         "refresh",
         "refreshing",
         "region",
@@ -163,8 +166,14 @@ class LeaseCache:
         refreshing: set[CacheKey] | None = None,
         refresh: Refresh = _no_refresh,
         rules: Rules | None = None,
+        published: Published | None = None,
     ) -> None:
         self.clock = clock
+        #: the tables every answer this cache may give is written to (None: no tables)
+        self.published = published
+        #: when each key was last dropped (monotonic), for S: a put confirmed before it is
+        #: older news than the drop (a read sent before a release was written)
+        self.dropped: dict[CacheKey, float] = {}
         #: the protocol's bounds, for a pool's outage window (None: no pool gets one)
         self.rules = rules
         self.maxsize = maxsize
@@ -256,6 +265,8 @@ class LeaseCache:
         if now >= spare:  # past the pool's outage window too (:meth:`spare_entry`)
             del d[key]
             self._n -= 1
+            if self.published is not None:
+                self.published.drop(client_id, pool_id, key)
         return None
 
     def spare_answer(
@@ -296,6 +307,8 @@ class LeaseCache:
         e = self.entries.get(client_id, {}).get(pool_id, {}).pop(key, None)
         if e is not None:
             self._n -= 1
+            if self.published is not None:
+                self.published.drop(client_id, pool_id, key)
         return e
 
     def entry(self, client_id: str, pool_id: str, key: str, now: float) -> Entry | None:
@@ -322,9 +335,13 @@ class LeaseCache:
 
     def put(self, lease: Lease, confirmed: float) -> None:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
-        confirmed it was sent). An older confirmation never replaces a newer one; an entry
-        already past its validity is simply not kept."""
+        confirmed it was sent). An older confirmation never replaces a newer one, nor a
+        drop made after it (:meth:`drop`); an entry already past its validity is simply not
+        kept."""
         now = self.clock.mono()
+        dropped = self.dropped.get((lease.client_id, lease.pool_id, lease.key))
+        if dropped is not None and confirmed < dropped:
+            return
         d = self._pool_for(lease.client_id, lease.pool_id)
         key = lease.key
         current = d.get(key)
@@ -347,12 +364,60 @@ class LeaseCache:
             del d[key]  # re-inserted at the end: eviction goes oldest confirmation first
             self._n -= 1
         if not CR.serves(spare, now):
+            if current is not None:
+                self._unpublish(lease.client_id, lease.pool_id, key)
             return
         if self._n >= self.maxsize:
             self._make_room(now)
             d = self._pool_for(lease.client_id, lease.pool_id)  # purge drops empty pools
-        d[key] = pack_entry(lease, confirmed, until, self.region, spare)
+        d[key] = e = pack_entry(lease, confirmed, until, self.region, spare)
         self._n += 1
+        if self.published is not None:
+            self._publish(lease.client_id, lease.pool_id, key, e, now, lease)
+
+    # ------------------------------------------------------------------------- tables
+    def open_table(self, client_id: str) -> Table | None:
+        """The client's table (``rasd.daemon.published``), made with every answer this
+        cache now gives for the client if it is new; None when there are no tables."""
+        published = self.published
+        if published is None:
+            return None
+        t = published.get(client_id)
+        if t is None:
+            t = published.make(client_id)
+            now = self.clock.mono()
+            for pool_id, d in self.entries.get(client_id, {}).items():
+                for key, e in d.items():
+                    self._publish(client_id, pool_id, key, e, now)
+        return t
+
+    def _publish(
+        self,
+        client_id: str,
+        pool_id: str,
+        key: str,
+        e: Entry,
+        now: float,
+        lease: Lease | None = None,
+    ) -> None:
+        """Write entry ``e`` into its client's table, if that has one: served there as
+        :meth:`answer` would serve it, never past ``until``, with the pool's longest lease."""
+        assert self.published is not None
+        t = self.published.get(client_id)
+        if t is None:
+            return
+        until, _, confirmed, ext, _ = _UNPACK(e)
+        pool = self.pools.get((client_id, pool_id))
+        if pool is None or not CR.serves(until, now):
+            t.remove(pool_id, key)
+            return
+        if lease is None:
+            lease = lease_of(client_id, pool_id, key, e)
+        t.put(pool_id, key, until, confirmed + self._half_s, ext, pool.max_lease_us, lease)
+
+    def _unpublish(self, client_id: str, pool_id: str, key: str) -> None:
+        if self.published is not None:
+            self.published.drop(client_id, pool_id, key)
 
     def _pool_for(self, client_id: str, pool_id: str) -> _Pool:
         pools = self.entries.get(client_id)
@@ -364,20 +429,34 @@ class LeaseCache:
         return d
 
     def drop(self, k: CacheKey) -> None:
+        """Drop the key's entry (a release, a lease found lost or changed): from now on no put
+        confirmed before this time is kept (for S; past it such a put is past S anyway).
+        Kept in the order of the drops, so the oldest go first, as many as the cache."""
+        now = self.clock.mono()
+        dropped = self.dropped
+        dropped.pop(k, None)
+        dropped[k] = now
+        while True:
+            first = next(iter(dropped))
+            if now - dropped[first] <= self.confirm_s and len(dropped) <= self.maxsize:
+                break
+            del dropped[first]
         d = self.entries.get(k[0], {}).get(k[1])
         if d is not None and d.pop(k[2], None) is not None:
             self._n -= 1
+            self._unpublish(*k)
 
     # ------------------------------------------------------------------------- upkeep
     def purge(self, now: float) -> int:
         """Drop every entry past its validity; returns how many are left."""
         n = 0
         unpack = META.unpack_from
-        for pools in self.entries.values():
+        for cid, pools in self.entries.items():
             for pid, d in list(pools.items()):
                 dead = [k for k, e in d.items() if unpack(e)[1] <= now]
                 for k in dead:
                     del d[k]
+                    self._unpublish(cid, pid, k)
                 n += len(d)
                 if not d:
                     del pools[pid]
@@ -387,12 +466,13 @@ class LeaseCache:
     def _make_room(self, now: float) -> None:
         if self.purge(now) < self.maxsize:
             return
-        for pools in self.entries.values():
-            for d in pools.values():
+        for cid, pools in self.entries.items():
+            for pid, d in pools.items():
                 drop = max(1, len(d) // 8)
                 for k in [k for k, _ in zip(d, range(drop), strict=False)]:
                     del d[k]
                     self._n -= 1
+                    self._unpublish(cid, pid, k)
 
     def size(self) -> int:
         """Entries held, expired ones not yet dropped included (cheap: for gauges)."""

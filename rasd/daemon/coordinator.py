@@ -30,6 +30,7 @@ from ..observe.metrics import Counters
 from .acquire import Taker
 from .driver import Driver, Local, RolloutMode
 from .pools import PoolTable
+from .published import Published
 from .releaser import Releaser
 from .renewer import Renewer
 from .reporter import Reporter
@@ -46,17 +47,18 @@ class Coordinator:
         clock: Clock | None = None,
         counters: Counters | None = None,
         rng: random.Random | None = None,
+        published: Published | None = None,
     ) -> None:
         clock = clock or Clock()
         counters = counters or store.counters
         rollout = RolloutMode(cfg.legacy_agents)
         local = Local()
-        self.pool_table = pools = PoolTable(store, clock, rollout)
+        self.pool_table = pools = PoolTable(store, clock, rollout, published)
         self.driver = drv = Driver(
             cfg, store, clock, counters, rng or random.Random(), rollout, local
         )
         pools.driver = drv
-        self.renewer = Renewer(drv, pools, local)
+        self.renewer = Renewer(drv, pools, local, published)
         self.releaser = Releaser(drv, pools, local)
         self.reporter = Reporter(drv, pools, local)
         self.taker = Taker(drv, pools)

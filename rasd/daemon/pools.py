@@ -22,6 +22,7 @@ from ..core.errors import UnknownPool
 from ..core.lease import Pool
 from ..dynamo.store import Store
 from .driver import Driver, RolloutMode
+from .published import Published
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
 UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
@@ -30,8 +31,12 @@ UNKNOWN_POOL_MAX = 1024  # pool misses remembered at most (the oldest go first)
 class PoolTable:
     """The pools a daemon knows, by (client_id, pool_id), and those known not to exist."""
 
-    def __init__(self, store: Store, clock: Clock, rollout: RolloutMode) -> None:
+    def __init__(
+        self, store: Store, clock: Clock, rollout: RolloutMode, published: Published | None = None
+    ) -> None:
         self.store = store
+        #: the hit tables: a pool redefined or deleted leaves them at once
+        self.published = published
         #: the table's rollout record, read with the pools
         self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
@@ -49,8 +54,13 @@ class PoolTable:
         )
         self.rollout.update(rollout)
         by_id = self.by_id
+        fresh = {(p.client_id, p.pool_id): p for p in pools}
+        if self.published is not None:
+            for k, p in by_id.items():
+                if fresh.get(k) != p:
+                    self.published.drop_pool(*k)
         by_id.clear()  # in place: the roles and the cached hit hold this dict
-        by_id.update({(p.client_id, p.pool_id): p for p in pools})
+        by_id.update(fresh)
         self._strict_changed()
         return len(pools)
 

@@ -31,6 +31,7 @@ from ..steps.renew import extend_bg, reconfirm
 from .cache import CacheKey, LeaseCache
 from .driver import Driver, Local
 from .pools import PoolTable
+from .published import Published
 
 log = structlog.get_logger("rasd.daemon.renewer")
 
@@ -38,7 +39,9 @@ log = structlog.get_logger("rasd.daemon.renewer")
 class Renewer:
     """Extensions and re-confirmations of the leases this daemon serves."""
 
-    def __init__(self, driver: Driver, pools: PoolTable, local: Local) -> None:
+    def __init__(
+        self, driver: Driver, pools: PoolTable, local: Local, published: Published | None = None
+    ) -> None:
         cfg = driver.cfg
         self.driver = driver
         self.pools = pools.by_id
@@ -62,6 +65,7 @@ class Renewer:
             refreshing=self.refreshing,
             refresh=self.maybe_refresh,
             rules=cfg.rules(),
+            published=published,
         )
         local.refresh = self.refresh
         local.cache_put = cache.put

@@ -46,6 +46,7 @@ class ClockGuard:
         wall_us: Callable[[], int],
         mono: Callable[[], float] = time.monotonic,
         kernel: Callable[[], CT.KernelBound] = read_kernel_bound,
+        on_verdict: Callable[[bool], None] | None = None,
     ) -> None:
         if mode not in CT.MODES:
             raise ValueError(f"clock_check must be one of {', '.join(CT.MODES)}, not {mode!r}")
@@ -58,6 +59,8 @@ class ClockGuard:
         self._kernel = kernel
         #: why the clock is not trusted now; None: it is
         self.why: str | None = None
+        #: told each change of the verdict (True: not trusted), in the step that makes it
+        self.on_verdict = on_verdict
         self.kernel: CT.KernelBound | None = None
         #: the latest Date reading (signed microseconds; None: none yet) and when it came
         self.date_floor_us: int | None = None
@@ -125,6 +128,8 @@ class ClockGuard:
                     kernel_maxerror_s=None if self.kernel is None else self.kernel.maxerror_us / US,
                 )
             self.why = why
+            if self.on_verdict is not None:
+                self.on_verdict(why is not None)
 
     def snapshot(self) -> dict[str, Any]:
         """What ``rasd stats`` shows of the clock."""

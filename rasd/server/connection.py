@@ -29,7 +29,9 @@ reading for good and closes once the last request read is answered.
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
+import socket
 from typing import Any, Protocol
 
 import structlog
@@ -90,6 +92,7 @@ class Connection(asyncio.Protocol):
         "draining",
         "frames",
         "grant",
+        "handed",
         "held",
         "pending",
         "quiet",
@@ -119,6 +122,8 @@ class Connection(asyncio.Protocol):
         self.quiet = 0
         #: bytes of a half-received frame, as counted in the server's limits
         self.held = 0
+        #: the client_ids whose hit tables were handed over on this connection
+        self.handed: set[str] = set()
 
     @property
     def buffered(self) -> int:
@@ -256,6 +261,26 @@ class Connection(asyncio.Protocol):
         elif not self.closed and self.transport is not None:
             self.transport.write(encode(payload))
 
+    def send_fd(self, payload: dict[str, Any], fd: int) -> bool:
+        """Send ``payload`` with a copy of ``fd`` (SCM_RIGHTS), straight to the socket: only
+        when nothing else waits to be written before it. False when it could not be sent
+        whole now (nothing, or the connection is closed: part of a frame breaks the
+        stream)."""
+        transport = self.transport
+        if self.closed or transport is None or self.batch or transport.get_write_buffer_size():
+            return False
+        frame = encode(payload)
+        fileno = transport.get_extra_info("socket").fileno()
+        with socket.socket(fileno=os.dup(fileno)) as sock:
+            try:
+                sent = socket.send_fds(sock, [frame], [fd], socket.MSG_DONTWAIT)
+            except OSError:
+                return False
+        if sent != len(frame):
+            self.close()
+            return False
+        return True
+
     def send_frame(self, frame: bytes) -> None:
         """Send an answer already encoded (a cache entry's)."""
         if self.batch is not None:
@@ -267,3 +292,23 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def regrant(connections: set[Connection], acl: Acl) -> None:
+    """Every open connection granted again by ``acl`` (a reload); one that holds a hit table
+    its new grant does not cover is closed, so its client reads that table no more."""
+    for conn in list(connections):
+        if conn.transport is None or conn.cred is None:
+            continue
+        _, conn.grant = identify(acl, conn.transport.get_extra_info("socket"))
+        if not all(map(conn.grant.allows, conn.handed)):
+            conn.close()
+
+
+def sweep(connections: set[Connection], idle: int, frame: int, counters: Counters) -> None:
+    """Close the connections :meth:`Connection.tick` says to close now, counted by why."""
+    for conn in list(connections):
+        why = conn.tick(idle, frame)
+        if why is not None:
+            counters.inc(f"conn.closed.{why}")
+            conn.close()

@@ -45,6 +45,7 @@ from ..config import Config
 from ..core.clock import Clock, GuardedClock, clock_from_env
 from ..core.errors import RasdError
 from ..core.rollout import ROLLOUT_KEY
+from ..daemon.published import Published
 from ..limits import InflightGate
 from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
@@ -93,7 +94,16 @@ class Daemon:
         raw = clock or clock_from_env()
         #: this host's clock, watched (``rasd.server.clockwatch``); the roles get it guarded:
         #: no wall time while it is not trusted
-        self.clock_guard = ClockGuard(cfg.clock_check, cfg.max_clock_skew, raw.now_us, raw.mono)
+        #: the hit tables the cache publishes (None: ``hit_table`` off); paused while the
+        #: clock is not trusted, as the hit is
+        self.published = Published(cfg.hit_table_slots) if cfg.hit_table else None
+        self.clock_guard = ClockGuard(
+            cfg.clock_check,
+            cfg.max_clock_skew,
+            raw.now_us,
+            raw.mono,
+            on_verdict=None if self.published is None else self.published.pause,
+        )
         self.clock = raw if cfg.clock_check == "off" else GuardedClock(raw, self.clock_guard)
         self.counters = counters or (store.counters if store else Counters())
         # Both exist once the store is up (self.up is set; :meth:`attach`); nothing reads
@@ -328,6 +338,8 @@ class Daemon:
            then background writes are drained and the store closed, with no client waiting.
         """
         self.status.ready = False
+        if self.published is not None:  # no answer from a table of this process from now
+            self.published.close()
         if not self.handover.handed_over:  # after one the successor is the main process
             self.notifier.stopping(status="draining")
         log.info(

@@ -20,18 +20,12 @@ the outage   a miss in a pool with an outage budget asks the cache again, for an
              answered none of its calls (docs/design.md, "An outage budget").
 the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
              names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
-             client_id) and ``stats`` (one granted "*") answered at once, ``release`` and
-             ``headroom`` to admission.
-``_slow``    what needs DynamoDB must get a slot in the in-flight gate before its deadline or
-             is shed with ``BUSY`` at once, never queued, and then runs as a task: it waits for
-             the store if the daemon is still starting (:meth:`Router.wait_up`), calls the role
-             that answers the verb (``rasd.daemon.coordinator``: the taker, the releaser, the
-             reporter) within the request's deadline, and writes the answer with its ``id``.
-
-Admission, in order, for every request: the caller's Unix credentials (SO_PEERCRED, read once
-per connection) against the ACL -> ``FORBIDDEN``; a cache hit is answered at once; anything
-that needs DynamoDB must pass its client_id's rate (``call_rate_limit``) and get a slot in the
-in-flight gate before its deadline -> ``BUSY``.
+             client_id) and ``stats`` (one granted "*") answered at once, ``table`` and
+             ``touch`` (``rasd.server.hittable``), ``release`` and ``headroom`` to admission
+             (the client_id's rate, ``call_rate_limit``, then the gate: ``BUSY``).
+``_slow``    what needs DynamoDB gets a slot in the in-flight gate before its deadline or is
+             shed with ``BUSY``, never queued; as a task it waits for the store while the daemon
+             starts, calls the role for the verb within the deadline and writes the answer.
 
 :class:`Router` is what a connection serves (``connection.Server``): ``Daemon``
 (rasd.server.lifecycle) makes it with the few things the request paths read, and hands it the
@@ -70,8 +64,10 @@ from ..observe.metrics import Counters
 from ..observe.pools import PoolMetrics
 from ..observe.prom import LatencyHistograms
 from ..wire import LeaseFields, lease_fields
-from .connection import Connection, connection_limits
-from .peercred import Acl, identify
+from . import hittable
+from .connection import Connection, connection_limits, regrant, sweep
+from .hittable import Answer
+from .peercred import Acl
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
     from ..daemon.acquire import Taker
@@ -91,9 +87,6 @@ HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 #: of a request that may fall back on an outage window's entry: the seconds kept back from
 #: the taker to answer from it, at most this share of the deadline
 SPARE_RESERVE, SPARE_RESERVE_SHARE = 0.05, 0.2
-
-#: what the cache answers a get_lease (``LeaseCache.answer``)
-Answer = Callable[[str, str, str, int, float, int], bytes | None]
 
 
 def _not_up(c: str, p: str, k: str, e: int, now: float, rid: int) -> bytes | None:
@@ -181,21 +174,14 @@ class Router:
     def regrant(self, acl: Acl) -> None:
         """A new access list (SIGHUP): for new connections, and every open one granted again."""
         self.acl = acl
-        for conn in list(self.connections):
-            if conn.transport is not None and conn.cred is not None:
-                _, conn.grant = identify(acl, conn.transport.get_extra_info("socket"))
+        regrant(self.connections, acl)
 
     def sweep(self) -> None:
         """Once a second: close the connections that held a half-received frame for
         ``frame_timeout`` s or were idle for ``idle_timeout`` s (``Connection.tick``)."""
         self.calls.sweep(time.monotonic())
-        idle = math.ceil(self.cfg.idle_timeout)
-        frame = math.ceil(self.cfg.frame_timeout)
-        for conn in list(self.connections):
-            why = conn.tick(idle, frame)
-            if why is not None:
-                self.counters.inc(f"conn.closed.{why}")
-                conn.close()
+        idle, frame = math.ceil(self.cfg.idle_timeout), math.ceil(self.cfg.frame_timeout)
+        sweep(self.connections, idle, frame, self.counters)
 
     def handle(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> bytes | None:
         """Every frame: a cache hit as its answer frame (the connection writes it); None when
@@ -320,6 +306,16 @@ class Router:
                 self._send_error(conn, req.id, Forbidden(why))
                 return
             conn.send(protocol.ok(req.id, **self.stats()))
+            return
+        if req.op == "touch":  # one way: no answer, whatever it finds
+            if self.up.is_set() and self.clock_guard.why is None:
+                hittable.touch(req, self.answer, self._mono(), counters)
+            return
+        if req.op == "table":
+            cache = self.coordinator.cache if self.up.is_set() else None
+            refused = hittable.hand_table(conn, req, cache, self._mono())
+            if refused is not None:
+                self._send_error(conn, req.id, refused)
             return
         args = (
             (req.client_id, req.pool_id, req.key)
@@ -487,6 +483,7 @@ class Router:
             "cache_leases": len(co.cache) if co else 0,
             "pools": len(co.pools) if co else 0,
             "prefetch_depth": co.prefetch.depth() if co else 0,
+            "hit_table": co.cache.published.stats() if co and co.cache.published else None,
             "connections": len(self.connections),
             "buffered_bytes": self.limits.buffered,
             "inflight": len(self.inflight),

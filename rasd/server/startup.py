@@ -42,6 +42,7 @@ from .routing import Status
 
 if TYPE_CHECKING:  # imported at run time by attempt(), after the socket already serves
     from ..daemon.coordinator import Coordinator
+    from ..daemon.published import Published
     from ..dynamo.store import Store
     from .clockwatch import ClockGuard
 
@@ -60,6 +61,7 @@ class Host(Protocol):
     cfg: Config
     clock: Clock
     clock_guard: ClockGuard
+    published: Published | None
     counters: Counters
     status: Status
     exit_status: int
@@ -129,7 +131,9 @@ class BringUp:
             if store.aws is not None:
                 self.resolved_endpoint = store.aws.endpoint_url
             await store.warm(cfg.startup_deadline)
-            coordinator = roles_mod.Coordinator(cfg, store, host.clock, host.counters)
+            coordinator = roles_mod.Coordinator(
+                cfg, store, host.clock, host.counters, published=host.published
+            )
             n: int = await coordinator.pool_table.load(deadline)
         except BaseException:
             if store is not self.given_store:

@@ -51,3 +51,13 @@ def make_daemon(moto_endpoint: str, table: str, short_tmp: Path) -> Callable[...
             await d.shutdown(drain=2.0)
 
     return factory
+
+
+@pytest.fixture
+def socket_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients of this test (this process's, and those it starts) ask over the socket
+    only, never a hit table: for the tests that count the socket path's connections."""
+    from rasd_client import _table
+
+    monkeypatch.setenv("RASD_CLIENT_TABLE", "0")
+    monkeypatch.setattr(_table.current, "enabled", False)

@@ -95,7 +95,7 @@ async def first_burst(sock: str, keys: list[str]) -> tuple[list[Any], list[str]]
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_first_burst_of_500_calls_uses_one_connection(
-    daemon: str, loop: str, caplog: pytest.LogCaptureFixture
+    daemon: str, loop: str, caplog: pytest.LogCaptureFixture, socket_only: None
 ) -> None:
     """500 concurrent get_lease calls as a loop's first use of the client (490 cache hits
     over 50 keys, 10 new keys): one connection to the daemon, 500 leases, each key's answers
@@ -209,7 +209,7 @@ async def http_get(port: int, path: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_uvicorn_workers_first_burst_uses_one_connection(
-    daemon: str, loop: str, short_tmp: Path
+    daemon: str, loop: str, short_tmp: Path, socket_only: None
 ) -> None:
     """uvicorn's worker gets 500 concurrent HTTP requests, each calling
     ``await rasd_client.aio.get_lease``, before it has used the client: all are answered

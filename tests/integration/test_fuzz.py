@@ -351,7 +351,9 @@ async def test_fuzzed_peers_never_disturb_a_good_client(
     assert counters.get("req.internal", 0) == 0
 
 
-async def test_decode_buffers_stay_within_one_frame(ddb: Any, table: str, make_daemon: Any) -> None:
+async def test_decode_buffers_stay_within_one_frame(
+    ddb: Any, table: str, make_daemon: Any, socket_only: None
+) -> None:
     """Many peers each holding the largest allowed partial frame cost at most one frame of
     buffer each (64 KiB + 4), and all of it is returned when they go away."""
     seed_pool(ddb, table, count=3)

@@ -209,7 +209,7 @@ async def demo_lease(sock: str) -> Any:
 
 
 async def test_half_sent_frames_stay_within_the_bound_and_are_closed(
-    ddb: Any, table: str, make_daemon: Any
+    ddb: Any, table: str, make_daemon: Any, socket_only: None
 ) -> None:
     """40 connections each send 65,535 bytes of a 65,536-byte frame: the daemon holds at most
     ``max_buffered_bytes`` (1 MiB here) of them, closing the connections past it; the rest
@@ -247,7 +247,7 @@ async def test_half_sent_frames_stay_within_the_bound_and_are_closed(
 
 
 async def test_an_idle_connection_is_closed_and_the_clients_reconnect(
-    ddb: Any, table: str, make_daemon: Any
+    ddb: Any, table: str, make_daemon: Any, socket_only: None
 ) -> None:
     """``idle_timeout`` (1 s here): connections that ask nothing are closed, the sync and the
     async client's alike; each client's next call goes out on a new connection and is

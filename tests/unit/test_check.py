@@ -21,6 +21,7 @@ from check.__main__ import (
     DEDUPE_PENDING,
     EXTEND_SHARED,
     EXTEND_SHARED_PREFIX,
+    HIT_TABLE,
     MIXED,
     MIXED_EXTEND,
     MIXED_LAPSED,
@@ -52,6 +53,7 @@ from check.rulesets import (
     BAD_E,
     BAD_G,
     BAD_H,
+    BAD_HT,
     BAD_L,
     BAD_M,
     BAD_O,
@@ -1023,3 +1025,20 @@ def test_real_rules_keep_a_cut_off_hosts_window_answers_within_the_pools_quarant
     bad = bfs(small, BAD_O2, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
     assert bad.violation is not None, "no window answer explored"
     assert any("OUTAGE HIT" in lab for lab, _ in bad.trace), format_trace(bad)
+
+
+# ------------------------------------------------------------------------ the hit table
+def test_bad_ht_a_table_read_past_s_is_caught() -> None:
+    """HT: a hit table answers an entry up to its lease's end, not S: d1's other worker
+    reads k1 from it after d0's release, once ra is claimable (I1)."""
+    res = bfs(HIT_TABLE, BAD_HT, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert res.violation is not None and res.violation.name == "I1", format_trace(res)
+    assert any("TABLE HIT" in lab for lab, _ in res.trace), format_trace(res)
+
+
+def test_real_rules_hold_with_a_hit_table_read_while_the_daemon_is_busy() -> None:
+    """k1 released through d0 while d1, which served it, has requests in flight and its
+    other workers read its table at any step: every interleaving keeps I1 and I2."""
+    res = bfs(HIT_TABLE, REAL, prefix=OUTAGE_RELEASED, ops_after_prefix=2)
+    assert res.complete and res.violation is None, format_trace(res)
+    assert res.states > 10_000

@@ -27,7 +27,7 @@ def test_the_real_rules_hold_in_every_world_the_swarm_draws() -> None:
     # every actor and every fault took part in some run
     for actor in ("daemon get_lease", "rasadmin release-resource", "dedupe", "balancer",
                   "paper agent", "rollout switch", "adopt sweep", "crash",
-                  "liberator", "outage window"):  # fmt: skip
+                  "liberator", "outage window", "hit table"):  # fmt: skip
         assert cov.actors[actor] > 0, actor
     kinds = {k for k, _ in cov.faults}
     assert {"unsent", "in_flight", "reply_lost", "read_back_later", "read_failed"} <= kinds

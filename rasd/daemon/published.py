@@ -1,0 +1,219 @@
+"""The tables: what the lease cache may answer, published in shared memory for the clients.
+
+One table per client_id, made when a process first asks for it (``LeaseCache.open_table``):
+a memfd the daemon maps read-write and then seals (no new writable mapping, no resize), so
+the processes it is handed to can only read it. The layout is the client's
+(``rasd_client._table``). The cache writes every entry it stores into its client's table and
+removes every entry it drops, in the same step of the event loop, so a table never holds an
+answer the cache would not give (docs/design.md, "The table").
+
+A slot is written inside an odd ``seq`` with a crc, so a reader never takes a torn one. Each
+name goes to one bucket of ``ways`` slots; a full bucket gives up the slot that is served the
+shortest (an eviction: that key is answered over the socket until it fits again).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from zlib import crc32
+
+from rasd_client._table import (
+    CLOSED,
+    HEADER,
+    HEADER_SIZE,
+    LAYOUT,
+    MAGIC,
+    PAUSED,
+    SEQ,
+    SERVING,
+    SLOT,
+    SLOT_HEAD,
+    SLOT_ROOM,
+    STATE,
+    STATE_AT,
+    TAGS_SIZE,
+    bucket_size,
+    table_size,
+)
+
+from ..core.lease import Lease
+
+#: seal no further writable mapping (Linux >= 5.1; not in the fcntl module)
+F_SEAL_FUTURE_WRITE = 0x0010
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
+WAYS = 4
+_BODY = struct.Struct(SLOT_HEAD.format[:1] + SLOT_HEAD.format[3:])  # the slot after seq, crc
+_TAG = struct.Struct("<I")
+_UNTIL = struct.Struct("<d")
+_UNTIL_AT = 20  # the slot's ``until``
+
+
+class Table:
+    """One client_id's table, written by the daemon alone."""
+
+    def __init__(self, client_id: str, buckets: int, ways: int = WAYS) -> None:
+        self.size = table_size(buckets, ways)
+        self.ways = ways
+        self.mask = buckets - 1
+        fd = os.memfd_create(f"rasd-table:{client_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, self.size)
+            self.mm = mmap.mmap(fd, self.size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        except BaseException:
+            os.close(fd)
+            raise
+        #: the fd handed to the clients (read-only for them: sealed)
+        self.fd = fd
+        self.epoch = 1
+        HEADER.pack_into(self.mm, 0, MAGIC, LAYOUT, ways, buckets, SERVING, self.epoch)
+        #: (pool_id, key) -> the slot that holds it; and the reverse
+        self.where: dict[tuple[str, str], int] = {}
+        self.owner: dict[int, tuple[str, str]] = {}
+        self.evictions = 0
+        self.too_big = 0
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def set_state(self, state: int) -> None:
+        STATE.pack_into(self.mm, STATE_AT, state, self.epoch)
+
+    def put(
+        self,
+        pool_id: str,
+        key: str,
+        until: float,
+        touch: float,
+        extend_from_us: int,
+        max_lease_us: int,
+        lease: Lease,
+    ) -> None:
+        """Publish the answer for ``key``: served until ``until``, touched past ``touch``."""
+        pool_b = pool_id.encode()
+        name = pool_b + key.encode()
+        res_b = lease.resource.encode()
+        reg_b = lease.region.encode()
+        if len(name) + len(res_b) + len(reg_b) > SLOT_ROOM:
+            self.too_big += 1
+            self.remove(pool_id, key)
+            return
+        k = (pool_id, key)
+        off = self.where.get(k)
+        h = crc32(name)
+        base = HEADER_SIZE + ((h >> 1) & self.mask) * bucket_size(self.ways)
+        if off is None:
+            off = self._slot(base)
+            self.where[k] = off
+            self.owner[off] = k
+        body = _BODY.pack(
+            self.epoch,
+            len(pool_b),
+            len(name),
+            len(res_b),
+            len(reg_b),
+            until,
+            touch,
+            extend_from_us,
+            max_lease_us,
+            lease.expires_us,
+            lease.version,
+        )
+        body += name + res_b + reg_b
+        self._write(off, body)
+        _TAG.pack_into(self.mm, base + 4 * ((off - base - TAGS_SIZE) // SLOT), h | 1)
+
+    def _slot(self, base: int) -> int:
+        """A slot of the bucket at ``base`` for a new name: a free one, else the one served
+        the shortest (evicted)."""
+        first = base + TAGS_SIZE
+        slots = range(first, first + self.ways * SLOT, SLOT)
+        for off in slots:
+            if off not in self.owner:
+                return off
+        off = min(slots, key=lambda o: _UNTIL.unpack_from(self.mm, o + _UNTIL_AT)[0])
+        del self.where[self.owner.pop(off)]
+        self.evictions += 1
+        return off
+
+    def _write(self, off: int, body: bytes) -> None:
+        mm = self.mm
+        seq = SEQ.unpack_from(mm, off)[0] | 1  # odd: being written
+        SEQ.pack_into(mm, off, seq)
+        mm[off + 4 : off + 8 + len(body)] = _TAG.pack(crc32(body)) + body
+        SEQ.pack_into(mm, off, (seq + 1) & 0xFFFFFFFF)
+
+    def remove(self, pool_id: str, key: str) -> None:
+        off = self.where.pop((pool_id, key), None)
+        if off is None:
+            return
+        del self.owner[off]
+        self._write(off, _BODY.pack(self.epoch, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
+        base = HEADER_SIZE + (off - HEADER_SIZE) // bucket_size(self.ways) * bucket_size(self.ways)
+        _TAG.pack_into(self.mm, base + 4 * ((off - base - TAGS_SIZE) // SLOT), 0)
+
+    def remove_pool(self, pool_id: str) -> None:
+        for p, k in [pk for pk in self.where if pk[0] == pool_id]:
+            self.remove(p, k)
+
+    def close(self) -> None:
+        self.set_state(CLOSED)
+        os.close(self.fd)
+
+
+class Published:
+    """The tables of one daemon, by client_id; None of them until a process asks."""
+
+    def __init__(self, slots: int, ways: int = WAYS) -> None:
+        self.ways = ways
+        self.buckets = 1 << max(0, (max(1, slots // ways) - 1).bit_length())
+        self.tables: dict[str, Table] = {}
+        self.state = SERVING
+        self.touches = 0
+
+    def get(self, client_id: str) -> Table | None:
+        return self.tables.get(client_id)
+
+    def make(self, client_id: str) -> Table:
+        t = self.tables[client_id] = Table(client_id, self.buckets, self.ways)
+        t.set_state(self.state)
+        return t
+
+    def drop(self, client_id: str, pool_id: str, key: str) -> None:
+        t = self.tables.get(client_id)
+        if t is not None:
+            t.remove(pool_id, key)
+
+    def drop_pool(self, client_id: str, pool_id: str) -> None:
+        """A pool redefined or deleted: none of its answers is served from the table."""
+        t = self.tables.get(client_id)
+        if t is not None:
+            t.remove_pool(pool_id)
+
+    def pause(self, paused: bool) -> None:
+        """Serve from no table (this host's clock is not trusted), or again."""
+        self._set(PAUSED if paused else SERVING)
+
+    def close(self) -> None:
+        """Shutting down: no table is read again (the clients ask the next daemon)."""
+        self._set(CLOSED)
+
+    def _set(self, state: int) -> None:
+        if self.state == CLOSED:
+            return
+        self.state = state
+        for t in self.tables.values():
+            t.set_state(state)
+
+    def stats(self) -> dict[str, int]:
+        ts = self.tables.values()
+        return {
+            "tables": len(self.tables),
+            "entries": sum(len(t) for t in ts),
+            "evictions": sum(t.evictions for t in ts),
+            "too_big": sum(t.too_big for t in ts),
+            "touches": self.touches,
+        }
