@@ -188,6 +188,9 @@ class _Holder:
             pass
 
 
+#: the daemon's monotonic clock at the hand-over is the client's within this (else another
+#: time namespace's: no table)
+SAME_CLOCK = 0.25
 #: seconds a process waits before asking again for a table it could not get
 RETRY_AFTER = 5.0
 #: seconds between two touches of one entry by one process
@@ -301,7 +304,11 @@ class Tables:
             return
         path = path or os.environ.get("RASD_SOCKET") or DEFAULT_SOCKET
         holder = self.holders.get(path)
-        if holder is None or client_id not in holder.tables or not holder.alive():
+        table = None if holder is None else holder.tables.get(client_id)
+        if table is None or not holder.alive():  # type: ignore[union-attr]
+            self._open_later(path, client_id, 1.0)
+        elif table.state() == CLOSED:  # retired by the daemon: a new one is handed
+            holder.tables.pop(client_id, None)  # type: ignore[union-attr]
             self._open_later(path, client_id, 1.0)
 
     def _open_later(self, path: str, client_id: str, timeout: float) -> None:
@@ -378,7 +385,7 @@ class Tables:
             resp = frames[0]
             if not isinstance(resp, dict) or not resp.get("ok") or len(fds) != 1:
                 raise ValueError(f"no table: {resp!r}")
-            if abs(float(resp["mono"]) - time.monotonic()) > 1.0:
+            if abs(float(resp["mono"]) - time.monotonic()) > SAME_CLOCK:
                 raise ValueError("the daemon's monotonic clock is not this process's")
             try:
                 mm = mmap.mmap(fds[0], 0, mmap.MAP_SHARED, mmap.PROT_READ)

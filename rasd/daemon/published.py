@@ -160,7 +160,14 @@ class Table:
             self.remove(p, k)
 
     def close(self) -> None:
+        """Closed for good and emptied: a process that kept its mapping reads nothing."""
         self.set_state(CLOSED)
+        zeros = bytes(1 << 20)
+        for at in range(HEADER_SIZE, self.size, len(zeros)):
+            end = min(self.size, at + len(zeros))
+            self.mm[at:end] = zeros[: end - at]
+        self.where.clear()
+        self.owner.clear()
         os.close(self.fd)
 
 
@@ -181,6 +188,14 @@ class Published:
         t = self.tables[client_id] = Table(client_id, self.buckets, self.ways)
         t.set_state(self.state)
         return t
+
+    def retire(self, client_ids: set[str]) -> None:
+        """A reload revoked a grant of these client_ids: their tables are emptied and closed,
+        and the next process granted one is handed a new table."""
+        for c in client_ids:
+            t = self.tables.pop(c, None)
+            if t is not None:
+                t.close()
 
     def drop(self, client_id: str, pool_id: str, key: str) -> None:
         t = self.tables.get(client_id)

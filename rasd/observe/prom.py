@@ -18,6 +18,7 @@ Counter names map to metric families like this (anything unknown is still export
     shed.<reason>                    rasd_shed_requests_total{reason="busy"|"rate_limited"|...}
     err.<CODE>                       rasd_request_errors_total{code="NO_CAPACITY"|...}
     outage.<path>                    rasd_outage_answers_total{path="at_once"|"after_failure"}
+    table.handed, table.touches      rasd_hit_table_handed_total, rasd_hit_table_touches_total
     req.total                        rasd_requests_total
 
 Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server, a thread per
@@ -168,7 +169,11 @@ _PREFIX: dict[str, tuple[str, str]] = {
     "conn.refused.": ("connections_refused", "limit"),
     "conn.closed.": ("connections_closed", "reason"),
 }
-_RENAME = {"req.total": "requests"}
+_RENAME = {
+    "req.total": "requests",
+    "table.handed": "hit_table_handed",
+    "table.touches": "hit_table_touches",
+}
 _HELP = {
     "dynamodb_calls": "DynamoDB calls (each attempt, retries included) by operation.",
     "dynamodb_throttles": "DynamoDB calls refused by throttling (retried within the deadline).",
@@ -190,6 +195,11 @@ _HELP = {
         "at_once, or after_failure of the request's own calls."
     ),
     "requests": "Requests received.",
+    "hit_table_handed": "Hit tables handed to client processes (at their first answer).",
+    "hit_table_touches": (
+        "Notices that an answer past S/2 was read from a hit table (the daemon re-confirms "
+        "or extends it as after a hit)."
+    ),
 }
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
 

@@ -294,15 +294,19 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def regrant(connections: set[Connection], acl: Acl) -> None:
+def regrant(connections: set[Connection], acl: Acl) -> set[str]:
     """Every open connection granted again by ``acl`` (a reload); one that holds a hit table
-    its new grant does not cover is closed, so its client reads that table no more."""
+    its new grant does not cover is closed. Returns the client_ids of such tables."""
+    revoked: set[str] = set()
     for conn in list(connections):
         if conn.transport is None or conn.cred is None:
             continue
         _, conn.grant = identify(acl, conn.transport.get_extra_info("socket"))
-        if not all(map(conn.grant.allows, conn.handed)):
+        lost = {c for c in conn.handed if not conn.grant.allows(c)}
+        if lost:
+            revoked |= lost
             conn.close()
+    return revoked
 
 
 def sweep(connections: set[Connection], idle: int, frame: int, counters: Counters) -> None:

@@ -8,6 +8,8 @@ when scraped and serves them from a thread, so each gauge only reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import __version__
 from ..observe.prom import Gauge, MetricsServer, build_registry, start_http
 from .routing import Router
@@ -27,6 +29,13 @@ def serve(port: int, router: Router) -> MetricsServer:
         bufs = router.coordinator.prefetch.buffers
         return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
 
+    def hit_table(field: str) -> Callable[[], int]:
+        def read() -> int:
+            published = router.coordinator.cache.published if up.is_set() else None
+            return published.stats()[field] if published is not None else 0
+
+        return read
+
     def claimable() -> dict[tuple[str, str], int]:
         if not up.is_set():
             return {}
@@ -43,6 +52,15 @@ def serve(port: int, router: Router) -> MetricsServer:
                 lambda: int(up.is_set()),
             ),
             "inflight": Gauge("Requests doing DynamoDB work", lambda: router.gate.inflight),
+            "hit_table_entries": Gauge(
+                "Answers published in the hit tables (shared memory the clients read)",
+                hit_table("entries"),
+            ),
+            "hit_table_evictions": Gauge(
+                "Answers given up since start for want of a free slot in their bucket "
+                "(answered over the socket instead; grows steadily: raise hit_table_slots)",
+                hit_table("evictions"),
+            ),
             "clock_trusted": Gauge(
                 "1 while this host's clock is trusted within half of max_clock_skew, 0 while "
                 "the daemon refuses for it (rasd_clock_* and the clock_untrusted log say why)",

@@ -19,7 +19,11 @@ Answer = Callable[[str, str, str, int, float, int], bytes | None]
 
 
 def hand_table(
-    conn: Connection, req: protocol.Request, cache: LeaseCache | None, now: float
+    conn: Connection,
+    req: protocol.Request,
+    cache: LeaseCache | None,
+    now: float,
+    counters: Counters,
 ) -> RasdError | None:
     """Send ``req.client_id``'s table (its fd, SCM_RIGHTS) with the daemon's monotonic time,
     by which the client checks that it shares this clock; the error to answer otherwise.
@@ -34,6 +38,7 @@ def hand_table(
     if not conn.send_fd(answer, table.fd):
         return Unavailable("the table could not be handed over now; ask again")
     conn.handed.add(req.client_id)
+    counters.inc("table.handed")
     return None
 
 

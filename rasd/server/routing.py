@@ -174,7 +174,9 @@ class Router:
     def regrant(self, acl: Acl) -> None:
         """A new access list (SIGHUP): for new connections, and every open one granted again."""
         self.acl = acl
-        regrant(self.connections, acl)
+        revoked = regrant(self.connections, acl)
+        if revoked and self.up.is_set() and self.coordinator.cache.published is not None:
+            self.coordinator.cache.published.retire(revoked)  # a process may keep its map
 
     def sweep(self) -> None:
         """Once a second: close the connections that held a half-received frame for
@@ -313,7 +315,7 @@ class Router:
             return
         if req.op == "table":
             cache = self.coordinator.cache if self.up.is_set() else None
-            refused = hittable.hand_table(conn, req, cache, self._mono())
+            refused = hittable.hand_table(conn, req, cache, self._mono(), counters)
             if refused is not None:
                 self._send_error(conn, req.id, refused)
             return

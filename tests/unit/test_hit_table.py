@@ -80,6 +80,19 @@ def test_removed_paused_and_closed_tables_answer_nothing() -> None:
     assert find(r, "q", "a") is None and r.state() == T.CLOSED
 
 
+def test_a_retired_table_is_emptied_for_a_process_that_kept_its_mapping() -> None:
+    """A reload revoked a grant: the table is closed and zeroed, so a process that kept its
+    mapping reads nothing from then on, and the client_id gets a new table."""
+    published = Published(64)
+    t = published.make("c")
+    t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "secret"))
+    kept = reader(t)
+    published.retire({"c"})
+    assert kept.state() == T.CLOSED and published.get("c") is None
+    assert b"secret" not in bytes(kept.mm) and find(kept, "p", "k") is None
+    assert published.make("c") is not t
+
+
 def test_a_full_bucket_gives_up_the_answer_served_the_shortest() -> None:
     t = Table("c", 1)  # one bucket of four
     for i in range(4):
