@@ -39,9 +39,8 @@ class Config:
     # --- cache and leases ----------------------------------------------------------------
     #: Most leases kept in memory (~0.5 KB each).
     cache_max_leases: int = 200_000
-    #: Publish what the cache may answer in shared memory, one read-only table per client_id,
-    #: which the clients read without a round trip (docs/protocol.md, "The hit table"). Each
-    #: table holds hit_table_slots answers at most (256 bytes each, memory used as filled).
+    #: The hit table: what the cache may answer, in read-only shared memory per client_id
+    #: (docs/protocol.md), hit_table_slots answers at most (256 bytes each, used as filled).
     hit_table: bool = True
     hit_table_slots: int = 262_144
     #: A cached lease is served only until lease_expires minus this margin: hosts' clocks may
@@ -457,17 +456,13 @@ def _coerce(name: str, raw: Any, source: str) -> Any:
 
 
 def _flatten_acl(doc: dict[str, Any]) -> dict[str, Any]:
+    """``[acl] user.www-data = [...]`` reads as {"user": {"www-data": [...]}}: flattened."""
     acl = doc.get("acl")
-    if isinstance(acl, dict):
-        flat: dict[str, list[str]] = {}
-        for kind, table in acl.items():
-            if isinstance(table, dict):
-                for ident, clients in table.items():
-                    flat[f"{kind}.{ident}"] = clients
-            else:
-                flat[kind] = table
-        doc = {**doc, "acl": flat}
-    return doc
+    if not isinstance(acl, dict):
+        return doc
+    flat = {k: v for k, v in acl.items() if not isinstance(v, dict)}
+    flat |= {f"{k}.{i}": c for k, t in acl.items() if isinstance(t, dict) for i, c in t.items()}
+    return {**doc, "acl": flat}
 
 
 def load(
