@@ -32,7 +32,7 @@ PATH = "/nonexistent/rasd-bench.sock"
 
 def setup() -> list[str]:
     """This process's client state holding one table of KEYS answers, valid for an hour."""
-    writer = Writer("bench", 1 << 12)
+    writer = Writer("bench", 1 << 12, 1 << 12)
     now = time.monotonic()
     end_us = time.time_ns() // 1000 + 3600 * US
     keys = [f"key-{i:04d}" for i in range(KEYS)]

@@ -17,9 +17,10 @@ still answers from the entry and sends a ``touch``. Anything else asks over the 
 
 Layout, little-endian:
 
-    header   64 bytes: magic, layout, ways, buckets, state, epoch
-    bucket   ``ways`` u32 tags (a hint: crc32 of the name, low bit set) padded to 64 bytes,
-             then ``ways`` slots of SLOT bytes
+    header   64 bytes: magic, layout, ways, buckets, state, epoch, slots
+    index    ``buckets`` buckets of ``ways`` u32 tags (a hint: crc32 of the name, low bit set;
+             0: empty) and ``ways`` u32 slot numbers; a name's bucket is its crc32 / 2
+    slots    ``slots`` slots of SLOT bytes, used from the first on (memory used as filled)
     slot     seq (odd while the daemon writes it), crc (crc32 of the slot from byte 8 to the
              end of its strings), epoch, the lengths of pool_id, name, resource and region,
              until, touch, extend_from_us, max_lease_us, lease_expires_us, version; then the
@@ -48,28 +49,32 @@ from ._common import DEFAULT_SOCKET, Lease, expires_us
 
 MAGIC = 0x52415344  # "RASD"
 LAYOUT = 1
-HEADER = struct.Struct("<IHHIII")  # magic, layout, ways, buckets, state, epoch
+HEADER = struct.Struct("<IHHIIII")  # magic, layout, ways, buckets, state, epoch, slots
 HEADER_SIZE = 64
 STATE_AT = 12  # state, epoch
 STATE = struct.Struct("<II")
 #: the header's state: the daemon serves from this table; it paused it (its clock is not
 #: trusted); it closed it for good (shutting down)
 CLOSED, SERVING, PAUSED = 0, 1, 2
-TAGS_SIZE = 64
 SLOT = 256
 SLOT_HEAD = struct.Struct("<IIIHHHHddqqqq")
 SEQ = struct.Struct("<I")
 #: bytes of names, resource and region a slot holds; a longer answer is not published
 SLOT_ROOM = SLOT - SLOT_HEAD.size
-MAX_WAYS = 15  # the tags fit their 64 bytes
-
-
-def table_size(buckets: int, ways: int) -> int:
-    return HEADER_SIZE + buckets * bucket_size(ways)
+MAX_WAYS = 16
 
 
 def bucket_size(ways: int) -> int:
-    return TAGS_SIZE + ways * SLOT
+    return 8 * ways
+
+
+def slots_at(buckets: int, ways: int) -> int:
+    """Where the slots start: after the index, on a 4 KiB page."""
+    return -(-(HEADER_SIZE + buckets * bucket_size(ways)) // 4096) * 4096
+
+
+def table_size(buckets: int, ways: int, slots: int) -> int:
+    return slots_at(buckets, ways) + slots * SLOT
 
 
 def name_hash(name: bytes) -> int:
@@ -85,19 +90,21 @@ Seen = tuple[int, int, bytes, int, float, float, int, int, Lease]
 class Table:
     """One client_id's table, mapped read-only."""
 
-    __slots__ = ("buckets", "mask", "mm", "seen", "tags", "ways")
+    __slots__ = ("bucket", "mask", "mm", "nslots", "seen", "slots_at", "ways")
 
     def __init__(self, mm: mmap.mmap) -> None:
-        magic, layout, ways, buckets, _, _ = HEADER.unpack_from(mm, 0)
+        magic, layout, ways, buckets, _, _, slots = HEADER.unpack_from(mm, 0)
         if magic != MAGIC or layout != LAYOUT or not 0 < ways <= MAX_WAYS:
             raise ValueError("not a rasd table of this layout")
-        if buckets & (buckets - 1) or len(mm) < table_size(buckets, ways):
+        if buckets & (buckets - 1) or len(mm) < table_size(buckets, ways, slots):
             raise ValueError("a rasd table of the wrong size")
         self.mm = mm
         self.ways = ways
-        self.buckets = buckets
         self.mask = buckets - 1
-        self.tags = struct.Struct(f"<{ways}I").unpack_from
+        self.nslots = slots
+        self.slots_at = slots_at(buckets, ways)
+        #: a bucket: its tags, then its slot numbers
+        self.bucket = struct.Struct(f"<{2 * ways}I").unpack_from
         #: slot offset -> what it held at its last read (a seq unchanged since: the same)
         self.seen: dict[int, Seen] = {}
 
@@ -114,11 +121,15 @@ class Table:
             return None
         h = crc32(name)
         tag = h | 1
-        base = HEADER_SIZE + ((h >> 1) & self.mask) * (TAGS_SIZE + self.ways * SLOT)
-        tags = self.tags(mm, base)
+        ways = self.ways
+        bucket = self.bucket(mm, HEADER_SIZE + ((h >> 1) & self.mask) * 8 * ways)
+        tags = bucket[:ways]
         if tag not in tags:
             return None
-        off = base + TAGS_SIZE + tags.index(tag) * SLOT
+        n = bucket[ways + tags.index(tag)]
+        if n >= self.nslots:
+            return None
+        off = self.slots_at + n * SLOT
         seq = SEQ.unpack_from(mm, off)[0]
         seen = self.seen.get(off)
         if seen is None or seen[0] != seq or seen[1] != epoch:

@@ -8,8 +8,10 @@ removes every entry it drops, in the same step of the event loop, so a table nev
 answer the cache would not give (docs/design.md, "The table").
 
 A slot is written inside an odd ``seq`` with a crc, so a reader never takes a torn one. Each
-name goes to one bucket of ``ways`` slots; a full bucket gives up the slot that is served the
-shortest (an eviction: that key is answered over the socket until it fits again).
+name goes to one bucket of ``ways`` index entries; a full bucket gives up the answer served
+the shortest, a full table its oldest (an eviction: that key is answered over the socket
+until it is published again). Slots are used from the first on, so a table's memory grows
+with what it holds, whatever the number of tables.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from rasd_client._table import (
     SLOT_ROOM,
     STATE,
     STATE_AT,
-    TAGS_SIZE,
     bucket_size,
+    slots_at,
     table_size,
 )
 
@@ -47,17 +49,18 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_
 WAYS = 4
 _BODY = struct.Struct(SLOT_HEAD.format[:1] + SLOT_HEAD.format[3:])  # the slot after seq, crc
 _TAG = struct.Struct("<I")
-_UNTIL = struct.Struct("<d")
-_UNTIL_AT = 20  # the slot's ``until``
+_UNTIL = struct.Struct("<d")  # a slot's ``until``, 20 bytes in
 
 
 class Table:
     """One client_id's table, written by the daemon alone."""
 
-    def __init__(self, client_id: str, buckets: int, ways: int = WAYS) -> None:
-        self.size = table_size(buckets, ways)
+    def __init__(self, client_id: str, buckets: int, slots: int, ways: int = WAYS) -> None:
+        self.size = table_size(buckets, ways, slots)
         self.ways = ways
         self.mask = buckets - 1
+        self.nslots = slots
+        self.slots_at = slots_at(buckets, ways)
         fd = os.memfd_create(f"rasd-table:{client_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, self.size)
@@ -69,10 +72,13 @@ class Table:
         #: the fd handed to the clients (read-only for them: sealed)
         self.fd = fd
         self.epoch = 1
-        HEADER.pack_into(self.mm, 0, MAGIC, LAYOUT, ways, buckets, SERVING, self.epoch)
-        #: (pool_id, key) -> the slot that holds it; and the reverse
+        HEADER.pack_into(self.mm, 0, MAGIC, LAYOUT, ways, buckets, SERVING, self.epoch, slots)
+        #: (pool_id, key) -> the offset of its slot; and each used slot's name, bucket, way
+        #: (in the order they were filled: the first is the oldest)
         self.where: dict[tuple[str, str], int] = {}
-        self.owner: dict[int, tuple[str, str]] = {}
+        self.owner: dict[int, tuple[tuple[str, str], int, int]] = {}
+        self.free: list[int] = []  # slot numbers given back
+        self.used = 0  # slots ever used: the next new one
         self.evictions = 0
         self.too_big = 0
 
@@ -101,14 +107,6 @@ class Table:
             self.too_big += 1
             self.remove(pool_id, key)
             return
-        k = (pool_id, key)
-        off = self.where.get(k)
-        h = crc32(name)
-        base = HEADER_SIZE + ((h >> 1) & self.mask) * bucket_size(self.ways)
-        if off is None:
-            off = self._slot(base)
-            self.where[k] = off
-            self.owner[off] = k
         body = _BODY.pack(
             self.epoch,
             len(pool_b),
@@ -123,21 +121,48 @@ class Table:
             lease.version,
         )
         body += name + res_b + reg_b
+        k = (pool_id, key)
+        off = self.where.get(k)
+        if off is not None:
+            self._write(off, body)
+            return
+        h = crc32(name)
+        base = HEADER_SIZE + ((h >> 1) & self.mask) * bucket_size(self.ways)
+        way = self._way(base)
+        off = self._slot()
         self._write(off, body)
-        _TAG.pack_into(self.mm, base + 4 * ((off - base - TAGS_SIZE) // SLOT), h | 1)
+        self.where[k] = off
+        self.owner[off] = (k, base, way)
+        _TAG.pack_into(self.mm, base + 4 * (self.ways + way), (off - self.slots_at) // SLOT)
+        _TAG.pack_into(self.mm, base + 4 * way, h | 1)
 
-    def _slot(self, base: int) -> int:
-        """A slot of the bucket at ``base`` for a new name: a free one, else the one served
-        the shortest (evicted)."""
-        first = base + TAGS_SIZE
-        slots = range(first, first + self.ways * SLOT, SLOT)
-        for off in slots:
-            if off not in self.owner:
-                return off
-        off = min(slots, key=lambda o: _UNTIL.unpack_from(self.mm, o + _UNTIL_AT)[0])
-        del self.where[self.owner.pop(off)]
+    def _way(self, base: int) -> int:
+        """A free way of the bucket at ``base``: else the one whose answer is served the
+        shortest gives it up (an eviction: that key is answered over the socket)."""
+        tags = struct.unpack_from(f"<{2 * self.ways}I", self.mm, base)
+        for way in range(self.ways):
+            if tags[way] == 0:
+                return way
+        offs = [self.slots_at + n * SLOT for n in tags[self.ways :]]
+        way = min(range(self.ways), key=lambda i: _UNTIL.unpack_from(self.mm, offs[i] + 20)[0])
+        self._evict(offs[way])
+        return way
+
+    def _slot(self) -> int:
+        """A free slot's offset: one given back, else the next never used, else the oldest
+        answer's (evicted)."""
+        if not self.free and self.used == self.nslots:
+            self._evict(next(iter(self.owner)))
+        if self.free:
+            n = self.free.pop()
+        else:
+            n = self.used
+            self.used += 1
+        return self.slots_at + n * SLOT
+
+    def _evict(self, off: int) -> None:
         self.evictions += 1
-        return off
+        self.remove(*self.owner[off][0])
 
     def _write(self, off: int, body: bytes) -> None:
         mm = self.mm
@@ -150,10 +175,10 @@ class Table:
         off = self.where.pop((pool_id, key), None)
         if off is None:
             return
-        del self.owner[off]
+        _, base, way = self.owner.pop(off)
+        _TAG.pack_into(self.mm, base + 4 * way, 0)
         self._write(off, _BODY.pack(self.epoch, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
-        base = HEADER_SIZE + (off - HEADER_SIZE) // bucket_size(self.ways) * bucket_size(self.ways)
-        _TAG.pack_into(self.mm, base + 4 * ((off - base - TAGS_SIZE) // SLOT), 0)
+        self.free.append((off - self.slots_at) // SLOT)
 
     def remove_pool(self, pool_id: str) -> None:
         for p, k in [pk for pk in self.where if pk[0] == pool_id]:
@@ -176,7 +201,9 @@ class Published:
 
     def __init__(self, slots: int, ways: int = WAYS) -> None:
         self.ways = ways
-        self.buckets = 1 << max(0, (max(1, slots // ways) - 1).bit_length())
+        self.slots = slots
+        #: half the ways filled when every slot is: few buckets overflow
+        self.buckets = 1 << max(0, (max(1, 2 * slots // ways) - 1).bit_length())
         self.tables: dict[str, Table] = {}
         self.state = SERVING
         self.touches = 0
@@ -185,7 +212,7 @@ class Published:
         return self.tables.get(client_id)
 
     def make(self, client_id: str) -> Table:
-        t = self.tables[client_id] = Table(client_id, self.buckets, self.ways)
+        t = self.tables[client_id] = Table(client_id, self.buckets, self.slots, self.ways)
         t.set_state(self.state)
         return t
 

@@ -36,7 +36,7 @@ def find(r: T.Table, pool: str, key: str) -> T.Seen | None:
 
 
 def test_an_answer_written_is_read_back_with_its_numbers() -> None:
-    t = Table("c", 64)
+    t = Table("c", 64, 256)
     t.put("p", "k", 12.5, 7.0, 99, 3600 * US, lease("k", "res-1"))
     seen = find(reader(t), "p", "k")
     assert seen is not None
@@ -49,7 +49,7 @@ def test_an_answer_written_is_read_back_with_its_numbers() -> None:
 
 
 def test_a_slot_being_written_or_torn_is_never_read() -> None:
-    t = Table("c", 64)
+    t = Table("c", 64, 256)
     t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k"))
     off = t.where[("p", "k")]
     seq = T.SEQ.unpack_from(t.mm, off)[0]
@@ -62,7 +62,7 @@ def test_a_slot_being_written_or_torn_is_never_read() -> None:
 
 
 def test_removed_paused_and_closed_tables_answer_nothing() -> None:
-    t = Table("c", 64)
+    t = Table("c", 64, 256)
     for k in ("a", "b"):
         t.put("p", k, 12.5, 7.0, 99, 3600, lease(k))
     t.put("q", "a", 12.5, 7.0, 99, 3600, lease("a", pool="q"))
@@ -94,7 +94,7 @@ def test_a_retired_table_is_emptied_for_a_process_that_kept_its_mapping() -> Non
 
 
 def test_a_full_bucket_gives_up_the_answer_served_the_shortest() -> None:
-    t = Table("c", 1)  # one bucket of four
+    t = Table("c", 1, 16)  # one bucket of four
     for i in range(4):
         t.put("p", f"k{i}", 10.0 + i, 0.0, 0, 3600, lease(f"k{i}"))
     t.put("p", "new", 20.0, 0.0, 0, 3600, lease("new"))
@@ -104,14 +104,28 @@ def test_a_full_bucket_gives_up_the_answer_served_the_shortest() -> None:
     assert len(t) == 4
 
 
+def test_a_full_table_gives_up_its_oldest_answer_and_grows_only_as_filled() -> None:
+    t = Table("c", 64, 2)
+    for k in ("a", "b", "c"):
+        t.put("p", k, 12.5, 7.0, 99, 3600, lease(k))
+    r = reader(t)
+    assert t.evictions == 1 and find(r, "p", "a") is None
+    assert find(r, "p", "b") is not None and find(r, "p", "c") is not None
+    t.remove("p", "b")
+    t.put("p", "d", 12.5, 7.0, 99, 3600, lease("d"))  # the slot given back, no eviction
+    assert t.evictions == 1 and t.used == 2 and find(r, "p", "d") is not None
+    big = Table("c", 1 << 16, 1 << 18)  # the slots start on a page after the index
+    assert big.slots_at % 4096 == 0 and big.size == big.slots_at + (1 << 18) * T.SLOT
+
+
 def test_an_answer_too_long_for_a_slot_is_not_published() -> None:
-    t = Table("c", 64)
+    t = Table("c", 64, 256)
     t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "x" * T.SLOT_ROOM))
     assert t.too_big == 1 and len(t) == 0 and find(reader(t), "p", "k") is None
 
 
 def test_the_clients_fd_cannot_write_grow_or_shrink_the_table() -> None:
-    t = Table("c", 64)
+    t = Table("c", 64, 256)
     with pytest.raises(PermissionError):
         mmap.mmap(t.fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     with pytest.raises(OSError) as exc:
