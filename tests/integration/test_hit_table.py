@@ -148,6 +148,49 @@ async def test_no_worker_reads_a_released_lease_from_the_table(
     assert sum(r["new"] for r in reads) >= 1  # some worker asked the daemon after a release
 
 
+async def test_a_forked_child_asks_for_its_own_table(
+    ddb: Any, table: str, make_daemon: Any
+) -> None:
+    """After fork() the child holds none of its parent's tables (their holder connection is
+    the parent's): its first call goes over the socket, then it gets a table of its own."""
+    seed_pool(ddb, table, count=5)
+    async with make_daemon() as d:
+        s = d.cfg.socket
+        parent = await asyncio.to_thread(get, s, "k")
+        await table_for(s)
+
+        def child() -> dict[str, Any]:
+            before = rasd_client.table_stats()
+            first = get(s, "k")
+            deadline = time.monotonic() + WAIT
+            while rasd_client.table_stats()["tables"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            again = get(s, "k")
+            return {
+                "before": before,
+                "same": first.resource == again.resource == parent.resource,
+                "after": rasd_client.table_stats(),
+            }
+
+        def fork_and_wait() -> dict[str, Any]:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                try:
+                    os.write(w, json.dumps(child()).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            raw = _read_all(r)
+            os.waitpid(pid, 0)
+            return dict(json.loads(raw))
+
+        seen = await asyncio.to_thread(fork_and_wait)
+    assert seen["before"] == {"tables": 0, "hits": 0, "touches": 0}, seen
+    assert seen["same"] and seen["after"]["tables"] == 1 and seen["after"]["hits"] == 1, seen
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another uid")
 async def test_a_process_reads_only_the_tables_its_acl_grants(
     ddb: Any, table: str, make_daemon: Any, short_tmp: Path
