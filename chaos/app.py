@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import rasd_client
+from rasd_client import _table
 
 #: lease_expires asked for, seconds from now: from shorter than the daemons' skew margin (so
 #: never cached) to a minute (cached, extended, liberated after expiry)
@@ -56,6 +57,7 @@ def call(
     rec: dict[str, Any] = {"op": op, "app": app, "key": key, "sock": path, "daemon": idx}
     rec["region"] = region
     m0, t0 = time.monotonic(), time.time()
+    served = _table.current.hits
     try:
         if op == "get_lease":
             rec["asked"] = asked
@@ -69,6 +71,7 @@ def call(
                 lease_region=lease.region,
                 version=lease.version,
                 new=lease.new,
+                table=_table.current.hits > served,  # answered from the hit table
             )
         else:
             rasd_client.release(client, pool, key, socket_path=path, timeout=timeout)

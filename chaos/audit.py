@@ -562,6 +562,8 @@ def availability(
         # calls that found no daemon on the socket (killed, restarting) and the share answered
         # of the others: what the daemons did when they were there
         "no_daemon": no_daemon,
+        # answered from the daemon's hit table, without a round trip (the client says so)
+        "from_table": sum(1 for r in records if r.get("table")),
         "refused_beyond_max_lease": beyond_max,
         "answered_share_daemon_up": (
             round(gl["ok"] / (total - no_daemon), 4) if total > no_daemon else None

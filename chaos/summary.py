@@ -141,6 +141,7 @@ def table(result: dict[str, Any]) -> str:
     rows += [
         (calls, a["calls"].get("get_lease", 0)),
         ("answered with a lease", a["answered_share"]),
+        ("  from the hit table (no round trip)", a.get("from_table", 0)),
         ("  of calls that found a daemon", a["answered_share_daemon_up"]),
         ("calls that found no daemon (killed)", a["no_daemon"]),
         ("errors by code", _codes(a["outcomes"].get("get_lease", {}))),
