@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import random
 import socket
 import statistics
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import rasd_client
@@ -79,7 +81,15 @@ def rounds(k: int = 15, n: int = 20_000, timed: int = 5_000) -> dict[str, Any]:
 
 
 def main() -> int:
-    print(json.dumps(rounds(), indent=2))
+    """Prints the figures and writes them to ``bench/results/<stamp>-clienthit.json``."""
+    out = {"what": "rasd_client.get_lease from the hit table", **rounds()}
+    out["load_1min"] = round(os.getloadavg()[0], 2)
+    text = json.dumps(out, indent=2)
+    print(text)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(__file__).parent / "results" / f"{stamp}-clienthit.json"
+    path.write_text(text + "\n")
+    print(f"written to {path}")
     return 0
 
 

@@ -11,9 +11,11 @@ its connection is open and silent, so a table outlives neither its daemon nor th
 opened it.
 
 The daemon decides; the client compares numbers. An entry says until when it may be served
-(monotonic seconds, the daemon's cache rule), the longest lease end the pool takes, and when
-the daemon wants to hear of it again (a re-confirmation, an extension): past that the client
-still answers from the entry and sends a ``touch``. Anything else asks over the socket.
+(monotonic seconds, the daemon's cache rule), the longest lease the pool takes, and when the
+daemon wants to hear of it again: past ``touch`` (monotonic: a re-confirmation), from
+``touch_after_us`` (wall: an extension due for asks ``asked_us`` long), or for a longer ask.
+Then the client still answers from the entry and sends a ``touch``. Anything else asks over
+the socket.
 
 Layout, little-endian:
 
@@ -23,8 +25,8 @@ Layout, little-endian:
     slots    ``slots`` slots of SLOT bytes, used from the first on (memory used as filled)
     slot     seq (odd while the daemon writes it), crc (crc32 of the slot from byte 8 to the
              end of its strings), epoch, the lengths of pool_id, name, resource and region,
-             until, touch, extend_from_us, max_lease_us, lease_expires_us, version; then the
-             name (pool_id then key, UTF-8), the resource and the region
+             until, touch, touch_after_us, asked_us, max_lease_us, lease_expires_us, version;
+             then the name (pool_id then key, UTF-8), the resource and the region
 
 A slot is read only between two equal even readings of its ``seq``, and only if its crc
 matches: never torn. A slot of an older ``epoch`` than the header's is empty (a wipe is one
@@ -57,7 +59,7 @@ STATE = struct.Struct("<II")
 #: trusted); it closed it for good (shutting down)
 CLOSED, SERVING, PAUSED = 0, 1, 2
 SLOT = 256
-SLOT_HEAD = struct.Struct("<IIIHHHHddqqqq")
+SLOT_HEAD = struct.Struct("<IIIHHHHddqqqqq")
 SEQ = struct.Struct("<I")
 #: bytes of names, resource and region a slot holds; a longer answer is not published
 SLOT_ROOM = SLOT - SLOT_HEAD.size
@@ -82,9 +84,9 @@ def name_hash(name: bytes) -> int:
     return crc32(name) | 1
 
 
-#: what a slot read gives: seq, epoch, name, plen, until, touch, extend_from_us, max_lease_us,
-#: the Lease
-Seen = tuple[int, int, bytes, int, float, float, int, int, Lease]
+#: what a slot read gives: seq, epoch, name, plen, until, touch, touch_after_us, asked_us,
+#: max_lease_us, the Lease
+Seen = tuple[int, int, bytes, int, float, float, int, int, int, Lease]
 
 
 class Table:
@@ -146,9 +148,22 @@ class Table:
         raw = self.mm[off : off + SLOT]
         if SEQ.unpack_from(self.mm, off)[0] != seq:
             return None  # written meanwhile
-        _, crc, ep, plen, nlen, rlen, glen, until, touch, ext, max_us, end_us, version = (
-            SLOT_HEAD.unpack_from(raw)
-        )
+        (
+            _,
+            crc,
+            ep,
+            plen,
+            nlen,
+            rlen,
+            glen,
+            until,
+            touch,
+            after_us,
+            asked_us,
+            max_us,
+            end_us,
+            version,
+        ) = SLOT_HEAD.unpack_from(raw)
         size = SLOT_HEAD.size
         stop = size + nlen + rlen + glen
         if ep != epoch or nlen == 0 or stop > SLOT or crc32(raw[8:stop]) != crc:
@@ -160,7 +175,8 @@ class Table:
         except (UnicodeDecodeError, ValueError, OverflowError, OSError):
             return None
         lease = Lease(resource, when, version, False, region)
-        seen: Seen = (seq, ep, raw[size : size + nlen], plen, until, touch, ext, max_us, lease)
+        name = raw[size : size + nlen]
+        seen: Seen = (seq, ep, name, plen, until, touch, after_us, asked_us, max_us, lease)
         if len(self.seen) >= 65536:
             self.seen.clear()
         self.seen[off] = seen
@@ -259,14 +275,16 @@ class Tables:
             if not now < seen[4]:
                 return None
             requested_us = expires_us(lease_expires)
-            if not 0 < requested_us - time.time_ns() // 1000 <= seen[7]:
+            now_us = time.time_ns() // 1000
+            ask_us = requested_us - now_us
+            if not 0 < ask_us <= seen[8]:
                 return None  # a lease end the pool refuses: the daemon names it
         except Exception:  # noqa: BLE001 - any doubt asks the daemon
             return None
-        if now > seen[5] or requested_us > seen[6]:
+        if now > seen[5] or now_us >= seen[6] or ask_us > seen[7]:
             self._touch(holder, table, off, seen[0], now, (client_id, pool_id, key), requested_us)
         self.hits += 1
-        return seen[8]
+        return seen[9]
 
     def _touch(
         self,
@@ -381,7 +399,8 @@ class Tables:
         sock = holder.sock
         try:
             req = {"v": wire.VERSION, "id": 1, "op": "table", "client_id": client_id}
-            sock.sendall(wire.encode(req))
+            with holder.lock:  # other threads may be sending touches on it
+                sock.sendall(wire.encode(req))
             decoder = wire.FrameDecoder()
             fds: list[int] = []
             while True:

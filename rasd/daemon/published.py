@@ -41,6 +41,7 @@ from rasd_client._table import (
     table_size,
 )
 
+from ..core.cache_rules import NEVER
 from ..core.lease import Lease
 
 #: seal no further writable mapping (Linux >= 5.1; not in the fcntl module)
@@ -77,6 +78,9 @@ class Table:
         #: (in the order they were filled: the first is the oldest)
         self.where: dict[tuple[str, str], int] = {}
         self.owner: dict[int, tuple[tuple[str, str], int, int]] = {}
+        #: (pool_id, key) -> (lease end, asked_us, touch_after_us): the ask a touch told of,
+        #: kept while the lease's end is the same (:meth:`note`)
+        self.asks: dict[tuple[str, str], tuple[int, int, int]] = {}
         self.free: list[int] = []  # slot numbers given back
         self.used = 0  # slots ever used: the next new one
         self.evictions = 0
@@ -98,7 +102,17 @@ class Table:
         max_lease_us: int,
         lease: Lease,
     ) -> None:
-        """Publish the answer for ``key``: served until ``until``, touched past ``touch``."""
+        """Publish the answer for ``key``: served until ``until``, touched past ``touch``
+        (monotonic), and for an ask that may call for an extension: any ask at first for a
+        lease this daemon extends (``extend_from_us`` not NEVER), then as :meth:`note` says."""
+        k = (pool_id, key)
+        ask = self.asks.get(k)
+        if ask is not None and ask[0] == lease.expires_us:
+            asked_us, after_us = ask[1], ask[2]
+        elif extend_from_us == NEVER:
+            asked_us = after_us = NEVER
+        else:
+            asked_us, after_us = 0, NEVER
         pool_b = pool_id.encode()
         name = pool_b + key.encode()
         res_b = lease.resource.encode()
@@ -115,13 +129,13 @@ class Table:
             len(reg_b),
             until,
             touch,
-            extend_from_us,
+            after_us,
+            asked_us,
             max_lease_us,
             lease.expires_us,
             lease.version,
         )
         body += name + res_b + reg_b
-        k = (pool_id, key)
         off = self.where.get(k)
         if off is not None:
             self._write(off, body)
@@ -135,6 +149,24 @@ class Table:
         self.owner[off] = (k, base, way)
         _TAG.pack_into(self.mm, base + 4 * (self.ways + way), (off - self.slots_at) // SLOT)
         _TAG.pack_into(self.mm, base + 4 * way, h | 1)
+
+    def note(self, pool_id: str, key: str, end_us: int, asked_us: int, after_us: int) -> None:
+        """A touch told of an ask ``asked_us`` long that needs no extension before
+        ``after_us`` (wall): the entry, if it still holds the lease ending ``end_us``, is
+        touched again from then, or for a longer ask."""
+        k = (pool_id, key)
+        off = self.where.get(k)
+        if off is None:
+            return
+        f = list(_BODY.unpack_from(self.mm, off + 8))
+        if f[10] != end_us:
+            return
+        self.asks[k] = (end_us, asked_us, after_us)
+        if len(self.asks) > 2 * self.nslots:
+            self.asks.pop(next(iter(self.asks)))
+        f[7], f[8] = after_us, asked_us
+        size = _BODY.size + f[2] + f[3] + f[4]
+        self._write(off, _BODY.pack(*f) + self.mm[off + 8 + _BODY.size : off + 8 + size])
 
     def _way(self, base: int) -> int:
         """A free way of the bucket at ``base``: else the one whose answer is served the
@@ -176,8 +208,9 @@ class Table:
         if off is None:
             return
         _, base, way = self.owner.pop(off)
+        self.asks.pop((pool_id, key), None)
         _TAG.pack_into(self.mm, base + 4 * way, 0)
-        self._write(off, _BODY.pack(self.epoch, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
+        self._write(off, _BODY.pack(self.epoch, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0))
         self.free.append((off - self.slots_at) // SLOT)
 
     def remove_pool(self, pool_id: str) -> None:
@@ -228,6 +261,13 @@ class Published:
         t = self.tables.get(client_id)
         if t is not None:
             t.remove(pool_id, key)
+
+    def note(
+        self, client_id: str, pool_id: str, key: str, end_us: int, asked_us: int, after_us: int
+    ) -> None:
+        t = self.tables.get(client_id)
+        if t is not None:
+            t.note(pool_id, key, end_us, asked_us, after_us)
 
     def drop_pool(self, client_id: str, pool_id: str) -> None:
         """A pool redefined or deleted: none of its answers is served from the table."""

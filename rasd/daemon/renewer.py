@@ -24,6 +24,7 @@ import math
 import structlog
 
 from ..core import cache_rules as CR
+from ..core import decide as D
 from ..core.errors import RasdError
 from ..core.lease import US, Lease
 from ..steps import daemon as S
@@ -34,6 +35,9 @@ from .pools import PoolTable
 from .published import Published
 
 log = structlog.get_logger("rasd.daemon.renewer")
+
+#: the hit table's asks are noted this much longer (``Renewer.touched``)
+ASK_SLACK_US = US
 
 
 class Renewer:
@@ -76,6 +80,28 @@ class Renewer:
         lease = eff.lease
         k = (lease.client_id, lease.pool_id, lease.key)
         self.maybe_refresh(k, lease, eff.requested_us, self.clock.now_us())
+
+    def touched(self, k: CacheKey, requested_us: int) -> None:
+        """A hit table answered ``k`` past its touch time or for an ask that may call for an
+        extension: what a hit does (``LeaseCache.answer``); and when that starts nothing, the
+        table is told from when an extension is due for asks this long
+        (``decide.extend_due_us``), so the clients touch again only then."""
+        mono, now_us = self.clock.mono(), self.clock.now_us()
+        cache = self.cache
+        try:
+            cache.answer(k[0], k[1], k[2], requested_us, mono, 0)
+        except RasdError:  # a lease end the pool refuses: the client checked; nothing to do
+            return
+        if k in self.refreshing or cache.published is None:
+            return
+        lease = cache.get(k, mono)
+        if lease is None or lease.region != self.region or lease.token is None:
+            return
+        # a second longer than this ask as the daemon sees it: the client's own reading of the
+        # same sliding ask, taken before the touch travelled, is that much longer at most
+        ask_us = requested_us - now_us + ASK_SLACK_US
+        due = D.extend_due_us(lease, ask_us, self.extend_fraction)
+        cache.published.note(k[0], k[1], k[2], lease.expires_us, ask_us, due)
 
     def maybe_refresh(self, k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
         """After a hit: extend a sliding lease that needs it, else re-confirm a stale answer."""

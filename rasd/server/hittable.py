@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 #: what the cache answers a get_lease (``LeaseCache.answer``)
 Answer = Callable[[str, str, str, int, float, int], bytes | None]
+#: what a touch asks of the renewer (``Renewer.touched``): the key, the lease end asked for
+Touched = Callable[[tuple[str, str, str], int], None]
 
 
 def hand_table(
@@ -42,11 +44,9 @@ def hand_table(
     return None
 
 
-def touch(req: protocol.Request, answer: Answer, now: float, counters: Counters) -> None:
-    """An entry past its touch time was served from the table: the cache does what a hit
-    past it does (a re-confirmation, an extension). One way: never answered."""
+def touch(req: protocol.Request, touched: Touched, counters: Counters) -> None:
+    """An entry past its touch time was served from the table: the renewer does what a hit
+    past it does (a re-confirmation, an extension: ``Renewer.touched``). One way: never
+    answered."""
     counters.inc("table.touches")
-    try:
-        answer(req.client_id, req.pool_id, req.key, req.lease_expires_us, now, 0)
-    except BadRequest:
-        pass
+    touched((req.client_id, req.pool_id, req.key), req.lease_expires_us)

@@ -311,7 +311,7 @@ class Router:
             return
         if req.op == "touch":  # one way: no answer, whatever it finds
             if self.up.is_set() and self.clock_guard.why is None:
-                hittable.touch(req, self.answer, self._mono(), counters)
+                hittable.touch(req, self.coordinator.renewer.touched, counters)
             return
         if req.op == "table":
             cache = self.coordinator.cache if self.up.is_set() else None

@@ -61,6 +61,11 @@ async def test_answers_come_from_the_table_without_the_daemon(
             (first.resource, first.version, False)
         }
         assert d.counters.hits == hits and _table.current.hits == served + 200
+        # sliding asks (now + 10 min): the first touches, the daemon tells the table when an
+        # extension is due for asks that long, and the others are quiet
+        await until(lambda: d.counters["table.touches"] >= 1, "the first touch")
+        await asyncio.to_thread(lambda: [get(s, "k") for _ in range(200)])
+        assert d.counters["table.touches"] <= 3, d.counters["table.touches"]
         assert rasd_client.table_stats()["tables"] >= 1
         stats = await rasd_aio.call_raw("stats", socket_path=s, timeout=WAIT)
         assert stats["hit_table"]["entries"] == 1 and stats["hit_table"]["tables"] == 1

@@ -11,6 +11,8 @@ import random
 
 import pytest
 
+from rasd.core import decide as D
+from rasd.core.cache_rules import NEVER
 from rasd.core.lease import US, Lease, Pool
 from rasd.daemon.cache import LeaseCache
 from rasd.daemon.published import Published, Table
@@ -40,8 +42,9 @@ def test_an_answer_written_is_read_back_with_its_numbers() -> None:
     t.put("p", "k", 12.5, 7.0, 99, 3600 * US, lease("k", "res-1"))
     seen = find(reader(t), "p", "k")
     assert seen is not None
-    _, _, name, plen, until, touch, ext, max_us, got = seen
-    assert (name, plen, until, touch, ext, max_us) == (b"pk", 1, 12.5, 7.0, 99, 3600 * US)
+    _, _, name, plen, until, touch, after_us, asked_us, max_us, got = seen
+    assert (name, plen, until, touch, max_us) == (b"pk", 1, 12.5, 7.0, 3600 * US)
+    assert (after_us, asked_us) == (NEVER, 0)  # a lease it extends: any ask touches, at first
     assert (got.resource, got.version, got.region, got.new) == ("res-1", 3, "us-east-1", False)
     assert got.lease_expires.timestamp() == 10**16 / US
     # the names are told apart by the pool's length too: ("p", "k") is not ("pk", "")
@@ -118,6 +121,39 @@ def test_a_full_table_gives_up_its_oldest_answer_and_grows_only_as_filled() -> N
     assert big.slots_at % 4096 == 0 and big.size == big.slots_at + (1 << 18) * T.SLOT
 
 
+def test_a_touch_tells_the_table_when_asks_this_long_need_an_extension() -> None:
+    """After a touch that started nothing, the entry is touched again only from the time an
+    extension is due for asks of that length, or for a longer ask; a lease of another region
+    (never extended here) only for its re-confirmation. A new lease end forgets the ask."""
+    t = Table("c", 64, 256)
+    t.put("p", "k", 12.5, 7.0, 10**16, 3600 * US, lease("k"))
+    t.note("p", "k", 10**16, 600 * US, 10**16 - 300 * US)
+    seen = find(reader(t), "p", "k")
+    assert seen is not None and (seen[6], seen[7]) == (10**16 - 300 * US, 600 * US)
+    t.put("p", "k", 20.0, 9.0, 10**16, 3600 * US, lease("k"))  # re-confirmed: kept
+    seen = find(reader(t), "p", "k")
+    assert seen is not None and (seen[4], seen[6], seen[7]) == (20.0, 10**16 - 300 * US, 600 * US)
+    t.note("p", "k", 5, 1, 1)  # told of another lease end: not this entry's
+    t.put("p", "k", 20.0, 9.0, 2 * 10**16, 3600 * US, lease("k", end_us=2 * 10**16))  # extended
+    seen = find(reader(t), "p", "k")
+    assert seen is not None and (seen[6], seen[7]) == (NEVER, 0)
+    t.put("p", "far", 20.0, 9.0, NEVER, 3600 * US, lease("far"))
+    seen = find(reader(t), "p", "far")
+    assert seen is not None and (seen[6], seen[7]) == (NEVER, NEVER)
+
+
+def test_extend_due_is_when_should_extend_starts_to_hold_for_a_sliding_ask() -> None:
+    rng = random.Random(3)
+    for _ in range(2000):
+        end = rng.randrange(10**9, 2 * 10**9)
+        ask = rng.randrange(1, 10**9)
+        fraction = rng.choice((0.5, 0.45, 0.3, 1.0))
+        held = lease("k", end_us=end)
+        due = D.extend_due_us(held, ask, fraction)
+        for now in (due - 2, due - 1, due + 1, due + 2):
+            assert D.should_extend(held, now + ask, now, fraction) == (now > due), (end, ask)
+
+
 def test_an_answer_too_long_for_a_slot_is_not_published() -> None:
     t = Table("c", 64, 256)
     t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "x" * T.SLOT_ROOM))
@@ -153,11 +189,11 @@ def test_a_new_table_holds_every_answer_the_cache_gives_and_follows_it() -> None
     assert seen is not None
     now = clock.mono()
     assert seen[4] == now + S and seen[5] == now + S / 2  # until, touch: S and S/2
-    assert seen[6] == 10**16 and seen[7] == 86_400 * US  # extend_from, the pool's max lease
+    assert seen[7] == 0 and seen[8] == 86_400 * US  # any ask touches at first; the max lease
     clock.advance(10)
     cache.put(lease("k", "r2"), clock.mono())  # a newer confirmation: the new numbers
     seen = find(r, "p", "k")
-    assert seen is not None and seen[4] == clock.mono() + S and seen[8].resource == "r2"
+    assert seen is not None and seen[4] == clock.mono() + S and seen[9].resource == "r2"
     cache.drop(("c", "p", "k"))
     assert find(r, "p", "k") is None
     assert cache.open_table("other") is not None  # each client_id its own
@@ -186,7 +222,7 @@ def _served(r: T.Table, cache: LeaseCache, now: float) -> None:
             continue
         got = cache.get(("c", pool, key), now)
         assert got is not None, (pool, key)
-        assert got.resource == seen[8].resource  # each put's resource is its own
+        assert got.resource == seen[9].resource  # each put's resource is its own
 
 
 class Counted(LeaseCache):
