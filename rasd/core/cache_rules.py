@@ -69,6 +69,13 @@ def hit_wants_refresh(
     return stale(confirmed, now, confirm_s) or requested_us > extend_from_us
 
 
+def extend_due_us(lease: Lease, ask_us: int, fraction: float) -> int:
+    """From which wall time ``decide.should_extend`` holds for a sliding ask ``ask_us`` long
+    (each call asking for its now + ``ask_us``): the lease's end less ``fraction`` of it.
+    The hit table's touch (``rasd_client._table``) compares the clock with it."""
+    return lease.expires_us - int(fraction * ask_us)
+
+
 class Refresh(enum.Enum):
     """What a hit starts in the background."""
 

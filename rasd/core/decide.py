@@ -419,13 +419,6 @@ def should_extend(lease: Lease, requested_us: int, now_us: int, fraction: float)
     return lease.remaining_us(now_us) < fraction * (requested_us - now_us)
 
 
-def extend_due_us(lease: Lease, ask_us: int, fraction: float) -> int:
-    """From which wall time :func:`should_extend` holds for a sliding ask ``ask_us`` long
-    (each call asking for its now + ``ask_us``): the lease's end less ``fraction`` of it.
-    The hit table's touch (``rasd_client._table``) compares the clock with it."""
-    return lease.expires_us - int(fraction * ask_us)
-
-
 def after_extend_read(
     dec: Decision, lease: Lease, requested_us: int, now_us: int, fraction: float
 ) -> Lease | Forget | None:

@@ -24,7 +24,6 @@ import math
 import structlog
 
 from ..core import cache_rules as CR
-from ..core import decide as D
 from ..core.errors import RasdError
 from ..core.lease import US, Lease
 from ..steps import daemon as S
@@ -100,7 +99,7 @@ class Renewer:
         # a second longer than this ask as the daemon sees it: the client's own reading of the
         # same sliding ask, taken before the touch travelled, is that much longer at most
         ask_us = requested_us - now_us + ASK_SLACK_US
-        due = D.extend_due_us(lease, ask_us, self.extend_fraction)
+        due = CR.extend_due_us(lease, ask_us, self.extend_fraction)
         cache.published.note(k[0], k[1], k[2], lease.expires_us, ask_us, due)
 
     def maybe_refresh(self, k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from rasd.core import cache_rules as CR
 from rasd.core import decide as D
 from rasd.core.cache_rules import NEVER
 from rasd.core.lease import US, Lease, Pool
@@ -149,7 +150,7 @@ def test_extend_due_is_when_should_extend_starts_to_hold_for_a_sliding_ask() -> 
         ask = rng.randrange(1, 10**9)
         fraction = rng.choice((0.5, 0.45, 0.3, 1.0))
         held = lease("k", end_us=end)
-        due = D.extend_due_us(held, ask, fraction)
+        due = CR.extend_due_us(held, ask, fraction)
         for now in (due - 2, due - 1, due + 1, due + 2):
             assert D.should_extend(held, now + ask, now, fraction) == (now > due), (end, ask)
 
