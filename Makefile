@@ -171,6 +171,16 @@ bench-targets: $(STAMP)
 bench-fleet: $(STAMP)
 	$(BIN)/python -m bench.fleet
 
+# The web bench (bench/web.py): gunicorn (8 sync workers) serving a Flask app beside one daemon,
+# wrk on /plain, /lease (the client's table path, then the socket alone), /paper (the paper's
+# agent), /plain again; req/s, p50, p99 and each route's share of /plain (~2 min). ARGS go to
+# it: make bench-web ARGS='--duration 30'. Needs wrk (Debian's package).
+.PHONY: bench-web
+bench-web: $(STAMP)
+	@command -v wrk >/dev/null || { echo "bench-web: wrk is not installed;" \
+	    "install it with: apt-get update && apt-get install -y wrk"; exit 2; }
+	$(BIN)/python -m bench.web $(ARGS)
+
 sim: $(STAMP)
 	$(BIN)/python -m sim --quick --seeds 1,2,3
 
