@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -45,12 +46,13 @@ async def table_for(sock: str, client_id: str = C) -> None:
 
 
 async def test_answers_come_from_the_table_without_the_daemon(
-    ddb: Any, table: str, make_daemon: Any
+    ddb: Any, table: str, make_daemon: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After the first answer over the socket, the same key is answered from the table: the
     daemon counts no hit for it. A lease end the pool refuses is still the daemon's to name.
     A release takes the key out before it answers, and the next call asks the daemon."""
     seed_pool(ddb, table, count=10, max_lease_s=3600)
+    caplog.set_level(logging.DEBUG, logger="rasd_client")
     async with make_daemon() as d:
         s = d.cfg.socket
         first = await asyncio.to_thread(get, s, "k")
@@ -61,6 +63,8 @@ async def test_answers_come_from_the_table_without_the_daemon(
             (first.resource, first.version, False)
         }
         assert d.counters.hits == hits and _table.current.hits == served + 200
+        said = [r.getMessage() for r in caplog.records if r.name == "rasd_client"]
+        assert sum(m.endswith("k: from the hit table") for m in said) == 200
         # sliding asks (now + 10 min): the first touches, the daemon tells the table when an
         # extension is due for asks that long, and the others are quiet
         await until(lambda: d.counters["table.touches"] >= 1, "the first touch")
@@ -75,6 +79,27 @@ async def test_answers_come_from_the_table_without_the_daemon(
         served = _table.current.hits
         again = await asyncio.to_thread(get, s, "k")
         assert again.new and _table.current.hits == served
+
+
+async def test_with_hit_table_off_every_call_is_the_daemons(
+    ddb: Any, table: str, make_daemon: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``hit_table = false``: the daemon refuses ``table`` (the client asks over the socket
+    from then on, and says so at DEBUG); on, the client's log names the table."""
+    seed_pool(ddb, table, count=5)
+    caplog.set_level(logging.DEBUG, logger="rasd_client")
+    async with make_daemon(hit_table=False) as d:
+        s = d.cfg.socket
+        await asyncio.to_thread(get, s, "k")
+        await until(lambda: (s, C) in _table.current.refused, "the table refused")
+        hits = d.counters.hits
+        await asyncio.to_thread(lambda: [get(s, "k") for _ in range(20)])
+        assert d.counters.hits == hits + 20 and d.counters.snapshot().get("table.handed") is None
+        stats = await rasd_aio.call_raw("stats", socket_path=s, timeout=WAIT)
+        assert stats["hit_table"] is None
+    said = [r.getMessage() for r in caplog.records if r.name == "rasd_client"]
+    assert any(m.endswith("k: over the socket") for m in said), said[-3:]
+    assert not any("hit table" in m for m in said)
 
 
 async def test_past_half_of_s_a_table_answer_touches_and_the_daemon_reconfirms(
