@@ -241,6 +241,16 @@ class Published:
         self.state = SERVING
         self.touches = 0
 
+    @staticmethod
+    def unsupported() -> str | None:
+        """Why this host cannot have hit tables (a kernel before 5.1 has no
+        F_SEAL_FUTURE_WRITE: a table it hands over could be written), or None."""
+        try:
+            Table("probe", 1, 1).close()
+        except OSError as exc:
+            return f"cannot make a sealed memfd: {exc}"
+        return None
+
     def get(self, client_id: str) -> Table | None:
         return self.tables.get(client_id)
 

@@ -96,7 +96,10 @@ class Daemon:
         #: no wall time while it is not trusted
         #: the hit tables the cache publishes (None: ``hit_table`` off); paused while the
         #: clock is not trusted, as the hit is
-        self.published = Published(cfg.hit_table_slots) if cfg.hit_table else None
+        no_table = Published.unsupported() if cfg.hit_table else None
+        if no_table is not None:
+            log.warning("hit_table_off", why=no_table)
+        self.published = Published(cfg.hit_table_slots) if cfg.hit_table and not no_table else None
         self.clock_guard = ClockGuard(
             cfg.clock_check,
             cfg.max_clock_skew,

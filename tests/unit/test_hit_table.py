@@ -97,6 +97,12 @@ def test_a_retired_table_is_emptied_for_a_process_that_kept_its_mapping() -> Non
     assert published.make("c") is not t
 
 
+def test_this_host_can_have_hit_tables() -> None:
+    """The probe the daemon runs at start (a kernel without F_SEAL_FUTURE_WRITE: no tables,
+    said in its log)."""
+    assert Published.unsupported() is None
+
+
 def test_a_full_bucket_gives_up_the_answer_served_the_shortest() -> None:
     t = Table("c", 1, 16)  # one bucket of four
     for i in range(4):
