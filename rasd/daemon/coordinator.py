@@ -16,7 +16,9 @@ effect, is made first and given to the driver, and each role's constructor fills
 its own effects; no role's attribute is set from outside. The cache and the renewer need each
 other too (the hit calls ``maybe_refresh``; the renewer reads the cache's staleness), so the
 renewer makes the cache, handing it the pool table's dict, its set of keys being refreshed and
-its ``maybe_refresh``, which the hit reads as attributes of the cache's own.
+its ``maybe_refresh``, which the hit reads as attributes of the cache's own. The driver reads
+the strict pools from the pool table (``PoolTable.homes``), made first; the hit tables
+(``rasd.daemon.published``) come from the daemon, which pauses and closes them.
 """
 
 from __future__ import annotations
@@ -55,9 +57,8 @@ class Coordinator:
         local = Local()
         self.pool_table = pools = PoolTable(store, clock, rollout, published)
         self.driver = drv = Driver(
-            cfg, store, clock, counters, rng or random.Random(), rollout, local
+            cfg, store, clock, counters, rng or random.Random(), rollout, local, pools.homes
         )
-        pools.driver = drv
         self.renewer = Renewer(drv, pools, local, published)
         self.releaser = Releaser(drv, pools, local)
         self.reporter = Reporter(drv, pools, local)

@@ -130,6 +130,10 @@ class Local:
         self.relist_later: Callable[[S.RelistLater], None] = _unfilled
 
 
+#: the strict pools known, (client_id, pool_id, home) each
+Homes = tuple[tuple[str, str, str], ...]
+
+
 class Driver:
     """What the daemon's roles share, and the running of their programs."""
 
@@ -142,6 +146,7 @@ class Driver:
         rng: Random,
         rollout: RolloutMode,
         local: Local,
+        homes: Callable[[], Homes] = lambda: (),
     ) -> None:
         self.cfg = cfg
         self.rules = cfg.rules()
@@ -158,8 +163,8 @@ class Driver:
         self.rollout = rollout
         #: the local effects the roles perform (their constructors fill it)
         self.local = local
-        #: the strict pools known, (client_id, pool_id, home) each (the pool table sets it)
-        self.homes: tuple[tuple[str, str, str], ...] = ()
+        #: the strict pools known, (client_id, pool_id, home) each (the pool table's)
+        self.homes = homes
         #: other regions' replicas this daemon has written to (a strict pool's home)
         self.peers: dict[str, Store] = {}
         self._peer_lock = asyncio.Lock()
@@ -172,7 +177,7 @@ class Driver:
             self.owner,
             self.rules,
             self.rollout.on,
-            homes=self.homes,
+            homes=self.homes(),
             home_down=self.cfg.strict_home_down,
             extend_read_first=self.cfg.extend_read_first,
             extend_fraction=self.cfg.extend_fraction,

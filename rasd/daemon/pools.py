@@ -21,7 +21,7 @@ from ..core.clock import Clock
 from ..core.errors import UnknownPool
 from ..core.lease import Pool
 from ..dynamo.store import Store
-from .driver import Driver, RolloutMode
+from .driver import Homes, RolloutMode
 from .published import Published
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
@@ -40,8 +40,8 @@ class PoolTable:
         #: the table's rollout record, read with the pools
         self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
-        #: the driver told of strict pools (the coordinator sets it)
-        self.driver: Driver | None = None
+        #: the strict pools, (client_id, pool_id, home) each: the driver's programs read them
+        self._homes: Homes = ()
         self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
             UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=clock.mono
         )
@@ -65,11 +65,14 @@ class PoolTable:
         return len(pools)
 
     def _strict_changed(self) -> None:
-        """Tell the driver which pools are strict (its programs' ``Daemon.homes``)."""
-        if self.driver is not None:
-            self.driver.homes = tuple(
-                sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home)
-            )
+        """Which pools are strict, for the driver's programs (``Daemon.homes``)."""
+        self._homes = tuple(
+            sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home)
+        )
+
+    def homes(self) -> Homes:
+        """The strict pools known (the driver's ``homes``)."""
+        return self._homes
 
     async def get(self, client_id: str, pool_id: str, deadline: float) -> Pool:
         """The pool, read from the table if this daemon does not know it yet; raises

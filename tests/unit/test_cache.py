@@ -277,10 +277,16 @@ def test_the_hit_decides_as_the_cache_rules(age: float, region: str, more: int) 
     for entries of either region, fresh, stale and expired, asked for less, as much or more
     than the lease has."""
     clock = FakeClock()
-    cache = LeaseCache(clock, 100, 5 * US, S, "us-east-1")
-    cache.pools[("c", "p")] = Pool("c", "p", 7200 * US)
     asked: list[int] = []
-    cache.refresh = lambda k, le, req, now_us: asked.append(req)
+    cache = LeaseCache(
+        clock,
+        100,
+        5 * US,
+        S,
+        "us-east-1",
+        pools={("c", "p"): Pool("c", "p", 7200 * US)},
+        refresh=lambda k, le, req, now_us: asked.append(req),
+    )
     held = Lease("c", "p", "k", "r", region, clock.now_us() + 3600 * US, 1, token="t")
     confirmed = clock.mono()
     cache.put(held, confirmed)

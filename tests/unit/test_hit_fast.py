@@ -17,6 +17,7 @@ import pytest
 from rasd.config import Config
 from rasd.core.lease import MAX_KEY_LEN, US, Lease, Pool
 from rasd.daemon.coordinator import Coordinator
+from rasd.daemon.renewer import Renewer
 from rasd.dynamo.store import Store
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
@@ -265,24 +266,22 @@ def test_past_s_is_not_served_and_the_entry_goes() -> None:
     cache(d, clock)
     clock.advance(S - 0.01)
     acq = d.coordinator
-    acq.cache.refresh = lambda *a: None  # past S/2: no loop
+    acq.renewer.refreshing.add(("c", "p", "k"))  # past S/2: a refresh under way, none started
     assert isinstance(route(d, frame(clock)), bytes)
     clock.advance(0.02)
     assert route(d, frame(clock)) == ADMITTED
     assert acq.cache.size() == 0
 
 
-def test_background_work_is_asked_for_by_a_hit() -> None:
+def test_background_work_is_asked_for_by_a_hit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past S/2, or a lease end beyond the cached one (own region only): one call to the
     renewer's maybe_refresh with the cached Lease."""
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(Renewer, "maybe_refresh", lambda self, *a: calls.append(a))
     clock = FakeClock()
-    d = make(clock)
-    acq = d.coordinator
-    assert acq.cache.refresh == acq.renewer.maybe_refresh
+    d = make(clock)  # its cache is made with the renewer's maybe_refresh: the spy above
     own = cache(d, clock, "k")
     other = cache(d, clock, "o", region="eu-west-1")
-    calls: list[tuple[Any, ...]] = []
-    acq.cache.refresh = lambda *a: calls.append(a)
 
     def hit(key: str, requested_us: int) -> list[Any]:
         calls.clear()
