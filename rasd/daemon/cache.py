@@ -222,7 +222,7 @@ class LeaseCache:
         when the caller asks for more than the lease has (``refresh``); the Lease is rebuilt
         only then. Otherwise allocates only the answer. Never awaits. The entry is read by
         :meth:`read`, the one reader of the cache (inlining it measured no faster;
-        docs/performance-history.md)."""
+        docs/history/performance-history.md)."""
         pool = self.pools.get((client_id, pool_id))
         if pool is None:
             return None

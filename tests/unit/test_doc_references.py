@@ -69,10 +69,10 @@ ALIASES: dict[str, str] = {}
 #: pages of history, not read: each names the code as it was when it was written
 HISTORY = {
     "CHANGELOG.md",  # what each change did, in the names of its day
-    "docs/performance-history.md",  # superseded measurements and findings, as written then
-    "docs/perf-cpu-notes.md",  # notes of the branch that made the data path lean
-    "docs/perf-mem-notes.md",  # notes of the branch `mem` (the cached hit, before and after)
-    "docs/perf-spread-notes.md",  # notes of the prefetch lanes' branch, before and after
+    "docs/history/performance-history.md",  # superseded measurements and findings, as written then
+    "docs/history/perf-cpu-notes.md",  # notes of the branch that made the data path lean
+    "docs/history/perf-mem-notes.md",  # notes of the branch `mem` (the cached hit, before and after)
+    "docs/history/perf-spread-notes.md",  # notes of the prefetch lanes' branch, before and after
 }
 
 #: references that name something outside our code: pattern -> why
@@ -259,7 +259,7 @@ PAST = re.compile(r"\b(history|historical|earlier|before|old|first pass|supersed
 
 def test_performance_md_has_no_history() -> None:
     """docs/performance.md holds today's figures, the methods that reproduce them and the
-    noise; past runs and superseded findings live in docs/performance-history.md, which it
+    noise; past runs and superseded findings live in docs/history/performance-history.md, which it
     points to. A heading that names a past ("history", "historical", "earlier", "before",
     "old", "first pass", "superseded": the words the moved sections' headings used) means a
     history section came back."""
@@ -268,5 +268,5 @@ def test_performance_md_has_no_history() -> None:
     assert len(headings) > 5
     past = [h for h in headings if PAST.search(h)]
     assert not past, f"history in docs/performance.md (move it to the archive): {past}"
-    assert "docs/performance-history.md" in page
-    assert (ROOT / "docs/performance-history.md").exists()
+    assert "docs/history/performance-history.md" in page
+    assert (ROOT / "docs/history/performance-history.md").exists()
