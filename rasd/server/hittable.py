@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import wire as protocol
+from .. import wire
 from ..core.errors import BadRequest, RasdError, Unavailable
 from ..observe.metrics import Counters
 from .connection import Connection
@@ -22,7 +22,7 @@ Touched = Callable[[tuple[str, str, str], int], None]
 
 def hand_table(
     conn: Connection,
-    req: protocol.Request,
+    req: wire.Request,
     cache: LeaseCache | None,
     now: float,
     counters: Counters,
@@ -36,7 +36,7 @@ def hand_table(
     table = cache.open_table(req.client_id)
     if table is None:
         return BadRequest("this daemon publishes no hit table (hit_table = false)")
-    answer = protocol.ok(req.id, size=table.size, mono=now)
+    answer = wire.ok(req.id, size=table.size, mono=now)
     if not conn.send_fd(answer, table.fd):
         return Unavailable("the table could not be handed over now; ask again")
     conn.handed.add(req.client_id)
@@ -44,7 +44,7 @@ def hand_table(
     return None
 
 
-def touch(req: protocol.Request, touched: Touched, counters: Counters) -> None:
+def touch(req: wire.Request, touched: Touched, counters: Counters) -> None:
     """An entry past its touch time was served from the table: the renewer does what a hit
     past it does (a re-confirmation, an extension: ``Renewer.touched``). One way: never
     answered."""

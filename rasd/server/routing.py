@@ -5,7 +5,7 @@ Theory of operation
 The connection (rasd.server.connection) hands every frame to one entry, :meth:`Router.handle`,
 which follows it through once:
 
-the hit      a well-formed ``get_lease`` (``protocol.lease_fields``, called once: types, values,
+the hit      a well-formed ``get_lease`` (``wire.lease_fields``, called once: types, values,
              the names' lengths) from a caller the ACL admits, asked once of the cache
              (``LeaseCache.answer``, once the store is up), answered inside ``data_received``:
              no task, no ``Request``, one clock reading, nothing allocated but the answer frame,
@@ -18,7 +18,7 @@ the outage   a miss in a pool with an outage budget asks the cache again, for an
              inside its window (:meth:`Router._spare`): answered when DynamoDB's last word was
              a failure; else taken out, and the request answers from it only if DynamoDB
              answered none of its calls (docs/design.md, "An outage budget").
-the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``protocol.parse``
+the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``wire.parse``
              names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
              client_id) and ``stats`` (one granted "*") answered at once, ``table`` and
              ``touch`` (``rasd.server.hittable``), ``release`` and ``headroom`` to admission
@@ -46,7 +46,7 @@ import structlog
 
 from rasd_client.wire import BadFrame, error_payload
 
-from .. import wire as protocol
+from .. import wire
 from ..config import Config
 from ..core.errors import (
     BadRequest,
@@ -285,10 +285,10 @@ class Router:
             conn.send(error_payload(None, "BAD_REQUEST", frame.reason))
             return
         try:
-            req = protocol.parse(frame)
+            req = wire.parse(frame)
         except RasdError as exc:
             counters.inc("req.bad_request")
-            conn.send(error_payload(protocol.request_id(frame), exc.code, exc.message))
+            conn.send(error_payload(wire.request_id(frame), exc.code, exc.message))
             return
         if req.client_id and not conn.grant.allows(req.client_id):
             self._send_error(
@@ -300,14 +300,14 @@ class Router:
             if not (grant.all or grant.client_ids):
                 self._send_error(conn, req.id, Forbidden("this process may use no client_id"))
                 return
-            conn.send(protocol.ok(req.id, ready=self.status.ready, region=self.cfg.region))
+            conn.send(wire.ok(req.id, ready=self.status.ready, region=self.cfg.region))
             return
         if req.op == "stats":  # every client's pools and counters: for a caller granted "*"
             if not conn.grant.all:
                 why = 'stats reports every client_id\'s pools: it needs a grant of "*"'
                 self._send_error(conn, req.id, Forbidden(why))
                 return
-            conn.send(protocol.ok(req.id, **self.stats()))
+            conn.send(wire.ok(req.id, **self.stats()))
             return
         if req.op == "touch":  # one way: no answer, whatever it finds
             if self.up.is_set() and self.clock_guard.why is None:
@@ -394,18 +394,18 @@ class Router:
                             conn.send_frame(got)
                             return
                         lease, new = got
-                    resp = protocol.lease_response(rid, lease, new)
+                    resp = wire.lease_response(rid, lease, new)
                     self.latency.observe("new" if new else "existing", time.monotonic() - t0)
                     if new:
                         self.pool_metrics.new_lease(c, p)
                 elif op == "release":
                     c, p, k = args
                     n = await self.releaser.release(c, p, k, deadline)
-                    resp = protocol.ok(rid, released=n)
+                    resp = wire.ok(rid, released=n)
                 elif op == "headroom":
                     c, p = args
                     h = await self.reporter.headroom(c, p, deadline)
-                    resp = protocol.ok(rid, headroom=h)
+                    resp = wire.ok(rid, headroom=h)
                 else:  # pragma: no cover - parse() admits only known ops
                     raise Internal(f"op {op} has no handler")
             conn.send(resp)
