@@ -161,7 +161,7 @@ def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
     def no_parse(frame: Any) -> None:
         raise AssertionError("parsed again")
 
-    monkeypatch.setattr(routing.protocol, "parse", no_parse)
+    monkeypatch.setattr(routing.wire, "parse", no_parse)
     f = frame(clock, key="other", id=9)
     assert route(d, f) == ADMITTED
     assert len(asked) == 1
