@@ -69,9 +69,9 @@ ALIASES: dict[str, str] = {}
 #: pages of history, not read: each names the code as it was when it was written
 HISTORY = {
     "CHANGELOG.md",  # what each change did, in the names of its day
-    "docs/history/performance-history.md",  # superseded measurements and findings, as written then
+    "docs/history/performance-history.md",  # superseded measurements and findings, as then
     "docs/history/perf-cpu-notes.md",  # notes of the branch that made the data path lean
-    "docs/history/perf-mem-notes.md",  # notes of the branch `mem` (the cached hit, before and after)
+    "docs/history/perf-mem-notes.md",  # notes of the branch `mem` (the cached hit)
     "docs/history/perf-spread-notes.md",  # notes of the prefetch lanes' branch, before and after
 }
 
