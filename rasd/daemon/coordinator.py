@@ -17,8 +17,8 @@ its own effects; no role's attribute is set from outside. The cache and the rene
 other too (the hit calls ``maybe_refresh``; the renewer reads the cache's staleness), so the
 renewer makes the cache, handing it the pool table's dict, its set of keys being refreshed and
 its ``maybe_refresh``, which the hit reads as attributes of the cache's own. The driver reads
-the strict pools from the pool table (``PoolTable.homes``), made first; the hit tables
-(``rasd.daemon.published``) come from the daemon, which pauses and closes them.
+the strict pools the pool table updates (``StrictPools``, shared as the rollout mode is);
+the hit tables (``rasd.daemon.published``) come from the daemon, which pauses and closes them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..core.clock import Clock
 from ..dynamo.store import Store
 from ..observe.metrics import Counters
 from .acquire import Taker
-from .driver import Driver, Local, RolloutMode
+from .driver import Driver, Local, RolloutMode, StrictPools
 from .pools import PoolTable
 from .published import Published
 from .releaser import Releaser
@@ -55,9 +55,10 @@ class Coordinator:
         counters = counters or store.counters
         rollout = RolloutMode(cfg.legacy_agents)
         local = Local()
-        self.pool_table = pools = PoolTable(store, clock, rollout, published)
+        strict = StrictPools()
+        self.pool_table = pools = PoolTable(store, clock, rollout, published, strict)
         self.driver = drv = Driver(
-            cfg, store, clock, counters, rng or random.Random(), rollout, local, pools.homes
+            cfg, store, clock, counters, rng or random.Random(), rollout, local, strict
         )
         self.renewer = Renewer(drv, pools, local, published)
         self.releaser = Releaser(drv, pools, local)

@@ -76,6 +76,23 @@ from .tasks import Tasks
 log = structlog.get_logger("rasd.daemon.driver")
 
 
+#: the strict pools known, (client_id, pool_id, home) each
+Homes = tuple[tuple[str, str, str], ...]
+
+
+class StrictPools:
+    """The strict pools known (``Pool.home``): the pool table updates it as it reads the
+    pools, the driver's programs read it (their ``Daemon.homes``)."""
+
+    __slots__ = ("homes",)
+
+    def __init__(self) -> None:
+        self.homes: Homes = ()
+
+    def update(self, homes: Homes) -> None:
+        self.homes = homes
+
+
 class RolloutMode:
     """Whether this daemon's programs keep the rules beside the paper's agent: the table's
     rollout record (``rasd.core.rollout``, read with the pools at start-up and every
@@ -130,10 +147,6 @@ class Local:
         self.relist_later: Callable[[S.RelistLater], None] = _unfilled
 
 
-#: the strict pools known, (client_id, pool_id, home) each
-Homes = tuple[tuple[str, str, str], ...]
-
-
 class Driver:
     """What the daemon's roles share, and the running of their programs."""
 
@@ -146,7 +159,7 @@ class Driver:
         rng: Random,
         rollout: RolloutMode,
         local: Local,
-        homes: Callable[[], Homes] = lambda: (),
+        strict: StrictPools | None = None,
     ) -> None:
         self.cfg = cfg
         self.rules = cfg.rules()
@@ -163,8 +176,8 @@ class Driver:
         self.rollout = rollout
         #: the local effects the roles perform (their constructors fill it)
         self.local = local
-        #: the strict pools known, (client_id, pool_id, home) each (the pool table's)
-        self.homes = homes
+        #: the strict pools known (the pool table updates it)
+        self.strict = strict or StrictPools()
         #: other regions' replicas this daemon has written to (a strict pool's home)
         self.peers: dict[str, Store] = {}
         self._peer_lock = asyncio.Lock()
@@ -177,7 +190,7 @@ class Driver:
             self.owner,
             self.rules,
             self.rollout.on,
-            homes=self.homes(),
+            homes=self.strict.homes,
             home_down=self.cfg.strict_home_down,
             extend_read_first=self.cfg.extend_read_first,
             extend_fraction=self.cfg.extend_fraction,

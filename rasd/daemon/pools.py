@@ -21,7 +21,7 @@ from ..core.clock import Clock
 from ..core.errors import UnknownPool
 from ..core.lease import Pool
 from ..dynamo.store import Store
-from .driver import Homes, RolloutMode
+from .driver import RolloutMode, StrictPools
 from .published import Published
 
 UNKNOWN_POOL_TTL = 5.0  # seconds a pool miss is remembered (a new pool shows up after this)
@@ -32,7 +32,12 @@ class PoolTable:
     """The pools a daemon knows, by (client_id, pool_id), and those known not to exist."""
 
     def __init__(
-        self, store: Store, clock: Clock, rollout: RolloutMode, published: Published | None = None
+        self,
+        store: Store,
+        clock: Clock,
+        rollout: RolloutMode,
+        published: Published | None = None,
+        strict: StrictPools | None = None,
     ) -> None:
         self.store = store
         #: the hit tables: a pool redefined or deleted leaves them at once
@@ -40,8 +45,8 @@ class PoolTable:
         #: the table's rollout record, read with the pools
         self.rollout = rollout
         self.by_id: dict[tuple[str, str], Pool] = {}
-        #: the strict pools, (client_id, pool_id, home) each: the driver's programs read them
-        self._homes: Homes = ()
+        #: the strict pools, which the driver's programs read (shared with the driver)
+        self.strict = strict or StrictPools()
         self._unknown: TTLCache[tuple[str, str], bool] = TTLCache(
             UNKNOWN_POOL_MAX, UNKNOWN_POOL_TTL, timer=clock.mono
         )
@@ -66,13 +71,9 @@ class PoolTable:
 
     def _strict_changed(self) -> None:
         """Which pools are strict, for the driver's programs (``Daemon.homes``)."""
-        self._homes = tuple(
-            sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home)
+        self.strict.update(
+            tuple(sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home))
         )
-
-    def homes(self) -> Homes:
-        """The strict pools known (the driver's ``homes``)."""
-        return self._homes
 
     async def get(self, client_id: str, pool_id: str, deadline: float) -> Pool:
         """The pool, read from the table if this daemon does not know it yet; raises
