@@ -107,8 +107,8 @@ async def test_past_half_of_s_a_table_answer_touches_and_the_daemon_reconfirms(
 ) -> None:
     """With S = 3 s, an answer served from the table past 1.5 s sends a touch; the daemon
     re-confirms (a consistent read) and publishes the entry again, so the key is served from
-    the table past S with no miss: every call of 4.5 s is the table's, none reaches the
-    daemon's cache."""
+    the table past S with no miss: every call of 3.6 s is the table's, none reaches the
+    daemon's cache (the re-confirmation has 1.5 s, under the flake hunt's stalls of 0.7 s)."""
     seed_pool(ddb, table, count=5)
     async with make_daemon(confirm_interval=3.0) as d:
         s = d.cfg.socket
@@ -117,7 +117,7 @@ async def test_past_half_of_s_a_table_answer_touches_and_the_daemon_reconfirms(
         start = time.monotonic()
         served, seen = _table.current.hits, d.counters.snapshot()
         calls = 0
-        while time.monotonic() - start < 4.5:  # past S: served on only if re-confirmed
+        while time.monotonic() - start < 3.6:  # past S: served on only if re-confirmed
             await asyncio.to_thread(get, s, "k")
             calls += 1
             await asyncio.sleep(0.05)
@@ -147,7 +147,7 @@ async def test_no_worker_reads_a_released_lease_from_the_table(
                 "tests.integration._table_worker",
                 s,
                 str(seed),
-                "4.0",
+                "3.0",
                 *keys,
                 stdout=subprocess.PIPE,
                 cwd=ROOT,
@@ -162,11 +162,11 @@ async def test_no_worker_reads_a_released_lease_from_the_table(
             lease = await rasd_aio.get_lease(C, P, k, TEN_MIN, socket_path=s, timeout=WAIT)
             await rasd_aio.release(C, P, k, socket_path=s, timeout=WAIT)
             released.append((time.monotonic(), k, lease.resource))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.03)
         outs = [await p.communicate() for p in procs]
     reads = [json.loads(line) for out, _ in outs for line in out.splitlines()]
     from_table = [r for r in reads if r["path"] == "table"]
-    assert len(from_table) > 1000, f"only {len(from_table)} answers from the table"
+    assert len(from_table) > 200, f"only {len(from_table)} answers from the table"
     late = [
         (r, done)
         for done, k, resource in released
