@@ -24,6 +24,7 @@ import math
 import structlog
 
 from ..core import cache_rules as CR
+from ..core import decide as D
 from ..core.errors import RasdError
 from ..core.lease import US, Lease
 from ..steps import daemon as S
@@ -82,19 +83,21 @@ class Renewer:
 
     def touched(self, k: CacheKey, requested_us: int) -> None:
         """A hit table answered ``k`` past its touch time or for an ask that may call for an
-        extension: what a hit does (``LeaseCache.answer``); and when that starts nothing, the
-        table is told from when an extension is due for asks this long
-        (``decide.extend_due_us``), so the clients touch again only then."""
+        extension: what a hit does (:meth:`maybe_refresh`, for a lease end the pool takes);
+        and when that starts nothing, the table is told from when an extension is due for
+        asks this long (``cache_rules.extend_due_us``), so the clients touch again only then."""
         mono, now_us = self.clock.mono(), self.clock.now_us()
         cache = self.cache
-        try:
-            cache.answer(k[0], k[1], k[2], requested_us, mono, 0)
-        except RasdError:  # a lease end the pool refuses: the client checked; nothing to do
+        pool = self.pools.get((k[0], k[1]))
+        lease = cache.get(k, mono)
+        if pool is None or lease is None:
             return
+        if D.check_expiry(requested_us, now_us, pool.max_lease_us):
+            return  # a lease end the pool refuses: the client checked; nothing to do
+        self.maybe_refresh(k, lease, requested_us, now_us)
         if k in self.refreshing or cache.published is None:
             return
-        lease = cache.get(k, mono)
-        if lease is None or lease.region != self.region or lease.token is None:
+        if lease.region != self.region or lease.token is None:
             return
         # a second longer than this ask as the daemon sees it: the client's own reading of the
         # same sliding ask, taken before the touch travelled, is that much longer at most
