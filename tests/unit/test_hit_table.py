@@ -297,3 +297,23 @@ def test_a_put_confirmed_before_a_drop_is_older_news_and_not_kept() -> None:
     clock.advance(S + 1)
     cache.drop(("c", "p", "y"))
     assert list(cache.dropped) == [("c", "p", "y")]
+
+
+def test_refresh_of_extends_only_this_regions_held_leases_and_waits_out_a_backoff() -> None:
+    """What a hit (or a table's touch) starts: an extension for a lease of this region with
+    a token that needs one, none while its backoff runs; else a re-confirmation if stale."""
+    now = 10**15
+    held = Lease("c", "p", "k", "r", "us-east-1", now + 60 * US, 1, token="t")
+    due = now + 600 * US  # asks 600 s, 60 s left: should_extend holds
+    assert D.should_extend(held, due, now, 0.5)
+    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, False) is CR.Refresh.EXTEND
+    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, False, backing_off=True) is None
+    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, True, backing_off=True) is None
+    foreign = Lease("c", "p", "k", "r", "eu-west-1", now + 60 * US, 1, token="t")
+    assert CR.refresh_of(foreign, "us-east-1", due, now, 0.5, False) is None
+    assert CR.refresh_of(foreign, "us-east-1", due, now, 0.5, True) is CR.Refresh.RECONFIRM
+    tokenless = Lease("c", "p", "k", "r", "us-east-1", now + 60 * US, 1, token=None)
+    assert CR.refresh_of(tokenless, "us-east-1", due, now, 0.5, False) is None
+    early = now + 70 * US  # asks 70 s, 60 s left: no extension yet
+    assert CR.refresh_of(held, "us-east-1", early, now, 0.5, False) is None
+    assert CR.refresh_of(held, "us-east-1", early, now, 0.5, True) is CR.Refresh.RECONFIRM
