@@ -85,6 +85,9 @@ def measure(
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "client")]),
         "RASD_DDB_CLIENT": ddb_client,
         "RASD_ACL_OPEN": "true",
+        # a bench machine may keep no synchronised kernel clock; its backend answers with
+        # this host's own Date (``RASD_CLOCK_CHECK`` in the environment says otherwise)
+        "RASD_CLOCK_CHECK": os.environ.get("RASD_CLOCK_CHECK", "date"),
     }
     backend = start_backend(backend_kind)
     url = backend.endpoint
