@@ -62,8 +62,8 @@ class Config:
     #: --grace must be at least this; quarantines include it.
     max_clock_skew: float = 2.0
     #: How the daemon checks its own clock against that bound (each host may be off by half
-    #: of it): "kernel" (the kernel's error bound and sync flag, which chrony or ntpd keep,
-    #: DynamoDB's Date header, and clock steps), "date" (the Date header and steps only, for a
+    #: of it): "kernel" (ClockBound's bound where it runs, else the kernel's bound and sync
+    #: flag; DynamoDB's Date header; steps), "date" (the Date header and steps only, for a
     #: host whose kernel does not report synchronisation: a container on some runtimes, a
     #: dev box), "off" (no check; only where the clock is checked otherwise). While the check
     #: fails the daemon answers UNAVAILABLE and writes nothing that depends on its clock.

@@ -1,12 +1,22 @@
-"""The kernel's account of this host's clock (``adjtimex``, read-only): whether it holds it
-synchronised, and its error bound. Read by the daemon's clock watch and by the jobs."""
+"""This host's account of its clock: ClockBound's shared memory where its daemon runs, else
+the kernel's (``adjtimex``, read-only): whether it is synchronised, and its error bound. Read
+by the daemon's clock watch and by the jobs."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
+import os
+import sys
+import time
 
-from .core.clock_trust import KernelBound
+from .core.clock_trust import CLOCKBOUND_HEAD, CLOCKBOUND_SIZE, KernelBound, clockbound_bound
+
+#: where ClockBound's daemon (2.x) keeps its segment
+CLOCKBOUND_SHM = "/var/run/clockbound/shm0"
+#: Linux's CLOCK_MONOTONIC_COARSE, the clock ClockBound stamps its segment with
+CLOCK_MONOTONIC_COARSE = 6
 
 #: adjtimex's return value for a clock it does not hold synchronised
 TIME_ERROR = 5
@@ -58,3 +68,49 @@ def read_kernel_bound() -> KernelBound:
     state = _libc.adjtimex(ctypes.byref(tx))
     synced = state not in (-1, TIME_ERROR) and not tx.status & STA_UNSYNC
     return KernelBound(synced, int(tx.maxerror))
+
+
+class ClockBoundReader:
+    """ClockBound's segment at ``path``, mapped read-only once it exists. A copy is taken
+    between two equal, even generation numbers (the writer makes it odd while it updates)."""
+
+    def __init__(self, path: str = CLOCKBOUND_SHM) -> None:
+        self.path = path
+        self._map: mmap.mmap | None = None
+
+    def _mapped(self) -> mmap.mmap | None:
+        if self._map is None:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            try:
+                if os.fstat(fd).st_size < CLOCKBOUND_SIZE:
+                    return None
+                self._map = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        return self._map
+
+    def read(self) -> KernelBound | None:
+        """ClockBound's account now; None where no segment this reads is (the caller asks the
+        kernel), unbounded when no consistent copy can be had."""
+        seg = self._mapped()
+        if seg is None:
+            return None
+        gen_at = CLOCKBOUND_HEAD.size - 2
+        for _ in range(100):
+            before = seg[gen_at : gen_at + 2]
+            copy = seg[:CLOCKBOUND_SIZE]
+            if int.from_bytes(before, sys.byteorder) & 1 or seg[gen_at : gen_at + 2] != before:
+                continue
+            return clockbound_bound(copy, time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE))
+        return KernelBound(False, 0, "ClockBound")
+
+
+_clockbound = ClockBoundReader()
+
+
+def read_host_bound() -> KernelBound:
+    """ClockBound's account where its segment is, else the kernel's."""
+    return _clockbound.read() or read_kernel_bound()

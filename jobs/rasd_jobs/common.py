@@ -51,7 +51,7 @@ from rasd.core.lease import (
 from rasd.core.rollout import ROLLOUT_KEY, SIGNAL_KEY, Rollout, rollout_from, set_rollout
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import item_from_av, key_av, render
-from rasd.kernelclock import read_kernel_bound
+from rasd.kernelclock import read_host_bound
 from rasd.observe import log as rasd_log
 
 from . import metrics as jobmetrics
@@ -292,7 +292,7 @@ def check_clock(ddb: Any, table: str, cfg: Config) -> None:
     of the rollout record."""
     if cfg.clock_check == "off":
         return
-    kernel = read_kernel_bound() if cfg.clock_check == "kernel" else None
+    kernel = read_host_bound() if cfg.clock_check == "kernel" else None
     sent = time.time_ns() // 1000
     resp = ddb.get_item(TableName=table, Key=key_av(ROLLOUT_KEY), ProjectionExpression="kind")
     got = time.time_ns() // 1000

@@ -14,6 +14,7 @@ Three witnesses, each able to say only "out of bound":
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from .lease import US
@@ -28,10 +29,53 @@ STEP_US = 100_000
 
 @dataclass(frozen=True, slots=True)
 class KernelBound:
-    """The kernel's account of its clock (``adjtimex`` read-only)."""
+    """A local witness's account of this clock: ClockBound's segment where it runs, else the
+    kernel's (``adjtimex`` read-only). ``source`` names it in the reasons given."""
 
     synced: bool
     maxerror_us: int
+    source: str = "the kernel"
+
+
+#: ClockBound's shared memory segment (its protocol, versions 1 and 2): the magic number as two
+#: native u32, then the segment's size (u32), version (u16) and generation (u16, odd while
+#: the writer is in the middle of an update)
+CLOCKBOUND_MAGIC = (0x414D5A4E, 0x43420200)
+CLOCKBOUND_HEAD = struct.Struct("=2I I H H")
+#: after the head: as-of and void-after (CLOCK_MONOTONIC_COARSE timespecs), the bound (ns)
+#: at as-of; then v2: disruption marker (u64), max drift (u32, ppb), status (i32); v1: max
+#: drift (u32, ppb), reserved (u32), status (i32)
+_CB_BODY = {
+    2: (struct.Struct("=qq qq q Q I i"), 6, 7),
+    1: (struct.Struct("=qq qq q I I i"), 5, 7),
+}
+#: ClockBound's clock status: 1 synchronised, 2 free running (the bound still holds, and
+#: grows by the drift); 0 unknown and 3 disrupted (e.g. a VM's live migration) bound nothing
+CLOCKBOUND_BOUNDED = {1: "synchronised", 2: "free running"}
+CLOCKBOUND_SIZE = CLOCKBOUND_HEAD.size + _CB_BODY[2][0].size
+
+
+def clockbound_bound(segment: bytes, now_coarse_ns: int) -> KernelBound | None:
+    """ClockBound's account of this clock from one consistent copy of its segment, at
+    ``now_coarse_ns`` on CLOCK_MONOTONIC_COARSE: the bound at as-of grown by the maximum
+    drift since; unbounded (``synced`` False) past void-after or with a status that bounds
+    nothing. None when ``segment`` is no ClockBound segment this reads (a foreign magic or
+    version, too short)."""
+    if len(segment) < CLOCKBOUND_HEAD.size:
+        return None
+    m0, m1, _size, version, _generation = CLOCKBOUND_HEAD.unpack_from(segment)
+    body = _CB_BODY.get(version)
+    if (m0, m1) != CLOCKBOUND_MAGIC or body is None:
+        return None
+    layout, drift_at, status_at = body
+    if len(segment) < CLOCKBOUND_HEAD.size + layout.size:
+        return None
+    f = layout.unpack_from(segment, CLOCKBOUND_HEAD.size)
+    as_of_ns, void_after_ns = f[0] * 10**9 + f[1], f[2] * 10**9 + f[3]
+    if f[status_at] not in CLOCKBOUND_BOUNDED or now_coarse_ns > void_after_ns:
+        return KernelBound(False, 0, "ClockBound")
+    bound_ns = f[4] + max(0, now_coarse_ns - as_of_ns) * f[drift_at] // 10**9
+    return KernelBound(True, -(-bound_ns // 1000), "ClockBound")
 
 
 def date_offset_floor_us(date_s: int, sent_us: int, got_us: int) -> int:
@@ -66,10 +110,10 @@ def judge(
     ``Date`` reading (None: none yet). ``step_unverified_us``: a step no later ``Date``
     reading has vouched for (0: none)."""
     if kernel is not None and not kernel.synced:
-        return "the kernel says the clock is not synchronised (is chronyd or ntpd running?)"
+        return f"{kernel.source} says the clock is not synchronised (is chronyd or ntpd running?)"
     if kernel is not None and kernel.maxerror_us > limit_us:
         return (
-            f"the kernel's error bound is {kernel.maxerror_us / US:.3f}s, beyond "
+            f"{kernel.source}'s error bound is {kernel.maxerror_us / US:.3f}s, beyond "
             f"{limit_us / US:.3f}s (half of max_clock_skew)"
         )
     if date_floor_us is not None and abs(date_floor_us) > limit_us:

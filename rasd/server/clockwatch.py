@@ -19,7 +19,7 @@ import structlog
 from ..core import clock_trust as CT
 from ..core.errors import Unavailable
 from ..core.lease import US
-from ..kernelclock import read_kernel_bound
+from ..kernelclock import read_host_bound
 
 log = structlog.get_logger("rasd.clock")
 
@@ -45,7 +45,7 @@ class ClockGuard:
         max_clock_skew: float,
         wall_us: Callable[[], int],
         mono: Callable[[], float] = time.monotonic,
-        kernel: Callable[[], CT.KernelBound] = read_kernel_bound,
+        kernel: Callable[[], CT.KernelBound] = read_host_bound,
         on_verdict: Callable[[bool], None] | None = None,
     ) -> None:
         if mode not in CT.MODES:

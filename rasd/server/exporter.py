@@ -72,7 +72,8 @@ def serve(port: int, router: Router) -> MetricsServer:
                 lambda: (guard.date_floor_us or 0) / 1e6,
             ),
             "clock_kernel_maxerror_seconds": Gauge(
-                "The kernel's error bound on this host's clock (clock_check = kernel)",
+                "This host's clock error bound, ClockBound's where it runs, else the kernel's "
+                "(clock_check = kernel)",
                 lambda: guard.kernel.maxerror_us / 1e6 if guard.kernel is not None else 0.0,
             ),
         },

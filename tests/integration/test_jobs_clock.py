@@ -82,14 +82,14 @@ def test_the_kernels_account_counts_where_the_setting_says(
         *("add-resources", "--table", table, "--endpoint-url", moto_endpoint),
         *("--region", "us-east-1", "--client", "demo", "--pool", "default", "--count", "1"),
     ]
-    monkeypatch.setattr(common, "read_kernel_bound", lambda: KernelBound(False, 16 * US))
+    monkeypatch.setattr(common, "read_host_bound", lambda: KernelBound(False, 16 * US))
     monkeypatch.setenv("RASD_CLOCK_CHECK", "kernel")
     code, err = _run(admin.main, argv, capsys)
     assert code == common.EXIT_ERRORS and "not synchronised" in err, err
-    monkeypatch.setattr(common, "read_kernel_bound", lambda: KernelBound(True, 20_000))
+    monkeypatch.setattr(common, "read_host_bound", lambda: KernelBound(True, 20_000))
     code, err = _run(admin.main, argv, capsys)
     assert code == 0, err
-    monkeypatch.setattr(common, "read_kernel_bound", lambda: KernelBound(False, 16 * US))
+    monkeypatch.setattr(common, "read_host_bound", lambda: KernelBound(False, 16 * US))
     monkeypatch.setenv("RASD_CLOCK_CHECK", "date")
     code, err = _run(admin.main, argv, capsys)
     assert code == 0, err
