@@ -113,3 +113,27 @@ def test_a_short_file_is_not_a_segment(tmp_path: Path) -> None:
     path = tmp_path / "shm0"
     path.write_bytes(b"\0" * 16)
     assert ClockBoundReader(str(path)).read() is None
+
+
+def test_the_daemons_clock_watch_reads_clockbound_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ClockBound's segment is, the watch's default witness is ClockBound's, not the
+    kernel's: a disrupted segment stops the daemon from trusting its clock, whatever the
+    kernel says; with no segment, the kernel answers."""
+    from rasd import kernelclock
+    from rasd.server.clockwatch import ClockGuard
+    from tests.doubles.clock import FakeClock
+
+    path = tmp_path / "shm0"
+    now = _now()
+    path.write_bytes(segment(now, now + 60 * SEC, 1_000, status=3))
+    monkeypatch.setattr(kernelclock, "_clockbound", ClockBoundReader(str(path)))
+    monkeypatch.setattr(kernelclock, "read_kernel_bound", lambda: KernelBound(True, 0))
+    clock = FakeClock()
+    guard = ClockGuard("kernel", 2.0, clock.now_us, clock.mono)
+    guard.tick()
+    assert guard.why is not None and guard.why.startswith("ClockBound says")
+    monkeypatch.setattr(kernelclock, "_clockbound", ClockBoundReader(str(tmp_path / "none")))
+    guard.tick()
+    assert guard.why is None
