@@ -1,5 +1,6 @@
 """structlog JSON logs on stderr, shared by the daemon and the jobs; under systemd each line
-carries its syslog priority for journald (docs/operations.md, "Logs fit journald").
+carries its syslog priority for journald (docs/operations.md, "The daemon on a host
+(systemd)": Logs fit journald).
 """
 
 from __future__ import annotations

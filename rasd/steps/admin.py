@@ -3,7 +3,8 @@
 :func:`release_resource`, :func:`delete_resource`, :func:`delete_item`, :func:`delete_pool`,
 :func:`add_resource`, :func:`define_pool`, :func:`adopt_lease`, :func:`settle_pending`,
 :func:`move_free`; refusals come back as :class:`AdminResult`. Why none frees anything early
-(I1): docs/design.md, "I1 through admin commands" and "Rollout mode, in the table".
+(I1): docs/design.md, "Arguments, interleaving by interleaving" (admin commands), and why
+adoption is safe, "Rollout mode, in the table".
 """
 
 from __future__ import annotations
