@@ -1,29 +1,6 @@
-"""rasadmin's commands and the balancer's move as actors of the model.
-
-Theory of operation
--------------------
-Each command is the program its driver runs (``rasd.steps.admin``), kept as a job process
-(``World.jobs``) and stepped by :mod:`check.effects` one DynamoDB call at a time, with every
-way each call can end; the step that starts a command also makes its first call. At most
-``Config.admin_runs`` commands run in one exploration, one at a time, on rasadmin's clock
-(``Config.admin_offset``):
-
-* ``delete-resource`` (with and without ``--force``): any resource item of the table, in its
-  region (``rasd.steps.admin.delete_resource``);
-* ``add-resources`` of a deleted name (its tombstone): the re-add (``add_resource``);
-* ``release-resource`` of any held item (``release_resource``): the key's lease ended by
-  the operator, not by its apps, so held to its end;
-* ``add-pool`` redefining the pool's longest lease (``define_pool``); the daemons' requests
-  read the definition when they start (their pool refresh) and refuse a lease beyond it;
-* ``rasadmin adopt`` of any running lease, read strongly consistent (``adopt_lease``);
-* the balancer's move (``move_free``) of a free item of another region, from that region's
-  lagging available index, to the balancer's region. Its driver writes the item in its own
-  region's replica (``At``) when it has that region's endpoint, as the balancer requires;
-  the known-bad rule set that drops the requirement writes it in the balancer's replica,
-  where replication settles it by last-writer-wins (:func:`check.effects.lww_branches`).
-
-A known-bad rule set reaches the deletes through ``rasd.steps.admin.AdminOps``
-(``check.rulesets.admin_ops``).
+"""rasadmin's commands and the balancer's move as actors of the model: the programs of
+``rasd.steps.admin``, one command at a time on rasadmin's clock, stepped by
+:mod:`check.effects` (docs/checker.md, "What is modeled": rasadmin and the balancer).
 """
 
 from __future__ import annotations

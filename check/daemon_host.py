@@ -1,14 +1,6 @@
-"""The daemon in the model: where its processes live and what its local effects do.
-
-Theory of operation
--------------------
-A daemon's request and background tasks are the daemon's programs (``rasd.steps.daemon`` and
-the modules beside it, the ones the roles of ``rasd.daemon.coordinator`` drive), run by the
-interpreter of ``check/effects.py``: each step is one DynamoDB call. :class:`DaemonHost` gives
-the local effects between two calls their meaning in the model: the lease cache, by the
-cache's own rules (``rasd.core.cache_rules``); tokens; candidates from the lagging available
-index; spawning a background program. The daemon's request is started by the app calls
-(:func:`check.model.app_calls`); its background programs by its request and by its refreshes.
+"""The daemon in the model (:class:`DaemonHost`): where its processes live and what its local
+effects mean (the lease cache by ``rasd.core.cache_rules``, tokens, candidates from the
+lagging index, spawning). docs/checker.md, "What is modeled".
 """
 
 from __future__ import annotations

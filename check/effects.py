@@ -1,31 +1,7 @@
-"""The checker's interpreter: the protocol's programs run over the model of the table.
-
-Theory of operation
--------------------
-A process of the model (a daemon's request or background task; later the jobs) is a program
-of :mod:`rasd.steps` kept as a :class:`rasd.steps.Trace`: the results it has been sent. The
-interpreter steps it the way the model steps everything, one DynamoDB call at a time:
-
-* a process always waits on a *step* effect: a DynamoDB call (``GetItem``, ``QueryMappings``,
-  ``QueryLeased``, ``Send``, each call of a ``Together``), or a choice the host makes (the
-  daemon's ``TakeCandidate``: any version the lagging index may return);
-* :func:`step` performs that effect once per way it can end (:func:`write_branches`,
-  :func:`read_branches`: applied, refused, NOT SENT, DELAYED/LOST in flight, reply lost and
-  read back with the write's own ``readback``, read FAILED), each in a world of its own, and
-  sends the result in (a failure is thrown in as the ``RasdError`` the store raises);
-* then runs the program on through its local effects at once (``Now`` is the world's time
-  plus the process's clock offset, ``Mono`` the true tick, ``Sleep``, ``Join`` and ``Note``
-  pass, ``Spawn`` starts a process, ``Tail`` replaces its trace by a fresh one of the next
-  round, the rest go to the :class:`Host`) up to its next step effect or its end.
-
-A ``Together``'s calls are sent in one round trip but land one at a time, in either order,
-with other steps between them: the first call taken chooses the order. A request is bound by
-its deadline (``Config.deadline`` ticks, ``Config.max_calls`` calls): past it a read fails
-with ``Timeout`` and a write is not sent, as in ``Store``; a call of a ``Together`` sent in
-time and answered after it is in flight and UNKNOWN.
-
-Everything a process holds is a value (results are frozen: items as :class:`FrozenItem`,
-lists as tuples, errors as the module's singletons), so a world's key hashes it.
+"""The checker's interpreter: the protocol's programs run over the model of the table, one
+DynamoDB call a step, each call once per way it can end (:func:`step`,
+:func:`write_branches`, :func:`read_branches`, :func:`lww_branches`). docs/checker.md, "What
+is modeled" (the interpreter, Store.write's outcomes).
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
-"""The jobs as the checker runs them: the programs the jobs drive, stepped over the model.
-
-Theory of operation
--------------------
-Every job process of the model runs the very program its job drives (``rasd.steps``), kept
-as a :class:`rasd.steps.Trace` and stepped by :mod:`check.effects` one DynamoDB call at a time,
-with every way each call can end:
-
-* ``ras-dedupe`` (:func:`start_jobs`): a run's scan of the lagging leased index is any
-  combination of recent held versions; its duplicate groups go to
-  ``rasd.steps.dedupe.dedupe_groups``, which examines each group on consistent reads and
-  releases in each region's replica; the survivor read in another region's replica
-  (``At``) may see any recent version of its mapping (:meth:`JobHost.query`);
-* the liberator's orphan repair: a held item acquired ``orphan_age`` ago, from a lagging
-  scan, goes to ``rasd.steps.repair.check_orphan``;
-* the liberator's expiry free (:func:`liberator`), the re-listing of quarantines that are
-  over (:func:`relister`) and the paper's liberator (:func:`paper_liberator`): one
-  conditional write each (``liberate_item``, ``relist_item``, ``paper_free_expired``),
-  started and sent in one step;
-* the paper's agent (:func:`paper_agent`): ``rasd.steps.paper.paper_get_lease``, whose index
-  reads may return any recent version (the leased index: any running lease of the key;
-  the available index: any free version of the region's items, claimed on its version).
-
-The known-bad rule sets reach the jobs through the programs' ``ops``
-(``check.rulesets.job_ops``): nothing here re-states a job.
+"""The jobs as the checker runs them: the programs the jobs drive (dedupe, orphan repair, the
+liberator's frees and re-listing, the paper's agent and liberator), stepped over the model
+by :mod:`check.effects`; known-bad rules reach them through ``ops``. docs/checker.md, "What
+is modeled".
 """
 
 from __future__ import annotations

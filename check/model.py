@@ -1,30 +1,8 @@
 """The model: one DynamoDB table, daemons and jobs running their drivers' own programs.
 
-Theory of operation
--------------------
-A world (``check.world.World``: the table, its recent history, the daemons' state, writes in
-flight, the answers apps hold, the fault budget) is one global state.
-
-:func:`successors` lists every step any process may take from a world, each as
-``(label, next_world)``; faults are steps too. A daemon's request and background tasks are
-the daemon's programs (``rasd.steps.daemon`` and the modules beside it, the ones the roles of
-``rasd.daemon.coordinator`` drive), run by the interpreter of ``check/effects.py``: each step is one
-DynamoDB call, and ``check.daemon_host.DaemonHost`` gives their local effects (cache, tokens,
-candidates from the lagging index, spawning) their meaning in the model; :func:`app_calls`
-starts a request. Decisions are the real ``rasd.core.decide`` functions, reached through the
-programs' ``Ops``; a known-bad rule set (:mod:`check.rulesets`) hands them others.
-
-Regions: each daemon has one and writes only its region's items; other regions' mappings are
-read as replicated copies (optionally lagging, ``replica_history``) and a live foreign lease
-is served as it is (``decide.on_read``). The jobs (``ras-dedupe``, the liberator's expiry
-free, orphan repair and re-listing, the paper's agent and liberator) are processes of the
-programs their drivers run (``rasd.steps.repair``, ``.dedupe``, ``.paper``), stepped by the
-same interpreter (:mod:`check.jobs`), as are rasadmin's commands and the balancer's move
-(:mod:`check.admin`). The table's rollout record and the daemons following it are
-:mod:`check.rollout`'s.
-
-Time is discrete: ``World.t`` is the true time in ticks (one tick = one second); a daemon's
-clock reads ``t + offset``. Every answer is checked against I1 and I2 when it is given.
+:func:`successors` lists every step any process may take from a world, faults included;
+:func:`app_calls` starts a request. docs/checker.md, "What is modeled" and "What is not
+modeled (honestly)".
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """``python -m check.mutate`` (``make mutate``): mutation testing of the protocol's pure code.
 
-Theory of operation
--------------------
-The checker is checked by breaking the code it checks. mutmut (a maintained mutation tester)
-makes small changes ("mutants") to the functions listed in :data:`TARGETS` (a ``<`` turned
-into ``<=``, a constant changed, an argument dropped, ...) and runs, for each mutant, the
-tests that called the mutated function: the fast unit tests of ``tests/unit`` and the
-protocol checker's CI run (``tests/unit/test_check.py``: the real rules pass the exhaustive
-configuration, every known-bad rule set is caught, the findings' traces replay clean). A mutant
-that no test notices **survived**: either a behaviour nothing checks, or a change with no
-observable effect (an *equivalent* mutant).
-
-Two phases. A checker search costs up to a minute and a mutant it does not kill pays for all
-of them (about four minutes), so every mutant first meets the unit tests alone (the *fast*
-phase: ``check.mutate_plugin`` deselects the searches), and only the mutants they let through,
-less those argued equivalent, meet every test (the *checker* phase). A mutant killed in the
-first phase would be killed in one run with every test too (mutmut stops at the first failing
-test), so the two phases give the score of one run, in a fraction of its time.
-
-Equivalent mutants are argued one by one in docs/checker.md and listed in
-``check/mutate_equivalent.json`` by a stable id, ``file::function::old => new`` (the changed
-source lines, whitespace collapsed), not by mutmut's numbers, which shift whenever a function
-changes. The score excludes them: ``(killed + timeout) / (mutants - equivalent)``, over the
-mutants checked (a run stopped early leaves some "not checked"; they are counted apart).
-
-mutmut's configuration (what it copies and mutates, the test selection, the pytest plugin
-``check.mutate_plugin``) is ``[tool.mutmut]`` in pyproject.toml; this module chooses which
-functions count, runs mutmut on exactly those, and writes the summary (printed, and
-``check/results/mutate.json``). A target given as a directory (``rasd/steps/``) takes every
-module in it, so programs added there are mutated with no edit here.
+Runs mutmut on the functions of :data:`TARGETS`, in two phases (unit tests first, then the
+checker's searches for what survives), scores the run less the mutants argued equivalent
+(``check/mutate_equivalent.json``) and writes ``check/results/mutate.json``.
+docs/checker.md, "Mutation testing".
 """
 
 from __future__ import annotations

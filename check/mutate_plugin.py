@@ -1,27 +1,7 @@
-"""A pytest plugin for mutation testing only (``-p check.mutate_plugin``, set in pyproject's
-``[tool.mutmut] pytest_add_cli_args``; never loaded by ``make test``).
-
-Theory of operation
--------------------
-mutmut runs the tests from its copy of the tree (``mutants/``), first on its ``sys.path``, and
-runs each mutant with only the tests that called the mutated function (``pytest -x`` on their
-ids). Three things keep that honest and fast:
-
-* **The jobs as installed.** mutmut copies and mutates ``rasd/`` only (the jobs' protocol is
-  in ``rasd/steps/``; ``jobs/rasd_jobs/`` keeps the drivers). ``mutants/`` is first on
-  ``sys.path``, so ``rasd`` is the mutated copy, and ``rasd_jobs``, which is not there, is the
-  editable install's: the original drivers, over the mutated protocol.
-* **The checker last, and only where it is needed.** With ``RASD_MUTATE_FAST`` set (the first
-  phase of ``python -m check.mutate``), the checker's searches (``tests/unit/test_check*.py``)
-  are deselected whenever mutmut runs tests for a mutant or its clean run, though not while
-  it records which tests call which function: each mutant first meets the fast unit tests
-  only, and the second phase runs the mutants they let through with every test, the searches
-  included. A search costs up to a minute; a unit test, milliseconds.
-* **Fastest tests first.** mutmut hands pytest the test ids in no particular order and stops
-  at the first failure. The checker's exhaustive searches take seconds each; a unit test that
-  kills the same mutant takes milliseconds. :func:`pytest_collection_modifyitems` orders the
-  selected tests by the duration mutmut recorded for each (``mutmut-stats.json``), so a mutant
-  pays for the slow searches only when the fast tests let it through.
+"""A pytest plugin for mutation testing only (``-p check.mutate_plugin``, from pyproject's
+``[tool.mutmut]``; never loaded by ``make test``): deselects the checker's searches in the
+fast phase (``RASD_MUTATE_FAST``) and runs the fastest tests first, by the durations mutmut
+recorded (``mutmut-stats.json``). docs/checker.md, "Mutation testing".
 """
 
 from __future__ import annotations

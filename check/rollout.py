@@ -1,22 +1,7 @@
-"""The rollout switch in the model: the table's rollout record changes once, and each
-daemon follows it.
-
-Theory of operation
--------------------
-With ``Config.rollout_switch`` the record changes once: ``rasadmin end-rollout`` when the
-daemons start beside the paper's agent (``legacy_agents``), by the real command's decision
-(``rasd.core.rollout.on_end``): refused while an item holds a lease of that agent (or one of
-its calls runs), else, while a lease the table holds may have been answered, a mark with the
-latest end and the switch at a run after it; ``rasadmin adopt`` otherwise. Then each daemon
-follows it at a step of its own (its later programs run in the new mode; one already running
-keeps the old). The paper's agent calls only while the table is in rollout mode and, after
-``end-rollout``'s mark, not at all: the operator stopped its hosts (:func:`paper_may_call`).
-
-After ``adopt``, once every daemon follows and no program of the fast rules still runs (the
-bound the command waits out), its sweep (:func:`adopt_sweep`: the command's own per-item
-programs over a scan of the table) settles what the fast rules left; the paper's agent
-calls only after a sweep that settled everything (the real command then prints a later
-start, which the model does not wait for: it never calls).
+"""The rollout switch in the model: the table's rollout record changes once, each daemon
+follows it at a step of its own, ``rasadmin adopt``'s sweep (:func:`adopt_sweep`), and when
+the paper's agent may call (:func:`paper_may_call`). docs/checker.md, ``SWITCH_OFF`` and
+``SWITCH_ON``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""The rules the model's actors follow: the real ones (``rasd.core.decide``), or a known-bad set.
-
-A known-bad rule set puts one bug back by replacing one decision (or, for the balancer, one
-piece of its driver's wiring): A, B and C are the old acquisition protocol's (acting on an
-unknown mapping write, trusting one's own claim, freeing early with no quarantine); D1-D6
-are ras-dedupe's and orphan repair's (an unversioned release, a pending survivor, a margin
-short of the clock skew, the survivor judged in the wrong replica, an orphan freed with the
-quarantine only, an orphan that became a lease released as one); Q and H are beside the
-paper's agent (a quarantine inside the available index, a stale holder taken as current);
-R is rasadmin's (a quarantined item deleted and re-added claimable at once), M the
-balancer's (a move written in the wrong replica), S, P and L beside the paper's agent (a
-won claim served unsettled; a pending mapping extended unsettled; a lapsed lease ended on
-the reader's clock alone); X a daemon's (an extension found done by its read taken as
-reaching the end asked); G is a strict pool's (its agreement skipped); T1 and T2 are a
-lost reply's read-back taken as a refusal and a claim given back with the quarantine only
-without proof that nobody was answered with it; HT a hit table read past S. The jobs'
-programs read them through their ``ops``; T1 is the drivers' read-back rule, which the
-model's interpreter applies. They live here, never in production code: a checker that
-cannot find them proves nothing (tests/unit/test_check.py).
+"""The rules the model's actors follow: the real ones (``rasd.core.decide``), or a known-bad set
+that puts one bug back by replacing one decision (or one piece of a driver's wiring). They
+live here, never in production code. Each set and what catches it: docs/checker.md,
+"Known-bad rule sets".
 """
 
 from __future__ import annotations

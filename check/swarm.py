@@ -1,22 +1,8 @@
 """The swarm: every actor and every fault in one world, by seeded random walks.
 
-Each run draws its world from the widest one (:func:`draw`): a random subset of the actors
-(two or three daemons in one or two regions, clocks apart up to the skew bound; app calls
-and releases; the liberator's expiry free, re-listing and orphan repair; ``ras-dedupe``;
-rasadmin's release-resource, delete-resource with and without ``--force``, re-add, add-pool
-and adopt; the balancer's moves; a strict pool with its home region down in either setting;
-the rollout record switched either way while daemons lag behind it; the paper's agent and
-its liberator; a pool with an outage budget, whose cached answers a daemon serves past S at
-any step as if cut off from DynamoDB) and of the faults (``check.world.FAULTS`` on every
-call any actor makes, a crash at any step, replication lag), so rare pairs meet (swarm
-testing: a run without some actor or fault explores the others deeper). Then one seeded
-walk of the real programs (:func:`check.explore.walk`) through it. A walk that breaks I1, I2
-or a state invariant is shrunk to a shorter trace that still breaks one (:func:`shrink`)
-and printed with the seed that replays it: ``python -m check.swarm --replay SEED``.
-
-``python -m check.swarm`` runs for ``--seconds`` or ``--runs`` and closes with what it
-covered: runs, steps, which actors' steps interleaved in one walk, and which faults fired
-on which calls. ``--rules NAME`` walks a known-bad rule set instead (it must be found).
+Each run draws a world (:func:`draw`), walks the real programs through it, and shrinks a
+walk that breaks an invariant (:func:`shrink`) to a trace printed with the seed that replays
+it (``--replay SEED``); ``--rules NAME`` walks a known-bad set. docs/checker.md, "The swarm".
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The model's state: one DynamoDB table, the daemons' local state, the jobs' bookkeeping and
 the answers apps hold, as one :class:`World` value; and its configuration (:class:`Config`).
-
-Theory of operation
--------------------
-A :class:`World` is one global state: the table (plain dicts, every write through
-``rasd.core.writes.apply`` with the very ``Write`` production sends), a short history of each
-resource item (the lagging ``available_resources`` index and the liberator's scan read from
-it), the daemons (clock offset, request process, background processes, lease cache), writes
-still in flight, the answers given to apps that may still be valid, and the fault budget.
-Every answer is checked against I1 and I2 when it is given.
-
-What may happen next is :func:`check.model.successors`'s: the steps of the daemons
-(:mod:`check.daemon_host`, the app calls of :mod:`check.model`), of the jobs
-(:mod:`check.jobs`), of rasadmin and the balancer (:mod:`check.admin`) and of the rollout
-switch (:mod:`check.rollout`). Each of them, and the interpreter (:mod:`check.effects`),
-takes the state from this module, which imports none of them, so the checker's modules form
-no import cycle.
+It imports none of the modules that step it. docs/checker.md, "What is modeled".
 """
 
 from __future__ import annotations

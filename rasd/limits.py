@@ -1,24 +1,9 @@
 """Load shedding: say no at once instead of queueing work that will miss its deadline.
 
-Theory of operation. A request that waited in a queue past its deadline is worse than one
-refused at once: it held memory and a DynamoDB slot, and its caller gave up anyway (a request
-that waited 80 ms in a queue is already too late for a caller with a 100 ms budget). So every
-guard here answers immediately, and nothing here waits:
-
-* :class:`TokenBucket` / :class:`BucketTable`: per (client_id, pool_id) request rate, so one
-  noisy app cannot spend the table's (or one hot partition's) capacity for everyone. A refusal
-  carries the seconds after which a retry would be allowed (``BUSY`` with ``retry_after``).
-* :class:`InflightGate`: a bound on concurrent DynamoDB work, with no queue. A request enters
-  only if a slot is free *and* the recent service time says it can finish before its deadline.
-* :class:`CircuitBreaker`: when DynamoDB keeps failing, fail fast (``UNAVAILABLE``) instead of
-  making every request spend its whole deadline on retries; after a cooldown one probe is let
-  through and its outcome closes or re-opens the circuit. Recovery needs no operator.
-* :class:`ConnectionLimits`: connections per calling process, per uid and in all, and the
-  bytes of half-received frames in all: a caller that opens thousands of connections, or
-  leaves frames half-sent, is refused before the daemon runs out of files or memory.
-
-All classes are pure: no clock, no I/O, no asyncio. Time (monotonic seconds) is passed in, so
-tests drive them without sleeping and the event loop calls them synchronously.
+:class:`TokenBucket` / :class:`BucketTable` (request rates), :class:`InflightGate`
+(concurrent DynamoDB work, no queue), :class:`CircuitBreaker` (fail fast while DynamoDB
+fails), :class:`ConnectionLimits` (connections and half-received bytes). Pure: monotonic time
+passed in. docs/operations.md, "Load shedding and limits".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Requests and responses of the wire protocol (docs/protocol.md): what a frame must hold, and
 what an answer holds. Pure: frames in, Requests and answers out, no I/O.
 
-Theory of operation
--------------------
-A ``get_lease`` frame's fields are checked by one function, :func:`lease_fields`: one pass, one
-exact type check per field and the names' lengths, nothing allocated but the tuple of values.
-The server calls it once per frame (``Router.handle``): the cached hit and the miss that goes
-on to DynamoDB both use its tuple. A frame it refuses is never accepted: :func:`parse` then
-walks its fields one by one only to name the first one that is wrong (``BadRequest``). Every
-other op is checked by that walk.
-
-A ``get_lease`` is answered by one layout, :func:`lease_response`, whose ``id`` comes last. A
-cached hit's answer is that frame encoded once, when the lease is cached, with its ``id``
-widened to a msgpack uint64 (:func:`answer_head`): per request only the id's 8 bytes are
-appended (``ID_PACK``), and the bytes decode to exactly what ``lease_response`` says. An id
-a uint64 cannot carry (a negative one) is packed as msgpack packs it (:func:`answer_wide`).
+:func:`lease_fields` checks a ``get_lease`` frame in one pass, :func:`parse` names what is
+wrong; :func:`lease_response` and :func:`answer_head` are the one answer layout
+(docs/design.md, "Inside get_lease").
 """
 
 from __future__ import annotations

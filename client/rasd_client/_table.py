@@ -1,36 +1,9 @@
-"""The table: the daemon's cached answers in shared memory, read here without a round trip.
+"""The hit table: the daemon's cached answers in shared memory, read here without a round trip.
 
 The daemon writes (``rasd.daemon.published``), the client reads; this module holds the layout
-both use, and the client's side. docs/protocol.md, "The table", is the contract.
-
-The daemon keeps one table per client_id, a sealed memfd that only it can write. A process
-asks for it on a connection of its own (op ``table``); after the ACL check the daemon hands
-the fd over with SCM_RIGHTS. That connection then only carries one-way ``touch`` notices,
-and tells whether the daemon that wrote the table still lives: a table is read only while
-its connection is open and silent, so a table outlives neither its daemon nor the grant that
-opened it.
-
-The daemon decides; the client compares numbers. An entry says until when it may be served
-(monotonic seconds, the daemon's cache rule), the longest lease the pool takes, and when the
-daemon wants to hear of it again: past ``touch`` (monotonic: a re-confirmation), from
-``touch_after_us`` (wall: an extension due for asks ``asked_us`` long), or for a longer ask.
-Then the client still answers from the entry and sends a ``touch``. Anything else asks over
-the socket.
-
-Layout, little-endian:
-
-    header   64 bytes: magic, layout, ways, buckets, state, epoch, slots
-    index    ``buckets`` buckets of ``ways`` u32 tags (a hint: crc32 of the name, low bit set;
-             0: empty) and ``ways`` u32 slot numbers; a name's bucket is its crc32 / 2
-    slots    ``slots`` slots of SLOT bytes, used from the first on (memory used as filled)
-    slot     seq (odd while the daemon writes it), crc (crc32 of the slot from byte 8 to the
-             end of its strings), epoch, the lengths of pool_id, name, resource and region,
-             until, touch, touch_after_us, asked_us, max_lease_us, lease_expires_us, version;
-             then the name (pool_id then key, UTF-8), the resource and the region
-
-A slot is read only between two equal even readings of its ``seq``, and only if its crc
-matches: never torn. A slot of an older ``epoch`` than the header's is empty (a wipe is one
-write).
+both use, and the client's side: a slot is served only between two equal even ``seq``
+readings with a matching crc, while its numbers allow. The contract (hand-over, holder,
+layout, touches): docs/protocol.md, "The hit table"; why it is safe: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """asyncio client: the same functions as ``rasd_client``, as coroutines.
 
-One connection per (event loop, socket path) carries every request of that loop at once: each
-request has an id and a reader task hands responses to the waiting coroutines.
-
-Theory of operation. A :class:`_Link` is one loop's view of one socket path: the connection
-in use, if any, and the connect under way, if any. A call that finds no usable connection
-starts the connect (a task) unless one is under way, and waits for it; so however many calls
-a loop makes at once, it opens one connection, and concurrent first calls wait for that one.
-The connect itself is a non-blocking ``connect(2)``, which on a Unix socket either succeeds at
-once or fails at once: ``EAGAIN`` (the daemon's listen backlog is full), ``ECONNREFUSED`` or
-``ENOENT`` (no daemon is listening: it is restarting) are tried again after a short, growing
-pause within the caller's own timeout; any other error is raised as ``Unavailable`` at once.
-A connection is replaced only once it is closed (the daemon closed it, or a call found it
-broken), and one that is given up is closed and its reader task ended, never dropped while
-its task still waits on the socket.
+One connection per (event loop, socket path) carries every call of that loop at once, opened
+by one connect that concurrent first calls share (:class:`_Link`), retried while no daemon
+listens, within the call's timeout. docs/protocol.md, "Connections of the Python clients".
 """
 
 from __future__ import annotations

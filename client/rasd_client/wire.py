@@ -1,17 +1,7 @@
 """The wire format of rasd, shared by the client and the daemon (public: ``rasd_client.wire``).
-No I/O here. docs/protocol.md is the contract this module implements.
-
-Theory of operation
--------------------
-A frame is a 4-byte big-endian unsigned length followed by that many bytes of msgpack. The
-payload is always a map with ``v`` (protocol version, currently 1) and ``id`` (an integer the
-client picks; the response echoes it so one connection can carry several requests at once).
-
-``FrameDecoder`` turns a byte stream into payloads: ``feed()`` bytes as they arrive and iterate
-the complete frames. A length above ``MAX_FRAME`` cannot be resynchronised (we cannot know
-where the next frame starts), so it raises ``FrameTooLarge`` and the connection must close.
-A frame whose msgpack is garbage is still delimited, so it yields ``BadFrame`` and the
-stream goes on. See docs/protocol.md for the ops and docs/errors.md for the codes.
+No I/O here. ``FrameDecoder`` turns a byte stream into payloads (``FrameTooLarge``: the
+connection must close; ``BadFrame``: the stream goes on). docs/protocol.md, "Framing", is the
+contract; docs/errors.md the codes.
 """
 
 from __future__ import annotations

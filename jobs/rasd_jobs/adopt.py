@@ -1,45 +1,10 @@
 """``rasadmin adopt``: bring a table the paper's agent wrote to rasd's schema, in place.
 
-What the paper's agent leaves is a table of resource items (``key`` and ``lease_expires``
-while leased, ``lease_available`` while free, ``version`` on every write) with the two
-indexes. rasd needs, besides (docs/schema.md):
-
-1. the indexes, the stream (new and old images) and TTL on ``ttl``: checked, and what is
-   missing is added (an index with other keys is an error: the command stops);
-2. a pool definition (``#meta``/``pool#{client}#{pool}``) for every pool the items name,
-   added when absent with ``--max-lease`` (an existing one is left as it is);
-3. a mapping item for every running lease of the region: each is adopted where it is, by the
-   daemon's own adoption (``map_acquire`` at the mapping version read, then ``adopt`` on the
-   item conditional on the version read strongly consistent, then ``map_confirm``). The key
-   keeps its resource and its end; the paper's agent keeps finding it through the leased
-   index.
-
-Every write is conditional and every step checks what is already there, so the command is
-idempotent: a second run reads and writes nothing but the summary (``writes`` 0). It is
-resumable: the Scan goes page by page and logs the position after each page on stderr
-(``page_done``, ``resume_from``); ``--resume-from`` starts after it (a rerun from the start
-only costs reads). ``--dry-run`` reads and counts, writes nothing.
-
-A key the paper's agent split (it holds a running lease while its mapping names another
-resource of the region) is counted in ``kept_split`` and left alone: rasd serves what the
-mapping names; the other runs to its end (or ``ras-dedupe`` releases it).
-
-The fast rules' leftovers (docs/design.md, "Rollout mode, in the table"): the paper's agent
-answers whatever the leased index shows for a key, so before it may start, no claim of
-rasd's that no mapping names may be left there, and no claim may still land beside a lease
-it makes. The same scan reaches both: a running claim of rasd's beside the key's lease is
-freed by the liberator's orphan repair, held to its end (``steps.free_orphan``: the
-``orphans_freed``), and a pending mapping whose claim may still land is fenced by the
-readers' rule (``steps.settle_pending``: ``pending_fenced``). A daemon that has not yet
-followed the record may leave such a leftover after the scan passed its key, until
-``fast_rules_until`` (the record's change plus the daemons' follow bound and the longest
-background program, plus the clock-skew bound): only a scan begun after that reaches them
-all (``swept_after_fast_rules``). ``paper_agents_may_start_at`` is therefore: that run's
-time when its scan was such a scan, else ``fast_rules_until`` plus the longest lease of any
-pool (when every leftover made until then has ended) and ``sweep_again_after`` says when a
-run again gives the earlier time; and in both cases no earlier than the end (plus the
-grace) of any leftover the run saw but could not settle (``unsettled``; a dry run settles
-none).
+Checks and adds the indexes, stream and TTL, defines the pools the items name, adopts every
+running lease of the region by the daemon's own adoption, and settles the fast rules'
+leftovers; idempotent, resumable, ``--dry-run``. What it does and prints: docs/operations.md,
+"rasadmin"; why, and when the paper's agent may start: docs/design.md, "Rollout mode, in the
+table".
 """
 
 from __future__ import annotations

@@ -1,44 +1,8 @@
 """The balancer's model: demand per (client, pool, region), projection, targets, the move plan.
 
-Pure: no I/O, time is always passed in. ``rasd_jobs.balancer`` does the reading and writing.
-
-Theory of operation
--------------------
-Signals (per run, per ``(client, pool, region)``, over the window since the previous run):
-
-* acquisitions - stream records where an item gains a ``key`` (``rasd_jobs.stream``);
-* misses       - NO_CAPACITY answers, which write nothing to the table, so each daemon counts
-  them in its own meta counter item (:func:`miss_report_update`) and the balancer takes deltas;
-* releases     - an item loses its ``key`` (early release or liberation). Tracked and reported,
-  but NOT credited against demand: liberations arrive in hourly bursts from ``ras-liberator``
-  and crediting them would make the target swing with the liberator's schedule.
-
-Demand = acquisitions + misses, as a rate per ``interval`` (default 300 s, the Jenkins period).
-It is smoothed with Holt's linear method (an EWMA of the level plus an EWMA of the trend), so a
-ramp (a region waking up, traffic swung in by operations) is extrapolated instead of lagging.
-Runs are not exactly ``interval`` apart; a window of ``s = dt / interval`` intervals uses the
-per-interval rate ``count / s`` and the smoothing factors ``1 - (1 - a) ** s`` (an EWMA that
-decays by time, not by the number of runs).
-
-Projection over the ``horizon`` (600 s, ``H = horizon / interval`` = 2 intervals) is the sum of
-Holt's forecasts for the next H intervals, ``H * level + trend * H * (H + 1) / 2``, never below 0.
-
-Target free count of a region = ``ceil(projected * safety) + floor``. The floor keeps a few free
-items in a quiet region so that its first acquisitions succeed (and misses get reported).
-
-Plan (the multi-region rule). Per pool, a region with ``free < target`` is a recipient; one with
-``free > target`` a donor, which may give only down to its own target (so never below its
-floor). Moves are planned one unit at a time, across all pools, always:
-
-1. to the recipient with the lowest ``free / target`` ratio (the most starved, relative to
-   its need), ties broken by the larger deficit, then client, pool, region name;
-2. from the donor of that pool with the highest ``free / target`` ratio (the one for which
-   giving one item hurts least), ties broken by the larger surplus, then region name;
-
-until no recipient has a donor or ``max_moves`` is reached. Unit steps spread both the taking
-and the giving proportionally across 3+ regions instead of emptying one donor first. The plan is
-idempotent: applied in full, the next plan on the resulting counts is empty (recipients are at
-their target, or no donor has anything above its target).
+Pure: no I/O, time is always passed in; ``rasd_jobs.balancer`` reads and writes. The signals,
+Holt's smoothing, the targets and the plan's rule: docs/global.md, "Signals", "Demand model"
+and "The plan: which region gives to which".
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
 """``ras-balancer``: move free resources between regions ahead of projected demand (Jenkins,
-every 5 minutes). See docs/global.md.
+every 5 minutes).
 
-One run, top to bottom (:func:`run`):
-
-1. take the lock item ``#meta`` / ``lock#balancer`` (conditional UpdateItem; expires by itself)
-   - when another balancer holds it, report ``"status": "locked"`` and stop (exit 0);
-2. load the previous state from S3 (``rasd_jobs.s3state``);
-3. read the table's stream in this region from the checkpoints (``rasd_jobs.stream``):
-   acquisitions and releases per (client, pool, region);
-4. read the daemons' miss counters (Query ``#hosts`` ``begins_with misses#``), take deltas;
-5. count free items per (client, pool, region) (Query COUNT on ``available_resources`` over
-   the 10 sub-partitions);
-6. update the demand model and plan moves (``rasd_jobs.balance_model``, pure);
-7. move: candidates from the donor region's ``available_resources`` index, each moved with
-   ``rasd.core.builders.move`` (conditional on version, free and region; a lost race is counted and
-   the next candidate tried);
-8. write the headroom meta items; save state + snapshot to S3; release the lock.
-
-``--dry-run`` does 2-6 and prints the plan in the summary; it writes nothing (no lock either).
-
-Steps 1 and 8's lock release are :func:`run`; :func:`_run_locked` calls one function per step:
-``_load_state`` (2), ``_read_stream`` (3), ``_observe`` (4, and what exists), ``_count_free``
-(5), ``_plan`` (6), ``_move`` (7), ``_write_headroom`` and ``_save_state`` (8).
-
-Replicas: a move of a donor region's item is written in that region's replica, where its
-conditional check is ordered with the donor's own daemons' claims: in a global table, a move
-written in another replica races a claim by last-writer-wins, and a claim the mapping names
-can be lost. So ``--peer-endpoint REGION=URL`` must name every region but this one; a run that
-finds a region without one refuses before it moves anything (``"status": "refused"``, exit 1),
-unless ``--unreplicated`` says the table is one plain table holding every region's items
-(development, tests), where every write goes through ``--endpoint-url``.
+:func:`run` takes and releases the lock; :func:`_run_locked` calls one function per step of
+docs/global.md, "One run" (state, stream, misses, free counts, plan, moves, headroom). Why
+every move is written in its donor region's replica: docs/global.md, "Executing moves".
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""Plumbing shared by ``rasadmin``, ``ras-liberator``, ``ras-dedupe`` and ``ras-balancer``.
-
-Conventions every job keeps (docs/operations.md):
-
-* flags override the environment: ``--table`` / ``RASD_TABLE``, ``--region`` / ``RASD_REGION``,
-  ``--endpoint-url`` (else botocore reads ``AWS_ENDPOINT_URL_DYNAMODB`` / ``AWS_ENDPOINT_URL``);
-* the DynamoDB client's region is ``AWS_REGION`` when set, else the RAS region, so one table can
-  stand in for a replicated global table in tests;
-* logs are JSON lines on **stderr** (structlog); the result is one JSON line on **stdout**;
-* exit 0 = done, 1 = the job hit errors (some items or the table), 2 = bad usage or bad names
-  (:func:`run_main`, every job's ``main``).
-
-Time is a parameter: every job takes a hidden ``--now`` so tests never sleep.
-
-The protocol's time bounds (``skew_margin``, ``max_clock_skew``, ``confirm_interval``,
-``replication_lag``, hence the quarantine) come from the daemons' config file: ``--config FILE``
-(env ``RASD_CONFIG``), read by ``rasd.config.load`` with the daemons' defaults and ``RASD_*``
-overrides, so a job's quarantine and margins are the ones the daemons keep (:func:`daemon_config`).
+"""Plumbing shared by ``rasadmin``, ``ras-liberator``, ``ras-dedupe`` and ``ras-balancer``:
+flags over the environment, JSON logs and summary, exit codes (:func:`run_main`), the
+daemons' config and its time bounds (:func:`daemon_config`), the clock check before writing.
+The conventions: docs/operations.md, "Conventions shared by every command".
 """
 
 from __future__ import annotations

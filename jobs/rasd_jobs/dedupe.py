@@ -1,43 +1,9 @@
 """``ras-dedupe``: release the extra resources of a key that got several (Jenkins, 15 min).
 
-Two regions that both miss a brand-new key before replication shows them each other's claim
-each take a resource for it (the paper's 0.1%). This job scans ``leased_resources``, groups
-the items by (client_id, pool_id, key), and for every group of two or more keeps the one
-``rasd.core.decide.pick()`` chooses (earliest ``lease_acquired``, then region, then resource: the
-rule the daemons follow, so they already serve the survivor) and releases the others the way
-a daemon releases (``rasd.steps.repair.release_held``): the key's mapping first, then the
-resource, which stays unclaimable for the quarantine so that caches still serving it run out
-first (I1).
-
-Only live leases are grouped (expired ones are the liberator's): the daemons choose among
-live leases, and so must this job, or it could release the lease they serve.
-
-An extra is released only if the survivor, as the extra's region's replica shows it, is live
-and outlasts it by the daemons' skew margin plus the clock-skew bound (else its region would
-acquire yet another resource while apps still use the extra), and its resource is
-claimable no earlier than its own lease end plus the clock-skew bound: no app released it,
-so apps may use it until then (docs/design.md, I1 and I2). Such extras are counted in
-``kept_until_survivor_outlasts``.
-
-The index is eventually consistent, so nothing is decided from it: every item of a group is
-read again, strongly consistently, with its region's mapping item. Within a region only the
-item the mapping names is a lease; any other is an orphan (a crash left it), freed like one
-(orphan repair, ``rasd.steps.repair``), and only while it still is one: a claim whose mapping
-write was in flight when it was examined may have landed since and been served, and is then
-left to the next run, which judges it as a lease (counted in ``lost_races``).
-
-Only items of the job's own region are released. Extras of other regions are reported in the
-log (``foreign_duplicate``) and counted as ``foreign_reported``, unless ``--peer-endpoint
-REGION=URL`` names that region's DynamoDB endpoint: then the release goes to that region's
-replica, where its own daemons' writes are ordered with ours.
-
-The decisions and writes for a group are the program ``rasd.steps.dedupe.dedupe_key`` (which
-the protocol checker runs too); this module scans, groups, and drives it (``rasd_jobs.leases``).
-Its bounds (the quarantine, the daemons' ``skew_margin``, the clock-skew bound) come from
-the daemons' config (``--config``).
-
-Memory: one small record per leased key (the grouping needs them all); about 60 MB at 155K
-leases. The writes themselves are rare (duplicates are rare).
+Scans ``leased_resources``, groups live leases by (client_id, pool_id, key), and drives
+``rasd.steps.dedupe.dedupe_key`` on each group of two or more. What it keeps, releases and
+counts: docs/operations.md, "ras-dedupe"; why it is safe: docs/design.md, "Arguments,
+interleaving by interleaving" (cross-region).
 """
 
 from __future__ import annotations

@@ -1,34 +1,6 @@
-"""The jobs' driver: the protocol's programs (``rasd.steps.repair``, ``.dedupe``, ``.admin``,
-``.paper``) run against DynamoDB with boto3, blocking.
-
-Theory of operation
--------------------
-The jobs' protocol is written once, as sans-I/O programs that the protocol checker runs too;
-a job scans (its pages are the programs' inputs), hands each item or group to a program, and
-:class:`Driver` performs what the program asks, one call at a time:
-
-* a read (``GetItem``, the index queries) returns plain items; a failed read is thrown into
-  the program as a :class:`rasd.core.errors.RasdError` whose ``__cause__`` is boto3's exception;
-* a write (``Send``: a conditional UpdateItem rendered by ``rasd.core.writes.render``; ``Put``;
-  ``Delete``) returns a ``rasd.steps.WriteResult``, as the daemon's store does: APPLIED with
-  the item as written; REJECTED when its condition failed (a lost race, a value) or when it
-  failed and no attempt of it can have applied (then with ``error``); UNKNOWN with ``error``
-  when an attempt may have applied (botocore retries inside one call: every attempt is
-  judged, :func:`_watch`, by the daemon's own rules, ``rasd.dynamo.retry``); a
-  ``readback`` given with the write resolves an unknown one by a consistent read, and a
-  lost race after an attempt that may have applied too (that attempt may be why): APPLIED
-  when the item shows it, REJECTED only when the item proves it never applied, else UNKNOWN
-  (``rasd.core.map_builders.read_back``, the daemon's rule);
-* ``Together``'s calls are sent at once (threads), their results in order; a read in it
-  that fails fails the whole effect;
-* ``At(region, call)`` makes ``call`` in ``region``'s replica (``peers``); a write to a
-  region with no endpoint is refused (the programs never ask for one: they check first);
-* a ``Note`` with no level is counted under its event name (the job's summary), one with a
-  level is logged.
-
-A program that ends with a RasdError it did not catch re-raises boto3's own exception from
-:meth:`Driver.run`, so the commands report DynamoDB's failures as before
-(``common.run_main``).
+"""The jobs' driver (:class:`Driver`): the protocol's programs (``rasd.steps.repair``,
+``.dedupe``, ``.admin``, ``.paper``) run against DynamoDB with boto3, blocking. How each
+effect is performed and what a write's outcome is: docs/design.md, "The jobs, written once".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
-"""``ras-liberator``: free expired leases and repair orphans (Jenkins, hourly).
+"""``ras-liberator``: free expired leases, repair orphans and re-list quarantines that are over
+(Jenkins, hourly).
 
-Scans the sparse ``leased_resources`` index in parallel segments, page by page (memory stays
-at one page per thread however many leases there are), and frees every item of the region
-whose ``lease_expires`` is older than ``now - grace`` with ``rasd.core.builders.liberate()``: an
-UpdateItem conditional on the version read, the ``lease_expires`` read and the region. A
-lease that a daemon extended or re-let after our read fails that condition and is left alone
-(counted in ``lost_races``), so the job is safe to run twice at once and next to daemons.
-
-It also repairs what a crash left half-done (docs/design.md): a held resource older than
-``--orphan-age`` is checked against its key's mapping (strongly consistent read); if no mapping
-names it, and none ever will (``rasd.core.verdicts.orphan_verdict``), it is freed with quarantine
-(``rasd.steps.repair``), because it may have been served before the crash; and, if a mapping may
-have named it, not before its lease's end plus ``--grace`` (``rasd.core.verdicts.orphan_free_at``:
-a ``ras-dedupe`` stopped between its two writes leaves a lease apps still use).
-
-A held resource whose ``holder`` a write of the paper's agent or its liberator left stale
-(``ResourceItem.holder_current``) is the paper agent's lease, not an orphan: it is left to run
-to its end. Quarantined items (an early free keeps them out of the available index, with
-``quarantine_until``) whose quarantine is over are put back in that index (``relist``): the
-daemon that freed one does it itself, this job catches what a stopped daemon or a job left
-behind. That takes one Scan of the base table per run (``--no-relist`` skips it).
-
-Only items whose ``region`` is the job's region are touched: with a replicated global table
-each region's liberator runs against its own replica, as the daemons do. ``--all-regions``
-frees every region's items and is meant for a single, unreplicated table (development, tests)
-or for cleaning up after a region whose daemons are gone; see docs/operations.md.
+Scans the leased index in parallel segments, page by page, and drives ``rasd.steps.repair``
+per item, in its own region only unless ``--all-regions``. Flags and summary:
+docs/operations.md, "ras-liberator"; why each free is safe: docs/design.md, "Arguments,
+interleaving by interleaving".
 """
 
 from __future__ import annotations

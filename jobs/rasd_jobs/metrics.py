@@ -1,40 +1,6 @@
 """What a scheduled job publishes for Prometheus: how its run went, and (``ras-balancer``) each
-pool's capacity per region, as the table shows it rather than one daemon's view.
-
-Where: ``--pushgateway URL`` (env ``RASD_PUSHGATEWAY``) pushes to a Prometheus Pushgateway,
-``--metrics-file PATH`` (env ``RASD_METRICS_FILE``) writes a node_exporter textfile-collector
-file (written to a temporary file and renamed, so the collector never reads half of it);
-either, both or neither. A failed publication is logged (``metrics_push_failed``,
-``metrics_file_failed``) and changes neither the summary nor the exit status: the staleness
-alert notices a job that stopped publishing.
-
-Every sample carries the run's identity: ``ras_job`` (``liberator``, ``dedupe``,
-``balancer``), ``table`` and ``ras_region`` (the job's ``--region``; ``all`` without one), in
-the file and in the push alike, so that one alert rule reads both. The push goes to the group
-``/metrics/job/ras-<job>/instance/<table>:<region>`` (labels the samples do not carry) by POST,
-which replaces the families it carries and keeps the others, so a failed run leaves the last
-success's timestamp in place. The file is rewritten every run and carries that timestamp
-over from the previous file.
-
-Families (gauges)::
-
-    ras_job_last_run_timestamp_seconds      when the run ended (Unix time)
-    ras_job_last_success_timestamp_seconds  when a run last ended with exit status 0
-    ras_job_failed                          1 when the run's exit status was not 0
-    ras_job_errors                          the summary's ``errors`` (0 when it has none)
-    ras_job_duration_seconds                the summary's ``seconds``
-    ras_job_<field>                         every other number of the summary
-                                            (``freed``, ``orphans_freed``, ``moved``, ...)
-    ras_pool_free{client_id, pool_id, region}              free items after the run's moves
-    ras_pool_projected_demand{client_id, pool_id, region}  acquisitions expected over the
-                                                           balancer's horizon
-    ras_pool_headroom{client_id, pool_id, region}          free - projected demand
-    ras_pool_target_free{client_id, pool_id, region}       the balancer's target
-    ras_pool_horizon_seconds                               the horizon they are projected over
-
-A run that found the balancer's lock held publishes nothing: the holder publishes. The pool
-families have one series per pool and region of the table, written once per table (not per
-host), so they need no cap on pools as the daemons' per-pool metrics do.
+pool's capacity per region, to a Pushgateway and/or a textfile-collector file. Where, the
+labels and the families: docs/operations.md, "Job and capacity metrics".
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""``rasadmin rollout`` and ``rasadmin end-rollout``: the table's rollout record.
-
-The record (``rasd.core.rollout``) says whether hosts running the paper's in-process agent may
-write the table. ``rasadmin adopt`` turns it on before the first rasd host starts; every rasd
-daemon follows a change within its ``pool_refresh`` plus ``pool_refresh_timeout`` (35 s with
-the defaults), every job at its next run. ``end-rollout`` turns it off once the paper's agent
-is gone (``rasd.core.rollout.on_end``): it scans the table and refuses while any item still
-holds a lease of that agent (running, or ended and not yet freed by a liberator), so that
-anything found later is proof that the agent still writes, and the daemons and jobs that
-find it turn the record on again. Then, unless every lease the table holds has ended, it
-marks the record with the latest end (an answer the agent gave, of its own lease or of one of
-rasd's, may be in use until then) and turns it off at a run after that time.
-docs/design.md ("Rollout mode, in the table") argues both directions of the switch.
+"""``rasadmin rollout`` and ``rasadmin end-rollout``: the table's rollout record
+(``rasd.core.rollout``). docs/design.md, "Rollout mode, in the table", argues both
+directions of the switch; docs/operations.md, "Rolling out beside the paper's agent", runs
+them.
 """
 
 from __future__ import annotations

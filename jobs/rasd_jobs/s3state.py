@@ -1,16 +1,6 @@
 """The balancer's state and metadata snapshot on S3, written so that a crash leaves the
-previous state readable.
-
-Layout under ``RASD_STATE_URI=s3://bucket/prefix``::
-
-    {prefix}/runs/{YYYYmmddTHHMMSSffffffZ}-{token}/state.json     one object per run
-    {prefix}/runs/{YYYYmmddTHHMMSSffffffZ}-{token}/snapshot.json  one object per run
-    {prefix}/latest.json    the pointer: {"state": key, "snapshot": key, "run": ..., ...}
-
-A run writes its two objects under a fresh key, then overwrites the pointer (a single PUT, which
-S3 makes atomic). A crash before the pointer is written leaves the pointer on the previous run's
-objects, which are never modified; a crash after it leaves the new state complete. Readers only
-follow the pointer. Old runs are pruned (best effort) after the pointer moved, keeping ``keep``.
+previous state readable (two objects per run, then the pointer). docs/global.md, "State on
+S3".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Reading the table's DynamoDB stream in one region, and classifying its records.
-
-A global table's stream in any one region carries every region's writes (local and replicated),
-so the balancer reads ONE region's stream to see acquisitions everywhere.
-
-:func:`classify` is pure (record dict -> event or None). :func:`read_stream` does the I/O with a
-boto3 ``dynamodbstreams`` client: DescribeStream (all shards, paged), then per shard, parents
-before children, GetShardIterator ``AFTER_SEQUENCE_NUMBER`` from the checkpoint (or
-``TRIM_HORIZON`` for a shard never read, or whose checkpoint has been trimmed), then GetRecords
-until the shard is caught up (an empty page), closed (no next iterator) or the time budget is
-spent. Checkpoints (last sequence number processed, per shard) are returned to the caller, which
-persists them together with what it derived from the records: a crash before the state is
-written makes the next run read the same records again, never skip them.
+"""Reading the table's DynamoDB stream in one region (:func:`read_stream`), and classifying its
+records (:func:`classify`, pure). Checkpoints go back to the caller, which persists them with
+what it derived. docs/global.md, "Stream reading".
 """
 
 from __future__ import annotations

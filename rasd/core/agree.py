@@ -1,29 +1,9 @@
-"""Strict pools: a key's lease agreed in the pool's home region. Pure: no I/O.
+"""Strict pools: a key's lease agreed in the pool's home region, in its agreement item A(k).
+Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Strict pools")
-------------------------------------------------------------------------
-In a normal pool two regions that both miss a new key within the replication lag each
-acquire one (the paper's duplicates, cleaned up by ``ras-dedupe``). In a *strict* pool
-(``Pool.home`` set) every lease a daemon answers is first named in the key's **agreement
-item** A(k), which lives in the pool's home region and is only ever written there, so its
-conditional writes are linearizable whichever region sends them:
-
-* an acquisition claims its resource as usual, in its own region (mapping, then claim), and
-  before it answers, writes A with :func:`agree_write`: a versioned compare-and-set (the
-  version read; 0 when A is absent, so a new key costs one cross-region write). A names the
-  claim (region, token, resource, end) only once the claim has landed, so A always names a
-  real lease;
-* a daemon that finds A naming another region's lease (:func:`on_agreement`) answers that
-  lease, and gives its own claim back (never answered);
-* A may be taken over (the next compare-and-set) only when the lease it names is over: its
-  end plus the clock-skew bound has passed, or the region that holds it has moved its
-  mapping past the version that named it (released, lapsed, taken over), as that region's
-  mapping shows through the reader's replica;
-* every extension writes A first (:func:`agree_extend`, conditional on the token), so A's end
-  is never earlier than the lease's, and a lease whose A was taken over can't be extended.
-
-A lease that no agreement names is served only by the home-region-down fallback
-(``strict_home_down = "local"``), and counted.
+:func:`agree_write` names a landed claim in A, :func:`on_agreement` says what a daemon
+answers given A, :func:`agree_extend` extends it; the rules and why they keep I2 across
+regions: docs/design.md, "Strict pools: one lease per key across regions".
 """
 
 from __future__ import annotations

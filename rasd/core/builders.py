@@ -1,20 +1,9 @@
 """Every write made to a resource item, and the meta items' writes. Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Invariants")
----------------------------------------------------------------------
-Every write to a resource item is a :class:`rasd.core.writes.Write` (conditions as data):
-the daemon renders it for DynamoDB, the protocol checker (``check/``) applies it to its model
-of the table. Each is conditioned on what its writer read (the version, or the holder's
-token and key), so a write built from a stale read fails instead of undoing a newer one. A
-claim takes only a free item out of quarantine in our region; every held item's free
-removes all the lease's attributes (``_HELD_ATTRS``) together, and a free before a lease's
-end stays out of the available index until its quarantine is over (``_free_until``,
-:func:`relist`). The paper's agent's two writes are here too, as the checker runs them
-beside the daemons. The mapping items' writes and the read-backs are in
-:mod:`rasd.core.map_builders`.
-
-The meta items (a new resource, the balancer's headroom, a daemon's miss counter) are
-written unconditionally, as plain PutItem/UpdateItem arguments.
+Each is a :class:`rasd.core.writes.Write`, conditioned on what its writer read; the paper's
+agent's two writes are here too, for the checker. The mapping items' writes are
+:mod:`rasd.core.map_builders`'. Every write and its condition: docs/schema.md, "Writes";
+why each is safe: docs/design.md, "Invariants".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The daemon's local policy: when its lease cache answers, and what a hit asks for after.
 Pure: every time is passed in.
 
-Theory of operation (the argument is in docs/design.md, I3)
-------------------------------------------------------------
-A cached answer was confirmed at some monotonic time (when the read or write that confirmed
-it was *sent*), and is served until :func:`valid_until`: S after that, and never within the
-skew margin of the lease's end. A later confirmation replaces an earlier one, never the
-reverse (:func:`keeps_current`). Past half of S a hit asks for a re-confirmation, and a hit
-that asks for a later end than the lease has may ask for an extension
-(:func:`hit_wants_refresh`, then :func:`refresh_of`).
-
-The lease cache (``rasd.daemon.cache``) and the renewer (``rasd.daemon.renewer``) run these;
-so does the protocol checker's model of a daemon (``check.daemon_host``, and the cache hit of
-``check.model.app_calls``), which keeps no copy.
+:func:`valid_until`, :func:`keeps_current`, :func:`hit_wants_refresh`, :func:`refresh_of`,
+the outage window; run by the lease cache, the renewer and the checker's model of a daemon
+(docs/design.md, I3 and "An outage budget").
 """
 
 from __future__ import annotations

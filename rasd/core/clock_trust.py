@@ -1,15 +1,6 @@
-"""Whether this host's clock may be trusted within the skew bound. Pure: readings in, a
-reason out (None: trusted); docs/design.md, "Time".
-
-Three witnesses, each able to say only "out of bound":
-- the kernel's own error estimate (``adjtimex``: ``maxerror``, and the unsynchronised flag,
-  which counts as unbounded), where the clock check trusts the kernel;
-- DynamoDB's ``Date`` header: the server stamped a whole second D while the request was in
-  flight, so this clock was ahead of the server's by more than ``sent - (D + 1)`` or behind
-  it by more than ``D - got``, whatever the network did;
-- a step: the wall clock moved against the monotonic one by more than the kernel ever slews
-  it. Until a ``Date`` reading taken after the step vouches for the new time, the clock is
-  doubted.
+"""Whether this host's clock may be trusted within the skew bound. Pure: readings in, a reason
+out (None: trusted). The three witnesses (ClockBound or the kernel, DynamoDB's ``Date``, a step):
+docs/design.md, "A clock the daemon checks".
 """
 
 from __future__ import annotations

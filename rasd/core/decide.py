@@ -1,34 +1,10 @@
 """What to do with what was read: the acquisition protocol's decisions. Pure: no I/O.
 
-Theory of operation
--------------------
-A daemon resolving ``get_lease(k)`` or ``release(k)`` reads, decides, writes, and reads again
-until a decision ends the request. Every decision is a function here, with time passed in;
-``rasd.daemon.driver`` is the driver that does the I/O a decision asks for, and the protocol checker
-(``check/``) drives the same functions against a model of DynamoDB. The invariants these
-rules keep, and why, are in docs/design.md ("Invariants").
-
-The steps:
-
-1. :func:`on_read` (after one strongly consistent Query of the key's mapping items, one per
-   region): serve a live lease, extend one that is about to end, verify a pending one against
-   its resource item, or acquire.
-2. :func:`on_resource` (a pending mapping and its resource item, read consistently): the claim
-   landed (serve and confirm), is young (wait), may still land (fence it), or never will
-   (take the mapping over).
-3. :func:`after_acquire` (the mapping write and the claim, sent together): won, try the next
-   candidate, give back a claim no mapping names, re-read, or give up without guessing.
-4. :func:`after_extend` and :func:`on_release_read` for sliding leases and early release.
-
-An outcome of a write is ``APPLIED``, ``REJECTED`` (its condition failed: definitive) or
-``UNKNOWN`` (timeout, lost reply, 5xx not resolved by a read-back): nothing is ever decided
-from an unknown outcome except to stop and leave the state for a reader to resolve (I4).
-
-The rules of a lease itself are here too (:func:`check_expiry`, :func:`should_extend`, the
-lease a mapping or a held item stands for, the one lease that stands for a key several
-regions hold: :func:`pick_mapping`, :func:`pick`). The decisions beside the paper's agent
-(``legacy_agents``) are in :mod:`rasd.core.legacy`, the jobs' (orphans, deleted names,
-duplicates) in :mod:`rasd.core.verdicts`.
+:func:`on_read`, :func:`on_resource`, :func:`after_acquire`, :func:`after_extend`,
+:func:`on_release_read`, and the rules of a lease itself (:func:`check_expiry`,
+:func:`should_extend`, :func:`pick_mapping`, :func:`pick`). Beside the paper's agent:
+:mod:`rasd.core.legacy`; the jobs': :mod:`rasd.core.verdicts`. The steps and why they keep
+the invariants: docs/design.md, "get_lease" and "Arguments, interleaving by interleaving".
 """
 
 from __future__ import annotations

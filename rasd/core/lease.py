@@ -1,32 +1,9 @@
 """Lease items: their types, names and time format. Pure: no I/O, time passed in.
 
-Theory of operation (the argument is in docs/design.md, "Invariants")
----------------------------------------------------------------------
-Two kinds of item carry a lease (docs/schema.md):
-
-* the **resource item** R (``client_id``, ``resource``): free (``lease_available`` set: since
-  when it may be claimed) or held (``key``, ``lease_expires``, ``holder``: the token of the
-  acquisition that claimed it, ``mver``: the mapping version that acquisition wrote);
-* the **mapping item** M (``#map#{client}#{pool}#{key}``, region): which resource the key
-  holds in that region. ``state`` is ``pending`` (an acquisition is under way: ``token`` and
-  ``res`` name its claim, ``rver`` the resource version the claim was conditioned on),
-  ``live`` (the claim is known to have landed) or ``free``. ``ver`` grows on every write.
-
-The truth for "which resource does key k hold in region X" is M(k, X), read with a strongly
-consistent read; never an index. A lease exists exactly when M names ``(token, resource)`` and
-R is held by that same token. Writes keep M's expiry at or below R's (R is extended first),
-and every free that happens before a lease's end keeps R unclaimable for a quarantine.
-
-This module holds the items' types and the names and constants they are built from. The rest
-of the core works on them: :mod:`rasd.core.serialize` reads them from DynamoDB's attribute
-maps, :mod:`rasd.core.builders` (resource and meta items) and :mod:`rasd.core.map_builders`
-(mapping items, read-backs) build every write made to them, and :mod:`rasd.core.decide`,
-:mod:`rasd.core.legacy` and :mod:`rasd.core.verdicts` judge them. The frozen dataclasses keep
-only the tiny predicates their many callers filter with (``expired``, ``claimable``,
-``holder_current``, ``remaining_us``).
-
-All times are integers: microseconds since the epoch, UTC. On the table they are fixed-width
-ISO-8601 strings ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` so string order is time order.
+The resource item R and the mapping item M (docs/schema.md; docs/design.md, "The items"), as
+frozen dataclasses with the few predicates their callers filter with (``expired``,
+``claimable``, ``holder_current``, ``remaining_us``). Times are integer microseconds since
+the epoch, on the table fixed-width ISO-8601 strings.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """The daemon's decisions beside the paper's agent (``legacy_agents``). Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Beside the paper's agent")
-------------------------------------------------------------------------------------
-The paper's agent decides from the indexes alone: its lookup answers whatever lease the
-leased index shows for a key, and its claim is conditioned on the version read, nothing about
-the key. With it on the table, rasd's acquisition (:mod:`rasd.core.decide`) changes at three
-points, each a decision here:
-
-1. **adoption**: when the key's mapping names no lease in our region, a running lease of the
-   key there (:func:`adoptable`) is the paper's agent's: rasd adopts it rather than make a
-   second one;
-2. **settling**: a pending mapping whose claim landed is not served before one more look at
-   the leased index made after the claim landed (:func:`beside_legacy`, :func:`on_settle`):
-   no rival, it is confirmed and served; a rival, rasd yields to it (:func:`rival`);
-3. **lapsed leases**: a lease of ours past its end as its resource item records it is ended,
-   not extended (:func:`on_lapsed`): past that end the paper's agent may have leased the key
-   again. Nor is one extended within the clock-skew bound of its end, and an extension
-   applies only while the lease ends later than that, as of its sending
-   (:func:`extend_floor`): one that landed past the end would make the lease run again.
+Adoption (:func:`adoptable`), settling (:func:`beside_legacy`, :func:`on_settle`,
+:func:`rival`) and lapsed leases (:func:`on_lapsed`, :func:`extend_floor`): docs/design.md,
+"Beside the paper's agent".
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Every write made to a mapping item, and the read-backs of ambiguous writes. Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Invariants")
----------------------------------------------------------------------
-A key's mapping item in a region names the acquisition that holds it there (see
-:mod:`rasd.core.lease`). Its ``ver`` grows on every write, and every write but an
-extension's is conditioned on the version read (``_ver_is``: 0 stands for an absent item),
-so one acquisition per key and region wins :func:`map_acquire`, and a fence
-(:func:`map_fence`) makes sure a write conditioned on an older version never applies. The
-mapping's end never passes the resource's (:func:`map_extend` follows
-``builders.extend_resource``). Each write is a :class:`rasd.core.writes.Write`, rendered for
-DynamoDB by the daemon and applied to its model by the protocol checker.
-
-A write whose reply is lost is resolved by reading the item back (I4): the read-backs below
-say whether what was read carries the write, for the writes of both kinds of item.
+:func:`map_acquire`, :func:`map_fence`, :func:`map_extend` and the rest, each a
+:class:`rasd.core.writes.Write`; the read-backs say whether an item read carries a write
+whose reply was lost (I4). Why: docs/design.md, "The items" (rules 1-3).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The index reads as data: the keyword arguments of DynamoDB's ``Query`` on the two sparse
 indexes (docs/schema.md), without ``TableName``. Pure: no I/O.
 
-Theory of operation
--------------------
-Both indexes are read by two callers: the daemon (``rasd.dynamo.store.Store``, async, on the request
-path) and the jobs' boto3 driver (``rasd_jobs.leases.Driver``), with the balancer and the
-benchmark's baseline. Each builds its Query here and adds its table and its client: the key
-condition, the placeholder names and the index name are written once, as ``rasd.core.writes``
-writes the conditional updates once. A builder returns a fresh ``dict`` the caller may extend
-(``ExclusiveStartKey`` for the next page).
+Written once for the daemon's store, the jobs' driver, the balancer and the baseline; each
+adds its table and client, and may extend the fresh ``dict`` (``ExclusiveStartKey``).
 """
 
 from __future__ import annotations

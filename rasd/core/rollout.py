@@ -1,26 +1,9 @@
-"""Whether the paper's agent may write the table: the rollout record. Pure: no I/O.
+"""Whether the paper's agent may write the table: the rollout record and the daemons' signal.
+Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Rollout mode, in the table")
--------------------------------------------------------------------------------------
-One meta item, ``#meta``/``rollout``, says whether the table is in *rollout mode*: hosts
-running the paper's in-process agent (or its liberator) may write it. Every rasd actor that
-writes resource items reads it: the daemons at start-up and with every pool refresh, the jobs
-at the start of each run. In rollout mode they keep the rules that are safe beside the
-paper's agent (``legacy_agents`` in :class:`rasd.steps.daemon.Daemon`); out of it, the fast
-ones. ``rasadmin adopt`` turns it on (before the first rasd host), ``rasadmin end-rollout``
-turns it off (:func:`on_end`: refused while a lease of the paper's agent is in the table, and
-not before every answer that agent may have given has ended), and any actor that finds a
-lease of the paper's agent while it is off turns it on again (:func:`paper_lease`). A table
-rasd creates has no record: off.
-
-The jobs and rasadmin write the record; a daemon never writes ``#meta``. A daemon that finds
-a lease of the paper's agent raises a *signal* instead, ``#hosts``/``paper-lease``, whose
-version grows with each raise (:func:`raise_signal`). The record keeps the signal's version
-it last turned off at (``seen_cleared``); a signal newer than that turns the mode on for
-every reader (:func:`rollout_from` reads both items), as the record's own flag does.
-
-The item carries no ``partition`` and no ``key``, so it is in neither index. Writes are
-conditional on the version read, so two writers never undo each other blindly.
+:func:`rollout_from` reads both items, :func:`raise_signal`, :func:`paper_lease`,
+:func:`on_end` (``rasadmin end-rollout``'s decision): docs/design.md, "Rollout mode, in the
+table"; the items: docs/schema.md, "Other item kinds".
 """
 
 from __future__ import annotations

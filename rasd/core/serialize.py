@@ -1,15 +1,8 @@
 """Lease items to and from DynamoDB's attribute maps. Pure: no I/O.
 
-Theory of operation
--------------------
-What a read returns (the low-level attribute map, :data:`rasd.core.lease.Item`) becomes a
-frozen item of :mod:`rasd.core.lease` here, by way of its plain-dict form
-(``rasd.core.writes.item_from_av``, which the protocol checker's model of the table keeps):
-resource items, mapping items, and the meta items the daemon reads (pool definitions, the
-balancer's headroom, miss counters). Which kind an item is follows from its partition key
-alone (docs/schema.md): '#' starts only meta and mapping items, and a deleted resource's name
-(a tombstone) has no ``pool_id``. Writes go the other way in :mod:`rasd.core.builders` and
-:mod:`rasd.core.map_builders`; times are parsed with :func:`rasd.core.lease.parse_time`.
+A read's attribute map becomes a frozen item of :mod:`rasd.core.lease` (resource, mapping and
+the meta items the daemon reads), its kind told by its partition key (docs/schema.md); writes
+go the other way in :mod:`rasd.core.builders` and :mod:`rasd.core.map_builders`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The jobs' decisions: orphans, deleted resources' names and duplicate leases. Pure: no I/O.
 
-Theory of operation (the argument is in docs/design.md, "Invariants")
----------------------------------------------------------------------
-The jobs (``rasd.steps.repair``, ``.dedupe``; the liberator, ``ras-dedupe``, ``rasadmin``)
-find items that no acquisition in flight will look after, and judge each on consistent reads
-with the rules here, time passed in:
-
-* a held resource item that its key's mapping may not name (:func:`orphan_verdict`): a lease,
-  the paper's agent's, an orphan to free, or one whose mapping write may still land (fence
-  the mapping first); and when a freed item may be claimed again
-  (:func:`orphan_free_at`, :func:`held_free_at`, :func:`name_held_until`): never before any
-  answer of it may still be in use, that is after the quarantine and, when it may have been
-  served, its lease's end plus the clock-skew bound;
-* a key that holds leases in several regions (``ras-dedupe``): the survivor is
-  ``rasd.core.decide.pick``'s; an extra is released only when the daemons of its region will
-  serve the survivor for as long as apps may still use the extra (:func:`outlasts`,
-  :func:`dedupe_slack`, :func:`survivor_seen_in`, :func:`served_end`, :func:`ends_by`).
+:func:`orphan_verdict`, :func:`orphan_free_at`, :func:`held_free_at`,
+:func:`name_held_until`, and ``ras-dedupe``'s survivor checks (:func:`outlasts`,
+:func:`dedupe_slack`, :func:`survivor_seen_in`, :func:`served_end`, :func:`ends_by`):
+docs/design.md, "The jobs, written once" and "Arguments, interleaving by interleaving".
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """Conditional single-item writes as data. Pure: no I/O.
 
-Theory of operation
--------------------
-Every write rasd makes to a resource or mapping item is a :class:`Write`: the item's key, a
-conjunction of conditions, and the attributes it sets, removes and increments. The same value
-is used twice:
-
-* :func:`render` turns it into the keyword arguments of DynamoDB's ``UpdateItem`` (what the
-  daemon and the jobs send);
-* :func:`apply` evaluates it against an item held as a plain ``dict`` (what the protocol
-  checker in ``check`` runs, and what ``tests/integration/test_writes_model.py`` compares
-  with moto's answers for the same writes).
-
-So the model checker checks the very conditions production sends, not a paraphrase of them.
-
-Values are ``str`` or ``int`` (DynamoDB ``S`` and ``N``). Times are fixed-width ISO-8601
-strings, so string order is time order and ``<``/``<=`` on them compare times.
-
-``UpdateItem`` creates a missing item unless a condition forbids it; every write here that must
-not create (claims, releases, extensions) carries an ``exists``-style condition, and ``apply``
-follows the same rule.
+A :class:`Write` is rendered for DynamoDB's ``UpdateItem`` (:func:`render`) and applied to an
+item held as a ``dict`` (:func:`apply`, the checker's model), so the checker checks the very
+conditions production sends (docs/schema.md, "Writes").
 """
 
 from __future__ import annotations

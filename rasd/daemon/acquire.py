@@ -1,38 +1,8 @@
-"""get_lease: the taker.
+"""get_lease past the cache: the taker (:class:`Taker`).
 
-Theory of operation
--------------------
-The daemon's verbs are divided among roles, as KCL divides a lease coordinator's work (its
-LeaseTaker, LeaseRenewer): :class:`Taker` answers ``get_lease``; the renewer
-(``rasd.daemon.renewer``) extends and re-confirms what is served; the releaser
-(``rasd.daemon.releaser``) gives leases back and re-lists what it quarantined; the reporter
-(``rasd.daemon.reporter``) answers ``headroom`` and reports unmet demand. They share one
-driver (``rasd.daemon.driver``: the store, the prefetcher, the one task group) and one pool
-table (``rasd.daemon.pools``); ``rasd.daemon.coordinator`` makes them, each given what it
-needs when made.
-
-The cached hit is the cache's to answer (``LeaseCache.answer``, asked once per request by the
-server). The cache holds each answer at most ``confirm_interval`` (S) after it was last
-confirmed; a hit past S/2 asks the renewer for a background re-confirmation (one consistent
-read), and a hit whose sliding ``lease_expires`` calls for it (``decide.should_extend``) for a
-background extension.
-
-A miss goes through :meth:`Taker.get_lease`, which does not ask the cache again (the server
-just did; the resolution reads the table, the truth): it reads the pool, refuses a lease end
-the pool does not allow, and makes concurrent requests for one (client, pool, key) share one
-resolution (single-flight). The resolution
-(``steps.take.resolve``) reads the key's mapping items (one strongly consistent Query) and
-does what ``rasd.core.decide`` says:
-
-* serve a live lease (one round trip for an uncached existing lease);
-* verify a pending one against its resource item, wait for its acquirer, or fence it;
-* acquire: the mapping write and the claim of a prefetched candidate go out together (one
-  round trip after the read), and ``decide.after_acquire`` says what their outcomes mean.
-
-No role decides anything itself: every branch is a decision of ``rasd.core.decide``, taken
-by the programs of ``rasd.steps``, which the protocol checker (``check/``) explores.
-docs/design.md argues the invariants. Only our region's items are ever written; another
-region's lease is served as it is.
+A miss reads the pool, refuses a lease end the pool does not allow, and shares one resolution
+(``steps.take.resolve``) among concurrent requests for one (client, pool, key). The roles:
+docs/design.md, "The roles, and what each keeps"; the path: docs/design.md, "get_lease".
 """
 
 from __future__ import annotations

@@ -1,56 +1,10 @@
-"""The daemon's lease cache. Only a cache: DynamoDB is the truth, a restart starts empty.
+"""The daemon's lease cache (:class:`LeaseCache`). Only a cache: DynamoDB is the truth, a
+restart starts empty.
 
-Theory of operation
--------------------
-An entry is served until the earlier of (docs/design.md, I3):
-
-* ``confirmed + S`` (``confirm_interval``): S after the daemon last confirmed the answer, by
-  its own successful write or a strongly consistent read (the time the request was *sent*);
-* ``lease_expires - skew_margin``: never close to the lease's end.
-
-So a resource released, deduplicated or given back through another host stops being served
-here at most S after this daemon last confirmed it, and every early free keeps the resource
-unclaimable for a quarantine longer than S plus the clock skew. ``stale(k, now)`` tells the
-server to re-confirm a hit in the background once half of S has passed, so busy keys never
-drop out of the cache.
-
-A pool with an outage budget keeps its entries past S, until its outage window ends
-(``spare``: ``cache_rules.outage_window_us`` after the confirmation, never within the skew
-margin of the lease's end). :meth:`LeaseCache.read` does not serve them; the router asks
-:meth:`LeaseCache.spare_answer` for one only while DynamoDB cannot be reached, and an app's
-release in such a pool keeps its resource out for the pool's longer quarantine.
-
-Layout (compact: one ``bytes`` object per lease, no per-lease Python objects besides it and
-the key). Per client and pool a plain dict ``key -> entry``, where an entry is::
-
-    META: until (f64, mono s), spare (f64, mono s), confirmed (f64, mono s),
-          extend_from_us (i64), head_end (u16)
-    head: the whole answer frame of a cache hit (length prefix, msgpack map) except the last
-          8 bytes: the value of its ``id``, which comes last, as a msgpack uint64 (0xcf + 8);
-          ``protocol.answer_head`` makes it from ``protocol.lease_response``, the one layout
-    tail: msgpack of (acquired_us, token)
-
-so a hit answers with ``entry[META.size:head_end] + id``: nothing packed per request.
-:meth:`LeaseCache.read` reads an entry (:meth:`LeaseCache.answer` alike, for the hit).
-``extend_from_us`` is the lease's end for a lease of this cache's region (a request asking for
-more may need an extension) and INT64_MAX for another region's (never extended here). The
-``Lease`` is rebuilt from the entry (:func:`lease_of`) only off the hot path.
-
-The cached hit: :meth:`LeaseCache.answer` decides whether the cache answers a get_lease, for
-the server, which asks it once per request (``Router.handle``); a miss goes on to
-DynamoDB without asking again. What it needs besides the entries it is given when made, by the
-renewer (``rasd.daemon.renewer``), which keeps the cache: the pool table's dict (the pool's
-maximum lease), the renewer's set of keys being refreshed and its ``maybe_refresh`` (the
-background work a hit calls for); the hit reads each as an attribute of its own. The wall
-clock is read again once WALL_RESYNC has passed (:meth:`LeaseCache.wall_us`), so a hit reads
-no clock but the one its request read.
-
-Validity is checked on read, against the monotonic time the caller passes in (confirmation
-ages must not jump with the wall clock); an entry past it is dropped when read. The size bound
-is kept cheaply: a ``put`` that finds ``maxsize`` entries first drops every expired entry and,
-if that is not enough, the oldest eighth of each pool (dicts keep insertion order, and a put
-re-inserts its key at the end, so "oldest" is "confirmed longest ago"). Time comes from the
-injected clock or the caller, so tests advance a FakeClock instead of sleeping.
+An entry is served until S after its confirmation and never within ``skew_margin`` of the
+lease's end (docs/design.md, I3); a pool with an outage budget keeps spare entries for the
+router's fallback ("An outage budget"). Entries are compact bytes, each with its hit's
+answer frame: docs/design.md, "The lease cache".
 """
 
 from __future__ import annotations

@@ -1,45 +1,9 @@
 """Claim candidates per (client, pool): which free items a new lease tries, and in what order.
 
-Theory of operation
--------------------
-``CandidateBuffer`` (pure, time passed in) holds free items read from the
-``available_resources`` index. A new lease takes the first fresh candidate and makes the single
-conditional claim; losing the race just means taking the next one. Prefetch only chooses
-candidates: the claim's condition decides. Where the reads go is rasd.daemon.lanes (lanes,
-the ends of the index, the spread order); how many candidates to hold is rasd.daemon.sizing
-(demand, a fair share of a short pool).
-
-A claim that loses the race drops the other candidates of its lane (``lost``): the winner is
-reading the same stretch, and its next claims are those. In a pool read whole (few free
-items) it drops the rest of its read instead, and in direct mode candidates left over go
-stale after ``DIRECT_MAX_AGE``. An item this daemon took lately is not a candidate again *at
-the version it was taken at* (``TAKEN_MAX``, ``candidate_max_age``): two lanes may cross and
-an index read may lag behind a claim, but once the item is freed again (any free writes a new
-version) it is a candidate like any other.
-
-A refill starts in the background, after the claim it follows has been sent, when the buffer
-falls below half of the target (the low watermark), and reads the room left (at least
-``MIN_PAGE``, at most ``prefetch_page``). Candidates older than ``candidate_max_age`` are
-dropped: by then another daemon has likely taken them; in a quiet pool, where free items sit
-claimable for minutes, they are kept longer (:meth:`CandidateBuffer.max_age`).
-
-Only items claimable now are kept: an early free (release, give-back, dedupe) sets
-``lease_available`` in the future (the quarantine, docs/design.md I3), and claims are
-conditional on ``lease_available <= now``.
-
-When a sweep of all ten sub-partitions finds no candidate, kept or not (nothing claimable,
-or only the stale copies of items this daemon has just claimed), the pool is marked exhausted for
-``exhausted_backoff`` seconds from the sweep's start (what it read is that old) and NO_CAPACITY
-is answered without reading DynamoDB at all. Those answers say what the daemon knows of the
-pool's items that are free but not claimable (:func:`why_empty`): the ones the sweep read with
-a ``lease_available`` ahead (``unclaimable``), and the ones in quarantine, which are in no
-index (the prefetcher's one bounded read after the sweep).
-A sweep that kept candidates which concurrent requests took first is swept again: NO_CAPACITY
-is never the answer while the last sweep found something. When a lane's random start finds
-nothing claimable, a sample of the head is read (the start may lie past the last item, or a
-backend may ignore the key).
-
-``rasd.daemon.prefetch.Prefetcher`` does the I/O around the buffers.
+``CandidateBuffer`` (pure, time passed in) keeps what the index reads return, drops what
+went stale or lost a race, and marks a pool exhausted after a sweep found nothing claimable
+(:func:`why_empty` says why). Where reads go is ``rasd.daemon.lanes``, how many to hold
+``rasd.daemon.sizing``; the rules: docs/design.md, "Prefetch".
 """
 
 from __future__ import annotations

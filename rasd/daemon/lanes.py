@@ -1,42 +1,8 @@
 """Where a daemon reads a pool's ``available_resources`` index: lanes, the ends, spread order.
 
-Theory of operation
--------------------
-``Lanes`` (pure; randomness passed in) decides which stretch of the index the next read of
-a pool covers, so that daemons' claims rarely meet; ``rasd.daemon.candidates.CandidateBuffer``
-holds one per pool and keeps what the reads return.
-
-A pool seeded in one batch has the same ``lease_available`` on every item, so a start *time*
-cannot spread readers: the index orders such items by the base table's keys. A daemon
-therefore reads a *lane*: it starts after a random position of the index, an
-``ExclusiveStartKey`` (partition, lease_available, client_id, resource) that need not exist,
-and every later refill continues forward after the last item it read, keeping every
-claimable item of the page in index order. Each daemon thus consumes its own stretch of the
-index, and another daemon's candidates overlap it only where two lanes run into each other,
-instead of at every refill (when every refill started at a fresh random point, each start
-could land among another daemon's candidates). The start position:
-
-* ``lease_available``: one of the values seen claimable in that sub-partition (a reservoir, so
-  dense times are picked as often as they occur), or in the pool when none is known there;
-* ``resource``: a random name drawn per character position from the names seen in the pool
-  (``NameModel``), so the start falls anywhere in the range of names.
-
-At the end of its sub-partition (a short page) or at an item not claimable yet (the
-quarantined tail) a lane wraps to the head; it ends when the head has nothing either, or when
-a claim from it loses the race: the winner is reading the same stretch, so the daemon drops
-the lane's other candidates (a read of that lane still in flight keeps nothing), counts the
-sub-partition as contended and starts a new lane at a new random position, in one of the
-least contended sub-partitions. Each daemon has a *home* sub-partition from a hash of its
-host identity (hostname, pid) where it starts most lanes (``HOME_SHARE``). A lane read still
-in flight is never read twice (a sweep next to a refill starts another lane). Until both
-ends of the pool have been read (the first two reads from an end go opposite ways, so the
-NameModel spans the range of names; starting lanes from one end's names would crowd them
-into a part of it), reads are from an end and keep nothing in the background, ``END_KEEP``
-random items when a request waits: every cold daemon reads there.
-
-Spread: sweeps and whole reads visit the sub-partitions in :func:`spread_order`, a
-permutation by (daemon, pool, round) that changes every round, so two daemons rarely start
-on the same sub-partition and no sub-partition is everyone's start.
+``Lanes`` (pure; randomness passed in) picks the stretch of the index the next read of a
+pool covers, so that daemons' claims rarely meet; :func:`spread_order` orders sweeps and
+whole reads. The rules: docs/design.md, "Prefetch" and "Lanes and the buffer, in detail".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The pools a daemon knows: each role's first question of a request.
+"""The pools a daemon knows (:class:`PoolTable`): each role's first question of a request.
 
-Theory of operation
--------------------
-:class:`PoolTable` holds the pool definitions read at start-up and at each refresh
-(``load``, one Query of the table's pool items, with the rollout record read beside it), and
-reads a pool asked for that it does not hold (one GetItem) before a request goes on. A pool
-that does not exist is remembered for UNKNOWN_POOL_TTL, bounded by UNKNOWN_POOL_MAX, so that
-a caller cycling through made-up pool names can neither grow the daemon nor make it read the
-table for each request. ``by_id`` is a plain dict, updated in place, that the cached hit reads
-directly (``LeaseCache.answer``).
+Read at start-up and each refresh, a pool not held read once, a pool that does not exist
+remembered a while in bounded number (docs/design.md, "The roles, and what each keeps").
 """
 
 from __future__ import annotations

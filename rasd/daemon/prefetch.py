@@ -1,23 +1,10 @@
 """Prefetched claim candidates per (client, pool), so a new lease costs one conditional write.
 
-Theory of operation
--------------------
-``rasd.daemon.candidates.CandidateBuffer`` (pure, time passed in) decides which free items of the
-``available_resources`` index are candidates and when a pool counts as exhausted, its
-``rasd.daemon.lanes.Lanes`` which sub-partition and lane to read next, and rasd.daemon.sizing
-how many to hold; their docstrings give the whole argument. :class:`Prefetcher`
-does the I/O around the buffers: it reads the index pages a buffer plans, in the background
-after a claim was sent (``refill_soon``) or while a request waits (``candidate``), and sweeps
-all ten sub-partitions before it answers that a pool has nothing free. Prefetch only chooses
-candidates: the claim's condition decides.
-
-Requests that find a pool's buffer empty while a sweep of it is under way wait for that sweep
-and take from what it kept, instead of each sweeping: a burst of new keys that outruns the
-buffer then costs a sweep at a time, not one per waiting request (each of ten reads). A
-request sweeps itself when what the sweep kept went to others, when the sweep failed (its
-request's deadline may be nearer than ours), or when the sweep found nothing but began more
-than ``exhausted_backoff`` before the request came (its reads are older than an exhausted
-mark may be).
+:class:`Prefetcher` does the I/O around the buffers (``rasd.daemon.candidates``): it reads
+the index pages a buffer plans, in the background after a claim was sent (``refill_soon``)
+or while a request waits (``candidate``), and sweeps all ten sub-partitions before a pool
+counts as having nothing free; a request joins a sweep under way (docs/design.md,
+"Prefetch").
 """
 
 from __future__ import annotations

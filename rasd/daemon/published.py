@@ -1,17 +1,8 @@
-"""The tables: what the lease cache may answer, published in shared memory for the clients.
+"""The hit tables: what the lease cache may answer, published in shared memory for the clients.
 
-One table per client_id, made when a process first asks for it (``LeaseCache.open_table``):
-a memfd the daemon maps read-write and then seals (no new writable mapping, no resize), so
-the processes it is handed to can only read it. The layout is the client's
-(``rasd_client._table``). The cache writes every entry it stores into its client's table and
-removes every entry it drops, in the same step of the event loop, so a table never holds an
-answer the cache would not give (docs/design.md, "The table").
-
-A slot is written inside an odd ``seq`` with a crc, so a reader never takes a torn one. Each
-name goes to one bucket of ``ways`` index entries; a full bucket gives up the answer served
-the shortest, a full table its oldest (an eviction: that key is answered over the socket
-until it is published again). Slots are used from the first on, so a table's memory grows
-with what it holds, whatever the number of tables.
+One sealed memfd per client_id (``LeaseCache.open_table``) in the client's layout
+(``rasd_client._table``), written in the same step as the cache: docs/design.md, "The hit
+table"; the layout and evictions, docs/protocol.md, "The hit table".
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The releaser: a lease given back at a caller's request, and what a give-back re-lists.
-
-Theory of operation
--------------------
-:meth:`Releaser.release` runs ``steps.give_back.release`` within the request's deadline: the
-mapping first, then the resource with quarantine (the give-back itself goes on in the
-driver's task group, ``steps.give_back.free_claim``). An item this daemon quarantined is put
-back in the available index once its quarantine is over (``RelistLater``:
-``steps.give_back.relist``), in a task that shutdown cancels, for ``ras-liberator`` re-lists
-what is left.
+"""The releaser (:class:`Releaser`): a lease given back at a caller's request, and what a
+give-back re-lists (docs/design.md, "The roles, and what each keeps").
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The renewer: the background work that keeps the leases a daemon serves.
+"""The renewer (:class:`Renewer`): the background work that keeps the leases a daemon serves.
 
-Theory of operation
--------------------
-After a hit (``LeaseCache.answer``) or a lease served from the table (the ``Refresh``
-effect), :meth:`Renewer.maybe_refresh` starts at most one task per key, as
-``rasd.core.cache_rules.refresh_of`` says: an extension when the caller asks for more than a
-sliding lease has and ``rasd.core.decide.should_extend`` calls for it
-(``steps.renew.extend_bg``), else a re-confirmation of an answer past S/2 (one consistent
-read, ``steps.renew.reconfirm``). A failed extension is retried on a later hit after a
-backoff (1, 2, 4 ... 30 s), and logged as at risk once the lease gets close to its end. The
-programs decide; the renewer only says when to run them, in the driver's task group.
-
-The renewer makes the lease cache (``rasd.daemon.cache``) and keeps it: the cached hit calls
-its ``maybe_refresh`` and reads its set of keys being refreshed, and it reads the cache's
-staleness, so the two are made together; the driver puts and drops entries through the
-``CachePut`` and ``CacheDrop`` slots the renewer fills (``rasd.daemon.driver.Local``).
+After a hit or a table touch, :meth:`Renewer.maybe_refresh` starts at most one extension or
+re-confirmation per key, as ``rasd.core.cache_rules.refresh_of`` says; the renewer makes and
+keeps the lease cache (docs/design.md, "The roles, and what each keeps").
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""The reporter: what a daemon tells of its pools (headroom) and of the demand it could not meet.
-
-Theory of operation
--------------------
-:meth:`Reporter.headroom` answers the ``headroom`` verb: the balancer's estimate of the
-pool's free resources in our region when it wrote a fresh one, else a count of the
-available index, cached for HEADROOM_TTL. Unmet demand (a request answered NO_CAPACITY: the
-``Miss`` effect) never reaches the table's stream, so the reporter writes it to our miss
-counter item of the pool for the balancer: at most one write per pool every
-``miss_report_interval`` seconds, and only when there were misses; what a failed write did
-not report is added to the next one.
+"""The reporter (:class:`Reporter`): a pool's headroom, and the demand the daemon could not meet
+(the pool's miss counter, for the balancer; docs/design.md, "The roles, and what each keeps").
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """How many candidates a pool's buffer holds: the daemon's demand, capped by a fair share of
-a short pool.
-
-Theory of operation
--------------------
-Demand is the larger of two decaying counts of takes (half-lives ``BURST_HALF_LIFE`` and
-``DEMAND_HALF_LIFE``): a burst after a pause is seen within a few takes, a steady rate is not
-forgotten in a short lull. The target is ``REFILL_HORIZON`` seconds of demand plus twice the
-time a refill read takes (an EWMA), clamped to ``prefetch_min..prefetch_max``; the floor is
-what a burst after a pause starts from.
-
-A short pool caps the target at a fair share, its free items over the daemons drawing on them
-(:func:`size_buffer`), both estimated from this daemon's own reads (:class:`FleetView`); the
-floor ``prefetch_min`` does not hold under that cap, since 16 daemons keeping 12 each of 20
-free items would all hold the same ones. Under ``WHOLE_FREE`` free items a read takes a
-sub-partition whole from its head (no lanes: a random start would skip some of its few
-items); under a share of ``DIRECT_SHARE`` the daemon is direct: a target of 1, no refill
-ahead of demand, a miss reads and claims.
-
-Pure, time passed in; ``rasd.daemon.candidates.CandidateBuffer`` counts the takes and asks.
+a short pool (:func:`size_buffer`, :class:`FleetView`). Pure, time passed in;
+``CandidateBuffer`` counts the takes and asks (docs/design.md, "Prefetch", "A pool near
+full").
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""The daemon's one task group: what its roles and programs run beside the requests.
-
-Theory of operation
--------------------
-Every task a role or a program starts goes into one :class:`Tasks`, by how shutdown treats
-it: ``background`` work (extensions, confirmations, give-backs) is waited for, then
-cancelled; ``requests`` (resolutions that requests share) are waited for; ``detached`` work
-(re-listings after a quarantine) is cancelled at once. A background task's failure is counted
-(``background.errors``) and logged: nobody awaits it.
+"""The daemon's one task group (:class:`Tasks`): what its roles and programs run beside the
+requests, by how shutdown treats it (docs/design.md, "The roles, and what each keeps").
 """
 
 from __future__ import annotations

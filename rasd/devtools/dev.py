@@ -1,18 +1,9 @@
 """``rasd dev``: everything on loopback, for demos and development.
 
-moto's server in its own process on a free 127.0.0.1 port (request log to a file), the table,
-a demo pool with resources, and the daemon on a local socket. Ctrl-C stops it all.
-
-moto runs apart from the daemon because both are Python: in one process they share one GIL,
-and a burst of new keys (each a few DynamoDB calls) then starves both, until calls time out,
-the retry quota runs dry and the circuit breaker opens. :data:`DEV_SETTINGS` are what the
-daemon changes from the production defaults for a local moto, each with why; production
-keeps its defaults.
-
-The daemon's config is read as ``rasd serve`` reads it (``--config FILE``, then ``RASD_*``,
-then flags: :func:`dev_config`), over :data:`DEV_SETTINGS` instead of the defaults, so
-``RASD_METRICS_PORT=9464 rasd dev`` serves metrics. Only what ``rasd dev`` is (:data:`DEV_OWNS`:
-its socket, its moto) is its own whatever is set, and it says so when something was.
+moto's server in its own process, the table, a demo pool with resources, and the daemon on a
+local socket, configured as ``rasd serve`` is (:func:`dev_config`) over
+:data:`DEV_SETTINGS`; :data:`DEV_OWNS` is what stays its own. Ctrl-C stops it all (README.md,
+"Two commands on a fresh machine").
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """The AWS settings the daemon's DynamoDB client honours, resolved once at start-up by botocore.
 
-Every setting botocore reads (environment, the profile, the shared config file) means the same
-to rasd, because botocore resolves it: :func:`resolve` makes a botocore DynamoDB client for the
-region and reads what it decided; the endpoint is where it sends a GetItem that is built and
-signed but answered before it leaves (nothing goes on the network):
-
-==============================  ===============================================================
-endpoint                        the ``endpoint_url`` setting,
-                                ``AWS_ENDPOINT_URL_DYNAMODB``, ``AWS_ENDPOINT_URL``, the
-                                profile's ``endpoint_url`` and ``services`` section, FIPS
-                                (``AWS_USE_FIPS_ENDPOINT``), dual-stack
-                                (``AWS_USE_DUALSTACK_ENDPOINT``), every partition (China,
-                                GovCloud, ISO), and the account-based endpoint
-                                (``https://<account>.ddb.<region>.amazonaws.com``) when the
-                                credentials carry an account id, as botocore sends a request
-proxy                           ``HTTPS_PROXY``/``HTTP_PROXY`` as botocore reads them
-                                (``botocore.utils.get_environ_proxies``: ``NO_PROXY`` applies);
-                                the profile's ``proxies_config`` (``proxy_ca_bundle``)
-CA bundle                       ``AWS_CA_BUNDLE``, the profile's ``ca_bundle``, else botocore's
-                                default bundle (certifi's when installed)
-retries                         ``client.meta.config.retries``: ``AWS_MAX_ATTEMPTS``,
-                                ``max_attempts``, ``retry_mode``
-``tcp_keepalive``               SO_KEEPALIVE on the connections
-==============================  ===============================================================
-
-What rasd cannot honour stops it with :class:`AwsSettingsError` (``rasd check-config`` exits
-2, ``rasd serve`` refuses to start), never silently: a proxy that is not ``http://`` or
-``https://`` (SOCKS), ``proxy_client_cert``, ``proxy_use_forwarding_for_https``, a client
-certificate, ``retry_mode`` other than ``standard``, endpoint discovery, and
-``account_id_endpoint_mode = required`` with credentials that carry no account id.
-
-Resolution reads files: call :func:`resolve` in a thread, never on the event loop. Nothing
-here runs per request. The daemon resolves through ``rasd.dynamo.awscache``: botocore's
-result from an earlier start with the same inputs, checked again by botocore in the background.
+:func:`resolve` makes a botocore DynamoDB client for the region and reads what it decided
+(endpoint, proxy, CA bundle, retries, keep-alive); what rasd cannot honour raises
+:class:`AwsSettingsError`. Resolution reads files: call it in a thread. Each setting, and
+what is refused: docs/operations.md, "AWS settings".
 """
 
 from __future__ import annotations

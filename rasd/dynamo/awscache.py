@@ -1,31 +1,9 @@
 """botocore's AWS settings from an earlier start, reused while their inputs are unchanged.
 
-Resolving the AWS settings with botocore (:func:`rasd.dynamo.aws.resolve`) costs about 0.17 s
-of CPU and 22 MB of memory at each start: importing botocore's session and client machinery,
-loading the DynamoDB model and its endpoint rules, making a client. What it decides depends
-only on its inputs: the environment variables botocore reads, the shared config and
-credentials files, botocore itself, Python, rasd's resolver and its arguments (endpoint_url,
-region, the credentials' account id). So the result is kept on disk under a digest of those
-inputs (:func:`inputs_key`), and :func:`settings` decides:
-
-* **hit** (same digest): the settings are used at once; the first lease does not wait for
-  botocore. botocore still resolves them in this start, in a child process at low priority
-  once the daemon is up (:func:`confirm`); should it refuse them or decide otherwise (only if
-  an input escaped the digest), the entry is dropped and the daemon stops, so that the next
-  start runs on botocore's decision (exit 2 for a refusal, as for any refused start).
-* **miss**: botocore resolves them in a child process (its session does not load into the
-  daemon for it; in-process if the child cannot run), and the entry is written if the
-  inputs did not change meanwhile. A refusal is never written: it is decided anew each start.
-  ``rasd serve`` starts that child before its own imports (:func:`prefetch`) when the
-  credentials' account is known without botocore (static keys in the environment), so that
-  botocore runs beside the daemon's start-up rather than after it.
-
-Never cached: settings with a proxy password (no secret is written to disk), and starts with
-botocore data of one's own (``AWS_DATA_PATH``, ``~/.aws/models``, a ``data_path`` in the config
-file). The directory is ``$CACHE_DIRECTORY`` (systemd's ``CacheDirectory=``), else
-``$XDG_CACHE_HOME/rasd``, else ``~/.cache/rasd``; an entry is read only if it belongs to the
-daemon's user and nobody else may write it. A cached CA bundle path that no longer exists is a
-miss. Blocking helpers (file reads) run in a thread.
+:func:`inputs_key` digests the inputs, :func:`settings` decides hit or miss, :func:`confirm`
+has botocore check a hit once the daemon is up, :func:`prefetch` starts botocore's child
+early. What is cached and when: docs/operations.md, "AWS settings"; why: docs/design.md,
+"Talking to DynamoDB".
 """
 
 from __future__ import annotations

@@ -1,50 +1,8 @@
 """A lean DynamoDB client for the daemon's hot path: JSON over HTTP/1.1, SigV4 by hand.
 
-It has the interface of the aiobotocore client the Store can also use (``await
-client.get_item(TableName=..., Key=...)``, ``query``, ``update_item``, ``put_item``,
-``delete_item``), returns the same response dicts (wire-format AttributeValues, ``Item``,
-``Items``, ``LastEvaluatedKey``, ``Attributes``, ``Count``...) and raises the same botocore
-exception classes for the same conditions, so ``Store._call``'s retry and ambiguous-write logic
-and the tests' fault wrapper (``tests.doubles.store``) work unchanged:
-
-================================  ================================================================
-DynamoDB answered 4xx/5xx          ``ClientError`` (``Error.Code`` is the short ``__type``)
-connection refused, DNS, any       ``EndpointConnectionError(error=ConnectFailed(...))``: never
-error while connecting, a proxy    sent (``rasd.dynamo.retry.never_sent``)
-refusing CONNECT
-certificate not trusted by the     ``SSLError(error=ConnectFailed(...))`` naming the CA bundle:
-CA bundle                          never sent
-connect (or TLS handshake) slow    ``ConnectTimeoutError``: never sent
-no answer within read_timeout      ``ReadTimeoutError``: may have applied
-closed or reset after sending      ``ConnectionClosedError``: may have applied
-reply's x-amz-crc32 mismatch       ``ChecksumError``: may have applied
-================================  ================================================================
-
-What it does per call: one ``orjson.dumps`` of the parameters, one SHA-256 of the body and
-one of the canonical request, one HMAC with a signing key derived once per (secret, date,
-region), a header block from a template, one write, the response parsed by httptools (llhttp,
-in C: framing, chunks, keep-alive) from the protocol's callbacks, one ``orjson.loads``. What it
-leaves to botocore: the credential chain (env, profiles, SSO, container, IMDS, credential_process;
-refreshable credentials are refreshed in a thread, never on the event loop), exception classes,
-and every AWS setting: the endpoint (FIPS, dual-stack, partitions, endpoint URLs), the proxy
-and the CA bundle are botocore's own decisions, made at each start (``rasd.dynamo.aws``; a
-restart with the same inputs serves on the last start's while botocore checks them,
-``rasd.dynamo.awscache``). Not done: client-side parameter validation (DynamoDB answers
-``ValidationException`` instead) and binary (``B``/``BS``) attribute encoding, which the
-daemon does not use.
-
-Through a proxy, an ``https://`` endpoint is reached through a CONNECT tunnel (TLS end to end
-with the endpoint, the proxy itself reached over TLS when its URL is ``https://``), an
-``http://`` endpoint by sending the requests to the proxy in absolute form.
-
-Keep-alive connections are pooled up to ``max_connections``; a pooled connection the server
-has closed is dropped before anything is sent on it (then the request goes out on another); a
-connection older than ``max_age`` is closed rather than reused, so a new one resolves the
-endpoint's name again (DynamoDB's addresses change);
-once a request was written, a lost connection or a malformed answer is ambiguous
-(``ConnectionClosedError``). Bytes that no outstanding request asked for (beyond an answer, or
-on an idle connection) spoil the connection: they are never read as a later request's answer.
-Importing this module does not import aiohttp, aiobotocore or botocore's session machinery.
+:class:`LeanDynamoDB` has the aiobotocore client's interface, answers and exceptions, so the
+store's retries and ambiguous-write handling work unchanged. Which failure raises what, and
+what it leaves to botocore: docs/design.md, "Talking to DynamoDB".
 """
 
 from __future__ import annotations

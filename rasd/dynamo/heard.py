@@ -1,9 +1,6 @@
-"""What a request heard from DynamoDB: the calls made for it that got an answer.
-
-The store (``rasd.dynamo.store``) appends to :data:`HEARD` each time DynamoDB answers a call,
-whatever it said, when the context it runs in keeps one; the router's outage path sets it
-around a request, whose taker's flight copies the context. A request that heard nothing learnt
-nothing of its key. Its own module: the router imports it before the store is loaded.
+"""What a request heard from DynamoDB (:data:`HEARD`): the calls made for it that got an answer,
+for the outage path (docs/design.md, "An outage budget"). Its own module: the router imports
+it before the store is loaded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """HTTP/1.1 connections for the lean DynamoDB client: one asyncio protocol per connection,
 responses parsed by httptools (llhttp, in C), and the CONNECT tunnel through a proxy.
 
-A connection has at most one request outstanding. Anything the server sends while none is (or
-after its response ended) makes the connection unusable, never the answer to a later request.
-Errors while connecting are :class:`ConnectFailed` (the request was never sent); after a
-request was written, a lost connection or a malformed answer is an ``OSError`` or
-``httptools.HttpParserError`` on the round trip's future (it may have applied).
+One request outstanding per connection; unasked-for bytes spoil it. Errors while connecting
+are :class:`ConnectFailed` (never sent); after the request was written, a lost connection or
+a malformed answer may have applied.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """When to retry a DynamoDB call, and after how long: botocore's standard retry mode, pure.
 
-Theory of operation. A failed attempt is first *classified* (:func:`classify_code`,
-:func:`classify_exception`) into a :class:`Failure`: what kind of trouble it is, whether it is
-worth another attempt, and whether a write that met it may have applied (the store reports
-such a write as UNKNOWN, never as REJECTED). The :class:`RetryPolicy` then decides, from the
-attempt number, the kind, the time and the request's deadline, whether to try again and how
-long to wait first. It is botocore's standard mode:
-
-* at most ``max_attempts`` attempts in all (botocore's ``total_max_attempts``, default 3);
-* before attempt n+1, a delay of ``rng() * min(2 ** (n - 1), 20)`` seconds (exponential
-  backoff with full jitter, base 2, capped at 20 s): 0-1 s, then 0-2 s, 0-4 s...;
-* a retry quota shared by every call of the client (:class:`RetryQuota`): 500 tokens; a retry
-  costs 5 (10 after a timeout), and is not made when the quota cannot pay; a call that succeeds
-  gives back what its last retry cost, or 1 if it needed none. A fleet of daemons facing a
-  sick DynamoDB thus stops retrying after about 100 retries each, until calls succeed again;
-* rasd adds the request's deadline: a call never outlives its request. Near the deadline the
-  jitter's range shrinks to the time left (less ``min_attempt`` for the attempt itself), so
-  the retry is still made, at a random point of what is left; with no time left for an
-  attempt, it is not made (its quota is given back). Far from the deadline the delays are
-  botocore's. The number of attempts and the quota, which bound the load on a sick table,
-  are botocore's in every case.
-
-Nothing here sleeps, reads a clock or draws a random number of its own: time and the random
-source are passed in, so tests replay botocore's decisions exactly (tests/unit/test_retry.py).
+A failed attempt is classified (:func:`classify_code`, :func:`classify_exception`) into a
+:class:`Failure`; :class:`RetryPolicy` and the shared :class:`RetryQuota` decide whether and
+when to try again within the request's deadline. Time and randomness are passed in. The
+rules: docs/operations.md, "Load shedding and limits"; docs/design.md, I4.
 """
 
 from __future__ import annotations

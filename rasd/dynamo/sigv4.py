@@ -1,9 +1,6 @@
-"""SigV4 for DynamoDB's JSON protocol, and where the signing credentials come from.
-
-The lean client (``rasd.dynamo.ddb``) signs each request itself: :class:`Signer` derives the signing
-key once per (secret, date, region) and then costs two SHA-256 and one HMAC a request. The
-credentials are botocore's: its standard chain (:func:`resolve_credentials`), refreshed in a
-thread when botocore says they need it (:class:`BotocoreCredentials`), never on the event loop.
+"""SigV4 for DynamoDB's JSON protocol (:class:`Signer`: a signing key derived once per secret,
+date and region), and the credentials, botocore's chain refreshed in a thread
+(:func:`resolve_credentials`, :class:`BotocoreCredentials`).
 """
 
 from __future__ import annotations

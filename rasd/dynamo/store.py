@@ -1,26 +1,9 @@
-"""The only module of the daemon that talks to DynamoDB, through one long-lived client: the lean
-one (``rasd.dynamo.ddb``, the default) or aioboto3's (``ddb_client = "botocore"``).
+"""The only module of the daemon that talks to DynamoDB (:class:`Store`), through one
+long-lived client: the lean one (``rasd.dynamo.ddb``) or aioboto3's.
 
-Uses GetItem, Query and UpdateItem only (single-item operations: any DynamoDB-compatible
-engine serves them). Failed attempts are retried as botocore's standard mode retries them
-(``rasd.dynamo.retry``: at most ``max_attempts`` attempts, exponential backoff with full jitter, a
-retry quota shared by all calls) inside the request's deadline. Throttles, 5xx, timeouts and
-network errors count as failures for the circuit breaker, so that a fleet of daemons backs off
-together; conflicts with other writers (a transaction, another region's write) are retried
-without. An expired session token forces a credential refresh (off the event loop) and one
-more attempt. The request id of DynamoDB's last error answer is in every message about the
-call (``request id ...``). Every call is counted by operation in ``counters``
-(``ddb.Query``, ``ddb.UpdateItem``...), which is how the tests prove that a cache hit made no
-DynamoDB call.
-
-Writes (``write``) never guess (docs/design.md, I4): each returns an ``Outcome``. APPLIED
-carries the item as written. REJECTED means the write did not and will not apply: its
-condition failed (a lost race, a normal value), nothing that could apply was ever sent, or
-the item read back proves it never applied (``map_builders.read_back``). UNKNOWN means an
-attempt may have applied (a timeout, a lost reply, a 5xx) and no read-back could tell before
-the deadline. Each attempt gets at most ``ddb_attempt_share`` of the time left
-(``retry.attempt_budget``), so an attempt that hangs leaves time for a retry or a read-back
-within the request's deadline.
+GetItem, Query and single-item writes only, retried within the request's deadline; every
+write returns an ``Outcome`` and never guesses (I4); calls counted by operation.
+docs/design.md, "Talking to DynamoDB".
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""structlog JSON logs on stderr, shared by the daemon and the jobs.
-
-No per-request line at info level on the daemon's hot path.
-
-Under systemd (stderr is the journal: ``JOURNAL_STREAM`` names it) each line starts with the
-syslog priority in ``<N>`` form, which journald reads as the line's PRIORITY
-(``SyslogLevelPrefix=yes``, the default): ``journalctl -u rasd -p warning`` then shows exactly
-the warnings and errors. ``RASD_LOG_PRIORITY_PREFIX=1``/``0`` forces it on or off.
+"""structlog JSON logs on stderr, shared by the daemon and the jobs; under systemd each line
+carries its syslog priority for journald (docs/operations.md, "The daemon on a host
+(systemd)": Logs fit journald).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Per-pool capacity metrics of one daemon, bounded in cardinality.
-
-Counted only where a request already does DynamoDB work (a new lease, a NO_CAPACITY answer),
-never on the cached hit, which stays one attribute addition. The prefetcher's estimate of
-what is claimable is read at scrape time.
-
-At most ``max_pools`` (client_id, pool_id) pairs get labels of their own, the first ones
-counted; every later pool is counted under ``client_id="#overflow", pool_id="#overflow"``
-(``#`` is never part of a pool's name), so a table with thousands of pools cannot make the
-scrape or Prometheus's series count grow without bound. Overflowed pools are not remembered.
-
-Exported (rasd.observe.prom calls :meth:`PoolMetrics.families` at scrape time)::
-
-    rasd_pool_new_leases_total{client_id, pool_id}     get_lease answers that acquired
-    rasd_pool_no_capacity_total{client_id, pool_id}    get_lease answers NO_CAPACITY
-    rasd_pool_claimable_candidates{client_id, pool_id} claim candidates the prefetcher holds
+"""Per-pool capacity metrics of one daemon (:class:`PoolMetrics`), bounded in cardinality
+(``#overflow`` past the first pools) and counted only where a request does DynamoDB work
+anyway. The families: docs/operations.md, "Observability".
 """
 
 from __future__ import annotations

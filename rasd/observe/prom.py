@@ -1,33 +1,9 @@
 """Optional Prometheus exporter: counters, latency histograms and gauges of one daemon.
 
-The hot path never touches ``prometheus_client``. It bumps plain ints (``Counters.inc``) and
-calls :meth:`LatencyHistograms.observe` (one ``bisect`` and two additions: no locks, no
-objects). :class:`RasdCollector` turns both into Prometheus metric families only when
-scraped. ``prometheus_client`` is imported lazily, so the daemon runs without it unless
-``metrics_port`` is set; then :func:`require` raises :class:`MetricsUnavailable` with the fix.
-
-Counter names map to metric families like this (anything unknown is still exported, as
-``rasd_<name with dots as underscores>_total``, so a new counter is never lost)::
-
-    ddb.Query, ddb.UpdateItem, ...   rasd_dynamodb_calls_total{op="Query"}
-    ddb.throttles, ddb.errors, ...   rasd_dynamodb_throttles_total, rasd_dynamodb_errors_total
-    cache.hit, cache.miss            rasd_cache_lookups_total{result="hit"|"miss"}
-    lease.new, lease.existing, ...   rasd_lease_requests_total{outcome="new"|...}
-    lease.extended, ...              rasd_lease_extensions_total{result="ok"|"conflict"|"error"}
-    prefetch.hits, prefetch.misses   rasd_prefetch_takes_total{result="hit"|"miss"}
-    shed.<reason>                    rasd_shed_requests_total{reason="busy"|"rate_limited"|...}
-    err.<CODE>                       rasd_request_errors_total{code="NO_CAPACITY"|...}
-    outage.<path>                    rasd_outage_answers_total{path="at_once"|"after_failure"}
-    table.handed, table.touches      rasd_hit_table_handed_total, rasd_hit_table_touches_total
-    req.total                        rasd_requests_total
-
-Threads: ``start_http`` serves from a thread (prometheus_client's WSGI server, a thread per
-connection, :data:`METRICS_CONNECTIONS` at most) while the event loop keeps writing. Reads
-here are copies taken in one C-level step under the GIL (``dict(counter)``,
-``list(counts)``), so a scrape sees each value whole; a scrape may see a
-histogram's sum a few observations ahead of its buckets, which Prometheus tolerates. Gauge
-callbacks also run in that thread: they must only read (``len(x)``, a copy), never mutate,
-and one that raises is skipped (and counted in ``rasd_scrape_errors_total``), not fatal.
+The hot path bumps plain ints (``Counters.inc``) and :meth:`LatencyHistograms.observe`;
+:class:`RasdCollector` builds the families only when scraped, served from a thread
+(``start_http``); ``prometheus_client`` is imported lazily (:func:`require`). The names and
+the thread rules: docs/operations.md, "Observability".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""The daemon: a Unix-socket server speaking msgpack frames, one module per job.
+"""The daemon's process: a Unix-socket server speaking msgpack frames, one module per job.
 
-=================  ==========================================================================
-``lifecycle``      ``Daemon``: start, serve, hand over, stop; read it top to bottom
-``startup``        ``BringUp``: the store brought up, retried while DynamoDB fails, the cached
-                   AWS settings confirmed
-``signals``        ``run_daemon``: the process's signals wired (stop, SIGHUP's reload)
-``connection``     ``Connection``: frames in, answers out, back-pressure, the peer's grant
-``routing``        ``Router`` (made and held by ``Daemon``): one entry per frame, ``handle``:
-                   the cached hit, a miss, the other ops, the slow path that waits for DynamoDB
-``handover``       SIGUSR2: a successor takes the listening socket over without a gap
-``exporter``       the metrics on ``metrics_port``, read from the router
-``diagnostics``    what a failed start-up says: the root cause, a probe of the endpoint
-=================  ==========================================================================
-
-The request protocol itself (fields, answers) is rasd.wire; what a request does is the
-roles' that rasd.daemon.coordinator composes.
+``lifecycle`` (``Daemon``: start, serve, hand over, stop), ``startup`` (``BringUp``),
+``signals`` (``run_daemon``), ``connection`` (``Connection``), ``routing`` (``Router``: one
+entry per frame), ``handover`` (SIGUSR2), ``exporter`` (metrics), ``diagnostics`` (a failed
+start-up's cause). docs/architecture.md, "The roles of one daemon".
 """
 
 from .connection import Connection

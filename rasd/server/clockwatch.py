@@ -1,9 +1,6 @@
-"""The daemon's watch over its own clock: whether it may be trusted within the skew bound
-(``rasd.core.clock_trust`` judges; docs/design.md, "A clock the daemon checks"). While it
-may not, every request that needs the clock is refused (``UNAVAILABLE``, with the reason),
-and so is every program of the daemon's that reads the wall clock
-(``rasd.core.clock.GuardedClock``): nothing is written or served from a time it cannot vouch
-for. It recovers by itself once the witnesses agree again.
+"""The daemon's watch over its own clock: while ``rasd.core.clock_trust`` says it may not be
+trusted within the skew bound, requests and programs that need the wall clock are refused
+(docs/design.md, "A clock the daemon checks").
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""One client connection: msgpack frames in, answers out, and back-pressure.
+"""One client connection (:class:`Connection`): msgpack frames in, answers out, back-pressure.
 
-Theory of operation
--------------------
-Each connection is an ``asyncio.Protocol``. Frames are decoded as bytes arrive and each is
-handed to the daemon's router once (``Router.handle``, rasd.server.routing): it returns a
-cache hit's answer, which the connection writes at once, inside ``data_received``, without a
-task; anything else it answers itself, at once or from a task that writes its answer (with the
-request's ``id``) when done, so one connection may carry many requests at once.
-
-The usual read is exactly one whole frame: it is decoded in place, without a decoder. A read
-that is not (a pipelining client's several frames, or part of one) goes through a
-``FrameDecoder``, made then and dropped once it holds nothing; it gets one write for all the
-answers it could give at once. A frame over the size limit is answered ``BAD_REQUEST`` and
-the connection closed (its length prefix cannot be trusted to find the next frame).
-
-The caller's Unix credentials (SO_PEERCRED) are read once, when the connection is made, and
-turned into a ``Grant`` by the ACL (``peercred.identify``); a reload re-grants every connection.
-A connection past its caller's limits (``rasd.limits.ConnectionLimits``: per process, per
-uid, in all) is closed at once. Once a second the daemon's sweep (:meth:`Connection.tick`)
-closes a connection that has held a half-received frame for ``frame_timeout`` s, or that
-has been idle for ``idle_timeout`` s; the bytes of half-received frames are bounded in all.
-
-Back-pressure: when the peer stops reading its answers (the transport's buffer is full) the
-connection stops reading its requests until it catches up. At shutdown :meth:`quiesce` stops
-reading for good and closes once the last request read is answered.
+Each frame goes to the router once; a hit is written inside ``data_received``, other answers
+when ready, many requests at once. The caller's grant is read at connect, its limits are
+checked each second (docs/design.md, "Inside get_lease" and "One caller against the
+others").
 """
 
 from __future__ import annotations

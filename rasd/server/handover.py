@@ -1,21 +1,6 @@
-"""The SIGUSR2 hand-over: a successor takes the listening socket over without a gap.
-
-Theory of operation
--------------------
-``systemctl restart`` is stop-then-start: callers queued meanwhile wait for the new process's
-start-up (Python, imports, DynamoDB warm-up), longer than a 1 s timeout on a busy host. A
-hand-over overlaps instead:
-
-1. The predecessor (:meth:`Handover.start`, on SIGUSR2) starts the same command line (so
-   the code now on disk: an upgrade) with the listening socket as fd 3 (``LISTEN_FDS``) and
-   the write end of a pipe (``RASD_HANDOVER_FD``), and keeps serving.
-2. The successor (``Daemon.run``) brings its store up *before* it accepts, silent to systemd
-   meanwhile (with ``NotifyAccess=main`` it may not speak yet); a successor that cannot start
-   exits and answers nobody. Then :func:`take_over` accepts alongside the predecessor and
-   writes to the pipe.
-3. The predecessor tells systemd the successor is the main process (``MAINPID=``, which the
-   main process may send) and shuts down as on SIGTERM, minus ``STOPPING=1``. If the successor
-   dies (or closes the pipe) first, the predecessor keeps serving and logs ``handover_failed``.
+"""The SIGUSR2 hand-over: a successor takes the listening socket over without a gap
+(:meth:`Handover.start` in the predecessor, :func:`take_over` in the successor). The steps
+and why: docs/operations.md, "The daemon on a host (systemd)" (Hand-over).
 """
 
 from __future__ import annotations

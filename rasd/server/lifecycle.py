@@ -1,32 +1,6 @@
-"""The daemon's lifecycle, top to bottom: start, serve, hand over, stop.
-
-Theory of operation
--------------------
-::
-
-    listen()    -> accept on the socket (our own, or systemd's via LISTEN_FDS) at once, before
-                   the heavy imports (aioboto3 is ~1 s) and DynamoDB warm-up, so socket
-                   activation answers its first call quickly; our own never where another
-                   live process serves (rasd.server.socketfile: exit 2)
-    bring-up    -> import the store, open and warm the DynamoDB pool, load pool definitions,
-                   prefetch first candidates (bounded); then READY=1 and the watchdog
-                   (:meth:`Daemon.came_up`). Requests that arrive meanwhile wait for it
-                   within their own deadline. While DynamoDB cannot be reached the daemon
-                   runs *degraded* and retries (rasd.server.startup, ``BringUp``)
-    startup()   -> listen() + one bring-up attempt that raises on failure (tests, embedding)
-    run()       -> listen() + bring-up retrying in the background + main loop + shutdown();
-                   a hand-over's successor brings its store up first and accepts only then
-    main_loop() -> serve until stop() (SIGTERM/SIGINT); hand_over() on SIGUSR2
-    shutdown()  -> STOPPING=1, stop accepting, drain in-flight requests within a bound, close
-
-``rasd.server.signals.run_daemon`` wires the signals (SIGHUP: a reload) and runs it
-(``rasd serve``, ``rasd dev``).
-
-The other jobs live beside this file: each connection's framing in rasd.server.connection,
-what a request frame leads to (the hit, a miss, the other ops, the slow path) in
-rasd.server.routing (``Router``, which ``Daemon`` makes and its connections serve), the SIGUSR2
-hand-over in rasd.server.handover, and what a failed start-up logs in
-rasd.server.diagnostics.
+"""The daemon's lifecycle (:class:`Daemon`), top to bottom: listen, bring up, serve, hand over,
+stop. The walk through it: docs/architecture.md, "The roles of one daemon"; what each step
+means to an operator: docs/operations.md, "The daemon on a host (systemd)".
 """
 
 from __future__ import annotations

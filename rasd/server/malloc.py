@@ -1,14 +1,5 @@
-"""glibc malloc settings of the daemon process (``rasd serve`` only; elsewhere nothing).
-
-* One malloc arena (``M_ARENA_MAX`` = 1, what ``MALLOC_ARENA_MAX=1`` does): glibc gives every
-  thread that allocates its own arena, and the daemon's one other thread (the default
-  executor: the store's import, credentials) would keep about 1.5 MB of arena for a few objects
-  it made. The loop thread does nearly all allocation, so one lock-shared arena costs nothing.
-  A ``MALLOC_ARENA_MAX`` set by the operator wins (then this does nothing).
-* :func:`trim` once the store is up: hands back to the kernel the heap pages that start-up
-  (imports, the first DynamoDB exchanges) freed, about 1 MB.
-
-Both go through ctypes (about 0.2 MB), loaded only on glibc.
+"""glibc malloc settings of the daemon process (``rasd serve`` only): one arena, and :func:`trim`
+once the store is up (docs/operations.md, "The daemon on a host (systemd)", Memory).
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Who is on the other end of a Unix socket, and may they use a client_id.
 
-The daemon trusts the kernel, not the request: ``SO_PEERCRED`` gives the pid, uid and gid the
-peer had when it called ``connect()``; ``SO_PEERGROUPS`` (Linux >= 4.13) gives its
-supplementary groups as of that moment. Both are captured by the kernel at connect time, so
-they cannot be forged and do not race with the peer changing identity later. When
-``SO_PEERGROUPS`` is unavailable, :func:`supplementary_gids` reads ``/proc/<pid>/status`` as a
-best-effort fallback (it can race with pid reuse; the uid is checked to narrow that).
-
-:class:`Acl` is pure: built once from the config's ``acl`` table, it answers "may uid U with
-groups G use client_id C?". Call :meth:`Acl.grant` once per connection and keep the
-:class:`Grant`; checking a request is then a set lookup.
-
-Rules (see ``systemd/rasd.toml.example``):
-
-* keys are ``uid.<n>``, ``gid.<n>``, ``user.<name>``, ``group.<name>``; names are resolved to
-  ids when the Acl is built (an unknown name stops the daemon with a clear message, as any
-  bad config value does);
-* values are lists of client_ids; ``"*"`` means every client_id;
-* a caller gets the union of what its uid, its primary gid and its supplementary gids grant;
-* an **empty** acl allows everyone: that is ``rasd dev`` (and a host where the socket's file
-  mode and group are the only gate);
-* root (uid 0) gets **no** implicit access: list ``uid.0`` if root should use the daemon.
-  Root can bypass the socket's file mode anyway, so an operator who wants only the app
-  users to hold leases would otherwise have no way to say so.
+The kernel's ``SO_PEERCRED``/``SO_PEERGROUPS`` (:func:`supplementary_gids` falls back to
+/proc), and :class:`Acl` (pure), built once from the config's ``acl`` table:
+:meth:`Acl.grant` once per connection gives a :class:`Grant`. The rules: docs/operations.md,
+"Who may call (FORBIDDEN)".
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""systemd integration without systemd: socket activation, sd_notify and the watchdog.
-
-Three small protocols, each a few lines of environment and one datagram, implemented here so
-the daemon needs neither libsystemd nor a Python binding:
-
-* **Socket activation** (``sd_listen_fds(3)``): systemd opens the listening socket
-  (``rasd.socket``) and starts the service with the sockets as file descriptors 3, 4, ... and
-  ``LISTEN_PID`` (the pid they are meant for), ``LISTEN_FDS`` (how many) and, optionally,
-  ``LISTEN_FDNAMES`` (colon-separated names). :func:`listen_fds_with_names` reads them, marks
-  the fds close-on-exec and removes the variables, as ``sd_listen_fds(unset_environment=1)``
-  does, so a child process cannot mistake them for its own.
-* **Notifications** (``sd_notify(3)``): newline-separated ``KEY=VALUE`` lines in one datagram
-  to the ``AF_UNIX`` socket named by ``NOTIFY_SOCKET`` (a path, or ``@name`` in the abstract
-  namespace). :class:`Notifier` sends ``READY=1``, ``RELOADING=1``, ``STOPPING=1``,
-  ``STATUS=...`` and ``WATCHDOG=1``; with no ``NOTIFY_SOCKET`` every call is a no-op, so the
-  daemon calls it unconditionally (``rasd dev``, containers, tests).
-* **Watchdog** (``sd_watchdog_enabled(3)``): ``WATCHDOG_USEC`` is the time after which
-  systemd kills a silent service; :func:`watchdog_interval` returns how often to ping (half of
-  it, as systemd recommends). :func:`run_watchdog` pings from the event loop itself, so a ping
-  proves the loop is turning: a blocked loop stops pinging and systemd restarts the daemon.
-
-Notifications are best effort, like ``sd_notify``: a failure to send is logged and reported as
-``False``, never raised, so a missing or broken notify socket cannot take the daemon down.
+"""systemd integration without systemd: socket activation (:func:`listen_fds_with_names`),
+sd_notify (:class:`Notifier`, best effort) and the watchdog (:func:`watchdog_interval`,
+:func:`run_watchdog`, pinging from the event loop itself). docs/operations.md, "The daemon on
+a host (systemd)".
 """
 
 from __future__ import annotations

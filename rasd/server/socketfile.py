@@ -1,25 +1,6 @@
-"""The socket file a daemon binds itself: taken only where no live process answers, removed
-only while it is still the one bound.
-
-Theory of operation
--------------------
-``rasd serve --socket PATH`` and ``rasd dev`` bind PATH themselves; under socket activation
-systemd owns the socket, and the daemon never binds, replaces or removes the path. Before
-binding, :func:`claim` looks at PATH:
-
-* nothing there: bind;
-* a socket nobody accepts on (``connect`` gives ECONNREFUSED: its daemon crashed): stale,
-  replaced;
-* a socket some process accepts on (``connect`` succeeds, or EAGAIN: a full backlog): another
-  daemon, or systemd's ``rasd.socket``, serves there. Replacing the path would leave that
-  process serving unreachably, and the replacement's exit would delete the path: refused
-  (:class:`SocketInUse`, exit 2), naming how to find the process;
-* anything else (not a socket; a connect that cannot tell, such as EACCES): refused too.
-
-The bind itself fails (EADDRINUSE) if a path appeared after the check, so two daemons that
-start at once cannot both take it. After binding, the path's device and inode are noted
-(:func:`identity`); at exit the path is removed only if it still names that inode
-(:func:`remove_if_ours`): a path another process bound since is not ours to delete.
+"""The socket file a daemon binds itself: taken only where no live process answers
+(:func:`claim`), removed only while it is still the one bound (:func:`identity`,
+:func:`remove_if_ours`). The cases: docs/operations.md, "The daemon on a host (systemd)".
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""Bringing the daemon's store up: import it, warm DynamoDB, load the pools, retry while that
-fails, and confirm cached AWS settings afterwards.
-
-Theory of operation
--------------------
-::
-
-    attempt()  -> import the store (in a thread: the loop keeps accepting), open and warm the
-                  DynamoDB pool, load pool definitions, prefetch first candidates (bounded);
-                  then the daemon serves with them (``Daemon.came_up``: READY=1, the watchdog).
-                  Raises on failure.
-    until_up() -> attempt() with backoff (``startup_retry_initial`` .. ``startup_retry_max``)
-                  until it works. If DynamoDB cannot be reached the daemon does not exit: it
-                  runs *degraded* (UNAVAILABLE at once, STATUS= says why, one structured log
-                  line per try naming the endpoint and the cause). An AWS setting rasd cannot
-                  honour refuses the start instead (exit 2): retrying cannot help.
-    confirm    -> settings from an earlier start (rasd.dynamo.awscache) are checked against
-                  botocore's ``AWS_CONFIRM_DELAY`` after up; a disagreement stops the daemon.
-
-The daemon (rasd.server.lifecycle) makes one :class:`BringUp` and hands it the few things it
-needs of it (:class:`Host`).
+"""Bringing the daemon's store up (:class:`BringUp`): import it, warm DynamoDB, load the pools,
+retry with backoff while that fails (the daemon runs degraded), and confirm cached AWS
+settings afterwards. docs/operations.md, "The daemon on a host (systemd)" (Never dead for
+good) and "AWS settings".
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """``rasadmin``'s writes, ``rasadmin adopt``'s adoption and the balancer's move, as programs.
 
-Theory of operation
--------------------
-Every command that frees, deletes, adds or redefines something keeps I1 (docs/design.md):
-nothing it frees, deletes or adds is claimable while a lease or quarantine on that resource
-may still run.
-
-* :func:`release_resource`: a held item given back the way a daemon gives it back
-  (:func:`rasd.steps.repair.release_held`), held to its lease's end (no app released it).
-* :func:`delete_resource` / :func:`delete_item`: a resource becomes a tombstone that holds its
-  name until every lease and quarantine on it has run out (``rasd.core.verdicts.name_held_until``);
-  a held one's mapping is released first, so no daemon serves a lease on a resource that is
-  gone. :func:`delete_pool`: the definition, then every item, each in its region's replica.
-* :func:`add_resource`: a new name, or a tombstone's name again, claimable no earlier than
-  the tombstone's hold (``rasd.core.builders.readd``); :func:`define_pool`: a pool's definition.
-* :func:`adopt_lease`: a running lease the paper's agent made becomes a rasd lease where it
-  is, by the daemon's own adoption (``map_acquire``, ``adopt``, ``map_confirm``); a claim of
-  rasd's that the key's mapping does not name (the fast rules' losing claim whose give-back
-  never went out) is freed by the liberator's orphan repair instead
-  (:func:`rasd.steps.repair.repair`, held to its end), since the paper's agent would answer
-  it from the leased index beside the key's lease (I2). :func:`settle_pending`: a pending
-  mapping whose claim may still land is fenced by the readers' rule
-  (``rasd.core.decide.on_resource``).
-* :func:`move_free`: the balancer's move of a free item to another region
-  (``rasd.core.builders.move``, conditional on the version, free and region read).
-
-A command's refusals (leased, in quarantine, another region's item) are decisions too: the
-programs return them as :class:`AdminResult` values and the command prints them. The deletes
-take their two defences of I1 (the refusal of a quarantined item without ``force``, the
-tombstone's hold) from :class:`AdminOps`, which only the checker's known-bad rule sets
-replace.
+:func:`release_resource`, :func:`delete_resource`, :func:`delete_item`, :func:`delete_pool`,
+:func:`add_resource`, :func:`define_pool`, :func:`adopt_lease`, :func:`settle_pending`,
+:func:`move_free`; refusals come back as :class:`AdminResult`. Why none frees anything early
+(I1): docs/design.md, "Arguments, interleaving by interleaving" (admin commands), and why
+adoption is safe, "Rollout mode, in the table".
 """
 
 from __future__ import annotations

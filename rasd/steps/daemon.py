@@ -1,53 +1,9 @@
 """The daemon's protocol as programs: what they share, and the daemon's own effects.
 
-Theory of operation
--------------------
-Every verb of the daemon that touches the table is a program (:mod:`rasd.steps`): a
-generator that yields effects and decides, through :mod:`rasd.core.decide`, from what they return.
-Two interpreters run them, and nothing else states the protocol:
-
-* the daemon's driver (``rasd.daemon.driver``, for the roles ``rasd.daemon.coordinator`` composes)
-  performs each effect for real (the store's calls with the request's deadline, the lease cache, the
-  prefetcher, background tasks, counters and logs);
-* the protocol checker (``check/effects.py``) performs each DynamoDB effect as one atomic
-  step against its model of the table, branching on every outcome, and resolves the local
-  effects below against its model of the daemon.
-
-The programs live in one module per role, each importing only those above it in this list:
-
-* this module: the daemon's local effects (cache, candidates, tokens, rate limit, ...),
-  :class:`Daemon` and :class:`Ops`, and the steps every program shares (reading the key's
-  mappings and a resource, fencing a dead acquirer's claim, waiting for a live one);
-* :mod:`.give_back` (releasing and giving back): :func:`~.give_back.release` gives a lease
-  back; :func:`~.give_back.free_claim` frees a claim no mapping names, with quarantine,
-  :func:`~.give_back.relist` re-lists what it quarantined, and
-  :func:`~.give_back.fence_own_claim` makes sure a claim of unknown outcome never lands;
-* :mod:`.renew` (renewing and confirming): :func:`~.renew.confirm` writes a pending mapping
-  live, :func:`~.renew.extend_now` and :func:`~.renew.extend_bg` extend a lease,
-  :func:`~.renew.reconfirm` re-reads a cached answer past S/2;
-* :mod:`.settle` (settling beside the paper's agent): with ``legacy_agents`` (the paper's
-  agents share the table) a pending mapping whose claim landed is never served as it is:
-  :func:`~.settle.beside_legacy` settles it (the leased index read after the claim landed,
-  then the mapping confirmed, or the claim given back and the paper's lease adopted
-  instead), and a lease past its end as its item records it is ended
-  (:func:`~.settle.end_lapsed`), not extended (docs/design.md, "Two agents acquiring one key
-  at once");
-* :mod:`.take` (taking a lease): :func:`~.take.resolve` is a cache miss (``get_lease`` after
-  single-flight): read the key's mappings, serve a live lease, verify a pending one against
-  its resource, adopt a lease of the paper's agent, extend a lease too close to its end,
-  acquire, fence, or wait. :data:`~.take.PROGRAMS` names every program a daemon runs.
-
-The background programs (``confirm``, ``free_claim``, ``fence_own_claim``, ``extend_bg``,
-``reconfirm``, ``relist``) are started with :class:`~rasd.steps.Spawn` (or by the driver
-after a cache hit).
-
-A program learns the daemon it runs in from :class:`Daemon`: its region, owner name, time
-rules, whether the paper's agents share the table, and :class:`Ops`, the pure functions it
-decides with. The checker hands known-bad ``Ops`` (``check/rulesets.py``) to show that it
-finds each bug once put back; production always runs :data:`REAL`.
-
-Programs are deterministic in what they are sent (tokens come from :class:`NewToken`, clocks
-from ``Now`` and ``Mono``): the checker keeps them as replayed traces.
+The daemon's local effects (cache, candidates, tokens, rate limit, ...), :class:`Daemon` and
+:class:`Ops` (production runs :data:`REAL`), and the steps every program shares: reading the
+key's mappings and a resource, fencing a dead acquirer's claim, waiting for a live one. The
+programs of each role and how they are run: docs/design.md, "The jobs, written once".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """``ras-dedupe``'s protocol for one key that holds several resources, as a program.
 
-Theory of operation
--------------------
-The job's driver (``jobs/rasd_jobs/dedupe.py``) scans the leased index and groups its items by key;
-that grouping is a hint (the index lags). :func:`dedupe_key` decides, for one group, on
-strongly consistent reads:
-
-1. **examine** (:func:`examine`): every item again, with its region's mapping item, in that
-   region's replica when the job may write there. A held item its region's mapping names is
-   a lease; any other held item is an orphan (``rasd.core.verdicts.orphan_verdict``).
-2. **keep** ``rasd.core.decide.pick()``'s lease (the daemons' own choice, so they already serve
-   it); the others are extras.
-3. **orphans** are repaired (``Ops.release_orphan``, by default
-   :func:`rasd.steps.repair.repair_examined`: only while still one).
-4. **extras** are released only when the survivor outlasts them by the daemons' skew margin
-   plus the clock-skew bound (``rasd.core.verdicts.outlasts``, ``dedupe_slack``), and, read in the
-   extra's region's replica (``survivor_seen_in``), is live there until then
-   (``served_end``): the release is then conditional on the extra ending by that time, as
-   its mapping's version shows it (:func:`rasd.steps.repair.release_held` with
-   ``end_by_us``), and held to its end (no app released it: I1, I2).
-
-Items of a region the job has no endpoint for are reported (``foreign_reported``), never
-written. Every count the job's summary shows is a :class:`rasd.steps.Note`.
+:func:`dedupe_key` examines a group from the leased index on consistent reads
+(:func:`examine`), keeps ``decide.pick``'s lease, repairs orphans and releases extras only
+when the survivor outlasts them: docs/design.md, "Arguments, interleaving by interleaving"
+(cross-region).
 """
 
 from __future__ import annotations

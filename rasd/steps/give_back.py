@@ -1,13 +1,5 @@
-"""Releasing and giving back: the daemon's programs that free what it held.
-
-Theory of operation
--------------------
-:func:`release` gives the key's lease back: the mapping first, then the resource with
-quarantine (docs/design.md, I3). :func:`free_claim` frees a claim no mapping names (a lost
-acquisition's, a released lease's resource, a claim yielded to the paper's agent's lease),
-retried in the background. :func:`relist` puts what this daemon quarantined back in the
-available index once the quarantine is over; :func:`fence_own_claim` makes sure a claim whose
-outcome is unknown never lands. Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""Releasing and giving back: the daemon's programs that free what it held (:func:`release`,
+:func:`free_claim`, :func:`relist`, :func:`fence_own_claim`; docs/design.md, I3).
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""The paper's agent and its liberator, as programs: what a table keeps running while rasd
-rolls out beside it (docs/operations.md), and what the protocol checker runs beside the
-daemons.
-
-Theory of operation
--------------------
-The paper's agent (``bench.baseline.BaselineAgent(paper=True)``) answers ``get_lease`` from
-the ``leased_resources`` index (eventually consistent) when it shows a running lease of the
-key, to that lease's end; else it reads one page of a sub-partition of the
-``available_resources`` index and claims a candidate on the version read alone
-(``rasd.core.builders.paper_claim``). It is never told of a release: an answer is good until the end
-it carries. Its liberator frees a lease past its end (plus a grace, if any) on the version
-read from the leased index alone (``rasd.core.builders.paper_free``).
-
-Neither writes a mapping item nor ``holder``/``hver``: rasd's side tells their writes apart
-by ``hver`` (``ResourceItem.holder_current``) and keeps its early frees out of the available
-index until their quarantine is over (``quarantine_until``).
+"""The paper's agent and its liberator, as programs (:func:`paper_get_lease`,
+:func:`paper_free_expired`): what the checker and ``bench.baseline`` run beside the daemons
+(docs/design.md, "Beside the paper's agent").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Renewing and confirming: the daemon's programs that keep a lease it serves.
-
-Theory of operation
--------------------
-:func:`confirm` writes a pending mapping live once its claim landed. :func:`extend` extends a
-lease, the resource first, then (a strict pool) the agreement, then the mapping (the
-mapping's end never passes the agreement's, nor the agreement's the resource's):
-within a request (:func:`extend_now`, a lease too close to its end to serve) or in the
-background after a hit (:func:`extend_bg`). :func:`reconfirm` reads a cached answer's mapping
-again past S/2 (docs/design.md, I3). Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""Renewing and confirming: the daemon's programs that keep a lease it serves (:func:`confirm`,
+:func:`extend_now`, :func:`extend_bg`, :func:`reconfirm`; docs/design.md, "Sliding leases
+without write storms").
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """The jobs' lease writes, as programs: release a held resource, repair an orphan, the
-liberator's per-item work (free an expired lease, check a held one for an orphan, re-list a
-quarantined one).
+liberator's per-item work.
 
-Theory of operation
--------------------
-The jobs (``ras-liberator``, ``ras-dedupe``, ``rasadmin``) write the table with the daemon's
-rules (:mod:`rasd.core.verdicts`, :mod:`rasd.core.builders`) in the daemon's order (docs/design.md,
-"Invariants"). Each per-item step is a program here (:mod:`rasd.steps`): the job's driver
-(``jobs/rasd_jobs/leases.py``) performs its reads and writes against DynamoDB, the protocol checker
-(``check/``) against its model, so both run one text.
-
-* :func:`release_held`: give back a held resource the way a daemon does, mapping first, then
-  the resource, claimable again only after the quarantine (and, when no app released it, not
-  before its end plus the clock-skew bound: :func:`rasd.core.verdicts.held_free_at`).
-* :func:`repair`: free a held resource no mapping names (a crash between two writes left it),
-  fencing the mapping first when its acquisition's write could still land; it stays
-  unclaimable until :func:`rasd.core.verdicts.orphan_free_at`.
-* :func:`liberate_item`: one item of the liberator's scan of the leased index: an expired
-  lease is freed (``rasd.core.builders.liberate``), an old held one is checked for an orphan on
-  consistent reads and repaired; :func:`relist_item`: one item of its scan for quarantines
-  that are over.
-
-A write's outcome is a value: APPLIED goes on, REJECTED (its condition failed) is a lost race
-and stops, an error stops too (:func:`applied` raises it, and the job counts it). Nothing is
-retried blindly. Programs report what the jobs count and log with :class:`rasd.steps.Note`
-(the job's driver counts a note without a level under its event name, and logs one with a
-level).
-
-Known-bad rule sets (``check/rulesets.py``) hand the programs other pure functions through
-:class:`Ops`; the defaults are the real ones.
+:func:`release_held`, :func:`repair`, :func:`liberate_item`, :func:`relist_item`, run by the
+jobs' driver and the checker alike; the rules they keep: docs/design.md, "Arguments,
+interleaving by interleaving" (kill -9, orphans) and "The jobs, written once".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Settling beside the paper's agent: the daemon's programs when both share the table.
-
-Theory of operation
--------------------
-With ``legacy_agents`` a pending mapping whose claim landed is never served as it is:
-:func:`beside_legacy` settles it (:func:`settle`: the leased index read after the claim
-landed, then :func:`confirm_now`, or the claim given back and the paper's lease adopted
-instead, :func:`adopt_paper_lease`), and a lease past its end as its item records it is ended
-(:func:`end_lapsed`), not extended (docs/design.md, "Two agents acquiring one key at once").
-Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""Settling beside the paper's agent: the daemon's programs when both share the table
+(:func:`beside_legacy`, :func:`adopt_paper_lease`, :func:`end_lapsed`; docs/design.md, "Two
+agents acquiring one key at once").
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Strict pools: the daemon's programs that agree a key's lease in the pool's home region.
-
-Theory of operation
--------------------
-:func:`agree` runs before a daemon answers a claim of its own region in a strict pool (the
-acquisition that just won it, or a reader that found its pending mapping's claim landed): it
-writes the key's agreement item A in the home region (``rasd.core.agree``) and answers what A
-names. Our claim named: answer it. Another region's lease named: answer that one, and give
-our claim back with :func:`withdraw` (it was never answered). :func:`extend_agreement` is an
-extension's second write, after the resource's and before the mapping's. Part of the
-daemon's programs (:mod:`rasd.steps.daemon`); the argument is in docs/design.md, "Strict
-pools".
+"""Strict pools: the daemon's programs that agree a key's lease in the pool's home region
+(:func:`agree`, :func:`withdraw`, :func:`extend_agreement`; docs/design.md, "Strict pools").
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Taking a lease: the daemon's program for a cache miss, and the acquisition it makes.
-
-Theory of operation
--------------------
-:func:`resolve` is a cache miss (the taker's ``get_lease`` after single-flight): each round
-reads the key's mappings and does what ``rasd.core.decide`` says: serve a live lease, verify
-a pending one against its resource, adopt a lease of the paper's agent
-(:mod:`rasd.steps.settle`), extend a lease too close to its end (:mod:`rasd.steps.renew`),
-:func:`acquire`, fence, or wait. Part of the daemon's programs (:mod:`rasd.steps.daemon`).
+"""Taking a lease: the daemon's program for a cache miss (:func:`resolve`), and the acquisition
+it makes (:func:`acquire`; docs/design.md, "get_lease").
 """
 
 from __future__ import annotations
