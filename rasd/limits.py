@@ -172,6 +172,12 @@ class InflightGate:
         self.inflight += 1
         return True
 
+    def set_limit(self, limit: int) -> None:
+        """A new limit (a reload): requests in flight past it finish; new ones wait for room."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+
     def leave(self, service_time: float) -> None:
         if self.inflight <= 0:
             raise RuntimeError("InflightGate.leave() without a matching try_enter()")
