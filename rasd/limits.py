@@ -243,6 +243,12 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probe_at: float | None = None
 
+    def set_cooldown(self, cooldown: float) -> None:
+        """A new cooldown, read live: an open circuit stays open that long from when it opened."""
+        if cooldown <= 0:
+            raise ValueError("cooldown must be > 0")
+        self.cooldown = cooldown
+
     def allow(self, now: float) -> bool:
         """May a call to the dependency be made now?"""
         if self.state == "closed":
