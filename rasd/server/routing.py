@@ -197,7 +197,7 @@ class Router:
                             self.latency.observe("hit", self._mono() - now)
                         return out
                     taken = None
-                    pool = self.serving.coordinator.pools.get((c, p))
+                    pool = self.serving.pools.get((c, p))
                     if pool is not None and pool.outage_budget_us:  # its window: :meth:`_spare`
                         spare, taken = self._spare(c, p, k, e, now, rid)
                         if spare is not None:

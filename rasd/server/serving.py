@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .hittable import Answer
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
+    from ..core.lease import Pool
     from ..daemon.acquire import Taker
     from ..daemon.cache import LeaseCache
     from ..daemon.coordinator import Coordinator
@@ -50,6 +51,8 @@ class Serving:
     store: Store
     coordinator: Coordinator
     cache: LeaseCache
+    #: (client_id, pool_id) -> Pool: the pool table's dict, read in place
+    pools: dict[tuple[str, str], Pool]
     taker: Taker
     releaser: Releaser
     reporter: Reporter
@@ -58,4 +61,5 @@ class Serving:
     @classmethod
     def of(cls, store: Store, coordinator: Coordinator) -> Serving:
         co = coordinator
-        return cls(store, co, co.cache, co.taker, co.releaser, co.reporter, co.cache.answer)
+        cache = co.cache
+        return cls(store, co, cache, co.pools, co.taker, co.releaser, co.reporter, cache.answer)
