@@ -157,6 +157,12 @@ class InflightGate:
         self.inflight += 1
         return True
 
+    def set_limit(self, limit: int) -> None:
+        """A new limit (a reload): requests in flight past it finish; new ones wait for room."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+
     def leave(self, service_time: float) -> None:
         if self.inflight <= 0:
             raise RuntimeError("InflightGate.leave() without a matching try_enter()")
@@ -221,6 +227,12 @@ class CircuitBreaker:
         self._failures: deque[float] = deque()
         self._opened_at = 0.0
         self._probe_at: float | None = None
+
+    def set_cooldown(self, cooldown: float) -> None:
+        """A new cooldown, read live: an open circuit stays open that long from when it opened."""
+        if cooldown <= 0:
+            raise ValueError("cooldown must be > 0")
+        self.cooldown = cooldown
 
     def allow(self, now: float) -> bool:
         """May a call to the dependency be made now?"""

@@ -15,9 +15,9 @@ deadline (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
 effects: the DynamoDB calls through the store, the cache and the prefetcher, clocks, notes,
 sleeps and spawns. The local effects that are a role's own (``Refresh``, ``CachePut``,
 ``CacheDrop``: the renewer's, which keeps the lease cache; ``Miss``: the reporter's;
-``RelistLater``: the releaser's) are performed through :class:`Local`, a table of one function
-per effect that the driver is given and each role's constructor fills with its own, so the
-driver imports no role.
+``RelistLater``: the releaser's) are performed through :class:`LocalEffects`, one function
+per effect, which the driver is given when made (the coordinator, which binds each to its role
+as it makes them), so the driver imports no role.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from random import Random
-from typing import Any, assert_never
+from typing import Any, Protocol, assert_never
 
 import structlog
 
@@ -123,28 +123,21 @@ class RolloutMode:
             )
 
 
-def _unfilled(eff: Any, *more: Any) -> Any:
-    raise TypeError(f"no role performs this daemon's local effect: {eff!r}")
+class LocalEffects(Protocol):
+    """The local effects the roles perform, one function each. The driver runs the roles'
+    programs and the roles perform these of its effects, so the driver is given the object
+    that binds them (the coordinator) when made, and calls them only once the roles exist."""
 
-
-class Local:
-    """The local effects the roles perform, one function each: made empty before the driver
-    and the roles (the driver runs the roles' programs, and the roles perform these of its
-    effects), and each slot filled by the constructor of the role that owns the effect."""
-
-    __slots__ = ("cache_drop", "cache_put", "miss", "refresh", "relist_later")
-
-    def __init__(self) -> None:
-        #: ``Refresh``: a lease was just served from the table (``Renewer.refresh``)
-        self.refresh: Callable[[S.Refresh], None] = _unfilled
-        #: ``CachePut``: the lease and when its confirmation was sent (``LeaseCache.put``)
-        self.cache_put: Callable[[Lease, float], None] = _unfilled
-        #: ``CacheDrop`` (``LeaseCache.drop``)
-        self.cache_drop: Callable[[CacheKey], None] = _unfilled
-        #: ``Miss``: what the answer may add about the pool (``Reporter.miss``)
-        self.miss: Callable[[S.Miss], str | None] = _unfilled
-        #: ``RelistLater`` (``Releaser.relist_later``)
-        self.relist_later: Callable[[S.RelistLater], None] = _unfilled
+    #: ``Refresh``: a lease was just served from the table (``Renewer.refresh``)
+    refresh: Callable[[S.Refresh], None]
+    #: ``CachePut``: the lease and when its confirmation was sent (``LeaseCache.put``)
+    cache_put: Callable[[Lease, float], None]
+    #: ``CacheDrop`` (``LeaseCache.drop``)
+    cache_drop: Callable[[CacheKey], None]
+    #: ``Miss``: what the answer may add about the pool (``Reporter.miss``)
+    miss: Callable[[S.Miss], str | None]
+    #: ``RelistLater`` (``Releaser.relist_later``)
+    relist_later: Callable[[S.RelistLater], None]
 
 
 class Driver:
@@ -158,8 +151,10 @@ class Driver:
         counters: Counters,
         rng: Random,
         rollout: RolloutMode,
-        local: Local,
+        local: LocalEffects,
+        prefetch: Prefetcher,
         strict: StrictPools | None = None,
+        owner: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.rules = cfg.rules()
@@ -168,13 +163,16 @@ class Driver:
         self.clock = clock
         self.counters = counters
         self.rng = rng
-        self.prefetch = Prefetcher(cfg, store, self.clock, self.counters, self.rng)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
+        self.prefetch = prefetch
+        # drawn even when ``owner`` is given: the rng's later draws are the same either way
+        named = f"{socket.gethostname()}:{os.getpid()}:{rng.getrandbits(32):08x}"
+        #: this daemon's name in the items it writes (tests give one)
+        self.owner = owner or named
         self.buckets: BucketTable[tuple[str, str]] = BucketTable(cfg.rate_limit, cfg.rate_burst)
         self.tasks = Tasks(self.counters)
         #: the table's rollout record, shared with the pool table that reads it
         self.rollout = rollout
-        #: the local effects the roles perform (their constructors fill it)
+        #: the local effects the roles perform
         self.local = local
         #: the strict pools known (the pool table updates it)
         self.strict = strict or StrictPools()
@@ -183,8 +181,8 @@ class Driver:
         self._peer_lock = asyncio.Lock()
 
     def steps_daemon(self) -> S.Daemon:
-        """This daemon as its programs see it (read at each program's start: tests rename
-        the owner)."""
+        """This daemon as its programs see it (read at each program's start: the rollout
+        mode and the strict pools change)."""
         return S.Daemon(
             self.region,
             self.owner,
@@ -195,6 +193,10 @@ class Driver:
             extend_read_first=self.cfg.extend_read_first,
             extend_fraction=self.cfg.extend_fraction,
         )
+
+    def set_rates(self, rate: float, burst: float) -> None:
+        """New per-pool rate limits (a reload): each pool's bucket starts again, full."""
+        self.buckets = BucketTable(rate, burst)
 
     async def peer(self, region: str) -> Store:
         """The store of ``region``'s replica (a strict pool's home): ours for our region,

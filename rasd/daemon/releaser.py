@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from ..steps import daemon as S
 from ..steps.give_back import release, relist
-from .driver import Driver, Local
+from .driver import Driver
 from .pools import PoolTable
 
 
 class Releaser:
     """Releases, and the re-listing of what this daemon quarantined."""
 
-    def __init__(self, driver: Driver, pools: PoolTable, local: Local) -> None:
+    def __init__(self, driver: Driver, pools: PoolTable) -> None:
         self.driver = driver
         self.pools = pools
-        local.relist_later = self.relist_later
 
     async def release(self, client_id: str, pool_id: str, key: str, deadline: float) -> int:
         """Give back the key's lease in our region (``steps.give_back.release``). Returns 1,

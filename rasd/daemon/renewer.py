@@ -18,7 +18,7 @@ from ..core.lease import US, Lease
 from ..steps import daemon as S
 from ..steps.renew import extend_bg, reconfirm
 from .cache import CacheKey, LeaseCache
-from .driver import Driver, Local
+from .driver import Driver
 from .pools import PoolTable
 from .published import Published
 
@@ -31,8 +31,11 @@ ASK_SLACK_US = US
 class Renewer:
     """Extensions and re-confirmations of the leases this daemon serves."""
 
+    #: the range of the factor on ``extend_fraction`` (tests that want exact numbers: 1, 1)
+    EXTEND_JITTER = (0.9, 1.0)
+
     def __init__(
-        self, driver: Driver, pools: PoolTable, local: Local, published: Published | None = None
+        self, driver: Driver, pools: PoolTable, published: Published | None = None
     ) -> None:
         cfg = driver.cfg
         self.driver = driver
@@ -42,12 +45,12 @@ class Renewer:
         self.clock = driver.clock
         self.counters = driver.counters
         # Each daemon extends at a slightly different point, so a fleet does not write at once.
-        self.extend_fraction = cfg.extend_fraction * driver.rng.uniform(0.9, 1.0)
+        self.extend_fraction = cfg.extend_fraction * driver.rng.uniform(*self.EXTEND_JITTER)
         #: keys with a refresh under way (read by the hit path before it asks for another)
         self.refreshing: set[CacheKey] = set()
         self._extend_after: dict[CacheKey, tuple[float, int]] = {}  # backoff after failures
         #: the leases this daemon serves; the hit reads the pools, this set, maybe_refresh
-        self.cache = cache = LeaseCache(
+        self.cache = LeaseCache(
             self.clock,
             cfg.cache_max_leases,
             int(cfg.skew_margin * US),
@@ -59,9 +62,6 @@ class Renewer:
             rules=cfg.rules(),
             published=published,
         )
-        local.refresh = self.refresh
-        local.cache_put = cache.put
-        local.cache_drop = cache.drop
 
     def refresh(self, eff: S.Refresh) -> None:
         """The ``Refresh`` effect: a lease was just served from the table."""

@@ -14,7 +14,7 @@ from ..core.errors import RasdError
 from ..core.lease import US, headroom_resource, partition_name
 from ..core.serialize import headroom_from_ddb
 from ..steps import daemon as S
-from .driver import Driver, Local
+from .driver import Driver
 from .pools import PoolTable
 
 log = structlog.get_logger("rasd.daemon.reporter")
@@ -26,13 +26,12 @@ HEADROOM_STALE = 900.0  # seconds: three missed 5-minute balancer runs
 class Reporter:
     """Headroom answers and the miss reports."""
 
-    def __init__(self, driver: Driver, pools: PoolTable, local: Local) -> None:
+    def __init__(self, driver: Driver, pools: PoolTable) -> None:
         self.driver = driver
         self.pools = pools
         self.region = driver.region
         self._headroom: dict[tuple[str, str], tuple[float, int]] = {}
         self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
-        local.miss = self.miss
 
     def miss(self, eff: S.Miss) -> str | None:
         """The ``Miss`` effect: a request found no free resource in ``eff.pool``. Returns what

@@ -32,8 +32,8 @@ async def open_client(
             connect_timeout=cfg.ddb_connect_timeout,
             read_timeout=cfg.ddb_read_timeout,
             max_age=cfg.ddb_connection_max_age,
+            on_date=on_date,
         )
-        client.on_date = on_date
         return client, client, client.settings
     # the checks and the retry settings (aiobotocore resolves the rest itself)
     settings = await asyncio.to_thread(aws.resolve, cfg.endpoint_url, region)

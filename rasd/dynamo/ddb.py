@@ -60,6 +60,8 @@ class LeanDynamoDB:
         read_timeout: float = 2.0,
         max_age: float = MAX_AGE,
         settings: AwsSettings | None = None,
+        asked_endpoint: str | None = None,
+        on_date: Callable[[bytes, float], None] | None = None,
     ) -> None:
         u = urlsplit(endpoint_url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -86,13 +88,14 @@ class LeanDynamoDB:
         else:
             self._ssl = settings.ssl_context()
         self.settings = settings
-        #: the endpoint_url asked for (None: botocore's choice), for confirm_settings()
-        self._asked_endpoint: str | None = endpoint_url
+        #: the endpoint_url :meth:`create` was asked for (None: botocore's choice), for
+        #: confirm_settings()
+        self._asked_endpoint = asked_endpoint
         self._proxy: tuple[str, int] | None = None
         self._proxy_ssl = settings.proxy_ssl_context()
         #: every answer's Date header, with when its request left (monotonic): the daemon's
         #: clock watch (``rasd.server.clockwatch``)
-        self.on_date: Callable[[bytes, float], None] | None = None
+        self.on_date = on_date
         target = "/"
         proxy_head = "".join(f"{k}: {v}\r\n" for k, v in settings.proxy_headers)
         if settings.proxy_url:
@@ -135,6 +138,7 @@ class LeanDynamoDB:
         connect_timeout: float = 1.0,
         read_timeout: float = 2.0,
         max_age: float = MAX_AGE,
+        on_date: Callable[[bytes, float], None] | None = None,
     ) -> LeanDynamoDB:
         """Resolve the credentials (in a thread: they read files, run credential processes or
         ask IMDS), then the AWS settings unless given (``rasd.dynamo.awscache``: from an earlier
@@ -144,7 +148,7 @@ class LeanDynamoDB:
 
         creds = await asyncio.to_thread(resolve_credentials)
         s = settings or await awscache.settings(endpoint_url, region, creds.account_id)
-        client = cls(
+        return cls(
             s.endpoint_url,
             region,
             creds,
@@ -153,9 +157,9 @@ class LeanDynamoDB:
             read_timeout=read_timeout,
             max_age=max_age,
             settings=s,
+            asked_endpoint=endpoint_url,
+            on_date=on_date,
         )
-        client._asked_endpoint = endpoint_url
-        return client
 
     async def confirm_settings(self) -> AwsSettings | None:
         """Settings that came from the cache, resolved again by botocore (in a child process at

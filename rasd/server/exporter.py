@@ -21,17 +21,17 @@ def serve(port: int, router: Router) -> MetricsServer:
     guard = router.clock_guard
 
     def cache_leases() -> int:
-        return router.coordinator.cache.size() if up.is_set() else 0
+        return router.serving.cache.size() if up.is_set() else 0
 
     def prefetch() -> dict[str, int]:
         if not up.is_set():
             return {}
-        bufs = router.coordinator.prefetch.buffers
+        bufs = router.serving.coordinator.prefetch.buffers
         return {f"{c}/{p}": len(b) for (c, p), b in bufs.items()}
 
     def hit_table(field: str) -> Callable[[], int]:
         def read() -> int:
-            published = router.coordinator.cache.published if up.is_set() else None
+            published = router.serving.cache.published if up.is_set() else None
             return published.stats()[field] if published is not None else 0
 
         return read
@@ -39,7 +39,7 @@ def serve(port: int, router: Router) -> MetricsServer:
     def claimable() -> dict[tuple[str, str], int]:
         if not up.is_set():
             return {}
-        return {k: len(b) for k, b in list(router.coordinator.prefetch.buffers.items())}
+        return {k: len(b) for k, b in list(router.serving.coordinator.prefetch.buffers.items())}
 
     registry = build_registry(
         router.counters,

@@ -6,6 +6,7 @@ means to an operator: docs/operations.md, "The daemon on a host (systemd)".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import socket
@@ -29,8 +30,9 @@ from .clockwatch import ClockGuard
 from .connection import Connection
 from .diagnostics import describe_cause
 from .peercred import Acl
-from .routing import Router, Status
+from .routing import Router
 from .sdnotify import Notifier, run_watchdog, watchdog_interval
+from .serving import Serving, Status
 from .startup import BringUp
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
@@ -138,7 +140,7 @@ class Daemon:
         """The store is up and the roles made: the router serves with them (``up`` is set
         by the caller, once the rest of the start-up is done)."""
         self.store, self.coordinator = store, coordinator
-        self.router.serve(store, coordinator)
+        self.router.serve(Serving.of(store, coordinator))
 
     def came_up(self, store: Store, coordinator: Coordinator, pools: int) -> None:
         """The store answered and ``pools`` pools are loaded: serve with them, keep them
@@ -146,8 +148,7 @@ class Daemon:
         self.attach(store, coordinator)
         self.spawn(self._refresh_pools())
         self.spawn(coordinator.reporter.report_misses_forever())
-        self.status.ready = True
-        self.status.degraded = None
+        self.status.serving()
         self.up.set()
         cfg = self.cfg
         self.announce(f"serving {pools} pools in {cfg.region}")
@@ -295,6 +296,31 @@ class Daemon:
     def stop(self) -> None:
         self._stop.set()
 
+    def reconfigure(self, new: Config, acl: Acl) -> None:
+        """A reload (SIGHUP): what is safe to change live, each by the role that holds it (the
+        access list, the rate limits, ``max_inflight``); the rest of ``new`` is not taken."""
+        self.router.regrant(acl)
+        self.router.set_call_rate(new.call_rate_limit, new.call_rate_burst)
+        self.gate.set_limit(new.max_inflight)
+        if self.up.is_set():
+            self.coordinator.driver.set_rates(new.rate_limit, new.rate_burst)
+        self.cfg = dataclasses.replace(
+            self.cfg,
+            acl=new.acl,
+            acl_open=new.acl_open,
+            log_level=new.log_level,
+            max_inflight=new.max_inflight,
+            rate_limit=new.rate_limit,
+            rate_burst=new.rate_burst,
+            call_rate_limit=new.call_rate_limit,
+            call_rate_burst=new.call_rate_burst,
+        )
+
+    def exit_with(self, status: int) -> None:
+        """Stop, the process to exit with ``status`` (2: the start refused)."""
+        self.exit_status = status
+        self.stop()
+
     def hand_over(self) -> None:
         """SIGUSR2: start a successor on the same listening socket and stop once it serves
         (rasd.server.handover)."""
@@ -314,7 +340,7 @@ class Daemon:
         3. In-flight requests finish within their own deadlines (bounded by ``drain``);
            then background writes are drained and the store closed, with no client waiting.
         """
-        self.status.ready = False
+        self.status.stopping()
         if self.published is not None:  # no answer from a table of this process from now
             self.published.close()
         if not self.handover.handed_over:  # after one the successor is the main process

@@ -29,8 +29,8 @@ the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``wire
 
 :class:`Router` is what a connection serves (``connection.Server``): ``Daemon``
 (rasd.server.lifecycle) makes it with the few things the request paths read, and hands it the
-store and the coordinator once they exist (:meth:`Router.serve`, before ``up`` is set), which
-binds the cache's ``answer`` once for the hit.
+store and the roles once they exist, in one :class:`Serving` (:meth:`Router.serve`, before
+``up`` is set), which binds the cache's ``answer`` once for the hit.
 """
 
 from __future__ import annotations
@@ -68,13 +68,9 @@ from . import hittable
 from .connection import Connection, connection_limits, regrant, sweep
 from .hittable import Answer
 from .peercred import Acl
+from .serving import Serving, Status
 
-if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
-    from ..daemon.acquire import Taker
-    from ..daemon.coordinator import Coordinator
-    from ..daemon.releaser import Releaser
-    from ..daemon.reporter import Reporter
-    from ..dynamo.store import Store
+if TYPE_CHECKING:
     from .clockwatch import ClockGuard
 
 log = structlog.get_logger("rasd.server")
@@ -91,18 +87,6 @@ SPARE_RESERVE, SPARE_RESERVE_SHARE = 0.05, 0.2
 
 def _not_up(c: str, p: str, k: str, e: int, now: float, rid: int) -> bytes | None:
     raise AssertionError("the cache was asked before the store was up")
-
-
-class Status:
-    """What the daemon says of itself, which it changes as it starts and stops and the request
-    paths read: ``ready``, why it is ``degraded`` (None: it is not), when it ``started``."""
-
-    __slots__ = ("degraded", "ready", "started")
-
-    def __init__(self) -> None:
-        self.ready = False
-        self.degraded: str | None = None
-        self.started = time.time()
 
 
 class Router:
@@ -152,31 +136,27 @@ class Router:
         self._mono = mono
         #: whether this host's clock is trusted (``why`` is None): no hit is served otherwise
         self.clock_guard = clock_guard
-        # What exists once the store is up (:meth:`serve`); nothing reads them before.
-        self.store: Store
-        self.coordinator: Coordinator
-        self.taker: Taker
-        self.releaser: Releaser
-        self.reporter: Reporter
-        #: the hit: the cache's ``answer``, bound once
+        #: what exists once the store is up (:meth:`serve`); nothing reads it before
+        self.serving: Serving
+        #: the hit: the cache's ``answer``, bound once (``serving.answer``, one read less)
         self.answer: Answer = _not_up
 
-    def serve(self, store: Store, coordinator: Coordinator) -> None:
-        """The store is up: the roles that answer what needs it, and the cache's ``answer``
-        for the hit. Called once, before ``up`` is set."""
-        self.store = store
-        self.coordinator = coordinator
-        self.taker = coordinator.taker
-        self.releaser = coordinator.releaser
-        self.reporter = coordinator.reporter
-        self.answer = coordinator.cache.answer
+    def serve(self, serving: Serving) -> None:
+        """The store is up: what the request paths serve with. Called once, before ``up``
+        is set."""
+        self.serving = serving
+        self.answer = serving.answer
+
+    def set_call_rate(self, rate: float, burst: float) -> None:
+        """A new ``call_rate_limit`` (a reload): each client_id's bucket starts again, full."""
+        self.calls = BucketTable(rate, burst)
 
     def regrant(self, acl: Acl) -> None:
         """A new access list (SIGHUP): for new connections, and every open one granted again."""
         self.acl = acl
         revoked = regrant(self.connections, acl)
-        if revoked and self.up.is_set() and self.coordinator.cache.published is not None:
-            self.coordinator.cache.published.retire(revoked)  # a process may keep its map
+        if revoked and self.up.is_set() and self.serving.cache.published is not None:
+            self.serving.cache.published.retire(revoked)  # a process may keep its map
 
     def sweep(self) -> None:
         """Once a second: close the connections that held a half-received frame for
@@ -217,7 +197,7 @@ class Router:
                             self.latency.observe("hit", self._mono() - now)
                         return out
                     taken = None
-                    pool = self.coordinator.pools.get((c, p))
+                    pool = self.serving.pools.get((c, p))
                     if pool is not None and pool.outage_budget_us:  # its window: :meth:`_spare`
                         spare, taken = self._spare(c, p, k, e, now, rid)
                         if spare is not None:
@@ -236,10 +216,10 @@ class Router:
         rollout mode: the paper's agent frees what its apps release at once): its answer now
         when DynamoDB's last word was a failure, else the entry, taken out of the cache (the
         request may learn the lease is gone) for the request to fall back on."""
-        cache = self.coordinator.cache
-        if cache.spare_entry(c, p, k, now) is None or self.coordinator.driver.rollout.on:
+        cache = self.serving.cache
+        if cache.spare_entry(c, p, k, now) is None or self.serving.coordinator.driver.rollout.on:
             return None, None
-        if self.store.breaker.unreachable():
+        if self.serving.store.breaker.unreachable():
             self.counters.inc("outage.at_once")
             return cache.spare_answer(c, p, k, e, now, rid), None
         return None, cache.take(c, p, k)
@@ -274,7 +254,7 @@ class Router:
         else:
             counters.inc("cache.miss")
         if not self._admit(conn, rid, "get_lease", f[1:5], f[5], spare) and spare is not None:
-            self.coordinator.cache.restore(f[1], f[2], f[3], spare)  # shed: kept for the next
+            self.serving.cache.restore(f[1], f[2], f[3], spare)  # shed: kept for the next
 
     def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
         """Every frame ``lease_fields`` refuses: errors named, other ops."""
@@ -311,10 +291,10 @@ class Router:
             return
         if req.op == "touch":  # one way: no answer, whatever it finds
             if self.up.is_set() and self.clock_guard.why is None:
-                hittable.touch(req, self.coordinator.renewer.touched, counters)
+                hittable.touch(req, self.serving.coordinator.renewer.touched, counters)
             return
         if req.op == "table":
-            cache = self.coordinator.cache if self.up.is_set() else None
+            cache = self.serving.cache if self.up.is_set() else None
             refused = hittable.hand_table(conn, req, cache, self._mono(), counters)
             if refused is not None:
                 self._send_error(conn, req.id, refused)
@@ -387,7 +367,7 @@ class Router:
                 if op == "get_lease":
                     c, p, k, e = args
                     if spare is None:
-                        lease, new = await self.taker.get_lease(c, p, k, e, deadline)
+                        lease, new = await self.serving.taker.get_lease(c, p, k, e, deadline)
                     else:
                         got = await self._or_spare(args, rid, t0, deadline, spare)
                         if isinstance(got, bytes):
@@ -400,11 +380,11 @@ class Router:
                         self.pool_metrics.new_lease(c, p)
                 elif op == "release":
                     c, p, k = args
-                    n = await self.releaser.release(c, p, k, deadline)
+                    n = await self.serving.releaser.release(c, p, k, deadline)
                     resp = wire.ok(rid, released=n)
                 elif op == "headroom":
                     c, p = args
-                    h = await self.reporter.headroom(c, p, deadline)
+                    h = await self.serving.reporter.headroom(c, p, deadline)
                     resp = wire.ok(rid, headroom=h)
                 else:  # pragma: no cover - parse() admits only known ops
                     raise Internal(f"op {op} has no handler")
@@ -436,11 +416,11 @@ class Router:
         heard: list[float] = []
         HEARD.set(heard)  # this task's context, copied by the taker's flight it starts
         try:
-            return await self.taker.get_lease(c, p, k, e, deadline - reserve)
+            return await self.serving.taker.get_lease(c, p, k, e, deadline - reserve)
         except (Unavailable, Timeout):
             if heard:
                 raise
-            (cache := self.coordinator.cache).restore(c, p, k, spare)
+            (cache := self.serving.cache).restore(c, p, k, spare)
             if (frame := cache.spare_answer(c, p, k, e, self._mono(), rid)) is None:
                 raise
             self.counters.inc("outage.after_failure")
@@ -474,7 +454,7 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         up = self.up.is_set()
-        co = self.coordinator if up else None
+        co = self.serving.coordinator if up else None
         status = self.status
         return {
             "ready": status.ready,
@@ -489,10 +469,10 @@ class Router:
             "connections": len(self.connections),
             "buffered_bytes": self.limits.buffered,
             "inflight": len(self.inflight),
-            "breaker": self.store.breaker.state if up else "starting",
+            "breaker": self.serving.store.breaker.state if up else "starting",
             # the rules it runs: the table's rollout record as last read (None: starting)
             "rollout": co.driver.rollout.on if co else None,
-            "retry_quota": self.store.retry.quota.available if up else None,
+            "retry_quota": self.serving.store.retry.quota.available if up else None,
             "clock": self.clock_guard.snapshot(),
             "latency": self.latency.snapshot(),
             "counters": self.counters.snapshot(),

@@ -8,7 +8,6 @@ keeps the rest: the socket, the table and the store stay as they started.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
 import socket
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from collections.abc import Callable
 import structlog
 
 from ..config import Config, ConfigError, acl_refusal
-from ..limits import BucketTable
 from ..observe import log as logsetup
 from .diagnostics import loop_exception
 from .lifecycle import Daemon
@@ -41,23 +39,8 @@ def reload(d: Daemon) -> None:
         log.error("reload_failed", error=str(exc))
         d.notifier.ready(status="reload failed; old config kept")
         return
-    d.router.regrant(acl)
-    d.router.calls = BucketTable(new.call_rate_limit, new.call_rate_burst)
-    d.gate.limit = new.max_inflight
-    if d.up.is_set():
-        d.coordinator.driver.buckets = BucketTable(new.rate_limit, new.rate_burst)
+    d.reconfigure(new, acl)
     logsetup.configure(new.log_level)
-    d.cfg = dataclasses.replace(
-        d.cfg,
-        acl=new.acl,
-        acl_open=new.acl_open,
-        log_level=new.log_level,
-        max_inflight=new.max_inflight,
-        rate_limit=new.rate_limit,
-        rate_burst=new.rate_burst,
-        call_rate_limit=new.call_rate_limit,
-        call_rate_burst=new.call_rate_burst,
-    )
     d.notifier.ready(status="reloaded")
     log.info("reloaded", acl="open" if acl.open else "enforced")
 

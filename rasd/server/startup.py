@@ -21,7 +21,7 @@ from ..core.errors import RasdError
 from ..dynamo.aws import AwsSettingsError
 from ..observe.metrics import Counters
 from .diagnostics import close_quietly, describe_cause, is_boto, probe_endpoint
-from .routing import Status
+from .serving import Status
 
 if TYPE_CHECKING:  # imported at run time by attempt(), after the socket already serves
     from ..daemon.coordinator import Coordinator
@@ -38,8 +38,8 @@ AWS_CONFIRM_DELAY = 1.0
 
 
 class Host(Protocol):
-    """What a bring-up needs of its daemon: its config, clock and counters, its status and
-    exit status, serving once up, READY=1 with a STATUS=, a background task, a stop."""
+    """What a bring-up needs of its daemon: its config, clock and counters, its status,
+    serving once up, READY=1 with a STATUS=, a background task, a stop with an exit status."""
 
     cfg: Config
     clock: Clock
@@ -47,7 +47,6 @@ class Host(Protocol):
     published: Published | None
     counters: Counters
     status: Status
-    exit_status: int
 
     def came_up(self, store: Store, coordinator: Coordinator, pools: int) -> None: ...
 
@@ -55,7 +54,7 @@ class Host(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
-    def stop(self) -> None: ...
+    def exit_with(self, status: int) -> None: ...
 
 
 class BringUp:
@@ -152,8 +151,7 @@ class BringUp:
                 botocore=fresh.public(),
                 action="stopping; the next start uses botocore's settings",
             )
-            self.host.exit_status = 1
-            self.host.stop()
+            self.host.exit_with(1)
 
     async def until_up(self) -> None:
         """Retry :meth:`attempt` with backoff until it works: never exit for an unreachable
@@ -177,7 +175,7 @@ class BringUp:
                 if "circuit breaker" in cause or "no answer" in cause:
                     # The store's error hides the network's: ask the network directly.
                     cause = f"{cause}; {await probe_endpoint(self.endpoint())}"
-                host.status.degraded = self.why_degraded(cause)
+                host.status.degrade(self.why_degraded(cause))
                 expected = isinstance(exc, RasdError | OSError | TimeoutError) or is_boto(exc)
                 log.error(
                     "startup_failed",
@@ -196,7 +194,6 @@ class BringUp:
 
     def _refuse(self, exc: AwsSettingsError) -> None:
         """An AWS setting rasd cannot honour: degraded with its reason, exit 2, stop."""
-        self.host.status.degraded = str(exc)
+        self.host.status.degrade(str(exc))
         log.error("startup_refused", cause=str(exc))
-        self.host.exit_status = 2
-        self.host.stop()
+        self.host.exit_with(2)

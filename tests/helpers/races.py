@@ -69,8 +69,7 @@ async def start(
     )  # fmt: skip
     store = Store(cfg.validate())
     await store.start()
-    d = Coordinator(cfg, store, clock=clock)
-    d.driver.owner = name
+    d = Coordinator(cfg, store, clock=clock, owner=name)
     await d.pool_table.load(time.monotonic() + WAIT)
     if mode is not None:
         runs = "rollout" if d.driver.rollout.on else "fast"

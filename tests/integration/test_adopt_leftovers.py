@@ -38,6 +38,7 @@ from rasd.core.writes import Write
 from rasd.steps import WriteResult
 from rasd_jobs import admin, liberator
 from tests.doubles.clock import FakeClock
+from tests.helpers.patching import for_one
 from tests.helpers.races import MODES, WAIT, close, item, mapping, set_mode, settle, start
 
 pytestmark = pytest.mark.integration
@@ -103,7 +104,7 @@ async def _past_the_bound(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_agent_starts(
-    ddb: Any, table: str, moto_endpoint: str, mode: str
+    ddb: Any, table: str, moto_endpoint: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = moto_endpoint
     set_mode(ddb, url, table, mode)
@@ -138,8 +139,8 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
             seen.append(f"{w.kind} {res.outcome.value}")
         return res
 
-    d2.store.query_mappings = query_mappings  # type: ignore[method-assign]
-    d2.store.write = write  # type: ignore[method-assign]
+    for_one(monkeypatch, d2.store, "query_mappings", query_mappings)
+    for_one(monkeypatch, d2.store, "write", write)
     try:
         l2, _ = await d2.taker.get_lease(
             C, P, "k", c2.now_us() + 3600 * L.US, time.monotonic() + WAIT
@@ -191,7 +192,7 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
 
 
 async def test_adopt_fences_a_pending_claim_that_may_still_land(
-    ddb: Any, table: str, moto_endpoint: str
+    ddb: Any, table: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fast rules: d2's mapping write applied and its claim's outcome is unknown (the request
     gave up; the claim is still in flight). adopt fences it; the late claim is refused."""
@@ -210,7 +211,7 @@ async def test_adopt_fences_a_pending_claim_that_may_still_land(
             return WriteResult(Outcome.UNKNOWN, error=Unavailable("reply lost"))
         return await real_w(w, deadline, mine)
 
-    d2.store.write = write  # type: ignore[method-assign]
+    for_one(monkeypatch, d2.store, "write", write)
     try:
         with pytest.raises(RasdError):  # the request gives up on the unknown outcome (I4)
             await d2.taker.get_lease(C, P, "k", c2.now_us() + 3600 * L.US, time.monotonic() + WAIT)

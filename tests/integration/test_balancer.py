@@ -4,6 +4,7 @@ docs/operations.md allows; time is passed in (``Options.now_us`` / ``--now``), n
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -172,8 +173,8 @@ def test_move_racing_a_claim_leaves_exactly_one_owner(
         ddb.update_item(TableName=table, **render(w))
         raced.append(it.resource)
 
-    clients.ddb = Hooked(ddb, "update_item", is_move, claim_it)
-    s = balancer.run(opts(table, state_uri, T0), clients)
+    hooked = dataclasses.replace(clients, ddb=Hooked(ddb, "update_item", is_move, claim_it))
+    s = balancer.run(opts(table, state_uri, T0), hooked)
 
     assert raced and s["lost_races"] == 1
     assert s["moves_planned"] == 2 and s["moved"] == 2  # the floor of the empty region

@@ -18,6 +18,7 @@ import pytest
 import rasd_client
 from rasd.core import lease as L
 from rasd.core import serialize as S
+from rasd.daemon.renewer import Renewer
 from rasd_client import _table, wire
 from rasd_client import aio as rasd_aio
 from tests.doubles.clock import FakeClock
@@ -89,7 +90,7 @@ async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> 
 
 
 async def test_expiry_relet_refresh_ahead_and_release(
-    ddb: Any, table: str, make_daemon: Any
+    ddb: Any, table: str, make_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sliding lease_expires extends in the background (resource, then mapping); a shorter
     request never writes; a lease past its end and the liberator's grace is not served, the
@@ -97,11 +98,11 @@ async def test_expiry_relet_refresh_ahead_and_release(
     answers: what they answer is the subject, not how fast.)"""
     seed_pool(ddb, table, count=10)
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
+    monkeypatch.setattr(Renewer, "EXTEND_JITTER", (1.0, 1.0))  # no jitter: exact numbers
     # legacy_agents off: the release's quarantine alone (no paper agent on the table)
     async with make_daemon(
         clock=clock, skew_margin=5.0, extend_fraction=0.5, legacy_agents=False
     ) as d:
-        d.coordinator.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
         a = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
         # refresh-ahead: 60 s later, asking for now+100 s (40 s left < 50 s) -> background write

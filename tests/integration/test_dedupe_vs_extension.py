@@ -25,6 +25,7 @@ from rasd.core import schema
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av
 from rasd.daemon.coordinator import Coordinator
+from rasd.daemon.renewer import Renewer
 from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
@@ -69,6 +70,12 @@ class _DedupeClient:
         return self._inner.update_item(**kw)
 
 
+@pytest.fixture(autouse=True)
+def _no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every daemon extends at exactly ``extend_fraction``."""
+    monkeypatch.setattr(Renewer, "EXTEND_JITTER", (1.0, 1.0))
+
+
 async def _daemon(url: str, table: str, clock: FakeClock, legacy: bool) -> Coordinator:
     cfg = Config(
         table=table, endpoint_url=url, region=WEST, socket="/nonexistent/x.sock",
@@ -81,7 +88,6 @@ async def _daemon(url: str, table: str, clock: FakeClock, legacy: bool) -> Coord
     await store.start()
     acq = Coordinator(cfg, store, clock=clock)
     await acq.pool_table.load(time.monotonic() + 5)
-    acq.renewer.extend_fraction = 0.5  # no jitter
     return acq
 
 

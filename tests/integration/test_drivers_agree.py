@@ -57,7 +57,8 @@ from check.world import World
 from rasd.config import Config
 from rasd.core.clock import Clock
 from rasd.core.writes import Cond, ItemKey, Value, Write, item_from_av, key_av, to_av
-from rasd.daemon.driver import Driver, Local, RolloutMode, Run
+from rasd.daemon.driver import Driver, RolloutMode, Run
+from rasd.daemon.prefetch import Prefetcher
 from rasd.steps import Done, Effect, Program, Send, Together, Trace, WriteResult, drive
 from rasd_jobs import leases
 from tests.doubles.store import Faults, FaultyStore
@@ -132,6 +133,15 @@ def after(**changed: str) -> Table:
 
 
 # ----------------------------------------------------------------------- the daemon's driver
+class NoLocal:
+    """The driver's local effects, none performed: these effects are DynamoDB calls."""
+
+    def _none(self, *args: object) -> None:
+        raise AssertionError(f"a local effect: {args!r}")
+
+    refresh = cache_put = cache_drop = miss = relist_later = _none
+
+
 async def by_daemon(
     moto_endpoint: str, table: str, eff: Effect, plan: Callable[[Faults], object] | None = None
 ) -> WriteResult | tuple[WriteResult, ...]:
@@ -143,7 +153,11 @@ async def by_daemon(
     store = FaultyStore(cfg, faults=faults)
     await store.start()
     try:
-        drv = Driver(cfg, store, Clock(), store.counters, Random(1), RolloutMode(False), Local())
+        clock, rng = Clock(), Random(1)
+        prefetch = Prefetcher(cfg, store, clock, store.counters, rng)
+        drv = Driver(
+            cfg, store, clock, store.counters, rng, RolloutMode(False), NoLocal(), prefetch
+        )
         result: WriteResult | tuple[WriteResult, ...] = await drive(
             perform(eff), Run(drv, time.monotonic() + 10).perform
         )

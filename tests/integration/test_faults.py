@@ -33,6 +33,7 @@ from rasd.core.clock import Clock
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.daemon import renewer
 from rasd.daemon.candidates import Candidate
+from rasd.daemon.prefetch import Prefetcher
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
 from tests.doubles.clock import FakeClock
@@ -155,7 +156,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
 
         # Hold the circuit open while we look (the cooldown is read live): a slow machine
         # must not reach the half-open probe in the middle of these assertions.
-        d.store.breaker.cooldown = 600.0
+        d.store.breaker.set_cooldown(600.0)
         seen = faults.calls()
         for i in range(5):
             with pytest.raises(rasd_client.Unavailable) as err:
@@ -167,7 +168,7 @@ async def test_outage_serves_cache_fails_fast_opens_breaker_and_recovers(
         assert d.counters["ddb.breaker_open"] >= 5
 
         faults.clear()  # heal; the real 1 s cooldown then lets one probe through
-        d.store.breaker.cooldown = cfg["breaker_cooldown"]
+        d.store.breaker.set_cooldown(cfg["breaker_cooldown"])
         recovered = None
         for _ in range(200):
             try:
@@ -273,8 +274,8 @@ async def test_failed_background_extension_is_logged_and_retried_after_backoff(
     seed_pool(ddb, table, count=5)
     clock = real_clock_fake()
     faults = Faults(seed=6)
+    monkeypatch.setattr(renewer.Renewer, "EXTEND_JITTER", (1.0, 1.0))  # exact numbers
     async with faulty_daemon(faults, clock=clock, skew_margin=5.0) as d:
-        d.coordinator.renewer.extend_fraction = 0.5  # no per-daemon jitter: exact numbers
         s = d.cfg.socket
         first = await rasd_aio.get_lease(C, P, "k", at(clock, 100), socket_path=s, timeout=WAIT)
         # the new lease's background writes (map_confirm) first: on a loaded machine one could
@@ -389,7 +390,7 @@ class BeforeFirstWrite(Faults):
 
 
 async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
-    ddb: Any, table: str, faulty_daemon: Any
+    ddb: Any, table: str, faulty_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another daemon wins the key's mapping between this daemon's read and its writes. This
     daemon's claim (it applied) is named by no mapping: it is never served, and it is given
@@ -409,10 +410,10 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
     async with faulty_daemon(faults, clock=clock, legacy_agents=False) as d:
         mine = S.resource_from(item(ddb, table, "res-00000") or {})
 
-        async def candidate(pool: Any, deadline: float) -> Candidate:
+        async def candidate(prefetch: Prefetcher, pool: Any, deadline: float) -> Candidate:
             return Candidate(mine, d.coordinator.clock.mono())
 
-        d.coordinator.prefetch.candidate = candidate  # type: ignore[method-assign]
+        monkeypatch.setattr(Prefetcher, "candidate", candidate)
         faults.history.clear()
         got = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
         assert got.resource == state["won"]
@@ -446,7 +447,11 @@ def _untyped_500() -> Exception:
 
 @pytest.mark.parametrize("failure", [_read_timeout, _untyped_500], ids=["read_timeout", "html_500"])
 async def test_a_claim_applied_before_its_answer_was_lost_is_recognised(
-    ddb: Any, table: str, make_daemon: Any, failure: Callable[[], Exception]
+    ddb: Any,
+    table: str,
+    make_daemon: Any,
+    failure: Callable[[], Exception],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A claim whose first attempt landed but whose answer was lost must not be taken for a
     lost race or a refusal: the daemon reads it back and keeps it, never claiming twice. The
@@ -467,7 +472,14 @@ async def test_a_claim_applied_before_its_answer_was_lost_is_recognised(
                 raise failure()
             return resp
 
-        client.update_item = applied_then_lost
+        real_update = type(client).update_item
+
+        async def update_item(self: Any, **kw: Any) -> Any:
+            if self is client:
+                return await applied_then_lost(**kw)
+            return await real_update(self, **kw)
+
+        monkeypatch.setattr(type(client), "update_item", update_item)
         got = await rasd_aio.get_lease(C, P, "once", HOUR, socket_path=d.cfg.socket, timeout=5)
         assert got.new
         assert not state["armed"], "the fault never fired"

@@ -23,6 +23,7 @@ import pytest
 
 import rasd_client
 from rasd.config import Config
+from rasd.daemon.acquire import Taker
 from rasd.server import Daemon
 from tests.helpers.tables import seed_pool
 
@@ -34,7 +35,7 @@ def _dup(sock: socket.socket) -> socket.socket:
 
 
 async def test_stop_answers_what_it_read_and_the_next_daemon_answers_the_rest(
-    ddb: Any, table: str, moto_endpoint: str, short_tmp: Path
+    ddb: Any, table: str, moto_endpoint: str, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed_pool(ddb, table, count=10)
     path = str(short_tmp / "s.sock")
@@ -68,13 +69,14 @@ async def test_stop_answers_what_it_read_and_the_next_daemon_answers_the_rest(
     assert isinstance(results["k-idle"], rasd_client.Lease)
 
     # A slow request in flight when the stop begins: answered by A, not dropped.
-    real = a.coordinator.taker.get_lease
+    real = Taker.get_lease
 
-    async def slow(*args: Any) -> Any:
-        await asyncio.sleep(0.3)
-        return await real(*args)
+    async def slow(taker: Taker, *args: Any) -> Any:
+        if taker is a.coordinator.taker:
+            await asyncio.sleep(0.3)
+        return await real(taker, *args)
 
-    a.coordinator.taker.get_lease = slow  # type: ignore[method-assign]
+    monkeypatch.setattr(Taker, "get_lease", slow)
     inflight = threading.Thread(target=call, args=("k-inflight", 5.0, results))
     inflight.start()
     for _ in range(100):

@@ -59,8 +59,7 @@ async def daemon(
     cfg = Config(table=table, endpoint_url=url, region=region, socket=f"/nonexistent/{name}.sock")
     store = Store(cfg.validate())
     await store.start()
-    acq = Coordinator(cfg, store, clock=clock)
-    acq.driver.owner = name
+    acq = Coordinator(cfg, store, clock=clock, owner=name)
     try:
         await acq.pool_table.load(time.monotonic() + 5)
         yield acq

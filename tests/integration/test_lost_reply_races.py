@@ -32,6 +32,7 @@ from rasd_jobs.admin import cli as admin_cli
 from tests.doubles.clock import FakeClock
 from tests.doubles.store import FAKE_ENDPOINT
 from tests.helpers.hooked import Hooked
+from tests.helpers.patching import for_one
 from tests.helpers.races import (
     MODES,
     WAIT,
@@ -272,7 +273,7 @@ PS = "strict"
 HOME = EAST
 
 
-def _lagging_replica(d: Coordinator, hide_region: str) -> None:
+def _lagging_replica(monkeypatch: pytest.MonkeyPatch, d: Coordinator, hide_region: str) -> None:
     """``d``'s mapping Query does not show ``hide_region``'s mapping (replication lag)."""
     real = d.store.query_mappings
 
@@ -280,7 +281,7 @@ def _lagging_replica(d: Coordinator, hide_region: str) -> None:
         ms = await real(client_id, pool_id, key, deadline)
         return [m for m in ms if m.region != hide_region]
 
-    d.store.query_mappings = query_mappings  # type: ignore[method-assign]
+    for_one(monkeypatch, d.store, "query_mappings", query_mappings)
 
 
 async def held_until(event: asyncio.Event) -> float:
@@ -295,7 +296,7 @@ async def held_until(event: asyncio.Event) -> float:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_to_its_end(
-    moto_endpoint: str, ddb: Any, table: str, mode: str
+    moto_endpoint: str, ddb: Any, table: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A strict pool (home us-east-1). dH (home) leases k1 -> rh; the agreement names it.
     dA (eu-west-1; its replica does not show us-east-1's mapping yet) asks for k1: it claims
@@ -333,8 +334,8 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
         lh, _ = await dH.taker.get_lease(C, PS, "k1", t0 + HOUR, time.monotonic() + WAIT)
         await settle(dH)
         assert lh.resource == "rh"
-        _lagging_replica(dA, EAST)
-        _lagging_replica(dB, EAST)
+        _lagging_replica(monkeypatch, dA, EAST)
+        _lagging_replica(monkeypatch, dB, EAST)
         real_a, real_b = dA.store.write, dB.store.write
 
         async def write_a(w: Any, deadline: float, mine: Any = None) -> Any:
@@ -358,8 +359,8 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
                 return res
             return await real_b(w, deadline, mine)
 
-        dA.store.write = write_a  # type: ignore[method-assign]
-        dB.store.write = write_b  # type: ignore[method-assign]
+        for_one(monkeypatch, dA.store, "write", write_a)
+        for_one(monkeypatch, dB.store, "write", write_b)
         la, _ = await dA.taker.get_lease(
             C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT
         )

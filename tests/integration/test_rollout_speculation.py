@@ -36,8 +36,7 @@ async def _daemon(url: str, table: str, clock: FakeClock, owner: str) -> Coordin
     )  # fmt: skip
     store = Store(cfg.validate())
     await store.start()
-    d = Coordinator(cfg, store, clock=clock)
-    d.driver.owner = owner
+    d = Coordinator(cfg, store, clock=clock, owner=owner)
     await d.pool_table.load(time.monotonic() + 5)
     return d
 

@@ -25,6 +25,7 @@ from rasd.core import serialize as S
 from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.daemon.coordinator import Coordinator
+from rasd.daemon.prefetch import Prefetcher
 from rasd.dynamo.store import Store
 from rasd_jobs import dedupe, liberator
 from tests.doubles.clock import FakeClock
@@ -62,8 +63,7 @@ async def daemons(
             cfg = Config(table=table, endpoint_url=url, socket=f"/tmp/unused-{i}.sock", **overrides)
             store = Store(cfg.validate())
             await store.start()
-            acq = Coordinator(cfg, store, clock=clock)
-            acq.driver.owner = f"d{i + 1}"
+            acq = Coordinator(cfg, store, clock=clock, owner=f"d{i + 1}")
             await acq.pool_table.load(time.monotonic() + 5)
             out.append(acq)
         yield out
@@ -145,7 +145,9 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
         assert holders(ddb, table) == {"res-A00000": "k23"}
 
 
-async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table: str) -> None:
+async def test_b_lost_race_claim_reply_lost(
+    moto_endpoint: str, ddb: Any, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """B: d1 loses the mapping race to d2 and its claim's replies are all lost. The orphan
     claim is never served (no mapping names it), is fenced or given back with quarantine, and
     ras-dedupe / the liberator never free what d2 serves. The two writes in one round trip:
@@ -155,18 +157,26 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
     async with daemons(moto_endpoint, table, 3, legacy_agents=False) as (d1, d2, d3):
         from rasd.daemon.candidates import Candidate
 
+        # each of d1 and d2 is handed its own resource as its candidate
+        chosen = []
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
-            item = S.item_from_ddb(raw["Item"])
+            chosen.append((d.prefetch, d.clock, S.item_from_ddb(raw["Item"])))
+        real_candidate = Prefetcher.candidate
 
-            async def cand(pool: Any, deadline: float, d: Coordinator = d, item: Any = item) -> Any:
-                return Candidate(item, d.clock.mono())
+        async def cand(prefetch: Prefetcher, pool: Any, deadline: float) -> Any:
+            for own, clock, item in chosen:
+                if own is prefetch:
+                    return Candidate(item, clock.mono())
+            return await real_candidate(prefetch, pool, deadline)
 
-            d.prefetch.candidate = cand  # type: ignore[method-assign]
+        monkeypatch.setattr(Prefetcher, "candidate", cand)
         d2_done = asyncio.Event()
         state: dict[str, Any] = {}
 
         async def hook(name: str, kw: dict[str, Any], real: Any) -> Any:
+            if "healed" in state:
+                return await real(**kw)
             if name == "update_item" and is_map_acquire(kw) and "race" not in state:
                 state["race"] = True
                 exp, dl = req(deadline=4.0)  # d2 misses the same new key at once and wins
@@ -188,7 +198,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
         except RasdError:
             pass
         assert state["d2"] == "res-00001"
-        d1.store._client = d1.store.client._inner  # heal: unwrap
+        state["healed"] = True  # every call through, unhooked
         await d1.drain(3.0)
         exp, dl = req()
         l1, _ = await d1.taker.get_lease(C, P, "k23", exp, dl)  # the app retries through d1

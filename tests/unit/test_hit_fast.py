@@ -21,6 +21,7 @@ from rasd.daemon.renewer import Renewer
 from rasd.dynamo.store import Store
 from rasd.server import Connection, Daemon, routing
 from rasd.server.peercred import Grant
+from rasd.server.routing import Router
 from rasd.wire import MAX_DEADLINE_MS, MAX_ID_LEN, lease_response
 from rasd_client.wire import BadFrame, FrameDecoder, encode
 from tests.doubles.clock import FakeClock
@@ -56,9 +57,22 @@ def make(clock: FakeClock) -> Daemon:
     d.attach(store, Coordinator(cfg, store, clock, d.counters))
     d.up.set()
     d.coordinator.pools[("c", "p")] = Pool("c", "p", MAX_LEASE_S * US)
-    d.admitted = []  # type: ignore[attr-defined]
-    d.router._admit = lambda *a: d.admitted.append(a)  # type: ignore[attr-defined,method-assign]
     return d
+
+
+#: what each admission was given (``Router._admit``, recorded instead of run: no event loop)
+ADMITS: list[tuple[Any, ...]] = []
+
+
+@pytest.fixture(autouse=True)
+def _record_admissions(monkeypatch: pytest.MonkeyPatch) -> None:
+    ADMITS.clear()
+
+    def admit(router: Router, *args: Any) -> bool:
+        ADMITS.append(args)
+        return False  # as shed: what a test gave the admission is kept for the next
+
+    monkeypatch.setattr(Router, "_admit", admit)
 
 
 def connect(d: Daemon, grant: Grant | None = None) -> tuple[Connection, FakeTransport]:
@@ -105,12 +119,12 @@ def route(d: Daemon, f: Any, grant: Grant | None = None) -> bytes | dict[str, An
     """What handle does with a frame: the hit's answer frame (bytes), the answer it sent at
     once (decoded), or ADMITTED when it went on to admission."""
     conn, t = connect(d, grant)
-    before = len(d.admitted)  # type: ignore[attr-defined]
+    before = len(ADMITS)
     out = d.router.handle(conn, f)
     if out is not None:
-        assert not t.out and len(d.admitted) == before  # type: ignore[attr-defined]
+        assert not t.out and len(ADMITS) == before
         return out
-    if len(d.admitted) > before:  # type: ignore[attr-defined]
+    if len(ADMITS) > before:
         assert not t.out
         return ADMITTED
     assert len(t.out) == 1
@@ -165,7 +179,7 @@ def test_a_miss_goes_on_with_its_fields_asked_once_never_parsed(
     f = frame(clock, key="other", id=9)
     assert route(d, f) == ADMITTED
     assert len(asked) == 1
-    _conn, rid, op, args, deadline_ms, spare = d.admitted[0]  # type: ignore[attr-defined]
+    _conn, rid, op, args, deadline_ms, spare = ADMITS[0]
     assert (rid, op, args, deadline_ms, spare) == (
         9,
         "get_lease",
@@ -254,7 +268,7 @@ def test_before_the_store_is_up_the_cache_is_not_asked() -> None:
     cache(d, clock)
     d.up.clear()
     assert route(d, frame(clock)) == ADMITTED  # the slow path waits for the store
-    d.status.degraded = "no table"
+    d.status.degrade("no table")
     got = route(d, frame(clock))
     assert isinstance(got, dict) and got["code"] == "UNAVAILABLE"
     assert d.counters["cache.miss"] == 0

@@ -21,6 +21,7 @@ from rasd.daemon.lanes import (
     Lanes,
     NameModel,
     Read,
+    StartKey,
     host_seed,
     spread_order,
 )
@@ -455,6 +456,14 @@ def known(b: CandidateBuffer, n: int = 0) -> CandidateBuffer:
     return b
 
 
+def lane_at(monkeypatch: pytest.MonkeyPatch, b: CandidateBuffer, start: StartKey) -> Read:
+    """``b``'s next read: a new lane after ``start`` (the position drawn, then not taken)."""
+    drawn = Lanes.start_key
+    with monkeypatch.context() as m:
+        m.setattr(Lanes, "start_key", lambda lanes, n: (drawn(lanes, n), start)[1])
+        return b.plan()
+
+
 def test_before_both_ends_are_known_reads_are_from_an_end() -> None:
     """A cold pool: the first two reads go to opposite ends; in the background they keep
     nothing (every cold daemon reads there), for a waiting request END_KEEP items."""
@@ -487,12 +496,13 @@ def test_a_lane_continues_after_the_last_item_it_read() -> None:
     assert held == sorted(held) and len(set(held)) == len(held)  # contiguous, no repeats
 
 
-def test_a_lane_wraps_to_the_head_at_the_end_and_ends_if_the_head_is_short() -> None:
+def test_a_lane_wraps_to_the_head_at_the_end_and_ends_if_the_head_is_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     b = known(buf(prefetch_min=8))
     idx = sorted_index(20)
-    r1 = b.plan()
-    r1 = Read(r1.n, (idx[-3].lease_available or "", idx[-3].resource), True, 8, r1.lane)
-    b.lanes.lane_after = r1.after
+    r1 = lane_at(monkeypatch, b, (idx[-3].lease_available or "", idx[-3].resource))
+    r1 = Read(r1.n, r1.after, True, 8, r1.lane)
     tail = serve(idx, r1)
     assert len(tail) == 2
     b.read_done(r1, tail, tail, 0.0)
@@ -503,15 +513,16 @@ def test_a_lane_wraps_to_the_head_at_the_end_and_ends_if_the_head_is_short() -> 
     assert r3.lane != r1.lane
 
 
-def test_a_quarantined_tail_ends_the_page_like_the_end_of_the_index() -> None:
+def test_a_quarantined_tail_ends_the_page_like_the_end_of_the_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """An item not claimable yet (an early free's future lease_available) sorts after the
     claimable ones: past it there is nothing to claim, so the lane goes on from the head."""
     for claimable_all in (True, False):
         b = known(buf(prefetch_min=8))
         idx = sorted_index(200)
-        r = b.plan()
-        r = Read(r.n, (fmt_time(7), "res-00050"), True, 8, r.lane)
-        b.lanes.lane_after = r.after
+        r = lane_at(monkeypatch, b, (fmt_time(7), "res-00050"))
+        r = Read(r.n, r.after, True, 8, r.lane)
         page = serve(idx, r)
         assert len(page) == 8
         b.read_done(r, page, page if claimable_all else page[:-1], 0.0)
@@ -666,19 +677,16 @@ def simulate(daemons: int, per_partition: int, claims_each: int, seed: int) -> f
     return lost / claims
 
 
-def test_daemons_on_a_same_time_pool_rarely_lose_claims() -> None:
+def test_daemons_on_a_same_time_pool_rarely_lose_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """20 daemons, 2,000 same-time items, 30 claims each (scenario f's shape): lanes keep
     lost claims rare. The control, every lane starting at the head of the home sub-partition
     (what reading the head, or any start key every daemon shares, amounts to), loses often:
     the simulation can tell the two apart."""
     spread = [simulate(20, 200, 30, s) for s in range(3)]
     assert max(spread) < 0.05
-    orig = Lanes.start_key
-    try:
-        Lanes.start_key = lambda self, n: (fmt_time(7), "res-")  # type: ignore[method-assign]
+    with monkeypatch.context() as m:
+        m.setattr(Lanes, "start_key", lambda self, n: (fmt_time(7), "res-"))
         crowded = simulate(20, 200, 30, 0)
-    finally:
-        Lanes.start_key = orig  # type: ignore[method-assign]
     assert crowded > 3 * max(spread) and crowded > 0.1
 
 

@@ -160,9 +160,8 @@ def botocore_run(
     import botocore.endpoint
 
     delays: list[float] = []
-    real_sleep = botocore.endpoint.time.sleep
-    botocore.endpoint.time.sleep = delays.append  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(botocore.endpoint.time, "sleep", delays.append)
         client = boto3.client(
             "dynamodb",
             endpoint_url=url,
@@ -177,8 +176,6 @@ def botocore_run(
                 client.get_item(TableName="t", Key={"k": {"S": "a"}})
         except ClientError:
             pass
-    finally:
-        botocore.endpoint.time.sleep = real_sleep  # type: ignore[assignment]
     return len(delays) + 1, delays
 
 
