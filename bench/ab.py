@@ -2,12 +2,13 @@
 
     python -m bench.ab 46f3281 HEAD [--rounds 5] [--leases 300] [--backend dynalite|moto]
 
-Each revision is checked out (``git worktree``, under bench/.cache/ab/) and run by this
-interpreter with its own tree first on PYTHONPATH; the two alternate round by round (A, B, A,
-B, ...), so drift in the machine's load falls on both. A round is ``bench.hotpath --rounds``
-(the daemon's CPU per hit, median of 15 x 20K) and ``bench.spawn --runs 1`` (the daemon's CPU
-per new lease, from /proc, over ``--leases`` leases). Prints a table of medians with min and
-max over rounds and writes it as JSON to bench/results/.
+Each revision is checked out (``git worktree``, in ~/.cache/rasd-bench-ab/, outside the
+repository, whose tests read every file in it) and run by this interpreter with its own tree
+first on PYTHONPATH; the two alternate round by round (A, B, A, B, ...), so drift in the
+machine's load falls on both. A round is ``bench.hotpath --rounds`` (the daemon's CPU per hit,
+median of 15 x 20K) and ``bench.spawn --runs 1`` (the daemon's CPU per new lease, from /proc,
+over ``--leases`` leases). Prints a table of medians with min and max over rounds and writes it
+as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "bench" / ".cache" / "ab"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rasd-bench-ab"
 _HIT_RE = re.compile(r"cpu per hit\s*:\s*median ([0-9.]+) us")
 
 

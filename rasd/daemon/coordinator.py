@@ -1,26 +1,7 @@
-"""The daemon's roles, composed: each made with what it needs, nothing patched in afterwards.
-
-Theory of operation
--------------------
-As KCL's lease coordinator builds its taker, renewer and refresher, :class:`Coordinator`
-builds the daemon's: the pool table (``rasd.daemon.pools``), the prefetcher, the driver
-(``rasd.daemon.driver``), the renewer, which makes and keeps the lease cache
-(``rasd.daemon.renewer``), the releaser, the reporter and the taker (``rasd.daemon.acquire``).
-The server holds the coordinator and calls each role for its verbs: ``taker.get_lease``,
-``releaser.release``, ``reporter.headroom``, and the cache's ``answer`` for the hit.
-
-The roles and the driver need each other: the driver runs the roles' programs, and the roles
-perform a few of its effects (``Refresh``, ``CachePut``, ``CacheDrop``, ``Miss``,
-``RelistLater``). So the coordinator is made in one pass: the pool table, the prefetcher, the
-driver (given the coordinator as its :class:`~rasd.daemon.driver.LocalEffects`), the roles,
-and last the coordinator's own binding of each local effect to the role that performs it;
-no role's attribute is set from outside, and the driver calls them only once a role runs a
-program. The cache and the renewer need each other too (the hit calls ``maybe_refresh``; the
-renewer reads the cache's staleness), so the renewer makes the cache, handing it the pool
-table's dict, its set of keys being refreshed and its ``maybe_refresh``, which the hit reads
-as attributes of the cache's own. The driver reads
-the strict pools the pool table updates (``StrictPools``, shared as the rollout mode is);
-the hit tables (``rasd.daemon.published``) come from the daemon, which pauses and closes them.
+"""The daemon's roles, composed: :class:`Coordinator` makes each with what it needs, in one
+pass, and binds each local effect to the role that performs it; nothing is patched in
+afterwards. The order and the wiring: docs/architecture.md, "The roles of one daemon"; what
+each role keeps: docs/design.md, "The roles, and what each keeps".
 """
 
 from __future__ import annotations

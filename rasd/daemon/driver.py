@@ -1,23 +1,9 @@
 """The daemon's driver: what its roles share, its one task group, and the running of programs.
 
-Theory of operation
--------------------
-The daemon's verbs are programs (``rasd.steps.daemon`` and the modules beside it) that decide
-everything and perform nothing. :class:`Driver` performs them for the daemon's roles
-(``rasd.daemon.acquire``: the taker; ``rasd.daemon.renewer``, ``rasd.daemon.releaser``,
-``rasd.daemon.reporter``; ``rasd.daemon.coordinator`` composes them), which share its state:
-the store, the clocks, the prefetcher, the rate limits, the owner name, and ``tasks``
-(``rasd.daemon.tasks``), the one task group every role starts its tasks in.
-
-:meth:`Driver.run` runs one of the daemon's programs with a request's deadline or in the
-background, :meth:`Driver.run_bg` a program made already with a background program's own
-deadline (``BACKGROUND_DEADLINE``). :class:`Run` performs one program's
-effects: the DynamoDB calls through the store, the cache and the prefetcher, clocks, notes,
-sleeps and spawns. The local effects that are a role's own (``Refresh``, ``CachePut``,
-``CacheDrop``: the renewer's, which keeps the lease cache; ``Miss``: the reporter's;
-``RelistLater``: the releaser's) are performed through :class:`LocalEffects`, one function
-per effect, which the driver is given when made (the coordinator, which binds each to its role
-as it makes them), so the driver imports no role.
+:meth:`Driver.run` runs one of the daemon's programs (``rasd.steps``) within a request's
+deadline or in the background; :class:`Run` performs its effects: the DynamoDB calls through
+the store, clocks, notes, sleeps, spawns, and the roles' own local effects through the
+:class:`LocalEffects` it is given when made (docs/architecture.md, "The roles of one daemon").
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
-"""Routing: what the daemon does with each request frame.
-
-Theory of operation
--------------------
-The connection (rasd.server.connection) hands every frame to one entry, :meth:`Router.handle`,
-which follows it through once:
-
-the hit      a well-formed ``get_lease`` (``wire.lease_fields``, called once: types, values,
-             the names' lengths) from a caller the ACL admits, asked once of the cache
-             (``LeaseCache.answer``, once the store is up), answered inside ``data_received``:
-             no task, no ``Request``, one clock reading, nothing allocated but the answer frame,
-             which ``handle`` returns for the connection to write.
-a miss       the same get_lease goes on with its fields tuple (:meth:`Router._lease`), never
-             parsed or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded,
-             else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
-             from the table.
-the outage   a miss in a pool with an outage budget asks the cache again, for an entry past S
-             inside its window (:meth:`Router._spare`): answered when DynamoDB's last word was
-             a failure; else taken out, and the request answers from it only if DynamoDB
-             answered none of its calls (docs/design.md, "An outage budget").
-the rest     every frame ``lease_fields`` refuses (:meth:`Router._walk`): ``wire.parse``
-             names what is wrong (``BAD_REQUEST``), the ACL, ``ping`` (a caller granted some
-             client_id) and ``stats`` (one granted "*") answered at once, ``table`` and
-             ``touch`` (``rasd.server.hittable``), ``release`` and ``headroom`` to admission
-             (the client_id's rate, ``call_rate_limit``, then the gate: ``BUSY``).
-``_slow``    what needs DynamoDB gets a slot in the in-flight gate before its deadline or is
-             shed with ``BUSY``, never queued; as a task it waits for the store while the daemon
-             starts, calls the role for the verb within the deadline and writes the answer.
-
-:class:`Router` is what a connection serves (``connection.Server``): ``Daemon``
-(rasd.server.lifecycle) makes it with the few things the request paths read, and hands it the
-store and the roles once they exist, in one :class:`Serving` (:meth:`Router.serve`, before
-``up`` is set), which binds the cache's ``answer`` once for the hit.
+"""Routing: what the daemon does with each request frame. :meth:`Router.handle` follows a
+frame through once: the hit answered in the callback, a miss admitted (rate, in-flight gate)
+to the taker in a task, the outage budget's spare answers, and every other op
+(docs/design.md, "Inside get_lease"). ``Daemon`` makes the router, and hands it the store and
+the roles once they exist, in one :class:`Serving` (:meth:`Router.serve`).
 """
 
 from __future__ import annotations
