@@ -10,8 +10,8 @@
   (gitignored) when node/npm are on the machine (``python -m bench --install-dynalite``).
 
 Each runs in a child process so that the backend's CPU (and moto's GIL) is not the caller's.
-``endpoint`` is the backend itself; :class:`Proxy` puts ``bench.proxy``'s delay model in front
-of one.
+``endpoint`` is the backend itself; :class:`ProxyProcess` puts ``fleet.proxy``'s delay model in
+front of one.
 """
 
 from __future__ import annotations
@@ -224,11 +224,12 @@ def start_backend(kind: str, env: dict[str, str] | None = None) -> Moto | Dynali
 
 
 # ------------------------------------------------------------------------------------ proxy
-class Proxy(Child):
-    """``bench.proxy`` in its own process, in front of ``upstream`` (an http://host:port URL):
-    ``delay_ms`` each way, ``handshake_rtts`` more round trips on a new connection's first
-    request; ``trace``: a file it writes a JSON line per request to; ``meter``: (file, table),
-    what DynamoDB would bill (``bench.meter``)."""
+class ProxyProcess(Child):
+    """``python -m fleet.proxy`` in its own process, in HTTP mode, in front of ``upstream``
+    (an http://host:port URL): ``delay_ms`` each way, ``handshake_rtts`` more round trips on
+    a new connection's first request; ``trace``: a file it writes a JSON line per request to;
+    ``meter``: (file, table, factory), the meter ``factory`` (``module:callable``) makes,
+    e.g. what DynamoDB would bill."""
 
     name = "proxy"
 
@@ -238,14 +239,24 @@ class Proxy(Child):
         delay_ms: float,
         handshake_rtts: float = 2.0,
         trace: str | None = None,
-        meter: tuple[str, str] | None = None,
+        meter: tuple[str, str, str] | None = None,
     ) -> None:
         hostport = upstream.split("://", 1)[-1].rstrip("/")
+        meter_args = []
+        if meter is not None:
+            meter_args = [
+                "--meter",
+                meter[0],
+                "--meter-table",
+                meter[1],
+                "--meter-factory",
+                meter[2],
+            ]
         self.proc = popen(
             [
                 sys.executable,
                 "-m",
-                "bench.proxy",
+                "fleet.proxy",
                 "--upstream",
                 hostport,
                 "--delay-ms",
@@ -254,7 +265,7 @@ class Proxy(Child):
                 str(handshake_rtts),
                 "--http",
                 *(["--trace", trace] if trace else []),
-                *(["--meter", meter[0], "--meter-table", meter[1]] if meter else []),
+                *meter_args,
             ],
             None,
             stdin=subprocess.PIPE,
