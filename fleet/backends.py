@@ -24,7 +24,10 @@ import sys
 import time
 from typing import Any
 
-from .procs import REPO, announced_port, child_env, kill_group, popen, stop
+from rasd.devtools import motoserver
+from rasd.devtools.motoserver import announced_port
+
+from .procs import REPO, child_env, kill_group, popen, stop
 
 BENCH_DIR = REPO / "bench"
 NODE_DIR = BENCH_DIR / "node_modules"
@@ -77,12 +80,13 @@ class Child:
 
 # ------------------------------------------------------------------------------------- moto
 class Moto(Child):
-    """``rasd.devtools.motoserver`` with ``env`` (default: :func:`fleet.procs.child_env`);
-    ``group``: in a process group of its own; ``stderr``: where its log goes (default:
-    ours). It serves until its stdin closes. ``wait=False``: started, not waited for (several
-    start at once); :meth:`ready` waits. ``fast``: Queries cost what their partition holds
-    (``rasd.devtools.motoserver.fast_queries``: the same answers, tested); ``count_file``:
-    where it writes the requests it served by operation (JSON) once it stops."""
+    """moto's server as a child (``rasd.devtools.motoserver.spawn``) with ``env`` (default:
+    :func:`fleet.procs.child_env`); ``group``: in a process group of its own; ``stderr``:
+    where its log goes (default: ours). It serves until its stdin closes. ``wait=False``:
+    started, not waited for (several start at once); :meth:`ready` waits. ``fast``: Queries
+    cost what their partition holds (``rasd.devtools.motoserver.fast_queries``: the same
+    answers, tested); ``count_file``: where it writes the requests it served by operation
+    (JSON) once it stops."""
 
     name = "moto"
 
@@ -98,27 +102,30 @@ class Moto(Child):
     ) -> None:
         self.group = group
         self.timeout = timeout
-        argv = [sys.executable, "-m", "rasd.devtools.motoserver"]
-        argv += ["--fast"] if fast else []
-        argv += ["--count-file", count_file] if count_file else []
-        self.proc = popen(
-            argv,
-            child_env() if env is None else env,
+        self.server = motoserver.spawn(
+            fast=fast,
+            count_file=count_file,
+            env=child_env() if env is None else env,
             group=group,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
             stderr=stderr,
+            cwd=str(REPO),
+            wait=False,
         )
+        self.proc = self.server.proc
         self.port = 0
         self.endpoint = ""
         if wait:
             self.ready()
 
     def ready(self) -> Moto:
-        """Once it has announced its port (``endpoint`` set)."""
+        """Once it has announced its port (``endpoint`` set); killed when it announces none."""
         if not self.port:
-            self.port = self._port(self.timeout)
-            self.endpoint = f"http://127.0.0.1:{self.port}"
+            try:
+                self.server.ready(self.timeout)
+            except RuntimeError:
+                self.kill()
+                raise
+            self.port, self.endpoint = self.server.port, self.server.endpoint
         return self
 
 
