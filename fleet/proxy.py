@@ -459,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.upstream:
         ap.error("--upstream is required")
+    if (a.trace or a.meter) and not a.http:
+        ap.error("--trace and --meter need --http")
     if a.meter and not a.meter_factory:
         ap.error("--meter needs --meter-factory")
     host, _, port = a.upstream.rpartition(":")
