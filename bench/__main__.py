@@ -18,10 +18,10 @@ import traceback
 from typing import Any
 
 from fleet.backends import BackendUnavailable, dynalite_status, install_dynalite
+from fleet.proxytest import self_test
 
 from . import highuse, report, scenarios, spawn
 from .harness import CLIENT, POOL, REGION, Env
-from .proxy import self_test
 
 QUICK: dict[str, Any] = {
     "abc_per_batch": 100,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import tables
-from fleet.backends import Proxy, dynalite_status, install_dynalite
+from fleet.backends import ProxyProcess, dynalite_status, install_dynalite
 
 from . import meter as M
 from .harness import CLIENT, POOL, REGION, Daemon, Env, aws_env, cpu_split
@@ -279,7 +279,9 @@ class Side:
         )  # fmt: skip
         env.add_resources(self.table, items, prefix=name)
         self.meter_file = os.path.join(tmp, f"{name}.meter.json")
-        self.proxy = Proxy(env.backend.endpoint, env.delay_ms, meter=(self.meter_file, self.table))
+        self.proxy = ProxyProcess(
+            env.backend.endpoint, env.delay_ms, meter=(self.meter_file, self.table, M.FACTORY)
+        )
         self.endpoint = self.proxy.endpoint
 
     def snapshot(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import backends, daemons, procs, tables
-from fleet.backends import Proxy
+from fleet.backends import ProxyProcess
 from rasd.core import schema
 
 CLIENT = "bench"
@@ -179,7 +179,7 @@ class Env:
         self.delay_ms = delay_ms
         self.tmp = tempfile.mkdtemp(prefix="rasd-bench-")
         self.backend = start_backend(backend)
-        self.proxy = Proxy(self.backend.endpoint, delay_ms, handshake_rtts, trace)
+        self.proxy = ProxyProcess(self.backend.endpoint, delay_ms, handshake_rtts, trace)
         #: how to start a daemon (default: the `rasd` command); bench.profile wraps it
         self.daemon_cmd = daemon_cmd or [rasd_bin()]
         self.endpoint = self.proxy.endpoint  # what daemons and the baseline use

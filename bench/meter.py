@@ -1,12 +1,13 @@
 """The capacity meter: what DynamoDB would bill for each request that crosses the delay proxy.
 
-The proxy (``python -m bench.proxy --meter FILE``) hands the meter every request before it
-goes upstream and every answer after it went back to the client. The meter asks the backend
-for its own count (``ReturnConsumedCapacity``) and for the item an UpdateItem leaves
-(``ReturnValues: ALL_NEW`` where the client asked for nothing); clients ignore the fields
-they did not ask for. It keeps a copy of every item it saw, read or written (seeded by a
-Scan at start), so a write's bill can follow ``bench.capacity``'s rules: the larger of the
-item before and after, a refused write's existing item, and each index the write changes.
+The proxy (``python -m fleet.proxy --meter FILE --meter-factory bench.meter:open_meter``) hands
+the meter every request before it goes upstream and every answer after it went back to the
+client. The meter asks the backend for its own count (``ReturnConsumedCapacity``) and for
+the item an UpdateItem leaves (``ReturnValues: ALL_NEW`` where the client asked for nothing);
+clients ignore the fields they did not ask for. It keeps a copy of every item it saw, read
+or written (seeded by a Scan at start), so a write's bill can follow ``bench.capacity``'s
+rules: the larger of the item before and after, a refused write's existing item, and each
+index the write changes.
 
 Reads are billed as the backend counts them (it alone knows how much a Query page read,
 filtered or counted); writes as ``bench.capacity`` computes them, and the backend's count of
@@ -204,6 +205,16 @@ class Meter:
     def close(self) -> None:
         self._stop.set()
         self.flush()
+
+
+#: what the proxy is told makes the meter (``fleet.proxy --meter-factory``)
+FACTORY = "bench.meter:open_meter"
+
+
+def open_meter(path: str, endpoint: str, table: str | None) -> Meter:
+    """The proxy's meter: its totals to ``path``, its copy of ``table`` (when given) scanned at
+    ``endpoint`` first."""
+    return Meter(path, seed_from_scan(endpoint, table) if table else None)
 
 
 def seed_from_scan(endpoint: str, table: str, region: str = "us-east-1") -> dict[Key, Any]:

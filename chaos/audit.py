@@ -51,7 +51,7 @@ A record with ``agent: "paper"`` is an answer of the paper's in-process agent
   answers alone is the paper's own race (two of its agents claiming for a key that its
   index does not show yet, or a claim whose reply was lost and retried): counted apart as
   ``paper_only_splits`` and ``paper_only_lost_leases``, not as rasd's failures;
-* with ``creations`` (the claims the run's proxies saw apply, chaos.proxy.lease_event), each
+* with ``creations`` (the claims the run's proxies saw apply, chaos.wiretap.lease_event), each
   split and lost lease also says who made **the second lease** (``second``): of the two
   leases, the one whose making write applied after the other's had. A lease is made by its
   claim, or made again by an extension past its end (its answers' validity has a gap since
@@ -288,7 +288,7 @@ def double_allocations(ans: Iterable[Answer]) -> list[dict[str, Any]]:
 class Makers:
     """Who made each lease of a key, and when (see the module docstring), from what the run's
     proxies saw take effect (``events``: dicts with ``kind``, key, resource, sent, got, agent;
-    ``chaos.proxy.lease_event``) and, for events without extensions, the answers' validity.
+    ``chaos.wiretap.lease_event``) and, for events without extensions, the answers' validity.
 
     A lease is made by its claim. It is made again by an extension that took effect after its
     end (rasd's; the paper's agent never extends): one sent after the end surely did, one

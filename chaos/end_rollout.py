@@ -9,12 +9,12 @@ from dataclasses import asdict
 from typing import Any
 
 from fleet.procs import kill_group
+from fleet.proxy import Proxy
 from rasd.core.rollout import Rollout
 
 from .children import Daemon, daemon_rollout
 from .commands import Commands, Jobs, last_json
 from .params import Params, say
-from .proxy import FaultProxy
 
 
 class EndRollout(Commands):
@@ -146,7 +146,7 @@ def end_rollout_result(
     p: Params,
     out: dict[str, Any],
     t_start: float,
-    paper_proxies: list[FaultProxy],
+    paper_proxies: list[Proxy],
     record: Rollout,
     modes: dict[int, bool | None],
 ) -> dict[str, Any]:

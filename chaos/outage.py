@@ -38,12 +38,13 @@ import rasd_client
 from fleet import tables
 from fleet.backends import Moto
 from fleet.procs import kill_group
+from fleet.proxy import FaultPlan
 from rasd.config import Config
 from rasd.core import schema
 
 from .children import Daemon, child_env, ddb_client, start_daemon, wait_ready
 from .params import CLIENT, RESULTS, TABLE_REGION
-from .proxy import FaultPlan, start_proxies
+from .wiretap import start_proxies
 
 TABLE = "rasd-outage"
 BUDGET_POOL, PLAIN_POOL = "budget", "plain"

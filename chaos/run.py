@@ -58,6 +58,7 @@ from typing import Any
 from fleet import tables
 from fleet.backends import Moto
 from fleet.procs import kill_group
+from fleet.proxy import FaultPlan, Proxy
 from rasd.config import Config
 from rasd_jobs import common as jobs_common
 from sim import replicator
@@ -82,8 +83,8 @@ from .children import (
 from .commands import Events, Jobs, jobs_summary
 from .end_rollout import EndRollout, end_rollout_result
 from .params import BUCKET, CLIENT, TABLE_REGION, Params, say
-from .proxy import FaultPlan, FaultProxy, Trace, start_proxies, totals
 from .summary import actors, violations, write
+from .wiretap import Trace, start_proxies, totals
 
 #: how long ``rasadmin end-rollout`` may go on succeeding after the traffic, on a loaded machine
 END_ROLLOUT_BOUND = 90.0
@@ -98,7 +99,8 @@ def run(p: Params) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="rasd-chaos-"))  # short: AF_UNIX paths <= 107 bytes
     motos: list[Moto] = []
     rep: subprocess.Popen[str] | None = None
-    proxies: list[FaultProxy] = []
+    proxies: list[Proxy] = []
+    trace: Trace | None = None
     daemons: list[Daemon] = []
     apps: list[subprocess.Popen[bytes]] = []
     jobs: Jobs | None = None
@@ -353,8 +355,8 @@ def run(p: Params) -> dict[str, Any]:
             kill_group(d.proc)
         for px in proxies:
             px.stop()
-        if proxies and proxies[0].trace is not None:
-            proxies[0].trace.close()
+        if trace is not None:
+            trace.close()
         if rep is not None:
             kill_group(rep)
         for moto in motos:
@@ -449,7 +451,7 @@ class ClockStep:
         }
 
 
-def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | None:
+def creations(p: Params, proxies: list[Proxy]) -> list[dict[str, Any]] | None:
     """The claims the proxies saw apply, each with the agent that sent it (the daemons' proxies
     come first, then the paper workers'), for the audit's "who made the second lease"; None
     unless the run is mixed with the paper's workers behind proxies (chaos.audit counts every

@@ -10,8 +10,8 @@
   (gitignored) when node/npm are on the machine (``python -m bench --install-dynalite``).
 
 Each runs in a child process so that the backend's CPU (and moto's GIL) is not the caller's.
-``endpoint`` is the backend itself; :class:`Proxy` puts ``bench.proxy``'s delay model in front
-of one.
+``endpoint`` is the backend itself; :class:`ProxyProcess` puts ``fleet.proxy``'s delay model in
+front of one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import sys
 import time
 from typing import Any
 
-from .procs import REPO, announced_port, child_env, kill_group, popen, stop
+from rasd.devtools import motoserver
+from rasd.devtools.motoserver import announced_port
+
+from .procs import REPO, child_env, kill_group, popen, stop
 
 BENCH_DIR = REPO / "bench"
 NODE_DIR = BENCH_DIR / "node_modules"
@@ -77,12 +80,13 @@ class Child:
 
 # ------------------------------------------------------------------------------------- moto
 class Moto(Child):
-    """``rasd.devtools.motoserver`` with ``env`` (default: :func:`fleet.procs.child_env`);
-    ``group``: in a process group of its own; ``stderr``: where its log goes (default:
-    ours). It serves until its stdin closes. ``wait=False``: started, not waited for (several
-    start at once); :meth:`ready` waits. ``fast``: Queries cost what their partition holds
-    (``rasd.devtools.motoserver.fast_queries``: the same answers, tested); ``count_file``:
-    where it writes the requests it served by operation (JSON) once it stops."""
+    """moto's server as a child (``rasd.devtools.motoserver.spawn``) with ``env`` (default:
+    :func:`fleet.procs.child_env`); ``group``: in a process group of its own; ``stderr``:
+    where its log goes (default: ours). It serves until its stdin closes. ``wait=False``:
+    started, not waited for (several start at once); :meth:`ready` waits. ``fast``: Queries
+    cost what their partition holds (``rasd.devtools.motoserver.fast_queries``: the same
+    answers, tested); ``count_file``: where it writes the requests it served by operation
+    (JSON) once it stops."""
 
     name = "moto"
 
@@ -98,27 +102,30 @@ class Moto(Child):
     ) -> None:
         self.group = group
         self.timeout = timeout
-        argv = [sys.executable, "-m", "rasd.devtools.motoserver"]
-        argv += ["--fast"] if fast else []
-        argv += ["--count-file", count_file] if count_file else []
-        self.proc = popen(
-            argv,
-            child_env() if env is None else env,
+        self.server = motoserver.spawn(
+            fast=fast,
+            count_file=count_file,
+            env=child_env() if env is None else env,
             group=group,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
             stderr=stderr,
+            cwd=str(REPO),
+            wait=False,
         )
+        self.proc = self.server.proc
         self.port = 0
         self.endpoint = ""
         if wait:
             self.ready()
 
     def ready(self) -> Moto:
-        """Once it has announced its port (``endpoint`` set)."""
+        """Once it has announced its port (``endpoint`` set); killed when it announces none."""
         if not self.port:
-            self.port = self._port(self.timeout)
-            self.endpoint = f"http://127.0.0.1:{self.port}"
+            try:
+                self.server.ready(self.timeout)
+            except RuntimeError:
+                self.kill()
+                raise
+            self.port, self.endpoint = self.server.port, self.server.endpoint
         return self
 
 
@@ -224,11 +231,12 @@ def start_backend(kind: str, env: dict[str, str] | None = None) -> Moto | Dynali
 
 
 # ------------------------------------------------------------------------------------ proxy
-class Proxy(Child):
-    """``bench.proxy`` in its own process, in front of ``upstream`` (an http://host:port URL):
-    ``delay_ms`` each way, ``handshake_rtts`` more round trips on a new connection's first
-    request; ``trace``: a file it writes a JSON line per request to; ``meter``: (file, table),
-    what DynamoDB would bill (``bench.meter``)."""
+class ProxyProcess(Child):
+    """``python -m fleet.proxy`` in its own process, in HTTP mode, in front of ``upstream``
+    (an http://host:port URL): ``delay_ms`` each way, ``handshake_rtts`` more round trips on
+    a new connection's first request; ``trace``: a file it writes a JSON line per request to;
+    ``meter``: (file, table, factory), the meter ``factory`` (``module:callable``) makes,
+    e.g. what DynamoDB would bill."""
 
     name = "proxy"
 
@@ -238,14 +246,24 @@ class Proxy(Child):
         delay_ms: float,
         handshake_rtts: float = 2.0,
         trace: str | None = None,
-        meter: tuple[str, str] | None = None,
+        meter: tuple[str, str, str] | None = None,
     ) -> None:
         hostport = upstream.split("://", 1)[-1].rstrip("/")
+        meter_args = []
+        if meter is not None:
+            meter_args = [
+                "--meter",
+                meter[0],
+                "--meter-table",
+                meter[1],
+                "--meter-factory",
+                meter[2],
+            ]
         self.proc = popen(
             [
                 sys.executable,
                 "-m",
-                "bench.proxy",
+                "fleet.proxy",
                 "--upstream",
                 hostport,
                 "--delay-ms",
@@ -254,7 +272,7 @@ class Proxy(Child):
                 str(handshake_rtts),
                 "--http",
                 *(["--trace", trace] if trace else []),
-                *(["--meter", meter[0], "--meter-table", meter[1]] if meter else []),
+                *meter_args,
             ],
             None,
             stdin=subprocess.PIPE,

@@ -17,6 +17,24 @@ from .procs import popen
 RASD = [sys.executable, "-m", "rasd"]
 
 
+def serve_argv(
+    socket: str | None,
+    table: str,
+    endpoint: str | None = None,
+    region: str | None = None,
+    log_level: str | None = "warning",
+    cmd: list[str] = RASD,
+) -> list[str]:
+    """``rasd serve`` for ``table`` as ``cmd`` runs it, on ``socket`` (None: the one systemd
+    hands it); its table at ``endpoint`` and its ``region`` when given, at ``log_level``
+    unless None."""
+    argv = [*cmd, "serve", *(["--socket", socket] if socket else []), "--table", table]
+    argv += ["--region", region] if region else []
+    argv += ["--endpoint-url", endpoint] if endpoint else []
+    argv += ["--log-level", log_level] if log_level else []
+    return argv
+
+
 def start_daemon(
     socket: str,
     table: str,
@@ -35,11 +53,10 @@ def start_daemon(
     # alone: the machines this runs on keep no synchronised kernel clock, and every backend
     # answers with this host's own (``env`` may say otherwise)
     env = {"RASD_ACL_OPEN": "true", "RASD_CLOCK_CHECK": "date", **env}
-    serve = ["serve", "--socket", socket, "--table", table, "--region", region,
-             "--endpoint-url", endpoint, "--log-level", "warning"]  # fmt: skip
+    argv = serve_argv(socket, table, endpoint, region, cmd=cmd)
     with open(log, "ab" if append else "wb") as err:
         proc: subprocess.Popen[bytes] = popen(
-            [*cmd, *serve],
+            argv,
             env,
             group=group,
             stdin=subprocess.DEVNULL,

@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -98,29 +96,6 @@ def stop(proc: subprocess.Popen[Any], grace: float = 0.0) -> None:
     with contextlib.suppress(OSError, ValueError):
         if proc.stdout:
             proc.stdout.close()
-
-
-def announced_port(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
-    """The port in the child's first ``PORT n`` line on stdout (a pipe read no more after
-    this). RuntimeError, with what it printed, when it exits or stays silent ``timeout``
-    seconds first."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            buf += chunk
-            for line in buf.decode(errors="replace").split("\n")[:-1]:  # whole lines only
-                if line.startswith("PORT "):
-                    return int(line.split()[1])
-        if proc.poll() is not None:
-            break
-    raise RuntimeError(f"{proc.args!r} announced no port (exit {proc.poll()}): {buf!r}")
 
 
 def summary_line(out: str) -> dict[str, Any] | None:

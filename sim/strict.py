@@ -5,7 +5,7 @@ The run is the simulation's balancer run (same traffic, backends, replicator, jo
 second pool, ``sim/strict``, whose home region is the first region (us-east-1): each key's
 requests go to one of the two pools (by a hash of the key: about half each), each pool has
 the resources the traffic would need alone. The other regions' daemons reach the home
-region through :mod:`sim.delayproxy`, which adds ``one_way_ms`` in each direction: the
+region through :mod:`fleet.proxy`, which adds ``one_way_ms`` in each direction: the
 cross-region round trip a new key of a strict pool pays. At the end, the probe's keys are
 requested in every region at once in both pools.
 
@@ -63,12 +63,13 @@ class StrictWorld(World):
     def start_backends(self) -> None:
         super().start_backends()
         port = self.endpoints[self.home].rsplit(":", 1)[1]
-        cmd = [sys.executable, "-m", "sim.delayproxy", "--target", f"127.0.0.1:{port}"]
-        cmd += ["--one-way-ms", str(self.one_way_ms)]
+        # a byte pipe holding every chunk one_way_ms each way; no handshakes modelled
+        cmd = [sys.executable, "-m", "fleet.proxy", "--upstream", f"127.0.0.1:{port}"]
+        cmd += ["--delay-ms", str(self.one_way_ms), "--handshake-rtts", "0"]
         proc = procs.popen(cmd, self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.children.append(proc)
         assert proc.stdout is not None
-        self.proxy_url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        self.proxy_url = f"http://127.0.0.1:{int(proc.stdout.readline().split()[1])}"  # PORT n
 
     def seed_more(self, split: dict[str, int], now_us: int) -> None:
         names = resource_names(split, "str-")

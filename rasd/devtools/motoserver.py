@@ -24,7 +24,8 @@ FilterExpression (the liberator's, each run) copies only the items that pass the
 moto copies every item read: a fifth of the time at 6,000 items, with the same pages.
 
 :func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
-so that its Python does not share a GIL with a daemon's. That process prints ``PORT n`` and
+so that its Python does not share a GIL with a daemon's: ``rasd dev``'s, the tests' and the
+dev tools' (``fleet.backends.Moto``) children all start there. That process prints ``PORT n`` and
 serves until its stdin closes: its parent ends it by closing the pipe, and it never outlives
 a parent that died. Run by hand, ``--until-signal`` keeps it up until Ctrl-C or SIGTERM
 instead (``--port`` picks the port): a moto of its own for ``rasd serve`` or ``rasadmin``.
@@ -44,6 +45,7 @@ import json
 import logging
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -329,11 +331,21 @@ def serve_forever(
 
 
 class Spawned:
-    """moto's server in a child process (:func:`spawn`): ``endpoint``, ``stop()``."""
+    """moto's server in a child process (:func:`spawn`): ``proc``; ``port`` and ``endpoint``
+    once :meth:`ready`; ``stop()``."""
 
-    def __init__(self, proc: subprocess.Popen[str], endpoint: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.endpoint = endpoint
+        self.port = 0
+        self.endpoint = ""
+
+    def ready(self, timeout: float = 60.0) -> Spawned:
+        """Once it has announced its port (``endpoint`` set); RuntimeError when it exits or
+        stays silent ``timeout`` seconds first."""
+        if not self.port:
+            self.port = announced_port(self.proc, timeout)
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+        return self
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
@@ -345,23 +357,67 @@ class Spawned:
             self.proc.wait()
 
 
-def spawn(log_file: str | None = None, fast: bool = True) -> Spawned:
-    """Start moto's server in its own process on a free loopback port, and wait for it."""
+def spawn(
+    log_file: str | None = None,
+    fast: bool = True,
+    count_file: str | None = None,
+    env: dict[str, str] | None = None,
+    group: bool = False,
+    stderr: int | None = None,
+    cwd: str | None = None,
+    wait: bool = True,
+    timeout: float = 60.0,
+) -> Spawned:
+    """Start moto's server in its own process on a free loopback port, and (``wait``) wait
+    until it serves (killed when it does not); every harness that wants moto as a child
+    starts it here. ``env``: its environment (default: ours); ``group``: it leads a process
+    group of its own; ``stderr``: where its log goes (default: ours); ``cwd``: its working
+    directory; ``fast``, ``log_file``, ``count_file``: :func:`serve_forever`'s."""
     argv = [sys.executable, "-m", "rasd.devtools.motoserver"]
-    if fast:
-        argv.append("--fast")
-    if log_file:
-        argv += ["--log-file", log_file]
+    argv += ["--fast"] if fast else []
+    argv += ["--log-file", log_file] if log_file else []
+    argv += ["--count-file", count_file] if count_file else []
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=dict(os.environ) if env is None else env,
+        cwd=cwd,
+        start_new_session=group,
     )
+    server = Spawned(proc)
+    if wait:
+        try:
+            server.ready(timeout)  # moto's import takes a while
+        except RuntimeError:
+            proc.kill()
+            proc.wait()
+            raise
+    return server
+
+
+def announced_port(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
+    """The port in the child's first ``PORT n`` line on stdout (a pipe read no more after
+    this). RuntimeError, with what it printed, when it exits or stays silent ``timeout``
+    seconds first."""
     assert proc.stdout is not None
-    line = proc.stdout.readline()  # "PORT n" once it serves (moto's import takes a while)
-    if not line.startswith("PORT "):
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"moto's server did not start: {line!r}")
-    return Spawned(proc, f"http://127.0.0.1:{line.split()[1]}")
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+                if line.startswith("PORT "):
+                    return int(line.split()[1])
+        if proc.poll() is not None:
+            break
+    raise RuntimeError(f"{proc.args!r} announced no port (exit {proc.poll()}): {buf!r}")
 
 
 def build_parser() -> Any:

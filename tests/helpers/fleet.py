@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import rasd_client
+from fleet import daemons
 from rasd.core import lease as L
 from rasd.core import serialize as S
 from rasd.core import writes as W
@@ -23,42 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_daemon(
     sock: str, table: str, endpoint: str, region: str = "us-east-1", **settings: str
-) -> Any:
-    """``rasd serve`` in its own process, once it answers ready; ``settings`` as ``RASD_*``."""
+) -> subprocess.Popen[bytes]:
+    """``rasd serve`` in its own process (``fleet.daemons``), once it answers ready;
+    ``settings`` as ``RASD_*``; its log beside its socket (``<sock>.log``)."""
     env = {"RASD_ACL_OPEN": "true", **os.environ, "PYTHONPATH": str(ROOT)}
     env.update({f"RASD_{name.upper()}": value for name, value in settings.items()})
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rasd",
-            "serve",
-            "--socket",
-            sock,
-            "--table",
-            table,
-            "--region",
-            region,
-            "--endpoint-url",
-            endpoint,
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise AssertionError(f"daemon died: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            # ping answers ready=False while the daemon is still starting
-            if rasd_client.call_raw("ping", socket_path=sock, timeout=1.0)["ready"]:
-                return proc
-        except rasd_client.RasdError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("daemon never became ready")
+    log = sock + ".log"
+    proc = daemons.start_daemon(sock, table, region, endpoint, env, log)
+    if not daemons.wait_ready(sock, proc, timeout=30.0):
+        alive = proc.poll() is None
+        if alive:
+            proc.kill()
+            proc.wait(5)
+        with open(log, errors="replace") as f:
+            said = f.read()
+        what = "daemon never became ready" if alive else "daemon died"
+        raise AssertionError(f"{what}: {said}")
+    return proc
 
 
 def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> dict[str, int]:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import rasd_client
+from fleet.daemons import serve_argv
 from rasd_client import aio as rasd_aio
 from rasd_client import wire
 from tests.helpers.deadlines import WAIT
@@ -287,20 +288,7 @@ def test_sd_notify_ready_watchdog_stopping(
     sock, log = str(short_tmp / "n.sock"), short_tmp / "n.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rasd",
-                "serve",
-                "--socket",
-                sock,
-                "--table",
-                table,
-                "--endpoint-url",
-                moto_endpoint,
-                "--log-level",
-                "warning",
-            ],
+            serve_argv(sock, table, moto_endpoint),
             env=serve_env(NOTIFY_SOCKET=notify.path, WATCHDOG_USEC="200000"),
             stderr=err,
             cwd=ROOT,

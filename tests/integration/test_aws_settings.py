@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import ssl
-import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +31,7 @@ import pytest
 import requests
 
 from rasd.config import Config
+from rasd.devtools import motoserver
 from rasd.server import Daemon
 from rasd_client import aio as rasd_aio
 from tests.helpers.tables import seed_pool
@@ -277,20 +277,12 @@ class IamMoto:
 def iam_moto() -> Iterator[IamMoto]:
     """moto in its own process; users with access keys, the table and a pool, then IAM
     authentication switched on (signatures verified from then on)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rasd.devtools.motoserver"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server = motoserver.spawn(fast=False)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        assert line[0] == "PORT", line
+        assert server.proc.stdout is not None
         # whatever moto prints later must not fill the pipe and block it
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        port = int(line[1])
-        url = f"http://127.0.0.1:{port}"
+        threading.Thread(target=server.proc.stdout.read, daemon=True).start()
+        port, url = server.port, server.endpoint
         iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1")
         keys = {}
         users = (("rasd", ("a", "b")), ("rotating", ("r1", "r2")), ("admin", ("admin",)))
@@ -317,9 +309,7 @@ def iam_moto() -> Iterator[IamMoto]:
         seed_pool(moto.admin(), TABLE, count=20)
         yield moto
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(10)
+        server.stop()
 
 
 @pytest.fixture

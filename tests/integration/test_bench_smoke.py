@@ -11,24 +11,25 @@ from typing import Any
 
 import pytest
 
-from bench import proxy
 from bench.baseline import BaselineAgent
+from fleet import proxytest
+from fleet.proxy import Proxy
 from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 def test_proxy_self_tests_run() -> None:
-    tcp = proxy.self_test(delay_s=0.001, handshake_rtts=2.0, n=5)
+    tcp = proxytest.self_test(delay_s=0.001, handshake_rtts=2.0, n=5)
     assert tcp["proxied_p50_ms"] > 0 and "first_rtt_new_conn_p50_ms" in tcp
-    http = proxy.http_self_test(delay_s=0.001, handshake_rtts=2.0, n=5)
+    http = proxytest.http_self_test(delay_s=0.001, handshake_rtts=2.0, n=5)
     assert http["proxied_p50_ms"] > 0 and "first_request_ms" in http
 
 
 def test_baseline_agent_acquires_then_finds(ddb: Any, table: str, moto_endpoint: str) -> None:
     seed_pool(ddb, table, client_id="bench", pool_id="p", count=5)
     host, port = moto_endpoint.removeprefix("http://").split(":")
-    with proxy.DelayProxy((host, int(port)), delay_s=0.0005, http=True) as px:
+    with Proxy((host, int(port)), delay_s=0.0005, handshake_rtts=2.0, http=True) as px:
         agent = BaselineAgent(table, "us-east-1", px.url)
         exp = int((time.time() + 600) * 1_000_000)
         first = agent.get_lease("bench", "p", "k1", exp)

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 import rasd_client
+from fleet.daemons import serve_argv
 from tests.helpers.tables import seed_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
@@ -79,10 +79,7 @@ def test_handover_with_metrics_port_completes_and_the_successor_serves_metrics(
         "LISTEN_FDNAMES": "rasd",
         "RASD_METRICS_PORT": str(port),
     }
-    argv = [
-        sys.executable, "-m", "rasd", "serve", "--table", table,
-        "--endpoint-url", moto_endpoint, "--log-level", "info",
-    ]  # fmt: skip
+    argv = serve_argv(None, table, moto_endpoint, log_level="info")
     # sh sets LISTEN_PID to its own pid, which exec keeps (as the hand-over does)
     old = subprocess.Popen(
         ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "rasd", *argv],

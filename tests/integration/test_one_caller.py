@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import rasd_client
+from fleet.daemons import serve_argv
 from rasd_client import aio as rasd_aio
 from rasd_client.errors import RasdError
 from tests.helpers.deadlines import WAIT, until
@@ -156,9 +157,9 @@ def test_one_process_holding_1500_connections_leaves_another_served(
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
     env = {"RASD_ACL_OPEN": "true", **os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "rasd", "serve", "--socket", sock, "--table", table]
-    argv += ["--endpoint-url", moto_endpoint, "--log-level", "warning"]
-    daemon = subprocess.Popen(argv, env=env, preexec_fn=files_1024)
+    daemon = subprocess.Popen(
+        serve_argv(sock, table, moto_endpoint), env=env, preexec_fn=files_1024
+    )
     flood = None
     try:
         until_ready(sock, daemon)

@@ -1,4 +1,4 @@
-"""A pool's outage budget, against moto over HTTP behind a fault proxy (``chaos.proxy``)
+"""A pool's outage budget, against moto over HTTP behind a fault proxy (``fleet.proxy``)
 whose outage window makes every call of the daemon fail, as a DynamoDB outage or a host cut
 off from it would.
 
@@ -19,7 +19,7 @@ import pytest
 import structlog
 
 import rasd_client
-from chaos.proxy import FaultPlan, FaultProxy
+from fleet.proxy import FaultPlan, Proxy
 from rasd.core import schema
 from rasd.core.lease import US, parse_time
 from rasd_client import aio
@@ -51,13 +51,14 @@ def _asker(sock: str) -> Callable[..., Any]:
 @pytest.fixture
 def proxy(moto_endpoint: str) -> Any:
     host, port = moto_endpoint.split("://", 1)[1].rsplit(":", 1)
-    p = FaultProxy((host, int(port)), FaultPlan(rate=0.0, enabled=True), seed="outage").start()
+    plan = FaultPlan(rate=0.0, enabled=True)
+    p = Proxy((host, int(port)), http=True, plan=plan, seed="outage").start()
     yield p
     p.stop()
 
 
 async def test_an_outage_within_the_budget_answers_confirmed_leases_and_fails_new_keys(
-    make_daemon: Any, ddb: Any, table: str, proxy: FaultProxy
+    make_daemon: Any, ddb: Any, table: str, proxy: Proxy
 ) -> None:
     _pool(ddb, table, "budget", [f"b{i}" for i in range(8)])
     _pool(ddb, table, "plain", ["p0", "p1"], budget=0.0)
@@ -109,7 +110,7 @@ async def test_an_outage_within_the_budget_answers_confirmed_leases_and_fails_ne
 
 
 async def test_a_host_cut_off_serves_a_released_lease_only_until_its_resource_can_be_taken(
-    make_daemon: Any, ddb: Any, table: str, proxy: FaultProxy
+    make_daemon: Any, ddb: Any, table: str, proxy: Proxy
 ) -> None:
     """d1 is cut off (its proxy fails every call) while d0 goes on: d0's release keeps the
     one resource out for the pool's quarantine, and d1's last answer of it for the released

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import rasd_client
+from fleet.daemons import serve_argv
 from rasd.config import Config
 from rasd.server import Daemon
 from tests.helpers.tables import seed_pool
@@ -160,10 +161,8 @@ async def test_rasd_serve_on_a_live_socket_exits_2_naming_it(
     async with make_daemon() as first:
         path = first.cfg.socket
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "LISTEN_"))}
-        argv = [sys.executable, "-m", "rasd", "serve", "--socket", path, "--table", table]
-        argv += ["--endpoint-url", moto_endpoint]
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *serve_argv(path, table, moto_endpoint, log_level=None),
             cwd=ROOT,
             env={**env, "PYTHONPATH": str(ROOT), "RASD_ACL_OPEN": "true"},
             stdout=asyncio.subprocess.PIPE,

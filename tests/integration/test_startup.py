@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ import boto3
 import pytest
 
 import rasd_client
+from fleet.daemons import serve_argv
 from rasd.core import schema
 from rasd.devtools import motoserver
 from tests.helpers.tables import seed_pool
@@ -53,20 +53,7 @@ def _serve(sock: str, endpoint: str, table: str, log: Path, **env: str) -> Any:
     )
     with log.open("ab") as err:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rasd",
-                "serve",
-                "--socket",
-                sock,
-                "--table",
-                table,
-                "--endpoint-url",
-                endpoint,
-                "--log-level",
-                "info",
-            ],
+            serve_argv(sock, table, endpoint, log_level="info"),
             env=full,
             stderr=err,
             cwd=ROOT,

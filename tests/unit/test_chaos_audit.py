@@ -539,7 +539,7 @@ def test_rasadmin_refusals_are_told_apart() -> None:
 
 
 def made(key: str, res: str, sent: float, got: float, agent: str) -> dict[str, Any]:
-    """A claim the run's proxies saw apply (chaos.proxy.lease_event), with its agent."""
+    """A claim the run's proxies saw apply (chaos.wiretap.lease_event), with its agent."""
     return {"key": key, "resource": res, "version": 1, "sent": sent, "got": got, "agent": agent}
 
 
@@ -623,13 +623,13 @@ def test_the_paper_agents_answer_of_a_lease_rasd_adopted_and_released_is_stale()
 
 
 def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
-    """chaos.proxy.lease_event: rasd's claim and the paper's claim that applied are claims,
+    """chaos.wiretap.lease_event: rasd's claim and the paper's claim that applied are claims,
     rasd's extension an extension, a leased-index Query a lookup, a daemon's free and the
     liberator's a free; a refused write and an adoption are nothing."""
     import json
 
     from bench.baseline import paper_claim
-    from chaos.proxy import lease_event
+    from chaos.wiretap import lease_event
     from rasd.core import builders as B
     from rasd.core import decide as D
     from rasd.core import lease as L

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from fleet import procs
+from rasd.devtools import motoserver
 
 
 def test_the_childs_environment_drops_the_developers_settings(
@@ -53,7 +54,7 @@ def child(code: str) -> subprocess.Popen[bytes]:
 def test_the_announced_port_is_read_past_other_lines() -> None:
     proc = child("import sys; print('starting'); print('PORT 4242', flush=True); sys.stdin.read()")
     try:
-        assert procs.announced_port(proc, timeout=30) == 4242
+        assert motoserver.announced_port(proc, timeout=30) == 4242
     finally:
         procs.stop(proc, grace=5)
     assert proc.returncode == 0  # it stopped when its stdin closed
@@ -62,7 +63,7 @@ def test_the_announced_port_is_read_past_other_lines() -> None:
 def test_a_child_that_exits_without_a_port_says_what_it_printed() -> None:
     proc = child("print('no luck')")
     with pytest.raises(RuntimeError, match="no luck"):
-        procs.announced_port(proc, timeout=30)
+        motoserver.announced_port(proc, timeout=30)
     procs.stop(proc, grace=5)
 
 
