@@ -1,40 +1,9 @@
 """moto's DynamoDB server on loopback, for ``rasd dev``, the tests, the benchmarks and the
-simulation. (Development only: production is real DynamoDB; moto is never imported by
-``rasd serve``.)
-
-moto's threaded server does not serialise conditional writes: two UpdateItems on one item can
-both evaluate their condition before either writes, and both "succeed". Real DynamoDB never
-does that, and rasd's correctness rests on it. ``start()`` therefore wraps the DynamoDB
-backend's write operations in one lock, so each conditional write is atomic, as in DynamoDB.
-
-Query and Scan take the lock too: moto's Query picks the index's items (those with every key
-attribute) and then sorts them by those attributes, without a lock; a claim that removes
-``lease_available`` in between (an item leaving the sparse ``available_resources`` index)
-made the sort raise ``KeyError: 'lease_available'``, answered as a 500. In DynamoDB a Query
-sees each item either in the index or not. GetItem stays concurrent.
-
-:func:`fast_queries` (``rasd dev``, and whoever asks) spares moto work a Query does not
-need: moto lists every item of the table, sorted, for each Query, also for one partition
-key of the base table (a key's mapping items); with it a base-table Query lists only that
-key's items, and an index Query gets the items unsorted (it sorts what matches itself), only
-those that pass moto's own test of the index's hash key (made once, in a plain loop, before
-moto's heavier one). The answers are the same; a base-table Query costs what its partition
-holds, not what the table does, and an index Query little more. A base-table Scan with a
-FilterExpression (the liberator's, each run) copies only the items that pass the filter, where
-moto copies every item read: a fifth of the time at 6,000 items, with the same pages.
-
-:func:`spawn` runs the server in its own process (``python -m rasd.devtools.motoserver``),
-so that its Python does not share a GIL with a daemon's: ``rasd dev``'s, the tests' and the
-dev tools' (``fleet.backends.Moto``) children all start there. That process prints ``PORT n`` and
-serves until its stdin closes: its parent ends it by closing the pipe, and it never outlives
-a parent that died. Run by hand, ``--until-signal`` keeps it up until Ctrl-C or SIGTERM
-instead (``--port`` picks the port): a moto of its own for ``rasd serve`` or ``rasadmin``.
-
-A slow DynamoDB, for the flake hunt (docs/testing.md) and nothing else: with
-``RASD_MOTO_DELAY=SECONDS`` in the environment of the process that starts the server, every
-request waits a random time, uniform in [0, 2 x SECONDS], before moto handles it (outside the
-lock, as network latency); with ``RASD_MOTO_STALLS=P:SECONDS`` too, a share P of requests
-waits that long more (a stalled reply, which the daemons' attempt timeouts cut short).
+simulation (development only: ``rasd serve`` never imports moto). :func:`start` makes each
+conditional write atomic, as in DynamoDB; :func:`fast_queries` spares Queries the work they
+do not need; :func:`spawn` runs it in a process of its own (docs/design.md, "Testing against
+moto"). ``RASD_MOTO_DELAY`` and ``RASD_MOTO_STALLS`` slow it for the flake hunt
+(docs/testing.md).
 """
 
 from __future__ import annotations

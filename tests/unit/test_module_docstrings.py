@@ -17,7 +17,6 @@ MAX_DOC_LINES = 10
 #: were cut. The lead empties this set after merging them (and deletes it once empty).
 TEMPORARY_LONG_DOCSTRINGS = frozenset(
     {
-        "rasd/devtools/motoserver.py",
         "rasd/steps/__init__.py",
     }
 )
