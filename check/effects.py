@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from itertools import permutations
-from typing import Any, assert_never
+from typing import Any, assert_never, cast
 
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Timeout, Unavailable
@@ -131,7 +131,7 @@ class Host:
         """How a read is named in a step's label."""
         return type(eff).__name__
 
-    def written_in(self, w: World, p: Proc, eff: At) -> str | None:
+    def written_in(self, w: World, p: Proc, eff: At[Any]) -> str | None:
         """The replica a write ``At(region, ...)`` is made in, when it is not ``region``'s
         own (the driver has no endpoint for ``region``); None: ``region``'s (the model's
         one table, where the write is ordered with that region's own writes)."""
@@ -285,7 +285,7 @@ def _read_back_later(w0: World, host: Host, p: Proc) -> Out:
         _send(w, host, p, replace(p, later=None), result)
         what = "late" if late else ("FAILED" if not ok else "")
         kinds = ", ".join(
-            f"{(c.call if isinstance(c, At) else c).write.kind} {g.outcome.value.upper()}"
+            f"{cast(Send, c.call if isinstance(c, At) else c).write.kind} {g.outcome.value.upper()}"
             for c, r, g in zip(calls, p.later, got, strict=True)
             if r is LATER
         )

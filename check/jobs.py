@@ -63,7 +63,8 @@ class JobHost(Host):
 
     def query(self, w: World, p: Proc, eff: Any) -> list[tuple[str, Any]]:
         if isinstance(eff, At):
-            k = eff.call.key
+            call: Any = eff.call  # a read of one item (``GetItem``)
+            k = call.key
             if k[0] == CLIENT or k[1] == eff.region:  # the region's own item: current
                 return [("", frozen(w.get(k)))]
             opts: list[tuple[str, Any]] = [("", frozen(w.get(k)))]
@@ -110,7 +111,7 @@ class JobHost(Host):
             return "leased index"
         return "available index"
 
-    def written_in(self, w: World, p: Proc, eff: At) -> str | None:
+    def written_in(self, w: World, p: Proc, eff: At[Any]) -> str | None:
         """The balancer's driver writes an item in its region's replica when it has an
         endpoint for it (``--peer-endpoint``; it refuses to run without one for each region);
         with the known-bad rule set that drops that requirement, in its own."""

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping as MappingT
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, assert_never
+from typing import Any, assert_never, cast
 
 import structlog
 from botocore.exceptions import BotoCoreError, ClientError
@@ -26,6 +26,7 @@ from rasd.dynamo.retry import attempt_failed, classify_code, classify_exception,
 from rasd.steps import (
     At,
     Common,
+    DdbCall,
     Delete,
     GetItem,
     Join,
@@ -137,7 +138,7 @@ class Driver:
                     raise Unavailable(
                         f"no endpoint for region {eff.region}: its items are not written"
                     )
-                return self.perform(eff.call, peer or ddb)
+                return self.perform(cast(DdbCall, eff.call), peer or ddb)
             case Note():
                 if eff.level:
                     getattr(self.log, eff.level)(eff.event, **dict(eff.fields))

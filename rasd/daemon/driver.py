@@ -42,7 +42,6 @@ from ..steps import (
     Mono,
     Note,
     Now,
-    Program,
     Put,
     QueryAvailable,
     QueryLeased,
@@ -211,7 +210,7 @@ class Driver:
             await store.close()
 
     async def run(
-        self, fn: Callable[..., Program[R]], *args: Any, deadline: float | None = None
+        self, fn: Callable[..., S.DaemonProgram[R]], *args: Any, deadline: float | None = None
     ) -> R:
         """Run the program ``fn(daemon, *args)``, ``daemon`` this daemon as its programs see
         it: its calls end by the request's ``deadline`` (None: a background program's own)."""
@@ -220,7 +219,7 @@ class Driver:
             return await self.run_bg(prog)
         return await drive(prog, Run(self, deadline).perform)
 
-    async def run_bg(self, prog: Program[R]) -> R:
+    async def run_bg(self, prog: S.DaemonProgram[R]) -> R:
         """Run a background program: its own deadline, not bound to a request."""
         return await drive(prog, Run(self, time.monotonic() + S.BACKGROUND_DEADLINE).perform)
 

@@ -11,12 +11,18 @@ through the pure functions of :mod:`rasd.core.decide` and the write builders of
 :mod:`rasd.core.builders`. This is h11's split, with the state machine written as
 straight-line code:
 
-    def free_it(ident, now_us):               # a program
-        item = yield GetItem(ident)           # one strongly consistent read
+    def free_it(ident, now_us):                # a program
+        item = yield from GetItem(ident)       # one strongly consistent read
         if item is None:
             return "gone"
-        res = yield Send(liberate(...))       # one conditional write
+        res = yield from Send(liberate(...))   # one conditional write
         return res.outcome.value
+
+Programs are typed: each effect class is :class:`Returns` of its result type, and
+``yield from effect`` yields the effect and returns what was sent back as that type, so mypy
+checks how a program uses each result; a program's type (:data:`Program`, or
+:data:`rasd.steps.daemon.DaemonProgram` for the daemon's) names the closed union of effects
+it may yield, so mypy rejects any other. An effect whose result is unused is yielded plainly.
 
 Two kinds of interpreter run the same programs:
 
@@ -48,32 +54,53 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar, overload
 
 from ..core.decide import Outcome
 from ..core.errors import RasdError
+from ..core.lease import Mapping, ResourceItem
 from ..core.writes import ItemKey, Value, Write
 
 R = TypeVar("R")
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
+E = TypeVar("E")
 
-#: What a program yields: one of the effect classes below (or a driver-specific one).
-Effect = Any
-#: A program: yields effects, is sent their results, returns its answer.
-Program = Generator[Effect, Any, R]
+
+class Returns(Generic[T_co]):
+    """An effect whose result is a ``T_co``. ``x = yield from eff`` yields ``eff`` (as the
+    program's own effect, checked against the program's union) and returns what the
+    interpreter sent back, typed as ``T_co``: the one step a program takes per result."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Generator[Self, object, T_co]:
+        return (yield self)  # type: ignore[return-value]
+
+
+class Call(Returns[T_co]):
+    """A DynamoDB call (:data:`DdbCall`): what :class:`At` and :class:`Together` take."""
+
+    __slots__ = ()
+
+
 #: A read-back check for a write whose outcome is unknown (``rasd.core.map_builders.ReadBack``).
 ReadBack = Callable[[dict[str, Any]], bool]
 
 
 # --------------------------------------------------------------------------- DynamoDB calls
 @dataclass(frozen=True, slots=True)
-class GetItem:
+class GetItem(Call[dict[str, Value] | None]):
     """One strongly consistent GetItem. Result: the item as a plain dict, or None."""
 
     key: ItemKey
 
 
 @dataclass(frozen=True, slots=True)
-class QueryMappings:
+class QueryMappings(Call[list[Mapping]]):
     """The key's mapping items, every region's (one strongly consistent Query).
     Result: ``list[rasd.core.lease.Mapping]``."""
 
@@ -83,7 +110,7 @@ class QueryMappings:
 
 
 @dataclass(frozen=True, slots=True)
-class QueryLeased:
+class QueryLeased(Call[list[ResourceItem]]):
     """The leased-resources index's items for the key (eventually consistent: a hint, never
     a decision). Result: ``list[rasd.core.lease.ResourceItem]``."""
 
@@ -106,7 +133,7 @@ class WriteResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
+class Send(Call[WriteResult]):
     """One conditional write. Result: ``rasd.steps.WriteResult`` (outcome, item as written,
     error). A write never raises into the program: an error is an outcome (``UNKNOWN``, or
     ``REJECTED`` with ``error`` set when the table refused it for another reason).
@@ -117,16 +144,29 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class Together:
+class Together(Call[tuple[object, ...]]):
     """Several calls in one round trip. Result: a tuple of their results, in order. A read
-    in it that fails makes the whole effect fail (its error is thrown into the program)."""
+    in it that fails makes the whole effect fail (its error is thrown into the program).
+    :func:`together` yields one with each result typed."""
 
-    calls: tuple[Effect, ...]
+    calls: tuple[DdbCall, ...]
+
+
+@overload
+def together(a: Call[A], b: Call[B], /) -> Generator[Together, object, tuple[A, B]]: ...
+@overload
+def together(
+    a: Call[A], b: Call[B], c: Call[C], /
+) -> Generator[Together, object, tuple[A, B, C]]: ...
+def together(*calls: Call[object]) -> Generator[Together, object, tuple[object, ...]]:
+    """``a, b = yield from together(a, b)``: :class:`Together`, each result typed as its
+    call's."""
+    return (yield Together(calls))  # type: ignore[arg-type, return-value]
 
 
 # ------------------------------------------------------------------- the jobs' calls
 @dataclass(frozen=True, slots=True)
-class At:
+class At(Call[T]):
     """``call`` (a DynamoDB call above) made in ``region``'s replica rather than the
     program's own: ``ras-dedupe`` and ``rasadmin delete-pool`` write each region's items
     where that region's daemons write them. The driver refuses (throws) a write to a region
@@ -134,11 +174,11 @@ class At:
     reads another region's replica as lagging. Result: ``call``'s."""
 
     region: str
-    call: Effect
+    call: Call[T]
 
 
 @dataclass(frozen=True, slots=True)
-class Put:
+class Put(Call[WriteResult]):
     """A whole item written with PutItem (a new resource, a pool definition), as DynamoDB
     attribute values. ``only_new``: conditional on no item under its key. Result: a
     ``rasd.steps.WriteResult`` (REJECTED: the key was taken), as for :class:`Send`."""
@@ -149,7 +189,7 @@ class Put:
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(Call[WriteResult]):
     """DeleteItem, unconditional (a pool definition: nothing is claimed through it).
     Result: a ``rasd.steps.WriteResult``."""
 
@@ -157,7 +197,7 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
-class QueryAvailable:
+class QueryAvailable(Call[list[ResourceItem]]):
     """One page of one sub-partition of the ``available_resources`` index (eventually
     consistent: a claim decides, on its conditions).
     Result: ``list[rasd.core.lease.ResourceItem]``."""
@@ -179,7 +219,7 @@ def in_region(region: str | None, prog: Program[R]) -> Program[R]:
     of ``prog`` goes on inside, in ``region`` too."""
     if region is None:
         return (yield from prog)
-    sent: Any = None
+    sent: object = None
     while True:
         prog, eff, _ = advance(prog, sent)
         if isinstance(eff, Done):
@@ -194,17 +234,17 @@ def in_region(region: str | None, prog: Program[R]) -> Program[R]:
 
 # ------------------------------------------------------------------------------ local
 @dataclass(frozen=True, slots=True)
-class Now:
+class Now(Returns[int]):
     """The wall clock. Result: microseconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True)
-class Mono:
+class Mono(Returns[float]):
     """The monotonic clock. Result: seconds (float)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(Returns[None]):
     """Wait. ``bounded``: within the request's deadline (the driver throws
     ``rasd.core.errors.Timeout`` if the deadline would pass first). Result: None."""
 
@@ -213,12 +253,12 @@ class Sleep:
 
 
 @dataclass(frozen=True, slots=True)
-class Spawn:
+class Spawn(Returns[object]):
     """Start ``fn(*args)`` (a program function) as a task of its own, not bound to this
     request. Result: a handle that :class:`Join` takes (the driver's task, the checker's
     process). The arguments are values (hashable): the checker keeps them in its states."""
 
-    fn: Callable[..., Program[Any]]
+    fn: Callable[..., AnyProgram[Any]]
     args: tuple[Any, ...] = ()
 
     def trace(self) -> Trace:
@@ -227,32 +267,33 @@ class Spawn:
 
 
 @dataclass(frozen=True, slots=True)
-class Join:
+class Join(Returns[None]):
     """Wait for a spawned program, at most until the deadline. Result: None."""
 
     handle: Any = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)
-class Tail:
+class Tail(Returns[R]):
     """What remains of this program, and of every program that ``yield from``s it (each
     returning what it returns), is ``fn(*args)``: a loop's next round as a call. A driver
     goes on with the new program; the checker keeps a loop's state as its arguments rather
     than as the history of its earlier rounds. Result: none (the program is left)."""
 
-    fn: Callable[..., Program[Any]]
+    fn: Callable[..., AnyProgram[R]]
     args: tuple[Any, ...] = ()
 
 
-def goto(fn: Callable[..., Program[R]], *args: Any) -> Program[R]:
+def goto(
+    fn: Callable[..., Generator[E, object, R]], *args: Any
+) -> Generator[E | Tail[R], object, R]:
     """``return (yield from goto(fn, *args))``: end this program as ``fn(*args)`` ends
-    (a :class:`Tail`, typed)."""
-    result: R = yield Tail(fn, args)
-    return result
+    (a :class:`Tail`, typed; the program may yield what ``fn``'s may)."""
+    return (yield from Tail(fn, args))
 
 
 @dataclass(frozen=True, slots=True)
-class Note:
+class Note(Returns[None]):
     """Something worth counting or logging (a counter name, and log fields). Result: None.
     The checker ignores notes."""
 
@@ -278,12 +319,15 @@ class Done:
     error: BaseException | None = None
 
 
+#: A program of any actor, as the interpreters step it (each driver's entry point takes its
+#: own actor's kind, :data:`Program` or ``DaemonProgram``, and performs that kind's union).
+AnyProgram = Generator[Any, object, R]
 #: What :func:`advance` returns: the program now running, its next effect (or
 #: :class:`Done`), and the last :class:`Tail` it followed (None: the same program goes on).
-Stepped = tuple[Program[Any], Effect | Done, Tail | None]
+Stepped = tuple[AnyProgram[Any], Any, Tail[Any] | None]
 
 
-def advance(prog: Program[Any], sent: Any = None) -> Stepped:
+def advance(prog: AnyProgram[Any], sent: object = None) -> Stepped:
     """Send ``sent`` into ``prog`` (throw its error, for a :class:`Raised`) and run it to
     its next effect: the one stepping loop every driver and the checker use.
 
@@ -292,7 +336,7 @@ def advance(prog: Program[Any], sent: Any = None) -> Stepped:
     trace there). A program that returns ends as ``Done(value)``; one that raises a
     :class:`rasd.core.errors.RasdError` ends as ``Done(error=...)``, and a driver raises it
     to its own caller. Any other exception propagates, as a bug."""
-    tail: Tail | None = None
+    tail: Tail[Any] | None = None
     while True:
         try:
             eff = prog.throw(sent.error) if type(sent) is Raised else prog.send(sent)
@@ -306,14 +350,14 @@ def advance(prog: Program[Any], sent: Any = None) -> Stepped:
         tail, prog, sent = eff, eff.fn(*eff.args), None
 
 
-def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
+def drive_sync(prog: AnyProgram[R], perform: Callable[[Any], object]) -> R:
     """Run ``prog`` to its end, performing each effect with ``perform`` (blocking). A
     :class:`rasd.core.errors.RasdError` that ``perform`` raises is thrown into the program;
     one the program raises is raised here."""
     prog, eff, _ = advance(prog)
     while not isinstance(eff, Done):
         try:
-            sent = perform(eff)
+            sent: object = perform(eff)
         except RasdError as exc:
             sent = Raised(exc)
         prog, eff, _ = advance(prog, sent)
@@ -322,13 +366,13 @@ def drive_sync(prog: Program[R], perform: Callable[[Effect], Any]) -> R:
     return eff.value  # type: ignore[no-any-return]
 
 
-async def drive(prog: Program[R], perform: Callable[[Effect], Awaitable[Any]]) -> R:
+async def drive(prog: AnyProgram[R], perform: Callable[[Any], Awaitable[object]]) -> R:
     """Run ``prog`` to its end, awaiting ``perform`` for each effect (the daemon's driver);
     errors as in :func:`drive_sync`."""
     prog, eff, _ = advance(prog)
     while not isinstance(eff, Done):
         try:
-            sent = await perform(eff)
+            sent: object = await perform(eff)
         except RasdError as exc:
             sent = Raised(exc)
         prog, eff, _ = advance(prog, sent)
@@ -347,11 +391,11 @@ class Trace:
     same process state, so a trace is compared by ``(name, args, sent)``."""
 
     name: str
-    start: Callable[[], Program[Any]] = field(compare=False, hash=False, repr=False)
+    start: Callable[[], AnyProgram[Any]] = field(compare=False, hash=False, repr=False)
     args: tuple[Any, ...] = ()
     sent: tuple[Any, ...] = ()
 
-    def resume(self) -> tuple[Program[Any] | None, Effect | Done]:
+    def resume(self) -> tuple[AnyProgram[Any] | None, Any]:
         """Replay the results sent so far (:func:`advance`). Returns the live generator and
         the effect it is waiting on, or ``(None, Done(...))`` if it has ended."""
         gen, eff, _ = advance(self.start())
@@ -370,6 +414,21 @@ class Trace:
 #: dispatches with ``match`` ending in ``assert_never``, so one that lacks a handler fails
 #: mypy (the daemon's own effects are :data:`rasd.steps.daemon.DaemonEffect`).
 DdbCall = (
-    GetItem | QueryMappings | QueryLeased | QueryAvailable | Send | Together | At | Put | Delete
+    GetItem
+    | QueryMappings
+    | QueryLeased
+    | QueryAvailable
+    | Send
+    | Together
+    | At[Any]
+    | Put
+    | Delete
 )
 Common = DdbCall | Now | Mono | Sleep | Note | Spawn | Join
+#: What a program of the jobs (and the steps every actor shares) yields: :data:`Common`, and
+#: :class:`Tail` (which :func:`advance` follows, so no driver performs it). The daemon's
+#: programs are :data:`rasd.steps.daemon.DaemonProgram`, which adds the daemon's own effects.
+Effect = Common | Tail[Any]
+#: A program: yields effects of :data:`Effect` only, is sent their results (typed by
+#: ``yield from`` each effect, :class:`Returns`), returns its answer.
+Program = Generator[Effect, object, R]

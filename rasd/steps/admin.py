@@ -79,7 +79,7 @@ class AdminResult:
 
 
 def _read_resource(ident: ItemKey) -> Program[ResourceItem | None]:
-    raw = yield GetItem(ident)
+    raw = yield from GetItem(ident)
     if raw is None or "pool_id" not in raw or str(raw["client_id"]).startswith("#"):
         return None
     return resource_from(raw)
@@ -107,7 +107,7 @@ def release_resource(
     )
     if got == "lost_race":
         return AdminResult("lost_race", it)
-    after = (yield GetItem(ident)) or {}
+    after = (yield from GetItem(ident)) or {}
     until = after.get("quarantine_until") or after.get("lease_available")
     return AdminResult("released", it, None if until is None else str(until))
 
@@ -127,7 +127,7 @@ def delete_item(
     when a daemon writes it meanwhile). False: it is leased or quarantined and ``force`` was
     not given, or it kept changing."""
     for _ in range(ATTEMPTS):
-        raw = yield GetItem(ident)
+        raw = yield from GetItem(ident)
         if raw is None or is_tombstone(raw):
             return True
         r = resource_from(raw)
@@ -136,13 +136,13 @@ def delete_item(
                 return False
             if r.holder is not None:
                 yield Note("lease_ended", fields(r, token=r.holder), "debug")
-                applied((yield Send(map_release(mapping_ident(r), r.holder, now_us))))
+                applied((yield from Send(map_release(mapping_ident(r), r.holder, now_us))))
         elif not force and ops.in_quarantine(r, now_us):
             return False
         hold = ops.name_held_until(r, now_us, quarantine_us, grace_us)
         if r.key is not None and r.holder is None:  # the paper's agent's: no mapping
             yield Note("lease_ended", fields(r), "debug")
-        if applied((yield Send(tombstone(r, now_us, hold)))):
+        if applied((yield from Send(tombstone(r, now_us, hold)))):
             return True
     return False
 
@@ -170,7 +170,7 @@ def delete_resource(
         return AdminResult("quarantined", it, it.quarantine_until or it.lease_available)
     if not (yield from delete_item(ident, now_us, force, quarantine_us, grace_us, ops)):
         return AdminResult("changed", it)
-    tomb = (yield GetItem(ident)) or {}
+    tomb = (yield from GetItem(ident)) or {}
     hold = tomb.get("hold_until")
     return AdminResult("deleted", it, None if hold is None else str(hold))
 
@@ -211,7 +211,7 @@ def delete_pool(p: PoolDelete) -> Program[AdminResult]:
     if p.dry_run:
         return AdminResult("dry_run")
     if p.defined:
-        applied((yield Delete(pool_key(p.client_id, p.pool_id))))
+        applied((yield from Delete(pool_key(p.client_id, p.pool_id))))
     for it in p.items:
         prog = delete_item(it.ident, p.now_us, p.force, p.quarantine_us, p.grace_us)
         done = yield from in_region(it.region, prog)
@@ -256,16 +256,16 @@ def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: i
     ident = (client_id, name)
     item = new_resource_item(client_id, pool_id, region, name, now_us)
     for _ in range(ATTEMPTS):
-        if applied((yield Put(ident, item, only_new=True))):
+        if applied((yield from Put(ident, item, only_new=True))):
             return "added"
-        raw = yield GetItem(ident)
+        raw = yield from GetItem(ident)
         if raw is None:
             continue  # reaped meanwhile: put again
         if not is_tombstone(raw):
             return "exists"
         hold = str(raw["hold_until"])
         w = readd(ident, int(raw["version"]), hold, pool_id, region, now_us)
-        if applied((yield Send(w))):
+        if applied((yield from Send(w))):
             return "held" if hold > fmt_time(now_us) else "added"
     return "changing"
 
@@ -304,7 +304,7 @@ def adopt_lease(
     mw = map_acquire(
         ident, d.expect_ver, token, r.resource, r.version, r.lease_expires_us, now_us, owner
     )
-    if not applied((yield Send(mw))):
+    if not applied((yield from Send(mw))):
         return "lost_race"
     pending = Mapping(
         r.client_id,
@@ -320,12 +320,12 @@ def adopt_lease(
         now_us,
         owner,
     )
-    if not applied((yield Send(adopt(r, token, d.expect_ver + 1, now_us)))):
+    if not applied((yield from Send(adopt(r, token, d.expect_ver + 1, now_us)))):
         # the item moved past the version read: the mapping names a claim that can never
         # land; drop it (a reader would, after pending_hold)
-        applied((yield Send(map_drop_dead(pending, now_us))))
+        applied((yield from Send(map_drop_dead(pending, now_us))))
         return "lost_race"
-    applied((yield Send(map_confirm(pending))))
+    applied((yield from Send(map_confirm(pending))))
     return "adopted"
 
 
@@ -365,7 +365,7 @@ def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Progra
     settled by its readers), ``dead`` (it can never land), ``young`` (within
     ``pending_hold``: its acquirer is still at it), ``moved`` (no longer pending) or
     ``lost_race``."""
-    raw = yield GetItem(m.ident)
+    raw = yield from GetItem(m.ident)
     cur = mapping_from(raw) if raw else None
     if cur is None or cur.state != PENDING or cur.resource is None:
         return "moved"
@@ -374,7 +374,7 @@ def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Progra
     if isinstance(dec, D.FenceResource):
         if dry:
             return "would_fence"
-        res = yield Send(fence_resource(dec.resource.ident, dec.resource.version))
+        res = yield from Send(fence_resource(dec.resource.ident, dec.resource.version))
         return "fenced" if applied(res) else "lost_race"
     if isinstance(dec, D.Wait):
         return "young"
@@ -430,7 +430,7 @@ def move_free(item: ResourceItem, to_region: str) -> Program[bool]:
     """The balancer moves a free item (read from its region's available index) to another
     region: conditional on the version, the region and its being free, so a claim since the
     read wins (False: a lost race, normal). Made in the item's region's replica."""
-    res = yield At(item.region, Send(move(item, to_region)))
+    res = yield from At(item.region, Send(move(item, to_region)))
     return applied(res)
 
 

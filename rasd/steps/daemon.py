@@ -8,9 +8,9 @@ programs of each role and how they are run: docs/design.md, "The jobs, written o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..core import agree as A
 from ..core import builders as B
@@ -22,7 +22,21 @@ from ..core.errors import RasdError
 from ..core.lease import US, Lease, Mapping, Pool, ResourceItem
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey, Write
-from . import Common, GetItem, Note, Program, QueryLeased, QueryMappings, Send, Sleep, Together
+from . import (
+    Common,
+    GetItem,
+    Note,
+    Program,
+    QueryLeased,
+    QueryMappings,
+    Returns,
+    Send,
+    Sleep,
+    Tail,
+    together,
+)
+
+R = TypeVar("R")
 
 #: (client_id, pool_id, key): a lease's place in the daemon's cache
 CacheKey = tuple[str, str, str]
@@ -39,8 +53,15 @@ FREE_CLAIM_ATTEMPTS = 6
 
 
 # ------------------------------------------------------------------- the daemon's effects
+class Candidate(Protocol):
+    """A free resource the prefetcher hands out (:class:`TakeCandidate`)."""
+
+    @property
+    def item(self) -> ResourceItem: ...
+
+
 @dataclass(frozen=True, slots=True)
-class Deadline:
+class Deadline(Returns[None]):
     """The calls from here on must end within ``seconds`` (a background program's own
     deadline; a request's calls have the request's). Result: None."""
 
@@ -48,7 +69,7 @@ class Deadline:
 
 
 @dataclass(frozen=True, slots=True)
-class CachePut:
+class CachePut(Returns[None]):
     """Cache ``lease``, confirmed as of monotonic time ``sent`` (``LeaseCache.put``)."""
 
     lease: Lease
@@ -56,14 +77,14 @@ class CachePut:
 
 
 @dataclass(frozen=True, slots=True)
-class CacheDrop:
+class CacheDrop(Returns[None]):
     """Forget the cached lease of ``key`` (``LeaseCache.drop``)."""
 
     key: CacheKey
 
 
 @dataclass(frozen=True, slots=True)
-class Refresh:
+class Refresh(Returns[None]):
     """A lease was just served from the table: extend it in the background if the request
     asks for more than it has, else re-confirm it once stale (``Renewer.maybe_refresh``,
     as after a cache hit)."""
@@ -73,7 +94,7 @@ class Refresh:
 
 
 @dataclass(frozen=True, slots=True)
-class RateLimit:
+class RateLimit(Returns[float]):
     """Take one acquisition from the pool's token bucket. Result: 0.0, or the seconds to
     wait before one is available (nothing taken)."""
 
@@ -81,12 +102,12 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
-class NewToken:
+class NewToken(Returns[str]):
     """A fresh random lease token. Result: str."""
 
 
 @dataclass(frozen=True, slots=True)
-class TakeCandidate:
+class TakeCandidate(Returns["Candidate | None"]):
     """A free resource of the pool's region to claim (the prefetcher's buffer, refilled
     from the lagging available index). Result: an object with ``.item`` (a ResourceItem),
     handed back to :class:`Untake` / :class:`LostCandidate`; or None when there is none.
@@ -97,7 +118,7 @@ class TakeCandidate:
 
 
 @dataclass(frozen=True, slots=True)
-class RefillSoon:
+class RefillSoon(Returns[None]):
     """Top the pool's candidate buffer up in the background, queued behind the calls of the
     program's next round trip (so building the refill never delays them). Result: None."""
 
@@ -105,7 +126,7 @@ class RefillSoon:
 
 
 @dataclass(frozen=True, slots=True)
-class Untake:
+class Untake(Returns[None]):
     """The claim of ``cand`` may not have landed: it may be taken again. Result: None."""
 
     pool: Pool
@@ -113,7 +134,7 @@ class Untake:
 
 
 @dataclass(frozen=True, slots=True)
-class LostCandidate:
+class LostCandidate(Returns[None]):
     """Someone else claimed ``cand`` first. Result: None."""
 
     pool: Pool
@@ -121,7 +142,7 @@ class LostCandidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Miss:
+class Miss(Returns["str | None"]):
     """A request found no free resource: counted for the balancer. Result: what the answer
     may add about the pool's free items that are not claimable yet (str), or None."""
 
@@ -129,7 +150,7 @@ class Miss:
 
 
 @dataclass(frozen=True, slots=True)
-class RelistLater:
+class RelistLater(Returns[None]):
     """Start :func:`relist` for the item ``ident`` (quarantined until ``until_us``), not
     waited for on shutdown (``ras-liberator`` re-lists what is left). Result: None."""
 
@@ -152,8 +173,11 @@ DaemonOwn = (
     | Miss
     | RelistLater
 )
-#: Every effect a daemon's program yields (:data:`rasd.steps.Common` and the daemon's own).
+#: Every effect a daemon's driver performs (:data:`rasd.steps.Common` and the daemon's own).
 DaemonEffect = Common | DaemonOwn
+#: A daemon's program: yields :data:`DaemonEffect` and :class:`~rasd.steps.Tail` only (mypy
+#: rejects any other), is sent their results (typed by ``yield from`` each effect).
+DaemonProgram = Generator[DaemonEffect | Tail[Any], object, R]
 
 
 # ------------------------------------------------------------------------ what they use
@@ -284,7 +308,7 @@ def read_key(
     d: Daemon, client_id: str, pool_id: str, key: str
 ) -> Program[tuple[Mapping | None, list[Mapping]]]:
     """:func:`read` by the key's names."""
-    ms = yield QueryMappings(client_id, pool_id, key)
+    ms = yield from QueryMappings(client_id, pool_id, key)
     own = next((m for m in ms if m.region == d.region), None)
     return own, [m for m in ms if m.region != d.region]
 
@@ -297,18 +321,16 @@ def read_first(
     if not d.legacy_agents:
         own, others = yield from read(d, pool, key)
         return own, others, []
-    ms, held = yield Together(
-        (
-            QueryMappings(pool.client_id, pool.pool_id, key),
-            QueryLeased(pool.client_id, pool.pool_id, key),
-        )
+    ms, held = yield from together(
+        QueryMappings(pool.client_id, pool.pool_id, key),
+        QueryLeased(pool.client_id, pool.pool_id, key),
     )
     own = next((m for m in ms if m.region == d.region), None)
     return own, [m for m in ms if m.region != d.region], list(held)
 
 
 def resource(client_id: str, name: str) -> Program[ResourceItem | None]:
-    got = yield GetItem((client_id, name))
+    got = yield from GetItem((client_id, name))
     return resource_from(got) if got is not None else None
 
 
@@ -323,7 +345,7 @@ def wait_for(wait: float) -> Program[float]:
 
 def fence(r: ResourceItem) -> Program[None]:
     """Move a resource's version past the claim a dead acquirer's mapping names."""
-    res = yield Send(fence_resource(r.ident, r.version))
+    res = yield from Send(fence_resource(r.ident, r.version))
     yield Note("acq.fenced" if res.outcome is Outcome.APPLIED else "acq.fence_lost")
     if res.error is not None and res.outcome is not Outcome.REJECTED:
         raise res.error

@@ -105,7 +105,7 @@ def dedupe_key(items: tuple[ResourceItem, ...], run: DedupeRun, ops: Ops = OPS) 
             seen_in = ops.survivor_seen_in(keep, e)
             read = GetItem(mapping_ident(keep))
             try:
-                got = yield (read if run.replica(seen_in) is None else At(seen_in, read))
+                got = yield from (read if run.replica(seen_in) is None else At(seen_in, read))
             except RasdError as exc:
                 yield Note("errors")
                 yield Note("read_failed", (*ctx, ("error", repr(exc))), "error")

@@ -12,7 +12,7 @@ from ..core.errors import NotHeld, RasdError, Timeout
 from ..core.lease import US, Pool, ResourceItem, fmt_time
 from ..core.map_builders import map_drop_dead, map_release, no_token, not_held_by
 from ..core.writes import ItemKey
-from . import Join, Note, Now, Program, Send, Sleep, Spawn, goto
+from . import Join, Note, Now, Send, Sleep, Spawn, goto
 from .daemon import (
     BACKGROUND_DEADLINE,
     RELIST_MAX_WAIT_US,
@@ -20,6 +20,7 @@ from .daemon import (
     WAIT_FIRST,
     CacheDrop,
     Daemon,
+    DaemonProgram,
     Deadline,
     RelistLater,
     fence_or_wait,
@@ -36,7 +37,7 @@ def free_claim(
     why: Freed = Freed.RELEASED,
     pool_q_us: int = 0,
     attempt: int = 0,
-) -> Program[None]:
+) -> DaemonProgram[None]:
     """Free a claim that no mapping names, with quarantine (docs/design.md). Retried for
     about a minute (``attempt``: this one's number, from 0); if the daemon dies first, the
     liberator's orphan repair frees it. ``why`` says what the free waits for
@@ -71,10 +72,10 @@ _AGAIN = _Again("extended since read")
 
 def free_once(
     d: Daemon, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
-) -> Program[RasdError | None]:
+) -> DaemonProgram[RasdError | None]:
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
-    now = yield Now()
+    now = yield from Now()
     available = now + d.ops.quarantine_us(d.rules, why is Freed.UNNAMED, pool_q_us)
     ends: int | None = None
     outcome, error = Outcome.UNKNOWN, None
@@ -92,7 +93,7 @@ def free_once(
             available = max(available, ends + d.rules.grace_us)
     if not to_end or ends is not None:
         w = d.ops.free_claim(ident, key, token, now, available, ends)
-        res = yield Send(w, not_held_by(token))
+        res = yield from Send(w, not_held_by(token))
         outcome, error = res.outcome, res.error
         if outcome is Outcome.REJECTED and error is None and ends is not None:
             return _AGAIN
@@ -105,19 +106,19 @@ def free_once(
     return error or Timeout("give-back outcome unknown")
 
 
-def relist(ident: ItemKey, until_us: int) -> Program[None]:
+def relist(ident: ItemKey, until_us: int) -> DaemonProgram[None]:
     """Put an item this daemon quarantined back in the available index once the quarantine
     is over (read strongly consistent, then ``relist``, conditional on what was read). Best
     effort: if the daemon stops first, ``ras-liberator`` re-lists it."""
-    now = yield Now()
+    now = yield from Now()
     yield Sleep(max(0.0, (until_us - now) / US) + RELIST_SLACK, bounded=False)
     yield Deadline(BACKGROUND_DEADLINE)
     try:
         r = yield from resource(ident[0], ident[1])
-        now = yield Now()
+        now = yield from Now()
         if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
             return  # taken, re-listed, or quarantined again (by its own freer) since
-        res = yield Send(B.relist(r, now))
+        res = yield from Send(B.relist(r, now))
         yield Note(f"quarantine.relist_{res.outcome.value}")
     except RasdError as exc:
         yield Note("quarantine.relist_errors")
@@ -126,11 +127,11 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
 
 def fence_own_claim(
     d: Daemon, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
-) -> Program[None]:
+) -> DaemonProgram[None]:
     """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
     or give it back if it did (``proof``: that no mapping ever named it)."""
     yield Deadline(BACKGROUND_DEADLINE)
-    res = yield Send(fence_resource(item.ident, item.version))
+    res = yield from Send(fence_resource(item.ident, item.version))
     if res.outcome is Outcome.APPLIED:
         return
     cur = yield from resource(item.client_id, item.resource)
@@ -140,7 +141,7 @@ def fence_own_claim(
 
 def release(
     d: Daemon, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
-) -> Program[int]:
+) -> DaemonProgram[int]:
     """Give back the key's lease in our region: the mapping first, then the resource with
     quarantine (docs/design.md, I3). Returns 1, or raises NotHeld. A round that must read
     again goes on as the next round (``Tail``)."""
@@ -149,7 +150,7 @@ def release(
     if first:
         yield CacheDrop(k)
     own, others = yield from read(d, pool, key)
-    now = yield Now()
+    now = yield from Now()
     dec = ops.on_release_read(own, now, d.rules)
     if isinstance(dec, D.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
@@ -162,7 +163,7 @@ def release(
     if isinstance(dec, D.ReleaseLease):
         lease = dec.lease
         assert lease.token is not None and own is not None
-        res = yield Send(map_release(own.ident, lease.token, now), no_token(lease.token))
+        res = yield from Send(map_release(own.ident, lease.token, now), no_token(lease.token))
         if res.outcome is Outcome.REJECTED and res.error is None:
             # changed under us: read again
             return (yield from goto(release, d, pool, key, wait, False))
@@ -172,7 +173,7 @@ def release(
         yield Note("lease.released", (("token", lease.token),))
         # The resource: quarantined, so caches elsewhere run out first. If this write is lost
         # the liberator's orphan repair frees it (also with quarantine).
-        free = yield Spawn(
+        free = yield from Spawn(
             free_claim,
             (
                 d,

@@ -39,18 +39,18 @@ def paper_get_lease(
     """One ``get_lease`` of the paper's agent: the key's running lease from the leased index,
     else a claim of a candidate of ``partitions`` (tried in that order; the candidates of a
     page in an order drawn from ``seed``, as read when None). None: no candidate was left."""
-    found: list[ResourceItem] = yield QueryLeased(client_id, pool_id, key)
+    found: list[ResourceItem] = yield from QueryLeased(client_id, pool_id, key)
     live = [it for it in found if it.client_id == client_id and not it.expired(now_us)]
     it = pick(live)
     if it is not None:
         return PaperAnswer(it, False)
     rng = random.Random(seed) if seed is not None else None
     for n in partitions:
-        cands = list((yield QueryAvailable(client_id, pool_id, region, n, page)))
+        cands = list((yield from QueryAvailable(client_id, pool_id, region, n, page)))
         if rng is not None:
             rng.shuffle(cands)
         for cand in cands:
-            res = yield Send(paper_claim(cand, key, expires_us))
+            res = yield from Send(paper_claim(cand, key, expires_us))
             if applied(res):
                 assert res.item is not None
                 return PaperAnswer(resource_from(res.item), True)
@@ -66,7 +66,7 @@ def paper_free_expired(item: ResourceItem, now_us: int, grace_us: int = 0) -> Pr
         return "running"
     if item.lease_expires_us > now_us - grace_us:
         return "running"
-    ok = applied((yield Send(paper_free(item, now_us))))
+    ok = applied((yield from Send(paper_free(item, now_us))))
     return "freed" if ok else "lost_race"
 
 

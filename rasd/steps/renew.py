@@ -16,12 +16,13 @@ from ..core.errors import RasdError, Timeout
 from ..core.lease import US, Lease, Mapping, Pool, fmt_time, map_pk
 from ..core.map_builders import extended_to, map_confirm, map_extend, map_extended_to, map_release
 from ..core.serialize import mapping_from
-from . import GetItem, Mono, Note, Now, Program, Send, Spawn, WriteResult
+from . import GetItem, Mono, Note, Now, Send, Spawn, WriteResult
 from .daemon import (
     BACKGROUND_DEADLINE,
     CacheDrop,
     CachePut,
     Daemon,
+    DaemonProgram,
     Deadline,
     read,
     read_key,
@@ -31,12 +32,12 @@ from .give_back import free_claim
 from .strict import extend_agreement
 
 
-def confirm(m: Mapping, drop: bool = False) -> Program[None]:
+def confirm(m: Mapping, drop: bool = False) -> DaemonProgram[None]:
     """Write a pending mapping ``live`` (its claim has landed). ``drop``: if the write is
     refused (a daemon settling the mapping decided first), forget the cached answer, so that
     the next request reads what it decided."""
     yield Deadline(BACKGROUND_DEADLINE)
-    res = yield Send(map_confirm(m))
+    res = yield from Send(map_confirm(m))
     yield Note(f"acq.confirm_{res.outcome.value}")
     if drop and res.outcome is Outcome.REJECTED:
         yield CacheDrop((m.client_id, m.pool_id, m.key))
@@ -44,7 +45,7 @@ def confirm(m: Mapping, drop: bool = False) -> Program[None]:
 
 def extend(
     d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
-) -> Program[tuple[D.ExtendStep, Any]]:
+) -> DaemonProgram[tuple[D.ExtendStep, Any]]:
     """The resource first, then (a strict pool) the agreement, then the mapping: no end
     passes the one before it. Returns the step and the last write's result. ``resent_us``:
     how long after it is built the extension's write may still be sent again (its program's
@@ -53,9 +54,9 @@ def extend(
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
     # Beside the paper's agent the extension must land before the lease's end (its lookup
     # takes the end as final): conditioned on an end past the floor as it is sent.
-    floor = LG.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
+    floor = LG.extend_floor((yield from Now()) + resent_us, d.rules) if d.legacy_agents else None
     w = extend_resource(lease, requested_us, floor)
-    res = yield Send(w, extended_to(lease.token, want))
+    res = yield from Send(w, extended_to(lease.token, want))
     mres = None
     if res.outcome is Outcome.APPLIED and home is not None and lease.region == d.region:
         # A strict pool: the agreement between the two, mapping <= agreement <= resource.
@@ -71,11 +72,13 @@ def extend(
             yield Note("strict.extend_refused")
             return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
     if res.outcome is Outcome.APPLIED:
-        mres = yield Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
+        mres = yield from Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
     step = d.ops.after_extend(res.outcome, mres.outcome if mres else None)
     if isinstance(step, D.CheckMapping):
         try:
-            got = yield GetItem((map_pk(lease.client_id, lease.pool_id, lease.key), lease.region))
+            got = yield from GetItem(
+                (map_pk(lease.client_id, lease.pool_id, lease.key), lease.region)
+            )
         except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
             return D.Forget(f"mapping unreadable: {exc}"), mres or res
         step = d.ops.on_extend_check(mapping_from(got) if got else None, lease)
@@ -88,14 +91,14 @@ def extend(
     return step, mres or res
 
 
-def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None]:
+def extend_now(d: Daemon, m: Mapping, requested_us: int) -> DaemonProgram[Lease | None]:
     """Our lease is too close to its end to serve: extend it (None: re-read)."""
     lease = lease_from_mapping(m)
-    now = yield Now()
+    now = yield from Now()
     if requested_us <= lease.expires_us:
         # The caller asks for no more than the lease has: it is valid until its end.
         return lease if lease.expires_us > now else None
-    sent = yield Mono()
+    sent = yield from Mono()
     step, last = yield from extend(d, lease, requested_us)
     if isinstance(step, D.Extended):
         new = replace(lease, expires_us=requested_us)
@@ -117,20 +120,20 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
     return None
 
 
-def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError | None]:
+def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> DaemonProgram[RasdError | None]:
     """A hit asked for more than a sliding lease has left: extend it in the background.
     With ``extend_read_first``, the key's mappings are read first, and a lease another host
     already extended far enough is served as read, nothing written. Returns None when done
     (extended, found extended, or lost and forgotten), else the error to retry after (the
     driver's backoff)."""
     yield Deadline(BACKGROUND_DEADLINE)
-    sent = yield Mono()
+    sent = yield from Mono()
     if d.extend_read_first:
         try:
             own, others = yield from read_key(d, lease.client_id, lease.pool_id, lease.key)
         except RasdError as exc:
             return exc
-        now = yield Now()
+        now = yield from Now()
         dec = d.ops.on_read(own, others, now, d.rules)
         got = d.ops.after_extend_read(dec, lease, requested_us, now, d.extend_fraction)
         if isinstance(got, D.Forget):
@@ -142,7 +145,7 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError |
         if got is not None:
             yield Note("lease.extend_skipped")
             return None
-        sent = yield Mono()
+        sent = yield from Mono()
     step, last = yield from extend(d, lease, requested_us, int(BACKGROUND_DEADLINE * US))
     if isinstance(step, D.Extended):
         yield CachePut(replace(lease, expires_us=requested_us), sent)
@@ -158,14 +161,14 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError |
     return error
 
 
-def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
+def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> DaemonProgram[None]:
     """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
     confirmed as of this read. Anything else: dropped, the next request resolves it."""
     yield Deadline(BACKGROUND_DEADLINE)
     try:
-        sent = yield Mono()
+        sent = yield from Mono()
         own, others = yield from read(d, pool, lease.key)
-        dec = d.ops.on_read(own, others, (yield Now()), d.rules)
+        dec = d.ops.on_read(own, others, (yield from Now()), d.rules)
         if isinstance(dec, D.Serve) and D.same_lease(dec.lease, lease):
             yield CachePut(dec.lease, sent)
             yield Note("lease.reconfirmed")

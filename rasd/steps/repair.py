@@ -71,12 +71,12 @@ def mapping_ident(r: ResourceItem) -> ItemKey:
 
 
 def read_resource(ident: ItemKey) -> Program[ResourceItem | None]:
-    got = yield GetItem(ident)
+    got = yield from GetItem(ident)
     return resource_from(got) if got else None
 
 
 def read_mapping(r: ResourceItem) -> Program[Mapping | None]:
-    got = yield GetItem(mapping_ident(r))
+    got = yield from GetItem(mapping_ident(r))
     return mapping_from(got) if got else None
 
 
@@ -129,7 +129,7 @@ def release_held(
         ver = m.ver
     if by_operator:  # the operator ends the key's lease as the release goes out
         yield Note("lease_ended", fields(r, token=r.holder), "debug")
-    if not applied((yield Send(ops.map_release(mapping_ident(r), r.holder, now_us, ver)))):
+    if not applied((yield from Send(ops.map_release(mapping_ident(r), r.holder, now_us, ver)))):
         return "lost_race"
     available = now_us + quarantine_us
     if hold_to_end:
@@ -138,7 +138,7 @@ def release_held(
         cur = (yield from read_resource(r.ident)) or r
         available = V.held_free_at(r, cur, now_us, quarantine_us, grace_us)
     w = free_claim(r.ident, r.key, r.holder, now_us, available)
-    applied((yield Send(ops.early_free(w) if available > now_us else w)))
+    applied((yield from Send(ops.early_free(w) if available > now_us else w)))
     return "released"
 
 
@@ -162,13 +162,13 @@ def repair(
         return "lease"
     if verdict is Orphan.FENCE_MAPPING:
         fence = map_fence(mapping_ident(r), m.ver if m else 0, now_us)
-        if not applied((yield Send(fence))):
+        if not applied((yield from Send(fence))):
             return "lost_race"
     available = ops.orphan_free_at(r, m, now_us, quarantine_us, grace_us)
     if hold_to_end and r.lease_expires_us is not None:
         available = max(available, r.lease_expires_us + grace_us)
     w = free_orphan(r, now_us, available)
-    if not applied((yield Send(ops.early_free(w) if available > now_us else w))):
+    if not applied((yield from Send(ops.early_free(w) if available > now_us else w))):
         return "lost_race"
     return "freed_orphan"
 
@@ -214,7 +214,7 @@ def liberate_item(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Prog
         yield Note("would_free")
         yield Note("would_free", ctx, "debug")
         return "would_free"
-    res = yield Send(liberate(item, run.now_us))
+    res = yield from Send(liberate(item, run.now_us))
     if res.outcome is D.Outcome.APPLIED:
         yield Note("freed")
         yield Note("freed", ctx, "debug")
@@ -284,7 +284,7 @@ def relist_item(item: ResourceItem, now_us: int, dry_run: bool = False) -> Progr
     yield Note("quarantine_over")
     if dry_run:
         return "would_relist"
-    res = yield Send(relist(item, now_us))
+    res = yield from Send(relist(item, now_us))
     try:
         ok = applied(res)
     except RasdError as exc:

@@ -22,8 +22,8 @@ from ..core.map_builders import (
 )
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
-from . import Join, Note, Now, Program, QueryLeased, Send, Spawn
-from .daemon import WAIT_FIRST, Daemon, NewToken, error_of, resource, wait_for
+from . import Join, Note, Now, QueryLeased, Send, Spawn
+from .daemon import WAIT_FIRST, Daemon, DaemonProgram, NewToken, error_of, resource, wait_for
 from .give_back import free_claim
 from .renew import confirm
 
@@ -35,7 +35,7 @@ def adopt_paper_lease(
     held: list[ResourceItem],
     expect_ver: int,
     give_back: tuple[ItemKey, str] | None = None,
-) -> Program[D.Decision | None]:
+) -> DaemonProgram[D.Decision | None]:
     """The key has no lease in our mapping, but the leased index shows a resource of our
     region held for it: a lease of the paper's agent. Read the item (strongly consistent);
     if it is a running lease of the key, name it in the mapping (at the version read, like
@@ -44,17 +44,17 @@ def adopt_paper_lease(
     or it changed before our write: the mapping is then ours at the next version), or None
     to read again (another daemon wrote the mapping). ``give_back``: a claim of ours (item,
     token) the pending mapping named, given back once the mapping names the other lease."""
-    now = yield Now()
+    now = yield from Now()
     cid, pid = pool.client_id, pool.pool_id
     hint = pick([it for it in held if LG.adoptable(it, cid, pid, key, d.region, now)])
     if hint is None:
         return D.Acquire(expect_ver)
     r = yield from resource(cid, hint.resource)
-    now = yield Now()
+    now = yield from Now()
     if r is None or not LG.adoptable(r, cid, pid, key, d.region, now):
         return D.Acquire(expect_ver)
     assert r.lease_expires_us is not None
-    token = yield NewToken()
+    token = yield from NewToken()
     m = Mapping(
         cid,
         pid,
@@ -72,23 +72,25 @@ def adopt_paper_lease(
     mw = map_acquire(
         m.ident, expect_ver, token, r.resource, r.version, r.lease_expires_us, now, d.owner
     )
-    mres = yield Send(mw, names_claim(token, r.resource))
+    mres = yield from Send(mw, names_claim(token, r.resource))
     ares = None
     if mres.outcome is Outcome.APPLIED:
         if give_back is not None:  # the mapping names the lease now, not yet adopted
             # Our claim is named by no mapping from here on: its give-back runs on its own,
             # retried, whatever becomes of this request (its deadline may pass now), and
             # the adoption waits for it (a deadline passed, the adoption is not sent).
-            free = yield Spawn(free_claim, (d, give_back[0], key, give_back[1], D.Freed.UNRELEASED))
+            free = yield from Spawn(
+                free_claim, (d, give_back[0], key, give_back[1], D.Freed.UNRELEASED)
+            )
             yield Join(free)
-        ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
+        ares = yield from Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.
     step = d.ops.after_acquire(mres.outcome, ares.outcome if ares else Outcome.REJECTED, expect_ver)
     if isinstance(step, D.Won):
         assert ares is not None and ares.item is not None
         yield Note("lease.adopted")
-        dec = d.ops.on_resource(m, resource_from(ares.item), (yield Now()), d.rules)
+        dec = d.ops.on_resource(m, resource_from(ares.item), (yield from Now()), d.rules)
         if isinstance(dec, D.Serve) and dec.confirm is not None:
             # Settled already: the lease is the paper agent's own. Confirmed before it is
             # served, as a settled claim is (readers wait for it meanwhile).
@@ -107,7 +109,7 @@ def adopt_paper_lease(
 
 def beside_legacy(
     d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle, answer_first: bool = False
-) -> Program[D.Decision | None]:
+) -> DaemonProgram[D.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
     (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again, as after
@@ -127,7 +129,7 @@ def beside_legacy(
 
 def settle(
     d: Daemon, pool: Pool, key: str, m: Mapping, answer_first: bool = False
-) -> Program[D.Decision | None]:
+) -> DaemonProgram[D.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
     claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
@@ -140,8 +142,8 @@ def settle(
     read began, which the paper's agent made second (docs/design.md, "Two agents acquiring
     one key at once")."""
     assert m.token is not None and m.resource is not None
-    held = yield QueryLeased(pool.client_id, pool.pool_id, key)
-    s = d.ops.on_settle(m, list(held), (yield Now()), d.rules.grace_us)
+    held = yield from QueryLeased(pool.client_id, pool.pool_id, key)
+    s = d.ops.on_settle(m, list(held), (yield from Now()), d.rules.grace_us)
     if isinstance(s, D.Wait):
         yield from wait_for(WAIT_FIRST)
         return None  # read again
@@ -161,11 +163,11 @@ def settle(
     return (yield from confirm_now(s.mapping))
 
 
-def confirm_now(m: Mapping) -> Program[D.Serve | None]:
+def confirm_now(m: Mapping) -> DaemonProgram[D.Serve | None]:
     """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
     another daemon's settling, read again; unknown: an error, the state left as it is)."""
     assert m.token is not None
-    res = yield Send(map_confirm(m), confirmed(m.token))
+    res = yield from Send(map_confirm(m), confirmed(m.token))
     yield Note(f"acq.confirm_{res.outcome.value}")
     if res.outcome is Outcome.APPLIED:
         return D.Serve(lease_from_mapping(m))
@@ -174,13 +176,13 @@ def confirm_now(m: Mapping) -> Program[D.Serve | None]:
     raise res.error or Timeout("confirmation outcome unknown")
 
 
-def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
+def end_lapsed(d: Daemon, m: Mapping) -> DaemonProgram[None]:
     """``legacy.EndLapsed``: release the mapping at the version read (an extension that
     landed since makes this a lost race: read again), then free the resource in the
     background (held to its end, as every free beside the paper's agent)."""
     assert m.token is not None
-    now = yield Now()
-    res = yield Send(map_release(m.ident, m.token, now, m.ver), no_token(m.token))
+    now = yield from Now()
+    res = yield from Send(map_release(m.ident, m.token, now, m.ver), no_token(m.token))
     if res.outcome is Outcome.APPLIED:
         yield Note("lease.ended_lapsed")
         ident = (m.client_id, m.resource or "")

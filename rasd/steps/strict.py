@@ -9,8 +9,8 @@ from ..core.decide import Outcome
 from ..core.errors import RasdError, Unavailable
 from ..core.lease import Lease, Mapping, Pool, fmt_time
 from ..core.map_builders import map_drop_dead
-from . import At, GetItem, Note, Now, Program, Send, Spawn, goto
-from .daemon import BACKGROUND_DEADLINE, WAIT_FIRST, Daemon, Deadline, wait_for
+from . import At, GetItem, Note, Now, Send, Spawn, goto
+from .daemon import BACKGROUND_DEADLINE, WAIT_FIRST, Daemon, DaemonProgram, Deadline, wait_for
 from .give_back import free_claim
 
 
@@ -22,7 +22,7 @@ def agree(
     seen: tuple[Mapping, ...],
     expect: int | None = 0,
     wait: float = WAIT_FIRST,
-) -> Program[Lease | None]:
+) -> DaemonProgram[Lease | None]:
     """Agree ``m`` (our region's pending mapping; its claim landed) in ``home``. None: A names
     it (or the home region is down and ``home_down`` is "local"): answer it. A lease: another
     region's, that A names: answer it instead (``m`` is withdrawn in the background).
@@ -32,18 +32,23 @@ def agree(
     ident = A.agree_key(m.client_id, m.pool_id, m.key)
     assert m.token is not None
     if expect is not None:
-        res = yield At(home, Send(A.agree_write(ident, expect, m), A.names(m.token)))
+        res = yield from At(home, Send(A.agree_write(ident, expect, m), A.names(m.token)))
         if res.outcome is Outcome.APPLIED:
             yield Note("strict.agreed")
             return None
         if res.error is not None:
             return (yield from home_down(d, pool, home, m, res.error))
     try:
-        got = yield At(home, GetItem(ident))
+        got = yield from At(home, GetItem(ident))
     except RasdError as exc:
         return (yield from home_down(d, pool, home, m, exc))
     step = d.ops.on_agreement(
-        A.agreement_from(got), m, list(seen), (yield Now()), d.rules.margin_us, d.rules.grace_us
+        A.agreement_from(got),
+        m,
+        list(seen),
+        (yield from Now()),
+        d.rules.margin_us,
+        d.rules.grace_us,
     )
     if isinstance(step, A.Agreed):
         yield Note("strict.agreed")
@@ -60,7 +65,7 @@ def agree(
 
 def home_down(
     d: Daemon, pool: Pool, home: str, m: Mapping, exc: RasdError
-) -> Program[Lease | None]:
+) -> DaemonProgram[Lease | None]:
     """The home region did not answer: fail the request, leaving the claim for a later
     request to agree, or (``home_down`` "local") answer it unagreed, counted."""
     yield Note("strict.home_unreachable")
@@ -73,14 +78,14 @@ def home_down(
     )
 
 
-def withdraw(d: Daemon, m: Mapping) -> Program[None]:
+def withdraw(d: Daemon, m: Mapping) -> DaemonProgram[None]:
     """Give back a claim that lost the agreement: its pending mapping freed (only at the
     version it had, so a claim some daemon confirmed meanwhile stays), then the resource.
     Its mapping named it, so a reader may have answered it before the agreement was read
     (the home-down fallback answers a pending claim before its confirmation lands): it
     stays unclaimable to its lease's end plus the skew (``decide.given_back``)."""
     yield Deadline(BACKGROUND_DEADLINE)
-    res = yield Send(map_drop_dead(m, (yield Now())))
+    res = yield from Send(map_drop_dead(m, (yield from Now())))
     if res.outcome is not Outcome.APPLIED:
         yield Note("strict.withdraw_left")  # answered, changed, or unknown: the lease runs out
         return
@@ -90,7 +95,7 @@ def withdraw(d: Daemon, m: Mapping) -> Program[None]:
     yield from free_claim(d, (m.client_id, m.resource), m.key, m.token, why)
 
 
-def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> Program[bool]:
+def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> DaemonProgram[bool]:
     """An extension's second write: A's end, while A names the lease. False: A names another
     lease, and the extension must not go on. Raises when the home region does not answer
     (unless ``home_down`` is "local": then the extension goes on, counted)."""
@@ -98,13 +103,13 @@ def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> P
     ident = A.agree_key(lease.client_id, lease.pool_id, lease.key)
     want = fmt_time(requested_us)
     reached = A.agreed_to(lease.token, want)
-    res = yield At(home, Send(A.agree_extend(ident, lease.token, requested_us), reached))
+    res = yield from At(home, Send(A.agree_extend(ident, lease.token, requested_us), reached))
     if res.outcome is Outcome.APPLIED:
         return True
     error = res.error
     if error is None:  # refused: A names another lease, or already reaches that far
         try:
-            got = yield At(home, GetItem(ident))
+            got = yield from At(home, GetItem(ident))
             return got is not None and reached(got)
         except RasdError as exc:
             error = exc
@@ -114,7 +119,7 @@ def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> P
     return True
 
 
-def fallback(pool_id: str, key: str, token: str | None, error: RasdError) -> Program[None]:
+def fallback(pool_id: str, key: str, token: str | None, error: RasdError) -> DaemonProgram[None]:
     """A lease answered or extended without the home region (``home_down`` "local"): counted,
     and logged with its token (the checker exempts that lease from I2 across regions)."""
     yield Note("strict.fallback")

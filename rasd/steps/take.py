@@ -18,19 +18,19 @@ from . import (
     Mono,
     Note,
     Now,
-    Program,
     QueryLeased,
     QueryMappings,
     Send,
     Spawn,
-    Together,
     WriteResult,
     goto,
+    together,
 )
 from .daemon import (
     WAIT_FIRST,
     CachePut,
     Daemon,
+    DaemonProgram,
     LostCandidate,
     Miss,
     NewToken,
@@ -59,7 +59,7 @@ def resolve(
     mine: tuple[str, ...] = (),
     first: bool = True,
     speculate: bool = True,
-) -> Program[tuple[Lease, bool]]:
+) -> DaemonProgram[tuple[Lease, bool]]:
     """A cache miss: the lease for ``key`` and whether this call acquired it. Each round
     reads the key's mappings and does what ``rasd.core.decide`` says; a round that must read
     again goes on as the next round (``Tail``). ``mine``: the tokens of the mappings earlier
@@ -69,17 +69,17 @@ def resolve(
     the read, :func:`read_speculating`, unless ``speculate`` is off: a key this host served
     lately most likely has a mapping, which would refuse that write)."""
     ops = d.ops
-    sent = yield Mono()  # the answer is confirmed as of the read's departure
+    sent = yield from Mono()  # the answer is confirmed as of the read's departure
     if d.legacy_agents and first and speculate:
         own, others, held, spec = yield from read_speculating(d, pool, key, requested_us)
     else:
         (own, others, held), spec = (yield from read_first(d, pool, key)), None
-    dec = ops.on_read(own, others, (yield Now()), d.rules)
+    dec = ops.on_read(own, others, (yield from Now()), d.rules)
     if spec is not None:
         if spec.res.outcome is Outcome.APPLIED:
             # The key had no mapping in this region: the pending one just written is ours,
             # whatever the read beside it saw (nothing, or that write).
-            dec = ops.on_read(None, others, (yield Now()), d.rules)
+            dec = ops.on_read(None, others, (yield from Now()), d.rules)
             if not (isinstance(dec, D.Acquire) and not held):
                 yield Untake(pool, spec.cand)  # never claimed
             if isinstance(dec, D.Acquire):
@@ -95,7 +95,7 @@ def resolve(
             raise error_of(spec.res) or Timeout("mapping write outcome unknown")
     if isinstance(dec, D.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
-        dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
+        dec = ops.on_resource(dec.mapping, r, (yield from Now()), d.rules)
         home = ops.strict_home(d, pool.client_id, pool.pool_id)
         landed = (
             dec.confirm
@@ -113,7 +113,7 @@ def resolve(
         isinstance(dec, D.Acquire)
         and held
         and ops.lapsing(
-            held, pool.client_id, pool.pool_id, key, d.region, (yield Now()), d.rules.grace_us
+            held, pool.client_id, pool.pool_id, key, d.region, (yield from Now()), d.rules.grace_us
         )
     ):
         # a lease of the key at its end here, not yet on every host: its apps may still
@@ -141,11 +141,11 @@ def resolve(
         isinstance(dec, D.Extend)
         and d.legacy_agents
         and dec.mapping.expires_us is not None
-        and LG.at_its_end(dec.mapping.expires_us, requested_us, (yield Now()), d.rules)
+        and LG.at_its_end(dec.mapping.expires_us, requested_us, (yield from Now()), d.rules)
     ):
         # the item says whether it runs on (the mapping can lag an extension)
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
-        now = yield Now()
+        now = yield from Now()
         lapsed = ops.on_lapsed(dec.mapping, r, now, d.rules.grace_us, d.rules.extend_margin_us)
         if isinstance(lapsed, LG.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
@@ -173,7 +173,7 @@ def _acquired(
     mine: tuple[str, ...],
     sent: float,
     got: Lease | Mapping | None,
-) -> Program[tuple[Lease, bool]]:
+) -> DaemonProgram[tuple[Lease, bool]]:
     """What :func:`acquire` returned: the lease (served), a won claim's pending mapping
     (rollout mode: served once settled), or None (read again)."""
     if isinstance(got, Mapping):
@@ -204,7 +204,7 @@ class Speculated:
 
 def read_speculating(
     d: Daemon, pool: Pool, key: str, requested_us: int
-) -> Program[tuple[Mapping | None, list[Mapping], list[ResourceItem], Speculated | None]]:
+) -> DaemonProgram[tuple[Mapping | None, list[Mapping], list[ResourceItem], Speculated | None]]:
     """Rollout mode, a call's first read: :func:`read_first`, and beside it, in the same
     round trip, the mapping write a new key's acquisition would send next
     (``map_acquire`` at version 0: it applies only where the key has no mapping item in
@@ -213,22 +213,20 @@ def read_speculating(
     refused and changes nothing. No candidate at hand, or no acquisition left in the pool's
     rate: the read alone (None)."""
     cand = None
-    if (yield RateLimit(pool)) == 0:
-        cand = yield TakeCandidate(pool, wait=False)
+    if (yield from RateLimit(pool)) == 0:
+        cand = yield from TakeCandidate(pool, wait=False)
     if cand is None:
         own, others, held = yield from read_first(d, pool, key)
         return own, others, held, None
-    token = yield NewToken()
-    now = yield Now()
+    token = yield from NewToken()
+    now = yield from Now()
     item: ResourceItem = cand.item
     ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
     mw = map_acquire(ident, 0, token, item.resource, item.version, requested_us, now, d.owner)
-    ms, held, res = yield Together(
-        (
-            QueryMappings(pool.client_id, pool.pool_id, key),
-            QueryLeased(pool.client_id, pool.pool_id, key),
-            Send(mw, names_claim(token, item.resource)),
-        )
+    ms, held, res = yield from together(
+        QueryMappings(pool.client_id, pool.pool_id, key),
+        QueryLeased(pool.client_id, pool.pool_id, key),
+        Send(mw, names_claim(token, item.resource)),
     )
     own = next((m for m in ms if m.region == d.region), None)
     others = [m for m in ms if m.region != d.region]
@@ -243,7 +241,7 @@ def acquire(
     expect_ver: int,
     spec: Speculated | None = None,
     others: tuple[Mapping, ...] = (),
-) -> Program[Lease | Mapping | None]:
+) -> DaemonProgram[Lease | Mapping | None]:
     """Claim a candidate and name it in the key's mapping, both in one round trip.
     None: re-read (someone else wrote the mapping first). With ``legacy_agents`` the claim
     goes out only once the mapping write applied (one round trip more), and a won claim is
@@ -254,7 +252,7 @@ def acquire(
     ``others``: the other regions' mappings of the key as read (a strict pool's agreement
     judges the lease it names by them); a strict pool's won claim is answered once agreed, or
     the lease the agreement names instead (:func:`rasd.steps.strict.agree`)."""
-    wait = 0.0 if spec is not None else (yield RateLimit(pool))
+    wait = 0.0 if spec is not None else (yield from RateLimit(pool))
     if wait > 0:
         yield Note("shed.rate_limited")
         raise Busy(
@@ -265,32 +263,32 @@ def acquire(
     while True:
         # A token names one claim: the mapping an earlier candidate's write left names the
         # earlier token, so a reader never takes this claim for that one's.
-        token = spec.token if spec is not None else (yield NewToken())
-        cand = spec.cand if spec is not None else (yield TakeCandidate(pool))
+        token = spec.token if spec is not None else (yield from NewToken())
+        cand = spec.cand if spec is not None else (yield from TakeCandidate(pool))
         if cand is None:
             yield Note("lease.no_capacity")
-            why = yield Miss(pool)
+            why = yield from Miss(pool)
             said = f"no free resource in pool {pool.pool_id!r} in {d.region}"
             raise NoCapacity(f"{said}: {why}" if why else said)
         item: ResourceItem = cand.item
-        now = spec.now if spec is not None else (yield Now())
+        now = spec.now if spec is not None else (yield from Now())
         mw = map_acquire(
             ident, expect_ver, token, item.resource, item.version, requested_us, now, d.owner
         )
         cw = claim(item, key, requested_us, now, token, expect_ver + 1)
-        sent = yield Mono()
+        sent = yield from Mono()
         yield RefillSoon(pool)
         if spec is not None:
             mres, spec = spec.res, None
-            cres = yield Send(cw, holds(token, key))
+            cres = yield from Send(cw, holds(token, key))
         elif d.legacy_agents:
-            mres = yield Send(mw, names_claim(token, item.resource))
+            mres = yield from Send(mw, names_claim(token, item.resource))
             cres = None
             if mres.outcome is Outcome.APPLIED:
-                cres = yield Send(cw, holds(token, key))
+                cres = yield from Send(cw, holds(token, key))
         else:
-            mres, cres = yield Together(
-                (Send(mw, names_claim(token, item.resource)), Send(cw, holds(token, key)))
+            mres, cres = yield from together(
+                Send(mw, names_claim(token, item.resource)), Send(cw, holds(token, key))
             )
         if cres is None or cres.outcome is Outcome.UNKNOWN or cres.error is not None:
             # not sent, or not refused by its condition: the item may still be free at this
@@ -347,8 +345,8 @@ def acquire(
             # The mapping write lost, so no mapping names this claim: give it back in the
             # background (retried), and read again now.
             yield Note("acq.gave_back")
-            why = d.ops.given_back(step.proof)
-            yield Spawn(free_claim, (d, item.ident, key, token, why))
+            freed = d.ops.given_back(step.proof)
+            yield Spawn(free_claim, (d, item.ident, key, token, freed))
             return None
         if isinstance(step, D.FenceOwnClaim):
             yield Note("acq.fence_own")
