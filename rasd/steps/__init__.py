@@ -1,53 +1,9 @@
-"""The protocol's steps, written once, with no I/O: every actor that writes the table.
+"""The protocol's steps, written once, with no I/O: the machinery every actor's programs share.
 
-Theory of operation
--------------------
-An actor's protocol (the daemon's acquisition, extension and release; the liberator; ras-dedupe;
-the balancer's move; rasadmin's commands; the paper's agent the checker runs beside them) is a
-*program*: a generator that yields :data:`Effect` values and is sent back what each one
-returned. A program never reads a clock, a socket or a table itself; it says what it needs
-(``GetItem``, ``Send`` a ``Write``, ``Now``, ``Sleep``...) and decides from what comes back,
-through the pure functions of :mod:`rasd.core.decide` and the write builders of
-:mod:`rasd.core.builders`. This is h11's split, with the state machine written as
-straight-line code:
-
-    def free_it(ident, now_us):                # a program
-        item = yield from GetItem(ident)       # one strongly consistent read
-        if item is None:
-            return "gone"
-        res = yield from Send(liberate(...))   # one conditional write
-        return res.outcome.value
-
-Programs are typed: each effect class is :class:`Returns` of its result type, and
-``yield from effect`` yields the effect and returns what was sent back as that type, so mypy
-checks how a program uses each result; a program's type (:data:`Program`, or
-:data:`rasd.steps.daemon.DaemonProgram` for the daemon's) names the closed union of effects
-it may yield, so mypy rejects any other. An effect whose result is unused is yielded plainly.
-
-Two kinds of interpreter run the same programs:
-
-* **drivers** (:func:`drive` for the daemon's asyncio tasks, :func:`drive_sync` for the
-  jobs' blocking code) perform each effect for real and send back its result; a failed call
-  is thrown into the program as the :class:`rasd.core.errors.RasdError` the store raised;
-* the **protocol checker** (``check/``) performs each effect against its model of DynamoDB,
-  one effect per step, branching on every outcome the real call could have (applied, refused,
-  lost reply, error). Generators cannot be copied, so the checker keeps a program as the
-  :class:`Trace` of results it was sent and rebuilds it by replaying them (:meth:`Trace.resume`):
-  programs are deterministic in what they are sent, which is what makes the replay exact.
-
-Every one of them steps a program with :func:`advance`: send a result (or throw an error) in,
-follow a ``Tail``, and get the program now running and its next effect, or ``Done`` with what
-it returned or the ``RasdError`` it raised.
-
-Effects that touch DynamoDB are one call each; the others (``Now``, ``Sleep``, ``Spawn``,
-``Note``, and the daemon's cache and prefetcher effects in :mod:`rasd.steps.daemon`) are
-local. A program may yield :class:`Together` to send several calls in one round trip, and
-ends a loop's round with :class:`Tail` (the next round as a call of its own), so that the
-checker's state of a looping program is its arguments, not its history.
-
-Known-bad rule sets (``check/rulesets.py``) work by handing a program other pure functions
-(``ops``): the programs take the decisions and write builders they use as a parameter whose
-default is the real one, so the checker can show that it finds each bug when it is put back.
+A *program* is a generator that yields effects (:class:`Returns` of their result types) and is
+sent back what each returned; :data:`Program` names the effects it may yield. :func:`advance`
+steps one for every interpreter: the drivers (:func:`drive`, :func:`drive_sync`) and the
+checker's replay of a :class:`Trace`. docs/design.md, "The jobs, written once".
 """
 
 from __future__ import annotations

@@ -13,14 +13,6 @@ SCANNED = ("rasd", "client/rasd_client", "jobs", "check")
 #: the longest module docstring, quotes included
 MAX_DOC_LINES = 10
 
-#: TEMPORARY: modules other branches of the same refactor were changing while the docstrings
-#: were cut. The lead empties this set after merging them (and deletes it once empty).
-TEMPORARY_LONG_DOCSTRINGS = frozenset(
-    {
-        "rasd/steps/__init__.py",
-    }
-)
-
 
 def docstring_lines(path: Path) -> int:
     """How many lines the module's docstring spans (0 without one)."""
@@ -49,8 +41,7 @@ def long_docstrings(root: Path, dirs: tuple[str, ...], limit: int) -> dict[str, 
 
 
 def test_every_module_docstring_is_short() -> None:
-    found = long_docstrings(ROOT, SCANNED, MAX_DOC_LINES)
-    over = {p: n for p, n in found.items() if p not in TEMPORARY_LONG_DOCSTRINGS}
+    over = long_docstrings(ROOT, SCANNED, MAX_DOC_LINES)
     assert not over, (
         f"module docstrings over {MAX_DOC_LINES} lines: say the module's job, and move the "
         "argument to docs/ (pointing to its section by name):\n"
@@ -65,16 +56,9 @@ def test_no_docstring_holds_a_theory_of_operation() -> None:
         for path in sorted((ROOT / d).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
-            if rel not in TEMPORARY_LONG_DOCSTRINGS and "theory of operation" in doc.lower():
+            if "theory of operation" in doc.lower():
                 found.append(rel)
     assert not found, found
-
-
-def test_the_temporary_allowlist_names_only_long_docstrings_that_exist() -> None:
-    """An entry that no longer exists, or whose docstring now fits, leaves the list."""
-    found = long_docstrings(ROOT, SCANNED, MAX_DOC_LINES)
-    stale = sorted(TEMPORARY_LONG_DOCSTRINGS - found.keys())
-    assert not stale, f"remove from TEMPORARY_LONG_DOCSTRINGS: {stale}"
 
 
 def test_the_check_counts_the_docstring_and_names_the_module(tmp_path: Path) -> None:
