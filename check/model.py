@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from rasd.core import cache_rules as CR
+from rasd.core import cache_rules
 from rasd.core.decide import check_expiry
 from rasd.core.lease import FREE, US
 from rasd.steps import Spawn
@@ -22,7 +22,7 @@ from .daemon_host import DaemonHost, _confirm_s, _maybe_refresh
 from .effects import start, step
 from .rollout import paper_may_call, rollout_steps
 from .rulesets import Protocol
-from .world import CLIENT, Config, Daemon, Out, World
+from .world import CLIENT, Config, DaemonState, Out, World
 
 
 # ---------------------------------------------------------------------------- app calls
@@ -45,14 +45,14 @@ def app_calls(w0: World, di: int) -> Out:
         if why:
             w.notes.append(f"d{di} get_lease({key}) -> error: {why}")
             out.append((f"d{di} get_lease({key}) REFUSED (the pool's longest lease)", w))
-        elif e is not None and CR.serves(e.until, w.t):  # LeaseCache.answer
+        elif e is not None and cache_rules.serves(e.until, w.t):  # LeaseCache.answer
             w.answer(d, key, e.lease)
-            ext = CR.extend_from(e.lease, w.cfg.region(di))
-            if CR.hit_wants_refresh(e.confirmed, w.t, _confirm_s(w), requested, ext):
+            ext = cache_rules.extend_from(e.lease, w.cfg.region(di))
+            if cache_rules.hit_wants_refresh(e.confirmed, w.t, _confirm_s(w), requested, ext):
                 _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
-            if e is not None and CR.serves(e.spare, w.t) and not setup.legacy_agents:
+            if e is not None and cache_rules.serves(e.spare, w.t) and not setup.legacy_agents:
                 # the outage path (``Router``'s spare answer): DynamoDB unreachable, as far
                 # as this daemon can tell, at any step; or not, and the miss below
                 x = w.clone()
@@ -60,7 +60,7 @@ def app_calls(w0: World, di: int) -> Out:
                 _maybe_refresh(x, di, key, e.lease, requested)
                 out.append((f"d{di} get_lease({key}) OUTAGE HIT (cut off)", x))
             w.set_daemon(d.with_entry(key, None))
-            # ``Taker``'s hint: a key this daemon served lately (here: an entry, lapsed) is
+            # ``Acquirer``'s hint: a key this daemon served lately (here: an entry, lapsed) is
             # read before a new key's mapping is written beside the read (rollout mode)
             speculate = e is None
             prog = Spawn(resolve, (setup, pool, key, requested, WAIT_FIRST, (), True, speculate))
@@ -116,7 +116,7 @@ def successors(w0: World) -> Out:
             w = w0.clone()
             w.crashes += 1
             w.crash_tokens = w.crash_tokens | w.known_tokens(d)
-            w.set_daemon(Daemon(di, d.offset))
+            w.set_daemon(DaemonState(di, d.offset))
             out.append((f"d{di} CRASHES (cache and tasks lost)", w))
     for i, wr in enumerate(w0.inflight):
         w = w0.clone()

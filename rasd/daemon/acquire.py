@@ -1,4 +1,4 @@
-"""get_lease past the cache: the taker (:class:`Taker`).
+"""get_lease past the cache: the acquirer (:class:`Acquirer`).
 
 A miss reads the pool, refuses a lease end the pool does not allow, and shares one resolution
 (``steps.take.resolve``) among concurrent requests for one (client, pool, key). The roles:
@@ -25,7 +25,7 @@ from .pools import PoolTable
 RECENT_KEYS, RECENT_S = 20_000, 600.0
 
 
-class Taker:
+class Acquirer:
     """``get_lease`` on a miss: the pool's check, single-flight, the resolution."""
 
     def __init__(self, driver: Driver, pools: PoolTable) -> None:

@@ -14,8 +14,8 @@ from ..core.clock import Clock
 from ..core.lease import Lease
 from ..dynamo.store import Store
 from ..observe.metrics import Counters
-from ..steps import daemon as S
-from .acquire import Taker
+from ..steps import daemon as daemon_steps
+from .acquire import Acquirer
 from .cache import CacheKey
 from .driver import Driver, RolloutMode, StrictPools
 from .pools import PoolTable
@@ -27,7 +27,7 @@ from .reporter import Reporter
 
 
 class Coordinator:
-    """One daemon's roles over one driver and one pool table: ``taker``, ``renewer`` (and its
+    """One daemon's roles over one driver and one pool table: ``acquirer``, ``renewer`` (and its
     ``cache``), ``releaser``, ``reporter``; and the local effects the driver performs through
     them (``LocalEffects``). ``owner``: the daemon's name in the table (tests give one)."""
 
@@ -61,13 +61,13 @@ class Coordinator:
         self.cache = cache = renewer.cache
         self.releaser = releaser = Releaser(drv, pools)
         self.reporter = reporter = Reporter(drv, pools)
-        self.taker = Taker(drv, pools)
+        self.acquirer = Acquirer(drv, pools)
         # The local effects (``LocalEffects``), each bound once to the role that performs it.
-        self.refresh: Callable[[S.Refresh], None] = renewer.refresh
+        self.refresh: Callable[[daemon_steps.Refresh], None] = renewer.refresh
         self.cache_put: Callable[[Lease, float], None] = cache.put
         self.cache_drop: Callable[[CacheKey], None] = cache.drop
-        self.miss: Callable[[S.Miss], str | None] = reporter.miss
-        self.relist_later: Callable[[S.RelistLater], None] = releaser.relist_later
+        self.miss: Callable[[daemon_steps.Miss], str | None] = reporter.miss
+        self.relist_later: Callable[[daemon_steps.RelistLater], None] = releaser.relist_later
 
     async def drain(self, timeout: float) -> None:
         """Shutdown: every role's tasks (the one task group), waited for at most ``timeout``."""

@@ -4,7 +4,7 @@ give-back re-lists (docs/design.md, "The roles, and what each keeps").
 
 from __future__ import annotations
 
-from ..steps import daemon as S
+from ..steps import daemon as daemon_steps
 from ..steps.give_back import release, relist
 from .driver import Driver
 from .pools import PoolTable
@@ -23,7 +23,7 @@ class Releaser:
         pool = await self.pools.get(client_id, pool_id, deadline)
         return await self.driver.run(release, pool, key, deadline=deadline)
 
-    def relist_later(self, eff: S.RelistLater) -> None:
+    def relist_later(self, eff: daemon_steps.RelistLater) -> None:
         """The ``RelistLater`` effect: re-list ``eff.ident`` once its quarantine is over."""
         drv = self.driver
         drv.tasks.detach(drv.run_bg(relist(eff.ident, eff.until_us)))

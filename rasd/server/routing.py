@@ -1,6 +1,6 @@
 """Routing: what the daemon does with each request frame. :meth:`Router.handle` follows a
 frame through once: the hit answered in the callback, a miss admitted (rate, in-flight gate)
-to the taker in a task, the outage budget's spare answers, and every other op
+to the acquirer in a task, the outage budget's spare answers, and every other op
 (docs/design.md, "Inside get_lease"). ``Daemon`` makes the router, and hands it the store and
 the roles once they exist, in one :class:`Serving` (:meth:`Router.serve`).
 """
@@ -53,7 +53,7 @@ HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
 #: of a request that may fall back on an outage window's entry: the seconds kept back from
-#: the taker to answer from it, at most this share of the deadline
+#: the acquirer to answer from it, at most this share of the deadline
 SPARE_RESERVE, SPARE_RESERVE_SHARE = 0.05, 0.2
 
 
@@ -339,7 +339,7 @@ class Router:
                 if op == "get_lease":
                     c, p, k, e = args
                     if spare is None:
-                        lease, new = await self.serving.taker.get_lease(c, p, k, e, deadline)
+                        lease, new = await self.serving.acquirer.get_lease(c, p, k, e, deadline)
                     else:
                         got = await self._or_spare(args, rid, t0, deadline, spare)
                         if isinstance(got, bytes):
@@ -380,15 +380,15 @@ class Router:
     async def _or_spare(
         self, args: tuple[Any, ...], rid: int, t0: float, deadline: float, spare: bytes
     ) -> tuple[Lease, bool] | bytes:
-        """The taker's answer within the deadline less a reserve; if that fails (UNAVAILABLE,
+        """The acquirer's answer within the deadline less a reserve; if that fails (UNAVAILABLE,
         TIMEOUT) with none of its DynamoDB calls answered (``HEARD``: nothing learnt,
         nothing written), the window entry's frame (:meth:`_spare`), put back in the cache."""
         c, p, k, e = args
         reserve = min(SPARE_RESERVE, (deadline - t0) * SPARE_RESERVE_SHARE)
         heard: list[float] = []
-        HEARD.set(heard)  # this task's context, copied by the taker's flight it starts
+        HEARD.set(heard)  # this task's context, copied by the acquirer's flight it starts
         try:
-            return await self.serving.taker.get_lease(c, p, k, e, deadline - reserve)
+            return await self.serving.acquirer.get_lease(c, p, k, e, deadline - reserve)
         except (Unavailable, Timeout):
             if heard:
                 raise

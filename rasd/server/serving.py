@@ -11,7 +11,7 @@ from .hittable import Answer
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
     from ..core.lease import Pool
-    from ..daemon.acquire import Taker
+    from ..daemon.acquire import Acquirer
     from ..daemon.cache import LeaseCache
     from ..daemon.coordinator import Coordinator
     from ..daemon.releaser import Releaser
@@ -53,7 +53,7 @@ class Serving:
     cache: LeaseCache
     #: (client_id, pool_id) -> Pool: the pool table's dict, read in place
     pools: dict[tuple[str, str], Pool]
-    taker: Taker
+    acquirer: Acquirer
     releaser: Releaser
     reporter: Reporter
     answer: Answer
@@ -62,4 +62,4 @@ class Serving:
     def of(cls, store: Store, coordinator: Coordinator) -> Serving:
         co = coordinator
         cache = co.cache
-        return cls(store, co, cache, co.pools, co.taker, co.releaser, co.reporter, cache.answer)
+        return cls(store, co, cache, co.pools, co.acquirer, co.releaser, co.reporter, cache.answer)

@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-from ..core import builders as B
-from ..core import decide as D
+from ..core import builders, decide
 from ..core.builders import fence_resource
 from ..core.decide import Freed, NeverNamed, Outcome
 from ..core.errors import NotHeld, RasdError, Timeout
@@ -19,7 +18,7 @@ from .daemon import (
     RELIST_SLACK,
     WAIT_FIRST,
     CacheDrop,
-    Daemon,
+    DaemonContext,
     DaemonProgram,
     Deadline,
     RelistLater,
@@ -30,7 +29,7 @@ from .daemon import (
 
 
 def free_claim(
-    d: Daemon,
+    d: DaemonContext,
     ident: ItemKey,
     key: str,
     token: str,
@@ -71,7 +70,7 @@ _AGAIN = _Again("extended since read")
 
 
 def free_once(
-    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
+    d: DaemonContext, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
 ) -> DaemonProgram[RasdError | None]:
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
@@ -118,7 +117,7 @@ def relist(ident: ItemKey, until_us: int) -> DaemonProgram[None]:
         now = yield from Now()
         if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
             return  # taken, re-listed, or quarantined again (by its own freer) since
-        res = yield from Send(B.relist(r, now))
+        res = yield from Send(builders.relist(r, now))
         yield Note(f"quarantine.relist_{res.outcome.value}")
     except RasdError as exc:
         yield Note("quarantine.relist_errors")
@@ -126,7 +125,7 @@ def relist(ident: ItemKey, until_us: int) -> DaemonProgram[None]:
 
 
 def fence_own_claim(
-    d: Daemon, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
+    d: DaemonContext, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
 ) -> DaemonProgram[None]:
     """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
     or give it back if it did (``proof``: that no mapping ever named it)."""
@@ -140,7 +139,7 @@ def fence_own_claim(
 
 
 def release(
-    d: Daemon, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
+    d: DaemonContext, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
 ) -> DaemonProgram[int]:
     """Give back the key's lease in our region: the mapping first, then the resource with
     quarantine (docs/design.md, I3). Returns 1, or raises NotHeld. A round that must read
@@ -152,15 +151,15 @@ def release(
     own, others = yield from read(d, pool, key)
     now = yield from Now()
     dec = ops.on_release_read(own, now, d.rules)
-    if isinstance(dec, D.Verify):
+    if isinstance(dec, decide.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_release_resource(dec.mapping, r, now, d.rules)
-    if isinstance(dec, D.NotHeld):
-        held = sorted(m.region for m in others if D.servable(m, now, d.rules))
+    if isinstance(dec, decide.NotHeld):
+        held = sorted(m.region for m in others if decide.servable(m, now, d.rules))
         if held:
             raise NotHeld(f"{key!r} holds no lease in {d.region} (held in {', '.join(held)})")
         raise NotHeld(f"{key!r} holds no lease in pool {pool.pool_id!r}")
-    if isinstance(dec, D.ReleaseLease):
+    if isinstance(dec, decide.ReleaseLease):
         lease = dec.lease
         assert lease.token is not None and own is not None
         res = yield from Send(map_release(own.ident, lease.token, now), no_token(lease.token))
@@ -191,7 +190,7 @@ def release(
             # deadline; the free goes on in the background.
             yield Join(free)
         return 1
-    if isinstance(dec, D.DropMapping):
+    if isinstance(dec, decide.DropMapping):
         yield Send(map_drop_dead(dec.mapping, now))
         return (yield from goto(release, d, pool, key, wait, False))
     wait = yield from fence_or_wait(dec, wait)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import decide
+from ..core import legacy as legacy_rules
 from ..core.builders import extend_resource
 from ..core.decide import Outcome, lease_from_mapping
 from ..core.errors import RasdError, Timeout
@@ -21,7 +21,7 @@ from .daemon import (
     BACKGROUND_DEADLINE,
     CacheDrop,
     CachePut,
-    Daemon,
+    DaemonContext,
     DaemonProgram,
     Deadline,
     read,
@@ -44,8 +44,8 @@ def confirm(m: Mapping, drop: bool = False) -> DaemonProgram[None]:
 
 
 def extend(
-    d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
-) -> DaemonProgram[tuple[D.ExtendStep, Any]]:
+    d: DaemonContext, lease: Lease, requested_us: int, resent_us: int = 0
+) -> DaemonProgram[tuple[decide.ExtendStep, Any]]:
     """The resource first, then (a strict pool) the agreement, then the mapping: no end
     passes the one before it. Returns the step and the last write's result. ``resent_us``:
     how long after it is built the extension's write may still be sent again (its program's
@@ -54,7 +54,11 @@ def extend(
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
     # Beside the paper's agent the extension must land before the lease's end (its lookup
     # takes the end as final): conditioned on an end past the floor as it is sent.
-    floor = LG.extend_floor((yield from Now()) + resent_us, d.rules) if d.legacy_agents else None
+    floor = (
+        legacy_rules.extend_floor((yield from Now()) + resent_us, d.rules)
+        if d.legacy_agents
+        else None
+    )
     w = extend_resource(lease, requested_us, floor)
     res = yield from Send(w, extended_to(lease.token, want))
     mres = None
@@ -65,33 +69,33 @@ def extend(
         try:
             agreed = yield from extend_agreement(d, home, lease, requested_us)
         except RasdError as exc:
-            return D.Forget(f"home region unreachable: {exc}"), WriteResult(
+            return decide.Forget(f"home region unreachable: {exc}"), WriteResult(
                 Outcome.UNKNOWN, error=exc
             )
         if not agreed:
             yield Note("strict.extend_refused")
-            return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
+            return decide.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
     if res.outcome is Outcome.APPLIED:
         mres = yield from Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
     step = d.ops.after_extend(res.outcome, mres.outcome if mres else None)
-    if isinstance(step, D.CheckMapping):
+    if isinstance(step, decide.CheckMapping):
         try:
             got = yield from GetItem(
                 (map_pk(lease.client_id, lease.pool_id, lease.key), lease.region)
             )
         except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
-            return D.Forget(f"mapping unreadable: {exc}"), mres or res
+            return decide.Forget(f"mapping unreadable: {exc}"), mres or res
         step = d.ops.on_extend_check(mapping_from(got) if got else None, lease)
-    if isinstance(step, D.FreeOrphan):
+    if isinstance(step, decide.FreeOrphan):
         yield Note("lease.extend_orphaned")
         assert lease.token is not None
         # No app released it: apps may use it to the end they were answered.
         ident = (lease.client_id, lease.resource)
-        yield Spawn(free_claim, (d, ident, lease.key, lease.token, D.Freed.UNRELEASED))
+        yield Spawn(free_claim, (d, ident, lease.key, lease.token, decide.Freed.UNRELEASED))
     return step, mres or res
 
 
-def extend_now(d: Daemon, m: Mapping, requested_us: int) -> DaemonProgram[Lease | None]:
+def extend_now(d: DaemonContext, m: Mapping, requested_us: int) -> DaemonProgram[Lease | None]:
     """Our lease is too close to its end to serve: extend it (None: re-read)."""
     lease = lease_from_mapping(m)
     now = yield from Now()
@@ -100,7 +104,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> DaemonProgram[Lease 
         return lease if lease.expires_us > now else None
     sent = yield from Mono()
     step, last = yield from extend(d, lease, requested_us)
-    if isinstance(step, D.Extended):
+    if isinstance(step, decide.Extended):
         new = replace(lease, expires_us=requested_us)
         yield CachePut(new, sent)
         yield Note("lease.extended")
@@ -109,7 +113,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> DaemonProgram[Lease 
         last.error is not None and last.outcome is not Outcome.APPLIED
     ):
         raise last.error or Timeout("extension outcome unknown")
-    if isinstance(step, D.Forget):
+    if isinstance(step, decide.Forget):
         # The resource write lost: if the resource is no longer ours the lease is over
         # (liberated), and the mapping is ended so the key can acquire again.
         r = yield from resource(m.client_id, lease.resource)
@@ -120,7 +124,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> DaemonProgram[Lease 
     return None
 
 
-def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> DaemonProgram[RasdError | None]:
+def extend_bg(d: DaemonContext, lease: Lease, requested_us: int) -> DaemonProgram[RasdError | None]:
     """A hit asked for more than a sliding lease has left: extend it in the background.
     With ``extend_read_first``, the key's mappings are read first, and a lease another host
     already extended far enough is served as read, nothing written. Returns None when done
@@ -136,18 +140,18 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> DaemonProgram[RasdE
         now = yield from Now()
         dec = d.ops.on_read(own, others, now, d.rules)
         got = d.ops.after_extend_read(dec, lease, requested_us, now, d.extend_fraction)
-        if isinstance(got, D.Forget):
+        if isinstance(got, decide.Forget):
             yield CacheDrop((lease.client_id, lease.pool_id, lease.key))
             yield Note("lease.extend_conflicts")
             return None
-        if isinstance(dec, D.Serve):  # still ours: confirmed as of this read
+        if isinstance(dec, decide.Serve):  # still ours: confirmed as of this read
             yield CachePut(got or dec.lease, sent)
         if got is not None:
             yield Note("lease.extend_skipped")
             return None
         sent = yield from Mono()
     step, last = yield from extend(d, lease, requested_us, int(BACKGROUND_DEADLINE * US))
-    if isinstance(step, D.Extended):
+    if isinstance(step, decide.Extended):
         yield CachePut(replace(lease, expires_us=requested_us), sent)
         yield Note("lease.extended")
         return None
@@ -161,7 +165,7 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> DaemonProgram[RasdE
     return error
 
 
-def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> DaemonProgram[None]:
+def reconfirm(d: DaemonContext, pool: Pool, lease: Lease) -> DaemonProgram[None]:
     """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
     confirmed as of this read. Anything else: dropped, the next request resolves it."""
     yield Deadline(BACKGROUND_DEADLINE)
@@ -169,7 +173,7 @@ def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> DaemonProgram[None]:
         sent = yield from Mono()
         own, others = yield from read(d, pool, lease.key)
         dec = d.ops.on_read(own, others, (yield from Now()), d.rules)
-        if isinstance(dec, D.Serve) and D.same_lease(dec.lease, lease):
+        if isinstance(dec, decide.Serve) and decide.same_lease(dec.lease, lease):
             yield CachePut(dec.lease, sent)
             yield Note("lease.reconfirmed")
         else:

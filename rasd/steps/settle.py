@@ -5,8 +5,8 @@ agents acquiring one key at once").
 
 from __future__ import annotations
 
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import decide
+from ..core import legacy as legacy_rules
 from ..core.builders import adopt
 from ..core.decide import Outcome, lease_from_mapping, pick
 from ..core.errors import Timeout
@@ -23,19 +23,19 @@ from ..core.map_builders import (
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
 from . import Join, Note, Now, QueryLeased, Send, Spawn
-from .daemon import WAIT_FIRST, Daemon, DaemonProgram, NewToken, error_of, resource, wait_for
+from .daemon import WAIT_FIRST, DaemonContext, DaemonProgram, NewToken, error_of, resource, wait_for
 from .give_back import free_claim
 from .renew import confirm
 
 
 def adopt_paper_lease(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     held: list[ResourceItem],
     expect_ver: int,
     give_back: tuple[ItemKey, str] | None = None,
-) -> DaemonProgram[D.Decision | None]:
+) -> DaemonProgram[decide.Decision | None]:
     """The key has no lease in our mapping, but the leased index shows a resource of our
     region held for it: a lease of the paper's agent. Read the item (strongly consistent);
     if it is a running lease of the key, name it in the mapping (at the version read, like
@@ -46,13 +46,13 @@ def adopt_paper_lease(
     token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield from Now()
     cid, pid = pool.client_id, pool.pool_id
-    hint = pick([it for it in held if LG.adoptable(it, cid, pid, key, d.region, now)])
+    hint = pick([it for it in held if legacy_rules.adoptable(it, cid, pid, key, d.region, now)])
     if hint is None:
-        return D.Acquire(expect_ver)
+        return decide.Acquire(expect_ver)
     r = yield from resource(cid, hint.resource)
     now = yield from Now()
-    if r is None or not LG.adoptable(r, cid, pid, key, d.region, now):
-        return D.Acquire(expect_ver)
+    if r is None or not legacy_rules.adoptable(r, cid, pid, key, d.region, now):
+        return decide.Acquire(expect_ver)
     assert r.lease_expires_us is not None
     token = yield from NewToken()
     m = Mapping(
@@ -80,36 +80,40 @@ def adopt_paper_lease(
             # retried, whatever becomes of this request (its deadline may pass now), and
             # the adoption waits for it (a deadline passed, the adoption is not sent).
             free = yield from Spawn(
-                free_claim, (d, give_back[0], key, give_back[1], D.Freed.UNRELEASED)
+                free_claim, (d, give_back[0], key, give_back[1], decide.Freed.UNRELEASED)
             )
             yield Join(free)
         ares = yield from Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.
     step = d.ops.after_acquire(mres.outcome, ares.outcome if ares else Outcome.REJECTED, expect_ver)
-    if isinstance(step, D.Won):
+    if isinstance(step, decide.Won):
         assert ares is not None and ares.item is not None
         yield Note("lease.adopted")
         dec = d.ops.on_resource(m, resource_from(ares.item), (yield from Now()), d.rules)
-        if isinstance(dec, D.Serve) and dec.confirm is not None:
+        if isinstance(dec, decide.Serve) and dec.confirm is not None:
             # Settled already: the lease is the paper agent's own. Confirmed before it is
             # served, as a settled claim is (readers wait for it meanwhile).
             return (yield from confirm_now(dec.confirm))
-        if isinstance(dec, D.Extend):
-            return D.Extend(dec.mapping)  # settled already, as above: extended, not settled
+        if isinstance(dec, decide.Extend):
+            return decide.Extend(dec.mapping)  # settled already, as above: extended, not settled
         return dec
-    if isinstance(step, D.NextCandidate):
+    if isinstance(step, decide.NextCandidate):
         yield Note("lease.adopt_lost")
-        return D.Acquire(step.expect_ver)
-    if isinstance(step, D.Reread):
+        return decide.Acquire(step.expect_ver)
+    if isinstance(step, decide.Reread):
         return None
     yield Note("acq.gave_up")
     raise error_of(mres, *(() if ares is None else (ares,))) or Timeout("adoption outcome unknown")
 
 
 def beside_legacy(
-    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle, answer_first: bool = False
-) -> DaemonProgram[D.Decision | None]:
+    d: DaemonContext,
+    pool: Pool,
+    key: str,
+    dec: decide.Decision | legacy_rules.Settle,
+    answer_first: bool = False,
+) -> DaemonProgram[decide.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
     (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again, as after
@@ -118,18 +122,18 @@ def beside_legacy(
     ``answer_first``: the mapping is the acquisition this call just made (see :func:`settle`)."""
     while True:
         b = d.ops.beside_legacy(dec)
-        if not isinstance(b, LG.Settle):
+        if not isinstance(b, legacy_rules.Settle):
             return b
         settled = yield from settle(d, pool, key, b.mapping, answer_first)
         answer_first = False
-        if settled is None or isinstance(dec, D.Extend):
+        if settled is None or isinstance(dec, decide.Extend):
             return None
         dec = settled
 
 
 def settle(
-    d: Daemon, pool: Pool, key: str, m: Mapping, answer_first: bool = False
-) -> DaemonProgram[D.Decision | None]:
+    d: DaemonContext, pool: Pool, key: str, m: Mapping, answer_first: bool = False
+) -> DaemonProgram[decide.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
     claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
@@ -144,10 +148,10 @@ def settle(
     assert m.token is not None and m.resource is not None
     held = yield from QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield from Now()), d.rules.grace_us)
-    if isinstance(s, D.Wait):
+    if isinstance(s, decide.Wait):
         yield from wait_for(WAIT_FIRST)
         return None  # read again
-    if isinstance(s, LG.YieldTo):
+    if isinstance(s, legacy_rules.YieldTo):
         yield Note("lease.yielded")
         # The adoption's mapping write, at the pending version, names the other lease: our
         # claim can then no longer be confirmed, and no daemon served it. It is given back
@@ -159,24 +163,24 @@ def settle(
         return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
     if answer_first:
         yield Spawn(confirm, (s.mapping, True))
-        return D.Serve(lease_from_mapping(s.mapping))
+        return decide.Serve(lease_from_mapping(s.mapping))
     return (yield from confirm_now(s.mapping))
 
 
-def confirm_now(m: Mapping) -> DaemonProgram[D.Serve | None]:
+def confirm_now(m: Mapping) -> DaemonProgram[decide.Serve | None]:
     """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
     another daemon's settling, read again; unknown: an error, the state left as it is)."""
     assert m.token is not None
     res = yield from Send(map_confirm(m), confirmed(m.token))
     yield Note(f"acq.confirm_{res.outcome.value}")
     if res.outcome is Outcome.APPLIED:
-        return D.Serve(lease_from_mapping(m))
+        return decide.Serve(lease_from_mapping(m))
     if res.outcome is Outcome.REJECTED and res.error is None:
         return None
     raise res.error or Timeout("confirmation outcome unknown")
 
 
-def end_lapsed(d: Daemon, m: Mapping) -> DaemonProgram[None]:
+def end_lapsed(d: DaemonContext, m: Mapping) -> DaemonProgram[None]:
     """``legacy.EndLapsed``: release the mapping at the version read (an extension that
     landed since makes this a lost race: read again), then free the resource in the
     background (held to its end, as every free beside the paper's agent)."""
@@ -186,7 +190,7 @@ def end_lapsed(d: Daemon, m: Mapping) -> DaemonProgram[None]:
     if res.outcome is Outcome.APPLIED:
         yield Note("lease.ended_lapsed")
         ident = (m.client_id, m.resource or "")
-        yield Spawn(free_claim, (d, ident, m.key, m.token, D.Freed.UNRELEASED))
+        yield Spawn(free_claim, (d, ident, m.key, m.token, decide.Freed.UNRELEASED))
         return
     if res.outcome is Outcome.REJECTED and res.error is None:
         return

@@ -4,18 +4,25 @@
 
 from __future__ import annotations
 
-from ..core import agree as A
+from ..core import agree as agree_rules
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Unavailable
 from ..core.lease import Lease, Mapping, Pool, fmt_time
 from ..core.map_builders import map_drop_dead
 from . import At, GetItem, Note, Now, Send, Spawn, goto
-from .daemon import BACKGROUND_DEADLINE, WAIT_FIRST, Daemon, DaemonProgram, Deadline, wait_for
+from .daemon import (
+    BACKGROUND_DEADLINE,
+    WAIT_FIRST,
+    DaemonContext,
+    DaemonProgram,
+    Deadline,
+    wait_for,
+)
 from .give_back import free_claim
 
 
 def agree(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     home: str,
     m: Mapping,
@@ -29,10 +36,12 @@ def agree(
     ``seen``: the key's mappings as read (ours consistently, others through our replica).
     ``expect``: A's version to write at (0: absent, a new key's one write); None: read A
     first."""
-    ident = A.agree_key(m.client_id, m.pool_id, m.key)
+    ident = agree_rules.agree_key(m.client_id, m.pool_id, m.key)
     assert m.token is not None
     if expect is not None:
-        res = yield from At(home, Send(A.agree_write(ident, expect, m), A.names(m.token)))
+        res = yield from At(
+            home, Send(agree_rules.agree_write(ident, expect, m), agree_rules.names(m.token))
+        )
         if res.outcome is Outcome.APPLIED:
             yield Note("strict.agreed")
             return None
@@ -43,19 +52,19 @@ def agree(
     except RasdError as exc:
         return (yield from home_down(d, pool, home, m, exc))
     step = d.ops.on_agreement(
-        A.agreement_from(got),
+        agree_rules.agreement_from(got),
         m,
         list(seen),
         (yield from Now()),
         d.rules.margin_us,
         d.rules.grace_us,
     )
-    if isinstance(step, A.Agreed):
+    if isinstance(step, agree_rules.Agreed):
         yield Note("strict.agreed")
         return None
-    if isinstance(step, A.Propose):
+    if isinstance(step, agree_rules.Propose):
         return (yield from goto(agree, d, pool, home, m, seen, step.expect_ver, wait))
-    if isinstance(step, A.Defer):
+    if isinstance(step, agree_rules.Defer):
         yield Note("strict.deferred")
         yield Spawn(withdraw, (d, m))
         return step.lease
@@ -64,7 +73,7 @@ def agree(
 
 
 def home_down(
-    d: Daemon, pool: Pool, home: str, m: Mapping, exc: RasdError
+    d: DaemonContext, pool: Pool, home: str, m: Mapping, exc: RasdError
 ) -> DaemonProgram[Lease | None]:
     """The home region did not answer: fail the request, leaving the claim for a later
     request to agree, or (``home_down`` "local") answer it unagreed, counted."""
@@ -78,7 +87,7 @@ def home_down(
     )
 
 
-def withdraw(d: Daemon, m: Mapping) -> DaemonProgram[None]:
+def withdraw(d: DaemonContext, m: Mapping) -> DaemonProgram[None]:
     """Give back a claim that lost the agreement: its pending mapping freed (only at the
     version it had, so a claim some daemon confirmed meanwhile stays), then the resource.
     Its mapping named it, so a reader may have answered it before the agreement was read
@@ -95,15 +104,19 @@ def withdraw(d: Daemon, m: Mapping) -> DaemonProgram[None]:
     yield from free_claim(d, (m.client_id, m.resource), m.key, m.token, why)
 
 
-def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> DaemonProgram[bool]:
+def extend_agreement(
+    d: DaemonContext, home: str, lease: Lease, requested_us: int
+) -> DaemonProgram[bool]:
     """An extension's second write: A's end, while A names the lease. False: A names another
     lease, and the extension must not go on. Raises when the home region does not answer
     (unless ``home_down`` is "local": then the extension goes on, counted)."""
     assert lease.token is not None
-    ident = A.agree_key(lease.client_id, lease.pool_id, lease.key)
+    ident = agree_rules.agree_key(lease.client_id, lease.pool_id, lease.key)
     want = fmt_time(requested_us)
-    reached = A.agreed_to(lease.token, want)
-    res = yield from At(home, Send(A.agree_extend(ident, lease.token, requested_us), reached))
+    reached = agree_rules.agreed_to(lease.token, want)
+    res = yield from At(
+        home, Send(agree_rules.agree_extend(ident, lease.token, requested_us), reached)
+    )
     if res.outcome is Outcome.APPLIED:
         return True
     error = res.error

@@ -23,7 +23,7 @@ import pytest
 
 import rasd_client
 from rasd.config import Config
-from rasd.daemon.acquire import Taker
+from rasd.daemon.acquire import Acquirer
 from rasd.server import Daemon
 from tests.helpers.tables import seed_pool
 
@@ -69,14 +69,14 @@ async def test_stop_answers_what_it_read_and_the_next_daemon_answers_the_rest(
     assert isinstance(results["k-idle"], rasd_client.Lease)
 
     # A slow request in flight when the stop begins: answered by A, not dropped.
-    real = Taker.get_lease
+    real = Acquirer.get_lease
 
-    async def slow(taker: Taker, *args: Any) -> Any:
-        if taker is a.coordinator.taker:
+    async def slow(acquirer: Acquirer, *args: Any) -> Any:
+        if acquirer is a.coordinator.acquirer:
             await asyncio.sleep(0.3)
-        return await real(taker, *args)
+        return await real(acquirer, *args)
 
-    monkeypatch.setattr(Taker, "get_lease", slow)
+    monkeypatch.setattr(Acquirer, "get_lease", slow)
     inflight = threading.Thread(target=call, args=("k-inflight", 5.0, results))
     inflight.start()
     for _ in range(100):

@@ -24,7 +24,7 @@ import pytest
 import structlog
 from botocore.exceptions import ReadTimeoutError
 
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core import schema
 from rasd.core.errors import RasdError
 from rasd.daemon.coordinator import Coordinator
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.integration
 
 C, P = "demo", "default"
 EAST, WEST = "us-east-1", "eu-west-1"
-HOUR = 3600 * L.US
+HOUR = 3600 * lease_items.US
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +68,7 @@ def _one_table_for_all_regions(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _clock() -> FakeClock:
-    return FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    return FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
 
 
 # ------------------------------------------ an ambiguous acquisition whose mapping is released
@@ -77,7 +77,9 @@ R = "r0"
 
 def _is_map_acquire(kw: dict[str, Any]) -> bool:
     """map_builders.map_acquire of k1's mapping (it SETs ``since``)."""
-    return kw["Key"]["client_id"]["S"].startswith(L.map_pk(C, P, "k1")) and "since" in names(kw)
+    return kw["Key"]["client_id"]["S"].startswith(
+        lease_items.map_pk(C, P, "k1")
+    ) and "since" in names(kw)
 
 
 def _is_claim(kw: dict[str, Any]) -> bool:
@@ -149,9 +151,9 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
     schema.put_pool(ddb, table, C, P, 7200)
     clock = _clock()
     t0 = clock.now_us()
-    schema.add_resources(ddb, table, C, P, EAST, [R], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, [R], now_us=t0 - 60 * lease_items.US)
     seen: list[str] = []  # the steps, in the order they happened
-    answers: list[L.Lease] = []  # what k1 was answered, by either daemon
+    answers: list[lease_items.Lease] = []  # what k1 was answered, by either daemon
     claim_applied = asyncio.Event()
     # moved: rasadmin released k1's mapping, or returned without (nothing to release)
     moved, d1_settled = threading.Event(), threading.Event()
@@ -163,7 +165,7 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
         args = admin_cli.build_parser().parse_args(
             ["release-resource", "--client", C, "--resource", R, "--endpoint-url",
              moto_endpoint, "--table", table, "--region", EAST, "--now",
-             str(clock.now_us() / L.US)]
+             str(clock.now_us() / lease_items.US)]
         )  # fmt: skip
         buf = io.StringIO()
         try:
@@ -199,7 +201,7 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
                 # waits for d1's pending mapping until its deadline: keep that short)
                 wait = WAIT if mode == "fast" else 1.5
                 try:
-                    lease, _ = await d2.taker.get_lease(
+                    lease, _ = await d2.acquirer.get_lease(
                         C, P, "k1", clock.now_us() + HOUR, time.monotonic() + wait
                     )
                     answers.append(lease)
@@ -224,7 +226,9 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
 
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         try:
-            lease, _ = await d1.taker.get_lease(C, P, "k1", t0 + HOUR, time.monotonic() + 2 * WAIT)
+            lease, _ = await d1.acquirer.get_lease(
+                C, P, "k1", t0 + HOUR, time.monotonic() + 2 * WAIT
+            )
             answers.append(lease)
             seen.append(f"d1 answered k1 {lease.resource}")
         except RasdError as exc:
@@ -313,8 +317,8 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
     clock = _clock()
     t0 = clock.now_us()
     schema.put_pool(ddb, table, C, PS, 7200, home=HOME)
-    schema.add_resources(ddb, table, C, PS, EAST, ["rh"], now_us=t0 - 60 * L.US)
-    schema.add_resources(ddb, table, C, PS, WEST, ["re"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, PS, EAST, ["rh"], now_us=t0 - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, PS, WEST, ["re"], now_us=t0 - 60 * lease_items.US)
     peers = {HOME: moto_endpoint}
     seen: list[str] = []
     b_answered, a_done = asyncio.Event(), asyncio.Event()
@@ -331,7 +335,7 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
         daemons.append(dB)
         home_of = dA.driver.steps_daemon().home_of(C, PS)
         assert home_of == (HOME if mode == "fast" else None)
-        lh, _ = await dH.taker.get_lease(C, PS, "k1", t0 + HOUR, time.monotonic() + WAIT)
+        lh, _ = await dH.acquirer.get_lease(C, PS, "k1", t0 + HOUR, time.monotonic() + WAIT)
         await settle(dH)
         assert lh.resource == "rh"
         _lagging_replica(monkeypatch, dA, EAST)
@@ -361,15 +365,15 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
 
         for_one(monkeypatch, dA.store, "write", write_a)
         for_one(monkeypatch, dB.store, "write", write_b)
-        la, _ = await dA.taker.get_lease(
+        la, _ = await dA.acquirer.get_lease(
             C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT
         )
         seen.append(f"dA answered k1 {la.resource}")
         if mode == "rollout":  # no withdrawal to hold back: dA's confirmation lands first
             await settle(dA)
-        lb: L.Lease | None = None
+        lb: lease_items.Lease | None = None
         try:
-            lb, _ = await dB.taker.get_lease(
+            lb, _ = await dB.acquirer.get_lease(
                 C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT
             )
             seen.append(f"dB answered k1 {lb.resource}")

@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import serialize as S
+from rasd.core import builders, serialize
+from rasd.core import lease as lease_items
 from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.daemon.coordinator import Coordinator
@@ -85,8 +84,8 @@ def relist_due(ddb: Any, table: str, clock: Clock) -> int:
 def req(clock: Clock | None = None, deadline: float = WAIT) -> tuple[int, float]:
     """A request: lease end in an hour, and its deadline: roomy, so that the scenario does not
     depend on how loaded the machine is (at 1 s a Query timed out at a load of 7.5)."""
-    now = clock.now_us() if clock else int(time.time() * L.US)
-    return now + 3600 * L.US, time.monotonic() + deadline
+    now = clock.now_us() if clock else int(time.time() * lease_items.US)
+    return now + 3600 * lease_items.US, time.monotonic() + deadline
 
 
 def holders(ddb: Any, table: str) -> dict[str, str | None]:
@@ -100,7 +99,7 @@ def holders(ddb: Any, table: str) -> dict[str, str | None]:
 async def try_get(d: Coordinator, key: str, clock: Clock | None = None) -> str | None:
     exp, dl = req(clock)
     try:
-        lease, _ = await d.taker.get_lease(C, P, key, exp, dl)
+        lease, _ = await d.acquirer.get_lease(C, P, key, exp, dl)
     except NoCapacity:
         return None
     return lease.resource
@@ -125,7 +124,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
                 state["lost"] = await real(**kw)  # APPLIED
                 await landed.wait()
                 exp, dl = req(deadline=4.0)
-                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.acquirer.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 await asyncio.sleep(30)  # the reply is lost
             return await real(**kw)
@@ -133,7 +132,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            got1: str | None = (await d1.taker.get_lease(C, P, "k23", exp, dl))[0].resource
+            got1: str | None = (await d1.acquirer.get_lease(C, P, "k23", exp, dl))[0].resource
         except RasdError:
             got1 = None
         assert state["d2"] == "res-A00000"
@@ -161,7 +160,7 @@ async def test_b_lost_race_claim_reply_lost(
         chosen = []
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
-            chosen.append((d.prefetch, d.clock, S.item_from_ddb(raw["Item"])))
+            chosen.append((d.prefetch, d.clock, serialize.item_from_ddb(raw["Item"])))
         real_candidate = Prefetcher.candidate
 
         async def cand(prefetch: Prefetcher, pool: Any, deadline: float) -> Any:
@@ -180,7 +179,7 @@ async def test_b_lost_race_claim_reply_lost(
             if name == "update_item" and is_map_acquire(kw) and "race" not in state:
                 state["race"] = True
                 exp, dl = req(deadline=4.0)  # d2 misses the same new key at once and wins
-                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.acquirer.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 d2_done.set()
                 return await real(**kw)  # d1's mapping write: condition fails
@@ -194,16 +193,16 @@ async def test_b_lost_race_claim_reply_lost(
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            await d1.taker.get_lease(C, P, "k23", exp, dl)
+            await d1.acquirer.get_lease(C, P, "k23", exp, dl)
         except RasdError:
             pass
         assert state["d2"] == "res-00001"
         state["healed"] = True  # every call through, unhooked
         await d1.drain(3.0)
         exp, dl = req()
-        l1, _ = await d1.taker.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
+        l1, _ = await d1.acquirer.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
         assert l1.resource == "res-00001", "d1 must serve the mapping's lease, not its orphan"
-        now = int(time.time() * L.US)
+        now = int(time.time() * lease_items.US)
         dedupe.run(ddb, dedupe.Options(table=table, region="us-east-1", now_us=now))
         liberator.run(
             ddb, liberator.Options(table=table, region="us-east-1", now_us=now, orphan_age_us=0)
@@ -220,7 +219,7 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
     for the quarantine, longer than d2 may serve its cached answer (S); after both, it is
     claimable again."""
     seed_pool(ddb, table, count=2, prefix="res-")
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     # no paper agent beside rasd: the release's quarantine alone (legacy_agents off)
     async with daemons(moto_endpoint, table, 2, clock=clock, legacy_agents=False) as (d1, d2):
         a = await try_get(d1, "k23", clock)
@@ -247,10 +246,10 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
     than quarantine - skew after the release: still after every cache elsewhere has let the
     old answer go (quarantine >= S + skew)."""
     seed_pool(ddb, table, count=1, prefix="res-")
-    base = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    base = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     async with daemons(moto_endpoint, table, 1, clock=base, legacy_agents=False) as (d1,):
         skew = d1.cfg.max_clock_skew
-        ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
+        ahead = FakeClock(now_us=base.now_us() + int(skew * lease_items.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
             assert await try_get(d1, "k1", base) == "res-00000"
             assert await d1.releaser.release(C, P, "k1", time.monotonic() + WAIT) == 1
@@ -272,14 +271,14 @@ def test_liberator_waits_for_the_grace(ddb: Any, table: str) -> None:
     """The liberator frees a lease only when its end plus --grace has passed on its own clock,
     so a liberator whose clock runs ahead by up to the grace never frees a running lease."""
     seed_pool(ddb, table, count=1, prefix="res-")
-    now = int(time.time() * L.US)
+    now = int(time.time() * lease_items.US)
     raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": "res-00000"}})
-    item = S.item_from_ddb(raw["Item"])
+    item = serialize.item_from_ddb(raw["Item"])
     from rasd.core.writes import render
 
-    exp = now + 10 * L.US
-    ddb.update_item(TableName=table, **render(B.claim(item, "k", exp, now, "tok", 1)))
-    grace = 2 * L.US
+    exp = now + 10 * lease_items.US
+    ddb.update_item(TableName=table, **render(builders.claim(item, "k", exp, now, "tok", 1)))
+    grace = 2 * lease_items.US
     for at, freed in ((exp + grace - 1, 0), (exp + grace + 1, 1)):
         got = liberator.run(
             ddb,

@@ -1,7 +1,7 @@
 """No object's attribute is assigned from outside it: each role is made with what it needs
 and changes its own state (``self.x = ...``, or a method of its own); tests build roles with
 constructor arguments, subclasses or ``monkeypatch.setattr`` on a class, never by
-overwriting an instance's attribute (``coordinator.taker.get_lease = fake``)."""
+overwriting an instance's attribute (``coordinator.acquirer.get_lease = fake``)."""
 
 from __future__ import annotations
 
@@ -127,12 +127,12 @@ def test_no_attribute_of_another_object_is_assigned() -> None:
 def test_the_scan_finds_a_role_patched_from_outside() -> None:
     snippet = (
         "async def test_x(coordinator, fake):\n"
-        "    coordinator.taker.get_lease = fake\n"
+        "    coordinator.acquirer.get_lease = fake\n"
         "    d.store.breaker.cooldown = 600.0\n"
         "    self.ok = 1\n"
     )
     assert outside_assignments(snippet, "tests/unit/test_x.py") == [
-        "tests/unit/test_x.py:2 coordinator.taker.get_lease",
+        "tests/unit/test_x.py:2 coordinator.acquirer.get_lease",
         "tests/unit/test_x.py:3 d.store.breaker.cooldown",
     ]
     # a test's own fake is its to set; the same assignment on a real object is not
