@@ -40,10 +40,8 @@ from typing import Any, cast
 import boto3
 from botocore.config import Config as BotoConfig
 
-from rasd.core import builders as B
-from rasd.core import decide as D
-from rasd.core import lease as L
-from rasd.core import serialize as S
+from rasd.core import builders, decide, serialize
+from rasd.core import lease as lease_items
 from rasd.core.builders import paper_claim, paper_free
 from rasd.core.reads import LEASED_INDEX, available_query, leased_query
 from rasd.core.writes import render
@@ -62,7 +60,7 @@ def paper_liberate(ddb: Any, table: str, now_us: int) -> dict[str, int]:
         page = ddb.scan(**kw)
         for raw in page.get("Items", []):
             counts["scanned"] += 1
-            got = driver.run(paper_free_expired(S.item_from_ddb(raw), now_us))
+            got = driver.run(paper_free_expired(serialize.item_from_ddb(raw), now_us))
             if got == "freed":
                 counts["freed"] += 1
             elif got == "lost_race":
@@ -122,9 +120,9 @@ class BaselineAgent:
 
     def lookup(self, client_id: str, pool_id: str, key: str, now_us: int) -> BaselineLease | None:
         resp = self._query(**leased_query(key, pool_id))
-        items = [S.item_from_ddb(it) for it in resp.get("Items", [])]
+        items = [serialize.item_from_ddb(it) for it in resp.get("Items", [])]
         items = [it for it in items if it.client_id == client_id and not it.expired(now_us)]
-        it = D.pick(items)
+        it = decide.pick(items)
         if it is None:
             return None
         assert it.lease_expires_us is not None
@@ -141,16 +139,16 @@ class BaselineAgent:
         found = self.lookup(client_id, pool_id, key, now)
         if found is not None:
             return found
-        parts = list(range(L.PARTITIONS))
+        parts = list(range(lease_items.PARTITIONS))
         random.shuffle(parts)
         for n in parts:
-            part = L.partition_name(client_id, pool_id, self.region, n)
+            part = lease_items.partition_name(client_id, pool_id, self.region, n)
             resp = self._query(**available_query(part, self.page))
-            cands = [S.item_from_ddb(it) for it in resp.get("Items", [])]
+            cands = [serialize.item_from_ddb(it) for it in resp.get("Items", [])]
             random.shuffle(cands)
             for cand in cands:
                 token = secrets.token_hex(8)  # 16 hex digits, as the daemon's tokens
-                w = B.claim(cand, key, lease_expires_us, now, token, 0)
+                w = builders.claim(cand, key, lease_expires_us, now, token, 0)
                 self.calls["UpdateItem"] += 1
                 self.last_calls += 1
                 try:
@@ -160,7 +158,7 @@ class BaselineAgent:
                 except self.ddb.exceptions.ConditionalCheckFailedException:
                     self.conflicts += 1
                     continue
-                it = S.item_from_ddb(cast(dict[str, Any], r["Attributes"]))
+                it = serialize.item_from_ddb(cast(dict[str, Any], r["Attributes"]))
                 return BaselineLease(it.resource, lease_expires_us, it.version, True, it.region)
         raise NoCapacity(f"no free resource in {client_id}/{pool_id}/{self.region}")
 
@@ -169,7 +167,7 @@ class BaselineAgent:
     ) -> BaselineLease:
         """The paper's agent: ``rasd.steps.paper.paper_get_lease`` (the program the protocol
         checker runs), over sub-partitions and candidates in a random order."""
-        parts = list(range(L.PARTITIONS))
+        parts = list(range(lease_items.PARTITIONS))
         random.shuffle(parts)
         driver = Driver(self.ddb, self.table)
         prog = paper_get_lease(

@@ -43,7 +43,7 @@ from typing import Any
 from fleet import tables
 from fleet.backends import Proxy, dynalite_status, install_dynalite
 
-from . import meter as M
+from . import meter
 from .harness import CLIENT, POOL, REGION, Daemon, Env, aws_env, cpu_split
 from .report import pct
 
@@ -254,7 +254,7 @@ def _liberate_forever(
     def client(endpoint: str) -> Any:
         import boto3
 
-        cfg = BotoConfig(user_agent_extra=M.JOB_MARK, retries={"max_attempts": 3})
+        cfg = BotoConfig(user_agent_extra=meter.JOB_MARK, retries={"max_attempts": 3})
         return boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION, config=cfg)
 
     r_ddb, p_ddb = client(rasd[0]), client(paper[0])
@@ -320,13 +320,17 @@ def run_level(
     for side, path, (a, b) in (("rasd", out_r, (m0[0], m1[0])), ("paper", out_p, (m0[1], m1[1]))):
         calls = [Call(**c) for c in json.loads(Path(path).read_text())]
         fig = _figures(calls, p)
-        kinds = M.window(a, b)
-        bill = M.bill(kinds)
+        kinds = meter.window(a, b)
+        bill = meter.bill(kinds)
         per = 1000 / max(1, fig["calls"])
         fig["capacity_per_1000"] = {k: v * per for k, v in bill.items()}
-        fig["jobs"] = M.bill({k: t for k, t in kinds.items() if k.startswith("job: ")}, jobs=True)
+        fig["jobs"] = meter.bill(
+            {k: t for k, t in kinds.items() if k.startswith("job: ")}, jobs=True
+        )
         fig["kinds"] = {k: {f: round(v, 2) for f, v in t.items()} for k, t in sorted(kinds.items())}
-        writes = [t for k, t in kinds.items() if "refused" not in k and k.split()[0] in M.WRITES]
+        writes = [
+            t for k, t in kinds.items() if "refused" not in k and k.split()[0] in meter.WRITES
+        ]
         fig["meter_check"] = {
             "base_write_units": sum(t["wru"] for t in writes),
             "backend_base_write_units": sum(t["backend"] for t in writes),

@@ -24,7 +24,7 @@ the requests sent in it (they make no other).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
+import concurrent.futures as futures
 import json
 import multiprocessing as mp
 import os
@@ -166,7 +166,7 @@ def _liberate_and_sample(endpoint: str, table: str, stop: Any, out_path: str) ->
     import boto3
     import structlog
 
-    from rasd.core import serialize as S
+    from rasd.core import serialize
     from rasd.core.lease import PARTITIONS, partition_name
     from rasd.core.reads import available_query
     from rasd_jobs import liberator
@@ -204,7 +204,7 @@ def _liberate_and_sample(endpoint: str, table: str, stop: Any, out_path: str) ->
                     while True:
                         page = ddb.query(TableName=table, **kw)
                         for raw in page.get("Items", []):
-                            it = S.item_from_ddb(cast(dict[str, Any], raw))
+                            it = serialize.item_from_ddb(cast(dict[str, Any], raw))
                             listed += 1
                             if it.claimable(now_us):
                                 free.append([it.resource, it.version])
@@ -329,7 +329,7 @@ def highuse_h(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
         target=_liberate_and_sample,
         args=(env.backend.endpoint, table, stop, samples_path),
     )
-    paper = cf.ProcessPoolExecutor(1, mp_context=ctx)
+    paper = futures.ProcessPoolExecutor(1, mp_context=ctx)
     levels: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     try:

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from . import capacity as C
+from . import capacity
 
 _TARGET_RE = re.compile(rb"(?im)^x-amz-target:[ \t]*\S+\.(\w+)")
 _CLEN_RE = re.compile(rb"(?im)^content-length:[ \t]*\d+")
@@ -159,7 +159,7 @@ class Meter:
             k = _key(req["Key"]) if "Key" in req else _key(req["Item"])
             before = self.items.get(k)
             if refused:
-                wru = C.refused_write_units(before)
+                wru = capacity.refused_write_units(before)
             else:
                 if op == "UpdateItem":
                     after = resp.get("Attributes")
@@ -168,8 +168,8 @@ class Meter:
                         return
                 elif op == "PutItem":
                     after = req["Item"]
-                wru = C.write_units(before, after)
-                wru_index = float(sum(C.index_write_units(before, after).values()))
+                wru = capacity.write_units(before, after)
+                wru_index = float(sum(capacity.index_write_units(before, after).values()))
                 if after is None:
                     self.items.pop(k, None)
                 else:
@@ -234,4 +234,4 @@ def bill(kinds: dict[str, dict[str, float]], jobs: bool = False) -> dict[str, fl
     keep = [t for k, t in kinds.items() if jobs or not k.startswith("job: ")]
     rru = sum(t["rru"] for t in keep)
     wru = sum(t["wru"] + t["wru_index"] for t in keep)
-    return {"rru": rru, "wru": wru, "weighted": C.weighted(rru, wru)}
+    return {"rru": rru, "wru": wru, "weighted": capacity.weighted(rru, wru)}

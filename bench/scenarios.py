@@ -23,11 +23,9 @@ from collections import Counter
 from typing import Any
 
 import rasd_client
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import map_builders as MB
-from rasd.core import serialize as S
-from rasd.core import writes as W
+from rasd.core import builders, map_builders, serialize
+from rasd.core import lease as lease_items
+from rasd.core import writes as item_writes
 
 from . import storetrace
 from .baseline import BaselineAgent
@@ -402,7 +400,7 @@ def scale_e(env: Env, opts: dict[str, Any]) -> dict[str, Any]:
     points = []
     rows = []
     for per_part in opts["e_sizes"]:
-        total = per_part * L.PARTITIONS
+        total = per_part * lease_items.PARTITIONS
         t0 = time.perf_counter()
         table = env.new_table(resources=0)
         env.add_resources(table, total, prefix=f"e{per_part}", threads=4)
@@ -679,13 +677,13 @@ def _leases_in_table(items: list[dict[str, Any]]) -> dict[str, str]:
         if it["client_id"]["S"] == CLIENT and "key" in it
     }
     out: dict[str, str] = {}
-    pfx = L.map_pk(CLIENT, POOL, "")
+    pfx = lease_items.map_pk(CLIENT, POOL, "")
     for it in items:
         pk = it["client_id"]["S"]
         if not pk.startswith(pfx) or it["resource"]["S"] != REGION:
             continue
-        m = S.mapping_from_ddb(it)
-        live = m.state in (L.PENDING, L.LIVE) and m.resource is not None
+        m = serialize.mapping_from_ddb(it)
+        live = m.state in (lease_items.PENDING, lease_items.LIVE) and m.resource is not None
         if live and held.get(m.resource or "") == (m.token, m.key):
             out[m.key] = m.resource or ""
     return out
@@ -742,19 +740,23 @@ def _leased_items(n: int, exp_us: int) -> Any:
     Yields resource and mapping items (DynamoDB attribute maps)."""
     now = time.time_ns() // 1000
     for i in range(n):
-        free = W.item_from_av(B.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now))
-        r = S.resource_from(free)
+        free = item_writes.item_from_av(
+            builders.new_resource_item(CLIENT, POOL, REGION, f"g-{i:07d}", now)
+        )
+        r = serialize.resource_from(free)
         token = secrets.token_hex(8)
         key = f"g{i}"
-        held = W.apply(free, B.claim(r, key, exp_us, now, token, 1))
-        ident = (L.map_pk(CLIENT, POOL, key), REGION)
-        mw = MB.map_acquire(ident, 0, token, r.resource, r.version, exp_us, now, "bench-seed")
-        pending = W.apply(None, mw)
+        held = item_writes.apply(free, builders.claim(r, key, exp_us, now, token, 1))
+        ident = (lease_items.map_pk(CLIENT, POOL, key), REGION)
+        mw = map_builders.map_acquire(
+            ident, 0, token, r.resource, r.version, exp_us, now, "bench-seed"
+        )
+        pending = item_writes.apply(None, mw)
         assert held is not None and pending is not None
-        live = W.apply(pending, MB.map_confirm(S.mapping_from(pending)))
+        live = item_writes.apply(pending, map_builders.map_confirm(serialize.mapping_from(pending)))
         assert live is not None
-        yield {a: W.to_av(v) for a, v in held.items()}
-        yield {a: W.to_av(v) for a, v in live.items()}
+        yield {a: item_writes.to_av(v) for a, v in held.items()}
+        yield {a: item_writes.to_av(v) for a, v in live.items()}
 
 
 def memory_g(env: Env, opts: dict[str, Any]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ from rasd.config import Config
 from rasd_jobs import common as jobs_common
 from sim import replicator
 
-from . import audit as A
+from . import audit as chaos_audit
 from .admin import Admin, admin_writes
 from .children import (
     Daemon,
@@ -290,11 +290,11 @@ def run(p: Params) -> dict[str, Any]:
         scanned_at = time.time()
         if rep is not None:
             scans = {r: tables.scan(ddbs[r], p.table) for r in p.regions}
-            table = A.replica_checks(scans, CLIENT, scanned_at)
+            table = chaos_audit.replica_checks(scans, CLIENT, scanned_at)
             table["settled"] = settled
             replication = stop_replicator(rep)
         else:
-            table = A.table_checks(tables.scan(ddbs[home], p.table), CLIENT, scanned_at)
+            table = chaos_audit.table_checks(tables.scan(ddbs[home], p.table), CLIENT, scanned_at)
             replication = None
         made = creations(p, proxies)
         if made is not None:  # kept beside the result, for digging into a finding
@@ -302,10 +302,10 @@ def run(p: Params) -> dict[str, Any]:
             with open(Path(p.results_dir) / f"{p.label}-lease-events.jsonl", "w") as f:
                 f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in made)
         q_window = p.pool_quarantine() - Config().max_clock_skew if p.outage_budget else None
-        audit = A.audit(records, plan.outage, quarantine_window=q_window, creations=made)
+        audit = chaos_audit.audit(records, plan.outage, quarantine_window=q_window, creations=made)
         writes = replication_writes(work / "replication.jsonl") + admin_writes(events.admin)
         for name in ("double_allocations", "in_region_splits", "lost_leases"):
-            A.evidence(audit["examples"][name], writes)
+            chaos_audit.evidence(audit["examples"][name], writes)
         job_counts = jobs_summary(events.jobs)
         result = {
             "label": p.label,
@@ -458,7 +458,7 @@ def creations(p: Params, proxies: list[FaultProxy]) -> list[dict[str, Any]] | No
         return None
     out: list[dict[str, Any]] = []
     for i, px in enumerate(proxies):
-        agent = A.RASD if i < p.daemons else A.PAPER
+        agent = chaos_audit.RASD if i < p.daemons else chaos_audit.PAPER
         out.extend({**c, "agent": agent} for c in px.events)
     return out
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import audit as A
+from . import audit as chaos_audit
 from .admin import admin_summary
 from .params import Params
 
@@ -41,7 +41,7 @@ def violations(result: dict[str, Any]) -> int:
         a["double_allocations"]
         + a["in_region_splits"]
         + a["lost_leases"]
-        + A.table_violations(t)
+        + chaos_audit.table_violations(t)
         + leased_moves
         + (ended is not None and not ended["ok"])
         + (result.get("clock_step") is not None and not result["clock_step"]["ok"])

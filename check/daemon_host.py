@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from rasd.core import cache_rules as CR
+from rasd.core import cache_rules
 from rasd.core.lease import US, Lease, ResourceItem
 from rasd.steps import At, Done, GetItem, Note, QueryLeased, QueryMappings, Spawn
-from rasd.steps import daemon as S
+from rasd.steps import daemon as daemon_steps
 from rasd.steps.give_back import fence_own_claim, free_claim
 from rasd.steps.renew import confirm, extend_bg, reconfirm
 
@@ -63,7 +63,7 @@ class DaemonHost(Host):
         w.set_daemon(d)
 
     def chooses(self, eff: object) -> bool:
-        return isinstance(eff, S.TakeCandidate)
+        return isinstance(eff, daemon_steps.TakeCandidate)
 
     def choices(self, w: World, p: Proc, eff: object) -> list[tuple[str, object]]:
         items = _candidates(w, w.now_us(p.offset), w.cfg.region(self.di))
@@ -100,23 +100,29 @@ class DaemonHost(Host):
     def local(self, w: World, p: Proc, eff: Any) -> object:
         """The daemon's own effects (``rasd.steps.daemon.DaemonOwn``), each handled: one
         added without a case here fails mypy (``assert_never``), as in the daemon's driver."""
-        own: S.DaemonOwn = eff
+        own: daemon_steps.DaemonOwn = eff
         match own:
-            case S.CachePut():
+            case daemon_steps.CachePut():
                 _cache_put(w, self.di, own.lease, int(own.sent))
-            case S.CacheDrop():
+            case daemon_steps.CacheDrop():
                 _cache_drop(w, self.di, own.key[2])
-            case S.Refresh():
+            case daemon_steps.Refresh():
                 _maybe_refresh(w, self.di, own.lease.key, own.lease, own.requested_us)
-            case S.NewToken():
+            case daemon_steps.NewToken():
                 return w.new_token()
-            case S.RateLimit():
+            case daemon_steps.RateLimit():
                 return 0.0  # no rate limit in the model
-            case S.Deadline() | S.RefillSoon() | S.Untake() | S.LostCandidate() | S.Miss():
+            case (
+                daemon_steps.Deadline()
+                | daemon_steps.RefillSoon()
+                | daemon_steps.Untake()
+                | daemon_steps.LostCandidate()
+                | daemon_steps.Miss()
+            ):
                 pass
-            case S.RelistLater():
+            case daemon_steps.RelistLater():
                 pass  # the relister process re-lists, on any host's clock
-            case S.TakeCandidate():
+            case daemon_steps.TakeCandidate():
                 raise TypeError("a candidate is a step of its own (chooses), not local")
             case _:
                 assert_never(own)
@@ -171,13 +177,17 @@ def _cache_put(w: World, di: int, lease: Lease, sent: int) -> None:
     ticks) and its wall clock (with its offset)."""
     d = w.daemons[di]
     cur = d.entry(lease.key)
-    if cur is not None and CR.keeps_current(cur.confirmed, cur.until, sent, w.t):
+    if cur is not None and cache_rules.keeps_current(cur.confirmed, cur.until, sent, w.t):
         return
     now_us = w.now_us(d.offset)
-    until = CR.valid_until(sent, _confirm_s(w), w.t, lease.expires_us, w.rules.margin_us, now_us)
+    until = cache_rules.valid_until(
+        sent, _confirm_s(w), w.t, lease.expires_us, w.rules.margin_us, now_us
+    )
     window_s = w.proto.outage_window_us(w.rules, w.pool()) / US
-    spare = CR.valid_until(sent, window_s, w.t, lease.expires_us, w.rules.margin_us, now_us)
-    entry = Entry(lease, sent, until, spare) if CR.serves(spare, w.t) else None
+    spare = cache_rules.valid_until(
+        sent, window_s, w.t, lease.expires_us, w.rules.margin_us, now_us
+    )
+    entry = Entry(lease, sent, until, spare) if cache_rules.serves(spare, w.t) else None
     w.set_daemon(d.with_entry(lease.key, entry))
 
 
@@ -193,15 +203,15 @@ def _maybe_refresh(w: World, di: int, key: str, lease: Lease, requested: int) ->
     if key in d.refreshing:
         return
     e = d.entry(key)
-    stale = e is not None and CR.stale(e.confirmed, w.t, _confirm_s(w))
-    kind = CR.refresh_of(
+    stale = e is not None and cache_rules.stale(e.confirmed, w.t, _confirm_s(w))
+    kind = cache_rules.refresh_of(
         lease, w.cfg.region(di), requested, w.now_us(d.offset), w.cfg.extend_fraction, stale
     )
     setup = w.setups[di]
-    if kind is CR.Refresh.EXTEND:
+    if kind is cache_rules.Refresh.EXTEND:
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
         _start_bg(w, di, Spawn(extend_bg, (setup, lease, requested)))
-    elif kind is CR.Refresh.RECONFIRM:
+    elif kind is cache_rules.Refresh.RECONFIRM:
         w.set_daemon(replace(d, refreshing=d.refreshing | {key}))
         _start_bg(w, di, Spawn(reconfirm, (setup, POOL_, lease)))
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from rasd.core import cache_rules as CR
+from rasd.core import cache_rules
 from rasd.core.decide import check_expiry
 from rasd.core.lease import FREE, US
 from rasd.steps import Spawn
@@ -67,14 +67,14 @@ def app_calls(w0: World, di: int) -> Out:
         if why:
             w.notes.append(f"d{di} get_lease({key}) -> error: {why}")
             out.append((f"d{di} get_lease({key}) REFUSED (the pool's longest lease)", w))
-        elif e is not None and CR.serves(e.until, w.t):  # LeaseCache.answer
+        elif e is not None and cache_rules.serves(e.until, w.t):  # LeaseCache.answer
             w.answer(d, key, e.lease)
-            ext = CR.extend_from(e.lease, w.cfg.region(di))
-            if CR.hit_wants_refresh(e.confirmed, w.t, _confirm_s(w), requested, ext):
+            ext = cache_rules.extend_from(e.lease, w.cfg.region(di))
+            if cache_rules.hit_wants_refresh(e.confirmed, w.t, _confirm_s(w), requested, ext):
                 _maybe_refresh(w, di, key, e.lease, requested)
             out.append((f"d{di} get_lease({key}) CACHE HIT", w))
         else:
-            if e is not None and CR.serves(e.spare, w.t) and not setup.legacy_agents:
+            if e is not None and cache_rules.serves(e.spare, w.t) and not setup.legacy_agents:
                 # the outage path (``Router``'s spare answer): DynamoDB unreachable, as far
                 # as this daemon can tell, at any step; or not, and the miss below
                 x = w.clone()

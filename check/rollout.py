@@ -29,7 +29,7 @@ from rasd.core.lease import PENDING, US, Mapping, ResourceItem, fmt_time
 from rasd.core.rollout import End, Rollout, answers_end, paper_lease
 from rasd.core.serialize import mapping_from
 from rasd.steps import Program, Spawn
-from rasd.steps import daemon as S
+from rasd.steps import daemon as daemon_steps
 from rasd.steps.admin import ATTEMPTS, PENDING_UNSETTLED, settle_lease, settle_pending
 
 from . import jobs
@@ -65,7 +65,7 @@ def _old_mode_runs(w: World) -> bool:
         for p in (d.req, *d.bg):
             if p is None:
                 continue
-            setup = next((a for a in p.trace.args if isinstance(a, S.Daemon)), None)
+            setup = next((a for a in p.trace.args if isinstance(a, daemon_steps.Daemon)), None)
             if setup is not None and setup.legacy_agents == before:
                 return True
     return False

@@ -24,12 +24,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from rasd.core import builders as B
-from rasd.core import cache_rules as CR
-from rasd.core import decide as D
-from rasd.core import legacy as LG
-from rasd.core import rollout as RO
-from rasd.core import verdicts as V
+from rasd.core import builders, cache_rules, decide, rollout, verdicts
+from rasd.core import legacy as legacy_rules
 from rasd.core.decide import Outcome, Rules, lease_from_mapping
 from rasd.core.lease import LIVE, PENDING, Lease, Mapping, Pool, ResourceItem
 from rasd.core.map_builders import map_release
@@ -140,29 +136,31 @@ class Protocol:
     #: published without S
     table_past_s: bool = False
 
-    def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> V.Orphan:
+    def orphan_verdict(self, r: ResourceItem, m: Mapping | None) -> verdicts.Orphan:
         """The liberator's verdict on a held item (``rasd.core.verdicts.orphan_verdict``)."""
         if self.holder_always_current and r.holder is not None:
             r = replace(r, hver=None)
-        return V.orphan_verdict(r, m)
+        return verdicts.orphan_verdict(r, m)
 
-    def holds_to_end(self, why: D.Freed, legacy_agents: bool) -> bool:
+    def holds_to_end(self, why: decide.Freed, legacy_agents: bool) -> bool:
         """Whether a daemon's early free waits for the lease's end (``decide.holds_to_end``)."""
         if self.unreleased_quarantine_only:
             return legacy_agents
-        return D.holds_to_end(why, legacy_agents)
+        return decide.holds_to_end(why, legacy_agents)
 
-    def given_back(self, proof: D.NeverNamed | None) -> D.Freed:
+    def given_back(self, proof: decide.NeverNamed | None) -> decide.Freed:
         """Why a claim of ours is given back (``decide.given_back``)."""
         if self.give_back_unproven:
-            return D.Freed.UNNAMED
-        return D.given_back(proof)
+            return decide.Freed.UNNAMED
+        return decide.given_back(proof)
 
-    def on_end(self, paper_found: bool, seen: RO.Rollout, until_us: int, now_us: int) -> RO.End:
+    def on_end(
+        self, paper_found: bool, seen: rollout.Rollout, until_us: int, now_us: int
+    ) -> rollout.End:
         """``end-rollout``'s decision (``rollout.on_end``)."""
-        step = RO.on_end(paper_found, seen, until_us, now_us)
-        if self.end_rollout_undrained and step in (RO.End.MARK, RO.End.WAIT):
-            return RO.End.TURN_OFF
+        step = rollout.on_end(paper_found, seen, until_us, now_us)
+        if self.end_rollout_undrained and step in (rollout.End.MARK, rollout.End.WAIT):
+            return rollout.End.TURN_OFF
         return step
 
     def early_free(self, w: Write) -> Write:
@@ -175,7 +173,7 @@ class Protocol:
     # ---------------------------------------------------------------- the decisions
     def on_read(
         self, own: Mapping | None, others: list[Mapping], now_us: int, rules: Rules
-    ) -> D.Decision:
+    ) -> decide.Decision:
         if (
             self.trust_own_claim
             and own is not None
@@ -183,25 +181,29 @@ class Protocol:
             and own.expires_us is not None
             and own.expires_us - rules.margin_us > now_us
         ):
-            return D.Serve(lease_from_mapping(own), confirm=own)
-        return D.on_read(own, others, now_us, rules)
+            return decide.Serve(lease_from_mapping(own), confirm=own)
+        return decide.on_read(own, others, now_us, rules)
 
     def on_settle(
         self, m: Mapping, held: list[ResourceItem], now_us: int, grace_us: int = 0
-    ) -> LG.Confirm | LG.YieldTo | D.Wait:
+    ) -> legacy_rules.Confirm | legacy_rules.YieldTo | decide.Wait:
         if self.settle_never_yields:
-            return LG.Confirm(m)
-        return LG.on_settle(m, held, now_us, 0 if self.lapsed_own_clock else grace_us)
+            return legacy_rules.Confirm(m)
+        return legacy_rules.on_settle(m, held, now_us, 0 if self.lapsed_own_clock else grace_us)
 
-    def beside_legacy(self, d: D.Decision | LG.Settle) -> D.Decision | LG.Settle:
-        if self.extend_unsettled and isinstance(d, D.Extend):
+    def beside_legacy(
+        self, d: decide.Decision | legacy_rules.Settle
+    ) -> decide.Decision | legacy_rules.Settle:
+        if self.extend_unsettled and isinstance(d, decide.Extend):
             return d
-        return LG.beside_legacy(d)
+        return legacy_rules.beside_legacy(d)
 
     def on_lapsed(
         self, m: Mapping, r: ResourceItem | None, now_us: int, grace_us: int, margin_us: int = 0
-    ) -> D.Extend | D.Wait | LG.EndLapsed:
-        return LG.on_lapsed(m, r, now_us, 0 if self.lapsed_own_clock else grace_us, margin_us)
+    ) -> decide.Extend | decide.Wait | legacy_rules.EndLapsed:
+        return legacy_rules.on_lapsed(
+            m, r, now_us, 0 if self.lapsed_own_clock else grace_us, margin_us
+        )
 
     def lapsing(
         self,
@@ -215,30 +217,32 @@ class Protocol:
     ) -> ResourceItem | None:
         """``legacy.lapsing``: L judges a lease's end on the reader's clock alone here too."""
         grace = 0 if self.lapsed_own_clock else grace_us
-        return LG.lapsing(held, client_id, pool_id, key, region, now_us, grace)
+        return legacy_rules.lapsing(held, client_id, pool_id, key, region, now_us, grace)
 
-    def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> D.Decision:
-        return D.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
+    def on_resource(self, m: Mapping, r: object, now_us: int, rules: Rules) -> decide.Decision:
+        return decide.on_resource(m, r, now_us, rules)  # type: ignore[arg-type]
 
-    def after_acquire(self, mapping: Outcome, claim: Outcome, expect_ver: int) -> D.AcquireStep:
+    def after_acquire(
+        self, mapping: Outcome, claim: Outcome, expect_ver: int
+    ) -> decide.AcquireStep:
         if claim is Outcome.APPLIED and mapping is not Outcome.APPLIED:
             if self.trust_own_claim:
-                return D.Won()
+                return decide.Won()
             if self.act_on_unknown and mapping is Outcome.UNKNOWN:
-                return D.GiveBack(D.NeverNamed("A: taken as never named"))
-        return D.after_acquire(mapping, claim, expect_ver)
+                return decide.GiveBack(decide.NeverNamed("A: taken as never named"))
+        return decide.after_acquire(mapping, claim, expect_ver)
 
-    def after_extend(self, resource: Outcome, mapping: Outcome | None) -> D.ExtendStep:
-        return D.after_extend(resource, mapping)
+    def after_extend(self, resource: Outcome, mapping: Outcome | None) -> decide.ExtendStep:
+        return decide.after_extend(resource, mapping)
 
-    def on_extend_check(self, m: Mapping | None, lease: Lease) -> D.ExtendStep:
-        return D.on_extend_check(m, lease)
+    def on_extend_check(self, m: Mapping | None, lease: Lease) -> decide.ExtendStep:
+        return decide.on_extend_check(m, lease)
 
     def after_extend_read(
-        self, dec: D.Decision, lease: Lease, requested_us: int, now_us: int, fraction: float
-    ) -> Lease | D.Forget | None:
-        got = D.after_extend_read(dec, lease, requested_us, now_us, fraction)
-        if self.extend_read_trusts_ask and not isinstance(got, D.Forget):
+        self, dec: decide.Decision, lease: Lease, requested_us: int, now_us: int, fraction: float
+    ) -> Lease | decide.Forget | None:
+        got = decide.after_extend_read(dec, lease, requested_us, now_us, fraction)
+        if self.extend_read_trusts_ask and not isinstance(got, decide.Forget):
             return replace(lease, expires_us=requested_us)
         return got
 
@@ -262,14 +266,16 @@ class Protocol:
         expires_us: int | None = None,
     ) -> Write:
         """``rasd.core.builders.free_claim`` as this rule set writes it."""
-        return self.early_free(B.free_claim(ident, key, token, now_us, available_us, expires_us))
+        return self.early_free(
+            builders.free_claim(ident, key, token, now_us, available_us, expires_us)
+        )
 
     def outage_window_us(self, rules: Rules, pool: Pool) -> int:
         """How long a host cut off from DynamoDB serves a cached answer of ``pool``
         (``decide.outage_window_us``); O2 twice the budget."""
         if self.window_past_quarantine:
-            return 2 * CR.outage_window_us(rules, pool)
-        return CR.outage_window_us(rules, pool)
+            return 2 * cache_rules.outage_window_us(rules, pool)
+        return cache_rules.outage_window_us(rules, pool)
 
     def table_serves(
         self, until: float, expires_us: int, t: int, margin_us: int, offset: int
@@ -279,7 +285,7 @@ class Protocol:
         margin, on the host's clock (``offset``)."""
         if self.table_past_s:
             return t < (expires_us - margin_us) / 1_000_000 - offset
-        return CR.serves(until, t)
+        return cache_rules.serves(until, t)
 
     def rules(self, real: Rules) -> Rules:
         # Beside the paper's agent a lease is extended only while it ends more than the
@@ -357,8 +363,8 @@ PROTOCOLS = {
 
 
 # ------------------------------------------------------------- the jobs' programs' ops
-def _holder_always_current(r: ResourceItem, m: Mapping | None) -> V.Orphan:
-    return V.orphan_verdict(replace(r, hver=None) if r.holder is not None else r, m)
+def _holder_always_current(r: ResourceItem, m: Mapping | None) -> verdicts.Orphan:
+    return verdicts.orphan_verdict(replace(r, hver=None) if r.holder is not None else r, m)
 
 
 def _quarantine_only(r: ResourceItem, m: Mapping | None, now: int, q: int, g: int) -> int:
@@ -378,7 +384,7 @@ def _served_forever(keep: ResourceItem, m: Mapping | None) -> int | None:
 def _pending_served(keep: ResourceItem, m: Mapping | None) -> int | None:
     if m is not None and m.state == PENDING:
         m = replace(m, state=LIVE)
-    return V.served_end(keep, m)
+    return verdicts.served_end(keep, m)
 
 
 def _margin_only(margin_us: int, grace_us: int) -> int:
@@ -456,7 +462,7 @@ def _never_quarantined(r: ResourceItem, now_us: int) -> bool:
 
 
 def _held_until_now(r: ResourceItem, now_us: int, quarantine_us: int, grace_us: int) -> int:
-    return now_us if r.key is None else V.name_held_until(r, now_us, quarantine_us, grace_us)
+    return now_us if r.key is None else verdicts.name_held_until(r, now_us, quarantine_us, grace_us)
 
 
 def _holder_alone(m: Mapping | None, r: ResourceItem) -> bool:

@@ -43,7 +43,7 @@ from rasd.core.lease import (
 )
 from rasd.core.serialize import is_tombstone, mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply
-from rasd.steps import daemon as S
+from rasd.steps import daemon as daemon_steps
 
 from .procs import Proc
 from .rulesets import Protocol, ops_of
@@ -403,7 +403,7 @@ class World:
         self.daemons = tuple(Daemon(i, cfg.offsets[i]) for i in range(cfg.daemons))
         #: each daemon as its programs see it (rasd.steps.daemon.Daemon)
         self.setups = tuple(
-            S.Daemon(
+            daemon_steps.Daemon(
                 cfg.region(i),
                 f"d{i}" if cfg.legacy_agents or cfg.rollout_switch else "owner",
                 self.rules,

@@ -21,8 +21,7 @@ import time
 from typing import Any
 
 from fleet.tables import client
-from rasd_jobs import balance_model as bm
-from rasd_jobs import balancer, common, liberator
+from rasd_jobs import balance_model, balancer, common, liberator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         s3=client(endpoints[home], home, "s3"),
         peers={r: c for r, c in ddb.items() if r != home},
     )
-    params = bm.Params(
+    params = balance_model.Params(
         interval_s=args.balance_every,
         horizon_s=args.horizon if args.horizon else 2 * args.balance_every,
         max_moves=args.max_moves,

@@ -55,8 +55,7 @@ from typing import Any
 import structlog
 
 from rasd.config import Config
-from rasd.core import decide as D
-from rasd.core import schema
+from rasd.core import decide, schema
 from rasd.core.lease import META_CLIENT, PENDING, US, Mapping, ResourceItem, fmt_time, parse_time
 from rasd.core.serialize import (
     is_mapping_pk,
@@ -65,7 +64,7 @@ from rasd.core.serialize import (
     pool_meta_key,
 )
 from rasd.steps import Delete, Put, Send, WriteResult
-from rasd.steps import admin as steps
+from rasd.steps import admin as admin_steps
 
 from . import common, leases, rollout
 
@@ -132,7 +131,9 @@ def ensure_schema(ddb: Any, table: str, dry_run: bool) -> list[str]:
 
 def ensure_pool(ddb: Any, table: str, client_id: str, pool_id: str, max_lease_s: float) -> bool:
     """Define the pool unless it is defined: True when this call added it."""
-    return leases.run(ddb, table, steps.define_pool(client_id, pool_id, max_lease_s, only_new=True))
+    return leases.run(
+        ddb, table, admin_steps.define_pool(client_id, pool_id, max_lease_s, only_new=True)
+    )
 
 
 def pool_defined(ddb: Any, table: str, client_id: str, pool_id: str) -> bool:
@@ -150,19 +151,19 @@ class _Writes(leases.Driver):
         if (
             isinstance(eff, (Send, Put, Delete))
             and isinstance(res, WriteResult)
-            and res.outcome is D.Outcome.APPLIED
+            and res.outcome is decide.Outcome.APPLIED
         ):
             self.applied += 1
         return res
 
 
 def settle_item(
-    drv: leases.Driver, it: ResourceItem, now_us: int, rules: D.Rules, owner: str, dry: bool
-) -> steps.Swept:
+    drv: leases.Driver, it: ResourceItem, now_us: int, rules: decide.Rules, owner: str, dry: bool
+) -> admin_steps.Swept:
     """One running lease of the scan (``rasd.steps.admin.settle_lease``, with fresh
     acquisition tokens): adopted, found rasd's, freed as an orphan, ..."""
-    tokens = tuple(secrets.token_hex(8) for _ in range(steps.ATTEMPTS))
-    return drv.run(steps.settle_lease(it, now_us, rules, owner, tokens, dry))
+    tokens = tuple(secrets.token_hex(8) for _ in range(admin_steps.ATTEMPTS))
+    return drv.run(admin_steps.settle_lease(it, now_us, rules, owner, tokens, dry))
 
 
 def run(
@@ -174,7 +175,7 @@ def run(
     dry_run: bool = False,
     resume_from: dict[str, Any] | None = None,
     page_size: int | None = None,
-    rules: D.Rules | None = None,
+    rules: decide.Rules | None = None,
 ) -> dict[str, Any]:
     """``rules``: the daemons' bounds (``--config``; default: the daemons' defaults)."""
     started = time.monotonic()
@@ -208,13 +209,13 @@ def run(
             return
         c["pending"] += 1
         try:
-            got = drv.run(steps.settle_pending(m, now_us, rules, dry_run))
+            got = drv.run(admin_steps.settle_pending(m, now_us, rules, dry_run))
         except Exception as exc:  # noqa: BLE001 - counted; its claim may still land
             c["errors"] += 1
             log.error("pending_failed", key=m.key, resource=m.resource, error=repr(exc))
             got = "error"
         c["pending_" + got] += 1
-        if got in steps.PENDING_UNSETTLED or got == "error":
+        if got in admin_steps.PENDING_UNSETTLED or got == "error":
             # its claim may still land, to run at most to the mapping's end
             unsettled(m.expires_us, "pending", key=m.key, resource=m.resource)
 

@@ -65,10 +65,8 @@ from rasd.core.schema import list_pool_items
 from rasd.core.serialize import item_from_ddb, miss_count_from_ddb, pool_from_ddb
 from rasd.steps.admin import move_free
 
-from . import balance_model as bm
-from . import common, leases, s3state
+from . import balance_model, common, leases, s3state, stream
 from . import metrics as jobmetrics
-from . import stream as st
 
 log = structlog.get_logger("rasd_jobs.balancer")
 
@@ -81,7 +79,7 @@ class Options:
     table: str
     region: str  # whose stream and table this run reads and writes
     now_us: int
-    params: bm.Params = field(default_factory=bm.Params)
+    params: balance_model.Params = field(default_factory=balance_model.Params)
     regions: tuple[str, ...] = ()  # the RAS regions; empty: the regions seen (see run())
     state_uri: str | None = None
     dry_run: bool = False
@@ -107,7 +105,7 @@ class Clients:
 
 # ------------------------------------------------------------------------------------ lock
 def lock_key() -> dict[str, Any]:
-    return {"client_id": {"S": META_CLIENT}, "resource": {"S": bm.LOCK_RESOURCE}}
+    return {"client_id": {"S": META_CLIENT}, "resource": {"S": balance_model.LOCK_RESOURCE}}
 
 
 def take_lock(ddb: Any, table: str, owner: str, now_us: int, hold_s: float) -> str | None:
@@ -240,7 +238,9 @@ class MoveResult:
     short: int = 0  # planned but no candidate left (claimed since the count)
 
 
-def execute(ddb: Any, table: str, m: bm.Move, out_of_time: Callable[[], bool]) -> MoveResult:
+def execute(
+    ddb: Any, table: str, m: balance_model.Move, out_of_time: Callable[[], bool]
+) -> MoveResult:
     """Move ``m.count`` free items from ``m.src`` to ``m.dst`` (``ddb``: the src replica)."""
     res = MoveResult()
     extra = max(2, m.count // 4)  # spare candidates for the races we will lose
@@ -267,7 +267,7 @@ def _regions(
 
 
 def _window_s(
-    opts: Options, state: dict[str, Any] | None, read: st.StreamRead
+    opts: Options, state: dict[str, Any] | None, read: stream.StreamRead
 ) -> tuple[float, bool]:
     """Seconds the observed events cover, and whether this is the first run. First run: the
     stream (up to 24 h) since its oldest record, at least one interval."""
@@ -284,8 +284,8 @@ def _window_s(
 class CapacityReport:
     """Each (client, pool, region) as a run left it, for Prometheus (``rasd_jobs.metrics``)."""
 
-    horizon_s: float = bm.Params().horizon_s
-    pools: dict[bm.Key, jobmetrics.PoolCapacity] = field(default_factory=dict)
+    horizon_s: float = balance_model.Params().horizon_s
+    pools: dict[balance_model.Key, jobmetrics.PoolCapacity] = field(default_factory=dict)
 
     def samples(self) -> list[jobmetrics.Sample]:
         return jobmetrics.pool_samples(self.pools, self.horizon_s) if self.pools else []
@@ -322,16 +322,16 @@ class _Observed:
     (client, pool, region) keys they are counted for."""
 
     arn: str
-    read: st.StreamRead
+    read: stream.StreamRead
     dt_s: float  # seconds the window covers
     first: bool  # no previous state: the first run
-    misses: dict[bm.Key, int]
+    misses: dict[balance_model.Key, int]
     miss_memory: dict[str, int]
     pools: list[tuple[str, str]]
     regions: list[str]
-    keys: set[bm.Key]
-    acq: Counter[bm.Key]
-    rel: Counter[bm.Key]
+    keys: set[balance_model.Key]
+    acq: Counter[balance_model.Key]
+    rel: Counter[balance_model.Key]
 
 
 def _run_locked(
@@ -356,7 +356,7 @@ def _run_locked(
         _report(report, opts, free, the_plan)
         return summary
     done = _move(opts, clients, clock, t0, the_plan, summary)
-    after = bm.apply_moves(free, done)
+    after = balance_model.apply_moves(free, done)
     _report(report, opts, after, the_plan)
     summary["headroom_items"] = _write_headroom(opts, clients, obs.keys, after, the_plan)
     _save_state(opts, clients, loc, obs, signals, free, after, the_plan, done)
@@ -364,7 +364,10 @@ def _run_locked(
 
 
 def _report(
-    report: CapacityReport | None, opts: Options, free: dict[bm.Key, int], the_plan: bm.Plan
+    report: CapacityReport | None,
+    opts: Options,
+    free: dict[balance_model.Key, int],
+    the_plan: balance_model.Plan,
 ) -> None:
     if report is None:
         return
@@ -417,13 +420,13 @@ def _load_state(
 
 def _read_stream(
     opts: Options, clients: Clients, state: dict[str, Any] | None, clock: Callable[[], float]
-) -> tuple[str, st.StreamRead]:
+) -> tuple[str, stream.StreamRead]:
     """Step 3: the table's stream in this region, from the saved checkpoints (when they are
     for the same stream)."""
-    arn = st.stream_arn(clients.ddb, opts.table)
+    arn = stream.stream_arn(clients.ddb, opts.table)
     sstate = (state or {}).get("stream", {})
     checkpoints = sstate.get("checkpoints", {}) if sstate.get("arn") == arn else {}
-    read = st.read_stream(clients.streams, arn, checkpoints, opts.stream_budget_s, clock)
+    read = stream.read_stream(clients.streams, arn, checkpoints, opts.stream_budget_s, clock)
     return arn, read
 
 
@@ -432,13 +435,13 @@ def _observe(
     clients: Clients,
     state: dict[str, Any] | None,
     arn: str,
-    read: st.StreamRead,
+    read: stream.StreamRead,
 ) -> _Observed:
     """Step 4, the misses since the last run; then what exists (pools and regions) and the
     stream's acquisitions and releases counted per (client, pool, region)."""
     dt_s, first = _window_s(opts, state, read)
     counters = read_miss_counters(clients.ddb, opts.table)
-    misses, miss_memory = bm.miss_deltas(
+    misses, miss_memory = balance_model.miss_deltas(
         counters, None if state is None else state.get("misses", {})
     )
     pools, pool_regions = read_pools(clients.ddb, opts.table)
@@ -446,20 +449,22 @@ def _observe(
     seen |= {k[2] for k in misses}
     regions = _regions(opts, state, pool_regions, seen)
     keys = {(c, pl, r) for c, pl in pools for r in regions}
-    acq: Counter[bm.Key] = Counter()
-    rel: Counter[bm.Key] = Counter()
+    acq: Counter[balance_model.Key] = Counter()
+    rel: Counter[balance_model.Key] = Counter()
     for e in read.events:
         k = (e.client_id, e.pool_id, e.region)
         if k not in keys:
             continue
-        if e.kind == st.ACQUIRE:
+        if e.kind == stream.ACQUIRE:
             acq[k] += 1
-        elif e.kind == st.RELEASE:
+        elif e.kind == stream.RELEASE:
             rel[k] += 1
     return _Observed(arn, read, dt_s, first, misses, miss_memory, pools, regions, keys, acq, rel)
 
 
-def _count_free(opts: Options, clients: Clients, keys: set[bm.Key]) -> dict[bm.Key, int]:
+def _count_free(
+    opts: Options, clients: Clients, keys: set[balance_model.Key]
+) -> dict[balance_model.Key, int]:
     """Step 5: free items per (client, pool, region), each read from its region's replica,
     COUNT_THREADS sub-partitions at a time (boto3's clients are thread-safe)."""
     parts = [(k, partition_name(*k, n)) for k in sorted(keys) for n in range(PARTITIONS)]
@@ -474,23 +479,23 @@ def _count_free(opts: Options, clients: Clients, keys: set[bm.Key]) -> dict[bm.K
 
 
 def _plan(
-    opts: Options, state: dict[str, Any] | None, obs: _Observed, free: dict[bm.Key, int]
-) -> tuple[dict[bm.Key, bm.Signal], bm.Plan]:
+    opts: Options, state: dict[str, Any] | None, obs: _Observed, free: dict[balance_model.Key, int]
+) -> tuple[dict[balance_model.Key, balance_model.Signal], balance_model.Plan]:
     """Step 6: update the demand model with the window's counts, then plan the moves."""
     p = opts.params
     counts = {
-        k: bm.Counts(obs.acq[k], obs.rel[k], obs.misses.get(k, 0))
+        k: balance_model.Counts(obs.acq[k], obs.rel[k], obs.misses.get(k, 0))
         for k in obs.keys
         if obs.acq[k] or obs.rel[k] or obs.misses.get(k)
     }
     prev = {
-        bm.key_parse(ks): bm.Signal.from_json(v)
+        balance_model.key_parse(ks): balance_model.Signal.from_json(v)
         for ks, v in (state or {}).get("signals", {}).items()
     }
-    signals = bm.observe(
+    signals = balance_model.observe(
         {k: v for k, v in prev.items() if k in obs.keys}, counts, obs.keys, obs.dt_s, p
     )
-    the_plan = bm.plan(free, signals, p)
+    the_plan = balance_model.plan(free, signals, p)
     log.info(
         "plan",
         window_s=round(obs.dt_s, 3),
@@ -502,14 +507,14 @@ def _plan(
     return signals, the_plan
 
 
-def _planned(moves: Sequence[bm.Move]) -> list[dict[str, Any]]:
+def _planned(moves: Sequence[balance_model.Move]) -> list[dict[str, Any]]:
     return [
         {"client": m.client_id, "pool": m.pool_id, "from": m.src, "to": m.dst, "count": m.count}
         for m in moves
     ]
 
 
-def _summary(obs: _Observed, the_plan: bm.Plan) -> dict[str, Any]:
+def _summary(obs: _Observed, the_plan: balance_model.Plan) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "pools": len(obs.pools),
         "regions": obs.regions,
@@ -532,13 +537,13 @@ def _move(
     clients: Clients,
     clock: Callable[[], float],
     t0: float,
-    the_plan: bm.Plan,
+    the_plan: balance_model.Plan,
     summary: dict[str, Any],
-) -> list[bm.Move]:
+) -> list[balance_model.Move]:
     """Step 7: execute the planned moves until lock_s - 30 s after the start; counts go into
     ``summary``. Returns the moves done (with the counts actually moved)."""
     deadline = t0 + max(0.0, opts.lock_s - 30.0)
-    done: list[bm.Move] = []
+    done: list[balance_model.Move] = []
     short = 0
     for m in the_plan.moves:
         r = execute(clients.for_region(m.src), opts.table, m, lambda: clock() >= deadline)
@@ -546,7 +551,7 @@ def _move(
         summary["lost_races"] += r.lost_races
         short += r.short
         if r.moved:
-            done.append(bm.Move(m.client_id, m.pool_id, m.src, m.dst, r.moved))
+            done.append(balance_model.Move(m.client_id, m.pool_id, m.src, m.dst, r.moved))
         log.info(
             "moved",
             client=m.client_id,
@@ -565,15 +570,15 @@ def _move(
 def _write_headroom(
     opts: Options,
     clients: Clients,
-    keys: set[bm.Key],
-    after: dict[bm.Key, int],
-    the_plan: bm.Plan,
+    keys: set[balance_model.Key],
+    after: dict[balance_model.Key, int],
+    the_plan: balance_model.Plan,
 ) -> int:
     """Step 8a: one headroom meta item per (client, pool, region). Returns how many."""
     for k in sorted(keys):
         clients.ddb.put_item(
             TableName=opts.table,
-            Item=bm.headroom_item(
+            Item=balance_model.headroom_item(
                 k, after[k], the_plan.projected[k], opts.now_us, opts.params.horizon_s
             ),
         )
@@ -585,11 +590,11 @@ def _save_state(
     clients: Clients,
     loc: s3state.Location | None,
     obs: _Observed,
-    signals: dict[bm.Key, bm.Signal],
-    free: dict[bm.Key, int],
-    after: dict[bm.Key, int],
-    the_plan: bm.Plan,
-    done: list[bm.Move],
+    signals: dict[balance_model.Key, balance_model.Signal],
+    free: dict[balance_model.Key, int],
+    after: dict[balance_model.Key, int],
+    the_plan: balance_model.Plan,
+    done: list[balance_model.Move],
 ) -> None:
     """Step 8b: the state the next run starts from, and the metadata snapshot, to S3."""
     if loc is None:
@@ -601,7 +606,7 @@ def _save_state(
         "version": STATE_VERSION,
         "last_run_us": opts.now_us,
         "regions": obs.regions,
-        "signals": {bm.key_str(k): v.to_json() for k, v in sorted(signals.items())},
+        "signals": {balance_model.key_str(k): v.to_json() for k, v in sorted(signals.items())},
         "stream": {"arn": obs.arn, "checkpoints": obs.read.checkpoints},
         "misses": obs.miss_memory,
     }
@@ -618,7 +623,7 @@ def _save_state(
             "max_moves": p.max_moves,
         },
         "pools": {
-            bm.key_str(k): {
+            balance_model.key_str(k): {
                 "free_before": free[k],
                 "free_after": after[k],
                 "projected_demand": round(the_plan.projected[k], 3),
@@ -649,7 +654,7 @@ def _regions_arg(s: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = bm.Params()
+    d = balance_model.Params()
     p: argparse.ArgumentParser = common.parser(
         "ras-balancer",
         "Move free resources between regions ahead of projected demand. Reads this region's "
@@ -736,7 +741,7 @@ def job(args: argparse.Namespace, report: CapacityReport | None = None) -> dict[
     region = common.ras_region(args)
     assert region is not None
     try:
-        params = bm.Params(
+        params = balance_model.Params(
             interval_s=args.interval,
             horizon_s=args.horizon,
             safety=args.safety,
@@ -792,7 +797,7 @@ def job(args: argparse.Namespace, report: CapacityReport | None = None) -> dict[
     )
     try:
         return run(opts, clients, report=report)
-    except st.NoStream as exc:
+    except stream.NoStream as exc:
         raise common.JobError(str(exc))
 
 

@@ -63,7 +63,7 @@ import msgpack
 
 from rasd_client.wire import HEADER_SIZE
 
-from ..core import cache_rules as CR
+from ..core import cache_rules
 from ..core.clock import Clock
 from ..core.decide import Rules, check_expiry
 from ..core.errors import BadRequest
@@ -81,7 +81,7 @@ _Pool = dict[str, Entry]
 META = struct.Struct("<dddqH")
 _UNPACK = META.unpack_from
 HEAD = META.size  # where the answer's head starts in an entry
-NEVER = CR.NEVER  # extend_from_us of a lease this daemon never extends
+NEVER = cache_rules.NEVER  # extend_from_us of a lease this daemon never extends
 #: seconds between two reads of the wall clock on the hit path (LeaseCache.wall_us)
 WALL_RESYNC = 0.25
 #: what a hit that calls for background work asks (``Renewer.maybe_refresh``): the key, the
@@ -97,7 +97,7 @@ def pack_entry(
     lease: Lease, confirmed: float, until: float, region: str, spare: float | None = None
 ) -> Entry:
     head = answer_head(lease)
-    ext = CR.extend_from(lease, region)
+    ext = cache_rules.extend_from(lease, region)
     tail: bytes = msgpack.packb((lease.acquired_us, lease.token))
     spare = until if spare is None else max(until, spare)
     return META.pack(until, spare, confirmed, ext, HEAD + len(head)) + head + tail
@@ -331,7 +331,7 @@ class LeaseCache:
     def stale(self, k: CacheKey, now: float) -> bool:
         """Past half of S since the last confirmation: re-confirm in the background."""
         e = self.entry(k[0], k[1], k[2], now)
-        return e is not None and CR.stale(META.unpack_from(e)[2], now, self.confirm_s)
+        return e is not None and cache_rules.stale(META.unpack_from(e)[2], now, self.confirm_s)
 
     def put(self, lease: Lease, confirmed: float) -> None:
         """Store a lease confirmed at monotonic time ``confirmed`` (when the read or write that
@@ -347,23 +347,23 @@ class LeaseCache:
         current = d.get(key)
         if current is not None:
             cur_until, _, cur_confirmed = META.unpack_from(current)[:3]
-            if CR.keeps_current(cur_confirmed, cur_until, confirmed, now):
+            if cache_rules.keeps_current(cur_confirmed, cur_until, confirmed, now):
                 return
         now_us = self.clock.now_us()
-        until = CR.valid_until(
+        until = cache_rules.valid_until(
             confirmed, self.confirm_s, now, lease.expires_us, self.skew_margin_us, now_us
         )
         spare = until
         pool = self.pools.get((lease.client_id, lease.pool_id))
         if pool is not None and pool.outage_budget_us and self.rules is not None:
-            window = CR.outage_window_us(self.rules, pool) / US
-            spare = CR.valid_until(
+            window = cache_rules.outage_window_us(self.rules, pool) / US
+            spare = cache_rules.valid_until(
                 confirmed, window, now, lease.expires_us, self.skew_margin_us, now_us
             )
         if current is not None:
             del d[key]  # re-inserted at the end: eviction goes oldest confirmation first
             self._n -= 1
-        if not CR.serves(spare, now):
+        if not cache_rules.serves(spare, now):
             if current is not None:
                 self._unpublish(lease.client_id, lease.pool_id, key)
             return
@@ -408,7 +408,7 @@ class LeaseCache:
             return
         until, _, confirmed, ext, _ = _UNPACK(e)
         pool = self.pools.get((client_id, pool_id))
-        if pool is None or not CR.serves(until, now):
+        if pool is None or not cache_rules.serves(until, now):
             t.remove(pool_id, key)
             return
         if lease is None:

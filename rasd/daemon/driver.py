@@ -68,7 +68,7 @@ from ..steps import (
     Together,
     drive,
 )
-from ..steps import daemon as S
+from ..steps import daemon as daemon_steps
 from .cache import CacheKey
 from .prefetch import Prefetcher
 from .tasks import Tasks
@@ -136,15 +136,15 @@ class Local:
 
     def __init__(self) -> None:
         #: ``Refresh``: a lease was just served from the table (``Renewer.refresh``)
-        self.refresh: Callable[[S.Refresh], None] = _unfilled
+        self.refresh: Callable[[daemon_steps.Refresh], None] = _unfilled
         #: ``CachePut``: the lease and when its confirmation was sent (``LeaseCache.put``)
         self.cache_put: Callable[[Lease, float], None] = _unfilled
         #: ``CacheDrop`` (``LeaseCache.drop``)
         self.cache_drop: Callable[[CacheKey], None] = _unfilled
         #: ``Miss``: what the answer may add about the pool (``Reporter.miss``)
-        self.miss: Callable[[S.Miss], str | None] = _unfilled
+        self.miss: Callable[[daemon_steps.Miss], str | None] = _unfilled
         #: ``RelistLater`` (``Releaser.relist_later``)
-        self.relist_later: Callable[[S.RelistLater], None] = _unfilled
+        self.relist_later: Callable[[daemon_steps.RelistLater], None] = _unfilled
 
 
 class Driver:
@@ -182,10 +182,10 @@ class Driver:
         self.peers: dict[str, Store] = {}
         self._peer_lock = asyncio.Lock()
 
-    def steps_daemon(self) -> S.Daemon:
+    def steps_daemon(self) -> daemon_steps.Daemon:
         """This daemon as its programs see it (read at each program's start: tests rename
         the owner)."""
-        return S.Daemon(
+        return daemon_steps.Daemon(
             self.region,
             self.owner,
             self.rules,
@@ -234,7 +234,9 @@ class Driver:
 
     async def run_bg(self, prog: Program[R]) -> R:
         """Run a background program: its own deadline, not bound to a request."""
-        return await drive(prog, Run(self, time.monotonic() + S.BACKGROUND_DEADLINE).perform)
+        return await drive(
+            prog, Run(self, time.monotonic() + daemon_steps.BACKGROUND_DEADLINE).perform
+        )
 
     def new_token(self) -> str:
         return f"{self.rng.getrandbits(64):016x}"
@@ -257,7 +259,7 @@ class Driver:
         self.tasks.spawn(self._raise_rollout(str(item.get("resource"))))
 
     async def _raise_rollout(self, resource: str) -> None:
-        deadline = time.monotonic() + S.BACKGROUND_DEADLINE
+        deadline = time.monotonic() + daemon_steps.BACKGROUND_DEADLINE
         try:
             for _ in range(3):
                 seen = await self.store.read_rollout(deadline)
@@ -290,7 +292,7 @@ class Run:
         self.deadline = deadline
         self.refill: Pool | None = None  # RefillSoon: behind the next round trip's calls
 
-    async def perform(self, eff: S.DaemonEffect) -> Any:
+    async def perform(self, eff: daemon_steps.DaemonEffect) -> Any:
         """Perform one effect; ``match`` over every effect a daemon's program may yield, so
         an effect added without a handler here fails mypy (``assert_never``). Ordered by how
         often each comes (a new lease's calls first)."""
@@ -330,10 +332,10 @@ class Run:
                 else:
                     drv.counters.inc(eff.event)
                 return None
-            case S.CachePut():
+            case daemon_steps.CachePut():
                 drv.local.cache_put(eff.lease, eff.sent)
                 return None
-            case S.CacheDrop():
+            case daemon_steps.CacheDrop():
                 drv.local.cache_drop(eff.key)
                 return None
             case Together():
@@ -350,31 +352,31 @@ class Run:
                 return tuple(results)
             case Spawn():
                 return drv.tasks.spawn(drv.run_bg(eff.fn(*eff.args)))
-            case S.TakeCandidate():
+            case daemon_steps.TakeCandidate():
                 if not eff.wait:
                     return drv.prefetch.at_hand(eff.pool)
                 return await drv.prefetch.candidate(eff.pool, self.deadline)
-            case S.RefillSoon():
+            case daemon_steps.RefillSoon():
                 self.refill = eff.pool
                 return None
-            case S.Untake():
+            case daemon_steps.Untake():
                 drv.prefetch.untake(eff.pool, eff.cand)
                 return None
-            case S.LostCandidate():
+            case daemon_steps.LostCandidate():
                 drv.prefetch.lost(eff.pool, eff.cand)
                 return None
-            case S.RateLimit():
+            case daemon_steps.RateLimit():
                 return drv.buckets.try_take(
                     (eff.pool.client_id, eff.pool.pool_id), drv.clock.mono()
                 )
-            case S.NewToken():
+            case daemon_steps.NewToken():
                 return drv.new_token()
             case Sleep():
                 if eff.bounded and time.monotonic() + eff.seconds >= self.deadline:
                     raise Timeout("another daemon is acquiring this key; deadline passed")
                 await asyncio.sleep(eff.seconds)
                 return None
-            case S.Deadline():
+            case daemon_steps.Deadline():
                 self.deadline = time.monotonic() + eff.seconds
                 return None
             case Join():
@@ -386,11 +388,11 @@ class Run:
                 return await drv.store.query_leased(
                     eff.client_id, eff.pool_id, eff.key, self.deadline
                 )
-            case S.Refresh():
+            case daemon_steps.Refresh():
                 return drv.local.refresh(eff)
-            case S.Miss():
+            case daemon_steps.Miss():
                 return drv.local.miss(eff)
-            case S.RelistLater():
+            case daemon_steps.RelistLater():
                 return drv.local.relist_later(eff)
             case At(call=GetItem() as get):
                 peer = await drv.peer(eff.region)

@@ -12,7 +12,7 @@ what is left.
 
 from __future__ import annotations
 
-from ..steps import daemon as S
+from ..steps import daemon as daemon_steps
 from ..steps.give_back import release, relist
 from .driver import Driver, Local
 from .pools import PoolTable
@@ -32,7 +32,7 @@ class Releaser:
         pool = await self.pools.get(client_id, pool_id, deadline)
         return await self.driver.run(release, pool, key, deadline=deadline)
 
-    def relist_later(self, eff: S.RelistLater) -> None:
+    def relist_later(self, eff: daemon_steps.RelistLater) -> None:
         """The ``RelistLater`` effect: re-list ``eff.ident`` once its quarantine is over."""
         drv = self.driver
         drv.tasks.detach(drv.run_bg(relist(eff.ident, eff.until_us)))

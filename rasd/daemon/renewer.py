@@ -23,11 +23,10 @@ import math
 
 import structlog
 
-from ..core import cache_rules as CR
-from ..core import decide as D
+from ..core import cache_rules, decide
 from ..core.errors import RasdError
 from ..core.lease import US, Lease
-from ..steps import daemon as S
+from ..steps import daemon as daemon_steps
 from ..steps.renew import extend_bg, reconfirm
 from .cache import CacheKey, LeaseCache
 from .driver import Driver, Local
@@ -75,7 +74,7 @@ class Renewer:
         local.cache_put = cache.put
         local.cache_drop = cache.drop
 
-    def refresh(self, eff: S.Refresh) -> None:
+    def refresh(self, eff: daemon_steps.Refresh) -> None:
         """The ``Refresh`` effect: a lease was just served from the table."""
         lease = eff.lease
         k = (lease.client_id, lease.pool_id, lease.key)
@@ -92,7 +91,7 @@ class Renewer:
         lease = cache.get(k, mono)
         if pool is None or lease is None:
             return
-        if D.check_expiry(requested_us, now_us, pool.max_lease_us):
+        if decide.check_expiry(requested_us, now_us, pool.max_lease_us):
             return  # a lease end the pool refuses: the client checked; nothing to do
         self.maybe_refresh(k, lease, requested_us, now_us)
         if k in self.refreshing or cache.published is None:
@@ -102,7 +101,7 @@ class Renewer:
         # a second longer than this ask as the daemon sees it: the client's own reading of the
         # same sliding ask, taken before the touch travelled, is that much longer at most
         ask_us = requested_us - now_us + ASK_SLACK_US
-        due = CR.extend_due_us(lease, ask_us, self.extend_fraction)
+        due = cache_rules.extend_due_us(lease, ask_us, self.extend_fraction)
         cache.published.note(k[0], k[1], k[2], lease.expires_us, ask_us, due)
 
     def maybe_refresh(self, k: CacheKey, lease: Lease, requested_us: int, now_us: int) -> None:
@@ -111,7 +110,7 @@ class Renewer:
             return
         mono = self.clock.mono()
         backoff = self._extend_after.get(k)  # the last extension failed: retry after this
-        kind = CR.refresh_of(
+        kind = cache_rules.refresh_of(
             lease,
             self.region,
             requested_us,
@@ -120,10 +119,10 @@ class Renewer:
             self.cache.stale(k, mono),
             backing_off=backoff is not None and mono < backoff[0],
         )
-        if kind is CR.Refresh.EXTEND:
+        if kind is cache_rules.Refresh.EXTEND:
             self.refreshing.add(k)
             self.driver.tasks.spawn(self._extend_bg(k, lease, requested_us))
-        elif kind is CR.Refresh.RECONFIRM:
+        elif kind is cache_rules.Refresh.RECONFIRM:
             self.refreshing.add(k)
             self.driver.tasks.spawn(self._reconfirm(k, lease))
 

@@ -22,7 +22,7 @@ from ..core.builders import miss_report_update
 from ..core.errors import RasdError
 from ..core.lease import US, headroom_resource, partition_name
 from ..core.serialize import headroom_from_ddb
-from ..steps import daemon as S
+from ..steps import daemon as daemon_steps
 from .driver import Driver, Local
 from .pools import PoolTable
 
@@ -43,7 +43,7 @@ class Reporter:
         self._misses: dict[tuple[str, str], int] = {}  # NO_CAPACITY answers not yet reported
         local.miss = self.miss
 
-    def miss(self, eff: S.Miss) -> str | None:
+    def miss(self, eff: daemon_steps.Miss) -> str | None:
         """The ``Miss`` effect: a request found no free resource in ``eff.pool``. Returns what
         the answer may add about the pool's items that are not claimable yet."""
         k = (eff.pool.client_id, eff.pool.pool_id)

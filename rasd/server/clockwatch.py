@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from ..core import clock_trust as CT
+from ..core import clock_trust
 from ..core.errors import Unavailable
 from ..core.lease import US
 from ..kernelclock import read_kernel_bound
@@ -45,11 +45,13 @@ class ClockGuard:
         max_clock_skew: float,
         wall_us: Callable[[], int],
         mono: Callable[[], float] = time.monotonic,
-        kernel: Callable[[], CT.KernelBound] = read_kernel_bound,
+        kernel: Callable[[], clock_trust.KernelBound] = read_kernel_bound,
         on_verdict: Callable[[bool], None] | None = None,
     ) -> None:
-        if mode not in CT.MODES:
-            raise ValueError(f"clock_check must be one of {', '.join(CT.MODES)}, not {mode!r}")
+        if mode not in clock_trust.MODES:
+            raise ValueError(
+                f"clock_check must be one of {', '.join(clock_trust.MODES)}, not {mode!r}"
+            )
         self.mode = mode
         self.limit_us = int(max_clock_skew * US / 2)
         #: the clock judged (its wall time), and the monotonic clock the lean client stamps
@@ -61,7 +63,7 @@ class ClockGuard:
         self.why: str | None = None
         #: told each change of the verdict (True: not trusted), in the step that makes it
         self.on_verdict = on_verdict
-        self.kernel: CT.KernelBound | None = None
+        self.kernel: clock_trust.KernelBound | None = None
         #: the latest Date reading (signed microseconds; None: none yet) and when it came
         self.date_floor_us: int | None = None
         self.date_at: float = -1.0
@@ -87,7 +89,7 @@ class ClockGuard:
         got_mono = self.mono()
         got_us = self.wall_us()
         sent_us = got_us - int((got_mono - sent_mono) * US)
-        self.date_floor_us = CT.date_offset_floor_us(self._date_s, sent_us, got_us)
+        self.date_floor_us = clock_trust.date_offset_floor_us(self._date_s, sent_us, got_us)
         self.date_at = got_mono
         if self.step_us and sent_mono > self._step_at:
             self.step_us = 0  # a reading taken after the step speaks for the new time
@@ -106,14 +108,14 @@ class ClockGuard:
             # the two clocks read together; a reading the scheduler split proves nothing
             gap = wall - int((before + mono) / 2 * US)
             if self._gap_us is not None:
-                step = CT.stepped_us(self._gap_us, gap)
+                step = clock_trust.stepped_us(self._gap_us, gap)
                 if step:
                     self.step_us, self._step_at = step, mono
             self._gap_us = gap
         self._judge()
 
     def _judge(self) -> None:
-        why = CT.judge(self.limit_us, self.kernel, self.date_floor_us, self.step_us)
+        why = clock_trust.judge(self.limit_us, self.kernel, self.date_floor_us, self.step_us)
         if why != self.why:
             self.changes += 1
             if why is None:

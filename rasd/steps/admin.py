@@ -37,9 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core import decide as D
-from ..core import legacy as LG
-from ..core import verdicts as V
+from ..core import decide, verdicts
+from ..core import legacy as legacy_rules
 from ..core.builders import adopt, fence_resource, move, new_resource_item, readd, tombstone
 from ..core.lease import META_CLIENT, PENDING, Mapping, ResourceItem, fmt_time, map_pk
 from ..core.map_builders import map_acquire, map_confirm, map_drop_dead, map_release
@@ -84,7 +83,7 @@ class AdminOps:
     #: only with ``force``
     in_quarantine: Callable[[ResourceItem, int], bool] = _in_quarantine
     #: until when a deleted name stays held (a re-add is claimable no earlier)
-    name_held_until: Callable[[ResourceItem, int, int, int], int] = V.name_held_until
+    name_held_until: Callable[[ResourceItem, int, int, int], int] = verdicts.name_held_until
     #: does the key's mapping (read strongly consistent) name this held item's claim, so
     #: ``adopt`` leaves it as rasd's? (else a claim of rasd's is an orphan, freed)
     names_claim: Callable[[Mapping | None, ResourceItem], bool] = _names_claim
@@ -299,7 +298,7 @@ def add_resource(client_id: str, pool_id: str, region: str, name: str, now_us: i
 def adopt_lease(
     r: ResourceItem,
     now_us: int,
-    rules: D.Rules,
+    rules: decide.Rules,
     owner: str,
     token: str,
     dry: bool,
@@ -315,10 +314,10 @@ def adopt_lease(
     m = yield from read_mapping(r)
     if ops.names_claim(m, r):
         return "rasd"
-    if not LG.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
+    if not legacy_rules.adoptable(r, r.client_id, r.pool_id, r.key, r.region, now_us):
         return "ended"
-    d = D.on_read(m, [], now_us, rules)
-    if not isinstance(d, D.Acquire):
+    d = decide.on_read(m, [], now_us, rules)
+    if not isinstance(d, decide.Acquire):
         if r.holder is not None and r.holder_current:
             return (yield from free_orphan(r, m, now_us, rules, dry))
         return "kept_split"
@@ -355,7 +354,7 @@ def adopt_lease(
 
 
 def free_orphan(
-    r: ResourceItem, m: Mapping | None, now_us: int, rules: D.Rules, dry: bool
+    r: ResourceItem, m: Mapping | None, now_us: int, rules: decide.Rules, dry: bool
 ) -> Program[str]:
     """A running claim of rasd's (``holder`` current) held for a key whose mapping ``m`` (read
     after ``r``, strongly consistent) does not name it: what the fast rules leave when a
@@ -367,10 +366,10 @@ def free_orphan(
     held to its lease's end plus the grace as in rollout mode (an app may have been answered
     it). Returns ``freed_orphan`` (``would_free_orphan``), ``rasd`` (a mapping names it
     after all) or ``lost_race`` (it or the mapping changed: read both again)."""
-    verdict = V.orphan_verdict(r, m)
-    if verdict is V.Orphan.LEASE:
+    verdict = verdicts.orphan_verdict(r, m)
+    if verdict is verdicts.Orphan.LEASE:
         return "rasd"
-    if verdict is V.Orphan.FOREIGN:
+    if verdict is verdicts.Orphan.FOREIGN:
         return "kept_split"
     if dry:
         return "would_free_orphan"
@@ -380,7 +379,7 @@ def free_orphan(
     return {"freed_orphan": "freed_orphan", "lease": "rasd"}.get(got, "lost_race")
 
 
-def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Program[str]:
+def settle_pending(m: Mapping, now_us: int, rules: decide.Rules, dry: bool) -> Program[str]:
     """A pending mapping (as scanned): read it again strongly consistent, then its resource
     item, and decide as every reader does (``rasd.core.decide.on_resource``). A claim that
     may still land (its acquirer gave up or died, past ``pending_hold``) is fenced: the
@@ -395,15 +394,15 @@ def settle_pending(m: Mapping, now_us: int, rules: D.Rules, dry: bool) -> Progra
     if cur is None or cur.state != PENDING or cur.resource is None:
         return "moved"
     r = yield from read_resource((cur.client_id, cur.resource))
-    dec = D.on_resource(cur, r, now_us, rules)
-    if isinstance(dec, D.FenceResource):
+    dec = decide.on_resource(cur, r, now_us, rules)
+    if isinstance(dec, decide.FenceResource):
         if dry:
             return "would_fence"
         res = yield Send(fence_resource(dec.resource.ident, dec.resource.version))
         return "fenced" if applied(res) else "lost_race"
-    if isinstance(dec, D.Wait):
+    if isinstance(dec, decide.Wait):
         return "young"
-    if isinstance(dec, D.Acquire):
+    if isinstance(dec, decide.Acquire):
         return "dead"
     return "landed"
 
@@ -428,7 +427,7 @@ class Swept:
 def settle_lease(
     it: ResourceItem,
     now_us: int,
-    rules: D.Rules,
+    rules: decide.Rules,
     owner: str,
     tokens: tuple[str, ...],
     dry: bool,

@@ -56,10 +56,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..core import agree as A
-from ..core import builders as B
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import agree as agree_rules
+from ..core import builders, decide
+from ..core import legacy as legacy_rules
 from ..core.builders import fence_resource
 from ..core.decide import Outcome, Rules
 from ..core.errors import RasdError
@@ -227,59 +226,67 @@ class Ops:
     identity (one instance per rule set), so a program's arguments hash fast."""
 
     name: str = "real"
-    on_read: Callable[[Mapping | None, list[Mapping], int, Rules], D.Decision] = field(
-        default=D.on_read, repr=False
+    on_read: Callable[[Mapping | None, list[Mapping], int, Rules], decide.Decision] = field(
+        default=decide.on_read, repr=False
     )
-    on_resource: Callable[[Mapping, ResourceItem | None, int, Rules], D.Decision] = field(
-        default=D.on_resource, repr=False
+    on_resource: Callable[[Mapping, ResourceItem | None, int, Rules], decide.Decision] = field(
+        default=decide.on_resource, repr=False
     )
-    after_acquire: Callable[[Outcome, Outcome, int], D.AcquireStep] = field(
-        default=D.after_acquire, repr=False
+    after_acquire: Callable[[Outcome, Outcome, int], decide.AcquireStep] = field(
+        default=decide.after_acquire, repr=False
     )
-    after_extend: Callable[[Outcome, Outcome | None], D.ExtendStep] = field(
-        default=D.after_extend, repr=False
+    after_extend: Callable[[Outcome, Outcome | None], decide.ExtendStep] = field(
+        default=decide.after_extend, repr=False
     )
-    on_extend_check: Callable[[Mapping | None, Lease], D.ExtendStep] = field(
-        default=D.on_extend_check, repr=False
+    on_extend_check: Callable[[Mapping | None, Lease], decide.ExtendStep] = field(
+        default=decide.on_extend_check, repr=False
     )
-    after_extend_read: Callable[[D.Decision, Lease, int, int, float], Lease | D.Forget | None] = (
-        field(default=D.after_extend_read, repr=False)
+    after_extend_read: Callable[
+        [decide.Decision, Lease, int, int, float], Lease | decide.Forget | None
+    ] = field(default=decide.after_extend_read, repr=False)
+    on_release_read: Callable[[Mapping | None, int, Rules], decide.Decision] = field(
+        default=decide.on_release_read, repr=False
     )
-    on_release_read: Callable[[Mapping | None, int, Rules], D.Decision] = field(
-        default=D.on_release_read, repr=False
-    )
-    on_release_resource: Callable[[Mapping, ResourceItem | None, int, Rules], D.Decision] = field(
-        default=D.on_release_resource, repr=False
+    on_release_resource: Callable[[Mapping, ResourceItem | None, int, Rules], decide.Decision] = (
+        field(default=decide.on_release_resource, repr=False)
     )
     #: with ``legacy_agents``: a pending mapping whose claim landed is settled, not served
-    beside_legacy: Callable[[D.Decision | LG.Settle], D.Decision | LG.Settle] = field(
-        default=LG.beside_legacy, repr=False
-    )
+    beside_legacy: Callable[
+        [decide.Decision | legacy_rules.Settle], decide.Decision | legacy_rules.Settle
+    ] = field(default=legacy_rules.beside_legacy, repr=False)
     #: settling: confirm our claim, or yield to the paper's lease the leased index shows
-    lapsing: Callable[..., ResourceItem | None] = field(default=LG.lapsing, repr=False)
+    lapsing: Callable[..., ResourceItem | None] = field(default=legacy_rules.lapsing, repr=False)
     on_settle: Callable[
-        [Mapping, list[ResourceItem], int, int], LG.Confirm | LG.YieldTo | D.Wait
-    ] = field(default=LG.on_settle, repr=False)
+        [Mapping, list[ResourceItem], int, int],
+        legacy_rules.Confirm | legacy_rules.YieldTo | decide.Wait,
+    ] = field(default=legacy_rules.on_settle, repr=False)
     #: with ``legacy_agents``: extend our lease past its end on the mapping, or end it
     on_lapsed: Callable[
-        [Mapping, ResourceItem | None, int, int, int], D.Extend | D.Wait | LG.EndLapsed
-    ] = field(default=LG.on_lapsed, repr=False)
+        [Mapping, ResourceItem | None, int, int, int],
+        decide.Extend | decide.Wait | legacy_rules.EndLapsed,
+    ] = field(default=legacy_rules.on_lapsed, repr=False)
     #: the early free's write (``rasd.core.builders.free_claim``)
-    free_claim: FreeClaim = field(default=B.free_claim, repr=False)
+    free_claim: FreeClaim = field(default=builders.free_claim, repr=False)
     #: a strict pool's home region, where its keys' leases are agreed (None: the pool is not
     #: strict); (daemon, client_id, pool_id) -> region
     strict_home: Callable[[Daemon, str, str], str | None] = field(
         default=lambda d, client_id, pool_id: d.home_of(client_id, pool_id), repr=False
     )
     #: the agreement's decision (``rasd.core.agree.on_agreement``)
-    on_agreement: Callable[..., A.AgreeStep] = field(default=A.on_agreement, repr=False)
+    on_agreement: Callable[..., agree_rules.AgreeStep] = field(
+        default=agree_rules.on_agreement, repr=False
+    )
     #: how long an early free stays unclaimable: (rules, a lost claim, the pool's quarantine
     #: of a released lease or 0) -> microseconds
     quarantine_us: Callable[[Rules, bool, int], int] = field(default=_quarantine, repr=False)
     #: whether an early free also waits for the lease's end: (why, legacy_agents) -> bool
-    holds_to_end: Callable[[D.Freed, bool], bool] = field(default=D.holds_to_end, repr=False)
+    holds_to_end: Callable[[decide.Freed, bool], bool] = field(
+        default=decide.holds_to_end, repr=False
+    )
     #: why a claim of ours is given back, from the proof that no mapping named it
-    given_back: Callable[[D.NeverNamed | None], D.Freed] = field(default=D.given_back, repr=False)
+    given_back: Callable[[decide.NeverNamed | None], decide.Freed] = field(
+        default=decide.given_back, repr=False
+    )
 
 
 REAL = Ops()
@@ -373,11 +380,11 @@ def fence(r: ResourceItem) -> Program[None]:
         raise res.error
 
 
-def fence_or_wait(dec: D.Decision, wait: float) -> Program[float]:
+def fence_or_wait(dec: decide.Decision, wait: float) -> Program[float]:
     """The round's decision is neither to serve nor to write: fence the claim a dead
     acquirer's mapping names (``FenceResource``), else wait for the live one. Returns the
     next round's wait."""
-    if isinstance(dec, D.FenceResource):
+    if isinstance(dec, decide.FenceResource):
         yield from fence(dec.resource)
         return wait
     return (yield from wait_for(wait))

@@ -12,8 +12,7 @@ outcome is unknown never lands. Part of the daemon's programs (:mod:`rasd.steps.
 
 from __future__ import annotations
 
-from ..core import builders as B
-from ..core import decide as D
+from ..core import builders, decide
 from ..core.builders import fence_resource
 from ..core.decide import Freed, NeverNamed, Outcome
 from ..core.errors import NotHeld, RasdError, Timeout
@@ -125,7 +124,7 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
         now = yield Now()
         if r is None or r.quarantine_until is None or r.quarantine_until > fmt_time(now):
             return  # taken, re-listed, or quarantined again (by its own freer) since
-        res = yield Send(B.relist(r, now))
+        res = yield Send(builders.relist(r, now))
         yield Note(f"quarantine.relist_{res.outcome.value}")
     except RasdError as exc:
         yield Note("quarantine.relist_errors")
@@ -159,15 +158,15 @@ def release(
     own, others = yield from read(d, pool, key)
     now = yield Now()
     dec = ops.on_release_read(own, now, d.rules)
-    if isinstance(dec, D.Verify):
+    if isinstance(dec, decide.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_release_resource(dec.mapping, r, now, d.rules)
-    if isinstance(dec, D.NotHeld):
-        held = sorted(m.region for m in others if D.servable(m, now, d.rules))
+    if isinstance(dec, decide.NotHeld):
+        held = sorted(m.region for m in others if decide.servable(m, now, d.rules))
         if held:
             raise NotHeld(f"{key!r} holds no lease in {d.region} (held in {', '.join(held)})")
         raise NotHeld(f"{key!r} holds no lease in pool {pool.pool_id!r}")
-    if isinstance(dec, D.ReleaseLease):
+    if isinstance(dec, decide.ReleaseLease):
         lease = dec.lease
         assert lease.token is not None and own is not None
         res = yield Send(map_release(own.ident, lease.token, now), no_token(lease.token))
@@ -198,7 +197,7 @@ def release(
             # deadline; the free goes on in the background.
             yield Join(free)
         return 1
-    if isinstance(dec, D.DropMapping):
+    if isinstance(dec, decide.DropMapping):
         yield Send(map_drop_dead(dec.mapping, now))
         return (yield from goto(release, d, pool, key, wait, False))
     wait = yield from fence_or_wait(dec, wait)

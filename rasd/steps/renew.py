@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import decide
+from ..core import legacy as legacy_rules
 from ..core.builders import extend_resource
 from ..core.decide import Outcome, lease_from_mapping
 from ..core.errors import RasdError, Timeout
@@ -51,7 +51,7 @@ def confirm(m: Mapping, drop: bool = False) -> Program[None]:
 
 def extend(
     d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
-) -> Program[tuple[D.ExtendStep, Any]]:
+) -> Program[tuple[decide.ExtendStep, Any]]:
     """The resource first, then (a strict pool) the agreement, then the mapping: no end
     passes the one before it. Returns the step and the last write's result. ``resent_us``:
     how long after it is built the extension's write may still be sent again (its program's
@@ -60,7 +60,9 @@ def extend(
     home = d.ops.strict_home(d, lease.client_id, lease.pool_id)
     # Beside the paper's agent the extension must land before the lease's end (its lookup
     # takes the end as final): conditioned on an end past the floor as it is sent.
-    floor = LG.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
+    floor = (
+        legacy_rules.extend_floor((yield Now()) + resent_us, d.rules) if d.legacy_agents else None
+    )
     w = extend_resource(lease, requested_us, floor)
     res = yield Send(w, extended_to(lease.token, want))
     mres = None
@@ -71,27 +73,27 @@ def extend(
         try:
             agreed = yield from extend_agreement(d, home, lease, requested_us)
         except RasdError as exc:
-            return D.Forget(f"home region unreachable: {exc}"), WriteResult(
+            return decide.Forget(f"home region unreachable: {exc}"), WriteResult(
                 Outcome.UNKNOWN, error=exc
             )
         if not agreed:
             yield Note("strict.extend_refused")
-            return D.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
+            return decide.Forget("the agreement names another lease"), WriteResult(Outcome.REJECTED)
     if res.outcome is Outcome.APPLIED:
         mres = yield Send(map_extend(lease, requested_us), map_extended_to(lease.token, want))
     step = d.ops.after_extend(res.outcome, mres.outcome if mres else None)
-    if isinstance(step, D.CheckMapping):
+    if isinstance(step, decide.CheckMapping):
         try:
             got = yield GetItem((map_pk(lease.client_id, lease.pool_id, lease.key), lease.region))
         except RasdError as exc:  # unknown: leave any orphan to the liberator's repair
-            return D.Forget(f"mapping unreadable: {exc}"), mres or res
+            return decide.Forget(f"mapping unreadable: {exc}"), mres or res
         step = d.ops.on_extend_check(mapping_from(got) if got else None, lease)
-    if isinstance(step, D.FreeOrphan):
+    if isinstance(step, decide.FreeOrphan):
         yield Note("lease.extend_orphaned")
         assert lease.token is not None
         # No app released it: apps may use it to the end they were answered.
         ident = (lease.client_id, lease.resource)
-        yield Spawn(free_claim, (d, ident, lease.key, lease.token, D.Freed.UNRELEASED))
+        yield Spawn(free_claim, (d, ident, lease.key, lease.token, decide.Freed.UNRELEASED))
     return step, mres or res
 
 
@@ -104,7 +106,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
         return lease if lease.expires_us > now else None
     sent = yield Mono()
     step, last = yield from extend(d, lease, requested_us)
-    if isinstance(step, D.Extended):
+    if isinstance(step, decide.Extended):
         new = replace(lease, expires_us=requested_us)
         yield CachePut(new, sent)
         yield Note("lease.extended")
@@ -113,7 +115,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
         last.error is not None and last.outcome is not Outcome.APPLIED
     ):
         raise last.error or Timeout("extension outcome unknown")
-    if isinstance(step, D.Forget):
+    if isinstance(step, decide.Forget):
         # The resource write lost: if the resource is no longer ours the lease is over
         # (liberated), and the mapping is ended so the key can acquire again.
         r = yield from resource(m.client_id, lease.resource)
@@ -140,18 +142,18 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError |
         now = yield Now()
         dec = d.ops.on_read(own, others, now, d.rules)
         got = d.ops.after_extend_read(dec, lease, requested_us, now, d.extend_fraction)
-        if isinstance(got, D.Forget):
+        if isinstance(got, decide.Forget):
             yield CacheDrop((lease.client_id, lease.pool_id, lease.key))
             yield Note("lease.extend_conflicts")
             return None
-        if isinstance(dec, D.Serve):  # still ours: confirmed as of this read
+        if isinstance(dec, decide.Serve):  # still ours: confirmed as of this read
             yield CachePut(got or dec.lease, sent)
         if got is not None:
             yield Note("lease.extend_skipped")
             return None
         sent = yield Mono()
     step, last = yield from extend(d, lease, requested_us, int(BACKGROUND_DEADLINE * US))
-    if isinstance(step, D.Extended):
+    if isinstance(step, decide.Extended):
         yield CachePut(replace(lease, expires_us=requested_us), sent)
         yield Note("lease.extended")
         return None
@@ -173,7 +175,7 @@ def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
         sent = yield Mono()
         own, others = yield from read(d, pool, lease.key)
         dec = d.ops.on_read(own, others, (yield Now()), d.rules)
-        if isinstance(dec, D.Serve) and D.same_lease(dec.lease, lease):
+        if isinstance(dec, decide.Serve) and decide.same_lease(dec.lease, lease):
             yield CachePut(dec.lease, sent)
             yield Note("lease.reconfirmed")
         else:

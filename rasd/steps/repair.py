@@ -37,8 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..core import decide as D
-from ..core import verdicts as V
+from ..core import decide, verdicts
 from ..core.builders import free_claim, free_orphan, liberate, relist
 from ..core.errors import RasdError, Unavailable
 from ..core.lease import Mapping, ResourceItem, fmt_time, map_pk
@@ -60,15 +59,17 @@ class Ops:
     """The pure functions the jobs' programs decide and write with. The defaults are the real
     ones; the checker's known-bad rule sets replace one (never a flag in production code)."""
 
-    orphan_verdict: Callable[[ResourceItem, Mapping | None], Orphan] = V.orphan_verdict
-    orphan_free_at: Callable[[ResourceItem, Mapping | None, int, int, int], int] = V.orphan_free_at
+    orphan_verdict: Callable[[ResourceItem, Mapping | None], Orphan] = verdicts.orphan_verdict
+    orphan_free_at: Callable[[ResourceItem, Mapping | None, int, int, int], int] = (
+        verdicts.orphan_free_at
+    )
     #: an early free as written (the real one: as built)
     early_free: Callable[[Write], Write] = _same
     map_release: Callable[..., Write] = map_release
-    outlasts: Callable[[ResourceItem, ResourceItem, int], bool] = V.outlasts
-    served_end: Callable[[ResourceItem, Mapping | None], int | None] = V.served_end
-    dedupe_slack: Callable[[int, int], int] = V.dedupe_slack
-    survivor_seen_in: Callable[[ResourceItem, ResourceItem], str] = V.survivor_seen_in
+    outlasts: Callable[[ResourceItem, ResourceItem, int], bool] = verdicts.outlasts
+    served_end: Callable[[ResourceItem, Mapping | None], int | None] = verdicts.served_end
+    dedupe_slack: Callable[[int, int], int] = verdicts.dedupe_slack
+    survivor_seen_in: Callable[[ResourceItem, ResourceItem], str] = verdicts.survivor_seen_in
     #: how ``ras-dedupe`` releases an item it examined as an orphan (a program function with
     #: :func:`repair_examined`'s arguments)
     release_orphan: Callable[..., Program[Result]] | None = field(default=None)
@@ -82,9 +83,9 @@ def applied(res: Any) -> bool:
     """A write's ``rasd.steps.WriteResult`` as the jobs take it: True when APPLIED, False
     when its condition failed (a lost race); an error or an unknown outcome is raised (the
     job counts it; the next run looks again)."""
-    if res.outcome is D.Outcome.APPLIED:
+    if res.outcome is decide.Outcome.APPLIED:
         return True
-    if res.outcome is D.Outcome.REJECTED and res.error is None:
+    if res.outcome is decide.Outcome.REJECTED and res.error is None:
         return False
     raise res.error if res.error is not None else Unavailable("write outcome unknown")
 
@@ -149,7 +150,7 @@ def release_held(
     assert m is not None
     ver: int | None = None
     if end_by_us is not None:
-        if not V.ends_by(r, m, end_by_us):
+        if not verdicts.ends_by(r, m, end_by_us):
             return "kept"
         ver = m.ver
     if by_operator:  # the operator ends the key's lease as the release goes out
@@ -161,7 +162,7 @@ def release_held(
         # With the mapping released no extension of it can apply any more, so the resource's
         # end as read now bounds every answer a daemon gave.
         cur = (yield from read_resource(r.ident)) or r
-        available = V.held_free_at(r, cur, now_us, quarantine_us, grace_us)
+        available = verdicts.held_free_at(r, cur, now_us, quarantine_us, grace_us)
     w = free_claim(r.ident, r.key, r.holder, now_us, available)
     applied((yield Send(ops.early_free(w) if available > now_us else w)))
     return "released"
@@ -240,11 +241,11 @@ def liberate_item(item: ResourceItem, run: LiberatorRun, ops: Ops = OPS) -> Prog
         yield Note("would_free", ctx, "debug")
         return "would_free"
     res = yield Send(liberate(item, run.now_us))
-    if res.outcome is D.Outcome.APPLIED:
+    if res.outcome is decide.Outcome.APPLIED:
         yield Note("freed")
         yield Note("freed", ctx, "debug")
         return "freed"
-    if res.error is None and res.outcome is D.Outcome.REJECTED:
+    if res.error is None and res.outcome is decide.Outcome.REJECTED:
         yield Note("lost_races")
         yield Note("lost_race", ctx, "info")
         return "lost_race"

@@ -12,8 +12,8 @@ Part of the daemon's programs (:mod:`rasd.steps.daemon`).
 
 from __future__ import annotations
 
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import decide
+from ..core import legacy as legacy_rules
 from ..core.builders import adopt
 from ..core.decide import Outcome, lease_from_mapping, pick
 from ..core.errors import Timeout
@@ -42,7 +42,7 @@ def adopt_paper_lease(
     held: list[ResourceItem],
     expect_ver: int,
     give_back: tuple[ItemKey, str] | None = None,
-) -> Program[D.Decision | None]:
+) -> Program[decide.Decision | None]:
     """The key has no lease in our mapping, but the leased index shows a resource of our
     region held for it: a lease of the paper's agent. Read the item (strongly consistent);
     if it is a running lease of the key, name it in the mapping (at the version read, like
@@ -53,13 +53,13 @@ def adopt_paper_lease(
     token) the pending mapping named, given back once the mapping names the other lease."""
     now = yield Now()
     cid, pid = pool.client_id, pool.pool_id
-    hint = pick([it for it in held if LG.adoptable(it, cid, pid, key, d.region, now)])
+    hint = pick([it for it in held if legacy_rules.adoptable(it, cid, pid, key, d.region, now)])
     if hint is None:
-        return D.Acquire(expect_ver)
+        return decide.Acquire(expect_ver)
     r = yield from resource(cid, hint.resource)
     now = yield Now()
-    if r is None or not LG.adoptable(r, cid, pid, key, d.region, now):
-        return D.Acquire(expect_ver)
+    if r is None or not legacy_rules.adoptable(r, cid, pid, key, d.region, now):
+        return decide.Acquire(expect_ver)
     assert r.lease_expires_us is not None
     token = yield NewToken()
     m = Mapping(
@@ -86,35 +86,41 @@ def adopt_paper_lease(
             # Our claim is named by no mapping from here on: its give-back runs on its own,
             # retried, whatever becomes of this request (its deadline may pass now), and
             # the adoption waits for it (a deadline passed, the adoption is not sent).
-            free = yield Spawn(free_claim, (d, give_back[0], key, give_back[1], D.Freed.UNRELEASED))
+            free = yield Spawn(
+                free_claim, (d, give_back[0], key, give_back[1], decide.Freed.UNRELEASED)
+            )
             yield Join(free)
         ares = yield Send(adopt(r, token, expect_ver + 1, now), holds(token, key))
     # The writes went one after the other: the adoption is sent only once the mapping names
     # it, so it never holds a lease that no mapping can name.
     step = d.ops.after_acquire(mres.outcome, ares.outcome if ares else Outcome.REJECTED, expect_ver)
-    if isinstance(step, D.Won):
+    if isinstance(step, decide.Won):
         assert ares is not None and ares.item is not None
         yield Note("lease.adopted")
         dec = d.ops.on_resource(m, resource_from(ares.item), (yield Now()), d.rules)
-        if isinstance(dec, D.Serve) and dec.confirm is not None:
+        if isinstance(dec, decide.Serve) and dec.confirm is not None:
             # Settled already: the lease is the paper agent's own. Confirmed before it is
             # served, as a settled claim is (readers wait for it meanwhile).
             return (yield from confirm_now(dec.confirm))
-        if isinstance(dec, D.Extend):
-            return D.Extend(dec.mapping)  # settled already, as above: extended, not settled
+        if isinstance(dec, decide.Extend):
+            return decide.Extend(dec.mapping)  # settled already, as above: extended, not settled
         return dec
-    if isinstance(step, D.NextCandidate):
+    if isinstance(step, decide.NextCandidate):
         yield Note("lease.adopt_lost")
-        return D.Acquire(step.expect_ver)
-    if isinstance(step, D.Reread):
+        return decide.Acquire(step.expect_ver)
+    if isinstance(step, decide.Reread):
         return None
     yield Note("acq.gave_up")
     raise error_of(mres, *(() if ares is None else (ares,))) or Timeout("adoption outcome unknown")
 
 
 def beside_legacy(
-    d: Daemon, pool: Pool, key: str, dec: D.Decision | LG.Settle, answer_first: bool = False
-) -> Program[D.Decision | None]:
+    d: Daemon,
+    pool: Pool,
+    key: str,
+    dec: decide.Decision | legacy_rules.Settle,
+    answer_first: bool = False,
+) -> Program[decide.Decision | None]:
     """With ``legacy_agents``, a pending mapping whose claim landed is settled, not served
     (``legacy.beside_legacy``): the leased index read once more, then the mapping confirmed
     and served, or the paper's agent's lease adopted instead. None: read again, as after
@@ -123,18 +129,18 @@ def beside_legacy(
     ``answer_first``: the mapping is the acquisition this call just made (see :func:`settle`)."""
     while True:
         b = d.ops.beside_legacy(dec)
-        if not isinstance(b, LG.Settle):
+        if not isinstance(b, legacy_rules.Settle):
             return b
         settled = yield from settle(d, pool, key, b.mapping, answer_first)
         answer_first = False
-        if settled is None or isinstance(dec, D.Extend):
+        if settled is None or isinstance(dec, decide.Extend):
             return None
         dec = settled
 
 
 def settle(
     d: Daemon, pool: Pool, key: str, m: Mapping, answer_first: bool = False
-) -> Program[D.Decision | None]:
+) -> Program[decide.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
     claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
     applied (None: it lost, read again). YieldTo: adopt the paper's lease at ``m``'s
@@ -149,10 +155,10 @@ def settle(
     assert m.token is not None and m.resource is not None
     held = yield QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield Now()), d.rules.grace_us)
-    if isinstance(s, D.Wait):
+    if isinstance(s, decide.Wait):
         yield from wait_for(WAIT_FIRST)
         return None  # read again
-    if isinstance(s, LG.YieldTo):
+    if isinstance(s, legacy_rules.YieldTo):
         yield Note("lease.yielded")
         # The adoption's mapping write, at the pending version, names the other lease: our
         # claim can then no longer be confirmed, and no daemon served it. It is given back
@@ -164,18 +170,18 @@ def settle(
         return (yield from adopt_paper_lease(d, pool, key, [s.item], m.ver, ours))
     if answer_first:
         yield Spawn(confirm, (s.mapping, True))
-        return D.Serve(lease_from_mapping(s.mapping))
+        return decide.Serve(lease_from_mapping(s.mapping))
     return (yield from confirm_now(s.mapping))
 
 
-def confirm_now(m: Mapping) -> Program[D.Serve | None]:
+def confirm_now(m: Mapping) -> Program[decide.Serve | None]:
     """Write the pending mapping ``m`` live; serve it once that applied (None: it lost to
     another daemon's settling, read again; unknown: an error, the state left as it is)."""
     assert m.token is not None
     res = yield Send(map_confirm(m), confirmed(m.token))
     yield Note(f"acq.confirm_{res.outcome.value}")
     if res.outcome is Outcome.APPLIED:
-        return D.Serve(lease_from_mapping(m))
+        return decide.Serve(lease_from_mapping(m))
     if res.outcome is Outcome.REJECTED and res.error is None:
         return None
     raise res.error or Timeout("confirmation outcome unknown")
@@ -191,7 +197,7 @@ def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
     if res.outcome is Outcome.APPLIED:
         yield Note("lease.ended_lapsed")
         ident = (m.client_id, m.resource or "")
-        yield Spawn(free_claim, (d, ident, m.key, m.token, D.Freed.UNRELEASED))
+        yield Spawn(free_claim, (d, ident, m.key, m.token, decide.Freed.UNRELEASED))
         return
     if res.outcome is Outcome.REJECTED and res.error is None:
         return

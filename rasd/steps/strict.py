@@ -14,7 +14,7 @@ pools".
 
 from __future__ import annotations
 
-from ..core import agree as A
+from ..core import agree as agree_rules
 from ..core.decide import Outcome
 from ..core.errors import RasdError, Unavailable
 from ..core.lease import Lease, Mapping, Pool, fmt_time
@@ -39,10 +39,12 @@ def agree(
     ``seen``: the key's mappings as read (ours consistently, others through our replica).
     ``expect``: A's version to write at (0: absent, a new key's one write); None: read A
     first."""
-    ident = A.agree_key(m.client_id, m.pool_id, m.key)
+    ident = agree_rules.agree_key(m.client_id, m.pool_id, m.key)
     assert m.token is not None
     if expect is not None:
-        res = yield At(home, Send(A.agree_write(ident, expect, m), A.names(m.token)))
+        res = yield At(
+            home, Send(agree_rules.agree_write(ident, expect, m), agree_rules.names(m.token))
+        )
         if res.outcome is Outcome.APPLIED:
             yield Note("strict.agreed")
             return None
@@ -53,14 +55,19 @@ def agree(
     except RasdError as exc:
         return (yield from home_down(d, pool, home, m, exc))
     step = d.ops.on_agreement(
-        A.agreement_from(got), m, list(seen), (yield Now()), d.rules.margin_us, d.rules.grace_us
+        agree_rules.agreement_from(got),
+        m,
+        list(seen),
+        (yield Now()),
+        d.rules.margin_us,
+        d.rules.grace_us,
     )
-    if isinstance(step, A.Agreed):
+    if isinstance(step, agree_rules.Agreed):
         yield Note("strict.agreed")
         return None
-    if isinstance(step, A.Propose):
+    if isinstance(step, agree_rules.Propose):
         return (yield from goto(agree, d, pool, home, m, seen, step.expect_ver, wait))
-    if isinstance(step, A.Defer):
+    if isinstance(step, agree_rules.Defer):
         yield Note("strict.deferred")
         yield Spawn(withdraw, (d, m))
         return step.lease
@@ -105,10 +112,10 @@ def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> P
     lease, and the extension must not go on. Raises when the home region does not answer
     (unless ``home_down`` is "local": then the extension goes on, counted)."""
     assert lease.token is not None
-    ident = A.agree_key(lease.client_id, lease.pool_id, lease.key)
+    ident = agree_rules.agree_key(lease.client_id, lease.pool_id, lease.key)
     want = fmt_time(requested_us)
-    reached = A.agreed_to(lease.token, want)
-    res = yield At(home, Send(A.agree_extend(ident, lease.token, requested_us), reached))
+    reached = agree_rules.agreed_to(lease.token, want)
+    res = yield At(home, Send(agree_rules.agree_extend(ident, lease.token, requested_us), reached))
     if res.outcome is Outcome.APPLIED:
         return True
     error = res.error

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import decide as D
-from ..core import legacy as LG
+from ..core import decide
+from ..core import legacy as legacy_rules
 from ..core.builders import claim
 from ..core.decide import Outcome
 from ..core.errors import Busy, NoCapacity, Timeout
@@ -87,10 +87,10 @@ def resolve(
             # The key had no mapping in this region: the pending one just written is ours,
             # whatever the read beside it saw (nothing, or that write).
             dec = ops.on_read(None, others, (yield Now()), d.rules)
-            if not (isinstance(dec, D.Acquire) and not held):
+            if not (isinstance(dec, decide.Acquire) and not held):
                 yield Untake(pool, spec.cand)  # never claimed
-            if isinstance(dec, D.Acquire):
-                dec = D.Acquire(1)
+            if isinstance(dec, decide.Acquire):
+                dec = decide.Acquire(1)
                 if not held:
                     got = yield from acquire(d, pool, key, requested_us, 0, spec)
                     return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
@@ -100,24 +100,24 @@ def resolve(
             yield LostCandidate(pool, spec.cand)
             yield Note("acq.gave_up")
             raise error_of(spec.res) or Timeout("mapping write outcome unknown")
-    if isinstance(dec, D.Verify):
+    if isinstance(dec, decide.Verify):
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         dec = ops.on_resource(dec.mapping, r, (yield Now()), d.rules)
         home = ops.strict_home(d, pool.client_id, pool.pool_id)
         landed = (
             dec.confirm
-            if isinstance(dec, D.Serve)
+            if isinstance(dec, decide.Serve)
             else dec.pending
-            if isinstance(dec, D.Extend)
+            if isinstance(dec, decide.Extend)
             else None
         )
         if home is not None and landed is not None:
             # a strict pool: a claim is answered only once agreed in the home region
             other = yield from agree(d, pool, home, landed, (landed, *others))
             if other is not None:
-                dec = D.Serve(other, foreign=True)
+                dec = decide.Serve(other, foreign=True)
     if (
-        isinstance(dec, D.Acquire)
+        isinstance(dec, decide.Acquire)
         and held
         and ops.lapsing(
             held, pool.client_id, pool.pool_id, key, d.region, (yield Now()), d.rules.grace_us
@@ -125,8 +125,8 @@ def resolve(
     ):
         # a lease of the key at its end here, not yet on every host: its apps may still
         # use it, and the key's next lease would run beside it (I2)
-        dec = D.Wait("the key's lease is at its end on this host's clock, not on every host's")
-    if isinstance(dec, D.Acquire) and held:
+        dec = decide.Wait("the key's lease is at its end on this host's clock, not on every host's")
+    if isinstance(dec, decide.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:
             return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
@@ -136,7 +136,7 @@ def resolve(
         if settled is None:
             return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
         dec = settled
-    if isinstance(dec, D.Serve):
+    if isinstance(dec, decide.Serve):
         yield CachePut(dec.lease, sent)
         if dec.confirm is not None:
             yield Spawn(confirm, (dec.confirm,))
@@ -145,25 +145,25 @@ def resolve(
         yield Refresh(dec.lease, requested_us)
         return dec.lease, ours
     if (
-        isinstance(dec, D.Extend)
+        isinstance(dec, decide.Extend)
         and d.legacy_agents
         and dec.mapping.expires_us is not None
-        and LG.at_its_end(dec.mapping.expires_us, requested_us, (yield Now()), d.rules)
+        and legacy_rules.at_its_end(dec.mapping.expires_us, requested_us, (yield Now()), d.rules)
     ):
         # the item says whether it runs on (the mapping can lag an extension)
         r = yield from resource(pool.client_id, dec.mapping.resource or "")
         now = yield Now()
         lapsed = ops.on_lapsed(dec.mapping, r, now, d.rules.grace_us, d.rules.extend_margin_us)
-        if isinstance(lapsed, LG.EndLapsed):
+        if isinstance(lapsed, legacy_rules.EndLapsed):
             yield from end_lapsed(d, lapsed.mapping)
             return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
         dec = lapsed
-    if isinstance(dec, D.Extend):
+    if isinstance(dec, decide.Extend):
         lease = yield from extend_now(d, dec.mapping, requested_us)
         if lease is not None:
             return lease, lease.token in mine
         return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
-    if isinstance(dec, D.Acquire):
+    if isinstance(dec, decide.Acquire):
         got = yield from acquire(d, pool, key, requested_us, dec.expect_ver, None, tuple(others))
         return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
     # FenceResource, or Wait: another daemon of this region is acquiring this key.
@@ -184,8 +184,8 @@ def _acquired(
     """What :func:`acquire` returned: the lease (served), a won claim's pending mapping
     (rollout mode: served once settled), or None (read again)."""
     if isinstance(got, Mapping):
-        done = yield from beside_legacy(d, pool, key, LG.Settle(got), answer_first=True)
-        if isinstance(done, D.Serve):
+        done = yield from beside_legacy(d, pool, key, legacy_rules.Settle(got), answer_first=True)
+        if isinstance(done, decide.Serve):
             yield CachePut(done.lease, sent)
             ours = done.lease.resource == got.resource
             yield Note("lease.new" if ours else "lease.existing")
@@ -306,7 +306,7 @@ def acquire(
         # a claim not sent is not on the item, as one refused
         claimed = Outcome.REJECTED if cres is None else cres.outcome
         step = d.ops.after_acquire(mres.outcome, claimed, expect_ver)
-        if isinstance(step, D.Won):
+        if isinstance(step, decide.Won):
             pending = Mapping(
                 pool.client_id,
                 pool.pool_id,
@@ -345,26 +345,26 @@ def acquire(
             yield Spawn(confirm, (pending,))
             yield Note("lease.new")
             return lease
-        if isinstance(step, D.NextCandidate):
+        if isinstance(step, decide.NextCandidate):
             yield Note("prefetch.conflicts")
             yield LostCandidate(pool, cand)
             expect_ver = step.expect_ver
             continue
-        if isinstance(step, D.GiveBack):
+        if isinstance(step, decide.GiveBack):
             # The mapping write lost, so no mapping names this claim: give it back in the
             # background (retried), and read again now.
             yield Note("acq.gave_back")
             why = d.ops.given_back(step.proof)
             yield Spawn(free_claim, (d, item.ident, key, token, why))
             return None
-        if isinstance(step, D.FenceOwnClaim):
+        if isinstance(step, decide.FenceOwnClaim):
             yield Note("acq.fence_own")
             yield Spawn(fence_own_claim, (d, item, key, token, step.proof))
             return None
-        if isinstance(step, D.Reread):
+        if isinstance(step, decide.Reread):
             yield Note("acq.lost_mapping")
             return None
-        assert isinstance(step, D.GiveUp)
+        assert isinstance(step, decide.GiveUp)
         yield Note("acq.gave_up")
         raise error_of(mres, *([cres] if cres is not None else [])) or Timeout(step.why)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import rasd_client
-from rasd.core import lease as L
-from rasd.core import serialize as S
-from rasd.core import writes as W
+from rasd.core import lease as lease_items
+from rasd.core import serialize
+from rasd.core import writes as item_writes
 from rasd_jobs import liberator
 from tests.helpers.tables import scan_all
 
@@ -69,11 +69,15 @@ def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> d
     names is an orphan (an acquisition whose outcome was lost): never answered to anyone,
     and freed by the liberator's orphan repair, after which no key holds two resources.
     """
-    items = [W.item_from_av(it) for it in scan_all(ddb, table)]
-    rows = [S.resource_from(it) for it in items if it["client_id"] == "demo"]
+    items = [item_writes.item_from_av(it) for it in scan_all(ddb, table)]
+    rows = [serialize.resource_from(it) for it in items if it["client_id"] == "demo"]
     maps = {
         (m.key, m.region): m
-        for m in (S.mapping_from(it) for it in items if S.is_mapping_pk(str(it["client_id"])))
+        for m in (
+            serialize.mapping_from(it)
+            for it in items
+            if serialize.is_mapping_pk(str(it["client_id"]))
+        )
     }
     by_resource = {r.resource: r for r in rows}
     named: dict[str, str] = {}  # key -> the resource its mapping names (and that it holds)
@@ -105,14 +109,14 @@ def audit(ddb: Any, table: str, results: list[dict[str, Any]], region: str) -> d
     answered = {res["resource"] for res in results if "error" not in res}
     assert not answered & {o.resource for o in orphans}, "an orphan was answered"
     # The liberator's orphan repair frees what the daemons' give-backs did not.
-    now = int(time.time() * L.US)
+    now = int(time.time() * lease_items.US)
     got = liberator.run(
         ddb, liberator.Options(table=table, region=None, now_us=now, orphan_age_us=0)
     )
     assert got["orphans_freed"] == len(orphans) and got["errors"] == 0, got
     held: dict[str, list[str]] = defaultdict(list)
     for it in scan_all(ddb, table):
-        r = S.item_from_ddb(it) if it["client_id"]["S"] == "demo" else None
+        r = serialize.item_from_ddb(it) if it["client_id"]["S"] == "demo" else None
         if r is not None and r.key is not None and r.region == region:
             held[r.key].append(r.resource)
     dup = {k: v for k, v in held.items() if len(v) > 1}

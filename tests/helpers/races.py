@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rasd.config import Config
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.core.writes import item_from_av
 from rasd.daemon.coordinator import Coordinator
@@ -123,7 +123,10 @@ def mapping(
 ) -> dict[str, Any] | None:
     raw = ddb.get_item(
         TableName=table,
-        Key={"client_id": {"S": L.map_pk(client_id, pool_id, key)}, "resource": {"S": region}},
+        Key={
+            "client_id": {"S": lease_items.map_pk(client_id, pool_id, key)},
+            "resource": {"S": region},
+        },
         ConsistentRead=True,
     ).get("Item")
     return item_from_av(raw) if raw else None
@@ -136,7 +139,7 @@ def claimable_from(it: dict[str, Any] | None) -> int | None:
     if it is None or it.get("key") is not None:
         return None
     v = it.get("quarantine_until") or it.get("lease_available")
-    return None if v is None else L.parse_time(str(v))
+    return None if v is None else lease_items.parse_time(str(v))
 
 
 def names(kw: dict[str, Any]) -> set[str]:
@@ -187,7 +190,7 @@ class Probe:
     claimable_after: int | None
 
     def rel(self, us: int | None) -> str:
-        return "held" if us is None else f"t0{(us - self.t0) / L.US:+.0f}s"
+        return "held" if us is None else f"t0{(us - self.t0) / lease_items.US:+.0f}s"
 
     def check(self, story: str = "") -> None:
         """I1: the other key is never answered the resource while the first answer runs,
@@ -197,7 +200,7 @@ class Probe:
         what = (
             f"{self.resource} claimable from {self.rel(self.claimable)} (after the liberator: "
             f"{self.rel(self.claimable_after)}); the first key was answered {self.resource} "
-            f"until {self.rel(self.ends)} (+ skew {self.skew_us / L.US:g} s); at "
+            f"until {self.rel(self.ends)} (+ skew {self.skew_us / lease_items.US:g} s); at "
             f"{self.rel(self.at)} another key was answered {self.got}. {story}"
         )
         overlap = self.got == self.resource and self.at < self.ends
@@ -226,9 +229,13 @@ async def probe_second_key(
     ``ends``. There the real ``ras-liberator`` re-lists (and repairs) ``region``'s items, then
     a new daemon of the region asks for ``key``."""
     claimable = claimable_from(item(ddb, table, resource, client_id))
-    at = ends - L.US if claimable is None else min(claimable + L.US, ends - L.US)
+    at = (
+        ends - lease_items.US
+        if claimable is None
+        else min(claimable + lease_items.US, ends - lease_items.US)
+    )
     if at > clock.now_us():
-        clock.advance((at - clock.now_us()) / L.US)
+        clock.advance((at - clock.now_us()) / lease_items.US)
     liberator.run(
         ddb, liberator.Options(table=table, region=region, now_us=clock.now_us(), segments=1)
     )
@@ -236,7 +243,7 @@ async def probe_second_key(
     d = await start(url, table, "prober", clock, region, mode=mode, **overrides)
     try:
         lease, _ = await d.taker.get_lease(
-            client_id, pool_id, key, clock.now_us() + 600 * L.US, time.monotonic() + WAIT
+            client_id, pool_id, key, clock.now_us() + 600 * lease_items.US, time.monotonic() + WAIT
         )
         got: str | None = lease.resource
     except NoCapacity:
@@ -245,5 +252,5 @@ async def probe_second_key(
         got = f"none ({type(exc).__name__})"
     finally:
         await close(d)
-    skew_us = int(Config().max_clock_skew * L.US)
+    skew_us = int(Config().max_clock_skew * lease_items.US)
     return Probe(t0, resource, ends, skew_us, claimable, clock.now_us(), got, after)

@@ -16,7 +16,7 @@ from rasd.core.map_builders import map_acquire, map_confirm
 from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.writes import ItemKey, Value, Write, apply, item_from_av
 from rasd.steps import At, Delete, GetItem, Note, Put, Send, WriteResult, drive_sync
-from rasd.steps import repair as RP
+from rasd.steps import repair as repair_steps
 
 NOW = 1_700_000_000 * US
 HOUR = 3600 * US
@@ -123,7 +123,7 @@ class Table:
 
 RULES = Rules(margin_us=M, grace_us=G, pending_hold_us=2 * US, quarantine_us=Q, confirm_us=US)
 
-RUN = RP.LiberatorRun(NOW, grace_us=60 * US, orphan_age_us=120 * US, quarantine_us=Q)
+RUN = repair_steps.LiberatorRun(NOW, grace_us=60 * US, orphan_age_us=120 * US, quarantine_us=Q)
 
 
 class Rec(Table):

@@ -45,10 +45,8 @@ def hold(
     item at the version read, the claim with the same token, then the confirmation. Returns
     the token. Leasing a key again in the same region leaves the earlier resource an orphan,
     as a crash can."""
-    from rasd.core import builders as B
-    from rasd.core import lease as L
-    from rasd.core import map_builders as MB
-    from rasd.core import serialize as S
+    from rasd.core import builders, map_builders, serialize
+    from rasd.core import lease as lease_items
     from rasd.core.writes import item_from_av, key_av, render
 
     raw = ddb.get_item(
@@ -56,28 +54,32 @@ def hold(
         Key={"client_id": {"S": client_id}, "resource": {"S": resource}},
         ConsistentRead=True,
     )["Item"]
-    item = S.item_from_ddb(raw)
-    ident = (L.map_pk(client_id, item.pool_id, key), item.region)
+    item = serialize.item_from_ddb(raw)
+    ident = (lease_items.map_pk(client_id, item.pool_id, key), item.region)
     got = ddb.get_item(TableName=table, Key=key_av(ident), ConsistentRead=True).get("Item")
-    ver = S.mapping_from(item_from_av(got)).ver if got else 0
+    ver = serialize.mapping_from(item_from_av(got)).ver if got else 0
     tok = token or f"tok-{resource}-{ver}"
-    w = MB.map_acquire(ident, ver, tok, resource, item.version, expires_us, now_us, "test")
+    w = map_builders.map_acquire(
+        ident, ver, tok, resource, item.version, expires_us, now_us, "test"
+    )
     ddb.update_item(TableName=table, **render(w))
-    ddb.update_item(TableName=table, **render(B.claim(item, key, expires_us, now_us, tok, ver + 1)))
-    m = L.Mapping(
+    ddb.update_item(
+        TableName=table, **render(builders.claim(item, key, expires_us, now_us, tok, ver + 1))
+    )
+    m = lease_items.Mapping(
         client_id,
         item.pool_id,
         key,
         item.region,
         ver + 1,
-        L.PENDING,
+        lease_items.PENDING,
         tok,
         resource,
         item.version,
         expires_us,
         now_us,
     )
-    ddb.update_item(TableName=table, **render(MB.map_confirm(m)))
+    ddb.update_item(TableName=table, **render(map_builders.map_confirm(m)))
     return tok
 
 

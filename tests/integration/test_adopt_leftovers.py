@@ -30,7 +30,7 @@ import pytest
 import structlog
 
 from bench.baseline import BaselineAgent
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core import schema
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
@@ -57,7 +57,7 @@ def _one_table_for_all_regions(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _clock(behind_s: float = 0.0) -> FakeClock:
-    return FakeClock(now_us=int((time.time() - behind_s) * L.US), mono=time.monotonic())
+    return FakeClock(now_us=int((time.time() - behind_s) * lease_items.US), mono=time.monotonic())
 
 
 def _adopt(url: str, table: str, now_us: int) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def _adopt(url: str, table: str, now_us: int) -> dict[str, Any]:
     buf = io.StringIO()
     argv = ["adopt", "--endpoint-url", url, "--table", table, "--region", EAST]
     with contextlib.redirect_stdout(buf):
-        rc = admin.main([*argv, "--now", str(now_us / L.US)])
+        rc = admin.main([*argv, "--now", str(now_us / lease_items.US)])
     lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("{")]
     out: dict[str, Any] = json.loads(lines[-1])
     assert rc == 0, out
@@ -74,7 +74,7 @@ def _adopt(url: str, table: str, now_us: int) -> dict[str, Any]:
 
 def _seed(ddb: Any, table: str, t0: int) -> None:
     schema.put_pool(ddb, table, C, P, 7200)
-    schema.add_resources(ddb, table, C, P, EAST, ["r_1", "r_2"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["r_1", "r_2"], now_us=t0 - 60 * lease_items.US)
 
 
 async def _past_the_bound(
@@ -83,16 +83,16 @@ async def _past_the_bound(
     """At t0+116 s (past the bound adopt printed for daemons, before the liberator's orphan
     age): the real ``ras-liberator`` runs, then the paper's agent and a new daemon (rollout
     mode) are asked for k. Returns (paper's answer, rasd's answer), both running."""
-    clock.advance((t0 + 116 * L.US - clock.now_us()) / L.US)
+    clock.advance((t0 + 116 * lease_items.US - clock.now_us()) / lease_items.US)
     liberator.run(
         ddb, liberator.Options(table=table, region=EAST, now_us=clock.now_us(), segments=1)
     )
     agent = BaselineAgent(table, EAST, url, paper=True)
-    got = agent.get_lease(C, P, "k", clock.now_us() + 600 * L.US, clock.now_us())
+    got = agent.get_lease(C, P, "k", clock.now_us() + 600 * lease_items.US, clock.now_us())
     d3 = await start(url, table, "d3", clock, EAST, mode="rollout")
     try:
         lease, _ = await d3.taker.get_lease(
-            C, P, "k", clock.now_us() + 3600 * L.US, time.monotonic() + WAIT
+            C, P, "k", clock.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
         )
     finally:
         await close(d3)
@@ -121,7 +121,7 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
         ms = await real_q(client_id, pool_id, key, deadline)
         if not d1_lease:  # d2's first read of k: d1 acquires k before d2's writes go out
             lease, _ = await d1.taker.get_lease(
-                C, P, "k", c1.now_us() + 3600 * L.US, time.monotonic() + WAIT
+                C, P, "k", c1.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
             )
             await settle(d1)  # its confirmation written
             d1_lease.append(lease)
@@ -142,7 +142,7 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
     d2.store.write = write  # type: ignore[method-assign]
     try:
         l2, _ = await d2.taker.get_lease(
-            C, P, "k", c2.now_us() + 3600 * L.US, time.monotonic() + WAIT
+            C, P, "k", c2.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
         )
         r1 = d1_lease[0].resource
         orphan = "r_2" if r1 == "r_1" else "r_1"
@@ -172,16 +172,16 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
             assert out["swept_after_fast_rules"] is False and out["sweep_again_after"], out
             assert out["paper_agents_may_start_at"] > out["fast_rules_until"], out
             assert freed.get("key") is None, freed  # out of the leased index
-            until = L.parse_time(str(freed["quarantine_until"]))
+            until = lease_items.parse_time(str(freed["quarantine_until"]))
             # held to its lease's end plus the grace (I1: the paper's agent may have answered it)
-            assert until >= L.parse_time(str(left["lease_expires"])) + 2 * L.US
+            assert until >= lease_items.parse_time(str(left["lease_expires"])) + 2 * lease_items.US
             # a run begun past fast_rules_until (the record's change, on the wall clock, plus
             # the bound): a complete sweep
-            past = L.parse_time(out["fast_rules_until"]) + L.US - c1.now_us()
-            c1.advance(max(past, 0) / L.US)
+            past = lease_items.parse_time(out["fast_rules_until"]) + lease_items.US - c1.now_us()
+            c1.advance(max(past, 0) / lease_items.US)
             again = _adopt(url, table, c1.now_us())
             assert again["swept_after_fast_rules"] is True and again["writes"] == 0, again
-            assert again["paper_agents_may_start_at"] <= L.fmt_time(c1.now_us()), again
+            assert again["paper_agents_may_start_at"] <= lease_items.fmt_time(c1.now_us()), again
     finally:
         killed.set()
         await close(d1)
@@ -213,7 +213,9 @@ async def test_adopt_fences_a_pending_claim_that_may_still_land(
     d2.store.write = write  # type: ignore[method-assign]
     try:
         with pytest.raises(RasdError):  # the request gives up on the unknown outcome (I4)
-            await d2.taker.get_lease(C, P, "k", c2.now_us() + 3600 * L.US, time.monotonic() + WAIT)
+            await d2.taker.get_lease(
+                C, P, "k", c2.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
+            )
         await settle(d2)
         assert in_flight, "the claim was never sent"
         m = mapping(ddb, table, "k", EAST) or {}

@@ -18,8 +18,7 @@ from rasd.core import builders, lease
 from rasd.core.lease import US
 from rasd.core.serialize import item_from_ddb
 from rasd.core.writes import render
-from rasd_jobs import balance_model as bm
-from rasd_jobs import balancer, s3state
+from rasd_jobs import balance_model, balancer, s3state
 from tests.helpers.tables import scan_all, seed_pool
 
 pytestmark = pytest.mark.integration
@@ -151,7 +150,7 @@ def test_demand_moves_free_items_to_the_busy_region_never_leased_ones(
     for it in held_w + held_e:
         assert after[it.resource] == before[it.resource]  # leases untouched
     # us-east-1 now holds its target of free items
-    plan_target = 2 + int(-(-bm.Holt(0).update(8, 0.4, 0.2).project(2) * 1.5 // 1))
+    plan_target = 2 + int(-(-balance_model.Holt(0).update(8, 0.4, 0.2).project(2) * 1.5 // 1))
     assert free_count(ddb, table, E) == plan_target
     assert free_count(ddb, table, W) == 55 - s["moved"]
 
@@ -340,12 +339,12 @@ def test_reported_misses_count_as_demand(
     """NO_CAPACITY writes nothing, so the daemons' miss counters are the only sign of unmet
     demand: misses reported in us-east-1 (which has no free items) move items there."""
     seed_pool(ddb, table, region=W, count=100)
-    report = bm.miss_report_update("demo", "default", E, "host-a:1", 5, T0)
+    report = balance_model.miss_report_update("demo", "default", E, "host-a:1", 5, T0)
     ddb.update_item(TableName=table, **report)
     first = balancer.run(opts(table, state_uri, T0), clients)
     assert first["misses"] == 0  # first run: the counters are only a baseline
     for daemon, n in (("host-a:1", 12), ("host-b:7", 8)):
-        upd = bm.miss_report_update("demo", "default", E, daemon, n, T0)
+        upd = balance_model.miss_report_update("demo", "default", E, daemon, n, T0)
         if daemon == "host-b:7":  # a daemon of an older version reports under #meta
             upd["Key"] = {**upd["Key"], "client_id": {"S": "#meta"}}
         ddb.update_item(TableName=table, **upd)

@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 import rasd_client
-from rasd.core import lease as L
-from rasd.core import serialize as S
+from rasd.core import lease as lease_items
+from rasd.core import serialize
 from rasd_client import _table, wire
 from rasd_client import aio as rasd_aio
 from tests.doubles.clock import FakeClock
@@ -56,7 +56,7 @@ async def wait_for(pred: Any, what: str) -> None:
 
 
 def exp(clock: FakeClock, seconds: float) -> float:
-    return (clock.now_us() + int(seconds * L.US)) / L.US
+    return (clock.now_us() + int(seconds * lease_items.US)) / lease_items.US
 
 
 async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> None:
@@ -68,7 +68,9 @@ async def test_new_then_cached_lease(ddb: Any, table: str, make_daemon: Any) -> 
         assert first.new and first.version == 1 and first.region == "us-east-1"
         row = item_of(ddb, table, first.resource)
         assert row["key"]["S"] == "k1" and "lease_available" not in row
-        assert L.parse_time(row["lease_expires"]["S"]) == int(first.lease_expires.timestamp() * 1e6)
+        assert lease_items.parse_time(row["lease_expires"]["S"]) == int(
+            first.lease_expires.timestamp() * 1e6
+        )
         # the new lease's background work (its confirmation, a prefetch refill queued behind
         # the claim) is not the hit's: let it finish before counting
         await d.coordinator.prefetch.idle()
@@ -127,8 +129,8 @@ async def test_expiry_relet_refresh_ahead_and_release(
         await d.coordinator.drain(2.0)
         row = item_of(ddb, table, e.resource)
         assert "key" not in row and "lease_available" not in row
-        q = int(d.cfg.quarantine * L.US)
-        assert L.parse_time(row["quarantine_until"]["S"]) == clock.now_us() + q
+        q = int(d.cfg.quarantine * lease_items.US)
+        assert lease_items.parse_time(row["quarantine_until"]["S"]) == clock.now_us() + q
         with pytest.raises(rasd_client.NotHeld):
             await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         f = await rasd_aio.get_lease(C, P, "k", exp(clock, 100), socket_path=s, timeout=WAIT)
@@ -142,7 +144,7 @@ async def test_other_regions_lease_is_returned_unchanged(
     names = seed_pool(ddb, table, region="eu-west-1", count=3)
     seed_pool(ddb, table, region="us-east-1", count=3, prefix="us-")
     clock = FakeClock(now_us=__import__("time").time_ns() // 1000)
-    hold(ddb, table, names[0], "eu-key", clock.now_us() + 30 * L.US, clock.now_us())
+    hold(ddb, table, names[0], "eu-key", clock.now_us() + 30 * lease_items.US, clock.now_us())
     async with make_daemon(clock=clock) as d:
         got = await rasd_aio.get_lease(C, P, "eu-key", exp(clock, 3600), socket_path=d.cfg.socket)
         assert got.resource == names[0] and got.region == "eu-west-1" and not got.new
@@ -209,7 +211,7 @@ async def test_two_daemons_one_new_key(ddb: Any, table: str, make_daemon: Any) -
                 ),
             )
             assert a.resource == b.resource
-    rows = [S.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == C]
+    rows = [serialize.item_from_ddb(it) for it in scan_all(ddb, table) if it["client_id"]["S"] == C]
     per_key: dict[str, int] = {}
     for r in rows:
         if r.key:
@@ -288,11 +290,11 @@ async def test_headroom_from_balancer_metadata_or_count(
         ddb.put_item(
             TableName=table,
             Item={
-                "client_id": {"S": L.META_CLIENT},
+                "client_id": {"S": lease_items.META_CLIENT},
                 "resource": {"S": f"headroom#{C}#{P}#us-east-1"},
                 "headroom": {"N": str(value)},
                 "free": {"N": "12"},
-                "updated": {"S": L.fmt_time(updated_us)},
+                "updated": {"S": lease_items.fmt_time(updated_us)},
             },
         )
 
@@ -305,7 +307,7 @@ async def test_headroom_from_balancer_metadata_or_count(
         put_headroom(-3, clock.now_us())
         d.coordinator.reporter._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 0
-        put_headroom(7, clock.now_us() - 3600 * L.US)  # stale: count again
+        put_headroom(7, clock.now_us() - 3600 * lease_items.US)  # stale: count again
         d.coordinator.reporter._headroom.clear()
         assert await rasd_aio.headroom(C, P, socket_path=s) == 12
 

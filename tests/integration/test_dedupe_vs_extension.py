@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rasd.config import Config
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core import schema
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av
@@ -103,19 +103,21 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
 ) -> None:
     monkeypatch.setenv("AWS_REGION", EAST)  # one moto backend stands for both regions
     schema.put_pool(ddb, table, C, P, 7200)
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     t0 = clock.now_us()
-    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * L.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * lease_items.US)
     d1 = await _daemon(moto_endpoint, table, clock, legacy)
     d2: Coordinator | None = None
     try:
-        first, new = await d1.taker.get_lease(C, P, "k1", t0 + 100 * L.US, time.monotonic() + 5)
+        first, new = await d1.taker.get_lease(
+            C, P, "k1", t0 + 100 * lease_items.US, time.monotonic() + 5
+        )
         assert (first.resource, new) == ("rb", True)
         await d1.drain(2.0)
         clock.advance(16)
         # a hit past S/2: served, and confirmed again in the background
-        assert d1.cache.answer(C, P, "k1", clock.now_us() + 100 * L.US, clock.mono(), 0)
+        assert d1.cache.answer(C, P, "k1", clock.now_us() + 100 * lease_items.US, clock.mono(), 0)
         for _ in range(100):
             if d1.counters["lease.reconfirmed"]:
                 break
@@ -123,7 +125,15 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
         await d1.drain(2.0)
         assert d1.counters["lease.reconfirmed"] == 1
         # the region that acquired k1 first (east) becomes visible: rb is the extra
-        hold(ddb, table, "ra", "k1", t0 + 3660 * L.US, t0 - L.US, token="tok-east")
+        hold(
+            ddb,
+            table,
+            "ra",
+            "k1",
+            t0 + 3660 * lease_items.US,
+            t0 - lease_items.US,
+            token="tok-east",
+        )
         clock.advance(16)
         now_dedupe = clock.now_us()
         released, freed = threading.Event(), threading.Event()
@@ -158,12 +168,12 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
 
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         now = clock.mono()
-        answered = d1.cache.answer(C, P, "k1", clock.now_us() + 3600 * L.US, now, 0)
+        answered = d1.cache.answer(C, P, "k1", clock.now_us() + 3600 * lease_items.US, now, 0)
         assert answered is not None
         lease = d1.cache.get((C, P, "k1"), now)
         assert lease is not None and lease.resource == "rb"
         ends = lease.expires_us  # apps were answered rb until here (t0 + 100 s)
-        assert ends == t0 + 100 * L.US
+        assert ends == t0 + 100 * lease_items.US
         for _ in range(200):
             if freed.is_set():
                 break
@@ -176,11 +186,11 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
         assert seen[:2] == ["extend_resource", "map_extend"] and "daemon free" in seen
         rb = _item(ddb, table, "rb")
         assert rb.get("key") is None, "rb was freed (by the daemon or by ras-dedupe)"
-        until = L.parse_time(rb.get("quarantine_until") or rb["lease_available"])
-        assert until >= ends + int(Config().max_clock_skew * L.US)
+        until = lease_items.parse_time(rb.get("quarantine_until") or rb["lease_available"])
+        assert until >= ends + int(Config().max_clock_skew * lease_items.US)
         # the earliest moment rb can be claimable: re-listed by the real liberator, then
         # asked for by another daemon of the region for another key
-        clock.advance((until - clock.now_us()) / L.US + 1)
+        clock.advance((until - clock.now_us()) / lease_items.US + 1)
         liberator.run(
             ddb,
             liberator.Options(
@@ -190,7 +200,7 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
         d2 = await _daemon(moto_endpoint, table, clock, legacy)
         try:
             other, _ = await d2.taker.get_lease(
-                C, P, "k2", clock.now_us() + 600 * L.US, time.monotonic() + 5
+                C, P, "k2", clock.now_us() + 600 * lease_items.US, time.monotonic() + 5
             )
             got = other.resource
         except NoCapacity:

@@ -24,11 +24,9 @@ from structlog.testing import capture_logs
 
 import rasd_client
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import map_builders as MB
-from rasd.core import serialize as S
-from rasd.core import writes as W
+from rasd.core import builders, map_builders, serialize
+from rasd.core import lease as lease_items
+from rasd.core import writes as item_writes
 from rasd.core.clock import Clock
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.daemon import renewer
@@ -95,7 +93,7 @@ def real_clock_fake() -> FakeClock:
 
 def at(clock: FakeClock, seconds: float) -> float:
     """Epoch seconds ``seconds`` after the fake clock's now (what a sliding client sends)."""
-    return (clock.now_us() + int(seconds * L.US)) / L.US
+    return (clock.now_us() + int(seconds * lease_items.US)) / lease_items.US
 
 
 async def test_throttling_and_5xx_are_retried_within_the_deadline(
@@ -318,17 +316,19 @@ def item(ddb: Any, table: str, resource: str, client: str = C) -> dict[str, Any]
 
 def ghost_pending(
     ddb: Any, table: str, key: str, resource: str, since_us: int, token: str = "ghost"
-) -> tuple[L.ResourceItem, W.Write]:
+) -> tuple[lease_items.ResourceItem, item_writes.Write]:
     """Another daemon's acquisition of ``key``: its mapping write landed (pending, naming
     ``resource``); returns the resource as read and the ghost's claim, not yet sent."""
-    r = S.resource_from(item(ddb, table, resource) or {})
-    ident = (L.map_pk(C, P, key), "us-east-1")
-    exp = since_us + 3600 * L.US
+    r = serialize.resource_from(item(ddb, table, resource) or {})
+    ident = (lease_items.map_pk(C, P, key), "us-east-1")
+    exp = since_us + 3600 * lease_items.US
     ddb.update_item(
         TableName=table,
-        **render(MB.map_acquire(ident, 0, token, resource, r.version, exp, since_us, "ghost")),
+        **render(
+            map_builders.map_acquire(ident, 0, token, resource, r.version, exp, since_us, "ghost")
+        ),
     )
-    return r, B.claim(r, key, exp, since_us, token, 1)
+    return r, builders.claim(r, key, exp, since_us, token, 1)
 
 
 async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
@@ -338,7 +338,7 @@ async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
     fences the named resource (its claim can then never land) and takes the mapping over."""
     seed_pool(ddb, table, count=4)
     now = time.time_ns() // 1000
-    _, ghost_claim = ghost_pending(ddb, table, "k", "res-00000", now - 10 * L.US)
+    _, ghost_claim = ghost_pending(ddb, table, "k", "res-00000", now - 10 * lease_items.US)
     async with make_daemon() as d:
         got = await rasd_aio.get_lease(C, P, "k", HOUR, socket_path=d.cfg.socket, timeout=5)
         assert got.new and d.counters["acq.fenced"] == 1
@@ -346,8 +346,10 @@ async def test_a_dead_acquirers_pending_mapping_is_fenced_and_taken_over(
         ddb.update_item(TableName=table, **render(ghost_claim))  # the ghost's claim, too late
     held = [r["resource"]["S"] for r in scan_all(ddb, table) if r.get("key", {}).get("S") == "k"]
     assert held == [got.resource]
-    m = S.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
-    assert m.resource == got.resource and m.state == L.LIVE
+    m = serialize.mapping_from(
+        item(ddb, table, "us-east-1", client=lease_items.map_pk(C, P, "k")) or {}
+    )
+    assert m.resource == got.resource and m.state == lease_items.LIVE
 
 
 async def test_a_young_pending_mapping_is_waited_for_and_adopted(
@@ -371,8 +373,10 @@ async def test_a_young_pending_mapping_is_waited_for_and_adopted(
             lambda: not d.coordinator.driver.tasks.background, "background work", tries=1000
         )
         assert d.counters["lease.new"] == 0
-    m = S.mapping_from(item(ddb, table, "us-east-1", client=L.map_pk(C, P, "k")) or {})
-    assert m.state == L.LIVE and m.token == "ghost"
+    m = serialize.mapping_from(
+        item(ddb, table, "us-east-1", client=lease_items.map_pk(C, P, "k")) or {}
+    )
+    assert m.state == lease_items.LIVE and m.token == "ghost"
 
 
 class BeforeFirstWrite(Faults):
@@ -407,7 +411,7 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
     faults.hook = winner
     # a table with no paper agent beside rasd: the quarantine alone
     async with faulty_daemon(faults, clock=clock, legacy_agents=False) as d:
-        mine = S.resource_from(item(ddb, table, "res-00000") or {})
+        mine = serialize.resource_from(item(ddb, table, "res-00000") or {})
 
         async def candidate(pool: Any, deadline: float) -> Candidate:
             return Candidate(mine, d.coordinator.clock.mono())
@@ -420,10 +424,10 @@ async def test_the_mapping_loser_gives_its_claim_back_with_quarantine(
             lambda: not d.coordinator.driver.tasks.background, "background work", tries=1000
         )
         assert d.counters["acq.gave_back"] == 1
-        q = int(d.cfg.quarantine * L.US)
+        q = int(d.cfg.quarantine * lease_items.US)
     given_back = item(ddb, table, "res-00000") or {}
     assert given_back["version"] == 2 and "key" not in given_back  # claimed, then freed
-    assert L.parse_time(str(given_back["quarantine_until"])) == clock.now_us() + q
+    assert lease_items.parse_time(str(given_back["quarantine_until"])) == clock.now_us() + q
 
 
 def _read_timeout() -> Exception:

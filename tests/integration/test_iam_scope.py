@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import rasd_client
-from rasd.core import rollout as RO
+from rasd.core import rollout
 from rasd.core.lease import US, fmt_time
 from rasd.core.serialize import pool_meta_key
 from rasd.daemon.driver import Run
@@ -139,7 +139,7 @@ async def test_every_request_of_a_daemon_is_allowed_by_its_policy(
         await coord.pool_table.load(time.monotonic() + WAIT)
 
     sig = ddb.get_item(TableName=table, Key={"client_id": {"S": "#hosts"},
-                       "resource": {"S": RO.SIGNAL_KEY[1]}}, ConsistentRead=True)  # fmt: skip
+                       "resource": {"S": rollout.SIGNAL_KEY[1]}}, ConsistentRead=True)  # fmt: skip
     assert "Item" in sig
     p = _policy()
     refused = sorted({c for c in calls if not allows(p, c)}, key=repr)

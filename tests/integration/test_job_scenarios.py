@@ -23,11 +23,8 @@ import structlog
 from botocore.exceptions import ClientError
 
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import map_builders as MB
-from rasd.core import schema
-from rasd.core import serialize as S
+from rasd.core import builders, map_builders, schema, serialize
+from rasd.core import lease as lease_items
 from rasd.core.errors import NoCapacity
 from rasd.core.writes import item_from_av, key_av, render
 from rasd.daemon.coordinator import Coordinator
@@ -77,11 +74,11 @@ async def daemon(
 
 async def get_lease(
     d: Coordinator, key: str, clock: FakeClock, secs: float = 3600
-) -> L.Lease | None:
+) -> lease_items.Lease | None:
     """get_lease(key) asking for now + secs; None on NO_CAPACITY."""
     try:
         lease, _ = await d.taker.get_lease(
-            C, P, key, clock.now_us() + int(secs * L.US), time.monotonic() + 5
+            C, P, key, clock.now_us() + int(secs * lease_items.US), time.monotonic() + 5
         )
     except NoCapacity:
         return None
@@ -144,35 +141,47 @@ async def test_orphan_left_by_dedupe_is_held_to_its_lease_end(
     (no app released it). Orphan repair (the liberator's, or the next dedupe run's) must keep
     rb unclaimable until k1's answer ends (plus the skew), not just for the quarantine."""
     schema.put_pool(ddb, table, C, P, 7200)
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     t0 = clock.now_us()
-    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * L.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * lease_items.US)
     async with daemon(moto_endpoint, table, "dW1", clock, WEST) as dw1:
         lease = await get_lease(dw1, "k1", clock)
         await dw1.drain(2.0)
     assert lease is not None and lease.resource == "rb"
-    hold(ddb, table, "ra", "k1", t0 + 3660 * L.US, t0 - 1 * L.US, token="tok-east")
+    hold(
+        ddb,
+        table,
+        "ra",
+        "k1",
+        t0 + 3660 * lease_items.US,
+        t0 - 1 * lease_items.US,
+        token="tok-east",
+    )
     flaky = FailFreeClaim(ddb, "rb")
-    opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * L.US, segments=1)
+    opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * lease_items.US, segments=1)
     s1 = dedupe.run(flaky, opts)
     assert flaky.failed == 1 and s1["errors"] == 1
     assert item(ddb, table, "rb")["key"] == "k1"  # the orphan: held, no mapping names it
     if repairer == "dedupe":
         s2 = dedupe.run(
-            ddb, dedupe.Options(table=table, region=WEST, now_us=t0 + 900 * L.US, segments=1)
+            ddb,
+            dedupe.Options(table=table, region=WEST, now_us=t0 + 900 * lease_items.US, segments=1),
         )
     else:
         s2 = liberator.run(
-            ddb, liberator.Options(table=table, region=WEST, now_us=t0 + 130 * L.US, segments=1)
+            ddb,
+            liberator.Options(
+                table=table, region=WEST, now_us=t0 + 130 * lease_items.US, segments=1
+            ),
         )
     assert s2["orphans_freed"] == 1
     rb = item(ddb, table, "rb")
     assert rb is not None and "key" not in rb
-    available = L.parse_time(str(claimable_from(rb)))
-    assert available >= lease.expires_us + int(Config().max_clock_skew * L.US)
+    available = lease_items.parse_time(str(claimable_from(rb)))
+    assert available >= lease.expires_us + int(Config().max_clock_skew * lease_items.US)
     # A daemon of rb's region asks for another key just after the quarantine alone would end.
-    clock.advance((t0 + 1000 * L.US - clock.now_us()) / L.US)
+    clock.advance((t0 + 1000 * lease_items.US - clock.now_us()) / lease_items.US)
     async with daemon(moto_endpoint, table, "dW2", clock, WEST) as dw2:
         other = await get_lease(dw2, "k2", clock, 600)
     assert other is None, f"{other} answered to k2 while k1's answer (rb) runs to its end"
@@ -231,13 +240,13 @@ async def test_balancer_never_moves_a_region_in_another_regions_replica(
     to other keys. Without eu-west-1's replica the run must refuse and write no item; with
     it, the moves go to eu-west-1's replica, where the claims already won."""
 
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     rep = {EAST: f"{table}-east", WEST: f"{table}-west"}
     names = [f"w{i}" for i in range(4)]
     for t in rep.values():
         schema.create_table(ddb, t)
         schema.put_pool(ddb, t, C, P, 7200)
-        schema.add_resources(ddb, t, C, P, WEST, names, now_us=clock.now_us() - 60 * L.US)
+        schema.add_resources(ddb, t, C, P, WEST, names, now_us=clock.now_us() - 60 * lease_items.US)
     got: dict[str, str] = {}
     async with daemon(moto_endpoint, rep[WEST], "dW", clock, WEST) as dw:
         for k in ("k1", "k2", "k3", "k4"):
@@ -280,7 +289,7 @@ def admin_call(url: str, table: str, clock: FakeClock, *argv: str) -> int:
     from rasd_jobs import admin
 
     common = ["--endpoint-url", url, "--table", table, "--region", EAST]
-    return admin.main([*argv, *common, "--now", str(clock.now_us() / L.US)])
+    return admin.main([*argv, *common, "--now", str(clock.now_us() / lease_items.US)])
 
 
 @pytest.mark.parametrize("force", [False, True])
@@ -294,7 +303,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
     d2 may still answer it to k1, and does once the quarantine is over."""
     schema.put_pool(ddb, table, C, P, 7200)
     schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     names = tmp_path / "names"
     names.write_text("res-0\n")
     async with (
@@ -309,7 +318,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
         await d1.drain(2.0)
         released = item(ddb, table, "res-0")
         assert released is not None and "key" not in released
-        until = L.parse_time(str(claimable_from(released)))
+        until = lease_items.parse_time(str(claimable_from(released)))
         clock.advance(1.0)
         argv = ["delete-resource", "--client", C, "--resource", "res-0"]
         rc = admin_call(moto_endpoint, table, clock, *argv, *(["--force"] if force else []))
@@ -320,7 +329,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
         )  # fmt: skip
         assert rc == 0
         back = item(ddb, table, "res-0")
-        assert back is not None and str(claimable_from(back)) >= L.fmt_time(until)
+        assert back is not None and str(claimable_from(back)) >= lease_items.fmt_time(until)
         clock.advance(1.0)
         relist = liberator.Options(table=table, region=EAST, now_us=clock.now_us(), segments=1)
         liberator.run(ddb, relist)  # too early: re-lists nothing
@@ -329,7 +338,7 @@ async def test_deleted_quarantined_name_added_again_waits_for_the_quarantine(
         cached = d2.cache.get((C, P, "k1"))
         assert cached is not None and cached.resource == "res-0"  # allowed for up to S (I3)
         assert other is None, f"{other.resource} answered to k2 while d2 answers it to k1"
-        clock.advance((until - clock.now_us()) / L.US + 1)
+        clock.advance((until - clock.now_us()) / lease_items.US + 1)
         # the quarantine is over: the liberator re-lists the re-added name
         liberator.run(ddb, dataclasses.replace(relist, now_us=clock.now_us()))
         d3.prefetch.buffers.clear()
@@ -345,7 +354,7 @@ async def test_force_deleted_lease_added_again_waits_for_its_end(
     claimable again only after that end plus the skew."""
     schema.put_pool(ddb, table, C, P, 7200)
     schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     names = tmp_path / "names"
     names.write_text("res-0\n")
     async with daemon(moto_endpoint, table, "d1", clock) as d1:
@@ -358,8 +367,8 @@ async def test_force_deleted_lease_added_again_waits_for_its_end(
     add = ["add-resources", "--client", C, "--pool", P, "--file", str(names)]
     assert admin_call(moto_endpoint, table, clock, *add) == 0
     back = item(ddb, table, "res-0")
-    skew = int(Config().max_clock_skew * L.US)
-    assert back is not None and claimable_from(back) == L.fmt_time(a.expires_us + skew)
+    skew = int(Config().max_clock_skew * lease_items.US)
+    assert back is not None and claimable_from(back) == lease_items.fmt_time(a.expires_us + skew)
     assert int(back["version"]) > a.version  # fencing tokens keep growing through a re-add
     clock.advance(300.0)
     async with daemon(moto_endpoint, table, "d2", clock) as d2:
@@ -374,7 +383,7 @@ async def test_admin_release_holds_the_resource_to_the_lease_end(
     claimable only after its end plus the skew, not after the quarantine alone."""
     schema.put_pool(ddb, table, C, P, 7200)
     schema.add_resources(ddb, table, C, P, EAST, ["res-0"])
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     async with daemon(moto_endpoint, table, "d1", clock) as d1:
         a = await get_lease(d1, "k1", clock, 600)
         await d1.drain(2.0)
@@ -382,8 +391,8 @@ async def test_admin_release_holds_the_resource_to_the_lease_end(
     argv = ["release-resource", "--client", C, "--resource", "res-0"]
     assert admin_call(moto_endpoint, table, clock, *argv) == 0
     freed = item(ddb, table, "res-0")
-    skew = int(Config().max_clock_skew * L.US)
-    assert freed is not None and claimable_from(freed) == L.fmt_time(a.expires_us + skew)
+    skew = int(Config().max_clock_skew * lease_items.US)
+    assert freed is not None and claimable_from(freed) == lease_items.fmt_time(a.expires_us + skew)
     clock.advance(120.0)  # past the quarantine, before the lease's end
     async with daemon(moto_endpoint, table, "d2", clock) as d2:
         assert await get_lease(d2, "k2", clock) is None
@@ -399,13 +408,13 @@ def test_delete_pool_writes_another_regions_items_only_through_its_endpoint(
     schema.put_pool(ddb, table, C, P, 7200)
     schema.add_resources(ddb, table, C, P, EAST, ["e0"])
     schema.add_resources(ddb, table, C, P, WEST, ["w0"])
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     argv = ["delete-pool", "--client", C, "--pool", P]
     assert admin_call(moto_endpoint, table, clock, *argv) == 1
     assert item(ddb, table, "w0") is not None and item(ddb, table, "e0") is not None
-    assert ddb.get_item(TableName=table, Key=S.pool_meta_key(C, P)).get("Item") is not None
+    assert ddb.get_item(TableName=table, Key=serialize.pool_meta_key(C, P)).get("Item") is not None
     assert admin_call(moto_endpoint, table, clock, *argv, "--unreplicated") == 0
-    assert all(S.is_tombstone(item(ddb, table, r) or {}) for r in ("e0", "w0"))
+    assert all(serialize.is_tombstone(item(ddb, table, r) or {}) for r in ("e0", "w0"))
 
 
 # ------------------------------------------------------------- the daemons' config file
@@ -419,19 +428,27 @@ def test_jobs_take_the_daemons_bounds_from_their_config_file(
     conf = tmp_path / "rasd.toml"
     conf.write_text("max_clock_skew = 10.0\nskew_margin = 7.0\n")
     schema.put_pool(ddb, table, C, P, 7200)
-    now = int(time.time() * L.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * L.US)
-    schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * L.US)
-    end = now + 3600 * L.US
-    hold(ddb, table, "ra", "k1", end + 20 * L.US, now - 2 * L.US, token="tok-west")
-    hold(ddb, table, "rb", "k1", end, now - 1 * L.US, token="tok-east")
-    at = ["--now", str(now / L.US), "--endpoint-url", moto_endpoint, "--table", table]
+    now = int(time.time() * lease_items.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * lease_items.US)
+    end = now + 3600 * lease_items.US
+    hold(
+        ddb,
+        table,
+        "ra",
+        "k1",
+        end + 20 * lease_items.US,
+        now - 2 * lease_items.US,
+        token="tok-west",
+    )
+    hold(ddb, table, "rb", "k1", end, now - 1 * lease_items.US, token="tok-east")
+    at = ["--now", str(now / lease_items.US), "--endpoint-url", moto_endpoint, "--table", table]
     run = ["--region", EAST, *at, "--segments", "1"]
     assert dedupe.main([*run, "--config", str(conf)]) == 0
     summary = capsys.readouterr().out
     assert '"released": 1' in summary, summary
     rb = item(ddb, table, "rb")
-    assert rb is not None and claimable_from(rb) == L.fmt_time(end + 10 * L.US)
+    assert rb is not None and claimable_from(rb) == lease_items.fmt_time(end + 10 * lease_items.US)
 
     lib = ["--region", EAST, *at, "--config", str(conf)]
     assert liberator.main([*lib, "--grace", "5"]) == 2
@@ -449,13 +466,21 @@ def test_dedupe_keeps_an_extra_its_survivor_outlasts_only_by_the_default_slack(
     conf = tmp_path / "rasd.toml"
     conf.write_text("max_clock_skew = 10.0\nskew_margin = 7.0\n")
     schema.put_pool(ddb, table, C, P, 7200)
-    now = int(time.time() * L.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * L.US)
-    schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * L.US)
-    end = now + 3600 * L.US
-    hold(ddb, table, "ra", "k1", end + 10 * L.US, now - 2 * L.US, token="tok-west")
-    hold(ddb, table, "rb", "k1", end, now - 1 * L.US, token="tok-east")
-    run = ["--region", EAST, "--now", str(now / L.US), "--endpoint-url", moto_endpoint]
+    now = int(time.time() * lease_items.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * lease_items.US)
+    end = now + 3600 * lease_items.US
+    hold(
+        ddb,
+        table,
+        "ra",
+        "k1",
+        end + 10 * lease_items.US,
+        now - 2 * lease_items.US,
+        token="tok-west",
+    )
+    hold(ddb, table, "rb", "k1", end, now - 1 * lease_items.US, token="tok-east")
+    run = ["--region", EAST, "--now", str(now / lease_items.US), "--endpoint-url", moto_endpoint]
     run += ["--table", table, "--segments", "1", "--config", str(conf)]
     assert dedupe.main(run) == 0
     assert '"kept_until_survivor_outlasts": 1' in capsys.readouterr().out
@@ -497,30 +522,32 @@ async def test_dedupe_never_frees_an_orphan_that_became_a_lease(
     released it. Dedupe leaves it (a lost race; the next run judges it as a lease), so no
     other key gets rb while k1's answer runs."""
     schema.put_pool(ddb, table, C, P, 7200)
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     t0 = clock.now_us()
-    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * L.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, ["ra"], now_us=t0 - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, P, WEST, ["rb"], now_us=t0 - 60 * lease_items.US)
 
-    def resource(name: str) -> L.ResourceItem:
+    def resource(name: str) -> lease_items.ResourceItem:
         raw = ddb.get_item(TableName=table, Key=key_av((C, name)), ConsistentRead=True)["Item"]
-        return S.item_from_ddb(raw)
+        return serialize.item_from_ddb(raw)
 
     # east's lease on ra, its mapping still pending (the confirm not yet written): west's
     # daemons do not serve it, they verify and serve their own pending mapping
-    east = (L.map_pk(C, P, "k1"), EAST)
-    ra0, ra_end = resource("ra"), t0 + 3660 * L.US
+    east = (lease_items.map_pk(C, P, "k1"), EAST)
+    ra0, ra_end = resource("ra"), t0 + 3660 * lease_items.US
     for w in (
-        MB.map_acquire(east, 0, "tok-east", "ra", ra0.version, ra_end, t0 - L.US, "dE0"),
-        B.claim(ra0, "k1", ra_end, t0 - L.US, "tok-east", 1),
+        map_builders.map_acquire(
+            east, 0, "tok-east", "ra", ra0.version, ra_end, t0 - lease_items.US, "dE0"
+        ),
+        builders.claim(ra0, "k1", ra_end, t0 - lease_items.US, "tok-east", 1),
     ):
         ddb.update_item(TableName=table, **render(w))
-    rb0, end = resource("rb"), t0 + 3600 * L.US
-    ident = (L.map_pk(C, P, "k1"), WEST)
-    ddb.update_item(TableName=table, **render(B.claim(rb0, "k1", end, t0, "tok-west", 1)))
-    late = MB.map_acquire(ident, 0, "tok-west", "rb", rb0.version, end, t0, "dW0")
+    rb0, end = resource("rb"), t0 + 3600 * lease_items.US
+    ident = (lease_items.map_pk(C, P, "k1"), WEST)
+    ddb.update_item(TableName=table, **render(builders.claim(rb0, "k1", end, t0, "tok-west", 1)))
+    late = map_builders.map_acquire(ident, 0, "tok-west", "rb", rb0.version, end, t0, "dW0")
     hooked = LandsBeforeRelease(ddb, key_av(ident), late)
-    opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * L.US, segments=1)
+    opts = dedupe.Options(table=table, region=WEST, now_us=t0 + 10 * lease_items.US, segments=1)
     async with daemon(moto_endpoint, table, "dW1", clock, WEST) as dw1:
         run = asyncio.create_task(asyncio.to_thread(dedupe.run, hooked, opts))
         assert await asyncio.to_thread(hooked.landed.wait, 10)

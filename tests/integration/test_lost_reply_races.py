@@ -24,7 +24,7 @@ import pytest
 import structlog
 from botocore.exceptions import ReadTimeoutError
 
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core import schema
 from rasd.core.errors import RasdError
 from rasd.daemon.coordinator import Coordinator
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.integration
 
 C, P = "demo", "default"
 EAST, WEST = "us-east-1", "eu-west-1"
-HOUR = 3600 * L.US
+HOUR = 3600 * lease_items.US
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def _one_table_for_all_regions(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _clock() -> FakeClock:
-    return FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    return FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
 
 
 # ------------------------------------------ an ambiguous acquisition whose mapping is released
@@ -76,7 +76,9 @@ R = "r0"
 
 def _is_map_acquire(kw: dict[str, Any]) -> bool:
     """map_builders.map_acquire of k1's mapping (it SETs ``since``)."""
-    return kw["Key"]["client_id"]["S"].startswith(L.map_pk(C, P, "k1")) and "since" in names(kw)
+    return kw["Key"]["client_id"]["S"].startswith(
+        lease_items.map_pk(C, P, "k1")
+    ) and "since" in names(kw)
 
 
 def _is_claim(kw: dict[str, Any]) -> bool:
@@ -148,9 +150,9 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
     schema.put_pool(ddb, table, C, P, 7200)
     clock = _clock()
     t0 = clock.now_us()
-    schema.add_resources(ddb, table, C, P, EAST, [R], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, [R], now_us=t0 - 60 * lease_items.US)
     seen: list[str] = []  # the steps, in the order they happened
-    answers: list[L.Lease] = []  # what k1 was answered, by either daemon
+    answers: list[lease_items.Lease] = []  # what k1 was answered, by either daemon
     claim_applied = asyncio.Event()
     # moved: rasadmin released k1's mapping, or returned without (nothing to release)
     moved, d1_settled = threading.Event(), threading.Event()
@@ -162,7 +164,7 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
         args = admin_cli.build_parser().parse_args(
             ["release-resource", "--client", C, "--resource", R, "--endpoint-url",
              moto_endpoint, "--table", table, "--region", EAST, "--now",
-             str(clock.now_us() / L.US)]
+             str(clock.now_us() / lease_items.US)]
         )  # fmt: skip
         buf = io.StringIO()
         try:
@@ -312,8 +314,8 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
     clock = _clock()
     t0 = clock.now_us()
     schema.put_pool(ddb, table, C, PS, 7200, home=HOME)
-    schema.add_resources(ddb, table, C, PS, EAST, ["rh"], now_us=t0 - 60 * L.US)
-    schema.add_resources(ddb, table, C, PS, WEST, ["re"], now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, PS, EAST, ["rh"], now_us=t0 - 60 * lease_items.US)
+    schema.add_resources(ddb, table, C, PS, WEST, ["re"], now_us=t0 - 60 * lease_items.US)
     peers = {HOME: moto_endpoint}
     seen: list[str] = []
     b_answered, a_done = asyncio.Event(), asyncio.Event()
@@ -366,7 +368,7 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
         seen.append(f"dA answered k1 {la.resource}")
         if mode == "rollout":  # no withdrawal to hold back: dA's confirmation lands first
             await settle(dA)
-        lb: L.Lease | None = None
+        lb: lease_items.Lease | None = None
         try:
             lb, _ = await dB.taker.get_lease(
                 C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT

@@ -26,7 +26,7 @@ import pytest
 
 import rasd_client
 from bench.baseline import BaselineAgent, NoCapacity, paper_liberate
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd_client import aio as rasd_aio
 from rasd_jobs import liberator
 from tests.helpers.tables import rollout_on, seed_pool
@@ -159,10 +159,10 @@ async def test_mixed_fleet_audit(
                 t0 = now()
                 asked = t0 + rng.uniform(1.0, 2.5)
                 try:
-                    got = agent.get_lease(C, P, key, int(asked * L.US))
+                    got = agent.get_lease(C, P, key, int(asked * lease_items.US))
                 except NoCapacity:
                     continue
-                end = got.expires_us / L.US  # the paper's agent never extends
+                end = got.expires_us / lease_items.US  # the paper's agent never extends
                 with lock:
                     answers.append(Answer("paper", key, got.resource, t0, now(), end, got.new, end))
         except Exception as exc:  # noqa: BLE001 - reported by the test
@@ -173,14 +173,14 @@ async def test_mixed_fleet_audit(
     def liberators() -> None:
         while not stop.wait(0.3):
             try:
-                paper_liberate(ddb, table, int(now() * L.US))
+                paper_liberate(ddb, table, int(now() * lease_items.US))
                 opts = liberator.Options(
                     table,
                     EAST,
-                    int(now() * L.US),
-                    grace_us=int(0.2 * L.US),
-                    orphan_age_us=int(1.0 * L.US),
-                    quarantine_us=int(1.3 * L.US),
+                    int(now() * lease_items.US),
+                    grace_us=int(0.2 * lease_items.US),
+                    orphan_age_us=int(1.0 * lease_items.US),
+                    quarantine_us=int(1.3 * lease_items.US),
                     segments=1,
                 )
                 summary = liberator.run(ddb, opts)

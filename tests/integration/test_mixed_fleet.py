@@ -18,10 +18,8 @@ from botocore.exceptions import ClientError
 import rasd_client.errors
 from bench.baseline import BaselineAgent, NoCapacity, paper_claim, paper_liberate
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import schema
-from rasd.core import serialize as SR
+from rasd.core import builders, schema, serialize
+from rasd.core import lease as lease_items
 from rasd.core.writes import render
 from rasd.server import Daemon
 from rasd.steps import take
@@ -56,18 +54,18 @@ def paper(moto_endpoint: str, table: str) -> Iterator[Callable[[], BaselineAgent
         agent.ddb.close()
 
 
-def resource(ddb: Any, table: str, name: str) -> L.ResourceItem:
+def resource(ddb: Any, table: str, name: str) -> lease_items.ResourceItem:
     raw = ddb.get_item(
         TableName=table, Key={"client_id": {"S": C}, "resource": {"S": name}}, ConsistentRead=True
     )["Item"]
-    return SR.item_from_ddb(raw)
+    return serialize.item_from_ddb(raw)
 
 
 def held_by(ddb: Any, table: str) -> dict[str, list[str]]:
     """key -> the resources the table shows held for it."""
     out: dict[str, list[str]] = {}
     for raw in scan_all(ddb, table):
-        if SR.is_resource_item(raw) and "key" in raw:
+        if serialize.is_resource_item(raw) and "key" in raw:
             out.setdefault(raw["key"]["S"], []).append(raw["resource"]["S"])
     return out
 
@@ -85,7 +83,8 @@ async def test_rasd_serves_what_the_paper_agent_leased(
     seed_pool(ddb, table, count=30)
     agent = paper()
     theirs = {
-        f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * L.US).resource for i in range(8)
+        f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * lease_items.US).resource
+        for i in range(8)
     }
     async with make_daemon() as d1, make_daemon() as d2:
         for key, res in theirs.items():
@@ -99,7 +98,7 @@ async def test_rasd_serves_what_the_paper_agent_leased(
         assert d1.counters["lease.new"] == 0 and d2.counters["lease.new"] == 0
         await d1.coordinator.drain(2.0)
     for key, res in theirs.items():
-        again = agent.get_lease(C, P, key, now_us() + 3600 * L.US)
+        again = agent.get_lease(C, P, key, now_us() + 3600 * lease_items.US)
         assert again.resource == res and not again.new
         r = resource(ddb, table, res)
         assert r.key == key and r.holder_current  # now a rasd lease as well
@@ -114,20 +113,20 @@ async def test_adoption_extends_a_lease_about_to_end(
     seed_pool(ddb, table, count=5)
     clock = FakeClock(now_us=now_us())
     agent = paper()
-    res = agent.get_lease(C, P, "short", clock.now_us() + 3 * L.US).resource
+    res = agent.get_lease(C, P, "short", clock.now_us() + 3 * lease_items.US).resource
     async with make_daemon(clock=clock) as d:
         got = await rasd_aio.get_lease(
             C,
             P,
             "short",
-            (clock.now_us() + 600 * L.US) / L.US,
+            (clock.now_us() + 600 * lease_items.US) / lease_items.US,
             socket_path=d.cfg.socket,
             timeout=WAIT,
         )
         assert got.resource == res and not got.new
         assert d.counters["lease.adopted"] == 1 and d.counters["lease.extended"] == 1
     r = resource(ddb, table, res)
-    assert r.lease_expires_us == clock.now_us() + 600 * L.US
+    assert r.lease_expires_us == clock.now_us() + 600 * lease_items.US
 
 
 async def test_paper_agent_cannot_take_a_quarantined_resource(
@@ -153,18 +152,22 @@ async def test_paper_agent_cannot_take_a_quarantined_resource(
     taken = set()
     with pytest.raises(NoCapacity):
         for i in range(len(names)):
-            taken.add(agent.get_lease(C, P, f"p{i}", now_us() + 3600 * L.US).resource)
+            taken.add(agent.get_lease(C, P, f"p{i}", now_us() + 3600 * lease_items.US).resource)
     assert mine.resource not in taken and len(taken) == len(names) - 1
     stale = before[mine.resource]  # free at version 0 in a stale index read
     with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
-        ddb.update_item(TableName=table, **render(paper_claim(stale, "p-stale", now_us() + L.US)))
+        ddb.update_item(
+            TableName=table, **render(paper_claim(stale, "p-stale", now_us() + lease_items.US))
+        )
     # the quarantine ends: ras-liberator re-lists what no daemon re-listed
-    end = L.parse_time(q.quarantine_until or "")
-    early = liberator.run(ddb, liberator.Options(table, EAST, end - L.US, segments=1))
+    end = lease_items.parse_time(q.quarantine_until or "")
+    early = liberator.run(ddb, liberator.Options(table, EAST, end - lease_items.US, segments=1))
     assert early["relisted"] == 0 and early["freed"] == 0, early
-    late = liberator.run(ddb, liberator.Options(table, EAST, end + L.US, segments=1))
+    late = liberator.run(ddb, liberator.Options(table, EAST, end + lease_items.US, segments=1))
     assert late["relisted"] == 1 and late["errors"] == 0, late
-    assert agent.get_lease(C, P, "p-after", now_us() + 3600 * L.US).resource == mine.resource
+    assert (
+        agent.get_lease(C, P, "p-after", now_us() + 3600 * lease_items.US).resource == mine.resource
+    )
 
 
 async def test_daemon_relists_what_it_quarantined(ddb: Any, table: str, make_daemon: Any) -> None:
@@ -201,7 +204,7 @@ async def test_both_liberators_free_nothing_early(
             C,
             P,
             "rasd-key",
-            (clock.now_us() + 10 * L.US) / L.US,
+            (clock.now_us() + 10 * lease_items.US) / lease_items.US,
             socket_path=d.cfg.socket,
             timeout=WAIT,
         )
@@ -212,20 +215,23 @@ async def test_both_liberators_free_nothing_early(
     opts = liberator.Options(table, EAST, t, orphan_age_us=0, segments=1)
     assert liberator.run(ddb, opts)["freed"] == 0
     # after its end, the paper's liberator frees it (holder left behind)
-    assert paper_liberate(ddb, table, t + 11 * L.US)["freed"] == 1
+    assert paper_liberate(ddb, table, t + 11 * lease_items.US)["freed"] == 1
     agent = paper()
-    theirs = agent.get_lease(C, P, "paper-key", now_us() + 3600 * L.US)
+    theirs = agent.get_lease(C, P, "paper-key", now_us() + 3600 * lease_items.US)
     assert theirs.resource == got.resource
     r = resource(ddb, table, got.resource)
     assert r.key == "paper-key" and r.holder is not None and not r.holder_current
     # rasd's liberator, orphan repair included, later than the orphan age: left alone
-    late = liberator.Options(table, EAST, t + 600 * L.US, orphan_age_us=0, segments=1)
+    late = liberator.Options(table, EAST, t + 600 * lease_items.US, orphan_age_us=0, segments=1)
     summary = liberator.run(ddb, late)
     assert summary["foreign_held"] == 1 and summary["orphans_freed"] == 0, summary
     assert summary["freed"] == 0, summary
     assert paper_liberate(ddb, table, now_us())["freed"] == 0
     assert resource(ddb, table, got.resource).key == "paper-key"
-    assert agent.get_lease(C, P, "paper-key", now_us() + 3600 * L.US).resource == got.resource
+    assert (
+        agent.get_lease(C, P, "paper-key", now_us() + 3600 * lease_items.US).resource
+        == got.resource
+    )
 
 
 def paper_table(ddb: Any, name: str) -> None:
@@ -260,17 +266,19 @@ async def test_rasadmin_adopt_brings_a_paper_table_to_rasd(
         agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
         try:
             theirs = {
-                f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * L.US).resource
+                f"k{i}": agent.get_lease(C, P, f"k{i}", now_us() + 3600 * lease_items.US).resource
                 for i in range(6)
             }
-            agent.get_lease(C, P, "ended", now_us() - L.US)  # past its end, not liberated
+            agent.get_lease(C, P, "ended", now_us() - lease_items.US)  # past its end, not liberated
         finally:
             agent.ddb.close()
         argv = ["adopt", "--table", table, "--endpoint-url", moto_endpoint, "--region", EAST]
         code, dry, _ = rasadmin([*argv, "--dry-run", "--page-size", "5"], capsys)
         assert code == 0 and dry["writes"] == 0 and dry["adopted"] == 6, dry
         assert "enable the stream (NEW_AND_OLD_IMAGES)" in dry["schema_changes"], dry
-        assert not [raw for raw in scan_all(ddb, table) if SR.is_mapping_pk(raw["client_id"]["S"])]
+        assert not [
+            raw for raw in scan_all(ddb, table) if serialize.is_mapping_pk(raw["client_id"]["S"])
+        ]
         code, first, err = rasadmin([*argv, "--page-size", "5"], capsys)
         assert code == 0 and first["errors"] == 0, (first, err)
         assert (first["adopted"], first["pools_added"], first["running_leases"]) == (6, 1, 6)
@@ -314,20 +322,22 @@ async def test_an_early_free_beside_the_paper_agent_waits_for_the_lease_end(
     async with make_daemon() as d:
         s = d.cfg.socket
         mine = await rasd_aio.get_lease(C, P, "k", timedelta(hours=1), socket_path=s, timeout=WAIT)
-        theirs = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+        theirs = agent.get_lease(C, P, "k", now_us() + 3600 * lease_items.US)
         assert theirs.resource == mine.resource and not theirs.new
         await rasd_aio.release(C, P, "k", socket_path=s, timeout=WAIT)
         await d.coordinator.drain(2.0)
-        skew = int(d.cfg.max_clock_skew * L.US)
-        q = int(d.cfg.quarantine * L.US)
+        skew = int(d.cfg.max_clock_skew * lease_items.US)
+        q = int(d.cfg.quarantine * lease_items.US)
     r = resource(ddb, table, mine.resource)
-    assert r.key is None and r.quarantine_until == L.fmt_time(theirs.expires_us + skew)
-    soon = liberator.run(ddb, liberator.Options(table, EAST, now_us() + q + L.US, segments=1))
+    assert r.key is None and r.quarantine_until == lease_items.fmt_time(theirs.expires_us + skew)
+    soon = liberator.run(
+        ddb, liberator.Options(table, EAST, now_us() + q + lease_items.US, segments=1)
+    )
     assert soon["relisted"] == 0, soon
-    other = agent.get_lease(C, P, "k2", now_us() + 3600 * L.US)
+    other = agent.get_lease(C, P, "k2", now_us() + 3600 * lease_items.US)
     assert other.resource != mine.resource
     with pytest.raises(NoCapacity):
-        agent.get_lease(C, P, "k3", now_us() + 3600 * L.US)
+        agent.get_lease(C, P, "k3", now_us() + 3600 * lease_items.US)
     after = liberator.Options(table, EAST, theirs.expires_us + skew, segments=1)
     assert liberator.run(ddb, after)["relisted"] == 1
 
@@ -392,7 +402,7 @@ async def test_round_trips_of_each_path(ddb: Any, table: str, paper: Any, make_d
 
     seed_pool(ddb, table, count=20)
     agent = paper()
-    agent.get_lease(C, P, "old", now_us() + 3600 * L.US)
+    agent.get_lease(C, P, "old", now_us() + 3600 * lease_items.US)
     async with make_daemon() as d1, make_daemon() as d2:
         recs = []
         for d in (d1, d2):
@@ -497,7 +507,7 @@ async def test_a_release_beside_the_paper_agent_answers_once_the_resource_is_fre
         await rasd_aio.release(C, P, "k", socket_path=s, timeout=5)
         released = resource(ddb, table, mine.resource)  # read as the answer arrives
         assert released.key is None and released.holder is None, released
-        after = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+        after = agent.get_lease(C, P, "k", now_us() + 3600 * lease_items.US)
         assert after.new and after.resource != mine.resource
 
 
@@ -517,7 +527,7 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
 
         def paper_first(*args: Any) -> Any:
             # between rasd's read and its claim: the paper's lookup sees no lease either
-            theirs.append(agent.get_lease(C, P, "k", now_us() + 3600 * L.US).resource)
+            theirs.append(agent.get_lease(C, P, "k", now_us() + 3600 * lease_items.US).resource)
             return (yield from acquire(*args))
 
         write = d.store.write
@@ -540,7 +550,7 @@ async def test_a_claim_made_while_the_paper_agent_leased_the_key_yields_to_it(
         assert at_adoption == [{"k": theirs}]
         await d.coordinator.drain(2.0)  # the give-back of our claim
     assert held_by(ddb, table) == {"k": theirs}
-    again = agent.get_lease(C, P, "k", now_us() + 3600 * L.US)
+    again = agent.get_lease(C, P, "k", now_us() + 3600 * lease_items.US)
     assert again.resource == theirs[0] and not again.new
 
 
@@ -561,22 +571,39 @@ async def test_a_lease_past_its_end_is_not_extended_beside_a_paper_lease(
         s = d.cfg.socket
         skew = d.cfg.max_clock_skew
         mine = await rasd_aio.get_lease(
-            C, P, "k", (clock.now_us() + 3 * L.US) / L.US, socket_path=s, timeout=WAIT
+            C,
+            P,
+            "k",
+            (clock.now_us() + 3 * lease_items.US) / lease_items.US,
+            socket_path=s,
+            timeout=WAIT,
         )
         await d.coordinator.drain(2.0)
         clock.advance(4)  # 1 s past its end, within the grace and the skew bound
-        theirs = agent.get_lease(C, P, "k", clock.now_us() + 3600 * L.US, now_us=clock.now_us())
+        theirs = agent.get_lease(
+            C, P, "k", clock.now_us() + 3600 * lease_items.US, now_us=clock.now_us()
+        )
         assert theirs.new and theirs.resource != mine.resource
         # the daemon's clock stands still: the request waits out its deadline, ending nothing
         with pytest.raises(rasd_client.errors.Timeout):
             await rasd_aio.get_lease(
-                C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s, timeout=0.5
+                C,
+                P,
+                "k",
+                (clock.now_us() + 600 * lease_items.US) / lease_items.US,
+                socket_path=s,
+                timeout=0.5,
             )
         assert d.counters["lease.ended_lapsed"] == 0
         assert resource(ddb, table, mine.resource).key == "k"
         clock.advance(skew)  # past its end by the skew bound: over on every host's clock
         got = await rasd_aio.get_lease(
-            C, P, "k", (clock.now_us() + 600 * L.US) / L.US, socket_path=s, timeout=WAIT
+            C,
+            P,
+            "k",
+            (clock.now_us() + 600 * lease_items.US) / lease_items.US,
+            socket_path=s,
+            timeout=WAIT,
         )
         assert got.resource == theirs.resource, (mine.resource, theirs.resource, got.resource)
         assert d.counters["lease.adopted"] == 1 and d.counters["lease.new"] == 1
@@ -605,13 +632,17 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
             it = resource(ddb, table, names[0])
             # a claim that lost its mapping and was not given back (its daemon died): older
             # than legacy.ORPHAN_RIVAL_AGE_US, the age of a losing claim being given back
-            w = B.claim(it, "k", now_us() + 3600 * L.US, now_us(), "feedfacefeedface", 9)
+            w = builders.claim(
+                it, "k", now_us() + 3600 * lease_items.US, now_us(), "feedfacefeedface", 9
+            )
             ddb.update_item(TableName=table, **render(w))
             ddb.update_item(
                 TableName=table,
                 Key={"client_id": {"S": C}, "resource": {"S": it.resource}},
                 UpdateExpression="SET lease_acquired = :t",
-                ExpressionAttributeValues={":t": {"S": L.fmt_time(now_us() - 5 * L.US)}},
+                ExpressionAttributeValues={
+                    ":t": {"S": lease_items.fmt_time(now_us() - 5 * lease_items.US)}
+                },
             )
             lost.append(it.resource)
             return (yield from acquire(*args))
@@ -624,5 +655,5 @@ async def test_a_claim_settles_on_a_lost_claim_of_rasd_the_paper_agent_may_answe
         assert d.counters["lease.yielded"] == 1 and d.counters["lease.adopted"] == 1
         await d.coordinator.drain(2.0)
     assert held_by(ddb, table) == {"k": lost}
-    theirs = paper().get_lease(C, P, "k", now_us() + 3600 * L.US)
+    theirs = paper().get_lease(C, P, "k", now_us() + 3600 * lease_items.US)
     assert theirs.resource == lost[0] and not theirs.new

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rasd.config import Config
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core.errors import RasdError
 from rasd.daemon.coordinator import Coordinator
 from tests.doubles.store import Faults, FaultyStore
@@ -70,7 +70,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
             d = daemons[rng.randrange(DAEMONS)]
             key = f"k{min(int(rng.paretovariate(1.2)) - 1, KEYS - 1):02d}"
             async with sem:
-                exp = int(time.time() * L.US) + 3600 * L.US
+                exp = int(time.time() * lease_items.US) + 3600 * lease_items.US
                 try:
                     lease, new = await d.taker.get_lease(C, P, key, exp, time.monotonic() + 1.0)
                 except RasdError as exc:

@@ -16,10 +16,9 @@ import rasd_client.errors
 from bench.baseline import BaselineAgent, paper_liberate
 from chaos.audit import table_checks
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import legacy as LG
-from rasd.core import serialize as SR
+from rasd.core import builders, serialize
+from rasd.core import lease as lease_items
+from rasd.core import legacy as legacy_rules
 from rasd.core.decide import lease_from_item
 from rasd.core.writes import render
 from rasd_client import aio as rasd_aio
@@ -38,20 +37,20 @@ def _rollout_mode(ddb: Any, table: str) -> None:
     rollout_on(ddb, table)
 
 
-def item(ddb: Any, table: str, name: str) -> L.ResourceItem:
+def item(ddb: Any, table: str, name: str) -> lease_items.ResourceItem:
     raw = ddb.get_item(
         TableName=table, Key={"client_id": {"S": C}, "resource": {"S": name}}, ConsistentRead=True
     )["Item"]
-    return SR.item_from_ddb(raw)
+    return serialize.item_from_ddb(raw)
 
 
-def mapping(ddb: Any, table: str, key: str) -> L.Mapping:
+def mapping(ddb: Any, table: str, key: str) -> lease_items.Mapping:
     raw = ddb.get_item(
         TableName=table,
-        Key={"client_id": {"S": L.map_pk(C, P, key)}, "resource": {"S": EAST}},
+        Key={"client_id": {"S": lease_items.map_pk(C, P, key)}, "resource": {"S": EAST}},
         ConsistentRead=True,
     )["Item"]
-    return SR.mapping_from_ddb(raw)
+    return serialize.mapping_from_ddb(raw)
 
 
 async def test_a_lapsed_lease_the_paper_leased_again_to_its_key_is_adopted(
@@ -68,18 +67,22 @@ async def test_a_lapsed_lease_the_paper_leased_again_to_its_key_is_adopted(
     try:
         async with make_daemon(clock=clock) as d:
             s = d.cfg.socket
-            end = clock.now_us() + 10 * L.US
-            mine = await rasd_aio.get_lease(C, P, "k", end / L.US, socket_path=s, timeout=WAIT)
+            end = clock.now_us() + 10 * lease_items.US
+            mine = await rasd_aio.get_lease(
+                C, P, "k", end / lease_items.US, socket_path=s, timeout=WAIT
+            )
             await d.coordinator.drain(2.0)
             assert mine.resource == name
             token = item(ddb, table, name).holder
             clock.advance(11)  # a second past its end, within the grace
-            assert paper_liberate(ddb, table, end + 3 * L.US)["freed"] == 1
-            theirs = agent.get_lease(C, P, "k", end + 60 * L.US, now_us=end + 3 * L.US)
+            assert paper_liberate(ddb, table, end + 3 * lease_items.US)["freed"] == 1
+            theirs = agent.get_lease(
+                C, P, "k", end + 60 * lease_items.US, now_us=end + 3 * lease_items.US
+            )
             assert theirs.new and theirs.resource == name
             stale = item(ddb, table, name)
             assert stale.holder == token and not stale.holder_current
-            want = (clock.now_us() + 600 * L.US) / L.US
+            want = (clock.now_us() + 600 * lease_items.US) / lease_items.US
             got = await rasd_aio.get_lease(C, P, "k", want, socket_path=s, timeout=WAIT)
             await d.coordinator.drain(2.0)
             assert got.resource == name and got.version > mine.version
@@ -88,8 +91,8 @@ async def test_a_lapsed_lease_the_paper_leased_again_to_its_key_is_adopted(
         agent.ddb.close()
     r, m = item(ddb, table, name), mapping(ddb, table, "k")
     assert r.holder_current and r.holder != token
-    assert (m.state, m.token, m.resource) == (L.LIVE, r.holder, name)
-    checks = table_checks(scan_all(ddb, table), C, clock.now_us() / L.US)
+    assert (m.state, m.token, m.resource) == (lease_items.LIVE, r.holder, name)
+    checks = table_checks(scan_all(ddb, table), C, clock.now_us() / lease_items.US)
     assert checks["live_mappings_not_held"] == 0, checks
 
 
@@ -104,14 +107,16 @@ async def test_an_adopted_lease_is_not_extended_within_the_skew_bound_of_its_end
     times out), and once ra's end has passed on every clock the key adopts rb."""
     ra, rb, *_ = seed_pool(ddb, table, count=4)
     clock = FakeClock(now_us=time.time_ns() // 1000)
-    end = clock.now_us() + 60 * L.US
-    for name, until in ((ra, end), (rb, end + 3600 * L.US)):
+    end = clock.now_us() + 60 * lease_items.US
+    for name, until in ((ra, end), (rb, end + 3600 * lease_items.US)):
         ddb.update_item(
-            TableName=table, **render(B.paper_claim(item(ddb, table, name), "k", until))
+            TableName=table, **render(builders.paper_claim(item(ddb, table, name), "k", until))
         )
     async with make_daemon(clock=clock) as d:
         s = d.cfg.socket
-        first = await rasd_aio.get_lease(C, P, "k", end / L.US, socket_path=s, timeout=WAIT)
+        first = await rasd_aio.get_lease(
+            C, P, "k", end / lease_items.US, socket_path=s, timeout=WAIT
+        )
         assert first.resource == ra and not first.new
         assert d.counters["lease.adopted"] == 1
         await d.coordinator.drain(2.0)
@@ -124,7 +129,7 @@ async def test_an_adopted_lease_is_not_extended_within_the_skew_bound_of_its_end
 
         monkeypatch.setattr(d.store, "write", slow_extension)
         clock.advance(60 - 0.130)
-        want = (clock.now_us() + 600 * L.US) / L.US
+        want = (clock.now_us() + 600 * lease_items.US) / lease_items.US
         with pytest.raises(rasd_client.errors.Timeout):
             await rasd_aio.get_lease(C, P, "k", want, socket_path=s, timeout=0.5)
         assert item(ddb, table, ra).lease_expires_us == end
@@ -145,23 +150,30 @@ async def test_moto_refuses_the_extension_beside_the_paper_agent_as_the_model_do
     name, other = seed_pool(ddb, table, count=2)
     now = time.time_ns() // 1000
     for n in (name, other):
-        claim = B.claim(item(ddb, table, n), "k", now + 60 * L.US, now, f"t-{n}", 1)
+        claim = builders.claim(
+            item(ddb, table, n), "k", now + 60 * lease_items.US, now, f"t-{n}", 1
+        )
         ddb.update_item(TableName=table, **render(claim))
     ours = lease_from_item(item(ddb, table, name))
-    ok = B.extend_resource(ours, now + 600 * L.US, LG.extend_floor(now, RULES))
-    late = B.extend_resource(ours, now + 600 * L.US, now + 60 * L.US)
+    ok = builders.extend_resource(
+        ours, now + 600 * lease_items.US, legacy_rules.extend_floor(now, RULES)
+    )
+    late = builders.extend_resource(ours, now + 600 * lease_items.US, now + 60 * lease_items.US)
     with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
         ddb.update_item(TableName=table, **render(late))
     ddb.update_item(TableName=table, **render(ok))
-    assert item(ddb, table, name).lease_expires_us == now + 600 * L.US
+    assert item(ddb, table, name).lease_expires_us == now + 600 * lease_items.US
     assert item(ddb, table, name).holder_current
     # the paper's liberator and agent leave the other's holder stale, same key
     theirs = lease_from_item(item(ddb, table, other))
-    ddb.update_item(TableName=table, **render(B.paper_free(item(ddb, table, other), now)))
+    ddb.update_item(TableName=table, **render(builders.paper_free(item(ddb, table, other), now)))
     ddb.update_item(
-        TableName=table, **render(B.paper_claim(item(ddb, table, other), "k", now + 60 * L.US))
+        TableName=table,
+        **render(builders.paper_claim(item(ddb, table, other), "k", now + 60 * lease_items.US)),
     )
     assert not item(ddb, table, other).holder_current
     with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
-        w = B.extend_resource(theirs, now + 600 * L.US, LG.extend_floor(now, RULES))
+        w = builders.extend_resource(
+            theirs, now + 600 * lease_items.US, legacy_rules.extend_floor(now, RULES)
+        )
         ddb.update_item(TableName=table, **render(w))

@@ -19,7 +19,7 @@ import pytest
 
 from bench.baseline import BaselineAgent, paper_liberate
 from rasd.config import Config
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd_jobs import admin, common, liberator
 from tests.helpers.tables import seed_pool
 
@@ -94,7 +94,7 @@ async def test_end_rollout_refuses_while_a_paper_lease_is_in_the_table(
     assert rc == 0
     agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
     try:
-        got = agent.get_lease(C, P, "pk", now_us() + 2 * L.US)
+        got = agent.get_lease(C, P, "pk", now_us() + 2 * lease_items.US)
     finally:
         agent.ddb.close()
     rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout")
@@ -102,8 +102,10 @@ async def test_end_rollout_refuses_while_a_paper_lease_is_in_the_table(
     assert out["paper_leases"]["items"][0]["resource"] == got.resource
     assert common.read_rollout(ddb, table).paper_agents is True
     # the lease ends and the paper's liberator frees it: nothing of the agent is left
-    later = now_us() + 60 * L.US
-    rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--now", str(later / L.US))
+    later = now_us() + 60 * lease_items.US
+    rc, out = rasadmin(
+        capsys, moto_endpoint, table, "end-rollout", "--now", str(later / lease_items.US)
+    )
     assert rc == 1 and out["paper_leases"]["ended"] == 1  # ended, not yet freed
     paper_liberate(ddb, table, later)
     rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--dry-run")
@@ -126,26 +128,28 @@ async def test_end_rollout_waits_out_a_lease_the_paper_agent_answered_and_rasd_a
     assert rc == 0
     agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
     try:
-        got = agent.get_lease(C, P, "pk", now_us() + 30 * L.US)
+        got = agent.get_lease(C, P, "pk", now_us() + 30 * lease_items.US)
     finally:
         agent.ddb.close()
     async with make_daemon() as d:
         assert d.coordinator.driver.rollout.on is True
         lease, _ = await d.coordinator.taker.get_lease(
-            C, P, "pk", now_us() + 3600 * L.US, time.monotonic() + 10.0
+            C, P, "pk", now_us() + 3600 * lease_items.US, time.monotonic() + 10.0
         )
     assert lease.resource == got.resource  # adopted, not a second lease of pk
     rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout")
     assert rc == 1 and out["paper_leases"]["running"] == 0 and out["ends_at"], out
-    ends = L.parse_time(out["ends_at"])
-    assert ends >= got.expires_us + int(Config().max_clock_skew * L.US)
+    ends = lease_items.parse_time(out["ends_at"])
+    assert ends >= got.expires_us + int(Config().max_clock_skew * lease_items.US)
     record = common.read_rollout(ddb, table)
     assert record.paper_agents is True and record.ends_at == out["ends_at"]
-    before = (ends - L.US) / L.US
+    before = (ends - lease_items.US) / lease_items.US
     rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--now", str(before))
     assert rc == 1 and out["ends_at"] == record.ends_at and out["changed"] is False
     assert common.read_rollout(ddb, table).paper_agents is True
-    rc, out = rasadmin(capsys, moto_endpoint, table, "end-rollout", "--now", str(ends / L.US))
+    rc, out = rasadmin(
+        capsys, moto_endpoint, table, "end-rollout", "--now", str(ends / lease_items.US)
+    )
     assert rc == 0 and out["changed"] is True, out
     assert common.read_rollout(ddb, table).paper_agents is False
     assert common.read_rollout(ddb, table).ends_at is None
@@ -173,13 +177,15 @@ async def test_the_liberator_turns_rollout_mode_on_when_it_finds_a_paper_lease(
     seed_pool(ddb, table, count=4)
     agent = BaselineAgent(table, EAST, moto_endpoint, paper=True)
     try:
-        agent.get_lease(C, P, "pk", now_us() + 1 * L.US)
+        agent.get_lease(C, P, "pk", now_us() + 1 * lease_items.US)
     finally:
         agent.ddb.close()
     async with make_daemon(pool_refresh=0.1) as d:
         drv = d.coordinator.driver
         assert drv.rollout.on is False
-        opts = liberator.Options(table=table, region=EAST, now_us=now_us() + 120 * L.US, segments=1)
+        opts = liberator.Options(
+            table=table, region=EAST, now_us=now_us() + 120 * lease_items.US, segments=1
+        )
         s = liberator.run(ddb, opts)
         assert s["paper_leases_found"] == 1 and s["rollout"] is True and s["freed"] == 1, str(s)
         record = common.read_rollout(ddb, table)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rasd.config import Config
-from rasd.core import lease as L
+from rasd.core import lease as lease_items
 from rasd.core import schema
 from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
@@ -53,10 +53,10 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
 ) -> None:
     monkeypatch.setenv("AWS_REGION", EAST)
     schema.put_pool(ddb, table, C, P, 7200)
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     t0 = clock.now_us()
     names = [f"r{i}" for i in range(60)]
-    schema.add_resources(ddb, table, C, P, EAST, names, now_us=t0 - 60 * L.US)
+    schema.add_resources(ddb, table, C, P, EAST, names, now_us=t0 - 60 * lease_items.US)
     d1 = await _daemon(moto_endpoint, table, clock, "host-1")
     d2 = await _daemon(moto_endpoint, table, clock, "host-2")
     writes: list[str] = []
@@ -68,7 +68,7 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
 
     d1.store.wrap_client(lambda inner: Hooked(inner, hook))
     try:
-        end = t0 + 600 * L.US
+        end = t0 + 600 * lease_items.US
         got, new = await d2.taker.get_lease(C, P, "k2", end, time.monotonic() + 5)
         assert new  # k2: another host's key, never served by d1
         got, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)

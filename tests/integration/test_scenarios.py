@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 from rasd.config import Config
-from rasd.core import builders as B
-from rasd.core import lease as L
-from rasd.core import serialize as S
+from rasd.core import builders, serialize
+from rasd.core import lease as lease_items
 from rasd.core.clock import Clock
 from rasd.core.errors import NoCapacity, RasdError
 from rasd.daemon.coordinator import Coordinator
@@ -85,8 +84,8 @@ def relist_due(ddb: Any, table: str, clock: Clock) -> int:
 def req(clock: Clock | None = None, deadline: float = WAIT) -> tuple[int, float]:
     """A request: lease end in an hour, and its deadline: roomy, so that the scenario does not
     depend on how loaded the machine is (at 1 s a Query timed out at a load of 7.5)."""
-    now = clock.now_us() if clock else int(time.time() * L.US)
-    return now + 3600 * L.US, time.monotonic() + deadline
+    now = clock.now_us() if clock else int(time.time() * lease_items.US)
+    return now + 3600 * lease_items.US, time.monotonic() + deadline
 
 
 def holders(ddb: Any, table: str) -> dict[str, str | None]:
@@ -157,7 +156,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
 
         for d, r in ((d1, "res-00000"), (d2, "res-00001")):
             raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": r}})
-            item = S.item_from_ddb(raw["Item"])
+            item = serialize.item_from_ddb(raw["Item"])
 
             async def cand(pool: Any, deadline: float, d: Coordinator = d, item: Any = item) -> Any:
                 return Candidate(item, d.clock.mono())
@@ -193,7 +192,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
         exp, dl = req()
         l1, _ = await d1.taker.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
         assert l1.resource == "res-00001", "d1 must serve the mapping's lease, not its orphan"
-        now = int(time.time() * L.US)
+        now = int(time.time() * lease_items.US)
         dedupe.run(ddb, dedupe.Options(table=table, region="us-east-1", now_us=now))
         liberator.run(
             ddb, liberator.Options(table=table, region="us-east-1", now_us=now, orphan_age_us=0)
@@ -210,7 +209,7 @@ async def test_c_release_through_one_host(moto_endpoint: str, ddb: Any, table: s
     for the quarantine, longer than d2 may serve its cached answer (S); after both, it is
     claimable again."""
     seed_pool(ddb, table, count=2, prefix="res-")
-    clock = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    clock = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     # no paper agent beside rasd: the release's quarantine alone (legacy_agents off)
     async with daemons(moto_endpoint, table, 2, clock=clock, legacy_agents=False) as (d1, d2):
         a = await try_get(d1, "k23", clock)
@@ -237,10 +236,10 @@ async def test_skewed_clocks_keep_the_quarantine(moto_endpoint: str, ddb: Any, t
     than quarantine - skew after the release: still after every cache elsewhere has let the
     old answer go (quarantine >= S + skew)."""
     seed_pool(ddb, table, count=1, prefix="res-")
-    base = FakeClock(now_us=int(time.time() * L.US), mono=time.monotonic())
+    base = FakeClock(now_us=int(time.time() * lease_items.US), mono=time.monotonic())
     async with daemons(moto_endpoint, table, 1, clock=base, legacy_agents=False) as (d1,):
         skew = d1.cfg.max_clock_skew
-        ahead = FakeClock(now_us=base.now_us() + int(skew * L.US), mono=base.mono())
+        ahead = FakeClock(now_us=base.now_us() + int(skew * lease_items.US), mono=base.mono())
         async with daemons(moto_endpoint, table, 1, clock=ahead) as (d2,):
             assert await try_get(d1, "k1", base) == "res-00000"
             assert await d1.releaser.release(C, P, "k1", time.monotonic() + WAIT) == 1
@@ -262,14 +261,14 @@ def test_liberator_waits_for_the_grace(ddb: Any, table: str) -> None:
     """The liberator frees a lease only when its end plus --grace has passed on its own clock,
     so a liberator whose clock runs ahead by up to the grace never frees a running lease."""
     seed_pool(ddb, table, count=1, prefix="res-")
-    now = int(time.time() * L.US)
+    now = int(time.time() * lease_items.US)
     raw = ddb.get_item(TableName=table, Key={"client_id": {"S": C}, "resource": {"S": "res-00000"}})
-    item = S.item_from_ddb(raw["Item"])
+    item = serialize.item_from_ddb(raw["Item"])
     from rasd.core.writes import render
 
-    exp = now + 10 * L.US
-    ddb.update_item(TableName=table, **render(B.claim(item, "k", exp, now, "tok", 1)))
-    grace = 2 * L.US
+    exp = now + 10 * lease_items.US
+    ddb.update_item(TableName=table, **render(builders.claim(item, "k", exp, now, "tok", 1)))
+    grace = 2 * lease_items.US
     for at, freed in ((exp + grace - 1, 0), (exp + grace + 1, 1)):
         got = liberator.run(
             ddb,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import rasd_client
-from rasd.core import agree as A
+from rasd.core import agree as agree_rules
 from rasd.core.lease import parse_time
 from rasd.core.serialize import pool_meta_key
 from rasd.core.writes import item_from_av
@@ -43,7 +43,7 @@ def strict_pool(ddb: Any, table: str, count: int = 30) -> None:
 
 
 def agreement(ddb: Any, table: str, key: str) -> dict[str, Any] | None:
-    k = A.agree_key(C, P, key)
+    k = agree_rules.agree_key(C, P, key)
     got = ddb.get_item(
         TableName=table,
         Key={"client_id": {"S": k[0]}, "resource": {"S": k[1]}},

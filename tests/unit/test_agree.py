@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from rasd.config import ConfigError, load
-from rasd.core import agree as A
+from rasd.core import agree as agree_rules
 from rasd.core.lease import LIVE, PENDING, US, Mapping, fmt_time
 from rasd.core.writes import apply
 
 NOW = 1_700_000_000 * US
 MARGIN, GRACE = 5 * US, 2 * US
-IDENT = A.agree_key("c", "p", "k")
+IDENT = agree_rules.agree_key("c", "p", "k")
 
 
 def pending(
@@ -21,52 +21,56 @@ def pending(
     return Mapping("c", "p", "k", region, ver, PENDING, token, f"res-{region}", 4, exp, NOW, "o")
 
 
-def agreed(m: Mapping, ver: int = 0) -> A.Agreement:
-    item = apply(None, A.agree_write(IDENT, ver, m))
-    got = A.agreement_from(item)
+def agreed(m: Mapping, ver: int = 0) -> agree_rules.Agreement:
+    item = apply(None, agree_rules.agree_write(IDENT, ver, m))
+    got = agree_rules.agreement_from(item)
     assert got is not None
     return got
 
 
 def test_a_new_keys_agreement_applies_once() -> None:
-    first = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
+    first = apply(None, agree_rules.agree_write(IDENT, 0, pending("r1", "t1")))
     assert first is not None and first["token"] == "t1" and first["ver"] == 1
-    assert apply(first, A.agree_write(IDENT, 0, pending("r2", "t2"))) is None  # lost: A exists
-    taken = apply(first, A.agree_write(IDENT, 1, pending("r2", "t2")))
+    assert (
+        apply(first, agree_rules.agree_write(IDENT, 0, pending("r2", "t2"))) is None
+    )  # lost: A exists
+    taken = apply(first, agree_rules.agree_write(IDENT, 1, pending("r2", "t2")))
     assert taken is not None and taken["token"] == "t2" and taken["ver"] == 2
 
 
 def test_an_agreement_names_the_lease_it_was_written_for() -> None:
     a = agreed(pending("r1", "t1"))
-    lease = A.lease_of(a, "c", "p", "k")
+    lease = agree_rules.lease_of(a, "c", "p", "k")
     assert (lease.region, lease.resource, lease.token, lease.version) == ("r1", "res-r1", "t1", 5)
     assert lease.expires_us == NOW + 60 * US
 
 
 def test_extension_only_for_its_own_token_and_only_later() -> None:
-    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
-    assert apply(item, A.agree_extend(IDENT, "t2", NOW + 90 * US)) is None
-    assert apply(item, A.agree_extend(IDENT, "t1", NOW + 30 * US)) is None  # not later
-    ext = apply(item, A.agree_extend(IDENT, "t1", NOW + 90 * US))
+    item = apply(None, agree_rules.agree_write(IDENT, 0, pending("r1", "t1")))
+    assert apply(item, agree_rules.agree_extend(IDENT, "t2", NOW + 90 * US)) is None
+    assert apply(item, agree_rules.agree_extend(IDENT, "t1", NOW + 30 * US)) is None  # not later
+    ext = apply(item, agree_rules.agree_extend(IDENT, "t1", NOW + 90 * US))
     assert ext is not None and ext["exp"] == fmt_time(NOW + 90 * US) and ext["ver"] == 2
-    assert A.agreed_to("t1", fmt_time(NOW + 90 * US))(ext)
-    assert not A.agreed_to("t1", fmt_time(NOW + 91 * US))(ext)
+    assert agree_rules.agreed_to("t1", fmt_time(NOW + 90 * US))(ext)
+    assert not agree_rules.agreed_to("t1", fmt_time(NOW + 91 * US))(ext)
 
 
-def decide(a: A.Agreement | None, mine: Mapping, seen: list[Mapping], now: int = NOW) -> object:
-    return A.on_agreement(a, mine, seen, now, MARGIN, GRACE)
+def decide(
+    a: agree_rules.Agreement | None, mine: Mapping, seen: list[Mapping], now: int = NOW
+) -> object:
+    return agree_rules.on_agreement(a, mine, seen, now, MARGIN, GRACE)
 
 
 def test_on_agreement() -> None:
     mine = pending("r2", "t2")
     other = agreed(pending("r1", "t1"))
-    assert decide(None, mine, [mine]) == A.Propose(0)
-    assert decide(agreed(mine), mine, [mine]) == A.Agreed()
+    assert decide(None, mine, [mine]) == agree_rules.Propose(0)
+    assert decide(agreed(mine), mine, [mine]) == agree_rules.Agreed()
     deferred = decide(other, mine, [mine])
-    assert isinstance(deferred, A.Defer) and deferred.lease.token == "t1"
+    assert isinstance(deferred, agree_rules.Defer) and deferred.lease.token == "t1"
     # too close to its end to answer: wait; over for every clock: take it over
-    assert isinstance(decide(other, mine, [mine], NOW + 56 * US), A.AwaitEnd)
-    assert decide(other, mine, [mine], NOW + 63 * US) == A.Propose(other.ver)
+    assert isinstance(decide(other, mine, [mine], NOW + 56 * US), agree_rules.AwaitEnd)
+    assert decide(other, mine, [mine], NOW + 63 * US) == agree_rules.Propose(other.ver)
 
 
 def test_an_agreement_whose_lease_its_region_moved_past_is_taken_over() -> None:
@@ -75,9 +79,11 @@ def test_an_agreement_whose_lease_its_region_moved_past_is_taken_over() -> None:
     live = Mapping("c", "p", "k", "r1", 4, LIVE, "t1", "res-r1", 4, NOW + 60 * US, NOW, "o")
     freed = Mapping("c", "p", "k", "r1", 5, "free")
     older = Mapping("c", "p", "k", "r1", 2, "free")
-    assert isinstance(decide(other, mine, [mine, live]), A.Defer)  # confirmed: still its lease
-    assert isinstance(decide(other, mine, [mine, older]), A.Defer)  # our replica lags
-    assert decide(other, mine, [mine, freed]) == A.Propose(other.ver)  # released
+    assert isinstance(
+        decide(other, mine, [mine, live]), agree_rules.Defer
+    )  # confirmed: still its lease
+    assert isinstance(decide(other, mine, [mine, older]), agree_rules.Defer)  # our replica lags
+    assert decide(other, mine, [mine, freed]) == agree_rules.Propose(other.ver)  # released
 
 
 def test_peer_endpoints_and_home_down_settings() -> None:
@@ -109,13 +115,13 @@ def test_the_writes_in_full() -> None:
     from rasd.core.lease import ttl_after
 
     m = pending("r1", "t1", ver=3)
-    w = A.agree_write(IDENT, 0, m)
+    w = agree_rules.agree_write(IDENT, 0, m)
     item = apply(None, w)
     assert item is not None and w.kind == "agree"
     assert (item["client_id"], item["resource"]) == IDENT == ("#agree#c#p#k", "#")
     assert item["ttl"] == ttl_after(NOW + 60 * US) and item["mver"] == 3 and item["rver"] == 4
     assert item["since"] == fmt_time(NOW) and item["areg"] == "r1" and item["res"] == "res-r1"
-    ext = A.agree_extend(IDENT, "t1", NOW + 90 * US)
+    ext = agree_rules.agree_extend(IDENT, "t1", NOW + 90 * US)
     after = apply(item, ext)
     assert after is not None and ext.kind == "agree_extend"
     assert after["ttl"] == ttl_after(NOW + 90 * US)
@@ -126,19 +132,23 @@ def test_the_writes_in_full() -> None:
         Mapping("c", "p", "k", "r1", 1, PENDING, "t1", "res-r1", 4, None, NOW, "o"),
     ):
         with pytest.raises(AssertionError):  # only a landed claim is agreed
-            A.agree_write(IDENT, 0, unfit)
+            agree_rules.agree_write(IDENT, 0, unfit)
 
 
 def test_an_agreement_read_back() -> None:
     """What ``agreement_from`` makes of an item: every field, the defaults of the counters an
     older item may lack, and None for an item that names no lease."""
-    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1", ver=3)))
+    item = apply(None, agree_rules.agree_write(IDENT, 0, pending("r1", "t1", ver=3)))
     assert item is not None
-    assert A.agreement_from(item) == A.Agreement(1, "r1", "t1", "res-r1", 4, NOW + 60 * US, NOW, 3)
+    assert agree_rules.agreement_from(item) == agree_rules.Agreement(
+        1, "r1", "t1", "res-r1", 4, NOW + 60 * US, NOW, 3
+    )
     bare = {k: v for k, v in item.items() if k not in ("ver", "rver", "mver")}
-    assert A.agreement_from(bare) == A.Agreement(0, "r1", "t1", "res-r1", 0, NOW + 60 * US, NOW, 0)
-    assert A.agreement_from(None) is None
-    assert A.agreement_from({k: v for k, v in item.items() if k != "token"}) is None
+    assert agree_rules.agreement_from(bare) == agree_rules.Agreement(
+        0, "r1", "t1", "res-r1", 0, NOW + 60 * US, NOW, 0
+    )
+    assert agree_rules.agreement_from(None) is None
+    assert agree_rules.agreement_from({k: v for k, v in item.items() if k != "token"}) is None
 
 
 def test_decisions_at_their_boundaries() -> None:
@@ -150,21 +160,21 @@ def test_decisions_at_their_boundaries() -> None:
     other = agreed(pending("r1", "t1", ver=3))
     end = NOW + 60 * US
     deferred = decide(other, mine, [mine])
-    assert isinstance(deferred, A.Defer)
+    assert isinstance(deferred, agree_rules.Defer)
     lease = deferred.lease
     assert (lease.client_id, lease.pool_id, lease.key, lease.acquired_us) == ("c", "p", "k", NOW)
-    assert isinstance(decide(other, mine, [mine], end - MARGIN - 1), A.Defer)
+    assert isinstance(decide(other, mine, [mine], end - MARGIN - 1), agree_rules.Defer)
     waiting = decide(other, mine, [mine], end - MARGIN)
-    assert waiting == A.AwaitEnd("the key's agreed lease is ending")
-    assert isinstance(decide(other, mine, [mine], end), A.AwaitEnd)
-    assert isinstance(decide(other, mine, [mine], end + GRACE), A.AwaitEnd)
-    assert decide(other, mine, [mine], end + GRACE + 1) == A.Propose(other.ver)
+    assert waiting == agree_rules.AwaitEnd("the key's agreed lease is ending")
+    assert isinstance(decide(other, mine, [mine], end), agree_rules.AwaitEnd)
+    assert isinstance(decide(other, mine, [mine], end + GRACE), agree_rules.AwaitEnd)
+    assert decide(other, mine, [mine], end + GRACE + 1) == agree_rules.Propose(other.ver)
     same_ver = Mapping("c", "p", "k", "r1", 3, "free")
-    assert isinstance(decide(other, mine, [mine, same_ver]), A.Defer)
+    assert isinstance(decide(other, mine, [mine, same_ver]), agree_rules.Defer)
 
 
 def test_read_backs() -> None:
-    item = apply(None, A.agree_write(IDENT, 0, pending("r1", "t1")))
+    item = apply(None, agree_rules.agree_write(IDENT, 0, pending("r1", "t1")))
     assert item is not None
-    assert A.names("t1")(item) and not A.names("t2")(item)
-    assert A.agree_extend(IDENT, "t1", NOW).key == IDENT
+    assert agree_rules.names("t1")(item) and not agree_rules.names("t2")(item)
+    assert agree_rules.agree_extend(IDENT, "t1", NOW).key == IDENT

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import meter as M
+from bench import meter
 
 FREE = {
     "client_id": {"S": "demo"}, "resource": {"S": "r1"}, "pool_id": {"S": "p"},
@@ -27,7 +27,7 @@ def _head(op: str, body: bytes, ua: str = "x") -> bytes:
     ).encode()
 
 
-def _exchange(m: M.Meter, op: str, req: dict[str, Any], status: int, resp: dict[str, Any],
+def _exchange(m: meter.Meter, op: str, req: dict[str, Any], status: int, resp: dict[str, Any],
               ua: str = "x") -> dict[str, Any]:  # fmt: skip
     body = json.dumps(req).encode()
     head, sent, ctx = m.request(_head(op, body, ua), body)
@@ -38,7 +38,7 @@ def _exchange(m: M.Meter, op: str, req: dict[str, Any], status: int, resp: dict[
 
 
 def test_a_claim_bills_the_table_and_both_indexes(tmp_path: Path) -> None:
-    m = M.Meter(str(tmp_path / "m.json"), {("demo", "r1"): FREE})
+    m = meter.Meter(str(tmp_path / "m.json"), {("demo", "r1"): FREE})
     sent = _exchange(m, "UpdateItem", {"TableName": "t", "Key": KEY}, 200,
                      {"Attributes": HELD, "ConsumedCapacity": {"CapacityUnits": 1.0}})  # fmt: skip
     # the meter asked for the item after and the backend's count; the client asked neither
@@ -54,7 +54,7 @@ def test_a_claim_bills_the_table_and_both_indexes(tmp_path: Path) -> None:
 
 
 def test_reads_are_billed_as_the_backend_counts_them_and_jobs_apart(tmp_path: Path) -> None:
-    m = M.Meter(str(tmp_path / "m.json"))
+    m = meter.Meter(str(tmp_path / "m.json"))
     q = {"TableName": "t", "IndexName": "available_resources",
          "KeyConditionExpression": "#p = :p",
          "ExpressionAttributeValues": {":p": {"S": "x"}}}  # fmt: skip
@@ -65,8 +65,8 @@ def test_reads_are_billed_as_the_backend_counts_them_and_jobs_apart(tmp_path: Pa
     kinds = m.snapshot()["kinds"]
     assert kinds["Query available_resources"]["rru"] == 0.5
     assert kinds["job: GetItem resource"]["rru"] == 1.0
-    assert M.bill(kinds) == {"rru": 0.5, "wru": 0, "weighted": 0.5}  # the job's apart
-    assert M.bill(kinds, jobs=True)["rru"] == 1.5
+    assert meter.bill(kinds) == {"rru": 0.5, "wru": 0, "weighted": 0.5}  # the job's apart
+    assert meter.bill(kinds, jobs=True)["rru"] == 1.5
     # what it read is its copy of the item: the next write is billed from it
     assert m.items[("demo", "r1")] == HELD
     # a throttled or failed request bills nothing
@@ -78,15 +78,17 @@ def test_reads_are_billed_as_the_backend_counts_them_and_jobs_apart(tmp_path: Pa
 def test_the_kinds_say_what_a_write_did() -> None:
     mk = {"client_id": {"S": "#map#demo#p#k"}, "resource": {"S": "us-east-1"}}
     req = {"Key": mk}
-    assert M.kind_of("UpdateItem", req, None, {"state": {"S": "pending"}}, False) == (
+    assert meter.kind_of("UpdateItem", req, None, {"state": {"S": "pending"}}, False) == (
         "UpdateItem mapping none->pending"
     )
     longer = HELD | {"lease_expires": {"S": "2026-01-01T02:00:00.000000Z"}}
-    extend = M.kind_of("UpdateItem", {"Key": KEY}, HELD, longer, False)
+    extend = meter.kind_of("UpdateItem", {"Key": KEY}, HELD, longer, False)
     assert extend == "UpdateItem resource extend"
-    assert M.kind_of("UpdateItem", {"Key": KEY}, HELD, FREE, False) == "UpdateItem resource free"
+    assert (
+        meter.kind_of("UpdateItem", {"Key": KEY}, HELD, FREE, False) == "UpdateItem resource free"
+    )
     hosts = {"Key": {"client_id": {"S": "#hosts"}, "resource": {"S": "x"}}}
-    assert M.kind_of("UpdateItem", hosts, None, {}, False) == "UpdateItem hosts"
+    assert meter.kind_of("UpdateItem", hosts, None, {}, False) == "UpdateItem hosts"
     first = {"kinds": {"a": {"calls": 1.0, "rru": 1.0}}}
     last = {"kinds": {"a": {"calls": 3.0, "rru": 4.0}, "b": {"calls": 0.0}}}
-    assert M.window(first, last) == {"a": {"calls": 2.0, "rru": 3.0}}
+    assert meter.window(first, last) == {"a": {"calls": 2.0, "rru": 3.0}}

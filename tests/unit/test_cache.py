@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.core import cache_rules as CR
+from rasd.core import cache_rules
 from rasd.core.errors import BadRequest
 from rasd.core.lease import US, Lease, Pool
 from rasd.daemon.cache import NEVER, LeaseCache
@@ -290,12 +290,16 @@ def test_the_hit_decides_as_the_cache_rules(age: float, region: str, more: int) 
     held = Lease("c", "p", "k", "r", region, clock.now_us() + 3600 * US, 1, token="t")
     confirmed = clock.mono()
     cache.put(held, confirmed)
-    until = CR.valid_until(confirmed, S, clock.mono(), held.expires_us, 5 * US, clock.now_us())
+    until = cache_rules.valid_until(
+        confirmed, S, clock.mono(), held.expires_us, 5 * US, clock.now_us()
+    )
     clock.advance(age)
     now = clock.mono()
     requested = held.expires_us + more * US
     got = cache.answer("c", "p", "k", requested, now, 1)
-    assert (got is not None) is CR.serves(until, now)
-    wants = CR.hit_wants_refresh(confirmed, now, S, requested, CR.extend_from(held, "us-east-1"))
+    assert (got is not None) is cache_rules.serves(until, now)
+    wants = cache_rules.hit_wants_refresh(
+        confirmed, now, S, requested, cache_rules.extend_from(held, "us-east-1")
+    )
     assert bool(asked) is (got is not None and wants)
-    assert cache.stale(K, now) is (got is not None and CR.stale(confirmed, now, S))
+    assert cache.stale(K, now) is (got is not None and cache_rules.stale(confirmed, now, S))

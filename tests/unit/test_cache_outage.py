@@ -6,7 +6,7 @@ end (docs/design.md, "An outage budget")."""
 from __future__ import annotations
 
 from rasd.config import Config
-from rasd.core import cache_rules as CR
+from rasd.core import cache_rules
 from rasd.core.lease import US, Lease, Pool
 from rasd.daemon.cache import LeaseCache
 from rasd_client.wire import FrameDecoder
@@ -29,11 +29,11 @@ def make(clock: FakeClock) -> LeaseCache:
 
 
 def test_the_window_is_the_budget_when_the_pools_quarantine_covers_it() -> None:
-    assert CR.outage_window_us(RULES, BUDGET) == 600 * US
+    assert cache_rules.outage_window_us(RULES, BUDGET) == 600 * US
     short = Pool("c", "p", 1, None, 600 * US, 600 * US)  # a quarantine short of the skew+lag
-    assert CR.outage_window_us(RULES, short) == (600 - 2 - 25) * US
-    assert CR.outage_window_us(RULES, PLAIN) == RULES.confirm_us  # no budget: S
-    assert CR.outage_window_us(RULES, Pool("c", "p", 1, None, 10 * US, 37 * US)) == 30 * US
+    assert cache_rules.outage_window_us(RULES, short) == (600 - 2 - 25) * US
+    assert cache_rules.outage_window_us(RULES, PLAIN) == RULES.confirm_us  # no budget: S
+    assert cache_rules.outage_window_us(RULES, Pool("c", "p", 1, None, 10 * US, 37 * US)) == 30 * US
 
 
 def test_past_s_an_entry_is_no_hit_but_answers_from_its_window_until_it_ends() -> None:

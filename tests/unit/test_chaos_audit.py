@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chaos import audit as A
+from chaos import audit as chaos_audit
 from rasd.core.lease import US, fmt_time
 
 E, W = "us-east-1", "eu-west-1"
@@ -49,7 +49,7 @@ def err(app: int, key: str, t0: float, t1: float, code: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------- double allocation
 def test_double_allocation_is_found() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k2", "r1", 10, 11, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["double_allocations"] == 1
     ex = out["examples"]["double_allocations"][0]
     assert ex["resource"] == "r1" and ex["keys"] == ["k1", "k2"]
@@ -58,12 +58,12 @@ def test_double_allocation_is_found() -> None:
 
 def test_same_key_on_same_resource_is_not_a_double_allocation() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k1", "r1", 10, 11, 100)]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 0
 
 
 def test_expired_answer_does_not_overlap() -> None:
     h = [get(0, "k1", "r1", 0, 1, 10), get(1, "k2", "r1", 10, 11, 50)]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 0
 
 
 def test_release_ends_validity() -> None:
@@ -72,8 +72,8 @@ def test_release_ends_validity() -> None:
         rel(0, "k1", 5, 6),
         get(1, "k2", "r1", 7, 8, 50),
     ]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
-    (a,) = [x for x in A.answers(h) if x.key == "k1"]
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 0
+    (a,) = [x for x in chaos_audit.answers(h) if x.key == "k1"]
     assert a.end == 5
 
 
@@ -84,7 +84,7 @@ def test_release_before_the_answer_does_not_end_it() -> None:
         get(0, "k1", "r1", 0, 1, 100),
         get(1, "k2", "r1", 10, 11, 50),
     ]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 1
 
 
 def test_release_concurrent_with_the_answer_ends_it() -> None:
@@ -95,9 +95,9 @@ def test_release_concurrent_with_the_answer_ends_it() -> None:
         get(1, "k2", "r1", 10, 11, 50),
         get(0, "k1", "r2", 12, 13, 100),
     ]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["double_allocations"] == 0 and out["lost_leases"] == 0
-    assert [a.end for a in A.answers(h) if a.resource == "r1" and a.key == "k1"] == [1]
+    assert [a.end for a in chaos_audit.answers(h) if a.resource == "r1" and a.key == "k1"] == [1]
 
 
 def test_definitely_refused_release_does_not_end_validity() -> None:
@@ -106,7 +106,7 @@ def test_definitely_refused_release_does_not_end_validity() -> None:
         rel(0, "k1", 5, 6, error="NOT_HELD"),
         get(1, "k2", "r1", 7, 8, 50),
     ]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 1
 
 
 def test_indeterminate_release_ends_validity() -> None:
@@ -116,7 +116,7 @@ def test_indeterminate_release_ends_validity() -> None:
         rel(0, "k1", 5, 7, error="TIMEOUT"),
         get(1, "k2", "r1", 7, 8, 50),
     ]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 0
 
 
 def test_release_scope_key_versus_app() -> None:
@@ -127,24 +127,24 @@ def test_release_scope_key_versus_app() -> None:
         rel(2, "k1", 5, 6),
         get(1, "k2", "r1", 7, 8, 50),
     ]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 0
-    assert A.audit(h, release_scope="app", quarantine_window=0)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 0
+    assert chaos_audit.audit(h, release_scope="app", quarantine_window=0)["double_allocations"] == 1
     with pytest.raises(ValueError):
-        A.answers(h, release_scope="host")
+        chaos_audit.answers(h, release_scope="host")
 
 
 def test_a_double_allocation_is_counted_once_per_resource_and_key_pair() -> None:
     h = [get(0, "k1", "r1", i, i + 0.5, 100) for i in range(5)]
     h += [get(1, "k2", "r1", 10 + i, 10.5 + i, 100) for i in range(5)]
     h += [get(1, "k3", "r1", 20, 20.5, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["double_allocations"] == 3  # {k1,k2}, {k1,k3}, {k2,k3}
 
 
 # ------------------------------------------------------------------------------- splits
 def test_in_region_split_is_found() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), get(1, "k1", "r2", 0, 2, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["in_region_splits"] == 1
     ex = out["examples"]["in_region_splits"][0]
     assert ex["key"] == "k1" and ex["region"] == E and ex["resources"] == ["r1", "r2"]
@@ -154,7 +154,7 @@ def test_in_region_split_is_found() -> None:
 
 def test_cross_region_duplicate_is_not_a_split() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100, region=E), get(1, "k1", "w1", 0, 2, 100, region=W)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["in_region_splits"] == 0 and out["lost_leases"] == 0
     assert out["double_allocations"] == 0
     assert out["cross_region_duplicates"] == 1
@@ -162,14 +162,14 @@ def test_cross_region_duplicate_is_not_a_split() -> None:
 
 def test_split_after_the_first_lease_expired_is_fine() -> None:
     h = [get(0, "k1", "r1", 0, 1, 5), get(1, "k1", "r2", 6, 7, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["in_region_splits"] == 0 and out["lost_leases"] == 0
 
 
 # --------------------------------------------------------------------------- lost leases
 def test_lost_lease_is_found() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), get(0, "k1", "r2", 5, 6, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["lost_leases"] == 1 and out["in_region_splits"] == 1
     ex = out["examples"]["lost_leases"][0]
     assert (ex["key"], ex["old"], ex["new"]) == ("k1", "r1", "r2")
@@ -177,13 +177,13 @@ def test_lost_lease_is_found() -> None:
 
 def test_released_lease_is_not_lost() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), rel(3, "k1", 2, 3), get(0, "k1", "r2", 5, 6, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["lost_leases"] == 0 and out["in_region_splits"] == 0
 
 
 def test_lost_lease_in_other_region_is_not_lost() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100, region=E), get(0, "k1", "w1", 5, 6, 100, region=W)]
-    assert A.audit(h, quarantine_window=0)["lost_leases"] == 0
+    assert chaos_audit.audit(h, quarantine_window=0)["lost_leases"] == 0
 
 
 # -------------------------------------------------------------------------- availability
@@ -195,7 +195,7 @@ def test_availability_latency_and_outage() -> None:
         err(1, "k2", 20.0, 21.0, "TIMEOUT"),
         rel(0, "k1", 30, 30.01),
     ]
-    out = A.audit(h, outage=(9.0, 17.0), quarantine_window=0)
+    out = chaos_audit.audit(h, outage=(9.0, 17.0), quarantine_window=0)
     assert out["calls"] == {"get_lease": 4, "release": 1}
     assert out["outcomes"]["get_lease"] == {"TIMEOUT": 1, "UNAVAILABLE": 1, "ok": 2}
     assert out["answered_share"] == 0.5
@@ -210,16 +210,16 @@ def test_calls_that_found_no_daemon() -> None:
     down = err(0, "k1", 1, 1.001, "UNAVAILABLE")
     down["message"] = "cannot connect to rasd at /tmp/x.sock: [Errno 111] Connection refused"
     h = [get(0, "k1", "r1", 0, 0.01, 100), down, err(0, "k1", 2, 3, "UNAVAILABLE")]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["no_daemon"] == 1
     assert out["answered_share"] == round(1 / 3, 4)
     assert out["answered_share_daemon_up"] == 0.5
 
 
 def test_percentile_and_merge() -> None:
-    assert A.percentile([], 50) is None
-    assert A.percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert A.merge([(5, 6), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 6)]
+    assert chaos_audit.percentile([], 50) is None
+    assert chaos_audit.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert chaos_audit.merge([(5, 6), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 6)]
 
 
 # --------------------------------------------------------------------------------- table
@@ -277,7 +277,7 @@ def test_table_checks() -> None:
         item("y", key="k1", exp=now + 60, client="other"),
         {**item("r8"), "quarantine_until": {"S": fmt_time(int((now + 30) * US))}},  # free
     ]
-    out = A.table_checks(items, "demo", now)
+    out = chaos_audit.table_checks(items, "demo", now)
     assert out["resources"] == 9
     assert out["both_free_and_leased"] == 1
     assert out["neither_free_nor_leased"] == 1
@@ -294,7 +294,7 @@ def test_clean_table() -> None:
         item("r2", key="k1", exp=now + 5),
         mapping("k1", "r2", now + 5),
     ]
-    out = A.table_checks(items, "demo", now)
+    out = chaos_audit.table_checks(items, "demo", now)
     assert out["both_free_and_leased"] == out["live_mappings_not_held"] == out["orphans"] == 0
 
 
@@ -302,9 +302,9 @@ def test_a_released_resource_given_to_another_key_within_the_quarantine_is_flagg
     """I1: after a release, the resource may go to another key only once the quarantine
     window (the daemons' quarantine minus the clock-skew bound) has passed."""
     h = [get(0, "k1", "r1", 0, 1, 100), rel(0, "k1", 5, 6), get(1, "k2", "r1", 7, 8, 50)]
-    assert A.audit(h, quarantine_window=55)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=55)["double_allocations"] == 1
     late = [*h[:2], get(1, "k2", "r1", 70, 71, 150)]
-    assert A.audit(late, quarantine_window=55)["double_allocations"] == 0
+    assert chaos_audit.audit(late, quarantine_window=55)["double_allocations"] == 0
 
 
 def test_a_stale_copy_of_a_released_lease_ends_with_the_lease() -> None:
@@ -322,10 +322,13 @@ def test_a_stale_copy_of_a_released_lease_ends_with_the_lease() -> None:
         v(get(0, "k1", "r2", 11, 12, 100), 1),  # the key's new lease
         v(get(2, "k2", "r1", 70, 71, 150), 4),  # r1's next key, after the window
     ]
-    out = A.audit(h, quarantine_window=55)
+    out = chaos_audit.audit(h, quarantine_window=55)
     assert (out["double_allocations"], out["in_region_splits"]) == (0, 0), out
     # without the lease identity (versions differ), the stale copy would be a new lease
-    assert A.audit([*h[:2], v(h[2], 9), *h[3:]], quarantine_window=55)["in_region_splits"] == 1
+    assert (
+        chaos_audit.audit([*h[:2], v(h[2], 9), *h[3:]], quarantine_window=55)["in_region_splits"]
+        == 1
+    )
 
 
 # ----------------------------------------------------------------------------- mixed fleet
@@ -338,21 +341,21 @@ def test_a_paper_and_a_rasd_answer_of_one_resource_to_two_keys_is_a_double_alloc
     """I1 across the agents: rasd answered r1 to k1, the paper's agent answered r1 to k2 while
     that lease ran (and the other way round). Both are flagged, with who answered."""
     h = [get(0, "k1", "r1", 0, 1, 100), paper("k2", "r1", 10, 11, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["double_allocations"] == 1
     ex = out["examples"]["double_allocations"][0]
     assert ex["keys"] == ["k1", "k2"] and ex["agents"] == {"k1": ["rasd"], "k2": ["paper"]}
     h = [paper("k1", "r1", 0, 1, 100), get(0, "k2", "r1", 10, 11, 50)]
-    assert A.audit(h, quarantine_window=0)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["double_allocations"] == 1
 
 
 def test_a_paper_answer_holds_its_resource_to_its_end_through_a_release() -> None:
     """The paper's agent is never told of a release: after a release of k1, r1 may go to
     another key only once the paper's answer of it is over, quarantine or not."""
     h = [paper("k1", "r1", 0, 1, 100), rel(0, "k1", 5, 6), get(1, "k2", "r1", 70, 71, 150)]
-    assert A.audit(h, quarantine_window=55)["double_allocations"] == 1
+    assert chaos_audit.audit(h, quarantine_window=55)["double_allocations"] == 1
     late = [*h[:2], get(1, "k2", "r1", 100, 101, 150)]
-    assert A.audit(late, quarantine_window=55)["double_allocations"] == 0
+    assert chaos_audit.audit(late, quarantine_window=55)["double_allocations"] == 0
 
 
 def test_a_key_split_across_a_rasd_and_a_paper_answer_is_flagged() -> None:
@@ -360,19 +363,19 @@ def test_a_key_split_across_a_rasd_and_a_paper_answer_is_flagged() -> None:
     overlapping: a split involving rasd, a failure; and a lost lease when the second call
     started after the first answer."""
     h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "r2", 10, 11, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
     ex = out["examples"]["in_region_splits"][0]
     assert ex["agents"] == ["paper/rasd"] and not ex["paper_only"] and not ex["concurrent"]
     assert (out["lost_leases"], out["paper_only_lost_leases"]) == (1, 0)
     # acquisitions that ran at once are still a failure, marked as such
     h = [get(0, "k1", "r1", 0, 2, 100), paper("k1", "r2", 1, 3, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["in_region_splits"] == 1 and out["in_region_splits_concurrent"] == 1
     assert out["lost_leases"] == 0
     # the paper's answers in another region are cross-region duplicates, not splits
     h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "w1", 10, 11, 50, region=W)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert (out["in_region_splits"], out["cross_region_duplicates"]) == (0, 1)
 
 
@@ -380,18 +383,18 @@ def test_a_split_between_two_paper_answers_is_counted_apart() -> None:
     """The paper's own race splits a key between two of its answers: counted as
     ``paper_only_splits``, not as a failure; a rasd answer in the same overlap makes it one."""
     h = [paper("k1", "r1", 0, 1, 100), paper("k1", "r2", 10, 11, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert (out["in_region_splits"], out["paper_only_splits"]) == (0, 1)
     assert (out["lost_leases"], out["paper_only_lost_leases"]) == (0, 1)
     h = [*h, get(0, "k1", "r2", 20, 21, 50)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
     assert out["examples"]["in_region_splits"][0]["agents"] == ["paper/paper", "paper/rasd"]
 
 
 def test_one_resource_answered_by_both_agents_to_one_key_is_fine() -> None:
     h = [get(0, "k1", "r1", 0, 1, 100), paper("k1", "r1", 10, 11, 100)]
-    out = A.audit(h, quarantine_window=0)
+    out = chaos_audit.audit(h, quarantine_window=0)
     assert out["double_allocations"] == out["in_region_splits"] == out["lost_leases"] == 0
     assert {a: g["answered"] for a, g in out["agents"].items()} == {"paper": 1, "rasd": 1}
 
@@ -408,10 +411,10 @@ def test_a_release_that_ended_during_a_paper_call_ends_its_answer() -> None:
         {**paper("k1", "r1", 5.5, 6.5, 100), "version": 2},  # began while the release ran
         get(0, "k1", "r2", 10, 11, 100),
     ]
-    assert [a.end for a in A.answers(h) if a.resource == "r1"] == [5, 6.5]
-    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 0
+    assert [a.end for a in chaos_audit.answers(h) if a.resource == "r1"] == [5, 6.5]
+    assert chaos_audit.audit(h, quarantine_window=0)["in_region_splits"] == 0
     later = [*h[:2], {**h[2], "t0": 6.2, "m0": 6.2}, h[3]]
-    assert A.audit(later, quarantine_window=0)["in_region_splits"] == 1
+    assert chaos_audit.audit(later, quarantine_window=0)["in_region_splits"] == 1
 
 
 # ------------------------------------------------------------------------------ replicas
@@ -433,13 +436,13 @@ def test_replicas_that_agree_pass_and_tombstones_are_no_resources() -> None:
         mapping("k1", "r2", now + 60),
     ]
     same.append(tombstone("r3"))
-    out = A.replica_checks({E: same, W: list(same)}, "demo", now)
+    out = chaos_audit.replica_checks({E: same, W: list(same)}, "demo", now)
     assert out["resources"] == 4  # two per replica: the tombstone is none
     assert out["tombstones"] == 2
     assert out["neither_free_nor_leased"] == 0
     assert out["leased_to_two_keys_across_replicas"] == 0
     assert out["regions_disagree"] == out["items_differ"] == 0
-    assert A.table_violations(out) == 0
+    assert chaos_audit.table_violations(out) == 0
     assert out["replicas"][E]["leased_unexpired"] == 1
 
 
@@ -457,20 +460,22 @@ def test_a_resource_leased_to_two_keys_on_two_replicas_is_a_violation() -> None:
     ]
     west.append(item("r1", avail=True, region=W))
     east.append(item("r1", avail=True))  # a move not replicated yet
-    out = A.replica_checks({E: east, W: west}, "demo", now)
+    out = chaos_audit.replica_checks({E: east, W: west}, "demo", now)
     assert out["leased_to_two_keys_across_replicas"] == 1
     assert out["examples"]["leased_to_two_keys_across_replicas"] == {
         "r2": {E: f"k1@{E}", W: f"k2@{E}"}
     }
     assert out["regions_disagree"] == 1
-    assert A.table_violations(out) == 1
+    assert chaos_audit.table_violations(out) == 1
     # the same lease in both replicas (one key), one of them expired in one: no violation
     west2 = [
         item("r2", key="k1", exp=now + 60, holder="a"),
         mapping("k1", "r2", now + 60, token="a"),
     ]
     assert (
-        A.replica_checks({E: east[:2], W: west2}, "demo", now)["leased_to_two_keys_across_replicas"]
+        chaos_audit.replica_checks({E: east[:2], W: west2}, "demo", now)[
+            "leased_to_two_keys_across_replicas"
+        ]
         == 0
     )
 
@@ -484,7 +489,7 @@ def test_evidence_names_the_writes_near_a_finding() -> None:
         {"t": 90.0, "res": "r1", "actor": "admin", "action": "readd"},
         {"t": 120.0, "res": "r1", "actor": "daemon"},  # long after: left out
     ]
-    A.evidence([f], writes, before_s=20.0, after_s=5.0)
+    chaos_audit.evidence([f], writes, before_s=20.0, after_s=5.0)
     assert [w["actor"] for w in f["writes"]] == ["admin", "balancer"]
 
 
@@ -496,7 +501,9 @@ def test_calls_refused_past_a_redefined_max_lease_are_counted() -> None:
     }  # fmt: skip
     other = {**refused, "message": "bad key"}
     assert (
-        A.availability([refused, other, get(0, "k1", "r1", 2, 3, 50)])["refused_beyond_max_lease"]
+        chaos_audit.availability([refused, other, get(0, "k1", "r1", 2, 3, 50)])[
+            "refused_beyond_max_lease"
+        ]
         == 1
     )
 
@@ -549,22 +556,22 @@ def test_who_made_the_second_lease_of_a_split() -> None:
     when the paper's agent did; the same for the lost lease it makes."""
     h = [get(0, "k1", "r1", 0, 2, 100), paper("k1", "r2", 1, 3, 50), paper("k1", "r2", 4, 5, 50)]
     rasd_second = [made("k1", "r2", 1.1, 1.2, "paper"), made("k1", "r1", 1.5, 1.6, "rasd")]
-    out = A.audit(h, quarantine_window=0, creations=rasd_second)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=rasd_second)
     assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
     second = out["examples"]["in_region_splits"][0]["second"]
     assert (second["resource"], second["by"]) == ("r1", "rasd")
     paper_second = [made("k1", "r1", 1.1, 1.2, "rasd"), made("k1", "r2", 1.5, 1.6, "paper")]
-    out = A.audit(h, quarantine_window=0, creations=paper_second)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=paper_second)
     assert (out["in_region_splits"], out["paper_made_splits"]) == (0, 1)
     assert (out["lost_leases"], out["paper_made_lost_leases"]) == (0, 1)
     assert out["examples"]["paper_made_splits"][0]["second"]["by"] == "paper"
     # writes whose times overlap cannot be ordered: a failure, as without the claims
     unordered = [made("k1", "r1", 1.1, 1.6, "rasd"), made("k1", "r2", 1.5, 1.7, "paper")]
-    out = A.audit(h, quarantine_window=0, creations=unordered)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=unordered)
     assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
     assert out["examples"]["in_region_splits"][0]["second"] == {"by": "unknown"}
     # and without them at all
-    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["in_region_splits"] == 1
 
 
 def test_a_lease_answered_again_after_its_end_was_made_again_by_rasd() -> None:
@@ -577,7 +584,7 @@ def test_a_lease_answered_again_after_its_end_was_made_again_by_rasd() -> None:
         get(0, "k1", "r1", 13, 14, 60),
     ]
     c = [made("k1", "r1", 0.2, 0.3, "rasd"), made("k1", "r2", 12, 12.2, "paper")]
-    out = A.audit(h, quarantine_window=0, creations=c)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=c)
     assert (out["in_region_splits"], out["paper_made_splits"]) == (1, 0)
     second = out["examples"]["in_region_splits"][0]["second"]
     assert (second["resource"], second["by"], second["made"]) == ("r1", "rasd", [13, 14])
@@ -588,7 +595,7 @@ def test_a_second_lease_rasd_made_counts_even_between_two_paper_answers() -> Non
     did: the split is between two paper answers, yet rasd made its second lease."""
     h = [paper("k1", "r1", 0, 2, 100), paper("k1", "r2", 5, 6, 50)]
     c = [made("k1", "r1", 1, 1.1, "paper"), made("k1", "r2", 3, 3.1, "rasd")]
-    out = A.audit(h, quarantine_window=0, creations=c)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=c)
     assert (out["in_region_splits"], out["paper_only_splits"]) == (1, 0)
     assert out["lost_leases"] == 1
 
@@ -610,15 +617,18 @@ def test_the_paper_agents_answer_of_a_lease_rasd_adopted_and_released_is_stale()
     ]
     free = {"kind": "free", "resource": "r1", "sent": 3.4, "got": 3.5}
     claims = [made("k1", "r1", 0.5, 0.6, "paper"), made("k1", "r2", 4.5, 4.6, "rasd")]
-    out = A.audit(h, quarantine_window=0, creations=[*claims, free])
+    out = chaos_audit.audit(h, quarantine_window=0, creations=[*claims, free])
     assert (out["in_region_splits"], out["lost_leases"]) == (0, 0), out["examples"]
     # without the claims and frees the audit cannot tell
-    assert A.audit(h, quarantine_window=0)["in_region_splits"] == 1
+    assert chaos_audit.audit(h, quarantine_window=0)["in_region_splits"] == 1
     late = {**free, "sent": 5.9, "got": 5.95}
-    assert A.audit(h, quarantine_window=0, creations=[*claims, late])["in_region_splits"] == 1
+    assert (
+        chaos_audit.audit(h, quarantine_window=0, creations=[*claims, late])["in_region_splits"]
+        == 1
+    )
     # the paper's agent claimed r1 for k1 again after the release: a lease of its own
     again = [*claims, free, made("k1", "r1", 4.7, 4.8, "paper")]
-    out = A.audit(h, quarantine_window=0, creations=again)
+    out = chaos_audit.audit(h, quarantine_window=0, creations=again)
     assert (out["in_region_splits"], out["paper_made_splits"]) == (0, 1)
 
 
@@ -630,13 +640,12 @@ def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
 
     from bench.baseline import paper_claim
     from chaos.proxy import lease_event
-    from rasd.core import builders as B
-    from rasd.core import decide as D
-    from rasd.core import lease as L
+    from rasd.core import builders, decide
+    from rasd.core import lease as lease_items
     from rasd.core.writes import render
 
-    free = L.ResourceItem("c", "r1", "p", E, "x", 4, lease_available=fmt_time(0))
-    held = L.ResourceItem("c", "r1", "p", E, "x", 5, "k", 10 * US, None, 0, "t", 1, 5)
+    free = lease_items.ResourceItem("c", "r1", "p", E, "x", 4, lease_available=fmt_time(0))
+    held = lease_items.ResourceItem("c", "r1", "p", E, "x", 5, "k", 10 * US, None, 0, "t", 1, 5)
     attrs = {"resource": {"S": "r1"}, "key": {"S": "k"}, "version": {"N": "5"}}
     attrs["lease_expires"] = {"S": fmt_time(10 * US)}
 
@@ -649,16 +658,16 @@ def test_the_proxies_know_what_a_call_did_to_a_lease() -> None:
     ok = reply("200 OK", {"Attributes": attrs})
     want = {"resource": "r1", "key": "k", "version": 5, "end": 10.0}
     refused = reply("400 Bad Request", {"__type": "x#ConditionalCheckFailedException"})
-    for w in (B.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
+    for w in (builders.claim(free, "k", 10 * US, 1, "t", 1), paper_claim(free, "k", 10 * US)):
         assert ev(w, ok) == {"kind": "claim", **want}, w.kind
         assert ev(w, refused) is None
-    lease = D.lease_from_item(held)
-    assert ev(B.extend_resource(lease, 20 * US), ok) == {"kind": "extend", **want}
+    lease = decide.lease_from_item(held)
+    assert ev(builders.extend_resource(lease, 20 * US), ok) == {"kind": "extend", **want}
     unheld = reply("200 OK", {"Attributes": {"resource": {"S": "r1"}, "version": {"N": "6"}}})
-    for w in (B.free_claim(held.ident, "k", "t", 1, 2), B.liberate(held, 11 * US)):
+    for w in (builders.free_claim(held.ident, "k", "t", 1, 2), builders.liberate(held, 11 * US)):
         assert ev(w, unheld) == {"kind": "free", "resource": "r1"}, w.kind
         assert ev(w, refused) is None
-    assert ev(B.adopt(held, "t2", 2, 1), ok) is None
+    assert ev(builders.adopt(held, "t2", 2, 1), ok) is None
     q = {"IndexName": "leased_resources", "ExpressionAttributeValues": {":k": {"S": "k"}}}
     items = {"Items": [{"resource": {"S": "r2"}}, {"resource": {"S": "r1"}}]}
     got = lease_event("Query", json.dumps(q).encode(), reply("200 OK", items))
@@ -674,11 +683,11 @@ def test_a_paper_lease_with_a_stale_holder_is_no_rasd_lease_in_the_table() -> No
     theirs = item("r2", "k1", 100.0, holder="t-old")
     theirs.update(version={"N": "7"}, hver={"N": "5"})
     maps = [mapping("k1", "r1", 90.0), mapping("k0", "r2", 5.0, token="t-old")]
-    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    t = chaos_audit.table_checks([rasd, theirs, *maps], "demo", now=10.0)
     assert t["keys_with_two_unexpired_in_region"] == 0 and t["orphans"] == 1
     # the same item with its holder current would be a second lease of k1 in the region
     theirs["hver"] = {"N": "7"}
-    t = A.table_checks([rasd, theirs, *maps], "demo", now=10.0)
+    t = chaos_audit.table_checks([rasd, theirs, *maps], "demo", now=10.0)
     assert t["keys_with_two_unexpired_in_region"] == 1
 
 
@@ -699,18 +708,21 @@ def test_extensions_and_index_reads_order_the_leases_of_a_split() -> None:
     def ext(sent: float, got: float) -> dict[str, Any]:
         return {**made("k1", "r1", sent, got, "rasd"), "kind": "extend", "end": 60.0}
 
-    early = A.audit(h, quarantine_window=0, creations=[*base, ext(9.0, 9.1)])
+    early = chaos_audit.audit(h, quarantine_window=0, creations=[*base, ext(9.0, 9.1)])
     assert (early["in_region_splits"], early["paper_made_splits"]) == (0, 1)
-    late = A.audit(h, quarantine_window=0, creations=[*base, ext(13.1, 13.2)])
+    late = chaos_audit.audit(h, quarantine_window=0, creations=[*base, ext(13.1, 13.2)])
     assert (late["in_region_splits"], late["paper_made_splits"]) == (1, 0)
     # two claims whose writes overlap, a lookup between them
     h2 = [get(0, "k2", "r3", 0, 2, 100), paper("k2", "r4", 0.5, 2.5, 50)]
     claims = [made("k2", "r3", 1.0, 1.5, "rasd"), made("k2", "r4", 1.2, 1.8, "paper")]
-    unknown = A.audit(h2, quarantine_window=0, creations=claims)
+    unknown = chaos_audit.audit(h2, quarantine_window=0, creations=claims)
     assert unknown["in_region_splits"] == 1
     look = {"kind": "lookup", "key": "k2", "resources": ["r3"], "sent": 1.55, "got": 1.6}
-    ordered = A.audit(h2, quarantine_window=0, creations=[*claims, look])
+    ordered = chaos_audit.audit(h2, quarantine_window=0, creations=[*claims, look])
     assert (ordered["in_region_splits"], ordered["paper_made_splits"]) == (0, 1)
     # the same read showing both proves nothing
     both = {**look, "resources": ["r3", "r4"]}
-    assert A.audit(h2, quarantine_window=0, creations=[*claims, both])["in_region_splits"] == 1
+    assert (
+        chaos_audit.audit(h2, quarantine_window=0, creations=[*claims, both])["in_region_splits"]
+        == 1
+    )

@@ -7,7 +7,7 @@ import email.utils
 
 import pytest
 
-from rasd.core import clock_trust as CT
+from rasd.core import clock_trust
 from rasd.core.clock import GuardedClock
 from rasd.core.errors import Unavailable
 from rasd.core.lease import US
@@ -20,27 +20,27 @@ LIMIT = US  # half of the default max_clock_skew
 
 def test_a_date_reading_bounds_the_offset_from_outside_the_request() -> None:
     # the server stamped second 100 while the request was out from 100.2 to 100.4: nothing
-    assert CT.date_offset_floor_us(100, 100_200_000, 100_400_000) == 0
+    assert clock_trust.date_offset_floor_us(100, 100_200_000, 100_400_000) == 0
     # the clock read 105.2 at sending: at least 4.2 s ahead (the stamp is at most 101)
-    assert CT.date_offset_floor_us(100, 105_200_000, 105_300_000) == 4_200_000
+    assert clock_trust.date_offset_floor_us(100, 105_200_000, 105_300_000) == 4_200_000
     # the answer came at 97.5: at least 2.5 s behind
-    assert CT.date_offset_floor_us(100, 97_400_000, 97_500_000) == -2_500_000
+    assert clock_trust.date_offset_floor_us(100, 97_400_000, 97_500_000) == -2_500_000
     # a slow answer widens the window, never invents an offset
-    assert CT.date_offset_floor_us(100, 95_000_000, 110_000_000) == 0
+    assert clock_trust.date_offset_floor_us(100, 95_000_000, 110_000_000) == 0
 
 
 def test_a_step_is_a_move_against_the_monotonic_clock_beyond_any_slew() -> None:
-    assert CT.stepped_us(1_000, 1_000 + CT.STEP_US) == 0
-    assert CT.stepped_us(1_000, 1_000 + 5 * US) == 5 * US
-    assert CT.stepped_us(1_000, 1_000 - 3 * US) == -3 * US
+    assert clock_trust.stepped_us(1_000, 1_000 + clock_trust.STEP_US) == 0
+    assert clock_trust.stepped_us(1_000, 1_000 + 5 * US) == 5 * US
+    assert clock_trust.stepped_us(1_000, 1_000 - 3 * US) == -3 * US
 
 
 @pytest.mark.parametrize(
     ("kernel", "floor", "step", "says"),
     [
-        (CT.KernelBound(True, 50_000), 0, 0, None),
-        (CT.KernelBound(False, 50_000), 0, 0, "not synchronised"),
-        (CT.KernelBound(True, 1_500_000), 0, 0, "error bound is 1.500s"),
+        (clock_trust.KernelBound(True, 50_000), 0, 0, None),
+        (clock_trust.KernelBound(False, 50_000), 0, 0, "not synchronised"),
+        (clock_trust.KernelBound(True, 1_500_000), 0, 0, "error bound is 1.500s"),
         (None, 4_200_000, 0, "4.200s ahead of DynamoDB"),
         (None, -2_500_000, 0, "2.500s behind DynamoDB"),
         (None, 900_000, 0, None),
@@ -49,9 +49,9 @@ def test_a_step_is_a_move_against_the_monotonic_clock_beyond_any_slew() -> None:
     ],
 )
 def test_the_verdict_names_the_witness_that_objects(
-    kernel: CT.KernelBound | None, floor: int | None, step: int, says: str | None
+    kernel: clock_trust.KernelBound | None, floor: int | None, step: int, says: str | None
 ) -> None:
-    why = CT.judge(LIMIT, kernel, floor, step)
+    why = clock_trust.judge(LIMIT, kernel, floor, step)
     assert (why is None) == (says is None)
     assert says is None or says in (why or "")
 
@@ -91,7 +91,7 @@ def test_the_guard_follows_the_date_header_both_ways() -> None:
 
 def test_the_kernel_witness_counts_only_in_kernel_mode() -> None:
     clock = FakeClock()
-    unsynced = CT.KernelBound(False, 16 * US)
+    unsynced = clock_trust.KernelBound(False, 16 * US)
     k = ClockGuard("kernel", 2.0, clock.now_us, clock.mono, kernel=lambda: unsynced)
     k.tick()
     assert k.why is not None and "not synchronised" in k.why
@@ -107,12 +107,14 @@ def test_the_kernel_witness_counts_only_in_kernel_mode() -> None:
 
 def test_the_guarded_clock_gives_no_wall_time_while_doubted() -> None:
     clock = FakeClock()
-    g = ClockGuard("kernel", 2.0, clock.now_us, clock.mono, kernel=lambda: CT.KernelBound(True, 0))
+    g = ClockGuard(
+        "kernel", 2.0, clock.now_us, clock.mono, kernel=lambda: clock_trust.KernelBound(True, 0)
+    )
     guarded = GuardedClock(clock, g)
     g.tick()
     assert guarded.now_us() == clock.now_us()
     g.kernel = None
-    g._kernel = lambda: CT.KernelBound(True, 3 * US)
+    g._kernel = lambda: clock_trust.KernelBound(True, 3 * US)
     g.tick()
     with pytest.raises(Unavailable, match=r"error bound is 3\.000s"):
         guarded.now_us()

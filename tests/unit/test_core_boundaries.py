@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.core import builders as B
-from rasd.core import decide as D
-from rasd.core import lease as L
-from rasd.core import map_builders as MB
+from rasd.core import builders, decide, map_builders
+from rasd.core import lease as lease_items
 from rasd.core.writes import Cond, Write, apply
 from tests.helpers.decisions import NOW, RULES, S, m, r
 
-T = L.fmt_time
+T = lease_items.fmt_time
 
 
 # ------------------------------------------------------------------------------- writes.Cond
@@ -72,11 +70,13 @@ def test_an_increment_creates_the_attribute_at_one() -> None:
 
 
 # ------------------------------------------------------------------------ resource item writes
-def _free(version: int = 7) -> L.ResourceItem:
-    return L.ResourceItem("c", "ra", "p", "r1", "part", version, lease_available=T(NOW - 10 * S))
+def _free(version: int = 7) -> lease_items.ResourceItem:
+    return lease_items.ResourceItem(
+        "c", "ra", "p", "r1", "part", version, lease_available=T(NOW - 10 * S)
+    )
 
 
-def _plain(it: L.ResourceItem) -> dict[str, str | int]:
+def _plain(it: lease_items.ResourceItem) -> dict[str, str | int]:
     out: dict[str, str | int] = {
         "client_id": it.client_id,
         "resource": it.resource,
@@ -92,7 +92,7 @@ def _plain(it: L.ResourceItem) -> dict[str, str | int]:
 
 def test_claim_in_full() -> None:
     item = _free()
-    w = B.claim(item, "k1", NOW + 60 * S, NOW, "t1", 3)
+    w = builders.claim(item, "k1", NOW + 60 * S, NOW, "t1", 3)
     assert w == Write(
         key=("c", "ra"),
         conds=(
@@ -132,13 +132,13 @@ def test_free_claim_in_full_with_and_without_the_end_read() -> None:
         "mver": 3,
         "hver": 8,
     }
-    w = B.free_claim(ident, "k1", "t1", NOW, NOW + 57 * S, NOW + 60 * S)
+    w = builders.free_claim(ident, "k1", "t1", NOW, NOW + 57 * S, NOW + 60 * S)
     assert w == Write(
         key=ident,
         conds=(
             Cond("holder", "=", "t1"),
             Cond("key", "=", "k1"),
-            B.HOLDER_CURRENT,
+            builders.HOLDER_CURRENT,
             Cond("lease_expires", "=", T(NOW + 60 * S)),
         ),
         set=(("quarantine_until", T(NOW + 57 * S)),),
@@ -156,8 +156,12 @@ def test_free_claim_in_full_with_and_without_the_end_read() -> None:
     # extended since the end was read: left alone
     assert apply({**held, "lease_expires": T(NOW + 61 * S)}, w) is None
     # without the end: any end; a claim no mapping named is claimable at once
-    lost = B.free_claim(ident, "k1", "t1", NOW, NOW)
-    assert lost.conds == (Cond("holder", "=", "t1"), Cond("key", "=", "k1"), B.HOLDER_CURRENT)
+    lost = builders.free_claim(ident, "k1", "t1", NOW, NOW)
+    assert lost.conds == (
+        Cond("holder", "=", "t1"),
+        Cond("key", "=", "k1"),
+        builders.HOLDER_CURRENT,
+    )
     assert lost.set == (("lease_available", T(NOW)),)
     after = apply({**held, "lease_expires": T(NOW + 61 * S)}, lost)
     assert after is not None and after["lease_available"] == T(NOW)
@@ -171,21 +175,21 @@ def test_free_claim_in_full_with_and_without_the_end_read() -> None:
 
 
 def test_ttl_is_whole_seconds_a_day_after() -> None:
-    assert L.ttl_after(NOW + S - 1) == NOW // S + 24 * 3600
-    assert type(L.ttl_after(NOW + 1)) is int
+    assert lease_items.ttl_after(NOW + S - 1) == NOW // S + 24 * 3600
+    assert type(lease_items.ttl_after(NOW + 1)) is int
 
 
 # -------------------------------------------------------------------------- mapping item writes
-IDENT = (L.map_pk("c", "p", "k"), "us-east-1")
+IDENT = (lease_items.map_pk("c", "p", "k"), "us-east-1")
 
 
 def test_map_acquire_in_full() -> None:
-    w = MB.map_acquire(IDENT, 3, "t1", "ra", 7, NOW + 60 * S + 5, NOW, "host-a")
+    w = map_builders.map_acquire(IDENT, 3, "t1", "ra", 7, NOW + 60 * S + 5, NOW, "host-a")
     assert w == Write(
         key=IDENT,
         conds=(Cond("ver", "=", 3),),
         set=(
-            ("state", L.PENDING),
+            ("state", lease_items.PENDING),
             ("token", "t1"),
             ("res", "ra"),
             ("rver", 7),
@@ -197,40 +201,49 @@ def test_map_acquire_in_full() -> None:
         ),
     )
     assert w.kind == "map_acquire"
-    assert MB.map_acquire(IDENT, 0, "t1", "ra", 7, NOW, NOW, "o").conds == (
+    assert map_builders.map_acquire(IDENT, 0, "t1", "ra", 7, NOW, NOW, "o").conds == (
         Cond("ver", "not_exists"),
     )
 
 
 def test_map_confirm_in_full() -> None:
-    pending = m(state=L.PENDING, ver=4, token="t1")
-    w = MB.map_confirm(pending)
+    pending = m(state=lease_items.PENDING, ver=4, token="t1")
+    w = map_builders.map_confirm(pending)
     assert w == Write(
         key=pending.ident,
-        conds=(Cond("ver", "=", 4), Cond("token", "=", "t1"), Cond("state", "=", L.PENDING)),
-        set=(("state", L.LIVE), ("ver", 5)),
+        conds=(
+            Cond("ver", "=", 4),
+            Cond("token", "=", "t1"),
+            Cond("state", "=", lease_items.PENDING),
+        ),
+        set=(("state", lease_items.LIVE), ("ver", 5)),
     )
     assert w.kind == "map_confirm"
     item: dict[str, str | int] = {
         "client_id": IDENT[0],
         "resource": IDENT[1],
-        "state": L.PENDING,
+        "state": lease_items.PENDING,
         "token": "t1",
         "ver": 4,
     }
-    assert apply(item, w) == {**item, "state": L.LIVE, "ver": 5}
-    for other in ({"ver": 5}, {"token": "t2"}, {"state": L.LIVE}, {"state": L.FREE}):
+    assert apply(item, w) == {**item, "state": lease_items.LIVE, "ver": 5}
+    for other in (
+        {"ver": 5},
+        {"token": "t2"},
+        {"state": lease_items.LIVE},
+        {"state": lease_items.FREE},
+    ):
         assert apply({**item, **other}, w) is None
     with pytest.raises(AssertionError):
-        MB.map_confirm(m(state=L.PENDING, token=None))  # type: ignore[arg-type]
+        map_builders.map_confirm(m(state=lease_items.PENDING, token=None))  # type: ignore[arg-type]
 
 
 def test_read_backs_want_both_attributes() -> None:
     """Each read-back says the write landed only when both attributes it names match."""
     cases = [
-        (MB.names_claim("t1", "ra"), "token", "t1", "res", "ra"),
-        (MB.holds("t1", "k1"), "holder", "t1", "key", "k1"),
-        (MB.confirmed("t1"), "token", "t1", "state", L.LIVE),
+        (map_builders.names_claim("t1", "ra"), "token", "t1", "res", "ra"),
+        (map_builders.holds("t1", "k1"), "holder", "t1", "key", "k1"),
+        (map_builders.confirmed("t1"), "token", "t1", "state", lease_items.LIVE),
     ]
     for mine, a, va, b, vb in cases:
         assert mine({a: va, b: vb})
@@ -240,16 +253,16 @@ def test_read_backs_want_both_attributes() -> None:
         assert not mine({b: vb})
         assert not mine({a: va})
         assert not mine({})
-    assert not MB.confirmed("t1")({"token": "t1", "state": L.PENDING})
+    assert not map_builders.confirmed("t1")({"token": "t1", "state": lease_items.PENDING})
 
 
 # ------------------------------------------------------------------------------ decisions
 def test_served_only_while_more_than_the_margin_is_left() -> None:
     """At exactly end - margin the lease is no longer served: it is extended first."""
     at = m(exp=NOW + RULES.margin_us)
-    assert not D.servable(at, NOW, RULES)
-    assert D.on_read(at, [], NOW, RULES) == D.Extend(at)
-    assert D.servable(m(exp=NOW + RULES.margin_us + 1), NOW, RULES)
+    assert not decide.servable(at, NOW, RULES)
+    assert decide.on_read(at, [], NOW, RULES) == decide.Extend(at)
+    assert decide.servable(m(exp=NOW + RULES.margin_us + 1), NOW, RULES)
 
 
 def test_the_earliest_of_several_foreign_leases_is_served_as_it_is() -> None:
@@ -258,54 +271,54 @@ def test_the_earliest_of_several_foreign_leases_is_served_as_it_is() -> None:
     own = m(since=NOW - 10 * S)
     for foreign in ([early, later], [later, early]):
         # own lease live but acquired after another region's: the earlier one wins
-        d = D.on_read(own, foreign, NOW, RULES)
-        assert d == D.Serve(D.lease_from_mapping(early), foreign=True)
+        d = decide.on_read(own, foreign, NOW, RULES)
+        assert d == decide.Serve(decide.lease_from_mapping(early), foreign=True)
         assert d.lease.resource == "r3" and d.lease.region == "eu-west-1"  # type: ignore[union-attr]
         # nothing of our own
-        d = D.on_read(None, foreign, NOW, RULES)
-        assert d == D.Serve(D.lease_from_mapping(early), foreign=True)
+        d = decide.on_read(None, foreign, NOW, RULES)
+        assert d == decide.Serve(decide.lease_from_mapping(early), foreign=True)
         assert d.lease.resource == "r3"  # type: ignore[union-attr]
         # ours is still pending: the foreign lease is served, ours is not verified
-        d = D.on_read(m(state=L.PENDING), foreign, NOW, RULES)
-        assert d == D.Serve(D.lease_from_mapping(early), foreign=True)
+        d = decide.on_read(m(state=lease_items.PENDING), foreign, NOW, RULES)
+        assert d == decide.Serve(decide.lease_from_mapping(early), foreign=True)
         assert d.lease.resource == "r3"  # type: ignore[union-attr]
     # our own, acquired first, is served as ours
-    assert D.on_read(m(since=NOW - 40 * S), [early], NOW, RULES) == D.Serve(
-        D.lease_from_mapping(m(since=NOW - 40 * S))
+    assert decide.on_read(m(since=NOW - 40 * S), [early], NOW, RULES) == decide.Serve(
+        decide.lease_from_mapping(m(since=NOW - 40 * S))
     )
 
 
 def test_a_verified_pending_lease_is_served_and_released_with_its_claim() -> None:
-    pending = m(state=L.PENDING, since=NOW - 10 * S, rver=4)
-    d = D.on_resource(pending, r(), NOW, RULES)
-    assert isinstance(d, D.Serve) and d.confirm == pending and not d.foreign
+    pending = m(state=lease_items.PENDING, since=NOW - 10 * S, rver=4)
+    d = decide.on_resource(pending, r(), NOW, RULES)
+    assert isinstance(d, decide.Serve) and d.confirm == pending and not d.foreign
     assert (d.lease.resource, d.lease.token, d.lease.version) == ("r1", "tok", 5)
     assert d.lease.acquired_us == NOW - 10 * S
-    rel = D.on_release_resource(pending, r(), NOW, RULES)
-    assert rel == D.ReleaseLease(D.lease_from_mapping(pending))
-    assert isinstance(rel, D.ReleaseLease) and rel.lease.resource == "r1"
+    rel = decide.on_release_resource(pending, r(), NOW, RULES)
+    assert rel == decide.ReleaseLease(decide.lease_from_mapping(pending))
+    assert isinstance(rel, decide.ReleaseLease) and rel.lease.resource == "r1"
 
 
 def test_a_mapping_without_its_resource_or_end_names_no_lease() -> None:
     with pytest.raises(AssertionError):
-        D.lease_from_mapping(m(res=None))  # type: ignore[arg-type]
+        decide.lease_from_mapping(m(res=None))  # type: ignore[arg-type]
     with pytest.raises(AssertionError):
-        D.lease_from_mapping(m(exp=None))  # type: ignore[arg-type]
+        decide.lease_from_mapping(m(exp=None))  # type: ignore[arg-type]
 
 
 def test_an_unknown_outcome_gives_up_saying_which() -> None:
     """The caller's Timeout carries this text when no write reported an error."""
-    A, U = D.Outcome.APPLIED, D.Outcome.UNKNOWN
-    assert D.after_acquire(U, A, 3) == D.GiveUp(
+    A, U = decide.Outcome.APPLIED, decide.Outcome.UNKNOWN
+    assert decide.after_acquire(U, A, 3) == decide.GiveUp(
         "DynamoDB's answer was lost (mapping unknown, claim applied)"
     )
 
 
 def test_refresh_ahead_at_its_boundaries() -> None:
-    lease = L.Lease("c", "p", "k", "r1", "us-east-1", NOW + 50 * S, 3, token="tok")
+    lease = lease_items.Lease("c", "p", "k", "r1", "us-east-1", NOW + 50 * S, 3, token="tok")
     # asks for exactly the end it has: never extended, even once that end has passed
-    assert not D.should_extend(lease, NOW + 50 * S, NOW + 60 * S, 0.5)
-    assert not D.should_extend(lease, NOW + 50 * S, NOW, 0.5)
+    assert not decide.should_extend(lease, NOW + 50 * S, NOW + 60 * S, 0.5)
+    assert not decide.should_extend(lease, NOW + 50 * S, NOW, 0.5)
     # time left exactly the fraction of the requested duration: not yet
-    assert not D.should_extend(lease, NOW + 100 * S, NOW, 0.5)
-    assert D.should_extend(lease, NOW + 100 * S + 2, NOW, 0.5)
+    assert not decide.should_extend(lease, NOW + 100 * S, NOW, 0.5)
+    assert decide.should_extend(lease, NOW + 100 * S + 2, NOW, 0.5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rasd.core import decide as D
+from rasd.core import decide
 from rasd.core.decide import Outcome
 from rasd.core.lease import US
 from rasd.core.map_builders import map_acquire, names_claim, read_back
@@ -46,19 +46,19 @@ def test_a_write_that_bumps_no_version_is_never_refuted() -> None:
 
 
 def test_a_claim_is_given_back_with_the_quarantine_only_on_proof() -> None:
-    proof = D.never_named(Outcome.REJECTED)
-    assert proof is not None and D.given_back(proof) is D.Freed.UNNAMED
+    proof = decide.never_named(Outcome.REJECTED)
+    assert proof is not None and decide.given_back(proof) is decide.Freed.UNNAMED
     for outcome in (Outcome.UNKNOWN, Outcome.APPLIED):
-        assert D.never_named(outcome) is None
-    assert D.given_back(None) is D.Freed.UNRELEASED
-    assert D.holds_to_end(D.given_back(None), False)
-    assert not D.holds_to_end(D.given_back(proof), False)
+        assert decide.never_named(outcome) is None
+    assert decide.given_back(None) is decide.Freed.UNRELEASED
+    assert decide.holds_to_end(decide.given_back(None), False)
+    assert not decide.holds_to_end(decide.given_back(proof), False)
 
 
 def test_after_acquire_carries_the_proof_only_for_a_refused_mapping_write() -> None:
-    step = D.after_acquire(Outcome.REJECTED, Outcome.APPLIED, 1)
-    assert isinstance(step, D.GiveBack) and step.proof == D.NeverNamed("map_acquire")
-    assert isinstance(D.after_acquire(Outcome.UNKNOWN, Outcome.APPLIED, 1), D.GiveUp)
+    step = decide.after_acquire(Outcome.REJECTED, Outcome.APPLIED, 1)
+    assert isinstance(step, decide.GiveBack) and step.proof == decide.NeverNamed("map_acquire")
+    assert isinstance(decide.after_acquire(Outcome.UNKNOWN, Outcome.APPLIED, 1), decide.GiveUp)
 
 
 def test_only_the_rule_hands_out_the_quarantine_only_reason() -> None:

@@ -11,29 +11,28 @@ import random
 
 import pytest
 
-from rasd.core import cache_rules as CR
-from rasd.core import decide as D
+from rasd.core import cache_rules, decide
 from rasd.core.cache_rules import NEVER
 from rasd.core.lease import US, Lease, Pool
 from rasd.daemon.cache import LeaseCache
 from rasd.daemon.published import Published, Table
-from rasd_client import _table as T
+from rasd_client import _table as table_layout
 from tests.doubles.clock import FakeClock
 
 S = 30.0
 POOLS = {("c", "p"): Pool("c", "p", 86_400 * US), ("c", "q"): Pool("c", "q", 3600 * US)}
 
 
-def reader(t: Table) -> T.Table:
+def reader(t: Table) -> table_layout.Table:
     """The client's view: the fd mapped read-only, as a process that was handed it."""
-    return T.Table(mmap.mmap(t.fd, 0, mmap.MAP_SHARED, mmap.PROT_READ))
+    return table_layout.Table(mmap.mmap(t.fd, 0, mmap.MAP_SHARED, mmap.PROT_READ))
 
 
 def lease(key: str, resource: str = "r", pool: str = "p", end_us: int = 10**16) -> Lease:
     return Lease("c", pool, key, resource, "us-east-1", end_us, 3, token="t")
 
 
-def find(r: T.Table, pool: str, key: str) -> T.Seen | None:
+def find(r: table_layout.Table, pool: str, key: str) -> table_layout.Seen | None:
     found = r.find((pool + key).encode(), len(pool.encode()))
     return None if found is None else found[1]
 
@@ -56,12 +55,14 @@ def test_a_slot_being_written_or_torn_is_never_read() -> None:
     t = Table("c", 64, 256)
     t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k"))
     off = t.where[("p", "k")]
-    seq = T.SEQ.unpack_from(t.mm, off)[0]
-    T.SEQ.pack_into(t.mm, off, seq + 1)  # odd: the daemon is writing it
+    seq = table_layout.SEQ.unpack_from(t.mm, off)[0]
+    table_layout.SEQ.pack_into(t.mm, off, seq + 1)  # odd: the daemon is writing it
     assert find(reader(t), "p", "k") is None
-    T.SEQ.pack_into(t.mm, off, seq)
+    table_layout.SEQ.pack_into(t.mm, off, seq)
     assert find(reader(t), "p", "k") is not None
-    t.mm[off + T.SLOT_HEAD.size + 3] ^= 0xFF  # a byte changed under an unchanged seq: torn
+    t.mm[off + table_layout.SLOT_HEAD.size + 3] ^= (
+        0xFF  # a byte changed under an unchanged seq: torn
+    )
     assert find(reader(t), "p", "k") is None
 
 
@@ -76,12 +77,12 @@ def test_removed_paused_and_closed_tables_answer_nothing() -> None:
     assert find(r, "p", "a") is None and find(r, "p", "b") is not None
     t.remove_pool("p")
     assert find(r, "p", "b") is None and find(r, "q", "a") is not None
-    t.set_state(T.PAUSED)
+    t.set_state(table_layout.PAUSED)
     assert find(r, "q", "a") is None
-    t.set_state(T.SERVING)
+    t.set_state(table_layout.SERVING)
     assert find(r, "q", "a") is not None
     t.close()
-    assert find(r, "q", "a") is None and r.state() == T.CLOSED
+    assert find(r, "q", "a") is None and r.state() == table_layout.CLOSED
 
 
 def test_a_retired_table_is_emptied_for_a_process_that_kept_its_mapping() -> None:
@@ -92,7 +93,7 @@ def test_a_retired_table_is_emptied_for_a_process_that_kept_its_mapping() -> Non
     t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "secret"))
     kept = reader(t)
     published.retire({"c"})
-    assert kept.state() == T.CLOSED and published.get("c") is None
+    assert kept.state() == table_layout.CLOSED and published.get("c") is None
     assert b"secret" not in bytes(kept.mm) and find(kept, "p", "k") is None
     assert published.make("c") is not t
 
@@ -125,7 +126,7 @@ def test_a_full_table_gives_up_its_oldest_answer_and_grows_only_as_filled() -> N
     t.put("p", "d", 12.5, 7.0, 99, 3600, lease("d"))  # the slot given back, no eviction
     assert t.evictions == 1 and t.used == 2 and find(r, "p", "d") is not None
     big = Table("c", 1 << 16, 1 << 18)  # the slots start on a page after the index
-    assert big.slots_at % 4096 == 0 and big.size == big.slots_at + (1 << 18) * T.SLOT
+    assert big.slots_at % 4096 == 0 and big.size == big.slots_at + (1 << 18) * table_layout.SLOT
 
 
 def test_a_touch_tells_the_table_when_asks_this_long_need_an_extension() -> None:
@@ -156,14 +157,14 @@ def test_extend_due_is_when_should_extend_starts_to_hold_for_a_sliding_ask() -> 
         ask = rng.randrange(1, 10**9)
         fraction = rng.choice((0.5, 0.45, 0.3, 1.0))
         held = lease("k", end_us=end)
-        due = CR.extend_due_us(held, ask, fraction)
+        due = cache_rules.extend_due_us(held, ask, fraction)
         for now in (due - 2, due - 1, due + 1, due + 2):
-            assert D.should_extend(held, now + ask, now, fraction) == (now > due), (end, ask)
+            assert decide.should_extend(held, now + ask, now, fraction) == (now > due), (end, ask)
 
 
 def test_an_answer_too_long_for_a_slot_is_not_published() -> None:
     t = Table("c", 64, 256)
-    t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "x" * T.SLOT_ROOM))
+    t.put("p", "k", 12.5, 7.0, 99, 3600, lease("k", "x" * table_layout.SLOT_ROOM))
     assert t.too_big == 1 and len(t) == 0 and find(reader(t), "p", "k") is None
 
 
@@ -221,7 +222,7 @@ def test_an_answer_of_a_pool_the_daemon_does_not_know_is_not_published() -> None
     assert len(t) == 0
 
 
-def _served(r: T.Table, cache: LeaseCache, now: float) -> None:
+def _served(r: table_layout.Table, cache: LeaseCache, now: float) -> None:
     """Every answer the table would give now is the one the cache gives (table in cache)."""
     for pool, key in ((p, f"k{i}") for p in ("p", "q") for i in range(40)):
         seen = find(r, pool, key)
@@ -305,15 +306,24 @@ def test_refresh_of_extends_only_this_regions_held_leases_and_waits_out_a_backof
     now = 10**15
     held = Lease("c", "p", "k", "r", "us-east-1", now + 60 * US, 1, token="t")
     due = now + 600 * US  # asks 600 s, 60 s left: should_extend holds
-    assert D.should_extend(held, due, now, 0.5)
-    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, False) is CR.Refresh.EXTEND
-    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, False, backing_off=True) is None
-    assert CR.refresh_of(held, "us-east-1", due, now, 0.5, True, backing_off=True) is None
+    assert decide.should_extend(held, due, now, 0.5)
+    assert (
+        cache_rules.refresh_of(held, "us-east-1", due, now, 0.5, False)
+        is cache_rules.Refresh.EXTEND
+    )
+    assert cache_rules.refresh_of(held, "us-east-1", due, now, 0.5, False, backing_off=True) is None
+    assert cache_rules.refresh_of(held, "us-east-1", due, now, 0.5, True, backing_off=True) is None
     foreign = Lease("c", "p", "k", "r", "eu-west-1", now + 60 * US, 1, token="t")
-    assert CR.refresh_of(foreign, "us-east-1", due, now, 0.5, False) is None
-    assert CR.refresh_of(foreign, "us-east-1", due, now, 0.5, True) is CR.Refresh.RECONFIRM
+    assert cache_rules.refresh_of(foreign, "us-east-1", due, now, 0.5, False) is None
+    assert (
+        cache_rules.refresh_of(foreign, "us-east-1", due, now, 0.5, True)
+        is cache_rules.Refresh.RECONFIRM
+    )
     tokenless = Lease("c", "p", "k", "r", "us-east-1", now + 60 * US, 1, token=None)
-    assert CR.refresh_of(tokenless, "us-east-1", due, now, 0.5, False) is None
+    assert cache_rules.refresh_of(tokenless, "us-east-1", due, now, 0.5, False) is None
     early = now + 70 * US  # asks 70 s, 60 s left: no extension yet
-    assert CR.refresh_of(held, "us-east-1", early, now, 0.5, False) is None
-    assert CR.refresh_of(held, "us-east-1", early, now, 0.5, True) is CR.Refresh.RECONFIRM
+    assert cache_rules.refresh_of(held, "us-east-1", early, now, 0.5, False) is None
+    assert (
+        cache_rules.refresh_of(held, "us-east-1", early, now, 0.5, True)
+        is cache_rules.Refresh.RECONFIRM
+    )

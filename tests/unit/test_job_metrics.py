@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rasd_jobs import metrics as jm
+from rasd_jobs import metrics as jobmetrics
 
 LIBERATOR_SUMMARY = {
     "job": "liberator",
@@ -43,8 +43,10 @@ ID = (("ras_job", "liberator"), ("ras_region", "us-east-1"), ("table", "rasd"))
 
 
 def test_summary_numbers_become_gauges_with_the_runs_identity() -> None:
-    samples = jm.job_samples(LIBERATOR_SUMMARY, 1, 1_800_000_000.0)
-    got = parse(jm.exposition(samples, jm.identity("liberator", "rasd", "us-east-1")))
+    samples = jobmetrics.job_samples(LIBERATOR_SUMMARY, 1, 1_800_000_000.0)
+    got = parse(
+        jobmetrics.exposition(samples, jobmetrics.identity("liberator", "rasd", "us-east-1"))
+    )
     assert got == {
         ("ras_job_last_run_timestamp_seconds", ID): 1_800_000_000.0,
         ("ras_job_failed", ID): 1.0,
@@ -57,7 +59,7 @@ def test_summary_numbers_become_gauges_with_the_runs_identity() -> None:
 
 
 def test_a_success_without_errors_field_reports_zero_errors() -> None:
-    got = parse(jm.exposition(jm.job_samples({"moved": 4, "seconds": 1.0}, 0, 5.0)))
+    got = parse(jobmetrics.exposition(jobmetrics.job_samples({"moved": 4, "seconds": 1.0}, 0, 5.0)))
     assert got[("ras_job_errors", ())] == 0
     assert got[("ras_job_failed", ())] == 0
     assert got[("ras_job_last_success_timestamp_seconds", ())] == 5.0
@@ -65,7 +67,7 @@ def test_a_success_without_errors_field_reports_zero_errors() -> None:
 
 
 def test_a_run_without_summary_is_a_failure() -> None:
-    got = parse(jm.exposition(jm.job_samples(None, 2, 5.0)))
+    got = parse(jobmetrics.exposition(jobmetrics.job_samples(None, 2, 5.0)))
     assert got == {
         ("ras_job_last_run_timestamp_seconds", ()): 5.0,
         ("ras_job_failed", ()): 1.0,
@@ -74,10 +76,12 @@ def test_a_run_without_summary_is_a_failure() -> None:
 
 def test_pool_samples_headroom_is_free_less_the_projected_demand() -> None:
     cap = {
-        ("acme", "ads", "us-east-1"): jm.PoolCapacity(10, 12.2, 21),
-        ("acme", "ads", "eu-west-1"): jm.PoolCapacity(0, 0.0, 2),
+        ("acme", "ads", "us-east-1"): jobmetrics.PoolCapacity(10, 12.2, 21),
+        ("acme", "ads", "eu-west-1"): jobmetrics.PoolCapacity(0, 0.0, 2),
     }
-    got = parse(jm.exposition(jm.pool_samples(cap, 600.0), (("ras_job", "balancer"),)))
+    got = parse(
+        jobmetrics.exposition(jobmetrics.pool_samples(cap, 600.0), (("ras_job", "balancer"),))
+    )
     east = (("client_id", "acme"), ("pool_id", "ads"), ("ras_job", "balancer"))
     east += (("region", "us-east-1"),)
     assert got[("ras_pool_free", east)] == 10
@@ -90,24 +94,24 @@ def test_pool_samples_headroom_is_free_less_the_projected_demand() -> None:
 
 
 def test_label_values_are_escaped() -> None:
-    text = jm.exposition([jm.Sample("ras_x", 1, (("k", 'a"b\\c\nd'),))])
+    text = jobmetrics.exposition([jobmetrics.Sample("ras_x", 1, (("k", 'a"b\\c\nd'),))])
     assert parse(text)[("ras_x", (("k", 'a"b\\c\nd'),))] == 1
 
 
 def test_push_url_names_the_group_by_job_and_instance() -> None:
-    url = jm.push_url("http://pg:9091/", "liberator", "rasd", "us-east-1")
+    url = jobmetrics.push_url("http://pg:9091/", "liberator", "rasd", "us-east-1")
     assert url == "http://pg:9091/metrics/job/ras-liberator/instance/rasd%3Aus-east-1"
-    assert jm.push_url("http://pg", "liberator", "t", None).endswith("/instance/t%3Aall")
+    assert jobmetrics.push_url("http://pg", "liberator", "t", None).endswith("/instance/t%3Aall")
 
 
 def test_textfile_is_written_whole_and_keeps_the_last_success(tmp_path: Path) -> None:
     path = tmp_path / "ras-liberator.prom"
     a = args(tmp_path, metrics_file=str(path))
-    jm.publish(a, "ras-liberator", {"freed": 1, "errors": 0, "seconds": 1.0}, 0, now=100.0)
+    jobmetrics.publish(a, "ras-liberator", {"freed": 1, "errors": 0, "seconds": 1.0}, 0, now=100.0)
     first = parse(path.read_text())
     assert first[("ras_job_last_success_timestamp_seconds", ID)] == 100.0
     # a failed run an hour later: its own run time, the earlier success kept
-    jm.publish(a, "ras-liberator", {"freed": 0, "errors": 2, "seconds": 1.0}, 1, now=3700.0)
+    jobmetrics.publish(a, "ras-liberator", {"freed": 0, "errors": 2, "seconds": 1.0}, 1, now=3700.0)
     second = parse(path.read_text())
     assert second[("ras_job_last_run_timestamp_seconds", ID)] == 3700.0
     assert second[("ras_job_last_success_timestamp_seconds", ID)] == 100.0
@@ -116,15 +120,17 @@ def test_textfile_is_written_whole_and_keeps_the_last_success(tmp_path: Path) ->
 
 
 def test_nothing_is_published_without_a_destination_or_for_a_locked_run(tmp_path: Path) -> None:
-    jm.publish(args(tmp_path), "ras-liberator", {"freed": 1}, 0)
+    jobmetrics.publish(args(tmp_path), "ras-liberator", {"freed": 1}, 0)
     path = tmp_path / "b.prom"
-    jm.publish(args(tmp_path, metrics_file=str(path)), "ras-balancer", {"status": "locked"}, 0)
+    jobmetrics.publish(
+        args(tmp_path, metrics_file=str(path)), "ras-balancer", {"status": "locked"}, 0
+    )
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_that_cannot_be_written_is_logged_not_raised(tmp_path: Path) -> None:
     a = args(tmp_path, metrics_file=str(tmp_path / "missing-dir" / "x.prom"))
-    jm.publish(a, "ras-dedupe", {"released": 1}, 0)  # no exception
+    jobmetrics.publish(a, "ras-dedupe", {"released": 1}, 0)  # no exception
 
 
 @pytest.mark.parametrize("prog", ["ras-liberator", "ras-dedupe", "ras-balancer"])

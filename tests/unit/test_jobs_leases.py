@@ -24,8 +24,8 @@ from rasd.core.serialize import mapping_from, resource_from
 from rasd.core.verdicts import outlasts, served_end
 from rasd.core.writes import Cond, ItemKey, Value, Write, apply, from_av, to_av
 from rasd.steps import Program, Send, Together, WriteResult
-from rasd.steps import admin as A
-from rasd.steps import repair as R
+from rasd.steps import admin as admin_steps
+from rasd.steps import repair as repair_steps
 from rasd_jobs import leases
 
 C, P, K, REGION = "c", "p", "k1", "r1"
@@ -120,7 +120,9 @@ def release_held(t: Table, r: ResourceItem, **kw: Any) -> str:
     """``release_held`` run by the jobs' driver; ``hold_to_end_grace_us``: held to the
     lease's end plus that grace (else an orphan's hold uses the clock-skew bound)."""
     g = kw.pop("hold_to_end_grace_us", None)
-    prog = R.release_held(r, NOW, Q, SKEW_US if g is None else g, hold_to_end=g is not None, **kw)
+    prog = repair_steps.release_held(
+        r, NOW, Q, SKEW_US if g is None else g, hold_to_end=g is not None, **kw
+    )
     return str(leases.run(t, "t", prog))
 
 
@@ -233,7 +235,7 @@ def test_release_wants_a_held_item() -> None:
 
 # ------------------------------------------------------------------------------- repair
 def repair(t: Table, m: Mapping | None, **kw: Any) -> str:
-    return str(leases.run(t, "t", R.repair(t.resource(), m, NOW, Q, GRACE, **kw)))
+    return str(leases.run(t, "t", repair_steps.repair(t.resource(), m, NOW, Q, GRACE, **kw)))
 
 
 def test_repair_leaves_a_lease_and_a_foreign_item_alone() -> None:
@@ -286,7 +288,7 @@ def test_repair_hold_to_end_holds_even_a_never_named_claim() -> None:
 
 # ------------------------------------------------------------------------------- delete
 def delete(t: Table, force: bool = False) -> bool:
-    return leases.run(t, "t", A.delete_item(RES_ID, NOW, force, Q, GRACE))
+    return leases.run(t, "t", admin_steps.delete_item(RES_ID, NOW, force, Q, GRACE))
 
 
 def free(**kw: Value) -> dict[str, Value]:

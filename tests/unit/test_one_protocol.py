@@ -16,13 +16,13 @@ from check.model import Config, World, initial, successors
 from check.procs import Proc
 from check.rulesets import BAD_A, REAL
 from rasd.daemon import acquire, coordinator, driver, releaser, renewer, reporter
-from rasd.steps import daemon as S
+from rasd.steps import daemon as daemon_steps
 from rasd.steps import give_back, renew, settle, take
 
 #: the daemon's programs, by name (a trace is named by its program's ``__qualname__``)
 PROGRAMS = {f.__qualname__: f for f in take.PROGRAMS}
 #: the modules that hold the daemon's programs
-STEPS = (S, give_back, renew, settle, take)
+STEPS = (daemon_steps, give_back, renew, settle, take)
 #: the driver and the roles that run them
 ROLES = (acquire, coordinator, driver, releaser, renewer, reporter)
 
@@ -136,9 +136,9 @@ def test_check_builds_none_of_the_daemons_writes() -> None:
 def test_a_known_bad_rule_set_changes_only_the_programs_functions() -> None:
     """The known-bad rule sets reach the daemons through Ops (check/rulesets.py), never
     through production code: the real rules run rasd.steps.daemon.REAL itself."""
-    assert initial(SMALL, REAL).setups[0].ops is S.REAL
+    assert initial(SMALL, REAL).setups[0].ops is daemon_steps.REAL
     bad = initial(SMALL, BAD_A).setups[0].ops
-    assert bad is not S.REAL and bad.name == BAD_A.name
+    assert bad is not daemon_steps.REAL and bad.name == BAD_A.name
     for m in STEPS:
         assert "import" not in "".join(
             line for line in inspect.getsource(m).splitlines() if "check" in line

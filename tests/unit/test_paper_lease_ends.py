@@ -21,8 +21,8 @@ from collections import Counter
 from typing import Any
 
 from rasd.config import Config
-from rasd.core import decide as D
-from rasd.core import legacy as LG
+from rasd.core import decide
+from rasd.core import legacy as legacy_rules
 from rasd.core.builders import (
     adopt,
     claim,
@@ -231,13 +231,15 @@ def test_a_holder_the_papers_writes_left_stale_is_not_our_claim() -> None:
     m, mine, theirs = stale_item(NOW, NOW + HOUR)
     assert (theirs.key, theirs.holder) == ("k", "t0") and not theirs.holder_current
     now = NOW + US  # within the grace: on_read says Extend
-    assert isinstance(D.on_read(m, [], now, RULES), D.Extend)
-    assert LG.on_lapsed(m, theirs, now, RULES.grace_us, RULES.extend_margin_us) == (LG.EndLapsed(m))
-    assert isinstance(LG.on_lapsed(m, mine, now - 3 * US, RULES.grace_us), D.Extend)
+    assert isinstance(decide.on_read(m, [], now, RULES), decide.Extend)
+    assert legacy_rules.on_lapsed(m, theirs, now, RULES.grace_us, RULES.extend_margin_us) == (
+        legacy_rules.EndLapsed(m)
+    )
+    assert isinstance(legacy_rules.on_lapsed(m, mine, now - 3 * US, RULES.grace_us), decide.Extend)
     pending = Mapping("c", "p", "k", EAST, 1, "pending", "t0", "r1", mine.version - 1, NOW)
-    assert D.claim_landed(pending, mine) and not D.claim_landed(pending, theirs)
+    assert decide.claim_landed(pending, mine) and not decide.claim_landed(pending, theirs)
     # past the pending hold, the claim can never land: the mapping is taken over
-    assert D.on_resource(pending, theirs, NOW + HOUR, RULES) == D.Acquire(1)
+    assert decide.on_resource(pending, theirs, NOW + HOUR, RULES) == decide.Acquire(1)
 
 
 def test_the_extension_beside_the_paper_agent_refuses_a_stale_holder() -> None:
@@ -245,8 +247,8 @@ def test_the_extension_beside_the_paper_agent_refuses_a_stale_holder() -> None:
     sent from the cache): ``hver`` must equal ``version`` (or be absent, as written before
     it existed)."""
     _m, mine, theirs = stale_item(NOW + HOUR, NOW + 2 * HOUR)
-    lease = D.lease_from_item(mine)
-    w = extend_resource(lease, NOW + 3 * HOUR, LG.extend_floor(NOW, RULES))
+    lease = decide.lease_from_item(mine)
+    w = extend_resource(lease, NOW + 3 * HOUR, legacy_rules.extend_floor(NOW, RULES))
     item = {k: v for k, v in (("hver", theirs.hver), ("version", theirs.version)) if v}
     assert item["hver"] != item["version"]
     stale = _item(theirs)
@@ -309,14 +311,14 @@ def test_a_give_back_leaves_the_papers_lease_under_a_stale_holder_alone() -> Non
     w.ours("r1", NOW)
     w.now = NOW + 3 * US
     theirs = w.freed_and_leased_again("r1", NOW + HOUR)
-    w.run(free_claim(w.d, ("c", "r1"), "k", "t0", D.Freed.UNRELEASED))
+    w.run(free_claim(w.d, ("c", "r1"), "k", "t0", decide.Freed.UNRELEASED))
     assert w.writes() == [] and w.res("r1") == theirs
 
 
 # ------------------------------------------------------ an extension past the lease's end
 def test_the_extension_floor_is_the_clock_skew_bound_after_now() -> None:
     assert RULES.extend_margin_us == RULES.grace_us == 2 * US
-    assert LG.extend_floor(NOW, RULES) == NOW + 2 * US
+    assert legacy_rules.extend_floor(NOW, RULES) == NOW + 2 * US
 
 
 def test_an_extension_sent_130_ms_before_the_end_cannot_land_after_it() -> None:
@@ -329,10 +331,13 @@ def test_an_extension_sent_130_ms_before_the_end_cannot_land_after_it() -> None:
     item = w.items[("c", "r1")]
     lease = lease_from_mapping(m)
     sent = NOW - 130 * MS
-    assert apply(item, extend_resource(lease, REQ, LG.extend_floor(sent, RULES))) is None
+    assert apply(item, extend_resource(lease, REQ, legacy_rules.extend_floor(sent, RULES))) is None
     assert apply(item, extend_resource(lease, REQ)) is not None
     early = NOW - 2 * US - 1
-    assert apply(item, extend_resource(lease, REQ, LG.extend_floor(early, RULES))) is not None
+    assert (
+        apply(item, extend_resource(lease, REQ, legacy_rules.extend_floor(early, RULES)))
+        is not None
+    )
 
 
 def test_on_lapsed_extends_only_past_the_floor_and_ends_only_past_every_clock() -> None:
@@ -342,13 +347,13 @@ def test_on_lapsed_extends_only_past_the_floor_and_ends_only_past_every_clock() 
     g, margin = RULES.grace_us, RULES.extend_margin_us
 
     def at(now: int) -> object:
-        return LG.on_lapsed(m, r, now, g, margin)
+        return legacy_rules.on_lapsed(m, r, now, g, margin)
 
-    assert isinstance(at(NOW - 2 * US - 1), D.Extend)
-    assert isinstance(at(NOW - 2 * US), D.Wait)  # ends within the floor: not extended
-    assert isinstance(at(NOW - 130 * MS), D.Wait)
-    assert isinstance(at(NOW + US), D.Wait)  # past it here, not on every clock
-    assert at(NOW + 2 * US) == LG.EndLapsed(m)
+    assert isinstance(at(NOW - 2 * US - 1), decide.Extend)
+    assert isinstance(at(NOW - 2 * US), decide.Wait)  # ends within the floor: not extended
+    assert isinstance(at(NOW - 130 * MS), decide.Wait)
+    assert isinstance(at(NOW + US), decide.Wait)  # past it here, not on every clock
+    assert at(NOW + 2 * US) == legacy_rules.EndLapsed(m)
 
 
 def test_two_paper_leases_of_a_key_the_one_adopted_ends_and_is_not_extended() -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from rasd.config import Config
-from rasd.core import rollout as RO
+from rasd.core import rollout
 from rasd.core.decide import Outcome
 from rasd.core.lease import META_CLIENT, ResourceItem, fmt_time
 from rasd.core.writes import Value, Write, apply
@@ -58,14 +58,14 @@ def _daemon(store: _Store, **cfg: Any) -> Coordinator:
 
 
 def test_the_record_reads_off_when_absent_and_writes_conditionally() -> None:
-    assert RO.rollout_from(None) == RO.Rollout(paper_agents=False, version=0)
-    on = apply(None, RO.set_rollout(True, RO.Rollout(), NOW, "me", "adopt"))
-    assert on is not None and RO.rollout_from(on).paper_agents and on["version"] == 1
+    assert rollout.rollout_from(None) == rollout.Rollout(paper_agents=False, version=0)
+    on = apply(None, rollout.set_rollout(True, rollout.Rollout(), NOW, "me", "adopt"))
+    assert on is not None and rollout.rollout_from(on).paper_agents and on["version"] == 1
     assert "partition" not in on and "key" not in on  # in neither index
     # a writer that read an older record loses: no blind overwrite
-    assert apply(on, RO.set_rollout(False, RO.Rollout(), NOW, "me", "end")) is None
-    off = apply(on, RO.set_rollout(False, RO.rollout_from(on), NOW, "me", "end"))
-    assert off is not None and not RO.rollout_from(off).paper_agents and off["version"] == 2
+    assert apply(on, rollout.set_rollout(False, rollout.Rollout(), NOW, "me", "end")) is None
+    off = apply(on, rollout.set_rollout(False, rollout.rollout_from(on), NOW, "me", "end"))
+    assert off is not None and not rollout.rollout_from(off).paper_agents and off["version"] == 2
 
 
 def test_a_paper_lease_is_one_no_current_rasd_holder_names() -> None:
@@ -73,13 +73,13 @@ def test_a_paper_lease_is_one_no_current_rasd_holder_names() -> None:
     held = ResourceItem(
         "c", "r", "p", "us-east-1", "c.p.us-east-1.0", 3, key="k", lease_expires_us=NOW + 10
     )
-    assert not RO.paper_lease(base)  # free
-    assert RO.paper_lease(held)  # no holder at all
-    assert not RO.paper_lease(replace(held, holder="t", hver=3))
-    assert RO.paper_lease(replace(held, holder="t", hver=2))  # a stale holder
-    assert RO.running_paper_lease(held, NOW, 0)
-    assert not RO.running_paper_lease(held, NOW + 11, 0)
-    assert RO.running_paper_lease(held, NOW + 11, 5)  # within the grace
+    assert not rollout.paper_lease(base)  # free
+    assert rollout.paper_lease(held)  # no holder at all
+    assert not rollout.paper_lease(replace(held, holder="t", hver=3))
+    assert rollout.paper_lease(replace(held, holder="t", hver=2))  # a stale holder
+    assert rollout.running_paper_lease(held, NOW, 0)
+    assert not rollout.running_paper_lease(held, NOW + 11, 0)
+    assert rollout.running_paper_lease(held, NOW + 11, 5)  # within the grace
 
 
 def test_the_daemon_follows_the_record_it_reads_with_its_pools() -> None:
@@ -88,8 +88,8 @@ def test_the_daemon_follows_the_record_it_reads_with_its_pools() -> None:
     drv = acq.driver
     asyncio.run(acq.pool_table.load(1e12))
     assert drv.steps_daemon().legacy_agents is False
-    store.items[RO.ROLLOUT_KEY] = dict(
-        apply(None, RO.set_rollout(True, RO.Rollout(), NOW, "me", "adopt")) or {}
+    store.items[rollout.ROLLOUT_KEY] = dict(
+        apply(None, rollout.set_rollout(True, rollout.Rollout(), NOW, "me", "adopt")) or {}
     )
     asyncio.run(acq.pool_table.load(1e12))
     assert drv.steps_daemon().legacy_agents is True
@@ -117,11 +117,11 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
     asyncio.run(read_it())
     assert drv.rollout.on and drv.counters["rollout.paper_lease_seen"] == 1
     # the daemon raises the signal; the record (in #meta) is the jobs' and rasadmin's
-    assert RO.ROLLOUT_KEY not in store.items
-    assert [w.key for w in store.writes] == [RO.SIGNAL_KEY]
-    signal = store.items[RO.SIGNAL_KEY]
+    assert rollout.ROLLOUT_KEY not in store.items
+    assert [w.key for w in store.writes] == [rollout.SIGNAL_KEY]
+    signal = store.items[rollout.SIGNAL_KEY]
     assert signal["why"] == "paper lease on rp"
-    assert RO.rollout_from(None, signal).paper_agents  # every reader now runs rollout mode
+    assert rollout.rollout_from(None, signal).paper_agents  # every reader now runs rollout mode
     assert drv.counters["rollout.raised"] == 1
     # another daemon reads it with its pools and follows
     other = _daemon(store)
@@ -136,30 +136,39 @@ def test_a_paper_lease_read_turns_rollout_mode_on_and_raises_the_record() -> Non
 
 
 def test_turning_off_clears_the_signal_as_read_and_a_later_raise_turns_it_on_again() -> None:
-    on = apply(None, RO.set_rollout(True, RO.Rollout(), NOW, "adm", "adopt"))
-    sig1 = apply(None, RO.raise_signal(RO.rollout_from(on), NOW, "d1", "seen"))
+    on = apply(None, rollout.set_rollout(True, rollout.Rollout(), NOW, "adm", "adopt"))
+    sig1 = apply(None, rollout.raise_signal(rollout.rollout_from(on), NOW, "d1", "seen"))
     assert on is not None and sig1 is not None
-    seen = RO.rollout_from(on, sig1)
+    seen = rollout.rollout_from(on, sig1)
     assert seen.paper_agents and seen.signal == 1 and seen.cleared == 0
     # end-rollout turns off at the signal it read
-    off = apply(on, RO.set_rollout(False, seen, NOW, "adm", "end"))
+    off = apply(on, rollout.set_rollout(False, seen, NOW, "adm", "end"))
     assert off is not None and off["seen_cleared"] == 1
-    assert not RO.rollout_from(off, sig1).paper_agents
+    assert not rollout.rollout_from(off, sig1).paper_agents
     # a raise after that read (version 2) turns every reader on again, record untouched
-    sig2 = apply(sig1, RO.raise_signal(RO.rollout_from(off, sig1), NOW, "d2", "seen again"))
-    assert sig2 is not None and RO.rollout_from(off, sig2).paper_agents
+    sig2 = apply(
+        sig1, rollout.raise_signal(rollout.rollout_from(off, sig1), NOW, "d2", "seen again")
+    )
+    assert sig2 is not None and rollout.rollout_from(off, sig2).paper_agents
     # a raiser that read an older signal loses its write (no blind overwrite), and reads again
-    assert apply(sig2, RO.raise_signal(RO.rollout_from(off, sig1), NOW, "d3", "late")) is None
+    assert (
+        apply(sig2, rollout.raise_signal(rollout.rollout_from(off, sig1), NOW, "d3", "late"))
+        is None
+    )
     # turning on (adopt) keeps the cleared mark; the next off clears the newer signal
-    on2 = apply(off, RO.set_rollout(True, RO.rollout_from(off, sig2), NOW, "adm", "adopt"))
+    on2 = apply(
+        off, rollout.set_rollout(True, rollout.rollout_from(off, sig2), NOW, "adm", "adopt")
+    )
     assert on2 is not None and on2["seen_cleared"] == 1
-    off2 = apply(on2, RO.set_rollout(False, RO.rollout_from(on2, sig2), NOW, "adm", "end"))
-    assert off2 is not None and not RO.rollout_from(off2, sig2).paper_agents
+    off2 = apply(
+        on2, rollout.set_rollout(False, rollout.rollout_from(on2, sig2), NOW, "adm", "end")
+    )
+    assert off2 is not None and not rollout.rollout_from(off2, sig2).paper_agents
     # a raise with no record at all is on, and an off without a record clears it
-    alone = RO.rollout_from(None, sig1)
+    alone = rollout.rollout_from(None, sig1)
     assert alone.paper_agents and alone.version == 0
-    first = apply(None, RO.set_rollout(False, alone, NOW, "adm", "end"))
-    assert first is not None and not RO.rollout_from(first, sig1).paper_agents
+    first = apply(None, rollout.set_rollout(False, alone, NOW, "adm", "end"))
+    assert first is not None and not rollout.rollout_from(first, sig1).paper_agents
 
 
 async def _read(acq: Coordinator, key: tuple[str, str]) -> None:

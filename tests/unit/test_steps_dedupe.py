@@ -14,15 +14,15 @@ from rasd.core.lease import FREE, Mapping, ResourceItem, fmt_time, map_pk
 from rasd.core.verdicts import Orphan
 from rasd.core.writes import Write
 from rasd.steps import At, GetItem, WriteResult
-from rasd.steps import dedupe as DD
-from rasd.steps import repair as RP
+from rasd.steps import dedupe as dedupe_steps
+from rasd.steps import repair as repair_steps
 from tests.helpers.scripted import EAST, HOUR, NOW, WEST, G, M, Q, Rec, Table
 
 EU = "eu-west-1"
 MK = map_pk("c", "p", "k1")
 CTX = {"client_id": "c", "pool_id": "p", "key": "k1"}
 SLACK = M + G
-RUN = DD.DedupeRun(EAST, NOW, Q, M, G)
+RUN = dedupe_steps.DedupeRun(EAST, NOW, Q, M, G)
 
 
 def ictx(it: ResourceItem, **more: object) -> dict[str, object]:
@@ -59,7 +59,7 @@ def test_replica_and_writable() -> None:
 
 def test_a_release_logs_what_it_kept_and_released() -> None:
     t, (e, w) = rec_dup()
-    t.run(DD.dedupe_key((e, w), RUN))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN))
     assert t.notes == [
         ("duplicate_keys", "", {}),
         summary("us-west-2:w-1", ["us-east-1:e-1"], []),
@@ -70,7 +70,7 @@ def test_a_release_logs_what_it_kept_and_released() -> None:
 
 def test_a_group_of_one_is_kept() -> None:
     t, (_e, w) = rec_dup()
-    t.run(DD.dedupe_key((w,), RUN))
+    t.run(dedupe_steps.dedupe_key((w,), RUN))
     assert t.writes() == [] and t.res("w-1").key == "k1"
     assert t.notes == [("duplicate_keys", "", {}), summary("us-west-2:w-1", [], [])]
 
@@ -82,10 +82,10 @@ def test_groups_run_one_after_another_with_the_ops_given() -> None:
         w = t.lease(f"w-{k}", k, NOW + HOUR + M, region=WEST, acquired=NOW - 2 * HOUR)
         e = t.lease(f"e-{k}", k, NOW + HOUR, region=EAST)
         groups.append((e, w))
-    t.run(DD.dedupe_groups(tuple(groups), RUN))
+    t.run(dedupe_steps.dedupe_groups(tuple(groups), RUN))
     assert t.counted().count("kept_until_survivor_outlasts") == 2 and t.writes() == []
-    margin_only = RP.Ops(dedupe_slack=lambda margin, grace: margin)
-    t.run(DD.dedupe_groups(tuple(groups), RUN, margin_only))
+    margin_only = repair_steps.Ops(dedupe_slack=lambda margin, grace: margin)
+    t.run(dedupe_steps.dedupe_groups(tuple(groups), RUN, margin_only))
     assert t.counted().count("released") == 2
     assert t.res("e-k1").key is None and t.res("e-k2").key is None
 
@@ -100,7 +100,7 @@ def test_examine_leaves_out_what_changed_since_the_scan() -> None:
     o = t.lease("e-3", "k1", NOW + HOUR, region=EU, mapped=False)
     del t.items[("c", "e-9")]
     scan = (replace(moved, key="k1"), gone, a, b, o)
-    real, orphans = t.run(DD.examine(scan, RUN))
+    real, orphans = t.run(dedupe_steps.examine(scan, RUN))
     assert [it.resource for it in real] == ["e-1", "e-2"] and orphans == [o]
 
 
@@ -108,7 +108,7 @@ def test_examine_and_release_read_and_write_in_the_items_region() -> None:
     t = Table()
     e = t.lease("e-1", "k1", NOW + 2 * HOUR, region=EAST, acquired=NOW - 2 * HOUR)
     w = t.lease("w-1", "k1", NOW + HOUR, region=WEST)
-    t.run(DD.dedupe_key((e, w), replace(RUN, peers=frozenset({WEST}))))
+    t.run(dedupe_steps.dedupe_key((e, w), replace(RUN, peers=frozenset({WEST}))))
     gets = [GetItem(k) for k in (("c", "w-1"), (MK, WEST))]
     assert t.calls[:5] == [
         GetItem(("c", "e-1")),
@@ -126,7 +126,7 @@ def test_examine_and_release_read_and_write_in_the_items_region() -> None:
 
 def test_the_survivor_in_our_own_replica_is_read_there() -> None:
     t, (e, w) = rec_dup()
-    t.run(DD.dedupe_key((e, w), RUN))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN))
     # examine reads four items; then the survivor's mapping, in our replica: no At
     assert t.calls[4] == GetItem((MK, WEST))
 
@@ -149,7 +149,7 @@ def test_extras_go_in_region_order_each_on_its_own() -> None:
     """e-1 (east) comes first, and is kept (the survivor does not outlast it); w-1 is
     released all the same."""
     t, (w, e, s) = three(e_end=NOW + 2 * HOUR)
-    t.run(DD.dedupe_key((w, e, s), RUN3))
+    t.run(dedupe_steps.dedupe_key((w, e, s), RUN3))
     assert t.notes == [
         ("duplicate_keys", "", {}),
         summary(f"{EU}:s-1", ["us-east-1:e-1", "us-west-2:w-1"], []),
@@ -169,7 +169,7 @@ def test_an_extra_whose_survivor_read_fails_is_kept_and_the_next_goes_on() -> No
         raise err
 
     t.before[7] = fail  # examine's six reads, then the survivor as e-1's region shows it
-    t.run(DD.dedupe_key((w, e, s), RUN3))
+    t.run(dedupe_steps.dedupe_key((w, e, s), RUN3))
     assert t.notes[2:] == [
         ("errors", "", {}),
         ("read_failed", "error", CTX | {"error": repr(err)}),
@@ -185,7 +185,7 @@ def test_an_extra_is_kept_where_the_survivor_is_not_live() -> None:
     mid = (MK, EU)
     t.lagging[WEST] = dict(t.items)
     t.items[mid] = t.items[mid] | {"state": "pending"}
-    t.run(DD.dedupe_key((w, e, s), RUN3))
+    t.run(dedupe_steps.dedupe_key((w, e, s), RUN3))
     assert t.notes[2:] == [
         ("kept_until_survivor_outlasts", "", {}),
         ("extra_kept", "info", ectx(e, why="survivor not live there")),
@@ -197,7 +197,7 @@ def test_an_extra_is_kept_where_the_survivor_is_not_live() -> None:
 def test_an_extra_is_kept_where_the_survivors_mapping_is_missing() -> None:
     t, (w, _e, s) = three(e_end=NOW + HOUR)
     t.lagging[WEST] = {k: v for k, v in t.items.items() if k != (MK, EU)}
-    t.run(DD.dedupe_key((w, s), RUN3))
+    t.run(dedupe_steps.dedupe_key((w, s), RUN3))
     assert t.notes[2:] == [
         ("kept_until_survivor_outlasts", "", {}),
         ("extra_kept", "info", ectx(w, why="survivor not live there")),
@@ -213,7 +213,7 @@ def test_an_extra_goes_only_if_it_ends_by_the_survivors_served_end_less_the_slac
         t, (e, w) = rec_dup()
         mid = (MK, WEST)
         t.items[mid] = t.items[mid] | {"exp": fmt_time(NOW + HOUR + SLACK - short)}
-        t.run(DD.dedupe_key((e, w), RUN))
+        t.run(dedupe_steps.dedupe_key((e, w), RUN))
         assert t.counted()[1:] == [want], short
         if short:
             assert t.notes[-1] == ("extra_kept", "info", ictx(e))
@@ -222,8 +222,8 @@ def test_an_extra_goes_only_if_it_ends_by_the_survivors_served_end_less_the_slac
 
 def test_extras_are_released_with_the_ops_given() -> None:
     t, (e, w) = rec_dup()
-    ops = RP.Ops(early_free=lambda wr: replace(wr, kind="early"))
-    t.run(DD.dedupe_key((e, w), RUN, ops))
+    ops = repair_steps.Ops(early_free=lambda wr: replace(wr, kind="early"))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN, ops))
     assert t.writes() == ["map_release", "early"]
 
 
@@ -238,7 +238,7 @@ def orphan_table() -> tuple[Rec, tuple[ResourceItem, ...]]:
 
 def test_an_orphan_is_repaired_to_its_end_and_logged_as_one() -> None:
     t, (e, w) = orphan_table()
-    t.run(DD.dedupe_key((e, w), RUN))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN))
     assert t.res("e-1").quarantine_until == fmt_time(NOW + HOUR + G)
     assert t.notes == [
         ("duplicate_keys", "", {}),
@@ -253,10 +253,14 @@ def test_orphans_are_judged_and_repaired_with_the_ops_given() -> None:
         return now + q
 
     t, (e, w) = orphan_table()
-    t.run(DD.dedupe_key((e, w), RUN, RP.Ops(orphan_free_at=quarantine_only)))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN, repair_steps.Ops(orphan_free_at=quarantine_only)))
     assert t.res("e-1").quarantine_until == fmt_time(NOW + Q)
     t, (e, w) = orphan_table()
-    t.run(DD.dedupe_key((e, w), RUN, RP.Ops(orphan_verdict=lambda r, m: Orphan.LEASE)))
+    t.run(
+        dedupe_steps.dedupe_key(
+            (e, w), RUN, repair_steps.Ops(orphan_verdict=lambda r, m: Orphan.LEASE)
+        )
+    )
     assert t.notes[1] == summary("us-west-2:w-1", ["us-east-1:e-1"], [])
     assert "orphans_freed" not in t.counted()
 
@@ -269,7 +273,7 @@ def test_a_failed_read_while_examining_writes_nothing() -> None:
         raise err
 
     t.before[3] = fail  # the second item's read
-    t.run(DD.dedupe_key((e, w), RUN))
+    t.run(dedupe_steps.dedupe_key((e, w), RUN))
     assert t.notes == [
         ("duplicate_keys", "", {}),
         ("errors", "", {}),
@@ -281,7 +285,7 @@ def test_a_failed_read_while_examining_writes_nothing() -> None:
 def test_a_group_of_orphans_keeps_none() -> None:
     t, (e, w) = orphan_table()
     released_mapping(t, WEST)
-    t.run(DD.dedupe_key((e, w), replace(RUN, peers=frozenset({WEST}))))
+    t.run(dedupe_steps.dedupe_key((e, w), replace(RUN, peers=frozenset({WEST}))))
     assert t.notes[1] == summary(None, [], ["us-east-1:e-1", "us-west-2:w-1"])
     assert t.counted().count("orphans_freed") == 2
 
@@ -295,7 +299,7 @@ def test_release_one_reports_an_item_of_a_region_without_an_endpoint() -> None:
         (replace(w, lease_acquired_us=None), fmt_time(0)),
     ):
         t.notes.clear()
-        assert t.run(DD.release_one(it, "orphan", RUN, tuple(CTX.items()))) is None
+        assert t.run(dedupe_steps.release_one(it, "orphan", RUN, tuple(CTX.items()))) is None
         assert t.notes == [
             ("foreign_reported", "", {}),
             (
@@ -310,7 +314,7 @@ def test_release_one_reports_an_item_of_a_region_without_an_endpoint() -> None:
 def test_release_one_dry_run_lost_race_lease_and_error() -> None:
     c = tuple(CTX.items())
     t, (e, _w) = rec_dup()
-    assert t.run(DD.release_one(e, "extra", replace(RUN, dry_run=True), c)) is None
+    assert t.run(dedupe_steps.release_one(e, "extra", replace(RUN, dry_run=True), c)) is None
     assert t.calls == []
     assert t.notes == [("would_release", "", {}), ("would_release", "info", ictx(e, kind="extra"))]
     # a lease examined as an orphan is one now: left alone; an extra whose mapping's
@@ -319,11 +323,11 @@ def test_release_one_dry_run_lost_race_lease_and_error() -> None:
         t.notes.clear()
         if kind == "extra":
             t.results[len(t.calls) + 2] = WriteResult(Outcome.REJECTED)
-        assert t.run(DD.release_one(e, kind, RUN, c)) == got
+        assert t.run(dedupe_steps.release_one(e, kind, RUN, c)) == got
         assert t.notes == [("lost_races", "", {}), ("lost_race", "info", ictx(e, kind=kind))]
     t.notes.clear()
     t.results[len(t.calls) + 2] = WriteResult(Outcome.UNKNOWN)
-    assert t.run(DD.release_one(e, "extra", RUN, c)) is None
+    assert t.run(dedupe_steps.release_one(e, "extra", RUN, c)) is None
     exc: RasdError = Unavailable("write outcome unknown")
     assert t.notes == [("errors", "", {}), ("release_failed", "error", ictx(e, error=repr(exc)))]
     assert t.res("e-1").key == "k1"

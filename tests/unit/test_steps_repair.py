@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from rasd.core import verdicts as V
+from rasd.core import verdicts
 from rasd.core.builders import free_orphan, liberate, relist
 from rasd.core.decide import Outcome
 from rasd.core.errors import RasdError, Unavailable
@@ -19,7 +19,7 @@ from rasd.core.map_builders import map_acquire
 from rasd.core.verdicts import Orphan
 from rasd.core.writes import Cond, Write, apply
 from rasd.steps import GetItem, WriteResult
-from rasd.steps import repair as RP
+from rasd.steps import repair as repair_steps
 from tests.helpers.scripted import EAST, HOUR, NOW, RUN, G, Q, Rec, Table
 
 HELD = ("key", "lease_expires", "lease_acquired", "holder", "mver", "hver")
@@ -53,15 +53,15 @@ UNKNOWN = WriteResult(Outcome.UNKNOWN)
 
 # ------------------------------------------------------------------------------ applied
 def test_applied_tells_applied_from_a_lost_race_and_raises_the_rest() -> None:
-    assert RP.applied(WriteResult(Outcome.APPLIED)) is True
-    assert RP.applied(WriteResult(Outcome.REJECTED)) is False
+    assert repair_steps.applied(WriteResult(Outcome.APPLIED)) is True
+    assert repair_steps.applied(WriteResult(Outcome.REJECTED)) is False
     err = Unavailable("throttled")
     for res in (WriteResult(Outcome.REJECTED, error=err), WriteResult(Outcome.UNKNOWN, error=err)):
         with pytest.raises(Unavailable) as got:
-            RP.applied(res)
+            repair_steps.applied(res)
         assert got.value is err
     with pytest.raises(Unavailable, match=r"^write outcome unknown$"):
-        RP.applied(UNKNOWN)
+        repair_steps.applied(UNKNOWN)
 
 
 # ------------------------------------------------------------------------------ builders
@@ -130,7 +130,7 @@ def test_release_held_wants_a_held_item_before_any_call() -> None:
     t = Rec()
     r = t.lease("ra", "k1", NOW + HOUR)
     with pytest.raises(AssertionError):
-        t.run(RP.release_held(replace(r, holder=None), NOW, Q, G))
+        t.run(repair_steps.release_held(replace(r, holder=None), NOW, Q, G))
     assert t.calls == []
 
 
@@ -142,8 +142,8 @@ def early(w: Write) -> Write:
 def test_release_held_sends_an_early_free_only_before_its_time(q: int, kind: str) -> None:
     t = Table()
     r = t.lease("ra", "k1", NOW + HOUR)
-    ops = RP.Ops(early_free=early)
-    assert t.run(RP.release_held(r, NOW, q, G, ops=ops)) == "released"
+    ops = repair_steps.Ops(early_free=early)
+    assert t.run(repair_steps.release_held(r, NOW, q, G, ops=ops)) == "released"
     assert t.writes() == ["map_release", kind]
     attr = "lease_available" if q == 0 else "quarantine_until"
     assert t.items[("c", "ra")][attr] == fmt_time(NOW + q)
@@ -153,34 +153,36 @@ def test_release_held_sends_an_early_free_only_before_its_time(q: int, kind: str
 def test_repair_sends_an_early_free_only_before_its_time(q: int, kind: str) -> None:
     t = Table()
     r = never_named(t)
-    ops = RP.Ops(early_free=early)
-    assert t.run(RP.repair(r, t.mapping("k1"), NOW, q, G, ops=ops)) == "freed_orphan"
+    ops = repair_steps.Ops(early_free=early)
+    assert t.run(repair_steps.repair(r, t.mapping("k1"), NOW, q, G, ops=ops)) == "freed_orphan"
     assert t.writes() == [kind]
 
 
 def test_release_held_and_repair_examined_judge_with_the_ops_given() -> None:
-    def always(v: Orphan) -> RP.Ops:
-        return RP.Ops(orphan_verdict=lambda r, m: v)
+    def always(v: Orphan) -> repair_steps.Ops:
+        return repair_steps.Ops(orphan_verdict=lambda r, m: v)
 
     t = Table()
     r = t.lease("ra", "k1", NOW + HOUR)
     # a verdict of ORPHAN for a lease: repaired as one, through the same ops
-    assert t.run(RP.release_held(r, NOW, Q, G, ops=always(Orphan.ORPHAN))) == "freed_orphan"
+    assert (
+        t.run(repair_steps.release_held(r, NOW, Q, G, ops=always(Orphan.ORPHAN))) == "freed_orphan"
+    )
     t2 = Table()
     o = t2.lease("ra", "k1", NOW + HOUR, mapped=False)
-    assert t2.run(RP.repair_examined(o, NOW, Q, G, ops=always(Orphan.LEASE))) == "lease"
+    assert t2.run(repair_steps.repair_examined(o, NOW, Q, G, ops=always(Orphan.LEASE))) == "lease"
     assert t2.writes() == []
 
 
 def test_repair_examined_frees_an_orphan_to_its_end_plus_the_grace() -> None:
     t = Table()
     o = t.lease("ra", "k1", NOW + HOUR, mapped=False)  # its mapping write may still land
-    assert t.run(RP.repair_examined(o, NOW, Q, G)) == "freed_orphan"
+    assert t.run(repair_steps.repair_examined(o, NOW, Q, G)) == "freed_orphan"
     assert t.writes() == ["map_fence", "free_orphan"]
     assert t.res("ra").quarantine_until == fmt_time(NOW + HOUR + G)
     t2 = Table()
     n = never_named(t2)
-    assert t2.run(RP.repair_examined(n, NOW, Q, G)) == "freed_orphan"
+    assert t2.run(repair_steps.repair_examined(n, NOW, Q, G)) == "freed_orphan"
     assert t2.res("ra").quarantine_until == fmt_time(NOW + Q)
 
 
@@ -189,10 +191,10 @@ def test_orphan_free_at_holds_an_orphan_the_mapping_moved_past_to_its_end() -> N
     names now: held to the end; at ``r.mver`` naming another claim: never named."""
     r = Table().lease("ra", "k1", NOW + HOUR, mapped=False)
     m = Mapping("c", "p", "k1", EAST, r.mver + 1, FREE, "t-other", "other")
-    assert V.orphan_free_at(r, m, NOW, Q, G) == NOW + HOUR + G
+    assert verdicts.orphan_free_at(r, m, NOW, Q, G) == NOW + HOUR + G
     at = replace(m, ver=r.mver)
-    assert V.orphan_free_at(r, at, NOW, Q, G) == NOW + Q
-    assert V.orphan_free_at(r, replace(at, token=r.holder), NOW, Q, G) == NOW + HOUR + G
+    assert verdicts.orphan_free_at(r, at, NOW, Q, G) == NOW + Q
+    assert verdicts.orphan_free_at(r, replace(at, token=r.holder), NOW, Q, G) == NOW + HOUR + G
 
 
 # --------------------------------------------------------------------- the liberator
@@ -200,11 +202,11 @@ def test_liberate_item_frees_only_past_the_grace_and_says_so() -> None:
     cutoff = NOW - RUN.grace_us
     t = Rec()
     at = t.lease("ra", "k1", cutoff)  # ends exactly at the cutoff: not yet
-    assert t.run(RP.liberate_item(at, RUN)) == "lease"
+    assert t.run(repair_steps.liberate_item(at, RUN)) == "lease"
     assert t.writes() == [] and t.counted() == ["checked"]
     t = Rec()
     past = t.lease("ra", "k1", cutoff - 1)
-    assert t.run(RP.liberate_item(past, RUN)) == "freed"
+    assert t.run(repair_steps.liberate_item(past, RUN)) == "freed"
     c = ctx(past, lease_expires=fmt_time(cutoff - 1))
     assert t.notes == [("expired", "", {}), ("freed", "", {}), ("freed", "debug", c)]
     assert t.res("ra").lease_available == fmt_time(NOW)
@@ -215,12 +217,12 @@ def test_liberate_item_dry_run_lost_race_and_errors() -> None:
     t = Rec()
     r = t.lease("ra", "k1", end)
     c = ctx(r, lease_expires=fmt_time(end))
-    assert t.run(RP.liberate_item(r, replace(RUN, dry_run=True))) == "would_free"
+    assert t.run(repair_steps.liberate_item(r, replace(RUN, dry_run=True))) == "would_free"
     assert t.calls == []
     assert t.notes == [("expired", "", {}), ("would_free", "", {}), ("would_free", "debug", c)]
     t.notes.clear()
     stale = replace(r, version=r.version - 1)
-    assert t.run(RP.liberate_item(stale, RUN)) == "lost_race"
+    assert t.run(repair_steps.liberate_item(stale, RUN)) == "lost_race"
     cs = ctx(stale, lease_expires=fmt_time(end))
     assert t.notes == [("expired", "", {}), ("lost_races", "", {}), ("lost_race", "info", cs)]
     err = Unavailable("throttled")
@@ -231,7 +233,7 @@ def test_liberate_item_dry_run_lost_race_and_errors() -> None:
     ):
         t.notes.clear()
         t.results[len(t.calls) + 1] = res
-        assert t.run(RP.liberate_item(r, RUN)) == "error"
+        assert t.run(repair_steps.liberate_item(r, RUN)) == "error"
         assert t.notes == [
             ("expired", "", {}),
             ("errors", "", {}),
@@ -243,41 +245,41 @@ def test_liberate_item_dry_run_lost_race_and_errors() -> None:
 def test_liberate_item_checks_for_orphans_with_the_ops_given() -> None:
     t = Table()
     o = t.lease("ra", "k1", NOW + HOUR, mapped=False)
-    lease_only = RP.Ops(orphan_verdict=lambda r, m: Orphan.LEASE)
-    assert t.run(RP.liberate_item(o, RUN, lease_only)) == "lease"
+    lease_only = repair_steps.Ops(orphan_verdict=lambda r, m: Orphan.LEASE)
+    assert t.run(repair_steps.liberate_item(o, RUN, lease_only)) == "lease"
     assert t.writes() == []
-    assert t.run(RP.liberate_item(o, RUN)) == "freed_orphan"
+    assert t.run(repair_steps.liberate_item(o, RUN)) == "freed_orphan"
 
 
 def test_check_orphan_looks_only_at_old_held_items() -> None:
     t = Rec()
     old = t.lease("ra", "k1", NOW + HOUR, mapped=False, acquired=NOW - AGE - 1)
-    assert t.run(RP.check_orphan(old, replace(RUN, orphan_age_us=None))) == "young"
-    assert t.run(RP.check_orphan(replace(old, holder=None), RUN)) == "young"
-    assert t.run(RP.check_orphan(replace(old, lease_acquired_us=None), RUN)) == "young"
+    assert t.run(repair_steps.check_orphan(old, replace(RUN, orphan_age_us=None))) == "young"
+    assert t.run(repair_steps.check_orphan(replace(old, holder=None), RUN)) == "young"
+    assert t.run(repair_steps.check_orphan(replace(old, lease_acquired_us=None), RUN)) == "young"
     edge = replace(old, lease_acquired_us=NOW - AGE)  # exactly the orphan age: young
-    assert t.run(RP.check_orphan(edge, RUN)) == "young"
+    assert t.run(repair_steps.check_orphan(edge, RUN)) == "young"
     assert t.calls == [] and t.notes == []
-    assert t.run(RP.check_orphan(old, RUN)) == "freed_orphan"
+    assert t.run(repair_steps.check_orphan(old, RUN)) == "freed_orphan"
 
 
 def test_check_orphan_leaves_an_item_that_changed_since_the_scan() -> None:
     t = Rec()
     r = t.lease("ra", "k1", NOW + HOUR, mapped=False)
     t.items[("c", "ra")] = t.items[("c", "ra")] | {"holder": "t-next"}  # claimed again
-    assert t.run(RP.check_orphan(r, RUN)) == "gone"
+    assert t.run(repair_steps.check_orphan(r, RUN)) == "gone"
     t.items[("c", "ra")] = {k: v for k, v in t.items[("c", "ra")].items() if k != "key"}
     t.items[("c", "ra")]["holder"] = "t-ra"
-    assert t.run(RP.check_orphan(r, RUN)) == "gone"  # no key any more
+    assert t.run(repair_steps.check_orphan(r, RUN)) == "gone"  # no key any more
     del t.items[("c", "ra")]
-    assert t.run(RP.check_orphan(r, RUN)) == "gone"
+    assert t.run(repair_steps.check_orphan(r, RUN)) == "gone"
     assert t.writes() == [] and t.counted() == ["checked"] * 3 and t.logged() == []
 
 
 def test_check_orphan_leaves_a_lease_its_mapping_names() -> None:
     t = Rec()
     r = t.lease("ra", "k1", NOW + HOUR)
-    assert t.run(RP.check_orphan(r, RUN)) == "lease"
+    assert t.run(repair_steps.check_orphan(r, RUN)) == "lease"
     assert t.writes() == [] and t.notes == [("checked", "", {})]
     assert t.calls == [GetItem(("c", "ra")), GetItem((map_pk("c", "p", "k1"), EAST))]
 
@@ -290,7 +292,7 @@ def test_check_orphan_frees_a_never_named_orphan_after_the_quarantine(
     named, no fence); held to its end plus the grace only when the paper's agent may run."""
     t = Rec()
     r = never_named(t)
-    assert t.run(RP.check_orphan(r, replace(RUN, legacy_agents=legacy))) == "freed_orphan"
+    assert t.run(repair_steps.check_orphan(r, replace(RUN, legacy_agents=legacy))) == "freed_orphan"
     assert t.writes() == ["free_orphan"]
     assert t.res("ra").quarantine_until == fmt_time(until)
     assert t.notes == [
@@ -304,7 +306,7 @@ def test_check_orphan_frees_a_never_named_orphan_after_the_quarantine(
 def test_check_orphan_dry_run_lost_race_and_error() -> None:
     t = Rec()
     r = never_named(t)
-    assert t.run(RP.check_orphan(r, replace(RUN, dry_run=True))) == "would_free_orphan"
+    assert t.run(repair_steps.check_orphan(r, replace(RUN, dry_run=True))) == "would_free_orphan"
     assert t.writes() == []
     assert t.notes == [
         ("checked", "", {}),
@@ -318,7 +320,7 @@ def test_check_orphan_dry_run_lost_race_and_error() -> None:
         t.items[("c", "ra")] = t.items[("c", "ra")] | {"version": r.version + 1}
 
     t.before[3] = moved  # after the two reads, before the free
-    assert t.run(RP.check_orphan(r, RUN)) == "lost_race"
+    assert t.run(repair_steps.check_orphan(r, RUN)) == "lost_race"
     assert t.notes == [
         ("checked", "", {}),
         ("orphans", "", {}),
@@ -328,7 +330,7 @@ def test_check_orphan_dry_run_lost_race_and_error() -> None:
     t = Rec()
     fresh = never_named(t)
     t.results[3] = UNKNOWN
-    assert t.run(RP.check_orphan(fresh, RUN)) == "error"
+    assert t.run(repair_steps.check_orphan(fresh, RUN)) == "error"
     exc: RasdError = Unavailable("write outcome unknown")
     assert t.notes == [
         ("checked", "", {}),
@@ -348,13 +350,13 @@ def quarantined(t: Table, until: int) -> ResourceItem:
 
 def test_relist_item_relists_from_the_end_of_the_quarantine_on() -> None:
     t = Rec()
-    assert t.run(RP.relist_item(t.free("rb"), NOW)) == "quarantined"  # listed already
+    assert t.run(repair_steps.relist_item(t.free("rb"), NOW)) == "quarantined"  # listed already
     r = quarantined(t, NOW)
-    assert t.run(RP.relist_item(r, NOW - 1)) == "quarantined"
+    assert t.run(repair_steps.relist_item(r, NOW - 1)) == "quarantined"
     assert t.calls == [] and t.notes == []
-    assert t.run(RP.relist_item(r, NOW, dry_run=True)) == "would_relist"
+    assert t.run(repair_steps.relist_item(r, NOW, dry_run=True)) == "would_relist"
     assert t.calls == [] and t.notes == [("quarantine_over", "", {})]
-    assert t.run(RP.relist_item(r, NOW)) == "relisted"  # exactly at its end
+    assert t.run(repair_steps.relist_item(r, NOW)) == "relisted"  # exactly at its end
     assert t.writes() == ["relist"]
     after = t.items[("c", "ra")]
     assert after["lease_available"] == fmt_time(NOW) and "quarantine_until" not in after
@@ -366,11 +368,11 @@ def test_relist_item_lost_race_and_error() -> None:
     t = Rec()
     r = quarantined(t, NOW)
     t.items[("c", "ra")] = t.items[("c", "ra")] | {"version": r.version + 1}
-    assert t.run(RP.relist_item(r, NOW + US)) == "lost_race"
+    assert t.run(repair_steps.relist_item(r, NOW + US)) == "lost_race"
     assert t.notes == [("quarantine_over", "", {}), ("lost_races", "", {})]
     t.notes.clear()
     t.results[len(t.calls) + 1] = UNKNOWN
-    assert t.run(RP.relist_item(r, NOW + US)) == "error"
+    assert t.run(repair_steps.relist_item(r, NOW + US)) == "error"
     exc: RasdError = Unavailable("write outcome unknown")
     assert t.notes == [
         ("quarantine_over", "", {}),

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from rasd.core import agree as A
+from rasd.core import agree as agree_rules
 from rasd.core.decide import Extended, Outcome
 from rasd.core.errors import Unavailable
 from rasd.core.lease import FREE, Lease, Mapping, fmt_time, parse_time
 from rasd.steps import At, GetItem, Send, Sleep, WriteResult
-from rasd.steps import strict as S
+from rasd.steps import strict as strict_steps
 from rasd.steps.daemon import BACKGROUND_DEADLINE, Daemon, Deadline
 from rasd.steps.renew import confirm, extend
 from tests.helpers.daemontable import EAST, HOUR, NOW, POOL, RULES, WEST, Table
@@ -58,11 +58,13 @@ def claim_of(t: Regions, key: str = "k", token: str = "t1") -> Mapping:
     return t.pending("r1", key, END, token)
 
 
-def other_lease(t: Regions, key: str = "k", end: int = END) -> A.Agreement:
+def other_lease(t: Regions, key: str = "k", end: int = END) -> agree_rules.Agreement:
     """A in the home region names another region's lease of ``key`` (token ``t9``)."""
     theirs = Mapping("c", "p", key, "sa-east-1", 2, "pending", "t9", "r9", 6, end, NOW, "d9")
-    item = t.home.land(A.agree_write(A.agree_key("c", "p", key), 0, theirs)).item
-    got = A.agreement_from(item)
+    item = t.home.land(
+        agree_rules.agree_write(agree_rules.agree_key("c", "p", key), 0, theirs)
+    ).item
+    got = agree_rules.agreement_from(item)
     assert got is not None
     return got
 
@@ -70,9 +72,9 @@ def other_lease(t: Regions, key: str = "k", end: int = END) -> A.Agreement:
 def test_a_new_keys_claim_is_agreed_with_one_write_in_the_home_region() -> None:
     t = Regions()
     m = claim_of(t)
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,))) is None
+    assert t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,))) is None
     assert t.at == [(HOME, "Send")]
-    a = A.agreement_from(t.home.items[A.agree_key("c", "p", "k")])
+    a = agree_rules.agreement_from(t.home.items[agree_rules.agree_key("c", "p", "k")])
     assert a is not None and (a.token, a.region, a.resource, a.mver) == ("t1", EAST, "r1", m.ver)
     assert t.counts == {"strict.agreed": 1}
     assert not t.spawned
@@ -83,19 +85,19 @@ def test_a_key_agreed_elsewhere_answers_that_lease_and_withdraws_ours() -> None:
     t = Regions()
     m = claim_of(t)
     other_lease(t)
-    got = t.run(S.agree(daemon(), POOL, HOME, m, (m,)))
+    got = t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,)))
     assert isinstance(got, Lease) and (got.token, got.resource, got.key) == ("t9", "r9", "k")
     assert t.at == [(HOME, "Send"), (HOME, "GetItem")]
     assert t.counts == {"strict.deferred": 1}
     (spawn,) = t.spawned
-    assert spawn.fn is S.withdraw and spawn.args[1] == m
+    assert spawn.fn is strict_steps.withdraw and spawn.args[1] == m
 
 
 def test_a_reader_finds_our_claim_agreed_already() -> None:
     t = Regions()
     m = claim_of(t)
-    t.home.land(A.agree_write(A.agree_key("c", "p", "k"), 0, m))
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), expect=None)) is None
+    t.home.land(agree_rules.agree_write(agree_rules.agree_key("c", "p", "k"), 0, m))
+    assert t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,), expect=None)) is None
     assert t.at == [(HOME, "GetItem")]
     assert t.counts == {"strict.agreed": 1}
 
@@ -104,9 +106,9 @@ def test_an_agreement_whose_lease_is_over_is_taken_over_at_its_version() -> None
     t = Regions()
     m = claim_of(t)
     other_lease(t, end=NOW - RULES.grace_us - 1)
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,))) is None
+    assert t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,))) is None
     assert t.at == [(HOME, "Send"), (HOME, "GetItem"), (HOME, "Send")]
-    item = t.home.items[A.agree_key("c", "p", "k")]
+    item = t.home.items[agree_rules.agree_key("c", "p", "k")]
     assert (item["token"], item["ver"]) == ("t1", 2)
 
 
@@ -124,10 +126,10 @@ def test_an_agreed_lease_ending_is_waited_for() -> None:
             t.now = NOW + RULES.margin_us + RULES.grace_us
 
     t.on_sleep = later
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), wait=0.005)) is None
+    assert t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,), wait=0.005)) is None
     assert waits == [0.005, 0.01]
     assert t.counts == {"acq.waits": 2, "strict.agreed": 1}
-    assert t.home.items[A.agree_key("c", "p", "k")]["token"] == "t1"
+    assert t.home.items[agree_rules.agree_key("c", "p", "k")]["token"] == "t1"
 
 
 @pytest.mark.parametrize("fails", ["Send", "GetItem"])
@@ -140,7 +142,7 @@ def test_home_region_down_fails_the_new_key(fails: str) -> None:
         other_lease(t)
         t.home.fail[GetItem] = DOWN
     with pytest.raises(Unavailable) as err:
-        t.run(S.agree(daemon(), POOL, HOME, m, (m,)))
+        t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,)))
     assert str(err.value) == (
         f"home region {HOME} of strict pool 'p' unreachable, the new lease is not agreed: {DOWN}"
     )
@@ -151,11 +153,11 @@ def test_home_region_down_fails_the_new_key(fails: str) -> None:
 def taken_over_meanwhile(t: Regions, end: int) -> None:
     """Before the home region's third call (our write at the version we read), another
     region's lease of ``k`` (token ``t8``, until ``end``) takes A over."""
-    ident = A.agree_key("c", "p", "k")
+    ident = agree_rules.agree_key("c", "p", "k")
     theirs = Mapping("c", "p", "k", "sa-east-1", 3, "pending", "t8", "r8", 7, end, NOW, "d8")
 
     def take() -> None:
-        assert t.home.land(A.agree_write(ident, 1, theirs)).outcome is Outcome.APPLIED
+        assert t.home.land(agree_rules.agree_write(ident, 1, theirs)).outcome is Outcome.APPLIED
 
     t.home.before[3] = take
 
@@ -168,12 +170,12 @@ def test_a_proposal_refused_again_reads_and_answers_the_lease_that_won() -> None
     other_lease(t, end=NOW - RULES.grace_us - 1)
     taken_over_meanwhile(t, END)
     d = daemon()
-    got = t.run(S.agree(d, POOL, HOME, m, (m,)))
+    got = t.run(strict_steps.agree(d, POOL, HOME, m, (m,)))
     assert isinstance(got, Lease) and (got.token, got.resource) == ("t8", "r8")
     assert t.at == [(HOME, "Send"), (HOME, "GetItem"), (HOME, "Send"), (HOME, "GetItem")]
     assert t.counts == {"strict.deferred": 1}
     (spawn,) = t.spawned
-    assert spawn.fn is S.withdraw and spawn.args == (d, m)
+    assert spawn.fn is strict_steps.withdraw and spawn.args == (d, m)
 
 
 @pytest.mark.parametrize("wait", [0.005, 0.04])
@@ -192,9 +194,9 @@ def test_a_proposal_refused_again_waits_for_a_lease_ending(wait: float) -> None:
         t.now = NOW + RULES.margin_us + RULES.grace_us
 
     t.on_sleep = later
-    assert t.run(S.agree(daemon(), POOL, HOME, m, (m,), wait=wait)) is None
+    assert t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,), wait=wait)) is None
     assert waits == [wait]
-    assert t.home.items[A.agree_key("c", "p", "k")]["token"] == "t1"
+    assert t.home.items[agree_rules.agree_key("c", "p", "k")]["token"] == "t1"
     assert t.counts == {"acq.waits": 1, "strict.agreed": 1}
 
 
@@ -218,7 +220,7 @@ def test_home_region_down_later_in_the_request_fails_it(when: str) -> None:
 
         t.on_sleep = down
     with pytest.raises(Unavailable) as err:
-        t.run(S.agree(daemon(), POOL, HOME, m, (m,)))
+        t.run(strict_steps.agree(daemon(), POOL, HOME, m, (m,)))
     assert str(err.value) == (
         f"home region {HOME} of strict pool 'p' unreachable, the new lease is not agreed: {DOWN}"
     )
@@ -228,7 +230,7 @@ def test_home_region_down_at_the_first_write_falls_back_when_local() -> None:
     t = Regions()
     m = claim_of(t)
     t.home.script["agree"] = [WriteResult(Outcome.UNKNOWN, error=DOWN)]
-    assert t.run(S.agree(daemon("local"), POOL, HOME, m, (m,))) is None
+    assert t.run(strict_steps.agree(daemon("local"), POOL, HOME, m, (m,))) is None
     assert t.counts == {"strict.home_unreachable": 1, "strict.fallback": 1}
     fields = (("pool", "p"), ("key", "k"), ("token", "t1"), ("error", str(DOWN)))
     assert t.logs == [("strict_fallback", fields, "warning")]
@@ -238,7 +240,7 @@ def test_home_region_down_falls_back_to_our_claim_when_local() -> None:
     t = Regions()
     m = claim_of(t)
     t.down = DOWN
-    assert t.run(S.agree(daemon("local"), POOL, HOME, m, (m,), expect=None)) is None
+    assert t.run(strict_steps.agree(daemon("local"), POOL, HOME, m, (m,), expect=None)) is None
     assert t.counts == {"strict.home_unreachable": 1, "strict.fallback": 1}
     fields = (("pool", "p"), ("key", "k"), ("token", "t1"), ("error", str(DOWN)))
     assert t.logs == [("strict_fallback", fields, "warning")]
@@ -247,7 +249,7 @@ def test_home_region_down_falls_back_to_our_claim_when_local() -> None:
 def test_withdraw_frees_the_pending_mapping_then_the_claim() -> None:
     t = Regions()
     m = claim_of(t)
-    t.run(S.withdraw(daemon(), m))
+    t.run(strict_steps.withdraw(daemon(), m))
     assert t.of(Deadline)[0] == Deadline(BACKGROUND_DEADLINE)
     assert t.mapping("k").state == FREE
     assert t.res("r1").key is None
@@ -262,7 +264,7 @@ def test_withdraw_leaves_a_claim_whose_mapping_moved_on() -> None:
     t = Regions()
     m = claim_of(t)
     moved = dataclasses.replace(m, ver=m.ver - 1)  # our copy is older than the mapping
-    t.run(S.withdraw(daemon(), moved))
+    t.run(strict_steps.withdraw(daemon(), moved))
     assert t.counts == {"strict.withdraw_left": 1}
     assert t.res("r1").key == "k"  # the claim runs out; nothing else is written
     assert t.writes() == ["map_drop_dead"]
@@ -270,15 +272,15 @@ def test_withdraw_leaves_a_claim_whose_mapping_moved_on() -> None:
 
 def lease_of(t: Regions) -> Lease:
     m = claim_of(t)
-    t.home.land(A.agree_write(A.agree_key("c", "p", "k"), 0, m))
+    t.home.land(agree_rules.agree_write(agree_rules.agree_key("c", "p", "k"), 0, m))
     return Lease("c", "p", "k", "r1", EAST, END, m.rver + 1, NOW, "t1")
 
 
 def test_an_extension_moves_the_agreements_end_first() -> None:
     t = Regions()
     lease = lease_of(t)
-    assert t.run(S.extend_agreement(daemon(), HOME, lease, END + HOUR)) is True
-    assert t.home.items[A.agree_key("c", "p", "k")]["exp"] == fmt_time(END + HOUR)
+    assert t.run(strict_steps.extend_agreement(daemon(), HOME, lease, END + HOUR)) is True
+    assert t.home.items[agree_rules.agree_key("c", "p", "k")]["exp"] == fmt_time(END + HOUR)
     assert t.at == [(HOME, "Send")]
     assert not t.home.bare
 
@@ -286,22 +288,22 @@ def test_an_extension_moves_the_agreements_end_first() -> None:
 def test_an_extension_refused_reads_the_agreement() -> None:
     t = Regions()
     lease = lease_of(t)
-    ident = A.agree_key("c", "p", "k")
+    ident = agree_rules.agree_key("c", "p", "k")
     # already that far (another extension came first): go on
-    assert t.run(S.extend_agreement(daemon(), HOME, lease, END)) is True
+    assert t.run(strict_steps.extend_agreement(daemon(), HOME, lease, END)) is True
     assert t.at == [(HOME, "Send"), (HOME, "GetItem")]
     # A names another lease now: stop
     t.home.set(ident, token="t9")
-    assert t.run(S.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
+    assert t.run(strict_steps.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
     del t.home.items[ident]
-    assert t.run(S.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
+    assert t.run(strict_steps.extend_agreement(daemon(), HOME, lease, END + HOUR)) is False
 
 
 def live_lease_of(t: Regions) -> Lease:
     """A live lease of ``k`` on r1 in our region (claimed, mapped, confirmed) that A names."""
     m = claim_of(t)
     t.run(confirm(m))
-    t.home.land(A.agree_write(A.agree_key("c", "p", "k"), 0, m))
+    t.home.land(agree_rules.agree_write(agree_rules.agree_key("c", "p", "k"), 0, m))
     return Lease("c", "p", "k", "r1", EAST, END, t.res("r1").version, NOW, "t1")
 
 
@@ -316,7 +318,7 @@ def test_an_extension_writes_the_resource_then_the_agreement_then_the_mapping() 
     assert [w for w in t.writes() if w != "map_confirm"] == ["extend_resource", "map_extend"]
     assert t.sent[-3:] == ["extend_resource", "agree_extend", "map_extend"]
     assert t.res("r1").lease_expires_us == END + HOUR
-    assert t.home.items[A.agree_key("c", "p", "k")]["exp"] == fmt_time(END + HOUR)
+    assert t.home.items[agree_rules.agree_key("c", "p", "k")]["exp"] == fmt_time(END + HOUR)
 
 
 def test_an_extension_whose_resource_is_gone_leaves_the_agreement_alone() -> None:
@@ -327,7 +329,7 @@ def test_an_extension_whose_resource_is_gone_leaves_the_agreement_alone() -> Non
     t.script["extend_resource"] = [WriteResult(Outcome.REJECTED)]
     t.run(extend(daemon(), lease, END + HOUR))
     assert t.at == []
-    assert t.home.items[A.agree_key("c", "p", "k")]["exp"] == fmt_time(END)
+    assert t.home.items[agree_rules.agree_key("c", "p", "k")]["exp"] == fmt_time(END)
 
 
 @pytest.mark.parametrize("fails", ["Send", "GetItem"])
@@ -340,7 +342,7 @@ def test_an_extension_without_the_home_region(fails: str) -> None:
         else:
             t.home.script["agree_extend"] = [WriteResult(Outcome.REJECTED)]
             t.home.fail[GetItem] = DOWN
-        prog = S.extend_agreement(daemon(mode), HOME, lease, END + HOUR)
+        prog = strict_steps.extend_agreement(daemon(mode), HOME, lease, END + HOUR)
         if mode == "fail":
             with pytest.raises(Unavailable):
                 t.run(prog)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from rasd.core import legacy, verdicts
-from rasd.core import writes as W
+from rasd.core import writes as item_writes
 from rasd.core.builders import (
     adopt,
     claim,
@@ -420,21 +420,21 @@ def test_render_makes_each_shape_once_and_bounds_its_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made: list[Write] = []
-    plain = W.render_plain
+    plain = item_writes.render_plain
 
     def counting(w: Write) -> dict[str, object]:
         made.append(w)
         return plain(w)
 
-    monkeypatch.setattr(W, "render_plain", counting)
-    monkeypatch.setattr(W, "_TEMPLATES", {})
+    monkeypatch.setattr(item_writes, "render_plain", counting)
+    monkeypatch.setattr(item_writes, "_TEMPLATES", {})
     a = Write(("c", "r"), (Cond("version", "=", 1),), set=(("x", "y"),))
     b = Write(("c", "s"), (Cond("version", "=", 2),), set=(("x", "z"),))
-    assert W.render(a) == plain(a) and W.render(b) == plain(b)
+    assert item_writes.render(a) == plain(a) and item_writes.render(b) == plain(b)
     assert made == [a]  # b has a's shape: filled in, not made again
-    for i in range(W._TEMPLATES_MAX + 5):
-        W.render(Write(("c", "r"), (), set=((f"a{i}", 1),)))
-        assert len(W._TEMPLATES) <= W._TEMPLATES_MAX
+    for i in range(item_writes._TEMPLATES_MAX + 5):
+        item_writes.render(Write(("c", "r"), (), set=((f"a{i}", 1),)))
+        assert len(item_writes._TEMPLATES) <= item_writes._TEMPLATES_MAX
 
 
 def test_map_extend_in_full() -> None:

@@ -15,7 +15,7 @@ import structlog
 from rasd.core import schema
 from rasd.core.lease import REGION_RE, ResourceItem
 from rasd.steps import Note
-from rasd.steps import admin as steps
+from rasd.steps import admin as admin_steps
 
 from .. import common, leases
 from .listing import COUNT_COLUMNS, counts_of, show, state_of
@@ -40,7 +40,7 @@ def cmd_add_pool(ddb: Any, args: argparse.Namespace) -> int:
     asked = outage_budget(args)
     old = get_pool(ddb, args.table, args.client, args.pool)
     budget, quarantine = kept_budget(args, old, asked)
-    define = steps.define_pool(
+    define = admin_steps.define_pool(
         args.client,
         args.pool,
         args.max_lease,
@@ -141,7 +141,7 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
             return got
 
     driver = Ticking(ddb, args.table, peers=writers, log=log, counts=counts)
-    job = steps.PoolDelete(
+    job = admin_steps.PoolDelete(
         client_id=args.client,
         pool_id=args.pool,
         defined=pool is not None,
@@ -155,7 +155,7 @@ def cmd_delete_pool(ddb: Any, args: argparse.Namespace) -> int:
     # Definition first: daemons stop handing out this pool at their next pool refresh; then
     # each item only as we read it unless --force (a lease taken since then survives); with
     # --force a held item's mapping is ended before the item goes (rasd.steps.admin).
-    got = driver.run(steps.delete_pool(job))
+    got = driver.run(admin_steps.delete_pool(job))
     progress.close()
     ex = got.item
     if got.status == "leased":

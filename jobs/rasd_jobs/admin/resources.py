@@ -11,7 +11,7 @@ from typing import Any
 
 from rasd.core.lease import MAX_RESOURCE_LEN, US, ResourceItem
 from rasd.core.serialize import is_tombstone
-from rasd.steps import admin as steps
+from rasd.steps import admin as admin_steps
 
 from .. import common, leases
 from .listing import row_of, show, state_of
@@ -149,7 +149,7 @@ def put_resource(ddb: Any, args: argparse.Namespace, region: str, name: str, now
     ``"held"`` (a tombstone's name: claimable from its ``hold_until``), or ``"exists"`` (a
     resource took the name meanwhile: left alone)."""
     got = leases.run(
-        ddb, args.table, steps.add_resource(args.client, args.pool, region, name, now_us)
+        ddb, args.table, admin_steps.add_resource(args.client, args.pool, region, name, now_us)
     )
     if got == "changing":
         raise common.JobError(f"{name!r} kept changing while it was added; look again")
@@ -215,7 +215,7 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
     base = {"command": "release-resource", "client_id": args.client, "resource": args.resource}
     # No app released it: apps may use it until its end, so it is claimable only after that
     # end plus the skew, however short the quarantine (docs/design.md, I1).
-    prog = steps.release_resource(
+    prog = admin_steps.release_resource(
         (args.client, args.resource), region, now, quarantine_us, grace_us
     )
     got = leases.run(ddb, args.table, prog)
@@ -238,7 +238,7 @@ def cmd_release_resource(ddb: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def refused(args: argparse.Namespace, got: steps.AdminResult, verb: str) -> None:
+def refused(args: argparse.Namespace, got: admin_steps.AdminResult, verb: str) -> None:
     """The refusals every one-resource command shares: no such resource; another region's
     (in a global table it would be written in the wrong replica and race that region's
     claims, last writer wins)."""
@@ -262,7 +262,7 @@ def cmd_delete_resource(ddb: Any, args: argparse.Namespace) -> int:
     now = common.now_us(args)
     quarantine_us, grace_us = bounds(args)
     # A held item's mapping is ended first: daemons must not serve a lease on it (docs/design.md).
-    prog = steps.delete_resource(
+    prog = admin_steps.delete_resource(
         (args.client, args.resource), region, now, args.force, quarantine_us, grace_us
     )
     got = leases.run(ddb, args.table, prog)
