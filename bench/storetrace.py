@@ -11,7 +11,7 @@ DynamoDB call (one ``_call``, retries included) appends one JSON line to ``TRACE
 * ``t0``/``t1``: ``time.perf_counter()`` when the call started and returned. On Linux that is
   CLOCK_MONOTONIC, shared by every process, so the client's stamps of a request and the
   daemon's stamps of its calls are on one clock;
-* ``req``: set for calls made on behalf of a request (inside ``Taker.get_lease`` and
+* ``req``: set for calls made on behalf of a request (inside ``Acquirer.get_lease`` and
   ``Releaser.release``, and the tasks they start); ``bg``: set for calls of background work
   (``Tasks.spawn``: confirmations, extensions, give-backs; ``Prefetcher._refill``: prefetch
   refills), even when a request started it. Calls with neither are the daemon's own (pool
@@ -74,7 +74,7 @@ def install(path: str) -> None:
     orig_call = store.Store._call
     orig_write = store.Store.write
     orig_spawn = tasks.Tasks.spawn
-    orig_get_lease = acquire.Taker.get_lease
+    orig_get_lease = acquire.Acquirer.get_lease
     orig_release = releaser.Releaser.release
     orig_refill = prefetch.Prefetcher._refill
 
@@ -138,7 +138,7 @@ def install(path: str) -> None:
     store.Store._call = _call  # type: ignore[method-assign]
     store.Store.write = write  # type: ignore[method-assign]
     tasks.Tasks.spawn = spawn  # type: ignore[method-assign]
-    acquire.Taker.get_lease = get_lease  # type: ignore[method-assign]
+    acquire.Acquirer.get_lease = get_lease  # type: ignore[method-assign]
     releaser.Releaser.release = release  # type: ignore[method-assign]
     prefetch.Prefetcher._refill = _refill  # type: ignore[method-assign]
 

@@ -82,7 +82,7 @@ def app_calls(w0: World, di: int) -> Out:
                 _maybe_refresh(x, di, key, e.lease, requested)
                 out.append((f"d{di} get_lease({key}) OUTAGE HIT (cut off)", x))
             w.set_daemon(d.with_entry(key, None))
-            # ``Taker``'s hint: a key this daemon served lately (here: an entry, lapsed) is
+            # ``Acquirer``'s hint: a key this daemon served lately (here: an entry, lapsed) is
             # read before a new key's mapping is written beside the read (rollout mode)
             speculate = e is None
             prog = Spawn(resolve, (setup, pool, key, requested, WAIT_FIRST, (), True, speculate))

@@ -1,9 +1,9 @@
-"""get_lease: the taker.
+"""get_lease: the acquirer.
 
 Theory of operation
 -------------------
 The daemon's verbs are divided among roles, as KCL divides a lease coordinator's work (its
-LeaseTaker, LeaseRenewer): :class:`Taker` answers ``get_lease``; the renewer
+LeaseTaker, LeaseRenewer): :class:`Acquirer` answers ``get_lease``; the renewer
 (``rasd.daemon.renewer``) extends and re-confirms what is served; the releaser
 (``rasd.daemon.releaser``) gives leases back and re-lists what it quarantined; the reporter
 (``rasd.daemon.reporter``) answers ``headroom`` and reports unmet demand. They share one
@@ -17,7 +17,7 @@ confirmed; a hit past S/2 asks the renewer for a background re-confirmation (one
 read), and a hit whose sliding ``lease_expires`` calls for it (``decide.should_extend``) for a
 background extension.
 
-A miss goes through :meth:`Taker.get_lease`, which does not ask the cache again (the server
+A miss goes through :meth:`Acquirer.get_lease`, which does not ask the cache again (the server
 just did; the resolution reads the table, the truth): it reads the pool, refuses a lease end
 the pool does not allow, and makes concurrent requests for one (client, pool, key) share one
 resolution (single-flight). The resolution
@@ -55,7 +55,7 @@ from .pools import PoolTable
 RECENT_KEYS, RECENT_S = 20_000, 600.0
 
 
-class Taker:
+class Acquirer:
     """``get_lease`` on a miss: the pool's check, single-flight, the resolution."""
 
     def __init__(self, driver: Driver, pools: PoolTable) -> None:

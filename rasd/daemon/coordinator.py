@@ -5,8 +5,8 @@ Theory of operation
 As KCL's lease coordinator builds its taker, renewer and refresher, :class:`Coordinator`
 builds the daemon's: the pool table (``rasd.daemon.pools``), the driver
 (``rasd.daemon.driver``), the renewer, which makes and keeps the lease cache
-(``rasd.daemon.renewer``), the releaser, the reporter and the taker (``rasd.daemon.acquire``).
-The server holds the coordinator and calls each role for its verbs: ``taker.get_lease``,
+(``rasd.daemon.renewer``), the releaser, the reporter and the acquirer (``rasd.daemon.acquire``).
+The server holds the coordinator and calls each role for its verbs: ``acquirer.get_lease``,
 ``releaser.release``, ``reporter.headroom``, and the cache's ``answer`` for the hit.
 
 The roles and the driver need each other: the driver runs the roles' programs, and the roles
@@ -29,7 +29,7 @@ from ..config import Config
 from ..core.clock import Clock
 from ..dynamo.store import Store
 from ..observe.metrics import Counters
-from .acquire import Taker
+from .acquire import Acquirer
 from .driver import Driver, Local, RolloutMode, StrictPools
 from .pools import PoolTable
 from .published import Published
@@ -39,7 +39,7 @@ from .reporter import Reporter
 
 
 class Coordinator:
-    """One daemon's roles over one driver and one pool table: ``taker``, ``renewer`` (and its
+    """One daemon's roles over one driver and one pool table: ``acquirer``, ``renewer`` (and its
     ``cache``), ``releaser``, ``reporter``."""
 
     def __init__(
@@ -63,7 +63,7 @@ class Coordinator:
         self.renewer = Renewer(drv, pools, local, published)
         self.releaser = Releaser(drv, pools, local)
         self.reporter = Reporter(drv, pools, local)
-        self.taker = Taker(drv, pools)
+        self.acquirer = Acquirer(drv, pools)
         self.cfg = cfg
         self.store = store
         self.clock = clock

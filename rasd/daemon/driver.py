@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The daemon's verbs are programs (``rasd.steps.daemon`` and the modules beside it) that decide
 everything and perform nothing. :class:`Driver` performs them for the daemon's roles
-(``rasd.daemon.acquire``: the taker; ``rasd.daemon.renewer``, ``rasd.daemon.releaser``,
+(``rasd.daemon.acquire``: the acquirer; ``rasd.daemon.renewer``, ``rasd.daemon.releaser``,
 ``rasd.daemon.reporter``; ``rasd.daemon.coordinator`` composes them), which share its state:
 the store, the clocks, the prefetcher, the rate limits, the owner name, and ``tasks``
 (``rasd.daemon.tasks``), the one task group every role starts its tasks in.

@@ -2,7 +2,7 @@
 
 The store (``rasd.dynamo.store``) appends to :data:`HEARD` each time DynamoDB answers a call,
 whatever it said, when the context it runs in keeps one; the router's outage path sets it
-around a request, whose taker's flight copies the context. A request that heard nothing learnt
+around a request, whose acquirer's flight copies the context. A request that heard nothing learnt
 nothing of its key. Its own module: the router imports it before the store is loaded.
 """
 

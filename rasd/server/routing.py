@@ -12,7 +12,7 @@ the hit      a well-formed ``get_lease`` (``wire.lease_fields``, called once: ty
              which ``handle`` returns for the connection to write.
 a miss       the same get_lease goes on with its fields tuple (:meth:`Router._lease`), never
              parsed or asked of the cache again: ``FORBIDDEN``, ``UNAVAILABLE`` while degraded,
-             else admission (:meth:`Router._admit`); the taker (``Taker.get_lease``) resolves it
+             else admission (:meth:`Router._admit`); ``Acquirer.get_lease`` resolves it
              from the table.
 the outage   a miss in a pool with an outage budget asks the cache again, for an entry past S
              inside its window (:meth:`Router._spare`): answered when DynamoDB's last word was
@@ -70,7 +70,7 @@ from .hittable import Answer
 from .peercred import Acl
 
 if TYPE_CHECKING:  # imported at run time by the bring-up, after the socket already serves
-    from ..daemon.acquire import Taker
+    from ..daemon.acquire import Acquirer
     from ..daemon.coordinator import Coordinator
     from ..daemon.releaser import Releaser
     from ..daemon.reporter import Reporter
@@ -85,7 +85,7 @@ HIT_SAMPLE_MASK = HIT_SAMPLE - 1
 
 
 #: of a request that may fall back on an outage window's entry: the seconds kept back from
-#: the taker to answer from it, at most this share of the deadline
+#: the acquirer to answer from it, at most this share of the deadline
 SPARE_RESERVE, SPARE_RESERVE_SHARE = 0.05, 0.2
 
 
@@ -155,7 +155,7 @@ class Router:
         # What exists once the store is up (:meth:`serve`); nothing reads them before.
         self.store: Store
         self.coordinator: Coordinator
-        self.taker: Taker
+        self.acquirer: Acquirer
         self.releaser: Releaser
         self.reporter: Reporter
         #: the hit: the cache's ``answer``, bound once
@@ -166,7 +166,7 @@ class Router:
         for the hit. Called once, before ``up`` is set."""
         self.store = store
         self.coordinator = coordinator
-        self.taker = coordinator.taker
+        self.acquirer = coordinator.acquirer
         self.releaser = coordinator.releaser
         self.reporter = coordinator.reporter
         self.answer = coordinator.cache.answer
@@ -387,7 +387,7 @@ class Router:
                 if op == "get_lease":
                     c, p, k, e = args
                     if spare is None:
-                        lease, new = await self.taker.get_lease(c, p, k, e, deadline)
+                        lease, new = await self.acquirer.get_lease(c, p, k, e, deadline)
                     else:
                         got = await self._or_spare(args, rid, t0, deadline, spare)
                         if isinstance(got, bytes):
@@ -428,15 +428,15 @@ class Router:
     async def _or_spare(
         self, args: tuple[Any, ...], rid: int, t0: float, deadline: float, spare: bytes
     ) -> tuple[Lease, bool] | bytes:
-        """The taker's answer within the deadline less a reserve; if that fails (UNAVAILABLE,
+        """The acquirer's answer within the deadline less a reserve; if that fails (UNAVAILABLE,
         TIMEOUT) with none of its DynamoDB calls answered (``HEARD``: nothing learnt,
         nothing written), the window entry's frame (:meth:`_spare`), put back in the cache."""
         c, p, k, e = args
         reserve = min(SPARE_RESERVE, (deadline - t0) * SPARE_RESERVE_SHARE)
         heard: list[float] = []
-        HEARD.set(heard)  # this task's context, copied by the taker's flight it starts
+        HEARD.set(heard)  # this task's context, copied by the acquirer's flight it starts
         try:
-            return await self.taker.get_lease(c, p, k, e, deadline - reserve)
+            return await self.acquirer.get_lease(c, p, k, e, deadline - reserve)
         except (Unavailable, Timeout):
             if heard:
                 raise

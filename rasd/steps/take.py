@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:func:`resolve` is a cache miss (the taker's ``get_lease`` after single-flight): each round
+:func:`resolve` is a cache miss (the acquirer's ``get_lease`` after single-flight): each round
 reads the key's mappings and does what ``rasd.core.decide`` says: serve a live lease, verify
 a pending one against its resource, adopt a lease of the paper's agent
 (:mod:`rasd.steps.settle`), extend a lease too close to its end (:mod:`rasd.steps.renew`),

@@ -242,7 +242,7 @@ async def probe_second_key(
     after = claimable_from(item(ddb, table, resource, client_id))
     d = await start(url, table, "prober", clock, region, mode=mode, **overrides)
     try:
-        lease, _ = await d.taker.get_lease(
+        lease, _ = await d.acquirer.get_lease(
             client_id, pool_id, key, clock.now_us() + 600 * lease_items.US, time.monotonic() + WAIT
         )
         got: str | None = lease.resource

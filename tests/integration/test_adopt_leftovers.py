@@ -91,7 +91,7 @@ async def _past_the_bound(
     got = agent.get_lease(C, P, "k", clock.now_us() + 600 * lease_items.US, clock.now_us())
     d3 = await start(url, table, "d3", clock, EAST, mode="rollout")
     try:
-        lease, _ = await d3.taker.get_lease(
+        lease, _ = await d3.acquirer.get_lease(
             C, P, "k", clock.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
         )
     finally:
@@ -120,7 +120,7 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
     async def query_mappings(client_id: str, pool_id: str, key: str, deadline: float) -> Any:
         ms = await real_q(client_id, pool_id, key, deadline)
         if not d1_lease:  # d2's first read of k: d1 acquires k before d2's writes go out
-            lease, _ = await d1.taker.get_lease(
+            lease, _ = await d1.acquirer.get_lease(
                 C, P, "k", c1.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
             )
             await settle(d1)  # its confirmation written
@@ -141,7 +141,7 @@ async def test_adopt_frees_a_losing_claim_the_fast_rules_left_before_the_paper_a
     d2.store.query_mappings = query_mappings  # type: ignore[method-assign]
     d2.store.write = write  # type: ignore[method-assign]
     try:
-        l2, _ = await d2.taker.get_lease(
+        l2, _ = await d2.acquirer.get_lease(
             C, P, "k", c2.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
         )
         r1 = d1_lease[0].resource
@@ -213,7 +213,7 @@ async def test_adopt_fences_a_pending_claim_that_may_still_land(
     d2.store.write = write  # type: ignore[method-assign]
     try:
         with pytest.raises(RasdError):  # the request gives up on the unknown outcome (I4)
-            await d2.taker.get_lease(
+            await d2.acquirer.get_lease(
                 C, P, "k", c2.now_us() + 3600 * lease_items.US, time.monotonic() + WAIT
             )
         await settle(d2)

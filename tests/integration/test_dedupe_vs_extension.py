@@ -110,7 +110,7 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
     d1 = await _daemon(moto_endpoint, table, clock, legacy)
     d2: Coordinator | None = None
     try:
-        first, new = await d1.taker.get_lease(
+        first, new = await d1.acquirer.get_lease(
             C, P, "k1", t0 + 100 * lease_items.US, time.monotonic() + 5
         )
         assert (first.resource, new) == ("rb", True)
@@ -199,7 +199,7 @@ async def test_an_extra_extended_while_deduplicated_is_held_to_its_end(
         )
         d2 = await _daemon(moto_endpoint, table, clock, legacy)
         try:
-            other, _ = await d2.taker.get_lease(
+            other, _ = await d2.acquirer.get_lease(
                 C, P, "k2", clock.now_us() + 600 * lease_items.US, time.monotonic() + 5
             )
             got = other.resource

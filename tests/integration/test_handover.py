@@ -68,13 +68,13 @@ async def test_stop_answers_what_it_read_and_the_next_daemon_answers_the_rest(
     assert isinstance(results["k-idle"], rasd_client.Lease)
 
     # A slow request in flight when the stop begins: answered by A, not dropped.
-    real = a.coordinator.taker.get_lease
+    real = a.coordinator.acquirer.get_lease
 
     async def slow(*args: Any) -> Any:
         await asyncio.sleep(0.3)
         return await real(*args)
 
-    a.coordinator.taker.get_lease = slow  # type: ignore[method-assign]
+    a.coordinator.acquirer.get_lease = slow  # type: ignore[method-assign]
     inflight = threading.Thread(target=call, args=("k-inflight", 5.0, results))
     inflight.start()
     for _ in range(100):

@@ -77,7 +77,7 @@ async def get_lease(
 ) -> lease_items.Lease | None:
     """get_lease(key) asking for now + secs; None on NO_CAPACITY."""
     try:
-        lease, _ = await d.taker.get_lease(
+        lease, _ = await d.acquirer.get_lease(
             C, P, key, clock.now_us() + int(secs * lease_items.US), time.monotonic() + 5
         )
     except NoCapacity:

@@ -200,7 +200,7 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
                 # waits for d1's pending mapping until its deadline: keep that short)
                 wait = WAIT if mode == "fast" else 1.5
                 try:
-                    lease, _ = await d2.taker.get_lease(
+                    lease, _ = await d2.acquirer.get_lease(
                         C, P, "k1", clock.now_us() + HOUR, time.monotonic() + wait
                     )
                     answers.append(lease)
@@ -225,7 +225,9 @@ async def test_an_ambiguous_acquisition_released_meanwhile_keeps_what_was_answer
 
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         try:
-            lease, _ = await d1.taker.get_lease(C, P, "k1", t0 + HOUR, time.monotonic() + 2 * WAIT)
+            lease, _ = await d1.acquirer.get_lease(
+                C, P, "k1", t0 + HOUR, time.monotonic() + 2 * WAIT
+            )
             answers.append(lease)
             seen.append(f"d1 answered k1 {lease.resource}")
         except RasdError as exc:
@@ -332,7 +334,7 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
         daemons.append(dB)
         home_of = dA.driver.steps_daemon().home_of(C, PS)
         assert home_of == (HOME if mode == "fast" else None)
-        lh, _ = await dH.taker.get_lease(C, PS, "k1", t0 + HOUR, time.monotonic() + WAIT)
+        lh, _ = await dH.acquirer.get_lease(C, PS, "k1", t0 + HOUR, time.monotonic() + WAIT)
         await settle(dH)
         assert lh.resource == "rh"
         _lagging_replica(dA, EAST)
@@ -362,7 +364,7 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
 
         dA.store.write = write_a  # type: ignore[method-assign]
         dB.store.write = write_b  # type: ignore[method-assign]
-        la, _ = await dA.taker.get_lease(
+        la, _ = await dA.acquirer.get_lease(
             C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT
         )
         seen.append(f"dA answered k1 {la.resource}")
@@ -370,7 +372,7 @@ async def test_a_withdrawn_strict_claim_answered_by_the_local_fallback_is_held_t
             await settle(dA)
         lb: lease_items.Lease | None = None
         try:
-            lb, _ = await dB.taker.get_lease(
+            lb, _ = await dB.acquirer.get_lease(
                 C, PS, "k1", clock.now_us() + HOUR, time.monotonic() + WAIT
             )
             seen.append(f"dB answered k1 {lb.resource}")

@@ -159,18 +159,18 @@ def _no_client_module(tracer: _Tracer, edge: str | None) -> None:
             assert caller == edge and m == "rasd_client.wire", (m, caller)
 
 
-async def test_a_new_lease_enters_each_module_once_from_the_taker_down(
+async def test_a_new_lease_enters_each_module_once_from_the_acquirer_down(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
-    """The taker's get_lease (as the slow path calls it, after the cache missed) down to
-    DynamoDB: the taker, the pool table, the task group, the driver, the programs, the store,
+    """The acquirer's get_lease (as the slow path calls it, after the cache missed) down to
+    DynamoDB: the acquirer, the pool table, the task group, the driver, the programs, the store,
     the lean client: each entered once; and nothing of rasd_client."""
     seed_pool(ddb, table, count=5)
     async with make_daemon() as d:
         await d.coordinator.prefetch.idle()
         deadline = time.monotonic() + 5
         requested = d.clock.now_us() + 3600 * 10**6
-        tracer = await _traced(d.coordinator.taker.get_lease(C, P, "k", requested, deadline))
+        tracer = await _traced(d.coordinator.acquirer.get_lease(C, P, "k", requested, deadline))
         mods = [m for k, m, _, _ in tracer.events if k == "enter"]
         # a real path: it went all the way down, through the rooms named here
         for room in ("rasd.daemon.acquire", "rasd.daemon.pools", "rasd.daemon.tasks", DRIVER):
@@ -184,7 +184,7 @@ async def test_a_new_lease_enters_each_module_once_from_the_socket(
     ddb: Any, table: str, make_daemon: Any
 ) -> None:
     """The same from the socket: the connection, routing, protocol, the cache (a miss), then
-    the taker down."""
+    the acquirer down."""
     seed_pool(ddb, table, count=5)
     async with make_daemon() as d:
         await d.coordinator.prefetch.idle()

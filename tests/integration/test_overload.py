@@ -72,7 +72,7 @@ async def test_twenty_daemons_overloaded_never_double_allocate(
             async with sem:
                 exp = int(time.time() * lease_items.US) + 3600 * lease_items.US
                 try:
-                    lease, new = await d.taker.get_lease(C, P, key, exp, time.monotonic() + 1.0)
+                    lease, new = await d.acquirer.get_lease(C, P, key, exp, time.monotonic() + 1.0)
                 except RasdError as exc:
                     errors[exc.code] += 1
                     return

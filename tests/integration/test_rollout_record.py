@@ -133,7 +133,7 @@ async def test_end_rollout_waits_out_a_lease_the_paper_agent_answered_and_rasd_a
         agent.ddb.close()
     async with make_daemon() as d:
         assert d.coordinator.driver.rollout.on is True
-        lease, _ = await d.coordinator.taker.get_lease(
+        lease, _ = await d.coordinator.acquirer.get_lease(
             C, P, "pk", now_us() + 3600 * lease_items.US, time.monotonic() + 10.0
         )
     assert lease.resource == got.resource  # adopted, not a second lease of pk

@@ -69,9 +69,9 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
     d1.store.wrap_client(lambda inner: Hooked(inner, hook))
     try:
         end = t0 + 600 * lease_items.US
-        got, new = await d2.taker.get_lease(C, P, "k2", end, time.monotonic() + 5)
+        got, new = await d2.acquirer.get_lease(C, P, "k2", end, time.monotonic() + 5)
         assert new  # k2: another host's key, never served by d1
-        got, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
+        got, new = await d1.acquirer.get_lease(C, P, "k1", end, time.monotonic() + 5)
         assert new and writes[0] == "k1"  # speculated: the mapping written beside the read
         await d1.drain(2.0)
         # a candidate at hand on d1 (without one, a first read goes alone whatever the key)
@@ -83,10 +83,10 @@ async def test_a_key_served_lately_is_read_before_its_mapping_is_written(
         assert len(d1.prefetch.buffer(pool)) >= 2
         writes.clear()
         d1.cache.drop((C, P, "k1"))
-        again, new = await d1.taker.get_lease(C, P, "k1", end, time.monotonic() + 5)
+        again, new = await d1.acquirer.get_lease(C, P, "k1", end, time.monotonic() + 5)
         assert (again.resource, new) == (got.resource, False)
         assert writes == []  # read first: nothing written for a key with a mapping
-        other, new = await d1.taker.get_lease(C, P, "k2", end, time.monotonic() + 5)
+        other, new = await d1.acquirer.get_lease(C, P, "k2", end, time.monotonic() + 5)
         # never served here: speculated, and refused
         assert other.key == "k2" and not new and writes == ["k2"]
     finally:

@@ -99,7 +99,7 @@ def holders(ddb: Any, table: str) -> dict[str, str | None]:
 async def try_get(d: Coordinator, key: str, clock: Clock | None = None) -> str | None:
     exp, dl = req(clock)
     try:
-        lease, _ = await d.taker.get_lease(C, P, key, exp, dl)
+        lease, _ = await d.acquirer.get_lease(C, P, key, exp, dl)
     except NoCapacity:
         return None
     return lease.resource
@@ -124,7 +124,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
                 state["lost"] = await real(**kw)  # APPLIED
                 await landed.wait()
                 exp, dl = req(deadline=4.0)
-                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.acquirer.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 await asyncio.sleep(30)  # the reply is lost
             return await real(**kw)
@@ -132,7 +132,7 @@ async def test_a_mapping_applied_reply_lost(moto_endpoint: str, ddb: Any, table:
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            got1: str | None = (await d1.taker.get_lease(C, P, "k23", exp, dl))[0].resource
+            got1: str | None = (await d1.acquirer.get_lease(C, P, "k23", exp, dl))[0].resource
         except RasdError:
             got1 = None
         assert state["d2"] == "res-A00000"
@@ -169,7 +169,7 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
             if name == "update_item" and is_map_acquire(kw) and "race" not in state:
                 state["race"] = True
                 exp, dl = req(deadline=4.0)  # d2 misses the same new key at once and wins
-                lease, _ = await d2.taker.get_lease(C, P, "k23", exp, dl)
+                lease, _ = await d2.acquirer.get_lease(C, P, "k23", exp, dl)
                 state["d2"] = lease.resource
                 d2_done.set()
                 return await real(**kw)  # d1's mapping write: condition fails
@@ -183,14 +183,14 @@ async def test_b_lost_race_claim_reply_lost(moto_endpoint: str, ddb: Any, table:
         d1.store.wrap_client(lambda inner: Hooked(inner, hook))
         exp, dl = req(deadline=8.0)
         try:
-            await d1.taker.get_lease(C, P, "k23", exp, dl)
+            await d1.acquirer.get_lease(C, P, "k23", exp, dl)
         except RasdError:
             pass
         assert state["d2"] == "res-00001"
         d1.store._client = d1.store.client._inner  # heal: unwrap
         await d1.drain(3.0)
         exp, dl = req()
-        l1, _ = await d1.taker.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
+        l1, _ = await d1.acquirer.get_lease(C, P, "k23", exp, dl)  # the app retries through d1
         assert l1.resource == "res-00001", "d1 must serve the mapping's lease, not its orphan"
         now = int(time.time() * lease_items.US)
         dedupe.run(ddb, dedupe.Options(table=table, region="us-east-1", now_us=now))

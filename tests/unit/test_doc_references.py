@@ -249,7 +249,7 @@ def test_a_stale_reference_does_not_resolve() -> None:
     assert resolves("rasd.core.decide.pick()")
     assert not resolves("rasd.dynamo.store._never_sent")
     assert not resolves("chaos.proxy.claim_of")
-    assert not resolves("Taker._extend_after")
+    assert not resolves("Acquirer._extend_after")
     assert not resolves("rasd.check")
 
 
