@@ -46,7 +46,7 @@ from .world import (
     REGION,
     SWEEP_SETTLED,
     SWEEP_UNSETTLED,
-    Daemon,
+    DaemonState,
     Out,
     World,
     _res_of,
@@ -187,7 +187,7 @@ class JobHost(Host):
                 w.lagged = w.lagged | {tok}
                 if it.holder is not None:
                     w.read_claims = (*w.read_claims, (tok, it.holder))
-            w.answer(Daemon(9, w.cfg.paper_offset), key, lease)
+            w.answer(DaemonState(9, w.cfg.paper_offset), key, lease)
 
 
 HOST = JobHost()

@@ -44,7 +44,7 @@ from .daemon_host import DaemonHost, _confirm_s, _maybe_refresh
 from .effects import start, step
 from .rollout import paper_may_call, rollout_steps
 from .rulesets import Protocol
-from .world import CLIENT, Config, Daemon, Out, World
+from .world import CLIENT, Config, DaemonState, Out, World
 
 
 # ---------------------------------------------------------------------------- app calls
@@ -138,7 +138,7 @@ def successors(w0: World) -> Out:
             w = w0.clone()
             w.crashes += 1
             w.crash_tokens = w.crash_tokens | w.known_tokens(d)
-            w.set_daemon(Daemon(di, d.offset))
+            w.set_daemon(DaemonState(di, d.offset))
             out.append((f"d{di} CRASHES (cache and tasks lost)", w))
     for i, wr in enumerate(w0.inflight):
         w = w0.clone()

@@ -65,7 +65,9 @@ def _old_mode_runs(w: World) -> bool:
         for p in (d.req, *d.bg):
             if p is None:
                 continue
-            setup = next((a for a in p.trace.args if isinstance(a, daemon_steps.Daemon)), None)
+            setup = next(
+                (a for a in p.trace.args if isinstance(a, daemon_steps.DaemonContext)), None
+            )
             if setup is not None and setup.legacy_agents == before:
                 return True
     return False

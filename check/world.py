@@ -226,7 +226,7 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Daemon:
+class DaemonState:
     idx: int
     offset: int
     req: Proc | None = None
@@ -237,7 +237,7 @@ class Daemon:
     def entry(self, key: str) -> Entry | None:
         return next((e for k, e in self.cache if k == key), None)
 
-    def with_entry(self, key: str, e: Entry | None) -> Daemon:
+    def with_entry(self, key: str, e: Entry | None) -> DaemonState:
         rest = tuple((k, x) for k, x in self.cache if k != key)
         if e is not None:
             rest = tuple(sorted((*rest, (key, e)), key=lambda kv: kv[0]))
@@ -400,10 +400,10 @@ class World:
                 }
             )  # type: ignore[assignment]
             self.hist[rkey(r)] = ()
-        self.daemons = tuple(Daemon(i, cfg.offsets[i]) for i in range(cfg.daemons))
+        self.daemons = tuple(DaemonState(i, cfg.offsets[i]) for i in range(cfg.daemons))
         #: each daemon as its programs see it (rasd.steps.daemon.Daemon)
         self.setups = tuple(
-            daemon_steps.Daemon(
+            daemon_steps.DaemonContext(
                 cfg.region(i),
                 f"d{i}" if cfg.legacy_agents or cfg.rollout_switch else "owner",
                 self.rules,
@@ -600,7 +600,7 @@ class World:
         return None if f is None else _res_of(f)  # None too for a tombstone
 
     # ---------------------------------------------------------------- daemons
-    def set_daemon(self, d: Daemon) -> None:
+    def set_daemon(self, d: DaemonState) -> None:
         ds = list(self.daemons)
         ds[d.idx] = d
         self.daemons = tuple(ds)
@@ -637,7 +637,7 @@ class World:
         applied = next((t for tok, t in (*self.released, *self.ended) if tok in mine), None)
         return min(t for t in (a.exp, call, applied) if t is not None)
 
-    def answer(self, d: Daemon, key: str, lease: Lease) -> None:
+    def answer(self, d: DaemonState, key: str, lease: Lease) -> None:
         """An app got ``lease`` for ``key`` from daemon ``d`` now: check I1 and I2."""
         now = self.true_us()
         new = Answer(key, lease.resource, lease.expires_us, lease.token or "", now, lease.region)
@@ -708,7 +708,7 @@ class World:
             return False
         return (ma if ma[1] > mb[1] else mb)[2] == "paper"
 
-    def known_tokens(self, d: Daemon) -> frozenset[str]:
+    def known_tokens(self, d: DaemonState) -> frozenset[str]:
         """The tokens ``d``'s processes hold (made, read or sent): claims one of them may
         still confirm or give back."""
         return _tokens_of((d.req, *d.bg))

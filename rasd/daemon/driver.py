@@ -182,10 +182,10 @@ class Driver:
         self.peers: dict[str, Store] = {}
         self._peer_lock = asyncio.Lock()
 
-    def steps_daemon(self) -> daemon_steps.Daemon:
+    def steps_daemon(self) -> daemon_steps.DaemonContext:
         """This daemon as its programs see it (read at each program's start: tests rename
         the owner)."""
-        return daemon_steps.Daemon(
+        return daemon_steps.DaemonContext(
             self.region,
             self.owner,
             self.rules,

@@ -269,7 +269,7 @@ class Ops:
     free_claim: FreeClaim = field(default=builders.free_claim, repr=False)
     #: a strict pool's home region, where its keys' leases are agreed (None: the pool is not
     #: strict); (daemon, client_id, pool_id) -> region
-    strict_home: Callable[[Daemon, str, str], str | None] = field(
+    strict_home: Callable[[DaemonContext, str, str], str | None] = field(
         default=lambda d, client_id, pool_id: d.home_of(client_id, pool_id), repr=False
     )
     #: the agreement's decision (``rasd.core.agree.on_agreement``)
@@ -293,7 +293,7 @@ REAL = Ops()
 
 
 @dataclass(frozen=True)
-class Daemon:
+class DaemonContext:
     """The daemon as its programs see it (values only: the checker keeps them in states)."""
 
     region: str
@@ -326,13 +326,13 @@ class Daemon:
 
 
 # ----------------------------------------------------------------------------- reading
-def read(d: Daemon, pool: Pool, key: str) -> Program[tuple[Mapping | None, list[Mapping]]]:
+def read(d: DaemonContext, pool: Pool, key: str) -> Program[tuple[Mapping | None, list[Mapping]]]:
     """The key's mappings (one strongly consistent Query): ours, and other regions'."""
     return (yield from read_key(d, pool.client_id, pool.pool_id, key))
 
 
 def read_key(
-    d: Daemon, client_id: str, pool_id: str, key: str
+    d: DaemonContext, client_id: str, pool_id: str, key: str
 ) -> Program[tuple[Mapping | None, list[Mapping]]]:
     """:func:`read` by the key's names."""
     ms = yield QueryMappings(client_id, pool_id, key)
@@ -341,7 +341,7 @@ def read_key(
 
 
 def read_first(
-    d: Daemon, pool: Pool, key: str
+    d: DaemonContext, pool: Pool, key: str
 ) -> Program[tuple[Mapping | None, list[Mapping], list[ResourceItem]]]:
     """:func:`read`, and with ``legacy_agents`` the leased index's items of the key, read at
     once (one round trip): where a lease of the paper's agent would be."""

@@ -26,7 +26,7 @@ from .daemon import (
     RELIST_SLACK,
     WAIT_FIRST,
     CacheDrop,
-    Daemon,
+    DaemonContext,
     Deadline,
     RelistLater,
     fence_or_wait,
@@ -36,7 +36,7 @@ from .daemon import (
 
 
 def free_claim(
-    d: Daemon,
+    d: DaemonContext,
     ident: ItemKey,
     key: str,
     token: str,
@@ -77,7 +77,7 @@ _AGAIN = _Again("extended since read")
 
 
 def free_once(
-    d: Daemon, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
+    d: DaemonContext, ident: ItemKey, key: str, token: str, why: Freed, pool_q_us: int = 0
 ) -> Program[RasdError | None]:
     """One attempt of :func:`free_claim`. Returns None when done (freed, or not ours any
     more), ``_AGAIN`` when the lease was extended since its end was read, or the error."""
@@ -132,7 +132,7 @@ def relist(ident: ItemKey, until_us: int) -> Program[None]:
 
 
 def fence_own_claim(
-    d: Daemon, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
+    d: DaemonContext, item: ResourceItem, key: str, token: str, proof: NeverNamed | None = None
 ) -> Program[None]:
     """Our claim's outcome is unknown and no mapping names it: make sure it never lands,
     or give it back if it did (``proof``: that no mapping ever named it)."""
@@ -146,7 +146,7 @@ def fence_own_claim(
 
 
 def release(
-    d: Daemon, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
+    d: DaemonContext, pool: Pool, key: str, wait: float = WAIT_FIRST, first: bool = True
 ) -> Program[int]:
     """Give back the key's lease in our region: the mapping first, then the resource with
     quarantine (docs/design.md, I3). Returns 1, or raises NotHeld. A round that must read

@@ -28,7 +28,7 @@ from .daemon import (
     BACKGROUND_DEADLINE,
     CacheDrop,
     CachePut,
-    Daemon,
+    DaemonContext,
     Deadline,
     read,
     read_key,
@@ -50,7 +50,7 @@ def confirm(m: Mapping, drop: bool = False) -> Program[None]:
 
 
 def extend(
-    d: Daemon, lease: Lease, requested_us: int, resent_us: int = 0
+    d: DaemonContext, lease: Lease, requested_us: int, resent_us: int = 0
 ) -> Program[tuple[decide.ExtendStep, Any]]:
     """The resource first, then (a strict pool) the agreement, then the mapping: no end
     passes the one before it. Returns the step and the last write's result. ``resent_us``:
@@ -97,7 +97,7 @@ def extend(
     return step, mres or res
 
 
-def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None]:
+def extend_now(d: DaemonContext, m: Mapping, requested_us: int) -> Program[Lease | None]:
     """Our lease is too close to its end to serve: extend it (None: re-read)."""
     lease = lease_from_mapping(m)
     now = yield Now()
@@ -126,7 +126,7 @@ def extend_now(d: Daemon, m: Mapping, requested_us: int) -> Program[Lease | None
     return None
 
 
-def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError | None]:
+def extend_bg(d: DaemonContext, lease: Lease, requested_us: int) -> Program[RasdError | None]:
     """A hit asked for more than a sliding lease has left: extend it in the background.
     With ``extend_read_first``, the key's mappings are read first, and a lease another host
     already extended far enough is served as read, nothing written. Returns None when done
@@ -167,7 +167,7 @@ def extend_bg(d: Daemon, lease: Lease, requested_us: int) -> Program[RasdError |
     return error
 
 
-def reconfirm(d: Daemon, pool: Pool, lease: Lease) -> Program[None]:
+def reconfirm(d: DaemonContext, pool: Pool, lease: Lease) -> Program[None]:
     """A cached answer is past S/2: read the mapping again (I3). Still the same lease:
     confirmed as of this read. Anything else: dropped, the next request resolves it."""
     yield Deadline(BACKGROUND_DEADLINE)

@@ -30,13 +30,13 @@ from ..core.map_builders import (
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
 from . import Join, Note, Now, Program, QueryLeased, Send, Spawn
-from .daemon import WAIT_FIRST, Daemon, NewToken, error_of, resource, wait_for
+from .daemon import WAIT_FIRST, DaemonContext, NewToken, error_of, resource, wait_for
 from .give_back import free_claim
 from .renew import confirm
 
 
 def adopt_paper_lease(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     held: list[ResourceItem],
@@ -115,7 +115,7 @@ def adopt_paper_lease(
 
 
 def beside_legacy(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     dec: decide.Decision | legacy_rules.Settle,
@@ -139,7 +139,7 @@ def beside_legacy(
 
 
 def settle(
-    d: Daemon, pool: Pool, key: str, m: Mapping, answer_first: bool = False
+    d: DaemonContext, pool: Pool, key: str, m: Mapping, answer_first: bool = False
 ) -> Program[decide.Decision | None]:
     """A pending mapping ``m`` whose claim landed: read the leased index (now, after the
     claim landed) and ask ``legacy.on_settle``. Confirm: ``map_confirm``, and serve once it
@@ -187,7 +187,7 @@ def confirm_now(m: Mapping) -> Program[decide.Serve | None]:
     raise res.error or Timeout("confirmation outcome unknown")
 
 
-def end_lapsed(d: Daemon, m: Mapping) -> Program[None]:
+def end_lapsed(d: DaemonContext, m: Mapping) -> Program[None]:
     """``legacy.EndLapsed``: release the mapping at the version read (an extension that
     landed since makes this a lost race: read again), then free the resource in the
     background (held to its end, as every free beside the paper's agent)."""

@@ -20,12 +20,12 @@ from ..core.errors import RasdError, Unavailable
 from ..core.lease import Lease, Mapping, Pool, fmt_time
 from ..core.map_builders import map_drop_dead
 from . import At, GetItem, Note, Now, Program, Send, Spawn, goto
-from .daemon import BACKGROUND_DEADLINE, WAIT_FIRST, Daemon, Deadline, wait_for
+from .daemon import BACKGROUND_DEADLINE, WAIT_FIRST, DaemonContext, Deadline, wait_for
 from .give_back import free_claim
 
 
 def agree(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     home: str,
     m: Mapping,
@@ -76,7 +76,7 @@ def agree(
 
 
 def home_down(
-    d: Daemon, pool: Pool, home: str, m: Mapping, exc: RasdError
+    d: DaemonContext, pool: Pool, home: str, m: Mapping, exc: RasdError
 ) -> Program[Lease | None]:
     """The home region did not answer: fail the request, leaving the claim for a later
     request to agree, or (``home_down`` "local") answer it unagreed, counted."""
@@ -90,7 +90,7 @@ def home_down(
     )
 
 
-def withdraw(d: Daemon, m: Mapping) -> Program[None]:
+def withdraw(d: DaemonContext, m: Mapping) -> Program[None]:
     """Give back a claim that lost the agreement: its pending mapping freed (only at the
     version it had, so a claim some daemon confirmed meanwhile stays), then the resource.
     Its mapping named it, so a reader may have answered it before the agreement was read
@@ -107,7 +107,7 @@ def withdraw(d: Daemon, m: Mapping) -> Program[None]:
     yield from free_claim(d, (m.client_id, m.resource), m.key, m.token, why)
 
 
-def extend_agreement(d: Daemon, home: str, lease: Lease, requested_us: int) -> Program[bool]:
+def extend_agreement(d: DaemonContext, home: str, lease: Lease, requested_us: int) -> Program[bool]:
     """An extension's second write: A's end, while A names the lease. False: A names another
     lease, and the extension must not go on. Raises when the home region does not answer
     (unless ``home_down`` is "local": then the extension goes on, counted)."""

@@ -37,7 +37,7 @@ from . import (
 from .daemon import (
     WAIT_FIRST,
     CachePut,
-    Daemon,
+    DaemonContext,
     LostCandidate,
     Miss,
     NewToken,
@@ -58,7 +58,7 @@ from .strict import agree, withdraw
 
 
 def resolve(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     requested_us: int,
@@ -172,7 +172,7 @@ def resolve(
 
 
 def _acquired(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     requested_us: int,
@@ -210,7 +210,7 @@ class Speculated:
 
 
 def read_speculating(
-    d: Daemon, pool: Pool, key: str, requested_us: int
+    d: DaemonContext, pool: Pool, key: str, requested_us: int
 ) -> Program[tuple[Mapping | None, list[Mapping], list[ResourceItem], Speculated | None]]:
     """Rollout mode, a call's first read: :func:`read_first`, and beside it, in the same
     round trip, the mapping write a new key's acquisition would send next
@@ -243,7 +243,7 @@ def read_speculating(
 
 
 def acquire(
-    d: Daemon,
+    d: DaemonContext,
     pool: Pool,
     key: str,
     requested_us: int,

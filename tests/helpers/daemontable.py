@@ -40,7 +40,7 @@ from rasd.steps import (
 from rasd.steps.daemon import (
     CacheDrop,
     CachePut,
-    Daemon,
+    DaemonContext,
     Deadline,
     NewToken,
     RelistLater,
@@ -59,8 +59,8 @@ MONO = 42.0  # what Mono answers
 Item = dict[str, Value]
 
 
-def daemon(legacy: bool = False, **kw: Any) -> Daemon:
-    return Daemon(EAST, "host-1", RULES, legacy_agents=legacy, **kw)
+def daemon(legacy: bool = False, **kw: Any) -> DaemonContext:
+    return DaemonContext(EAST, "host-1", RULES, legacy_agents=legacy, **kw)
 
 
 class Table:

@@ -100,13 +100,15 @@ def test_no_agreement_beside_the_papers_agent() -> None:
     """In rollout mode a strict pool is run as a normal one (the paper's agent maps keys with
     no agreement): the one rule every program asks, ``Daemon.home_of``."""
     from rasd.core.decide import Rules
-    from rasd.steps.daemon import Daemon
+    from rasd.steps.daemon import DaemonContext
 
     rules = Rules(MARGIN, GRACE, 2 * US, 57 * US, 30 * US)
     homes = (("c", "p", "r1"),)
-    assert Daemon("r2", "o", rules, homes=homes).home_of("c", "p") == "r1"
-    assert Daemon("r2", "o", rules, homes=homes).home_of("c", "q") is None
-    assert Daemon("r2", "o", rules, legacy_agents=True, homes=homes).home_of("c", "p") is None
+    assert DaemonContext("r2", "o", rules, homes=homes).home_of("c", "p") == "r1"
+    assert DaemonContext("r2", "o", rules, homes=homes).home_of("c", "q") is None
+    assert (
+        DaemonContext("r2", "o", rules, legacy_agents=True, homes=homes).home_of("c", "p") is None
+    )
 
 
 def test_the_writes_in_full() -> None:

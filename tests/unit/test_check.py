@@ -65,7 +65,7 @@ from check.rulesets import (
     BAD_X,
     REAL,
 )
-from check.world import REGION, T0, Daemon
+from check.world import REGION, T0, DaemonState
 from rasd.core.lease import US, Lease
 
 pytestmark = pytest.mark.search
@@ -945,7 +945,7 @@ def test_a_paper_lease_the_operator_ended_is_ended_for_every_answer_of_it() -> N
     cfg = dataclasses.replace(MIXED, keys=("k1",), resources=("ra", "rb"))
     w = initial(cfg, REAL)
     end = (T0 + 18) * US
-    paper, d0 = Daemon(9, 1), w.daemons[0]
+    paper, d0 = DaemonState(9, 1), w.daemons[0]
     w.t = 5
     w.answer(paper, "k1", Lease("c", "p", "k1", "ra", REGION, end, 1, 0, "paper0"))
     w.lease_ended("k1", None)  # the operator's --force: no token (the paper's agent's)
@@ -971,7 +971,7 @@ def test_the_paper_agents_answer_of_a_lease_rasd_adopted_is_that_lease() -> None
     w = initial(cfg, REAL)
     assert cfg.makers
     end = (T0 + 18) * US
-    paper, d0 = Daemon(9, 1), w.daemons[0]
+    paper, d0 = DaemonState(9, 1), w.daemons[0]
     w.made_by("ra", "paper")
     w.made_by("rc", "paper")  # never adopted nor released
     w.t = 5

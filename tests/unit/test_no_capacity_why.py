@@ -17,7 +17,7 @@ from rasd.daemon.candidates import UNCLAIMABLE_MAX, why_empty
 from rasd.daemon.prefetch import QUARANTINE_READ, Prefetcher
 from rasd.observe.metrics import Counters
 from rasd.steps import Note
-from rasd.steps.daemon import Daemon, Miss, NewToken, RateLimit, TakeCandidate
+from rasd.steps.daemon import DaemonContext, Miss, NewToken, RateLimit, TakeCandidate
 from rasd.steps.take import acquire
 
 NOW = 1_700_000_000 * US
@@ -134,7 +134,9 @@ def test_no_capacity_carries_what_the_daemon_knows() -> None:
             quarantine_us=57 * US,
             confirm_us=US,
         )
-        prog = acquire(Daemon("us-east-1", "d1", rules), Pool("c", "p", 3600 * US), "k", NOW, 0)
+        prog = acquire(
+            DaemonContext("us-east-1", "d1", rules), Pool("c", "p", 3600 * US), "k", NOW, 0
+        )
         result: Any = None
         while True:
             try:

@@ -55,7 +55,7 @@ from rasd.steps import (
 from rasd.steps.daemon import (
     CacheDrop,
     CachePut,
-    Daemon,
+    DaemonContext,
     Deadline,
     LostCandidate,
     Miss,
@@ -87,7 +87,7 @@ class World:
     every effect seen; spawned programs are kept, not run."""
 
     def __init__(self, legacy: bool = True) -> None:
-        self.d = Daemon(EAST, "d1", RULES, legacy_agents=legacy)
+        self.d = DaemonContext(EAST, "d1", RULES, legacy_agents=legacy)
         self.items: dict[ItemKey, Item] = {}
         self.now = NOW
         self.seen: list[Any] = []

@@ -40,7 +40,7 @@ from rasd.steps.daemon import (
     WAIT_MAX,
     CacheDrop,
     CachePut,
-    Daemon,
+    DaemonContext,
     Deadline,
     LostCandidate,
     Miss,
@@ -85,7 +85,7 @@ class Host:
     ``retried`` (written, the retry refused: read back with the write's own check)."""
 
     def __init__(self, legacy: bool = False) -> None:
-        self.d = Daemon(EAST, "d1", RULES, legacy_agents=legacy)
+        self.d = DaemonContext(EAST, "d1", RULES, legacy_agents=legacy)
         self.items: dict[ItemKey, Item] = {}
         self.now = NOW
         self.mono = 0.0

@@ -16,7 +16,7 @@ from rasd.core.errors import Unavailable
 from rasd.core.lease import FREE, Lease, Mapping, fmt_time, parse_time
 from rasd.steps import At, GetItem, Send, Sleep, WriteResult
 from rasd.steps import strict as strict_steps
-from rasd.steps.daemon import BACKGROUND_DEADLINE, Daemon, Deadline
+from rasd.steps.daemon import BACKGROUND_DEADLINE, DaemonContext, Deadline
 from rasd.steps.renew import confirm, extend
 from tests.helpers.daemontable import EAST, HOUR, NOW, POOL, RULES, WEST, Table
 
@@ -50,8 +50,8 @@ class Regions(Table):
         return super().perform(eff)
 
 
-def daemon(home_down: str = "fail") -> Daemon:
-    return Daemon(EAST, "host-1", RULES, homes=(("c", "p", HOME),), home_down=home_down)
+def daemon(home_down: str = "fail") -> DaemonContext:
+    return DaemonContext(EAST, "host-1", RULES, homes=(("c", "p", HOME),), home_down=home_down)
 
 
 def claim_of(t: Regions, key: str = "k", token: str = "t1") -> Mapping:

@@ -12,7 +12,7 @@ from rasd.core.lease import Pool, ResourceItem
 from rasd.steps import Mono, Note, Now, Send, Spawn, Together, WriteResult, drive_sync
 from rasd.steps.daemon import (
     CachePut,
-    Daemon,
+    DaemonContext,
     LostCandidate,
     NewToken,
     RateLimit,
@@ -61,7 +61,7 @@ def run(legacy: bool, mapping: Outcome, claim: Outcome = Outcome.APPLIED) -> tup
             return None
         raise AssertionError(eff)
 
-    d = Daemon("us-east-1", "host-1", RULES, legacy_agents=legacy)
+    d = DaemonContext("us-east-1", "host-1", RULES, legacy_agents=legacy)
     try:
         got: Any = drive_sync(acquire(d, POOL, "k", 2 * 10**12, 0), perform)
     except Exception as exc:  # noqa: BLE001 - the test looks at what was raised
