@@ -6,7 +6,7 @@ One meta item, ``#meta``/``rollout``, says whether the table is in *rollout mode
 running the paper's in-process agent (or its liberator) may write it. Every rasd actor that
 writes resource items reads it: the daemons at start-up and with every pool refresh, the jobs
 at the start of each run. In rollout mode they keep the rules that are safe beside the
-paper's agent (``legacy_agents`` in :class:`rasd.steps.daemon.Daemon`); out of it, the fast
+paper's agent (``legacy_agents`` in :class:`rasd.steps.daemon.DaemonContext`); out of it, the fast
 ones. ``rasadmin adopt`` turns it on (before the first rasd host), ``rasadmin end-rollout``
 turns it off (:func:`on_end`: refused while a lease of the paper's agent is in the table, and
 not before every answer that agent may have given has ended), and any actor that finds a

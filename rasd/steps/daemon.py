@@ -16,7 +16,7 @@ Two interpreters run them, and nothing else states the protocol:
 The programs live in one module per role, each importing only those above it in this list:
 
 * this module: the daemon's local effects (cache, candidates, tokens, rate limit, ...),
-  :class:`Daemon` and :class:`Ops`, and the steps every program shares (reading the key's
+  :class:`DaemonContext` and :class:`Ops`, and the steps every program shares (reading the key's
   mappings and a resource, fencing a dead acquirer's claim, waiting for a live one);
 * :mod:`.give_back` (releasing and giving back): :func:`~.give_back.release` gives a lease
   back; :func:`~.give_back.free_claim` frees a claim no mapping names, with quarantine,
@@ -41,7 +41,7 @@ The background programs (``confirm``, ``free_claim``, ``fence_own_claim``, ``ext
 ``reconfirm``, ``relist``) are started with :class:`~rasd.steps.Spawn` (or by the driver
 after a cache hit).
 
-A program learns the daemon it runs in from :class:`Daemon`: its region, owner name, time
+A program learns the daemon it runs in from :class:`DaemonContext`: its region, owner name, time
 rules, whether the paper's agents share the table, and :class:`Ops`, the pure functions it
 decides with. The checker hands known-bad ``Ops`` (``check/rulesets.py``) to show that it
 finds each bug once put back; production always runs :data:`REAL`.
