@@ -386,7 +386,7 @@ class World:
             )  # type: ignore[assignment]
             self.hist[rkey(r)] = ()
         self.daemons = tuple(DaemonState(i, cfg.offsets[i]) for i in range(cfg.daemons))
-        #: each daemon as its programs see it (rasd.steps.daemon.Daemon)
+        #: each daemon as its programs see it (rasd.steps.daemon.DaemonContext)
         self.setups = tuple(
             daemon_steps.DaemonContext(
                 cfg.region(i),

@@ -103,7 +103,8 @@ def parse(frame: dict[str, Any]) -> Request:
     goes on with its tuple.)"""
     f = lease_fields(frame)
     if f is not None:
-        return Request(f[0], "get_lease", f[1], f[2], f[3], f[4], f[5])
+        rid, client_id, pool_id, key, lease_expires_us, deadline_ms = f
+        return Request(rid, "get_lease", client_id, pool_id, key, lease_expires_us, deadline_ms)
     req = _parse_checked(frame)
     if req.op == "get_lease":
         # lease_fields alone accepts a get_lease; the walk names what is wrong, and finds

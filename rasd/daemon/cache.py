@@ -190,7 +190,8 @@ class LeaseCache:
         if r is None:
             return None
         e, confirmed, extend_from_us, end = r
-        # CR.hit_wants_refresh, inlined (a call costs 2 % of a hit; a test holds them equal)
+        # cache_rules.hit_wants_refresh, inlined (a call costs 2 % of a hit; a test holds them
+        # equal)
         if now - confirmed > self._half_s or requested_us > extend_from_us:
             k = (client_id, pool_id, key)
             if k not in self.refreshing:
@@ -214,7 +215,7 @@ class LeaseCache:
         if e is None:
             return None
         until, spare, confirmed, extend_from_us, end = _UNPACK(e)
-        if now < until:  # CR.serves, inlined: every hit reads here
+        if now < until:  # cache_rules.serves, inlined: every hit reads here
             return e, confirmed, extend_from_us, end
         if now >= spare:  # past the pool's outage window too (:meth:`spare_entry`)
             del d[key]

@@ -67,7 +67,7 @@ Homes = tuple[tuple[str, str, str], ...]
 
 class StrictPools:
     """The strict pools known (``Pool.home``): the pool table updates it as it reads the
-    pools, the driver's programs read it (their ``Daemon.homes``)."""
+    pools, the driver's programs read it (their ``DaemonContext.homes``)."""
 
     __slots__ = ("homes",)
 

@@ -63,7 +63,7 @@ class PoolTable:
         return len(pools)
 
     def _strict_changed(self) -> None:
-        """Which pools are strict, for the driver's programs (``Daemon.homes``)."""
+        """Which pools are strict, for the driver's programs (``DaemonContext.homes``)."""
         self.strict.update(
             tuple(sorted((c, p, pool.home) for (c, p), pool in self.by_id.items() if pool.home))
         )

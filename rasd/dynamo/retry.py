@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: botocore's standard mode: throttling error codes (ThrottledRetryableChecker).
 THROTTLE_CODES = frozenset(
@@ -154,10 +155,22 @@ def request_id(rid: str) -> str:
     return f" (request id {rid})" if rid else ""
 
 
-def attempt_failed(exc: BaseException, rid: str) -> tuple[Failure, bool, str, str, str]:
-    """What a failed attempt was: its :class:`Failure`, whether the request was never sent
-    (a write that met it did not apply), a short reason, a message, and the request id of
-    DynamoDB's last error answer (``rid`` when this one has none)."""
+class AttemptFailure(NamedTuple):
+    """What a failed attempt was (:func:`attempt_failed`)."""
+
+    failure: Failure
+    #: the request was never on the wire: a write that met it did not apply
+    never_sent: bool
+    #: short, for counters and logs: DynamoDB's error code, or the exception's class
+    reason: str
+    #: the message
+    detail: str
+    #: the request id of DynamoDB's last error answer
+    request_id: str
+
+
+def attempt_failed(exc: BaseException, rid: str) -> AttemptFailure:
+    """What a failed attempt was; the request id is ``rid`` when this answer has none."""
     from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError):
@@ -167,7 +180,7 @@ def attempt_failed(exc: BaseException, rid: str) -> tuple[Failure, bool, str, st
         status = status if isinstance(status, int) else 0
         reason = code or str(status)
         message = exc.response.get("Error", {}).get("Message", "")
-        return (
+        return AttemptFailure(
             classify_code(code, status),
             False,
             reason,
@@ -175,12 +188,12 @@ def attempt_failed(exc: BaseException, rid: str) -> tuple[Failure, bool, str, st
             rid,
         )
     if isinstance(exc, TimeoutError):
-        return Failure.TIMEOUT, False, "timeout", "no answer", rid
+        return AttemptFailure(Failure.TIMEOUT, False, "timeout", "no answer", rid)
     reason, detail = type(exc).__name__, f"{type(exc).__name__}: {exc}"
     cause = getattr(exc, "kwargs", {}).get("error")
     if cause is not None and str(cause) not in detail:
         detail = f"{detail} ({cause})"  # botocore's text leaves out why
-    return classify_exception(exc), never_sent(exc), reason, detail, rid
+    return AttemptFailure(classify_exception(exc), never_sent(exc), reason, detail, rid)
 
 
 def never_sent(exc: BaseException) -> bool:

@@ -11,7 +11,7 @@ import hmac
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 SERVICE = "dynamodb"
 CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -20,19 +20,27 @@ CREDS_CHECK = 1.0
 
 
 # ---------------------------------------------------------------------------- credentials
+class Frozen(NamedTuple):
+    """One frozen set of signing credentials (held until the next refresh)."""
+
+    access_key: str
+    secret_key: str
+    token: str | None
+
+
 class Credentials:
     """Where the signing credentials come from. ``current()`` is called once per request and
-    returns ``(access_key, secret_key, token)``."""
+    returns the :class:`Frozen` set in use."""
 
     def __init__(
         self, access_key: str, secret_key: str, token: str | None, account_id: str | None = None
     ) -> None:
-        self._frozen = (access_key, secret_key, token)
+        self._frozen = Frozen(access_key, secret_key, token)
         #: the AWS account the credentials belong to, when they say (botocore then uses the
         #: account-based endpoint)
         self.account_id = account_id
 
-    def current(self) -> tuple[str, str, str | None]:
+    def current(self) -> Frozen:
         return self._frozen
 
 
@@ -47,7 +55,7 @@ class BotocoreCredentials(Credentials):
         self._next = time.monotonic() + CREDS_CHECK
         self._refreshing: asyncio.Future[Any] | None = None
 
-    def current(self) -> tuple[str, str, str | None]:
+    def current(self) -> Frozen:
         now = time.monotonic()
         if now >= self._next and self._refreshing is None:
             self._next = now + CREDS_CHECK
@@ -62,7 +70,7 @@ class BotocoreCredentials(Credentials):
         return self._frozen
 
     def _take(self, f: Any) -> None:
-        self._frozen = (f.access_key, f.secret_key, f.token)
+        self._frozen = Frozen(f.access_key, f.secret_key, f.token)
 
     def _refreshed(self, fut: asyncio.Future[Any]) -> None:
         self._refreshing = None

@@ -205,12 +205,12 @@ class Router:
         (:meth:`_spare`)."""
         counters = self.counters
         counters.inc("req.total")
-        rid = f[0]
+        rid, client_id, pool_id, key, lease_expires_us, deadline_ms = f
         if not missed:
             grant = conn.grant
-            if not (grant.all or f[1] in grant.client_ids):
+            if not (grant.all or client_id in grant.client_ids):
                 self._send_error(
-                    conn, rid, Forbidden(f"this process may not use client_id {f[1]!r}")
+                    conn, rid, Forbidden(f"this process may not use client_id {client_id!r}")
                 )
                 return
             degraded = self.status.degraded
@@ -225,8 +225,9 @@ class Router:
                     return
         else:
             counters.inc("cache.miss")
-        if not self._admit(conn, rid, "get_lease", f[1:5], f[5], spare) and spare is not None:
-            self.serving.cache.restore(f[1], f[2], f[3], spare)  # shed: kept for the next
+        args = (client_id, pool_id, key, lease_expires_us)
+        if not self._admit(conn, rid, "get_lease", args, deadline_ms, spare) and spare is not None:
+            self.serving.cache.restore(client_id, pool_id, key, spare)  # shed: entry kept
 
     def _walk(self, conn: Connection, frame: dict[str, Any] | BadFrame) -> None:
         """Every frame ``lease_fields`` refuses: errors named, other ops."""

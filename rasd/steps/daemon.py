@@ -1,6 +1,6 @@
 """The daemon's protocol as programs: what they share, and the daemon's own effects.
 
-The daemon's local effects (cache, candidates, tokens, rate limit, ...), :class:`Daemon` and
+The daemon's local effects (cache, candidates, tokens, rate limit, ...), :class:`DaemonContext` and
 :class:`Ops` (production runs :data:`REAL`), and the steps every program shares: reading the
 key's mappings and a resource, fencing a dead acquirer's claim, waiting for a live one. The
 programs of each role and how they are run: docs/design.md, "The jobs, written once".

@@ -98,7 +98,7 @@ def test_peer_endpoints_and_home_down_settings() -> None:
 
 def test_no_agreement_beside_the_papers_agent() -> None:
     """In rollout mode a strict pool is run as a normal one (the paper's agent maps keys with
-    no agreement): the one rule every program asks, ``Daemon.home_of``."""
+    no agreement): the one rule every program asks, ``DaemonContext.home_of``."""
     from rasd.core.decide import Rules
     from rasd.steps.daemon import DaemonContext
 
