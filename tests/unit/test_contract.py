@@ -160,27 +160,27 @@ def test_documented_limits_are_enforced() -> None:
     """The documented values are the ones parse() and the decoder apply."""
     import pytest
 
-    from rasd import wire as protocol
+    from rasd import wire as daemon_wire
     from rasd.core.errors import BadRequest
 
     good = {
         "v": 1,
         "id": 1,
         "op": "get_lease",
-        "client_id": "c" * protocol.MAX_ID_LEN,
+        "client_id": "c" * daemon_wire.MAX_ID_LEN,
         "pool_id": "p",
         "key": "k",
         "lease_expires_us": 1,
-        "deadline_ms": protocol.MAX_DEADLINE_MS,
+        "deadline_ms": daemon_wire.MAX_DEADLINE_MS,
     }
-    protocol.parse(good)
+    daemon_wire.parse(good)
     for field, value in [
-        ("client_id", "c" * (protocol.MAX_ID_LEN + 1)),
-        ("pool_id", "p" * (protocol.MAX_ID_LEN + 1)),
-        ("deadline_ms", protocol.MAX_DEADLINE_MS + 1),
+        ("client_id", "c" * (daemon_wire.MAX_ID_LEN + 1)),
+        ("pool_id", "p" * (daemon_wire.MAX_ID_LEN + 1)),
+        ("deadline_ms", daemon_wire.MAX_DEADLINE_MS + 1),
     ]:
         with pytest.raises(BadRequest):
-            protocol.parse({**good, field: value})
+            daemon_wire.parse({**good, field: value})
     dec = wire.FrameDecoder()
     dec.feed(wire.encode({"v": 1, "id": 1, "pad": "x" * (wire.MAX_FRAME - 100)}))
     assert len(list(dec.frames())) == 1

@@ -7,7 +7,7 @@ import struct
 import msgpack
 import pytest
 
-from rasd import wire as protocol
+from rasd import wire as daemon_wire
 from rasd.core.errors import BadRequest
 from rasd_client import wire
 
@@ -60,7 +60,7 @@ def good() -> dict[str, object]:
 
 def test_parse_good_request() -> None:
     """A well-formed get_lease parses into a typed Request."""
-    req = protocol.parse(good())
+    req = daemon_wire.parse(good())
     assert (req.id, req.op, req.key, req.lease_expires_us, req.deadline_ms) == (
         7,
         "get_lease",
@@ -94,7 +94,7 @@ def test_parse_rejects_bad_fields(change: dict[str, object]) -> None:
     frame = good()
     frame.update(change)
     with pytest.raises(BadRequest):
-        protocol.parse(frame)
+        daemon_wire.parse(frame)
 
 
 def test_parse_rejects_missing_field() -> None:
@@ -102,4 +102,4 @@ def test_parse_rejects_missing_field() -> None:
     frame = good()
     del frame["lease_expires_us"]
     with pytest.raises(BadRequest):
-        protocol.parse(frame)
+        daemon_wire.parse(frame)
