@@ -5,10 +5,11 @@
 Each revision is checked out (``git worktree``, in ~/.cache/rasd-bench-ab/, outside the
 repository, whose tests read every file in it) and run by this interpreter with its own tree
 first on PYTHONPATH; the two alternate round by round (A, B, A, B, ...), so drift in the
-machine's load falls on both. A round is ``bench.hotpath --rounds`` (the daemon's CPU per hit,
-median of 15 x 20K) and ``bench.spawn --runs 1`` (the daemon's CPU per new lease, from /proc,
-over ``--leases`` leases). Prints a table of medians with min and max over rounds and writes it
-as JSON to bench/results/.
+machine's load falls on both. A round is ``bench.clienthit`` (the client's CPU per hit read
+from the hit table), ``bench.hotpath --rounds`` (the daemon's CPU per hit asked over the
+socket, median of 15 x 20K) and ``bench.spawn --runs 1`` (the daemon's CPU per new lease, from
+/proc, over ``--leases`` leases). Prints a table of medians with min and max over rounds, and B
+- A paired round by round (mean +- standard error), and writes it as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rasd-bench-ab"
+#: what a round measures, and its unit
+FIELDS = {"client_cpu_us_per_table_hit": "us", "cpu_us_per_hit": "us", "cpu_ms_per_new_lease": "ms"}
 _HIT_RE = re.compile(r"cpu per hit\s*:\s*median ([0-9.]+) us")
 
 
@@ -57,6 +60,8 @@ def _run(tree: Path, argv: list[str]) -> str:
 
 
 def one_round(tree: Path, leases: int, backend: str) -> dict[str, float]:
+    table = _run(tree, ["-m", "bench.clienthit"])
+    table_hit = json.loads(table[table.index("{") : table.rindex("}") + 1])
     hit = _HIT_RE.search(_run(tree, ["-m", "bench.hotpath", "--rounds"]))
     if hit is None:
         raise RuntimeError(f"bench.hotpath in {tree} printed no CPU per hit")
@@ -64,6 +69,7 @@ def one_round(tree: Path, leases: int, backend: str) -> dict[str, float]:
                         "--backend", backend])  # fmt: skip
     new = json.loads(spawn[spawn.index("{") :])
     return {
+        "client_cpu_us_per_table_hit": float(table_hit["cpu_us_median"]),
         "cpu_us_per_hit": float(hit.group(1)),
         "cpu_ms_per_new_lease": float(new["cpu_per_new_lease_ms"]),
     }
@@ -71,6 +77,14 @@ def one_round(tree: Path, leases: int, backend: str) -> dict[str, float]:
 
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, float]:
+    """B - A of each round, the two run back to back: the mean, and its standard error (the
+    spread of the differences over the square root of their number)."""
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return {"mean": statistics.mean(diffs), "stderr": se}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,15 +106,21 @@ def main(argv: list[str] | None = None) -> int:
                               "loadavg": [load0, os.getloadavg()]}  # fmt: skip
     for name, (sha, _tree) in revs.items():
         result[name] = {"commit": sha, "rounds": rounds[name]}
-        for field in ("cpu_us_per_hit", "cpu_ms_per_new_lease"):
+        for field in FIELDS:
             result[name][field] = summary([r[field] for r in rounds[name]])
-    print(f"{'':24}{'A ' + result['a']['commit'][:8]:>28}{'B ' + result['b']['commit'][:8]:>28}")
-    for field, unit in (("cpu_us_per_hit", "us"), ("cpu_ms_per_new_lease", "ms")):
+    result["b_minus_a"] = {
+        f: paired([r[f] for r in rounds["a"]], [r[f] for r in rounds["b"]]) for f in FIELDS
+    }
+    head = f"{'':28}{'A ' + revs['a'][0][:8]:>28}{'B ' + revs['b'][0][:8]:>28}"
+    print(f"{head}{'B - A, paired':>26}")
+    for field, unit in FIELDS.items():
         cells = []
         for name in ("a", "b"):
             s = result[name][field]
             cells.append(f"{s['median']:.3f} {unit} ({s['min']:.3f}-{s['max']:.3f})")
-        print(f"{field:24}{cells[0]:>28}{cells[1]:>28}")
+        d = result["b_minus_a"][field]
+        diff = f"{d['mean']:+.3f} +- {d['stderr']:.3f} {unit}"
+        print(f"{field:28}{cells[0]:>28}{cells[1]:>28}{diff:>26}")
     out = ROOT / "bench" / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-ab.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
