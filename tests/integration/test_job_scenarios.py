@@ -417,13 +417,12 @@ def test_delete_pool_writes_another_regions_items_only_through_its_endpoint(
 
 
 # ------------------------------------------------------------- the daemons' config file
-def test_jobs_take_the_daemons_bounds_from_their_config_file(
-    moto_endpoint: str, ddb: Any, table: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """ras-dedupe with --config: the skew and margin are the daemons' (here 10 s and 7 s, not
-    the built-in 2 s and 5 s). The survivor must outlast the extra by margin + skew, and the
-    released extra is held to its end plus that skew. The liberator refuses a --grace below
-    the config's max_clock_skew; a bad file is a usage error (exit 2)."""
+def _duplicate_in_two_regions(
+    ddb: Any, table: str, tmp_path: Any, outlasts_s: int
+) -> tuple[Any, int, int]:
+    """A config with a wide skew and margin (17 s in all), and key k1 held in both regions
+    for an hour: rb in east to ``end``, ra in west (the survivor) ``outlasts_s`` longer.
+    Returns the config's path, now and ``end`` (µs)."""
     conf = tmp_path / "rasd.toml"
     conf.write_text("max_clock_skew = 10.0\nskew_margin = 7.0\n")
     schema.put_pool(ddb, table, C, P, 7200)
@@ -431,16 +430,20 @@ def test_jobs_take_the_daemons_bounds_from_their_config_file(
     schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * lease_items.US)
     schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * lease_items.US)
     end = now + 3600 * lease_items.US
-    hold(
-        ddb,
-        table,
-        "ra",
-        "k1",
-        end + 20 * lease_items.US,
-        now - 2 * lease_items.US,
-        token="tok-west",
-    )
+    survivor_end = end + outlasts_s * lease_items.US
+    hold(ddb, table, "ra", "k1", survivor_end, now - 2 * lease_items.US, token="tok-west")
     hold(ddb, table, "rb", "k1", end, now - 1 * lease_items.US, token="tok-east")
+    return conf, now, end
+
+
+def test_jobs_take_the_daemons_bounds_from_their_config_file(
+    moto_endpoint: str, ddb: Any, table: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ras-dedupe with --config: the skew and margin are the daemons' (here 10 s and 7 s, not
+    the built-in 2 s and 5 s). The survivor must outlast the extra by margin + skew, and the
+    released extra is held to its end plus that skew. The liberator refuses a --grace below
+    the config's max_clock_skew; a bad file is a usage error (exit 2)."""
+    conf, now, end = _duplicate_in_two_regions(ddb, table, tmp_path, outlasts_s=20)
     at = ["--now", str(now / lease_items.US), "--endpoint-url", moto_endpoint, "--table", table]
     run = ["--region", EAST, *at, "--segments", "1"]
     assert dedupe.main([*run, "--config", str(conf)]) == 0
@@ -462,23 +465,7 @@ def test_dedupe_keeps_an_extra_its_survivor_outlasts_only_by_the_default_slack(
 ) -> None:
     """The same duplicate, the survivor outlasting the extra by 10 s: enough for the built-in
     margin + skew (7 s), not for the config's (17 s), so with --config the extra is kept."""
-    conf = tmp_path / "rasd.toml"
-    conf.write_text("max_clock_skew = 10.0\nskew_margin = 7.0\n")
-    schema.put_pool(ddb, table, C, P, 7200)
-    now = int(time.time() * lease_items.US)
-    schema.add_resources(ddb, table, C, P, WEST, ["ra"], now_us=now - 60 * lease_items.US)
-    schema.add_resources(ddb, table, C, P, EAST, ["rb"], now_us=now - 60 * lease_items.US)
-    end = now + 3600 * lease_items.US
-    hold(
-        ddb,
-        table,
-        "ra",
-        "k1",
-        end + 10 * lease_items.US,
-        now - 2 * lease_items.US,
-        token="tok-west",
-    )
-    hold(ddb, table, "rb", "k1", end, now - 1 * lease_items.US, token="tok-east")
+    conf, now, _ = _duplicate_in_two_regions(ddb, table, tmp_path, outlasts_s=10)
     run = ["--region", EAST, "--now", str(now / lease_items.US), "--endpoint-url", moto_endpoint]
     run += ["--table", table, "--segments", "1", "--config", str(conf)]
     assert dedupe.main(run) == 0
