@@ -314,10 +314,12 @@ async def test_headroom_from_balancer_metadata_or_count(
 
 
 async def test_prometheus_endpoint_exports_the_daemons_counters(
-    ddb: Any, table: str, make_daemon: Any
+    ddb: Any, table: str, make_daemon: Any, socket_only: None
 ) -> None:
     """With metrics_port set, /metrics on loopback shows the cache hit/miss counters, DynamoDB
-    calls per operation and latency per path of the live daemon."""
+    calls per operation and latency per path of the live daemon. Its calls go over the socket
+    (``socket_only``): a hit table fetched between them would answer a hit the daemon never
+    counts."""
     import urllib.request
 
     seed_pool(ddb, table, count=5)
