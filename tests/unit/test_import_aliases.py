@@ -7,13 +7,11 @@ knows are allowed (``CONVENTIONS``)."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.sources import python_files
+
 #: every package of the checkout with Python in it
 SCANNED = ("rasd", "client", "jobs", "check", "tests", "bench", "chaos", "sim", "fleet")
-#: generated or third-party trees (and every dot-directory: caches, virtualenvs)
-SKIPPED = {"mutants", "results", "node_modules", "build", "__pycache__"}
 MIN_LEN = 3
 #: (module, alias): the aliases the libraries' own documentation uses
 CONVENTIONS = {
@@ -41,11 +39,8 @@ def short_aliases(source: str, name: str = "<snippet>") -> list[str]:
 
 def test_no_import_is_renamed_to_one_or_two_characters() -> None:
     found = []
-    for d in SCANNED:
-        for path in sorted((ROOT / d).rglob("*.py")):
-            parts = path.relative_to(ROOT).parts
-            if SKIPPED.isdisjoint(parts) and not any(p.startswith(".") for p in parts):
-                found += short_aliases(path.read_text(), str(path.relative_to(ROOT)))
+    for path, rel in python_files(SCANNED):
+        found += short_aliases(path.read_text(), rel)
     assert not found, "name these imports for what they are:\n" + "\n".join(found)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.sources import ROOT, python_files
+
 #: the packages whose module docstrings are held short
 SCANNED = ("rasd", "client/rasd_client", "jobs", "check")
 #: the longest module docstring, quotes included
@@ -32,11 +33,10 @@ def docstring_lines(path: Path) -> int:
 def long_docstrings(root: Path, dirs: tuple[str, ...], limit: int) -> dict[str, int]:
     """``{path: lines}`` for every module under ``dirs`` whose docstring is over ``limit``."""
     found = {}
-    for d in dirs:
-        for path in sorted((root / d).rglob("*.py")):
-            n = docstring_lines(path)
-            if n > limit:
-                found[path.relative_to(root).as_posix()] = n
+    for path, rel in python_files(dirs, root):
+        n = docstring_lines(path)
+        if n > limit:
+            found[rel] = n
     return found
 
 
@@ -52,12 +52,10 @@ def test_every_module_docstring_is_short() -> None:
 def test_no_docstring_holds_a_theory_of_operation() -> None:
     """The heading that long narrations went under stays out of module docstrings."""
     found = []
-    for d in SCANNED:
-        for path in sorted((ROOT / d).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
-            if "theory of operation" in doc.lower():
-                found.append(rel)
+    for path, rel in python_files(SCANNED):
+        doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+        if "theory of operation" in doc.lower():
+            found.append(rel)
     assert not found, found
 
 

@@ -6,9 +6,8 @@ overwriting an instance's attribute (``coordinator.acquirer.get_lease = fake``).
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.sources import python_files
 
 #: assignments allowed though their object is not ``self``: (a file, or a folder ending in
 #: "/"; the target, ``x.*`` for any attribute of ``x``, ``*`` for any) -> why
@@ -117,10 +116,8 @@ def outside_assignments(source: str, path: str = "<snippet>") -> list[str]:
 
 def test_no_attribute_of_another_object_is_assigned() -> None:
     found = []
-    for top in ("rasd", "tests"):
-        for p in sorted((ROOT / top).rglob("*.py")):
-            rel = p.relative_to(ROOT).as_posix()
-            found += outside_assignments(p.read_text(), rel)
+    for path, rel in python_files(("rasd", "tests")):
+        found += outside_assignments(path.read_text(), rel)
     assert not found, "assigned from outside their object:\n" + "\n".join(found)
 
 
