@@ -71,21 +71,34 @@ def read_kernel_bound() -> KernelBound:
 
 
 class ClockBoundReader:
-    """ClockBound's segment at ``path``, mapped read-only once it exists. A copy is taken
-    between two equal, even generation numbers (the writer makes it odd while it updates)."""
+    """ClockBound's segment at ``path``, mapped read-only while the same file is there (a
+    ClockBound restarted may make it anew: the path is looked at on every read, once a
+    second, and a new file mapped in place of the old). A copy is taken between two equal,
+    even generation numbers (the writer makes it odd while it updates)."""
 
     def __init__(self, path: str = CLOCKBOUND_SHM) -> None:
         self.path = path
         self._map: mmap.mmap | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file mapped
 
     def _mapped(self) -> mmap.mmap | None:
-        if self._map is None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        now = None if st is None else (st.st_dev, st.st_ino)
+        if now != self._file and self._map is not None:
+            self._map.close()
+            self._map = None
+        self._file = now
+        if self._map is None and st is not None and st.st_size >= CLOCKBOUND_SIZE:
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return None
             try:
-                if os.fstat(fd).st_size < CLOCKBOUND_SIZE:
+                if (os.fstat(fd).st_ino, os.fstat(fd).st_size) != (st.st_ino, st.st_size):
+                    self._file = None  # replaced between the two looks: the next read maps it
                     return None
                 self._map = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
             finally:

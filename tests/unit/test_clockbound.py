@@ -137,3 +137,21 @@ def test_the_daemons_clock_watch_reads_clockbound_first(
     monkeypatch.setattr(kernelclock, "_clockbound", ClockBoundReader(str(tmp_path / "none")))
     guard.tick()
     assert guard.why is None
+
+
+def test_a_segment_made_anew_is_mapped_anew(tmp_path: Path) -> None:
+    """ClockBound restarted makes a new file at the path: the reader maps it, rather than
+    read the old one (past its void-after time, unbounded) for ever; gone, the kernel
+    answers again."""
+    path = tmp_path / "shm0"
+    now = _now()
+    path.write_bytes(segment(now, now + 60 * SEC, 1_000, status=3))
+    reader = ClockBoundReader(str(path))
+    assert reader.read() == KernelBound(False, 0, "ClockBound")
+    fresh = tmp_path / "shm0.new"
+    fresh.write_bytes(segment(now, now + 60 * SEC, 2_000_000))
+    fresh.replace(path)  # a new inode at the same path
+    got = reader.read()
+    assert got is not None and got.synced and got.maxerror_us >= 2_000
+    path.unlink()
+    assert reader.read() is None
