@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet import tables
+from fleet import daemons, tables
 from fleet.backends import ProxyProcess, dynalite_status, install_dynalite
 
 from . import meter
@@ -161,6 +161,7 @@ def _figures(calls: list[Call], p: Params) -> dict[str, Any]:
         "new_share": len(new) / max(1, len(got)),
         "new": lat(new),
         "existing": lat(old),
+        "over_1s": {"new": sum(ms > 1000 for ms in new), "existing": sum(ms > 1000 for ms in old)},
         "errors": dict(errors),
     }
 
@@ -279,19 +280,60 @@ class Side:
         )  # fmt: skip
         env.add_resources(self.table, items, prefix=name)
         self.meter_file = os.path.join(tmp, f"{name}.meter.json")
+        self.trace = os.path.join(tmp, f"{name}.trace.jsonl")
         self.proxy = ProxyProcess(
-            env.backend.endpoint, env.delay_ms, meter=(self.meter_file, self.table, meter.FACTORY)
-        )
+            env.backend.endpoint, env.delay_ms, trace=self.trace,
+            meter=(self.meter_file, self.table, meter.FACTORY),
+        )  # fmt: skip
         self.endpoint = self.proxy.endpoint
 
     def snapshot(self) -> dict[str, Any]:
         time.sleep(0.6)  # the meter replaces its file twice a second
         got: dict[str, Any] = json.loads(Path(self.meter_file).read_text())
+        got["trace_at"] = os.path.getsize(self.trace) if os.path.exists(self.trace) else 0
         return got
+
+    def service(self, start: int, end: int) -> dict[str, Any]:
+        return trace_service(self.trace, start, end)
+
+
+def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
+    """From a proxy's trace between two offsets: the backend's time per request (sent
+    upstream to answered) by operation, median and p99 in ms, and how many requests came
+    on a new connection (each paid its modelled handshakes)."""
+    by: dict[str, list[float]] = {}
+    seen: set[int] = set()
+    fresh, at = 0, 0
+    with open(path, "rb") as f:
+        for line in f.read(end).splitlines(keepends=True):
+            at += len(line)
+            try:
+                t = json.loads(line)
+            except ValueError:
+                continue  # a line being written as the snapshot was taken
+            first = t["conn"] not in seen
+            seen.add(t["conn"])
+            if at <= start:
+                continue
+            fresh += first
+            op = t["op"] + (f" {t['index']}" if t["index"] else "")
+            by.setdefault(op, []).append((t["back"] - t["up"]) * 1e3)
+    ops = {
+        op: {"n": len(xs), "p50_ms": pct(sorted(xs), 0.5), "p99_ms": pct(sorted(xs), 0.99)}
+        for op, xs in sorted(by.items())
+    }
+    return {"ops": ops, "new_connections": fresh}
 
 
 def _daemons_cpu(ds: list[Daemon]) -> float:
     return sum(sum(cpu_split(d.pid)) for d in ds)
+
+
+def _daemons_counters(ds: list[Daemon]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for d in ds:
+        total.update(daemons.counters(d.socket))
+    return total
 
 
 def run_level(
@@ -311,10 +353,10 @@ def run_level(
         proc.start()
     time.sleep(max(0.0, p.warm_s - 0.6))
     m0 = (rasd.snapshot(), paper.snapshot())
-    cpu0 = _daemons_cpu(ds)
+    cpu0, n0 = _daemons_cpu(ds), _daemons_counters(ds)
     time.sleep(max(0.0, t0 + p.warm_s + p.measure_s - time.monotonic() - 0.6))
     m1 = (rasd.snapshot(), paper.snapshot())
-    cpu1 = _daemons_cpu(ds)
+    cpu1, n1 = _daemons_cpu(ds), _daemons_counters(ds)
     for proc in apps:
         proc.join(120)
     got: dict[str, Any] = {"level": level.name, "new_every_s": level.new_every_s}
@@ -333,12 +375,14 @@ def run_level(
         writes = [
             t for k, t in kinds.items() if "refused" not in k and k.split()[0] in meter.WRITES
         ]
+        fig["backend"] = (rasd if side == "rasd" else paper).service(a["trace_at"], b["trace_at"])
         fig["meter_check"] = {
             "base_write_units": sum(t["wru"] for t in writes),
             "backend_base_write_units": sum(t["backend"] for t in writes),
         }
         got[side] = fig
     got["rasd"]["daemon_cpu_ms_per_call"] = (cpu1 - cpu0) * 1e3 / max(1, got["rasd"]["calls"])
+    got["rasd"]["counters"] = dict(sorted((n1 - n0).items()))  # the daemons', measured window
     return got
 
 
@@ -462,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=float, default=Params.warm_s)
     ap.add_argument("--quick", action="store_true", help="one level per mode, short (a smoke test)")
     ap.add_argument("--backend", default="dynalite", choices=("dynalite", "moto"))
+    ap.add_argument(
+        "--phases", default="fast,rollout,levers",
+        help="which phases to run, comma-separated (default: all three)",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     p = Params(hosts=a.hosts, measure_s=a.measure, warm_s=a.warm)
     if a.quick:
@@ -475,9 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     res: dict[str, Any] = {"params": asdict(p), "backend": a.backend, "levels": []}
     try:
-        res["levels"] += run_phase(env, p, p.levels, False, env.tmp)
-        res["levels"] += run_phase(env, p, p.rollout_levels, True, env.tmp)
-        for lever, (off, by_demand) in LEVERS.items():
+        phases = set(a.phases.split(","))
+        if "fast" in phases:
+            res["levels"] += run_phase(env, p, p.levels, False, env.tmp)
+        if "rollout" in phases:
+            res["levels"] += run_phase(env, p, p.rollout_levels, True, env.tmp)
+        for lever, (off, by_demand) in LEVERS.items() if "levers" in phases else ():
             mode = f"fast without {lever}"
             levels = p.lever_levels if by_demand else p.lever_levels[:1]
             res["levels"] += run_phase(env, p, levels, False, env.tmp, mode, off)

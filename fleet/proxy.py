@@ -370,7 +370,7 @@ class Proxy:
             {
                 "op": operation(head),
                 "index": ix.group(1).decode() if ix else None,
-                "conn": threading.get_ident(),
+                "conn": threading.get_native_id(),  # a thread per connection (ids reused last)
                 "in": t_in,
                 "up": t_up,
                 "back": t_back,
