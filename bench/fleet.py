@@ -36,7 +36,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,10 @@ class Params:
     zipf_s: float = 1.1
     lease_s: float = 45.0
     warm_s: float = 15.0
+    #: the rollout phase's one level starts on fresh daemons: warmed as long as the fast
+    #: phase's reference level's daemons have run (its own 15 s after a 75 s level), and
+    #: more, since rollout mode's speculation learns which keys a host served lately
+    rollout_warm_s: float = 120.0
     measure_s: float = 60.0
     delay_ms: float = 3.5
     liberate_s: float = 5.0
@@ -515,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         p.levels, p.rollout_levels = [Level(2, 0.1)], [Level(2, 0.1)]
         p.lever_levels = [Level(2, 0.1)]
-        p.items, p.hot_keys = 400, 50
+        p.items, p.hot_keys, p.rollout_warm_s = 400, 50, p.warm_s
     os.environ.update({k: v for k, v in aws_env().items() if k.startswith("AWS_")})
     if a.backend == "dynalite" and dynalite_status() is not None:
         install_dynalite()  # npm, into bench/node_modules
@@ -527,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         if "fast" in phases:
             res["levels"] += run_phase(env, p, p.levels, False, env.tmp)
         if "rollout" in phases:
-            res["levels"] += run_phase(env, p, p.rollout_levels, True, env.tmp)
+            warm = replace(p, warm_s=p.rollout_warm_s)
+            res["levels"] += run_phase(env, warm, p.rollout_levels, True, env.tmp)
         for lever, (off, by_demand) in LEVERS.items() if "levers" in phases else ():
             mode = f"fast without {lever}"
             levels = p.lever_levels if by_demand else p.lever_levels[:1]

@@ -77,7 +77,12 @@ class Acquire:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
+    """Read again later. ``until_us``: this host's time before which reading again cannot
+    end the wait (a lease's end plus the clock-skew bound); None: soon, another daemon may
+    finish what it does at any moment."""
+
     why: str
+    until_us: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,12 @@ def lapsing(
     )
 
 
+def past_every_clock(r: ResourceItem, grace_us: int) -> int:
+    """When the lease ``r`` (one :func:`lapsing` found) has ended on every host's clock."""
+    assert r.lease_expires_us is not None
+    return r.lease_expires_us + grace_us
+
+
 def on_settle(
     m: Mapping, held: list[ResourceItem], now_us: int, grace_us: int = 0
 ) -> Confirm | YieldTo | Wait:
@@ -150,8 +156,12 @@ def on_settle(
     if r is not None:
         return YieldTo(m, r)
     others = [it for it in held if it.resource != m.resource]
-    if lapsing(others, m.client_id, m.pool_id, m.key, m.region, now_us, grace_us):
-        return Wait("another lease of the key is at its end here, not yet on every host")
+    ending = lapsing(others, m.client_id, m.pool_id, m.key, m.region, now_us, grace_us)
+    if ending is not None:
+        return Wait(
+            "another lease of the key is at its end here, not yet on every host",
+            until_us=past_every_clock(ending, grace_us),
+        )
     return Confirm(m)
 
 
@@ -211,8 +221,9 @@ def on_lapsed(
         return EndLapsed(m)
     if r.lease_expires_us > now_us + margin_us:
         return Extend(m)
+    until = r.lease_expires_us + grace_us
     if r.lease_expires_us > now_us:
-        return Wait("the lease ends within the clock-skew bound: not extended")
-    if now_us < r.lease_expires_us + grace_us:
-        return Wait("the lease is at its end on this host's clock, not yet on every host's")
+        return Wait("the lease ends within the clock-skew bound: not extended", until)
+    if now_us < until:
+        return Wait("the lease is at its end on this host's clock, not yet on every host's", until)
     return EndLapsed(m)

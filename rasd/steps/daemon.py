@@ -25,6 +25,7 @@ from . import (
     Common,
     GetItem,
     Note,
+    Now,
     Program,
     QueryLeased,
     QueryMappings,
@@ -365,6 +366,9 @@ def fence_or_wait(dec: decide.Decision, wait: float) -> Program[float]:
     if isinstance(dec, decide.FenceResource):
         yield from fence(dec.resource)
         return wait
+    if isinstance(dec, decide.Wait) and dec.until_us is not None:
+        # nothing read before then can end it: one sleep, not a read every WAIT_MAX
+        wait = max(wait, (dec.until_us - (yield from Now())) / US)
     return (yield from wait_for(wait))
 
 

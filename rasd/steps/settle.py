@@ -23,7 +23,15 @@ from ..core.map_builders import (
 from ..core.serialize import resource_from
 from ..core.writes import ItemKey
 from . import Join, Note, Now, QueryLeased, Send, Spawn
-from .daemon import WAIT_FIRST, DaemonContext, DaemonProgram, NewToken, error_of, resource, wait_for
+from .daemon import (
+    WAIT_FIRST,
+    DaemonContext,
+    DaemonProgram,
+    NewToken,
+    error_of,
+    fence_or_wait,
+    resource,
+)
 from .give_back import free_claim
 from .renew import confirm
 
@@ -149,7 +157,7 @@ def settle(
     held = yield from QueryLeased(pool.client_id, pool.pool_id, key)
     s = d.ops.on_settle(m, list(held), (yield from Now()), d.rules.grace_us)
     if isinstance(s, decide.Wait):
-        yield from wait_for(WAIT_FIRST)
+        yield from fence_or_wait(s, WAIT_FIRST)
         return None  # read again
     if isinstance(s, legacy_rules.YieldTo):
         yield Note("lease.yielded")

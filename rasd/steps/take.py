@@ -109,16 +109,17 @@ def resolve(
             other = yield from agree(d, pool, home, landed, (landed, *others))
             if other is not None:
                 dec = decide.Serve(other, foreign=True)
-    if (
-        isinstance(dec, decide.Acquire)
-        and held
-        and ops.lapsing(
-            held, pool.client_id, pool.pool_id, key, d.region, (yield from Now()), d.rules.grace_us
-        )
-    ):
+    ending = None
+    if isinstance(dec, decide.Acquire) and held:
+        now, grace = (yield from Now()), d.rules.grace_us
+        ending = ops.lapsing(held, pool.client_id, pool.pool_id, key, d.region, now, grace)
+    if ending is not None:
         # a lease of the key at its end here, not yet on every host: its apps may still
         # use it, and the key's next lease would run beside it (I2)
-        dec = decide.Wait("the key's lease is at its end on this host's clock, not on every host's")
+        dec = decide.Wait(
+            "the key's lease is at its end on this host's clock, not on every host's",
+            until_us=legacy_rules.past_every_clock(ending, d.rules.grace_us),
+        )
     if isinstance(dec, decide.Acquire) and held:
         adopted = yield from adopt_paper_lease(d, pool, key, held, dec.expect_ver)
         if adopted is None:

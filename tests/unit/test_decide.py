@@ -280,6 +280,17 @@ def test_on_settle_yields_to_a_lease_of_the_paper_agent_made_meanwhile() -> None
     assert legacy_rules.on_settle(p, [ours, stale], NOW) == legacy_rules.YieldTo(p, stale)
 
 
+def test_on_settle_waits_for_a_lease_at_its_end_until_it_passed_on_every_clock() -> None:
+    p = m(state=lease_items.PENDING, res="r1")
+    grace = 2 * S
+    ending = held("r2", exp=NOW - 1)
+    assert legacy_rules.on_settle(p, [ending], NOW, grace) == decide.Wait(
+        "another lease of the key is at its end here, not yet on every host",
+        until_us=NOW - 1 + grace,
+    )
+    assert legacy_rules.on_settle(p, [ending], NOW - 1 + grace, grace) == legacy_rules.Confirm(p)
+
+
 def test_on_settle_ignores_what_is_no_rival() -> None:
     p = m(state=lease_items.PENDING, res="r1")
     others = [
@@ -332,9 +343,13 @@ def test_on_lapsed_ends_a_lease_whose_item_has_ended_on_every_clock() -> None:
         lapsed, replace(item, lease_expires_us=NOW - 3 * S), NOW, grace
     ) == (legacy_rules.EndLapsed(lapsed))
     # past its end here, but a host whose clock is behind by up to the bound may still serve it
-    for end in (NOW, NOW - 1, NOW - grace + 1):
-        got = legacy_rules.on_lapsed(lapsed, replace(item, lease_expires_us=end), NOW, grace)
-        assert isinstance(got, decide.Wait), end
+    # (and within the bound before its end, not extended): waited for until it has passed on
+    # every clock, which no read before then can change
+    for end in (NOW + grace, NOW + 1, NOW, NOW - 1, NOW - grace + 1):
+        got = legacy_rules.on_lapsed(
+            lapsed, replace(item, lease_expires_us=end), NOW, grace, margin_us=grace
+        )
+        assert isinstance(got, decide.Wait) and got.until_us == end + grace, end
     extended = replace(item, lease_expires_us=NOW + 30 * S)
     assert legacy_rules.on_lapsed(lapsed, extended, NOW, grace) == decide.Extend(lapsed)
     assert legacy_rules.on_lapsed(lapsed, replace(item, lease_expires_us=NOW + 1), NOW, grace) == (
