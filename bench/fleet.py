@@ -304,10 +304,12 @@ class Side:
 def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
     """From a proxy's trace between two offsets: the backend's time per request (sent
     upstream to answered) by operation, median and p99 in ms, and how many requests came
-    on a new connection (each paid its modelled handshakes)."""
+    on a new connection (each paid its modelled handshakes), and the answers other than 200
+    by operation and status (a refused condition is a 400)."""
     by: dict[str, list[float]] = {}
     seen: set[int] = set()
     fresh, at = 0, 0
+    failed: Counter[str] = Counter()
     with open(path, "rb") as f:
         for line in f.read(end).splitlines(keepends=True):
             at += len(line)
@@ -322,11 +324,13 @@ def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
             fresh += first
             op = t["op"] + (f" {t['index']}" if t["index"] else "")
             by.setdefault(op, []).append((t["back"] - t["up"]) * 1e3)
+            if t["status"] != "200":
+                failed[f"{op} {t['status']}"] += 1
     ops = {
         op: {"n": len(xs), "p50_ms": pct(sorted(xs), 0.5), "p99_ms": pct(sorted(xs), 0.99)}
         for op, xs in sorted(by.items())
     }
-    return {"ops": ops, "new_connections": fresh}
+    return {"ops": ops, "new_connections": fresh, "not_200": dict(failed)}
 
 
 def _daemons_cpu(ds: list[Daemon]) -> float:
@@ -519,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         p.levels, p.rollout_levels = [Level(2, 0.1)], [Level(2, 0.1)]
         p.lever_levels = [Level(2, 0.1)]
-        p.items, p.hot_keys, p.rollout_warm_s = 400, 50, p.warm_s
+        p.items, p.hot_keys, p.rollout_warm_s = 1000, 50, p.warm_s
     os.environ.update({k: v for k, v in aws_env().items() if k.startswith("AWS_")})
     if a.backend == "dynalite" and dynalite_status() is not None:
         install_dynalite()  # npm, into bench/node_modules

@@ -9,8 +9,11 @@ from pathlib import Path
 from bench.fleet import trace_service
 
 
-def line(op: str, conn: int, up: float, back: float, index: str | None = None) -> bytes:
+def line(
+    op: str, conn: int, up: float, back: float, index: str | None = None, status: str = "200"
+) -> bytes:
     t = {"op": op, "index": index, "conn": conn, "in": up, "up": up, "back": back, "out": back}
+    t["status"] = status
     return (json.dumps(t) + "\n").encode()
 
 
@@ -20,7 +23,7 @@ def test_the_window_counts_its_own_requests_and_connections(tmp_path: Path) -> N
     inside = (
         line("Query", 1, 1.0, 1.004)  # an old connection
         + line("UpdateItem", 3, 1.0, 1.001)  # a new one
-        + line("UpdateItem", 3, 2.0, 2.003)
+        + line("UpdateItem", 3, 2.0, 2.003, status="400")
         + line("Query", 4, 2.0, 2.0015, index="leased_resources")  # a new one
     )
     path.write_bytes(before + inside + b'{"op": "Query", "ind')  # a line being written
@@ -31,10 +34,15 @@ def test_the_window_counts_its_own_requests_and_connections(tmp_path: Path) -> N
     assert round(got["ops"]["Query"]["p50_ms"], 6) == 4.0
     assert got["ops"]["UpdateItem"]["n"] == 2
     assert got["ops"]["Query leased_resources"]["n"] == 1
+    assert got["not_200"] == {"UpdateItem 400": 1}
 
 
 def test_an_empty_window_is_empty(tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_bytes(line("Query", 1, 0.0, 0.001))
     size = path.stat().st_size
-    assert trace_service(str(path), size, size) == {"ops": {}, "new_connections": 0}
+    assert trace_service(str(path), size, size) == {
+        "ops": {},
+        "new_connections": 0,
+        "not_200": {},
+    }
