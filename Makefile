@@ -167,7 +167,7 @@ bench-targets: $(STAMP)
 # sim about 13 minutes, sim-full about 65: on a quiet machine only.
 # The fleet bench (docs/performance.md "A fleet"): 20 daemons and the paper's agent on one
 # dynalite, sparse per-host demand, hot keys shared, sliding leases, and what DynamoDB would
-# bill (bench.meter); a table, the JSON and a plot in bench/results/ (~13 min).
+# bill (bench.meter); a table, the JSON and a plot in bench/results/ (~14 min).
 bench-fleet: $(STAMP)
 	$(BIN)/python -m bench.fleet
 
