@@ -345,11 +345,22 @@ def test_on_lapsed_ends_a_lease_whose_item_has_ended_on_every_clock() -> None:
     # past its end here, but a host whose clock is behind by up to the bound may still serve it
     # (and within the bound before its end, not extended): waited for until it has passed on
     # every clock, which no read before then can change
-    for end in (NOW + grace, NOW + 1, NOW, NOW - 1, NOW - grace + 1):
+    ending = "the lease ends within the clock-skew bound: not extended"
+    ended = "the lease is at its end on this host's clock, not yet on every host's"
+    for end, why in (
+        (NOW + grace, ending),
+        (NOW + 1, ending),
+        (NOW, ended),
+        (NOW - 1, ended),
+        (NOW - grace + 1, ended),
+    ):
         got = legacy_rules.on_lapsed(
             lapsed, replace(item, lease_expires_us=end), NOW, grace, margin_us=grace
         )
-        assert isinstance(got, decide.Wait) and got.until_us == end + grace, end
+        assert got == decide.Wait(why, until_us=end + grace), end
+    # an item that names no end is no lease to wait for
+    no_end = replace(item, lease_expires_us=None)
+    assert legacy_rules.on_lapsed(lapsed, no_end, NOW, grace) == legacy_rules.EndLapsed(lapsed)
     extended = replace(item, lease_expires_us=NOW + 30 * S)
     assert legacy_rules.on_lapsed(lapsed, extended, NOW, grace) == decide.Extend(lapsed)
     assert legacy_rules.on_lapsed(lapsed, replace(item, lease_expires_us=NOW + 1), NOW, grace) == (
