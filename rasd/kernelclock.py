@@ -97,7 +97,8 @@ class ClockBoundReader:
             except OSError:
                 return None
             try:
-                if (os.fstat(fd).st_ino, os.fstat(fd).st_size) != (st.st_ino, st.st_size):
+                opened = os.fstat(fd)
+                if (opened.st_ino, opened.st_size) != (st.st_ino, st.st_size):
                     self._file = None  # replaced between the two looks: the next read maps it
                     return None
                 self._map = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)

@@ -221,7 +221,7 @@ def on_lapsed(
         return EndLapsed(m)
     if r.lease_expires_us > now_us + margin_us:
         return Extend(m)
-    until = r.lease_expires_us + grace_us
+    until = past_every_clock(r, grace_us)
     if r.lease_expires_us > now_us:
         return Wait("the lease ends within the clock-skew bound: not extended", until)
     if now_us < until:
