@@ -9,7 +9,8 @@ threads of one process) the other. Each host's app asks, at Poisson times, for a
 ``zipf_s``), always with ``lease_expires = now + lease_s``: sliding leases, as apps use them.
 A level is a per-host demand (a new key every ``new_every_s`` seconds on each host) and a
 share; every level runs ``warm_s`` then ``measure_s`` seconds, and only the measured window
-counts: the calls sent in it, the capacity billed in it.
+counts: the calls sent in it, the capacity billed in it. The pools' items have sat free
+``free_since_s`` (an hour) when a phase begins, as in a pool in service.
 
 The paper's agent has no per-host state (every call reads DynamoDB), so its side runs the
 same schedules of ``paper_hosts`` hosts, not all of them: its latency and its bill per call do
@@ -79,6 +80,10 @@ class Params:
     rollout_warm_s: float = 120.0
     measure_s: float = 60.0
     delay_ms: float = 3.5
+    #: how long the pools' items have sat free when a phase begins: an hour, as in a pool in
+    #: service (a daemon holds candidates longer the longer the items it reads sat free; on
+    #: a pool seeded as the run begins it learns that only over its first minutes)
+    free_since_s: float = 3600.0
     liberate_s: float = 5.0
     seed: int = 1
     #: the fast rules' levels: per-host demand at the reference share, then the share at 10 s
@@ -276,13 +281,16 @@ def _liberate_forever(
 class Side:
     """One table behind its own metered proxy."""
 
-    def __init__(self, env: Env, name: str, items: int, rollout: bool, tmp: str) -> None:
+    def __init__(
+        self, env: Env, name: str, items: int, rollout: bool, tmp: str, free_since_s: float = 0.0
+    ) -> None:
         self.table = f"fleet-{name}-{os.getpid()}"
         tables.seed_table(
             env.direct, self.table, CLIENT, POOL, max_lease_s=86400,
             rollout=("bench-fleet", "--rollout") if rollout else None,
         )  # fmt: skip
-        env.add_resources(self.table, items, prefix=name)
+        since = time.time_ns() // 1000 - int(free_since_s * 1e6)
+        env.add_resources(self.table, items, prefix=name, now_us=since)
         self.meter_file = os.path.join(tmp, f"{name}.meter.json")
         self.trace = os.path.join(tmp, f"{name}.trace.jsonl")
         self.proxy = ProxyProcess(
@@ -406,8 +414,8 @@ def run_phase(
     """``levels`` on fresh tables and fresh daemons (``settings``: theirs), labelled ``mode``."""
     mode = mode or ("rollout" if rollout else "fast")
     tag = mode.replace(" ", "")
-    rasd = Side(env, f"r{tag}", p.items, rollout, tmp)
-    paper = Side(env, f"p{tag}", p.items, False, tmp)
+    rasd = Side(env, f"r{tag}", p.items, rollout, tmp, p.free_since_s)
+    paper = Side(env, f"p{tag}", p.items, False, tmp, p.free_since_s)
     env.endpoint = rasd.endpoint  # the daemons' DynamoDB: rasd's metered proxy
     ds = env.start_daemons(rasd.table, p.hosts, prefix=f"{tag}-", **(settings or {}))
     stop = threading.Event()
@@ -518,8 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         "--phases", default="fast,rollout,levers",
         help="which phases to run, comma-separated (default: all three)",
     )  # fmt: skip
+    ap.add_argument(
+        "--free-since", type=float, default=Params.free_since_s,
+        help="seconds the pools' items have sat free when a phase begins (0: a pool seeded "
+        "as the run begins)",
+    )  # fmt: skip
     a = ap.parse_args(argv)
-    p = Params(hosts=a.hosts, measure_s=a.measure, warm_s=a.warm)
+    p = Params(hosts=a.hosts, measure_s=a.measure, warm_s=a.warm, free_since_s=a.free_since)
     if a.quick:
         p.levels, p.rollout_levels = [Level(2, 0.1)], [Level(2, 0.1)]
         p.lever_levels = [Level(2, 0.1)]

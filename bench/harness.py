@@ -197,12 +197,15 @@ class Env:
             self.add_resources(name, resources, prefix)
         return name
 
-    def add_resources(self, table: str, count: int, prefix: str = "r", threads: int = 4) -> None:
-        """Free resources ``{prefix}-0000000``... Large counts are written by 3 processes (the
-        boto3 side of BatchWriteItem is CPU-bound under one GIL; the backend is not)."""
+    def add_resources(
+        self, table: str, count: int, prefix: str = "r", threads: int = 4, now_us: int | None = None
+    ) -> None:
+        """Free resources ``{prefix}-0000000``..., free since ``now_us`` (default: now). Large
+        counts are written by 3 processes (the boto3 side of BatchWriteItem is CPU-bound under
+        one GIL; the backend is not)."""
         names = [f"{prefix}-{i:07d}" for i in range(count)]
-        if count < 5000 or threads <= 1:
-            schema.add_resources(self.direct, table, CLIENT, POOL, REGION, names)
+        if count < 5000 or threads <= 1 or now_us is not None:
+            schema.add_resources(self.direct, table, CLIENT, POOL, REGION, names, now_us)
             return
         import multiprocessing as mp
 

@@ -87,6 +87,8 @@ class CandidateBuffer:
         self.unclaimable: dict[str, str] = {}
         #: what NO_CAPACITY says while the pool is exhausted (why_empty), if anything
         self.why_empty: str | None = None
+        #: candidates dropped by take() as older than max_age (a count, never reset)
+        self.stale = 0
 
     def __len__(self) -> int:
         return len(self.q)
@@ -171,6 +173,7 @@ class CandidateBuffer:
             if now - c.fetched <= max_age:
                 self._remember_taken(c.item, now)
                 return c
+            self.stale += 1
         return None
 
     def _remember_taken(self, item: ResourceItem, now: float) -> None:

@@ -76,7 +76,14 @@ class Prefetcher:
 
     def at_hand(self, pool: Pool) -> Candidate | None:
         """A candidate already in the buffer, or None: never reads the index."""
-        c = self.buffer(pool).take(self.clock.mono())
+        return self._take(self.buffer(pool), self.clock.mono())
+
+    def _take(self, buf: CandidateBuffer, now: float) -> Candidate | None:
+        """``buf.take``, counted: a hit, and the candidates it dropped as too old."""
+        stale = buf.stale
+        c = buf.take(now)
+        if buf.stale != stale:
+            self.counters.inc("prefetch.stale", buf.stale - stale)
         if c is not None:
             self.counters.inc("prefetch.hits")
         return c
@@ -87,9 +94,8 @@ class Prefetcher:
         building the refill's request never delays the claim."""
         buf = self.buffer(pool)
         now = self.clock.mono()
-        c = buf.take(now)
+        c = self._take(buf, now)
         if c is not None:
-            self.counters.inc("prefetch.hits")
             return c
         self.counters.inc("prefetch.misses")
         if buf.exhausted(now):

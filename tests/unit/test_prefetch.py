@@ -43,12 +43,15 @@ def buf(**kw: object) -> CandidateBuffer:
 
 
 def test_stale_candidates_are_dropped() -> None:
-    """A candidate older than candidate_max_age is never handed out."""
+    """A candidate older than candidate_max_age is never handed out, and is counted as
+    dropped (``prefetch.stale``: a miss for age, not for an empty buffer)."""
     b = buf(candidate_max_age=10.0)
-    b.add(items(2), now=100.0)
+    b.add(items(3), now=100.0)
     assert b.take(105.0) is not None
+    assert b.stale == 0
     assert b.take(111.0) is None
     assert len(b) == 0
+    assert b.stale == 2
 
 
 def test_a_quiet_pool_keeps_its_candidates_longer() -> None:
@@ -853,3 +856,17 @@ async def test_a_slow_empty_sweep_counts_its_backoff_from_its_start() -> None:
     reads = len(store.reads)
     c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
     assert len(store.reads) > reads and c is not None and c.item.resource == "late"
+
+
+async def test_a_miss_for_age_is_counted_apart_from_a_miss_for_an_empty_buffer() -> None:
+    """``prefetch.stale`` counts the candidates a take dropped as too old: with
+    ``prefetch.misses`` it tells a host too sparse for its candidates' age limit from one
+    that ran out of them."""
+    store = _TableStore({partition_of("a"): [_free("a", 0)], partition_of("b"): [_free("b", 0)]})
+    p, pool = _prefetcher(store, candidate_max_age=10.0, candidate_max_age_quiet=0.0)
+    p.buffer(pool).add([_free("a", 0), _free("b", 0)], now=100.0)  # type: ignore[attr-defined]
+    p.clock.t = 111.0  # type: ignore[attr-defined]
+    c = await p.candidate(pool, 1e9)  # type: ignore[attr-defined]
+    assert c is not None  # read again: both were too old
+    got = p.counters.snapshot()  # type: ignore[attr-defined]
+    assert got.get("prefetch.stale") == 2 and got.get("prefetch.misses") == 1
