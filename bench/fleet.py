@@ -311,10 +311,13 @@ class Side:
 
 def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
     """From a proxy's trace between two offsets: the backend's time per request (sent
-    upstream to answered) by operation, median and p99 in ms, and how many requests came
+    upstream to answered) by operation, median and p99 in ms, and the median of its whole
+    time in the proxy (arrived to answered: the delays, the backend, the proxy's own
+    overshoot), and how many requests came
     on a new connection (each paid its modelled handshakes), and the answers other than 200
     by operation and status (a refused condition is a 400)."""
     by: dict[str, list[float]] = {}
+    span: dict[str, list[float]] = {}  # in the proxy: arrived to answered, delays included
     seen: set[int] = set()
     fresh, at = 0, 0
     failed: Counter[str] = Counter()
@@ -332,10 +335,16 @@ def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
             fresh += first
             op = t["op"] + (f" {t['index']}" if t["index"] else "")
             by.setdefault(op, []).append((t["back"] - t["up"]) * 1e3)
+            span.setdefault(op, []).append((t["out"] - t["in"]) * 1e3)
             if t["status"] != "200":
                 failed[f"{op} {t['status']}"] += 1
     ops = {
-        op: {"n": len(xs), "p50_ms": pct(sorted(xs), 0.5), "p99_ms": pct(sorted(xs), 0.99)}
+        op: {
+            "n": len(xs),
+            "p50_ms": pct(sorted(xs), 0.5),
+            "p99_ms": pct(sorted(xs), 0.99),
+            "span_p50_ms": pct(sorted(span[op]), 0.5),
+        }
         for op, xs in sorted(by.items())
     }
     return {"ops": ops, "new_connections": fresh, "not_200": dict(failed)}

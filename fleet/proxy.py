@@ -7,7 +7,9 @@ Every byte that crosses the proxy, in either direction, is held back ``delay`` s
 one-way latency), so a request/response pair costs one round trip of ``2 * delay`` on top of
 the backend's own service time. A new connection also pays for its handshakes: the first bytes
 a client sends on it are held ``handshake_rtts`` extra round trips (TCP's SYN/SYN-ACK, TLS); a
-warm, kept-alive connection does not pay that again.
+warm, kept-alive connection does not pay that again. In HTTP mode the handshakes run from the
+moment the connection is accepted, as a real one's do from the connect: a client that opens a
+connection ahead of its first request (a pool kept warm) has paid them by then.
 
 Threads, not asyncio timers: an event loop's timers round to whole milliseconds, which would
 turn 3.5 ms into 4. In TCP mode each direction of each connection has a reader thread that
@@ -298,18 +300,17 @@ class Proxy:
 
     def _http_conn(self, csock: socket.socket) -> None:
         """One client connection, kept alive whatever the upstream does: each request read
-        whole, held ``delay`` (plus the handshakes on the connection's first), its fault
-        applied, forwarded, and the reply, read whole, held ``delay`` again."""
+        whole, held ``delay`` (and none goes before the handshakes begun at the accept are
+        over), its fault applied, forwarded, and the reply, read whole, held ``delay`` again."""
+        shaken = time.perf_counter() + self.handshake_s
         cin = HttpReader(csock)
         up = _Upstream(self.upstream)
-        extra = self.handshake_s
         try:
             while not self._stop.is_set():
                 req = cin.message(request=True)
                 if req is None:
                     return
-                due = time.perf_counter() + self.delay_s + extra
-                extra = 0.0
+                due = max(time.perf_counter(), shaken) + self.delay_s
                 head, body, _ = req
                 op = operation(head)
                 kind, u = self.decide()

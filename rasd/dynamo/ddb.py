@@ -8,6 +8,7 @@ what it leaves to botocore: docs/design.md, "Talking to DynamoDB".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import time
@@ -44,6 +45,11 @@ TARGET_PREFIX = "DynamoDB_20120810."
 #: A pooled connection older than this is closed rather than reused: the next one resolves
 #: the endpoint's name again (``ddb_connection_max_age``).
 MAX_AGE = 60.0
+#: An idle connection that will not be usable this many seconds from now (too old, or idle
+#: too long) is replaced in the background: a request never waits for a new connection's
+#: handshakes because an old one aged out (:meth:`LeanDynamoDB.renew`).
+RENEW_AHEAD = 3.0
+KEEP_EVERY = 1.0  # seconds between the keeper's rounds
 
 
 class LeanDynamoDB:
@@ -119,6 +125,11 @@ class LeanDynamoDB:
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
+        #: idle connections the keeper keeps usable (:meth:`keep_warm`), and its task
+        self._keep = 0
+        self._keeper: asyncio.Task[None] | None = None
+        #: connections the keeper opened in place of aging ones
+        self.renewed = 0
         self._date = AmzDate()
         #: the part of every request head that never changes
         self._head_fixed = (
@@ -400,6 +411,65 @@ class LeanDynamoDB:
             self._open -= 1
         self._wake_one()
 
+    # --------------------------------------------------------------------- the keeper
+    def keep_warm(self, n: int) -> None:
+        """Keep up to ``n`` idle connections usable from now on: each round (every
+        ``KEEP_EVERY`` s) :meth:`renew`. Needs a running event loop; :meth:`close` stops it."""
+        self._keep = n
+        if n > 0 and self._keeper is None and not self._closed:
+            self._keeper = asyncio.get_running_loop().create_task(self._keep_loop())
+
+    async def _keep_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(KEEP_EVERY)
+            await self.renew(time.monotonic())
+
+    async def renew(self, now: float) -> int:
+        """Close the idle connections that will not be usable ``RENEW_AHEAD`` s after ``now``
+        (older than ``max_age``, or idle too long by then) and open new ones in place of
+        those that aged, as many as keep ``keep_warm``'s number usable. A connection the
+        server closed is dropped, not replaced: a server that closes every connection gets
+        no spares. Returns how many were opened."""
+        later = now + RENEW_AHEAD
+        kept: list[Conn] = []
+        aging = 0
+        for conn in self._idle:
+            if conn.usable(later, self._max_age):
+                kept.append(conn)
+                continue
+            aging += conn.usable(now, self._max_age)
+            conn.close()
+            self._open -= 1
+        if len(kept) != len(self._idle):
+            self._idle.clear()
+            self._idle.extend(kept)
+        want = min(aging, self._keep - len(kept), self._max - self._open)
+        if want <= 0:
+            return 0
+        got = await asyncio.gather(*(self._spare() for _ in range(want)))
+        opened = sum(got)
+        self.renewed += opened
+        return opened
+
+    async def _spare(self) -> bool:
+        """Open a connection into the idle pool; False if that failed (the next round tries)."""
+        self._open += 1
+        try:
+            conn = await self._connect()
+        except Exception:  # noqa: BLE001 - a request that needs one will say why
+            self._open -= 1
+            self._wake_one()
+            return False
+        if self._closed:
+            conn.close()
+            self._open -= 1
+            return False
+        conn.keep_alive = True  # no answer yet to say otherwise
+        conn.idle_since = time.monotonic()
+        self._idle.appendleft(conn)  # below the recently used: those go first
+        self._wake_one()
+        return True
+
     def _wake_one(self) -> None:
         while self._waiters:
             fut = self._waiters.popleft()
@@ -409,6 +479,11 @@ class LeanDynamoDB:
 
     async def close(self) -> None:
         self._closed = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
         while self._idle:
             self._idle.pop().close()
             self._open -= 1

@@ -98,10 +98,14 @@ class Store:
         return None if confirm is None else await confirm()
 
     async def warm(self, deadline_s: float = 10.0) -> None:
-        """Open ``ddb_warm_connections`` connections so the first requests find them ready."""
+        """Open ``ddb_warm_connections`` connections so the first requests find them ready,
+        and (the lean client) keep that many usable: replaced before they age out."""
         n = max(1, self.config.ddb_warm_connections)
         deadline = time.monotonic() + deadline_s
         await asyncio.gather(*(self._warm_one(deadline) for _ in range(n)))
+        keep = getattr(self._client, "keep_warm", None)
+        if keep is not None:
+            keep(self.config.ddb_warm_connections)
 
     async def _warm_one(self, deadline: float) -> None:
         await self._call("GetItem", deadline, Key=pool_meta_key("#warm", "#warm"))

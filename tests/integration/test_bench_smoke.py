@@ -26,6 +26,15 @@ def test_proxy_self_tests_run() -> None:
     assert http["proxied_p50_ms"] > 0 and "first_request_ms" in http
 
 
+def test_a_connection_opened_ahead_has_paid_its_handshakes() -> None:
+    """HTTP mode: the handshakes run from the accept. A connection's first request sent at
+    once waits for them; one sent after they had time to finish does not. Wide margins: 80
+    ms of modelled handshakes against the scheduling noise of a loaded machine."""
+    http = proxytest.http_self_test(delay_s=0.002, handshake_rtts=20.0, n=3)
+    assert http["first_request_ms"] >= 84.0  # a 4 ms round trip + 80 ms of handshakes
+    assert http["opened_ahead_ms"] < http["first_request_ms"] - 60.0
+
+
 def test_baseline_agent_acquires_then_finds(ddb: Any, table: str, moto_endpoint: str) -> None:
     seed_pool(ddb, table, client_id="bench", pool_id="p", count=5)
     host, port = moto_endpoint.removeprefix("http://").split(":")

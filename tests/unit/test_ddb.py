@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -277,6 +278,45 @@ async def test_connection_close_and_stale_connections_are_not_reused() -> None:
         await c.get_item(TableName="t")
         await c.close()
     assert len(accepted) == 2
+
+
+async def test_an_aging_idle_connection_is_replaced_before_a_request_needs_one() -> None:
+    """The keeper (``renew``, one round, time passed in): an idle connection within
+    RENEW_AHEAD of max_age is closed and a new one opened in its place, so the next request
+    finds one ready and opens none; a young one is kept; one the server closed is dropped,
+    not replaced. Never more spares than ``keep_warm``'s number."""
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        async for body in _requests(r):
+            w.write(_response(_echo(body)))
+
+    async with _server(echo) as (url, accepted):
+        c = _lean(url, max_age=60.0)
+        c._keep = 1  # keep_warm(1) without its timer: the rounds are run by hand
+        await c.get_item(TableName="t")
+        now = time.monotonic()
+        assert await c.renew(now) == 0 and len(accepted) == 1  # young: kept
+        c._idle[0].born -= 60.0 - ddb.RENEW_AHEAD + 0.5  # ages out within RENEW_AHEAD
+        assert await c.renew(now) == 1 and len(accepted) == 2 and c.renewed == 1
+        assert len(c._idle) == 1 and c._open == 1
+        await c.get_item(TableName="t")
+        assert len(accepted) == 2  # the request took the spare: no connection on its path
+        c._idle[0].close()  # the server's side: gone, not aging
+        assert await c.renew(time.monotonic()) == 0 and c._open == 0 and not c._idle
+        await c.close()
+
+
+async def test_the_keeper_runs_until_the_client_closes() -> None:
+    async def idle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.read()
+
+    async with _server(idle) as (url, _):
+        c = _lean(url)
+        c.keep_warm(2)
+        task = c._keeper
+        assert task is not None and not task.done()
+        await c.close()
+        assert task.done() and c._keeper is None
 
 
 async def test_old_connections_are_replaced_and_the_name_resolved_again() -> None:
