@@ -89,6 +89,8 @@ class CandidateBuffer:
         self.why_empty: str | None = None
         #: candidates dropped by take() as older than max_age (a count, never reset)
         self.stale = 0
+        #: how old the candidate of the last lost race was (seconds)
+        self.lost_age = 0.0
 
     def __len__(self) -> int:
         return len(self.q)
@@ -149,19 +151,22 @@ class CandidateBuffer:
     # -- candidates ----------------------------------------------------------------------
     def max_age(self, now: float) -> float:
         """How old a candidate may be: ``candidate_max_age``, sooner in direct mode. In a
-        quiet pool (no race lost for QUIET_AFTER_LOST, not short) longer: a quarter of how
-        long the items read had sat claimable, at most ``candidate_max_age_quiet``. A host
-        that takes a new key now and then keeps its candidates and skips the index read;
-        the claim's condition decides, as always."""
+        quiet pool (not short) longer: a quarter of how long the items read had sat
+        claimable, at most ``candidate_max_age_quiet``; for QUIET_AFTER_LOST after a lost
+        race, at most half the age of the candidate that lost (others take candidates that
+        old: one lost at twice ``candidate_max_age`` or younger brings the plain limit back).
+        A host that takes a new key now and then keeps its candidates and skips the index
+        read; the claim's condition decides, as always."""
         base = self.cfg.candidate_max_age
         if self.q and self.direct():
             return min(base, DIRECT_MAX_AGE)
         quiet, age = self.cfg.candidate_max_age_quiet, self.fleet.age
-        if quiet <= base or age is None or now - self.fleet.lost_at <= QUIET_AFTER_LOST:
+        if quiet <= base or age is None or self.whole():
             return base
-        if self.whole():
-            return base
-        return min(quiet, max(base, QUIET_SHARE * age))
+        limit = min(quiet, QUIET_SHARE * age)
+        if now - self.fleet.lost_at <= QUIET_AFTER_LOST:
+            limit = min(limit, self.lost_age / 2)
+        return max(base, limit)
 
     def take(self, now: float) -> Candidate | None:
         """The next fresh candidate, dropping stale ones (:meth:`max_age`)."""
@@ -230,6 +235,7 @@ class CandidateBuffer:
         index. End the lane, drop its other candidates (they are that daemon's next claims
         too) and note the sub-partition as contended. Returns how many were dropped."""
         self.fleet.lost_at = self.now
+        self.lost_age = self.now - cand.fetched
         self.lanes.contend(partition_of(cand.item.resource))
         if not cand.lane:
             if not self.whole():

@@ -55,9 +55,10 @@ def test_stale_candidates_are_dropped() -> None:
 
 
 def test_a_quiet_pool_keeps_its_candidates_longer() -> None:
-    """Where free items sit claimable for minutes and no race was lost lately, a candidate is
-    kept up to a quarter of that, at most candidate_max_age_quiet: a host that takes a new
-    key now and then skips the index read. Anything else: candidate_max_age."""
+    """Where free items sit claimable for minutes, a candidate is kept up to a quarter of
+    that, at most candidate_max_age_quiet: a host that takes a new key now and then skips the
+    index read. For a minute after a lost race, at most half the age of the candidate that
+    lost; a busy pool, or the setting at 0: candidate_max_age."""
     b = buf(candidate_max_age=10.0, candidate_max_age_quiet=120.0)
     assert b.max_age(100.0) == 10.0  # nothing read yet: no idea how quiet
     b.fleet.observe(0, 20, False, [400.0] * 20, now=100.0)  # items claimable for 400 s
@@ -66,12 +67,14 @@ def test_a_quiet_pool_keeps_its_candidates_longer() -> None:
     assert b.max_age(100.0) == 120.0  # at most the setting
     b.add(items(2), now=100.0)
     assert b.take(190.0) is not None  # 90 s old, kept
-    # a lost race: not quiet for a minute
-    cand = Candidate(items(1)[0], 100.0)
-    b.lost(cand)
-    assert b.max_age(b.now) == 10.0
+    # a lost race of a candidate 90 s old: for a minute, at most half that
+    b.lost(Candidate(items(1)[0], 100.0))
+    assert b.max_age(b.now) == 45.0
     assert b.take(191.0) is None  # the second, 91 s old, is dropped now
     assert b.max_age(b.now + 61.0) == 120.0
+    # one lost at 15 s (young: others take what this host takes): the plain limit
+    b.lost(Candidate(items(1)[0], b.now - 15.0))
+    assert b.max_age(b.now) == 10.0
     # a busy pool (items claimed soon after they are freed): the plain limit
     busy = buf(candidate_max_age=10.0, candidate_max_age_quiet=120.0)
     busy.fleet.observe(0, 20, False, [20.0] * 20, now=0.0)
