@@ -280,7 +280,9 @@ class Run:
     def __init__(self, drv: Driver, deadline: float) -> None:
         self.drv = drv
         self.deadline = deadline
-        self.refill: Pool | None = None  # RefillSoon: behind the next round trip's calls
+        #: RefillSoon: once the next round trip's calls are answered (sent beside them, the
+        #: refill's index page would be served among them, and delay the claim's answer)
+        self.refill: Pool | None = None
 
     async def perform(self, eff: daemon_steps.DaemonEffect) -> Any:
         """Perform one effect; ``match`` over every effect a daemon's program may yield, so
@@ -307,11 +309,11 @@ class Run:
             case Send():
                 if self.refill is None:
                     return await drv.store.write(eff.write, self.deadline, eff.readback)
-                sending = asyncio.ensure_future(
-                    drv.store.write(eff.write, self.deadline, eff.readback)
-                )
-                self._refill()
-                return await sending
+                try:
+                    return await drv.store.write(eff.write, self.deadline, eff.readback)
+                finally:
+                    if self.refill is not None:
+                        self._refill()
             case Now():
                 return drv.clock.now_us()
             case Mono():
@@ -329,13 +331,16 @@ class Run:
                 drv.local.cache_drop(eff.key)
                 return None
             case Together():
-                # every call sent at once (one round trip); a failed read fails the effect
+                # every call sent at once (one round trip); a failed read fails the effect;
+                # a refill due waits for all of them
+                refill, self.refill = self.refill, None
                 calls = asyncio.gather(
                     *(self.perform(c) for c in eff.calls), return_exceptions=True
                 )
-                if self.refill is not None:
-                    self._refill()
                 results = await calls
+                if refill is not None:
+                    self.refill = refill
+                    self._refill()
                 for r in results:
                     if isinstance(r, BaseException):
                         raise r

@@ -1,7 +1,7 @@
 """Prefetched claim candidates per (client, pool), so a new lease costs one conditional write.
 
 :class:`Prefetcher` does the I/O around the buffers (``rasd.daemon.candidates``): it reads
-the index pages a buffer plans, in the background after a claim was sent (``refill_soon``)
+the index pages a buffer plans, in the background once a claim was answered (``refill_soon``)
 or while a request waits (``candidate``), and sweeps all ten sub-partitions before a pool
 counts as having nothing free; a request joins a sweep under way (docs/design.md,
 "Prefetch").
@@ -90,8 +90,8 @@ class Prefetcher:
 
     async def candidate(self, pool: Pool, deadline: float) -> Candidate | None:
         """A candidate to claim, or None when the pool has no free item in this region.
-        Starts no refill: call :meth:`refill_soon` once the claim has been sent, so that
-        building the refill's request never delays the claim."""
+        Starts no refill: call :meth:`refill_soon` once the claim was answered, so that
+        neither building the refill's request nor DynamoDB serving it delays the claim."""
         buf = self.buffer(pool)
         now = self.clock.mono()
         c = self._take(buf, now)

@@ -119,8 +119,9 @@ class TakeCandidate(Returns["Candidate | None"]):
 
 @dataclass(frozen=True, slots=True)
 class RefillSoon(Returns[None]):
-    """Top the pool's candidate buffer up in the background, queued behind the calls of the
-    program's next round trip (so building the refill never delays them). Result: None."""
+    """Top the pool's candidate buffer up in the background, once the calls of the
+    program's next round trip are answered (so that neither building the refill nor DynamoDB
+    serving it delays them). Result: None."""
 
     pool: Pool
 
