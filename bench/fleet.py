@@ -318,6 +318,8 @@ def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
     by operation and status (a refused condition is a 400)."""
     by: dict[str, list[float]] = {}
     span: dict[str, list[float]] = {}  # in the proxy: arrived to answered, delays included
+    writes: list[tuple[float, float]] = []  # UpdateItems at the backend: (sent, answered)
+    pages: list[tuple[float, float]] = []  # available-index Queries at the backend
     seen: set[int] = set()
     fresh, at = 0, 0
     failed: Counter[str] = Counter()
@@ -336,6 +338,10 @@ def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
             op = t["op"] + (f" {t['index']}" if t["index"] else "")
             by.setdefault(op, []).append((t["back"] - t["up"]) * 1e3)
             span.setdefault(op, []).append((t["out"] - t["in"]) * 1e3)
+            if op == "UpdateItem":
+                writes.append((t["up"], t["back"]))
+            elif op == "Query available_resources":
+                pages.append((t["up"], t["back"]))
             if t["status"] != "200":
                 failed[f"{op} {t['status']}"] += 1
     ops = {
@@ -347,7 +353,32 @@ def trace_service(path: str, start: int, end: int) -> dict[str, Any]:
         }
         for op, xs in sorted(by.items())
     }
-    return {"ops": ops, "new_connections": fresh, "not_200": dict(failed)}
+    return {
+        "ops": ops,
+        "new_connections": fresh,
+        "not_200": dict(failed),
+        "writes_meeting_a_page": _meeting(writes, pages),
+    }
+
+
+def _meeting(writes: list[tuple[float, float]], pages: list[tuple[float, float]]) -> dict[str, Any]:
+    """The writes whose time at the backend overlapped an available-index page's (a refill
+    served among them), and the backend time, p50 in ms, of those and of the others."""
+    pages.sort()
+    starts = [a for a, _ in pages]
+    longest = max((b - a for a, b in pages), default=0.0)
+    met: list[float] = []
+    rest: list[float] = []
+    for up, back in writes:
+        lo = bisect.bisect_left(starts, up - longest)
+        hit = any(a < back and b > up for a, b in pages[lo : bisect.bisect_right(starts, back)])
+        (met if hit else rest).append((back - up) * 1e3)
+    return {
+        "writes": len(met),
+        "of": len(writes),
+        "p50_ms": pct(sorted(met), 0.5) if met else None,
+        "others_p50_ms": pct(sorted(rest), 0.5) if rest else None,
+    }
 
 
 def _daemons_cpu(ds: list[Daemon]) -> float:
@@ -536,12 +567,21 @@ def main(argv: list[str] | None = None) -> int:
         help="which phases to run, comma-separated (default: all three)",
     )  # fmt: skip
     ap.add_argument(
+        "--levels", metavar="N:SHARE,...",
+        help="the fast phase's levels instead of the default (a new key every N s per host, "
+        "SHARE of the calls new), e.g. 10:0.03,60:0.03",
+    )  # fmt: skip
+    ap.add_argument(
         "--free-since", type=float, default=Params.free_since_s,
         help="seconds the pools' items have sat free when a phase begins (0: a pool seeded "
         "as the run begins)",
     )  # fmt: skip
     a = ap.parse_args(argv)
     p = Params(hosts=a.hosts, measure_s=a.measure, warm_s=a.warm, free_since_s=a.free_since)
+    if a.levels:
+        p.levels = [
+            Level(float(n), float(sh)) for n, sh in (x.split(":") for x in a.levels.split(","))
+        ]
     if a.quick:
         p.levels, p.rollout_levels = [Level(2, 0.1)], [Level(2, 0.1)]
         p.lever_levels = [Level(2, 0.1)]

@@ -45,4 +45,23 @@ def test_an_empty_window_is_empty(tmp_path: Path) -> None:
         "ops": {},
         "new_connections": 0,
         "not_200": {},
+        "writes_meeting_a_page": {"writes": 0, "of": 0, "p50_ms": None, "others_p50_ms": None},
     }
+
+
+def test_writes_that_met_an_index_page_at_the_backend(tmp_path: Path) -> None:
+    """A write whose time at the backend overlapped an available-index Query's is counted
+    apart (a refill's page served among a claim's writes), with its backend time; one that
+    only touched it end to end is not."""
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(
+        line("Query", 1, 1.000, 1.004, index="available_resources")  # a 4 ms page
+        + line("UpdateItem", 2, 1.001, 1.006)  # met it: 5 ms
+        + line("UpdateItem", 3, 1.004, 1.005)  # began as it ended: 1 ms
+        + line("UpdateItem", 4, 5.000, 5.002)  # alone: 2 ms
+        + line("Query", 5, 5.001, 5.003)  # a key's Query, not a page
+    )
+    got = trace_service(str(path), 0, path.stat().st_size)["writes_meeting_a_page"]
+    assert got["writes"] == 1 and got["of"] == 3
+    assert round(got["p50_ms"], 6) == 5.0
+    assert round(got["others_p50_ms"], 6) == 1.0  # nearest rank of 1 and 2 ms
