@@ -307,13 +307,12 @@ class Run:
                     drv.paper_lease_seen(got)
                 return got
             case Send():
-                if self.refill is None:
-                    return await drv.store.write(eff.write, self.deadline, eff.readback)
+                refill, self.refill = self.refill, None
                 try:
                     return await drv.store.write(eff.write, self.deadline, eff.readback)
                 finally:
-                    if self.refill is not None:
-                        self._refill()
+                    if refill is not None:
+                        drv.prefetch.refill_soon(refill)
             case Now():
                 return drv.clock.now_us()
             case Mono():
@@ -334,13 +333,11 @@ class Run:
                 # every call sent at once (one round trip); a failed read fails the effect;
                 # a refill due waits for all of them
                 refill, self.refill = self.refill, None
-                calls = asyncio.gather(
+                results = await asyncio.gather(
                     *(self.perform(c) for c in eff.calls), return_exceptions=True
                 )
-                results = await calls
                 if refill is not None:
-                    self.refill = refill
-                    self._refill()
+                    drv.prefetch.refill_soon(refill)
                 for r in results:
                     if isinstance(r, BaseException):
                         raise r
@@ -399,8 +396,3 @@ class Run:
                 raise TypeError(f"a daemon's program yielded a job's effect: {eff!r}")
             case _:
                 assert_never(eff)
-
-    def _refill(self) -> None:
-        pool, self.refill = self.refill, None
-        assert pool is not None
-        self.drv.prefetch.refill_soon(pool)
