@@ -301,16 +301,16 @@ async def test_headroom_from_balancer_metadata_or_count(
 
     async with make_daemon(clock=clock) as d:
         s = d.cfg.socket
-        assert await rasd_aio.headroom(C, P, socket_path=s) == 12  # counted
+        assert await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT) == 12  # counted
         put_headroom(7, clock.now_us())
         d.coordinator.reporter._headroom.clear()
-        assert await rasd_aio.headroom(C, P, socket_path=s) == 7
+        assert await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT) == 7
         put_headroom(-3, clock.now_us())
         d.coordinator.reporter._headroom.clear()
-        assert await rasd_aio.headroom(C, P, socket_path=s) == 0
+        assert await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT) == 0
         put_headroom(7, clock.now_us() - 3600 * lease_items.US)  # stale: count again
         d.coordinator.reporter._headroom.clear()
-        assert await rasd_aio.headroom(C, P, socket_path=s) == 12
+        assert await rasd_aio.headroom(C, P, socket_path=s, timeout=WAIT) == 12
 
 
 async def test_prometheus_endpoint_exports_the_daemons_counters(
