@@ -48,6 +48,42 @@ def map_acquire(
     )
 
 
+def map_acquire_unheld(
+    ident: ItemKey,
+    lapsed_by_us: int,
+    token: str,
+    resource: str,
+    rver: int,
+    expires_us: int,
+    now_us: int,
+    owner: str,
+) -> Write:
+    """:func:`map_acquire` at whatever version the mapping is, where it names no lease: it
+    is absent, ``free``, or ``live`` with its end at or before ``lapsed_by_us`` (now less the
+    liberator's grace). That is exactly where ``decide.on_read`` answers Acquire from the
+    mapping alone, so the write applies only where an acquirer that read the mapping at that
+    moment would have written it at the version read. Its version is the one it returns."""
+    return Write(
+        key=ident,
+        conds=(
+            Cond("state", "absent_or_ne", PENDING),
+            Cond("exp", "absent_or_le", fmt_time(lapsed_by_us)),
+        ),
+        set=(
+            ("state", PENDING),
+            ("token", token),
+            ("res", resource),
+            ("rver", rver),
+            ("exp", fmt_time(expires_us)),
+            ("since", fmt_time(now_us)),
+            ("owner", owner),
+            ("ttl", ttl_after(expires_us)),
+        ),
+        incr=("ver",),
+        kind="map_acquire",
+    )
+
+
 def map_confirm(m: Mapping) -> Write:
     """``pending`` -> ``live`` once the named claim is known to have landed."""
     assert m.token is not None

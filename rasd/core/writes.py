@@ -11,7 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Value = str | int
-Op = Literal["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists", "absent_or_eq_attr"]
+Op = Literal[
+    "=",
+    "<>",
+    "<",
+    "<=",
+    ">",
+    ">=",
+    "exists",
+    "not_exists",
+    "absent_or_eq_attr",
+    "absent_or_ne",
+    "absent_or_le",
+]
 #: ops whose condition compares no value (``absent_or_eq_attr``'s value names an attribute)
 _NO_VALUE = ("exists", "not_exists", "absent_or_eq_attr")
 ItemKey = tuple[str, str]  # (client_id, resource): the table's hash and range key
@@ -20,7 +32,8 @@ ItemKey = tuple[str, str]  # (client_id, resource): the table's hash and range k
 @dataclass(frozen=True, slots=True)
 class Cond:
     """``attr op value``. ``absent_or_eq_attr``: ``attr`` is absent, or equal to the
-    attribute ``value`` names (both present, same type)."""
+    attribute ``value`` names (both present, same type). ``absent_or_ne``,
+    ``absent_or_le``: ``attr`` is absent, or ``<>`` / ``<=`` the value."""
 
     attr: str
     op: Op
@@ -35,6 +48,12 @@ class Cond:
         if self.op == "absent_or_eq_attr":
             other = None if item is None else item.get(str(self.value))
             return cur is None or (type(cur) is type(other) and cur == other)
+        if self.op in ("absent_or_ne", "absent_or_le"):
+            if cur is None:
+                return True
+            return Cond(self.attr, "<>" if self.op == "absent_or_ne" else "<=", self.value).holds(
+                item
+            )
         if cur is None or type(cur) is not type(self.value):
             return False  # DynamoDB: a comparison with a missing or other-typed value is false
         v: Any = self.value
@@ -122,6 +141,8 @@ def key_av(key: ItemKey) -> dict[str, dict[str, str]]:
 
 
 _OPS_SQL = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+#: ops true where the attribute is absent, else the comparison
+_ABSENT_OR = {"absent_or_ne": "<>", "absent_or_le": "<="}
 
 
 #: Rendered expressions by the shape of a write (see :func:`render`); bounded.
@@ -208,6 +229,10 @@ def render_plain(w: Write) -> dict[str, Any]:
         elif c.op == "absent_or_eq_attr":
             a = n(c.attr)
             conds.append(f"(attribute_not_exists({a}) OR {a} = {n(str(c.value))})")
+        elif c.op in _ABSENT_OR:
+            assert c.value is not None
+            a = n(c.attr)
+            conds.append(f"(attribute_not_exists({a}) OR {a} {_ABSENT_OR[c.op]} {v(c.value)})")
         else:
             assert c.value is not None
             conds.append(f"{n(c.attr)} {_OPS_SQL[c.op]} {v(c.value)}")

@@ -11,6 +11,7 @@ import asyncio
 
 from cachetools import TTLCache
 
+from ..core.cache_rules import speculates
 from ..core.decide import check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import Lease, Pool
@@ -20,8 +21,9 @@ from .cache import CacheKey
 from .driver import Driver
 from .pools import PoolTable
 
-#: keys this host answered lately, and for how long (seconds): in rollout mode a miss on
-#: one of them reads before it writes a new key's mapping (it most likely has one)
+#: keys this host answered lately (the end of the lease last answered), and for how long
+#: (seconds): in rollout mode a miss on one whose lease still runs reads before it writes
+#: the key's mapping (``cache_rules.speculates``)
 RECENT_KEYS, RECENT_S = 20_000, 600.0
 
 
@@ -33,7 +35,7 @@ class Acquirer:
         self.pools = pools
         self.clock = driver.clock
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
-        self._recent: TTLCache[CacheKey, bool] = TTLCache(RECENT_KEYS, RECENT_S, driver.clock.mono)
+        self._recent: TTLCache[CacheKey, int] = TTLCache(RECENT_KEYS, RECENT_S, driver.clock.mono)
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
         why = check_expiry(requested_us, now_us, pool.max_lease_us)
@@ -67,9 +69,10 @@ class Acquirer:
     async def _resolve(
         self, k: CacheKey, pool: Pool, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        speculate = k not in self._recent
+        last_end = self._recent.get(k)
+        speculate = speculates(last_end, self.clock.now_us(), self.driver.rules.grace_us)
         got = await self.driver.run(
             resolve, pool, k[2], requested_us, WAIT_FIRST, (), True, speculate, deadline=deadline
         )
-        self._recent[k] = True
+        self._recent[k] = got[0].expires_us
         return got

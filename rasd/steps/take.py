@@ -13,7 +13,7 @@ from ..core.builders import claim
 from ..core.decide import Outcome
 from ..core.errors import Busy, NoCapacity, Timeout
 from ..core.lease import PENDING, Lease, Mapping, Pool, ResourceItem, map_pk
-from ..core.map_builders import holds, map_acquire, names_claim
+from ..core.map_builders import holds, map_acquire, map_acquire_unheld, names_claim
 from . import (
     Mono,
     Note,
@@ -65,9 +65,9 @@ def resolve(
     again goes on as the next round (``Tail``). ``mine``: the tokens of the mappings earlier
     rounds of this call wrote, so that a lease this call acquired is answered as new also
     when a later round finds it (its confirmation lost to another daemon's, say). ``first``:
-    this is the call's first round (in rollout mode it writes a new key's mapping beside
-    the read, :func:`read_speculating`, unless ``speculate`` is off: a key this host served
-    lately most likely has a mapping, which would refuse that write)."""
+    this is the call's first round (in rollout mode it writes the key's mapping beside the
+    read, :func:`read_speculating`, unless ``speculate`` is off: a key whose lease this host
+    answered still runs most likely has one, which would refuse that write)."""
     ops = d.ops
     sent = yield from Mono()  # the answer is confirmed as of the read's departure
     if d.legacy_agents and first and speculate:
@@ -77,15 +77,16 @@ def resolve(
     dec = ops.on_read(own, others, (yield from Now()), d.rules)
     if spec is not None:
         if spec.res.outcome is Outcome.APPLIED:
-            # The key had no mapping in this region: the pending one just written is ours,
-            # whatever the read beside it saw (nothing, or that write).
+            # The key's mapping in this region named no lease: the pending one just written
+            # is ours, whatever the read beside it saw (the mapping before it, or it).
             dec = ops.on_read(None, others, (yield from Now()), d.rules)
             if not (isinstance(dec, decide.Acquire) and not held):
                 yield Untake(pool, spec.cand)  # never claimed
             if isinstance(dec, decide.Acquire):
-                dec = decide.Acquire(1)
+                ver = _written_ver(spec.res)
+                dec = decide.Acquire(ver)
                 if not held:
-                    got = yield from acquire(d, pool, key, requested_us, 0, spec)
+                    got = yield from acquire(d, pool, key, requested_us, ver - 1, spec)
                     return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
         elif spec.res.outcome is Outcome.REJECTED:
             yield Untake(pool, spec.cand)  # the key has a mapping: decide from the read
@@ -194,6 +195,14 @@ def _acquired(
     return (yield from goto(resolve, d, pool, key, requested_us, wait, mine, False))
 
 
+def _written_ver(res: WriteResult) -> int:
+    """The mapping version a speculative write that applied made (the item it returned, as
+    written or as read back carrying it)."""
+    ver = res.item.get("ver") if res.item is not None else None
+    assert isinstance(ver, int), res
+    return ver
+
+
 @dataclass(frozen=True, slots=True)
 class Speculated:
     """The new key's mapping write a call's first read carried (:func:`read_speculating`):
@@ -209,12 +218,13 @@ def read_speculating(
     d: DaemonContext, pool: Pool, key: str, requested_us: int
 ) -> DaemonProgram[tuple[Mapping | None, list[Mapping], list[ResourceItem], Speculated | None]]:
     """Rollout mode, a call's first read: :func:`read_first`, and beside it, in the same
-    round trip, the mapping write a new key's acquisition would send next
-    (``map_acquire`` at version 0: it applies only where the key has no mapping item in
-    this region), naming a candidate already at hand. A new key then takes three round
-    trips (this, the claim, the settling read); for a key that has a mapping the write is
-    refused and changes nothing. No candidate at hand, or no acquisition left in the pool's
-    rate: the read alone (None)."""
+    round trip, the mapping write an acquisition would send next, naming a candidate already
+    at hand: ``map_acquire_unheld``, which applies only where the key's mapping in this
+    region names no lease (absent, free, or lapsed past the grace), so only where the read
+    would have decided Acquire. A new key, or one whose lease ended, then takes three round
+    trips (this, the claim, the settling read); for a key with a lease the write is refused
+    and changes nothing. No candidate at hand, or no acquisition left in the pool's rate:
+    the read alone (None)."""
     cand = None
     if (yield from RateLimit(pool)) == 0:
         cand = yield from TakeCandidate(pool, wait=False)
@@ -225,7 +235,10 @@ def read_speculating(
     now = yield from Now()
     item: ResourceItem = cand.item
     ident = (map_pk(pool.client_id, pool.pool_id, key), d.region)
-    mw = map_acquire(ident, 0, token, item.resource, item.version, requested_us, now, d.owner)
+    lapsed_by = now - d.rules.grace_us
+    mw = map_acquire_unheld(
+        ident, lapsed_by, token, item.resource, item.version, requested_us, now, d.owner
+    )
     ms, held, res = yield from together(
         QueryMappings(pool.client_id, pool.pool_id, key),
         QueryLeased(pool.client_id, pool.pool_id, key),

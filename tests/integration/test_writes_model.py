@@ -76,7 +76,8 @@ def mapping_states() -> list[dict[str, item_writes.Value] | None]:
     assert pending is not None
     live = {**pending, "state": lease_items.LIVE, "ver": 2}
     free = item_writes.apply(live, map_builders.map_release(MIDENT, "tok", NOW))
-    return [None, pending, live, free]
+    lapsed = {**live, "exp": T(NOW - 3600 * lease_items.US)}
+    return [None, pending, live, free, lapsed]
 
 
 def mapping_writes() -> list[item_writes.Write]:
@@ -98,6 +99,11 @@ def mapping_writes() -> list[item_writes.Write]:
         map_builders.map_fence(MIDENT, 0, NOW),
         map_builders.map_fence(MIDENT, 1, NOW),
         map_builders.map_drop_dead(m, NOW),
+        # at, just before and long after the live mapping's end (NOW + 1 s)
+        *[
+            map_builders.map_acquire_unheld(MIDENT, by, "t2", "r2", 1, NOW + 9, NOW, "h")
+            for by in (NOW + lease_items.US, NOW + lease_items.US - 1, NOW)
+        ],
     ]
 
 

@@ -14,7 +14,9 @@ from rasd.core import lease as lease_items
 from rasd.core import writes as item_writes
 
 ATTRS = ["holder", "version", "lease_expires", "state", "token", "#odd name"]
-OPS: list[item_writes.Op] = ["=", "<>", "<", "<=", ">", ">=", "exists", "not_exists"]
+OPS: list[item_writes.Op] = [
+    "=", "<>", "<", "<=", ">", ">=", "exists", "not_exists", "absent_or_ne", "absent_or_le"
+]  # fmt: skip
 values = st.one_of(st.text(max_size=8), st.integers(-(10**12), 10**12))
 
 
