@@ -21,9 +21,8 @@ import pytest
 
 from rasd.config import Config
 from rasd.core import lease as lease_items
-from rasd.core import serialize
+from rasd.core import schema, serialize
 from rasd.core.writes import key_av
-from rasd.core import schema
 from rasd.daemon.coordinator import Coordinator
 from rasd.dynamo.store import Store
 from tests.doubles.clock import FakeClock

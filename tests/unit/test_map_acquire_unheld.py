@@ -19,8 +19,12 @@ US = lease_items.US
 NOW = 1_800_000_000 * US
 IDENT = ("#map#c#p#k", "us-east-1")
 RULES = decide.Rules(
-    margin_us=2 * US, grace_us=5 * US, pending_hold_us=3 * US, quarantine_us=40 * US, confirm_us=30 * US
-)  # fmt: skip
+    margin_us=2 * US,
+    grace_us=5 * US,
+    pending_hold_us=3 * US,
+    quarantine_us=40 * US,
+    confirm_us=30 * US,
+)
 offsets = st.integers(-20 * US, 20 * US)
 
 
