@@ -75,6 +75,7 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
     "rasd/core/map_builders.py": (
         "_ver_is",
         "map_acquire",
+        "map_acquire_unheld",
         "map_confirm",
         "map_extend",
         "map_release",

@@ -8,8 +8,7 @@ docs/design.md, "The roles, and what each keeps"; the path: docs/design.md, "get
 from __future__ import annotations
 
 import asyncio
-
-from cachetools import TTLCache
+from collections.abc import Mapping
 
 from ..core.cache_rules import speculates
 from ..core.decide import check_expiry
@@ -21,21 +20,19 @@ from .cache import CacheKey
 from .driver import Driver
 from .pools import PoolTable
 
-#: keys this host answered lately (the end of the lease last answered), and for how long
-#: (seconds): in rollout mode a miss on one whose lease still runs reads before it writes
-#: the key's mapping (``cache_rules.speculates``)
-RECENT_KEYS, RECENT_S = 20_000, 600.0
-
 
 class Acquirer:
     """``get_lease`` on a miss: the pool's check, single-flight, the resolution."""
 
-    def __init__(self, driver: Driver, pools: PoolTable) -> None:
+    def __init__(self, driver: Driver, pools: PoolTable, ends: Mapping[CacheKey, int]) -> None:
         self.driver = driver
         self.pools = pools
         self.clock = driver.clock
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
-        self._recent: TTLCache[CacheKey, int] = TTLCache(RECENT_KEYS, RECENT_S, driver.clock.mono)
+        #: the end of the lease this host last knew for a key (``LeaseCache.ends``): in
+        #: rollout mode a miss on a key whose lease still runs reads before it writes the
+        #: key's mapping (``cache_rules.speculates``)
+        self._ends = ends
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
         why = check_expiry(requested_us, now_us, pool.max_lease_us)
@@ -69,10 +66,8 @@ class Acquirer:
     async def _resolve(
         self, k: CacheKey, pool: Pool, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        last_end = self._recent.get(k)
+        last_end = self._ends.get(k)
         speculate = speculates(last_end, self.clock.now_us(), self.driver.rules.grace_us)
-        got = await self.driver.run(
+        return await self.driver.run(
             resolve, pool, k[2], requested_us, WAIT_FIRST, (), True, speculate, deadline=deadline
         )
-        self._recent[k] = got[0].expires_us
-        return got

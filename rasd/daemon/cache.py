@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable
 
 import msgpack
+from cachetools import TTLCache
 
 from rasd_client.wire import HEADER_SIZE
 
@@ -38,6 +39,8 @@ HEAD = META.size  # where the answer's head starts in an entry
 NEVER = cache_rules.NEVER  # extend_from_us of a lease this daemon never extends
 #: seconds between two reads of the wall clock on the hit path (LeaseCache.wall_us)
 WALL_RESYNC = 0.25
+#: leases' ends remembered past their entries (``LeaseCache.ends``): how many, how long (s)
+ENDS_KEYS, ENDS_S = 20_000, 600.0
 #: what a hit that calls for background work asks (``Renewer.maybe_refresh``): the key, the
 #: cached Lease, the requested end, the wall time (us)
 Refresh = Callable[[CacheKey, Lease, int, int], None]
@@ -97,6 +100,7 @@ class LeaseCache:
         "clock",
         "confirm_s",
         "dropped",
+        "ends",
         "entries",
         "maxsize",
         "pools",
@@ -128,6 +132,9 @@ class LeaseCache:
         #: when each key was last dropped (monotonic), for S: a put confirmed before it is
         #: older news than the drop (a read sent before a release was written)
         self.dropped: dict[CacheKey, float] = {}
+        #: the end of the lease last put for each key, kept past its entry (rollout mode's
+        #: hint: ``cache_rules.speculates``)
+        self.ends: TTLCache[CacheKey, int] = TTLCache(ENDS_KEYS, ENDS_S, clock.mono)
         #: the protocol's bounds, for a pool's outage window (None: no pool gets one)
         self.rules = rules
         self.maxsize = maxsize
@@ -297,6 +304,7 @@ class LeaseCache:
         dropped = self.dropped.get((lease.client_id, lease.pool_id, lease.key))
         if dropped is not None and confirmed < dropped:
             return
+        self.ends[(lease.client_id, lease.pool_id, lease.key)] = lease.expires_us
         d = self._pool_for(lease.client_id, lease.pool_id)
         key = lease.key
         current = d.get(key)

@@ -61,7 +61,7 @@ class Coordinator:
         self.cache = cache = renewer.cache
         self.releaser = releaser = Releaser(drv, pools)
         self.reporter = reporter = Reporter(drv, pools)
-        self.acquirer = Acquirer(drv, pools)
+        self.acquirer = Acquirer(drv, pools, cache.ends)
         # The local effects (``LocalEffects``), each bound once to the role that performs it.
         self.refresh: Callable[[daemon_steps.Refresh], None] = renewer.refresh
         self.cache_put: Callable[[Lease, float], None] = cache.put

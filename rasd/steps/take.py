@@ -79,13 +79,26 @@ def resolve(
         if spec.res.outcome is Outcome.APPLIED:
             # The key's mapping in this region named no lease: the pending one just written
             # is ours, whatever the read beside it saw (the mapping before it, or it).
-            dec = ops.on_read(None, others, (yield from Now()), d.rules)
-            if not (isinstance(dec, decide.Acquire) and not held):
+            now = yield from Now()
+            dec = ops.on_read(None, others, now, d.rules)
+            # the leased index read beside it asks nothing of the key (no lease of it at its
+            # end here, none to adopt): claim the candidate the write names
+            clear = not held or (
+                ops.lapsing(
+                    held, pool.client_id, pool.pool_id, key, d.region, now, d.rules.grace_us
+                )
+                is None
+                and not any(
+                    legacy_rules.adoptable(r, pool.client_id, pool.pool_id, key, d.region, now)
+                    for r in held
+                )
+            )
+            if not (isinstance(dec, decide.Acquire) and clear):
                 yield Untake(pool, spec.cand)  # never claimed
             if isinstance(dec, decide.Acquire):
                 ver = _written_ver(spec.res)
                 dec = decide.Acquire(ver)
-                if not held:
+                if clear:
                     got = yield from acquire(d, pool, key, requested_us, ver - 1, spec)
                     return (yield from _acquired(d, pool, key, requested_us, wait, mine, sent, got))
         elif spec.res.outcome is Outcome.REJECTED:
