@@ -60,10 +60,9 @@ def app_calls(w0: World, di: int) -> Out:
                 _maybe_refresh(x, di, key, e.lease, requested)
                 out.append((f"d{di} get_lease({key}) OUTAGE HIT (cut off)", x))
             w.set_daemon(d.with_entry(key, None))
-            # ``Acquirer``'s hint: a key whose lease this daemon answered (here: an entry)
-            # still runs is read before its mapping is written beside the read (rollout mode)
-            last_end = None if e is None else e.lease.expires_us
-            speculate = cache_rules.speculates(last_end, w.now_us(d.offset), w.rules.grace_us)
+            # ``Acquirer``'s hint: a key whose lease this daemon knew lately (here: an entry,
+            # lapsed) is read before its mapping is written beside the read (rollout mode)
+            speculate = e is None
             prog = Spawn(resolve, (setup, pool, key, requested, WAIT_FIRST, (), True, speculate))
             start(w, host, prog.trace(), f"d{di} get_lease({key})", offset=d.offset, bound=True)
             out.append((f"d{di} get_lease({key}) called", w))

@@ -106,12 +106,3 @@ def outage_window_us(rules: Rules, pool: Pool) -> int:
     covered = pool.quarantine_us - rules.grace_us - lag_us
     return max(rules.confirm_us, min(pool.outage_budget_us, covered))
 
-
-def speculates(last_end_us: int | None, now_us: int, grace_us: int) -> bool:
-    """Rollout mode: does a miss write the key's mapping beside its first read
-    (``steps.take.read_speculating``)? Not while the lease this host last answered for the
-    key runs, or ended less than the grace ago: the mapping most likely still names it and
-    would refuse the write (a write unit for nothing). ``last_end_us``: that lease's end, or
-    None when this host has not answered the key lately. The answer only picks one of two
-    paths of the protocol, so it cannot make an answer wrong."""
-    return last_end_us is None or last_end_us + grace_us <= now_us

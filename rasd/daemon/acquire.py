@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from ..core.cache_rules import speculates
 from ..core.decide import check_expiry
 from ..core.errors import BadRequest
 from ..core.lease import Lease, Pool
@@ -29,10 +28,10 @@ class Acquirer:
         self.pools = pools
         self.clock = driver.clock
         self._flights: dict[CacheKey, asyncio.Task[tuple[Lease, bool]]] = {}
-        #: the end of the lease this host last knew for a key (``LeaseCache.ends``): in
-        #: rollout mode a miss on a key whose lease still runs reads before it writes the
-        #: key's mapping (``cache_rules.speculates``)
-        self._ends = ends
+        #: the keys whose lease this host knew lately (``LeaseCache.ends``): in rollout
+        #: mode a miss on one reads before it writes the key's mapping beside the read
+        #: (it most likely names a lease, which would refuse that write)
+        self._known = ends
 
     def _check(self, pool: Pool, requested_us: int, now_us: int) -> None:
         why = check_expiry(requested_us, now_us, pool.max_lease_us)
@@ -66,8 +65,7 @@ class Acquirer:
     async def _resolve(
         self, k: CacheKey, pool: Pool, requested_us: int, deadline: float
     ) -> tuple[Lease, bool]:
-        last_end = self._ends.get(k)
-        speculate = speculates(last_end, self.clock.now_us(), self.driver.rules.grace_us)
+        speculate = k not in self._known
         return await self.driver.run(
             resolve, pool, k[2], requested_us, WAIT_FIRST, (), True, speculate, deadline=deadline
         )

@@ -16,13 +16,3 @@ def test_re_confirmation_starts_strictly_past_half_of_s() -> None:
     assert not cache_rules.stale(100.0, 115.0, 30.0)
     assert cache_rules.stale(100.0, 115.001, 30.0)
 
-
-def test_rollout_mode_speculates_unless_the_lease_last_answered_still_runs() -> None:
-    """A key never answered here, or whose lease ended at least the grace ago: the mapping
-    write goes beside the read; a lease that runs, or ended within the grace: the read alone
-    (its mapping most likely still names it, and would refuse the write)."""
-    grace = 2_000_000
-    assert cache_rules.speculates(None, 100, grace)
-    assert not cache_rules.speculates(50_000_000, 10_000_000, grace)  # runs
-    assert not cache_rules.speculates(50_000_000, 51_999_999, grace)  # within the grace
-    assert cache_rules.speculates(50_000_000, 52_000_000, grace)
