@@ -105,4 +105,3 @@ def outage_window_us(rules: Rules, pool: Pool) -> int:
     lag_us = rules.quarantine_us - rules.confirm_us - rules.grace_us
     covered = pool.quarantine_us - rules.grace_us - lag_us
     return max(rules.confirm_us, min(pool.outage_budget_us, covered))
-

@@ -132,8 +132,8 @@ class LeaseCache:
         #: when each key was last dropped (monotonic), for S: a put confirmed before it is
         #: older news than the drop (a read sent before a release was written)
         self.dropped: dict[CacheKey, float] = {}
-        #: the end of the lease last put for each key, kept past its entry (rollout mode's
-        #: hint: ``cache_rules.speculates``)
+        #: the end of the lease last put for each key, kept past its entry: the keys this
+        #: host knew lately (rollout mode's hint, ``Acquirer``)
         self.ends: TTLCache[CacheKey, int] = TTLCache(ENDS_KEYS, ENDS_S, clock.mono)
         #: the protocol's bounds, for a pool's outage window (None: no pool gets one)
         self.rules = rules

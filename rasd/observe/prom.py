@@ -144,6 +144,7 @@ _PREFIX: dict[str, tuple[str, str]] = {
     "outage.": ("outage_answers", "path"),
     "conn.refused.": ("connections_refused", "limit"),
     "conn.closed.": ("connections_closed", "reason"),
+    "rollout.beside_read.": ("rollout_write_beside_read", "result"),
 }
 _RENAME = {
     "req.total": "requests",
@@ -169,6 +170,11 @@ _HELP = {
     "outage_answers": (
         "get_lease answered from a pool's outage window (DynamoDB unreachable, past S): "
         "at_once, or after_failure of the request's own calls."
+    ),
+    "rollout_write_beside_read": (
+        "Rollout mode's mapping write beside a miss's first read: applied (a new or ended "
+        "lease: three round trips), rejected (the key has a lease: a write unit), unknown, "
+        "or not sent (no_candidate at hand, or a key this host knew lately: known)."
     ),
     "requests": "Requests received.",
     "hit_table_handed": "Hit tables handed to client processes (at their first answer).",

@@ -67,12 +67,14 @@ def resolve(
     when a later round finds it (its confirmation lost to another daemon's, say). ``first``:
     this is the call's first round (in rollout mode it writes the key's mapping beside the
     read, :func:`read_speculating`, unless ``speculate`` is off: a key whose lease this host
-    answered still runs most likely has one, which would refuse that write)."""
+    knew lately most likely still has one, which would refuse that write)."""
     ops = d.ops
     sent = yield from Mono()  # the answer is confirmed as of the read's departure
     if d.legacy_agents and first and speculate:
         own, others, held, spec = yield from read_speculating(d, pool, key, requested_us)
     else:
+        if d.legacy_agents and first:
+            yield Note("rollout.beside_read.known")
         (own, others, held), spec = (yield from read_first(d, pool, key)), None
     dec = ops.on_read(own, others, (yield from Now()), d.rules)
     if spec is not None:
@@ -242,6 +244,7 @@ def read_speculating(
     if (yield from RateLimit(pool)) == 0:
         cand = yield from TakeCandidate(pool, wait=False)
     if cand is None:
+        yield Note("rollout.beside_read.no_candidate")
         own, others, held = yield from read_first(d, pool, key)
         return own, others, held, None
     token = yield from NewToken()
@@ -257,6 +260,7 @@ def read_speculating(
         QueryLeased(pool.client_id, pool.pool_id, key),
         Send(mw, names_claim(token, item.resource)),
     )
+    yield Note(f"rollout.beside_read.{res.outcome.value}")
     own = next((m for m in ms if m.region == d.region), None)
     others = [m for m in ms if m.region != d.region]
     return own, others, list(held), Speculated(cand, token, now, res)
