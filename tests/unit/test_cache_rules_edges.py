@@ -15,4 +15,3 @@ def test_an_entry_is_served_strictly_before_its_until() -> None:
 def test_re_confirmation_starts_strictly_past_half_of_s() -> None:
     assert not cache_rules.stale(100.0, 115.0, 30.0)
     assert cache_rules.stale(100.0, 115.001, 30.0)
-

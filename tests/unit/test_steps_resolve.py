@@ -569,7 +569,8 @@ def test_a_lease_too_close_to_its_end_is_extended_before_it_is_served(legacy: bo
     assert (lease.resource, lease.expires_us, new) == ("r1", REQ, False)
     assert h.writes() == ["extend_resource", "extend_resource", "map_extend"]
     assert h.res("r1").lease_expires_us == REQ and h.mapping().expires_us == REQ
-    assert h.notes() == {"lease.extended": 1}
+    beside = {"rollout.beside_read.no_candidate": 1} if legacy else {}
+    assert h.notes() == {"lease.extended": 1, **beside}
     assert not h.of(Refresh)
     h.rounds(WAIT)
 
@@ -602,7 +603,8 @@ def test_beside_the_paper_agent_a_lease_at_its_end_waits_for_every_clock_then_ac
     assert h.waits() == [RULES.grace_us / US]
     assert h.writes() == []
     assert h.of(GetItem) == [GetItem(("c", "r1"))]  # the item, before the wait only
-    assert h.notes() == {"acq.waits": 1, "lease.no_capacity": 1}
+    nothing_at_hand = {"rollout.beside_read.no_candidate": 1}
+    assert h.notes() == {"acq.waits": 1, "lease.no_capacity": 1, **nothing_at_hand}
     assert h.res("r1").key == "k" and h.mapping().resource == "r1"
 
 
@@ -616,7 +618,8 @@ def test_beside_the_paper_agent_a_lease_at_its_end_no_longer_on_its_item_is_ende
     assert isinstance(got, NoCapacity)  # the key acquires anew: nothing at hand
     assert h.writes() == ["map_release"]
     assert h.of(GetItem) == [GetItem(("c", "r1"))]
-    assert h.notes() == {"lease.ended_lapsed": 1, "lease.no_capacity": 1}
+    nothing_at_hand = {"rollout.beside_read.no_candidate": 1}
+    assert h.notes() == {"lease.ended_lapsed": 1, "lease.no_capacity": 1, **nothing_at_hand}
     assert [(s.fn.__name__, s.args) for s in h.of(Spawn)] == [
         ("free_claim", (h.d, ("c", "r1"), "k", "old", Freed.UNRELEASED))
     ]
@@ -635,7 +638,7 @@ def test_beside_the_paper_agent_a_new_claim_is_settled_then_served() -> None:
     [first, *_] = h.of(Together)
     assert first.calls[2].write.kind == "map_acquire"
     assert h.of(QueryLeased) == [QueryLeased("c", "p", "k")]  # settling, after the claim
-    assert h.notes() == {"lease.new": 1}
+    assert h.notes() == {"lease.new": 1, "rollout.beside_read.applied": 1}
     assert h.of(CachePut) == [CachePut(lease, 1.0)]
     # answered first, then confirmed in the background (dropping the answer if refused)
     [spawn] = h.of(Spawn)
@@ -802,3 +805,21 @@ def test_a_pending_claim_that_meets_a_paper_lease_when_settled_yields_to_it() ->
     assert h.of(QueryLeased) == [QueryLeased("c", "p", "k")]  # the settle's, after the read
     assert h.notes()["lease.yielded"] == 1 and h.notes()["lease.adopted"] == 1
     assert h.res("r1").key is None and h.mapping().resource == "r9"
+
+
+def test_beside_the_paper_agent_a_key_whose_lease_ended_takes_the_write_beside_the_read() -> None:
+    """A key whose lease ended the grace ago (its item still held for it, in the leased index:
+    the liberator has not freed it): the mapping write beside the first read applies on the
+    lapsed mapping, and its candidate is claimed; no mapping write in between."""
+    h = Host(legacy=True)
+    h.ours("r1", NOW - RULES.grace_us)
+    h.free("r2")
+    h.cands = ["r2"]
+    lease, new = resolve_k(h)
+    assert (lease.resource, new) == ("r2", True)
+    assert h.writes() == ["map_acquire", "claim"]
+    [first, *_] = h.of(Together)
+    assert first.calls[2].write.kind == "map_acquire"
+    assert h.mapping().resource == "r2" and h.mapping().ver == 3  # the lapsed one's + 1
+    assert h.notes() == {"lease.new": 1, "rollout.beside_read.applied": 1}
+    assert not h.tails  # one round
