@@ -62,6 +62,7 @@ def _acquires(item: dict[str, item_writes.Value] | None) -> bool:
     return isinstance(decide.on_read(own, [], NOW, RULES), decide.Acquire)
 
 
+@pytest.mark.property
 @settings(max_examples=300)
 @given(mapping_items())
 def test_it_applies_exactly_where_a_reader_would_acquire(
@@ -81,6 +82,7 @@ def test_it_applies_exactly_where_a_reader_would_acquire(
         )
 
 
+@pytest.mark.property
 @settings(max_examples=300)
 @given(mapping_items(exp_when_free=True))
 def test_it_never_applies_where_a_reader_would_not_acquire(
