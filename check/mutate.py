@@ -74,6 +74,7 @@ TARGETS: dict[str, tuple[str, ...] | None] = {
     ),
     "rasd/core/map_builders.py": (
         "_ver_is",
+        "_pending",
         "map_acquire",
         "map_acquire_unheld",
         "map_confirm",

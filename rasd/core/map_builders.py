@@ -18,6 +18,22 @@ def _ver_is(ver: int) -> Cond:
     return Cond("ver", "not_exists") if ver == 0 else Cond("ver", "=", ver)
 
 
+def _pending(
+    token: str, resource: str, rver: int, expires_us: int, now_us: int, owner: str
+) -> tuple[tuple[str, Value], ...]:
+    """What an acquisition writes in the key's mapping: pending, naming its claim."""
+    return (
+        ("state", PENDING),
+        ("token", token),
+        ("res", resource),
+        ("rver", rver),
+        ("exp", fmt_time(expires_us)),
+        ("since", fmt_time(now_us)),
+        ("owner", owner),
+        ("ttl", ttl_after(expires_us)),
+    )
+
+
 def map_acquire(
     ident: ItemKey,
     expect_ver: int,
@@ -34,14 +50,7 @@ def map_acquire(
         key=ident,
         conds=(_ver_is(expect_ver),),
         set=(
-            ("state", PENDING),
-            ("token", token),
-            ("res", resource),
-            ("rver", rver),
-            ("exp", fmt_time(expires_us)),
-            ("since", fmt_time(now_us)),
-            ("owner", owner),
-            ("ttl", ttl_after(expires_us)),
+            *_pending(token, resource, rver, expires_us, now_us, owner),
             ("ver", expect_ver + 1),
         ),
         kind="map_acquire",
@@ -69,16 +78,7 @@ def map_acquire_unheld(
             Cond("state", "absent_or_ne", PENDING),
             Cond("exp", "absent_or_le", fmt_time(lapsed_by_us)),
         ),
-        set=(
-            ("state", PENDING),
-            ("token", token),
-            ("res", resource),
-            ("rver", rver),
-            ("exp", fmt_time(expires_us)),
-            ("since", fmt_time(now_us)),
-            ("owner", owner),
-            ("ttl", ttl_after(expires_us)),
-        ),
+        set=_pending(token, resource, rver, expires_us, now_us, owner),
         incr=("ver",),
         kind="map_acquire",
     )
